@@ -1,0 +1,81 @@
+// Package probe checks reachability from inside a network namespace: ICMP
+// echo (ping) without depending on the ping binary being installed.
+package probe
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"time"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"golang.org/x/net/icmp"
+	"golang.org/x/net/ipv4"
+	"golang.org/x/net/ipv6"
+)
+
+// InNS opens a socket-owning resource inside the namespace at nsPath. A
+// socket belongs to the namespace it was created in, so the caller can use it
+// from any goroutine afterwards.
+func InNS[T any](nsPath string, open func() (T, error)) (T, error) {
+	var v T
+	netNS, err := ns.GetNS(nsPath)
+	if err != nil {
+		return v, err
+	}
+	defer netNS.Close()
+	err = netNS.Do(func(ns.NetNS) error {
+		var err error
+		v, err = open()
+		return err
+	})
+	return v, err
+}
+
+// Ping sends one ICMP (or ICMPv6) echo request to dst from inside the
+// namespace at nsPath and waits up to timeout for the reply. It returns the
+// round-trip time.
+func Ping(nsPath string, dst net.IP, timeout time.Duration) (time.Duration, error) {
+	network, listen, proto := "ip4:icmp", "0.0.0.0", 1
+	var typ, reply icmp.Type = ipv4.ICMPTypeEcho, ipv4.ICMPTypeEchoReply
+	if dst.To4() == nil {
+		network, listen, proto = "ip6:ipv6-icmp", "::", 58
+		typ, reply = ipv6.ICMPTypeEchoRequest, ipv6.ICMPTypeEchoReply
+	}
+	conn, err := InNS(nsPath, func() (*icmp.PacketConn, error) { return icmp.ListenPacket(network, listen) })
+	if err != nil {
+		return 0, fmt.Errorf("open ICMP socket in %s: %w", nsPath, err)
+	}
+	defer conn.Close()
+	id := os.Getpid() & 0xffff
+	msg := icmp.Message{Type: typ, Body: &icmp.Echo{ID: id, Seq: 1, Data: []byte("meshwire probe")}}
+	b, err := msg.Marshal(nil)
+	if err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	if _, err := conn.WriteTo(b, &net.IPAddr{IP: dst}); err != nil {
+		return 0, fmt.Errorf("ping %s: %w", dst, err)
+	}
+	deadline := start.Add(timeout)
+	_ = conn.SetReadDeadline(deadline)
+	buf := make([]byte, 1500)
+	for {
+		n, _, err := conn.ReadFrom(buf)
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				return 0, fmt.Errorf("ping %s: no reply within %s", dst, timeout)
+			}
+			return 0, fmt.Errorf("ping %s: %w", dst, err)
+		}
+		m, err := icmp.ParseMessage(proto, buf[:n])
+		if err != nil || m.Type != reply {
+			continue
+		}
+		if e, ok := m.Body.(*icmp.Echo); ok && e.ID == id && e.Seq == 1 {
+			return time.Since(start), nil
+		}
+	}
+}

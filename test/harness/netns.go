@@ -1,0 +1,146 @@
+package harness
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/containernetworking/plugins/pkg/ns"
+	"github.com/vishvananda/netlink"
+	vnetns "github.com/vishvananda/netns"
+
+	"github.com/meshwire/meshwire/internal/netns"
+)
+
+// NS is a throwaway named network namespace.
+type NS struct {
+	Name string
+	Path string
+	h    *H
+	nl   *netlink.Handle
+}
+
+// NewNS creates a namespace named mwt-<prefix>-<random> and removes it at
+// cleanup. The name is visible to `ip netns` while the test runs.
+func (h *H) NewNS(prefix string) *NS {
+	h.T.Helper()
+	name := fmt.Sprintf("mwt-%s-%s", prefix, RandomID()[:8])
+	p, err := netns.Create(name)
+	if err != nil {
+		h.T.Fatalf("create netns %s: %v", name, err)
+	}
+	n := &NS{Name: name, Path: p, h: h}
+	h.T.Cleanup(func() {
+		if n.nl != nil {
+			n.nl.Close()
+		}
+		if err := netns.Delete(name); err != nil {
+			h.T.Errorf("delete netns %s: %v", name, err)
+		}
+	})
+	return n
+}
+
+// Netlink returns a netlink handle that operates inside the namespace.
+func (n *NS) Netlink() *netlink.Handle {
+	n.h.T.Helper()
+	if n.nl == nil {
+		nsh, err := vnetns.GetFromPath(n.Path)
+		if err != nil {
+			n.h.T.Fatalf("open %s: %v", n.Path, err)
+		}
+		defer nsh.Close()
+		n.nl, err = netlink.NewHandleAt(nsh)
+		if err != nil {
+			n.h.T.Fatalf("netlink handle in %s: %v", n.Name, err)
+		}
+	}
+	return n.nl
+}
+
+// Do runs fn with the calling goroutine's thread inside the namespace.
+func (n *NS) Do(fn func() error) error {
+	return ns.WithNetNSPath(n.Path, func(ns.NetNS) error { return fn() })
+}
+
+// Link returns the named link, failing the test if absent.
+func (n *NS) Link(name string) netlink.Link {
+	n.h.T.Helper()
+	l, err := n.Netlink().LinkByName(name)
+	if err != nil {
+		n.h.T.Fatalf("link %s in %s: %v", name, n.Name, err)
+	}
+	return l
+}
+
+// HasLink reports whether the namespace has a link of that name.
+func (n *NS) HasLink(name string) bool {
+	_, err := n.Netlink().LinkByName(name)
+	return err == nil
+}
+
+// IsUp reports whether the link is administratively up.
+func (n *NS) IsUp(name string) bool {
+	return n.Link(name).Attrs().Flags&net.FlagUp != 0
+}
+
+// Addrs returns the addresses of a link as CIDR strings ("127.0.0.1/8").
+func (n *NS) Addrs(link string) []string {
+	n.h.T.Helper()
+	addrs, err := n.Netlink().AddrList(n.Link(link), netlink.FAMILY_ALL)
+	if err != nil {
+		n.h.T.Fatalf("addresses of %s in %s: %v", link, n.Name, err)
+	}
+	var out []string
+	for _, a := range addrs {
+		out = append(out, a.IPNet.String())
+	}
+	return out
+}
+
+// Routes returns the main-table routes of the given family.
+func (n *NS) Routes(family int) []netlink.Route {
+	n.h.T.Helper()
+	rs, err := n.Netlink().RouteList(nil, family)
+	if err != nil {
+		n.h.T.Fatalf("routes in %s: %v", n.Name, err)
+	}
+	return rs
+}
+
+// Qdiscs returns the qdiscs of a link.
+func (n *NS) Qdiscs(link string) []netlink.Qdisc {
+	n.h.T.Helper()
+	qs, err := n.Netlink().QdiscList(n.Link(link))
+	if err != nil {
+		n.h.T.Fatalf("qdiscs of %s in %s: %v", link, n.Name, err)
+	}
+	return qs
+}
+
+// Sysctl reads a sysctl inside the namespace, as "net.ipv4.ip_forward" or,
+// when a name holds dots, "net/ipv4/conf/eth0.100/forwarding".
+func (n *NS) Sysctl(key string) string {
+	n.h.T.Helper()
+	var v []byte
+	err := n.Do(func() error {
+		var err error
+		if !strings.Contains(key, "/") {
+			key = strings.ReplaceAll(key, ".", "/")
+		}
+		v, err = os.ReadFile(filepath.Join("/proc/sys", key))
+		return err
+	})
+	if err != nil {
+		n.h.T.Fatalf("sysctl %s in %s: %v", key, n.Name, err)
+	}
+	return strings.TrimSpace(string(v))
+}
+
+// Exec runs a command inside the namespace (through `ip netns exec`) and
+// returns its combined output.
+func (n *NS) Exec(name string, args ...string) (string, error) {
+	return Run("ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
+}
