@@ -26,6 +26,8 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/meshwire/meshwire/internal/filelock"
 )
 
 // EnvBinDir names a directory of already built binaries (the Makefile sets it
@@ -106,6 +108,22 @@ type H struct {
 	CNI      *libcni.CNIConfig
 }
 
+// testLock serializes kernel tests across test processes: a test that
+// snapshots the host to find leaks must not see another package's links and
+// rules come and go. Each test binary takes it once and holds it until it
+// exits (the kernel drops an flock with its holder).
+const testLock = "/run/meshwire-tests.lock"
+
+var lockOnce sync.Once
+
+func serialize(t testing.TB) {
+	lockOnce.Do(func() {
+		if _, err := filelock.Acquire(testLock, 60*time.Minute); err != nil {
+			t.Fatalf("waiting for other meshwire kernel tests: %v", err)
+		}
+	})
+}
+
 // RequireRoot fails the test when not running as root: kernel tests must run,
 // never be skipped.
 func RequireRoot(t testing.TB) {
@@ -120,6 +138,7 @@ func RequireRoot(t testing.TB) {
 func New(t testing.TB, extraPath ...string) *H {
 	t.Helper()
 	RequireRoot(t)
+	serialize(t)
 	h := &H{T: t, BinDir: BinDir(t), CacheDir: t.TempDir()}
 	h.CNIPath = append([]string{h.BinDir}, extraPath...)
 	h.CNI = libcni.NewCNIConfigWithCacheDir(h.CNIPath, h.CacheDir, nil)

@@ -1,0 +1,78 @@
+# meshwire build, test and demo. Run as root for test and demo (they create
+# network namespaces). See README.md.
+
+export PATH := /usr/local/go/bin:$(PATH)
+export CGO_ENABLED := 0
+
+GO        ?= go
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT    ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
+PKG       := github.com/meshwire/meshwire
+LDFLAGS   := -s -w -X $(PKG)/internal/buildinfo.Version=$(VERSION) -X $(PKG)/internal/buildinfo.Commit=$(COMMIT)
+BIN       := $(CURDIR)/bin
+
+# Install locations: CNI plugins where runtimes look for them, commands on PATH.
+DESTDIR   ?=
+CNI_BIN_DIR ?= /opt/cni/bin
+BINDIR    ?= /usr/local/bin
+
+# Every main package that ships (the test/ tree holds test-only programs).
+MAINS     = $(shell $(GO) list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' ./...)
+SHIPPED   = $(filter-out $(PKG)/test/%,$(MAINS))
+TESTBINS  = $(filter $(PKG)/test/%,$(MAINS))
+COMMANDS  := meshwire iptables-init
+
+TEST_TIMEOUT ?= 60m
+BENCH ?= .
+
+.PHONY: all build test unit deps demo bench generate install clean fuzz vet
+
+all: build
+
+build:
+	@mkdir -p $(BIN)
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ $(SHIPPED)
+	@test -z "$(TESTBINS)" || $(GO) build -trimpath -o $(BIN)/test/ $(TESTBINS)
+
+deps:
+	@test/deps.sh
+
+vet:
+	$(GO) vet ./...
+
+# Every test, kernel tests included (they need root and are never skipped).
+test: deps build vet
+	MESHWIRE_BIN_DIR=$(BIN) $(GO) test -count=1 -timeout $(TEST_TIMEOUT) ./...
+
+# Tests that need neither root nor the kernel.
+unit:
+	$(GO) test -count=1 $$($(GO) list ./... | grep -v /test/)
+
+# Short coverage-guided fuzzing of every fuzz target (FUZZTIME each).
+FUZZTIME ?= 30s
+fuzz:
+	@for spec in $$($(GO) test -list '^Fuzz' ./... 2>/dev/null | awk '/^ok/{pkg=$$2} /^Fuzz/{print pkg":"$$1}' ); do \
+	  pkg=$${spec%%:*}; fn=$${spec##*:}; echo "== $$pkg $$fn"; \
+	  $(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
+	done
+
+demo: build
+	$(BIN)/meshwire demo
+
+# Benchmarks run side by side with Debian's reference plugins (/usr/lib/cni).
+bench: deps build
+	MESHWIRE_BIN_DIR=$(BIN) $(GO) test -count=1 -run '^$$' -bench '$(BENCH)' -benchtime 1x -timeout 120m ./test/bench/...
+
+generate:
+	$(GO) generate ./...
+
+install: build
+	install -d $(DESTDIR)$(CNI_BIN_DIR) $(DESTDIR)$(BINDIR)
+	@for f in $(BIN)/*; do \
+	  [ -f "$$f" ] || continue; n=$$(basename $$f); \
+	  case " $(COMMANDS) " in *" $$n "*) install -m 0755 $$f $(DESTDIR)$(BINDIR)/$$n ;; \
+	  *) install -m 0755 $$f $(DESTDIR)$(CNI_BIN_DIR)/$$n ;; esac; \
+	done
+
+clean:
+	rm -rf $(BIN)

@@ -1,0 +1,226 @@
+// Package firewall applies rule sets through the host's firewall tools, one
+// atomic transaction at a time: `iptables-restore --noflush` per address
+// family for iptables (legacy or nf_tables variant), `nft -f -` for native
+// nftables. Rule generation lives with each feature; this package only
+// detects the backend, applies, and reads back.
+package firewall
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os/exec"
+	"strings"
+	"time"
+
+	"github.com/meshwire/meshwire/internal/cnierr"
+)
+
+// Kind is the firewall API in use.
+type Kind string
+
+const (
+	IPTables Kind = "iptables"
+	NFTables Kind = "nftables"
+)
+
+// Variant is the iptables implementation: the legacy xtables kernel API or
+// the nf_tables-backed iptables-nft. Empty means whatever `iptables` is.
+type Variant string
+
+const (
+	VariantDefault Variant = ""
+	VariantLegacy  Variant = "legacy"
+	VariantNFT     Variant = "nft"
+)
+
+// Backend is a detected or configured firewall backend.
+type Backend struct {
+	Kind    Kind
+	Variant Variant // iptables only
+}
+
+func (b Backend) String() string {
+	if b.Kind == IPTables && b.Variant != VariantDefault {
+		return "iptables-" + string(b.Variant)
+	}
+	return string(b.Kind)
+}
+
+// Parse reads a backend name as users write it in configs and flags:
+// iptables, nftables, legacy, nft, iptables-legacy, iptables-nft.
+func Parse(s string) (Backend, error) {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "iptables":
+		return Backend{Kind: IPTables}, nil
+	case "legacy", "iptables-legacy":
+		return Backend{Kind: IPTables, Variant: VariantLegacy}, nil
+	case "nft", "iptables-nft":
+		return Backend{Kind: IPTables, Variant: VariantNFT}, nil
+	case "nftables":
+		return Backend{Kind: NFTables}, nil
+	}
+	return Backend{}, fmt.Errorf("unknown firewall backend %q (want iptables, nftables, legacy or nft)", s)
+}
+
+// Family is an address family: 4 or 6.
+type Family int
+
+const (
+	V4 Family = 4
+	V6 Family = 6
+)
+
+// tool returns the binary name for an iptables tool ("restore", "save").
+func (b Backend) tool(f Family, what string) string {
+	base := "iptables"
+	if f == V6 {
+		base = "ip6tables"
+	}
+	if b.Variant != VariantDefault {
+		base += "-" + string(b.Variant)
+	}
+	return base + "-" + what
+}
+
+// lockWait bounds how long iptables-restore waits for the xtables lock.
+const lockWait = 10 * time.Second
+
+// Restore applies an iptables-restore payload with --noflush: the tables it
+// names are changed in one transaction and nothing else is touched. A busy
+// xtables lock ends in CNI code 11.
+func (b Backend) Restore(ctx context.Context, f Family, payload string) error {
+	if b.Kind != IPTables {
+		return fmt.Errorf("Restore needs an iptables backend, have %s", b)
+	}
+	args := []string{"--noflush", "-w", fmt.Sprint(int(lockWait.Seconds()))}
+	_, err := run(ctx, b.tool(f, "restore"), payload, args...)
+	return err
+}
+
+// Save returns iptables-save output for one table (all tables when table is "").
+func (b Backend) Save(ctx context.Context, f Family, table string) (string, error) {
+	if b.Kind != IPTables {
+		return "", fmt.Errorf("Save needs an iptables backend, have %s", b)
+	}
+	var args []string
+	if table != "" {
+		args = append(args, "-t", table)
+	}
+	return run(ctx, b.tool(f, "save"), "", args...)
+}
+
+// NftApply runs an nft script as one transaction.
+func NftApply(ctx context.Context, script string) error {
+	_, err := run(ctx, "nft", script, "-f", "-")
+	return err
+}
+
+// Nft runs an nft command (e.g. "list", "table", "inet", "meshwire") and
+// returns its output.
+func Nft(ctx context.Context, args ...string) (string, error) {
+	return run(ctx, "nft", "", args...)
+}
+
+// Available checks that the backend's tools exist and can read the ruleset:
+// the STATUS check of plugins that program the firewall.
+func (b Backend) Available(ctx context.Context) error {
+	var err error
+	switch b.Kind {
+	case IPTables:
+		_, err = b.Save(ctx, V4, "nat")
+	case NFTables:
+		_, err = Nft(ctx, "list", "tables")
+	default:
+		err = fmt.Errorf("no backend")
+	}
+	if err != nil {
+		return cnierr.NotAvailable("firewall backend %s is not usable: %v", b, err)
+	}
+	return nil
+}
+
+func run(ctx context.Context, name, stdin string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	if stdin != "" {
+		cmd.Stdin = strings.NewReader(stdin)
+	}
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		msg := strings.TrimSpace(errb.String())
+		if strings.Contains(msg, "xtables lock") || strings.Contains(msg, "Resource temporarily unavailable") {
+			return "", cnierr.TryAgain("%s: the xtables lock is busy: %s", name, msg)
+		}
+		if msg == "" {
+			msg = err.Error()
+		}
+		return "", fmt.Errorf("%s %s: %s", name, strings.Join(args, " "), msg)
+	}
+	return out.String(), nil
+}
+
+// Detect picks the backend the host (the current network namespace) already
+// uses, so meshwire's rules land where the rest of the node's rules are:
+// iptables-legacy if legacy tables hold rules, else iptables-nft if its
+// tables hold rules, else nftables if native nftables tables exist, else
+// iptables through the distribution's default `iptables`.
+func Detect(ctx context.Context) Backend {
+	if hasRules(ctx, Backend{Kind: IPTables, Variant: VariantLegacy}) {
+		return Backend{Kind: IPTables, Variant: VariantLegacy}
+	}
+	if hasRules(ctx, Backend{Kind: IPTables, Variant: VariantNFT}) {
+		return Backend{Kind: IPTables, Variant: VariantNFT}
+	}
+	if out, err := Nft(ctx, "list", "tables"); err == nil && hasNativeTables(out) {
+		return Backend{Kind: NFTables}
+	}
+	if _, err := exec.LookPath("iptables-restore"); err != nil {
+		if _, err := exec.LookPath("nft"); err == nil {
+			return Backend{Kind: NFTables}
+		}
+	}
+	return Backend{Kind: IPTables}
+}
+
+func hasRules(ctx context.Context, b Backend) bool {
+	for _, f := range []Family{V4, V6} {
+		if _, err := exec.LookPath(b.tool(f, "save")); err != nil {
+			continue
+		}
+		out, err := b.Save(ctx, f, "")
+		if err == nil && CountRules(out) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// CountRules counts the rules ("-A" lines) in iptables-save output.
+func CountRules(save string) int {
+	n := 0
+	for _, line := range strings.Split(save, "\n") {
+		if strings.HasPrefix(line, "-A ") {
+			n++
+		}
+	}
+	return n
+}
+
+// iptablesNFTTables are the tables iptables-nft creates in nf_tables; any
+// other table is native nftables.
+var iptablesNFTTables = map[string]bool{"filter": true, "nat": true, "mangle": true, "raw": true, "security": true}
+
+func hasNativeTables(listTables string) bool {
+	for _, line := range strings.Split(listTables, "\n") {
+		f := strings.Fields(line) // "table ip nat"
+		if len(f) != 3 || f[0] != "table" {
+			continue
+		}
+		if (f[1] == "ip" || f[1] == "ip6") && iptablesNFTTables[f[2]] {
+			continue
+		}
+		return true
+	}
+	return false
+}

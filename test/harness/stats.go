@@ -1,0 +1,78 @@
+package harness
+
+import (
+	"fmt"
+	"io"
+	"sort"
+	"strings"
+	"time"
+)
+
+// Samples collects latencies of one operation.
+type Samples []time.Duration
+
+// Time runs fn and records how long it took.
+func (s *Samples) Time(fn func() error) error {
+	start := time.Now()
+	err := fn()
+	*s = append(*s, time.Since(start))
+	return err
+}
+
+// Quantile returns the q-quantile (0..1) by nearest rank.
+func (s Samples) Quantile(q float64) time.Duration {
+	if len(s) == 0 {
+		return 0
+	}
+	c := append(Samples(nil), s...)
+	sort.Slice(c, func(i, j int) bool { return c[i] < c[j] })
+	i := int(q*float64(len(c))+0.5) - 1
+	if i < 0 {
+		i = 0
+	}
+	if i >= len(c) {
+		i = len(c) - 1
+	}
+	return c[i]
+}
+
+// Median is the 0.5 quantile.
+func (s Samples) Median() time.Duration { return s.Quantile(0.5) }
+
+// P95 is the 0.95 quantile.
+func (s Samples) P95() time.Duration { return s.Quantile(0.95) }
+
+// Ms formats a duration in milliseconds with two decimals.
+func Ms(d time.Duration) string { return fmt.Sprintf("%.2f", float64(d.Microseconds())/1000) }
+
+// Ratio formats a/b as "0.42x".
+func Ratio(a, b time.Duration) string {
+	if b == 0 {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.2fx", float64(a)/float64(b))
+}
+
+// Table is a markdown table printed by benchmarks, ready to paste into the
+// README.
+type Table struct {
+	Title  string
+	Header []string
+	Rows   [][]string
+}
+
+// Add appends a row.
+func (t *Table) Add(cells ...string) { t.Rows = append(t.Rows, cells) }
+
+// Write prints the table as markdown.
+func (t *Table) Write(w io.Writer) {
+	fmt.Fprintf(w, "\n### %s\n\n| %s |\n|%s\n", t.Title, strings.Join(t.Header, " | "), strings.Repeat("---|", len(t.Header)))
+	for _, r := range t.Rows {
+		fmt.Fprintf(w, "| %s |\n", strings.Join(r, " | "))
+	}
+	fmt.Fprintln(w)
+}
+
+// ReferenceDir is where Debian's containernetworking-plugins installs the
+// reference plugins that benchmarks compare against.
+const ReferenceDir = "/usr/lib/cni"
