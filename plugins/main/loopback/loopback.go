@@ -9,10 +9,10 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
-	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 
 	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/internal/pluginconf"
 )
 
@@ -48,7 +48,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 		return err
 	}
 	var st loState
-	err = inNetNS(args.Netns, func() error {
+	err = netns.Enter(args.Netns, func() error {
 		link, err := loopbackLink(args.IfName)
 		if err != nil {
 			return err
@@ -87,7 +87,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 	if _, err := parseConfig(args.StdinData); err != nil {
 		return err
 	}
-	return inNetNS(args.Netns, func() error {
+	return netns.Enter(args.Netns, func() error {
 		link, err := loopbackLink(args.IfName)
 		if err != nil {
 			return err
@@ -118,9 +118,7 @@ func cmdDel(args *skel.CmdArgs) error {
 	if args.Netns == "" {
 		return nil // the namespace is gone: so is its lo
 	}
-	entered := false
-	err := inNetNS(args.Netns, func() error {
-		entered = true
+	err := netns.Enter(args.Netns, func() error {
 		link, err := netlinksafe.LinkByName(args.IfName)
 		if err != nil {
 			var nf netlink.LinkNotFoundError
@@ -134,7 +132,7 @@ func cmdDel(args *skel.CmdArgs) error {
 		}
 		return nil
 	})
-	if err != nil && !entered {
+	if netns.IsGone(err) {
 		// The namespace is gone or is not a namespace any more: there is no
 		// lo left to take down, and DEL must succeed.
 		slog.Info("namespace not usable, nothing to do", "error", err)
@@ -154,21 +152,6 @@ func cmdGC(args *skel.CmdArgs) error {
 func cmdStatus(args *skel.CmdArgs) error {
 	_, err := parseConfig(args.StdinData)
 	return err
-}
-
-// inNetNS runs fn in the namespace at path. Errors opening the namespace keep
-// their ns error type (DEL tells "gone" from "broken" by it) and say which
-// variable is at fault.
-func inNetNS(path string, fn func() error) error {
-	netNS, err := ns.GetNS(path)
-	if err != nil {
-		if errors.As(err, new(ns.NSPathNotExistErr)) || errors.As(err, new(ns.NSPathNotNSErr)) {
-			return errors.Join(cnierr.InvalidEnv("CNI_NETNS", "%v", err), err)
-		}
-		return cnierr.InvalidEnv("CNI_NETNS", "%v", err)
-	}
-	defer netNS.Close()
-	return netNS.Do(func(ns.NetNS) error { return fn() })
 }
 
 func loopbackLink(name string) (netlink.Link, error) {
