@@ -15,18 +15,18 @@ import (
 
 // Well-known codes of the CNI spec, re-exported so callers need one import.
 const (
-	CodeIncompatibleVersion = types.ErrIncompatibleCNIVersion // 1
-	CodeUnsupportedField    = types.ErrUnsupportedField       // 2
-	CodeUnknownContainer    = types.ErrUnknownContainer       // 3
+	CodeIncompatibleVersion = types.ErrIncompatibleCNIVersion      // 1
+	CodeUnsupportedField    = types.ErrUnsupportedField            // 2
+	CodeUnknownContainer    = types.ErrUnknownContainer            // 3
 	CodeInvalidEnv          = types.ErrInvalidEnvironmentVariables // 4
-	CodeIOFailure           = types.ErrIOFailure              // 5
-	CodeDecoding            = types.ErrDecodingFailure        // 6
-	CodeInvalidConfig       = types.ErrInvalidNetworkConfig   // 7
-	CodeInvalidNetNS        = types.ErrInvalidNetNS           // 8
-	CodeTryAgainLater       = types.ErrTryAgainLater          // 11
-	CodeNotAvailable        = types.ErrPluginNotAvailable     // 50
-	CodeLimitedConnectivity = types.ErrLimitedConnectivity    // 51
-	CodeInternal            = types.ErrInternal               // 999
+	CodeIOFailure           = types.ErrIOFailure                   // 5
+	CodeDecoding            = types.ErrDecodingFailure             // 6
+	CodeInvalidConfig       = types.ErrInvalidNetworkConfig        // 7
+	CodeInvalidNetNS        = types.ErrInvalidNetNS                // 8
+	CodeTryAgainLater       = types.ErrTryAgainLater               // 11
+	CodeNotAvailable        = types.ErrPluginNotAvailable          // 50
+	CodeLimitedConnectivity = types.ErrLimitedConnectivity         // 51
+	CodeInternal            = types.ErrInternal                    // 999
 )
 
 func newf(code uint, format string, a ...any) *types.Error {

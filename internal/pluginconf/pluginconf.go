@@ -152,4 +152,3 @@ func (b *Base) RequirePrevResult() (*current.Result, error) {
 	}
 	return r, nil
 }
-
