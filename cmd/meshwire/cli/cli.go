@@ -1,0 +1,424 @@
+// Package cli is the meshwire command line: add, check, del, ls, gc, demo.
+package cli
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/vishvananda/netlink"
+	vnetns "github.com/vishvananda/netns"
+
+	"github.com/meshwire/meshwire/cmd/meshwire/cniruntime"
+	"github.com/meshwire/meshwire/internal/buildinfo"
+)
+
+const usage = `usage: meshwire COMMAND [flags]
+
+commands:
+  add NAME [--conf FILE] [--ifname IF] [--port [HOSTIP:]HOST:CONTAINER[/tcp|udp|sctp]]... [--bandwidth RATE]
+                 create network namespace NAME (if absent) and wire it with the conflist
+  check NAME     run CNI CHECK for NAME's attachments
+  del NAME       run CNI DEL for NAME's attachments and remove the namespace meshwire created
+  ls             list the namespaces meshwire manages, with their addresses
+  gc [--conf FILE]
+                 CNI GC of every known network, keeping the attachments meshwire manages
+  demo [--hold DURATION]
+                 wire two namespaces with the default conflist, show what works, clean up
+                 (after DURATION, or at once on Ctrl-C)
+  version        print the meshwire version
+
+global flags (anywhere on the line):
+  --cni-path DIRS   colon-separated plugin directories (default: the directory of
+                    the meshwire binary, then /opt/cni/bin)
+  --state-dir DIR   where meshwire keeps its records and libcni's cache
+                    (default /var/lib/meshwire)
+`
+
+// errUsage marks errors that exit 2.
+var errUsage = errors.New("usage")
+
+type usageError struct{ msg string }
+
+func (e usageError) Error() string   { return e.msg }
+func (e usageError) Is(t error) bool { return t == errUsage }
+
+func usagef(format string, a ...any) error { return usageError{fmt.Sprintf(format, a...)} }
+
+// env is what every command gets.
+type env struct {
+	out, errOut     io.Writer
+	defaultConflist []byte
+	cniPath         string
+	stateDir        string
+}
+
+// Main runs the command line and returns the exit code: 0, 1 for a failure,
+// 2 for a usage error. Errors are one line on stderr.
+func Main(args []string, defaultConflist []byte, stdout, stderr io.Writer) int {
+	e := &env{out: stdout, errOut: stderr, defaultConflist: defaultConflist}
+	err := run(e, args)
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		fmt.Fprintf(stderr, "meshwire: %v\nrun `meshwire help` for usage\n", err)
+		return 2
+	default:
+		fmt.Fprintf(stderr, "meshwire: %s\n", oneLine(err))
+		return 1
+	}
+}
+
+// oneLine joins a multi-line (errors.Join) error into one line.
+func oneLine(err error) string {
+	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
+}
+
+func run(e *env, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(e.errOut, usage)
+		return usagef("no command given")
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "help", "-h", "--help":
+		fmt.Fprint(e.out, usage)
+		return nil
+	case "version", "--version":
+		fmt.Fprintln(e.out, buildinfo.String("command"))
+		return nil
+	case "add":
+		return e.add(rest)
+	case "check":
+		return e.check(rest)
+	case "del":
+		return e.del(rest)
+	case "ls":
+		return e.ls(rest)
+	case "gc":
+		return e.gc(rest)
+	case "demo":
+		return e.demo(rest)
+	}
+	return usagef("unknown command %q", cmd)
+}
+
+// flags returns a flag set with the global flags bound.
+func (e *env) flags(name string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&e.cniPath, "cni-path", "", "plugin directories")
+	fs.StringVar(&e.stateDir, "state-dir", "/var/lib/meshwire", "state directory")
+	return fs
+}
+
+// parse parses flags and positional arguments in any order and checks the
+// number of positionals.
+func parse(fs *flag.FlagSet, args []string, positionals int) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, usagef("%s: %v", fs.Name(), err)
+		}
+		args = fs.Args()
+		if len(args) == 0 {
+			break
+		}
+		pos = append(pos, args[0])
+		args = args[1:]
+	}
+	if len(pos) != positionals {
+		if positionals == 1 {
+			return nil, usagef("%s: want exactly one namespace NAME, got %d arguments", fs.Name(), len(pos))
+		}
+		return nil, usagef("%s: takes no arguments, got %q", fs.Name(), pos)
+	}
+	return pos, nil
+}
+
+func (e *env) runtime() (*cniruntime.Runtime, error) {
+	if os.Geteuid() != 0 {
+		return nil, errors.New("must run as root (it creates network namespaces and runs CNI plugins)")
+	}
+	return cniruntime.New(e.stateDir, e.pluginPath()), nil
+}
+
+// pluginPath is --cni-path, or the binary's own directory then /opt/cni/bin.
+func (e *env) pluginPath() []string {
+	if e.cniPath != "" {
+		return filepath.SplitList(e.cniPath)
+	}
+	var dirs []string
+	if exe, err := os.Executable(); err == nil {
+		dirs = append(dirs, filepath.Dir(exe))
+	}
+	return append(dirs, "/opt/cni/bin")
+}
+
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+// capabilityArgs turns --port and --bandwidth into runtimeConfig capabilities.
+func capabilityArgs(ports []string, bandwidth string) (map[string]any, error) {
+	caps := map[string]any{}
+	if len(ports) > 0 {
+		var pms []PortMapping
+		for _, p := range ports {
+			pm, err := ParsePort(p)
+			if err != nil {
+				return nil, usagef("%v", err)
+			}
+			pms = append(pms, pm)
+		}
+		caps["portMappings"] = pms
+	}
+	if bandwidth != "" {
+		rate, err := ParseRate(bandwidth)
+		if err != nil {
+			return nil, usagef("%v", err)
+		}
+		caps["bandwidth"] = BandwidthFor(rate)
+	}
+	if len(caps) == 0 {
+		return nil, nil
+	}
+	return caps, nil
+}
+
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+}
+
+func (e *env) add(args []string) error {
+	fs := e.flags("add")
+	conf := fs.String("conf", "", "conflist file")
+	ifName := fs.String("ifname", "eth0", "pod interface name")
+	var ports multiFlag
+	fs.Var(&ports, "port", "host port mapping")
+	bw := fs.String("bandwidth", "", "rate limit")
+	pos, err := parse(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	caps, err := capabilityArgs(ports, *bw)
+	if err != nil {
+		return err
+	}
+	conflist := e.defaultConflist
+	if *conf != "" {
+		if conflist, err = os.ReadFile(*conf); err != nil {
+			return fmt.Errorf("--conf: %w", err)
+		}
+	}
+	rt, err := e.runtime()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := signalContext()
+	defer cancel()
+	rec, _, err := rt.Add(ctx, pos[0], conflist, *ifName, caps)
+	if err != nil {
+		return fmt.Errorf("add %s: %w", pos[0], err)
+	}
+	fmt.Fprintf(e.out, "%s: wired (netns %s, container id %s)\n", rec.Name, rec.NetNS, rec.ContainerID[:12])
+	e.printResults(rt, rec)
+	return nil
+}
+
+func (e *env) printResults(rt *cniruntime.Runtime, rec *cniruntime.Record) {
+	for _, a := range rec.Attachments {
+		res, err := rt.Result(rec, a)
+		if err != nil || res == nil {
+			continue
+		}
+		fmt.Fprintf(e.out, "  network %s on %s: %s\n", a.Network, a.IfName, describe(res))
+	}
+}
+
+// describe summarizes a result: the pod-side interfaces with their addresses.
+func describe(r *current.Result) string {
+	var parts []string
+	for _, ip := range r.IPs {
+		where := ""
+		if ip.Interface != nil && *ip.Interface >= 0 && *ip.Interface < len(r.Interfaces) {
+			where = r.Interfaces[*ip.Interface].Name + " "
+		}
+		s := where + ip.Address.String()
+		if ip.Gateway != nil {
+			s += " via " + ip.Gateway.String()
+		}
+		parts = append(parts, s)
+	}
+	if len(parts) == 0 {
+		return "no addresses"
+	}
+	return strings.Join(parts, ", ")
+}
+
+func (e *env) check(args []string) error {
+	pos, err := parse(e.flags("check"), args, 1)
+	if err != nil {
+		return err
+	}
+	rt, err := e.runtime()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := signalContext()
+	defer cancel()
+	if err := rt.Check(ctx, pos[0]); err != nil {
+		return fmt.Errorf("check %s: %w", pos[0], err)
+	}
+	fmt.Fprintf(e.out, "%s: ok\n", pos[0])
+	return nil
+}
+
+func (e *env) del(args []string) error {
+	pos, err := parse(e.flags("del"), args, 1)
+	if err != nil {
+		return err
+	}
+	rt, err := e.runtime()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := signalContext()
+	defer cancel()
+	rec, err := rt.Del(ctx, pos[0])
+	if err != nil {
+		return fmt.Errorf("del %s: %w", pos[0], err)
+	}
+	what := "namespace removed"
+	if !rec.CreatedNetNS {
+		what = "namespace kept (meshwire did not create it)"
+	}
+	fmt.Fprintf(e.out, "%s: deleted, %s\n", rec.Name, what)
+	return nil
+}
+
+func (e *env) ls(args []string) error {
+	if _, err := parse(e.flags("ls"), args, 0); err != nil {
+		return err
+	}
+	rt, err := e.runtime()
+	if err != nil {
+		return err
+	}
+	recs, err := rt.List()
+	if err != nil {
+		return err
+	}
+	writeTable(e.out, recs)
+	return nil
+}
+
+func writeTable(w io.Writer, recs []*cniruntime.Record) {
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tCONTAINER ID\tNETWORKS\tADDRESSES")
+	for _, rec := range recs {
+		var nets []string
+		for _, a := range rec.Attachments {
+			nets = append(nets, a.Network+"@"+a.IfName)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", rec.Name, rec.ContainerID[:12], strings.Join(nets, ","), strings.Join(addresses(rec.NetNS), " "))
+	}
+	tw.Flush()
+}
+
+// addresses lists "ifname=addr" for every address inside the namespace, or
+// a note when the namespace is gone.
+func addresses(path string) []string {
+	h, err := vnetns.GetFromPath(path)
+	if err != nil {
+		return []string{"(namespace missing)"}
+	}
+	defer h.Close()
+	nl, err := netlink.NewHandleAt(h)
+	if err != nil {
+		return []string{"(" + err.Error() + ")"}
+	}
+	defer nl.Close()
+	links, err := nl.LinkList()
+	if err != nil {
+		return []string{"(" + err.Error() + ")"}
+	}
+	var out []string
+	for _, l := range links {
+		addrs, _ := nl.AddrList(l, netlink.FAMILY_ALL)
+		for _, a := range addrs {
+			if a.IP.IsLinkLocalUnicast() {
+				continue
+			}
+			out = append(out, l.Attrs().Name+"="+a.IPNet.String())
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (e *env) gc(args []string) error {
+	fs := e.flags("gc")
+	conf := fs.String("conf", "", "also GC this conflist's network")
+	if _, err := parse(fs, args, 0); err != nil {
+		return err
+	}
+	extra := [][]byte{e.defaultConflist}
+	if *conf != "" {
+		b, err := os.ReadFile(*conf)
+		if err != nil {
+			return fmt.Errorf("--conf: %w", err)
+		}
+		extra = append(extra, b)
+	}
+	rt, err := e.runtime()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := signalContext()
+	defer cancel()
+	nets, err := rt.GC(ctx, extra...)
+	if err != nil {
+		return fmt.Errorf("gc: %w", err)
+	}
+	fmt.Fprintf(e.out, "gc done for networks: %s\n", strings.Join(nets, ", "))
+	return nil
+}
+
+// podAddress returns the first global address of the given family on the
+// pod's non-loopback interfaces, from its cached results.
+func podAddress(rt *cniruntime.Runtime, rec *cniruntime.Record, v4 bool) net.IP {
+	for _, a := range rec.Attachments {
+		if a.IfName == "lo" {
+			continue
+		}
+		res, err := rt.Result(rec, a)
+		if err != nil || res == nil {
+			continue
+		}
+		for _, ip := range res.IPs {
+			if (ip.Address.IP.To4() != nil) == v4 {
+				return ip.Address.IP
+			}
+		}
+	}
+	return nil
+}

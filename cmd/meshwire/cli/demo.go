@@ -1,0 +1,167 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/meshwire/meshwire/cmd/meshwire/cniruntime"
+	"github.com/meshwire/meshwire/internal/buildinfo"
+	"github.com/meshwire/meshwire/internal/netns"
+	"github.com/meshwire/meshwire/internal/probe"
+)
+
+// demoStateDir keeps the demo's records on tmpfs, apart from the user's, so
+// that a demo killed hard is cleaned up by the next one.
+const demoStateDir = "/run/meshwire-demo"
+
+var demoPods = []string{"mwdemo-a", "mwdemo-b"}
+
+// demo wires two namespaces with the default conflist, shows their
+// addresses, proves what works, and removes everything, also when
+// interrupted.
+func (e *env) demo(args []string) error {
+	fs := e.flags("demo")
+	hold := fs.Duration("hold", 0, "keep the pods up this long before cleaning up")
+	if _, err := parse(fs, args, 0); err != nil {
+		return err
+	}
+	if e.stateDir == "/var/lib/meshwire" {
+		e.stateDir = demoStateDir
+	}
+	rt, err := e.runtime()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := signalContext()
+	defer cancel()
+	d := &demo{e: e, rt: rt}
+	d.cleanup("leftovers of an earlier demo")
+	defer func() {
+		if ctx.Err() != nil {
+			fmt.Fprintln(e.out, "\ninterrupted")
+		}
+		d.cleanup("")
+	}()
+
+	fmt.Fprintf(e.out, "meshwire demo — %s\nplugins from %s\n\n", buildinfo.String("command"), strings.Join(rt.CNIPath, ":"))
+	var recs []*cniruntime.Record
+	for _, name := range demoPods {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		rec, _, err := rt.Add(ctx, name, e.defaultConflist, "eth0", nil)
+		if err != nil {
+			return fmt.Errorf("add %s: %w", name, err)
+		}
+		d.added = append(d.added, name)
+		recs = append(recs, rec)
+		fmt.Fprintf(e.out, "wired %s (netns %s)\n", name, rec.NetNS)
+		e.printResults(rt, rec)
+	}
+	fmt.Fprintln(e.out)
+	writeTable(e.out, recs)
+	fmt.Fprintln(e.out)
+
+	for _, rec := range recs {
+		d.step(fmt.Sprintf("%s: lo answers ping on 127.0.0.1", rec.Name), func() (string, error) {
+			return ping(rec.NetNS, net.IPv4(127, 0, 0, 1))
+		})
+		d.step(fmt.Sprintf("%s: lo answers ping on ::1", rec.Name), func() (string, error) {
+			return ping(rec.NetNS, net.IPv6loopback)
+		})
+	}
+	if len(recs) == 2 {
+		if dst := podAddress(rt, recs[1], true); dst != nil {
+			d.step(fmt.Sprintf("%s reaches %s at %s", recs[0].Name, recs[1].Name, dst), func() (string, error) {
+				return ping(recs[0].NetNS, dst)
+			})
+		}
+	}
+	for _, rec := range recs {
+		d.step(fmt.Sprintf("%s: CNI CHECK passes", rec.Name), func() (string, error) {
+			return "", rt.Check(ctx, rec.Name)
+		})
+	}
+	if *hold > 0 && ctx.Err() == nil {
+		fmt.Fprintf(e.out, "\nholding the pods for %s (try `ip netns exec %s ip addr`); Ctrl-C cleans up now\n", *hold, recs[0].Name)
+		select {
+		case <-ctx.Done():
+		case <-time.After(*hold):
+		}
+	}
+	if d.failed > 0 {
+		return fmt.Errorf("%d demo check(s) failed", d.failed)
+	}
+	return ctx.Err()
+}
+
+type demo struct {
+	e      *env
+	rt     *cniruntime.Runtime
+	added  []string
+	failed int
+}
+
+func (d *demo) step(what string, fn func() (string, error)) {
+	detail, err := fn()
+	if err != nil {
+		d.failed++
+		fmt.Fprintf(d.e.out, "  FAIL  %s: %s\n", what, oneLine(err))
+		return
+	}
+	if detail != "" {
+		detail = " (" + detail + ")"
+	}
+	fmt.Fprintf(d.e.out, "  ok    %s%s\n", what, detail)
+}
+
+// cleanup deletes every pod of the demo's state dir and any demo namespace
+// left without a record. It runs with its own context: an interrupt must not
+// stop the cleanup it triggered.
+func (d *demo) cleanup(why string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	recs, _ := d.rt.List()
+	if len(recs) > 0 && why != "" {
+		fmt.Fprintf(d.e.out, "removing %s\n", why)
+	}
+	removed := 0
+	for _, rec := range recs {
+		if _, err := d.rt.Del(ctx, rec.Name); err != nil {
+			fmt.Fprintf(d.e.errOut, "meshwire: cleanup %s: %s\n", rec.Name, oneLine(err))
+			continue
+		}
+		removed++
+	}
+	for _, name := range demoPods {
+		if netns.Exists(name) {
+			_ = netns.Delete(name)
+		}
+	}
+	if why == "" {
+		left := []string{}
+		for _, name := range demoPods {
+			if netns.Exists(name) {
+				left = append(left, name)
+			}
+		}
+		if len(left) == 0 {
+			fmt.Fprintf(d.e.out, "\ncleaned up: %d namespace(s) deleted, nothing left behind\n", removed)
+		} else {
+			fmt.Fprintf(d.e.errOut, "meshwire: cleanup left namespaces %v\n", left)
+		}
+		_ = os.RemoveAll(d.rt.StateDir)
+	}
+}
+
+func ping(nsPath string, dst net.IP) (string, error) {
+	rtt, err := probe.Ping(nsPath, dst, 2*time.Second)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("rtt %s", rtt.Round(time.Microsecond)), nil
+}
