@@ -67,7 +67,7 @@ type env struct {
 // Main runs the command line and returns the exit code: 0, 1 for a failure,
 // 2 for a usage error. Errors are one line on stderr.
 func Main(args []string, defaultConflist []byte, stdout, stderr io.Writer) int {
-	e := &env{out: stdout, errOut: stderr, defaultConflist: defaultConflist}
+	e := &env{out: stdout, errOut: stderr, defaultConflist: defaultConflist, stateDir: "/var/lib/meshwire"}
 	err := run(e, args)
 	switch {
 	case err == nil:
@@ -88,7 +88,37 @@ func oneLine(err error) string {
 	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
 }
 
+// extractGlobals removes the global flags from anywhere on the line.
+func (e *env) extractGlobals(args []string) ([]string, error) {
+	var rest []string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		name, val, hasVal := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || (name != "cni-path" && name != "state-dir") {
+			rest = append(rest, a)
+			continue
+		}
+		if !hasVal {
+			if i+1 >= len(args) {
+				return nil, usagef("flag --%s needs a value", name)
+			}
+			i++
+			val = args[i]
+		}
+		if name == "cni-path" {
+			e.cniPath = val
+		} else {
+			e.stateDir = val
+		}
+	}
+	return rest, nil
+}
+
 func run(e *env, args []string) error {
+	args, err := e.extractGlobals(args)
+	if err != nil {
+		return err
+	}
 	if len(args) == 0 {
 		fmt.Fprint(e.errOut, usage)
 		return usagef("no command given")
@@ -121,8 +151,6 @@ func run(e *env, args []string) error {
 func (e *env) flags(name string) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	fs.StringVar(&e.cniPath, "cni-path", "", "plugin directories")
-	fs.StringVar(&e.stateDir, "state-dir", "/var/lib/meshwire", "state directory")
 	return fs
 }
 

@@ -96,7 +96,10 @@ func (e *env) demo(args []string) error {
 	if d.failed > 0 {
 		return fmt.Errorf("%d demo check(s) failed", d.failed)
 	}
-	return ctx.Err()
+	if ctx.Err() != nil {
+		return fmt.Errorf("interrupted")
+	}
+	return nil
 }
 
 type demo struct {

@@ -1,0 +1,216 @@
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/meshwire/meshwire/internal/netns"
+	"github.com/meshwire/meshwire/test/harness"
+)
+
+// meshwireCmd runs the built meshwire command with its own state directory.
+type meshwireCmd struct {
+	t        *testing.T
+	bin      string
+	stateDir string
+	cniPath  string
+}
+
+func newMeshwireCmd(t *testing.T) *meshwireCmd {
+	h := harness.New(t)
+	return &meshwireCmd{t: t, bin: filepath.Join(h.BinDir, "meshwire"), stateDir: t.TempDir(), cniPath: h.BinDir}
+}
+
+func (m *meshwireCmd) run(args ...string) (stdout, stderr string, code int) {
+	m.t.Helper()
+	cmd := exec.Command(m.bin, append(args, "--state-dir", m.stateDir, "--cni-path", m.cniPath)...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		m.t.Fatal(err)
+	}
+	return out.String(), errb.String(), code
+}
+
+func (m *meshwireCmd) mustRun(args ...string) string {
+	m.t.Helper()
+	out, errOut, code := m.run(args...)
+	if code != 0 {
+		m.t.Fatalf("meshwire %v: exit %d: %s%s", args, code, out, errOut)
+	}
+	return out
+}
+
+func TestMeshwireLifecycle(t *testing.T) {
+	m := newMeshwireCmd(t)
+	h := harness.New(t)
+	h.CheckNoLeaks()
+	name := "mwt-cmd-" + harness.RandomID()[:6]
+	t.Cleanup(func() { _ = netns.Delete(name) })
+
+	out := m.mustRun("add", name)
+	if !strings.Contains(out, "127.0.0.1/8") {
+		t.Fatalf("add output lacks the loopback address:\n%s", out)
+	}
+	if !netns.Exists(name) {
+		t.Fatal("add did not create the namespace")
+	}
+	ns := &harness.NS{Name: name, Path: netns.Path(name)}
+	if _, err := probePing(ns.Path, "127.0.0.1"); err != nil {
+		t.Fatalf("lo does not answer in the wired namespace: %v", err)
+	}
+	if _, errOut, code := m.run("add", name); code != 1 || !strings.Contains(errOut, "already wired") {
+		t.Fatalf("second add: exit %d, %q; want 1 and 'already wired'", code, errOut)
+	}
+	m.mustRun("check", name)
+	ls := m.mustRun("ls")
+	if !strings.Contains(ls, name) || !strings.Contains(ls, "lo=127.0.0.1/8") {
+		t.Fatalf("ls does not show the pod and its address:\n%s", ls)
+	}
+	if out := m.mustRun("gc"); !strings.Contains(out, "meshwire") {
+		t.Fatalf("gc output: %s", out)
+	}
+	m.mustRun("check", name) // GC kept the valid attachment
+
+	// CHECK notices when the pod's networking is broken behind its back.
+	if o, err := harness.Run("ip", "netns", "exec", name, "ip", "link", "set", "lo", "down"); err != nil {
+		t.Fatalf("%v: %s", err, o)
+	}
+	if _, errOut, code := m.run("check", name); code != 1 || !strings.Contains(errOut, "lo is down") || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+		t.Fatalf("check of a broken pod: exit %d, stderr %q; want exit 1 and one line saying lo is down", code, errOut)
+	}
+
+	if out := m.mustRun("del", name); !strings.Contains(out, "namespace removed") {
+		t.Fatalf("del output: %s", out)
+	}
+	if netns.Exists(name) {
+		t.Fatal("del left the namespace")
+	}
+	if ls := m.mustRun("ls"); strings.Contains(ls, name) {
+		t.Fatalf("ls still lists the deleted pod:\n%s", ls)
+	}
+}
+
+// TestMeshwireAdoptsExistingNamespace: a namespace made by someone else is
+// wired, and del leaves it in place.
+func TestMeshwireAdoptsExistingNamespace(t *testing.T) {
+	m := newMeshwireCmd(t)
+	h := harness.New(t)
+	ns := h.NewNS("cmd")
+	m.mustRun("add", ns.Name)
+	if !ns.IsUp("lo") {
+		t.Fatal("lo not up after add")
+	}
+	if out := m.mustRun("del", ns.Name); !strings.Contains(out, "kept") {
+		t.Fatalf("del output: %s", out)
+	}
+	if !netns.Exists(ns.Name) {
+		t.Fatal("del removed a namespace meshwire did not create")
+	}
+}
+
+func TestMeshwireErrors(t *testing.T) {
+	m := newMeshwireCmd(t)
+	cases := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{nil, 2, "no command"},
+		{[]string{"frob"}, 2, "unknown command"},
+		{[]string{"add"}, 2, "NAME"},
+		{[]string{"add", "a", "b"}, 2, "NAME"},
+		{[]string{"add", "x", "--port", "99999:80"}, 2, "host port"},
+		{[]string{"add", "x", "--bandwidth", "fast"}, 2, "--bandwidth"},
+		{[]string{"add", "x", "--nope"}, 2, "nope"},
+		{[]string{"add", "bad/name"}, 1, "invalid namespace name"},
+		{[]string{"add", "x", "--conf", "/nonexistent.conflist"}, 1, "--conf"},
+		{[]string{"check", "mwt-never-added"}, 1, "not wired by meshwire"},
+		{[]string{"del", "mwt-never-added"}, 1, "not wired by meshwire"},
+	}
+	for _, c := range cases {
+		_, errOut, code := m.run(c.args...)
+		if code != c.code || !strings.Contains(errOut, c.want) {
+			t.Errorf("meshwire %v: exit %d, stderr %q; want exit %d mentioning %q", c.args, code, errOut, c.code, c.want)
+		}
+	}
+	// A conflist naming a plugin that is not installed: one clear line, and
+	// the namespace it created is gone again.
+	conf := filepath.Join(t.TempDir(), "missing.conflist")
+	os.WriteFile(conf, []byte(`{"cniVersion":"1.1.0","name":"mwt-missing","plugins":[{"type":"no-such-plugin"}]}`), 0o644)
+	name := "mwt-cmd-" + harness.RandomID()[:6]
+	t.Cleanup(func() { _ = netns.Delete(name) })
+	_, errOut, code := m.run("add", name, "--conf", conf)
+	if code != 1 || !strings.Contains(errOut, "no-such-plugin") || strings.Count(strings.TrimSpace(errOut), "\n") != 0 {
+		t.Fatalf("add with a missing plugin: exit %d, stderr %q", code, errOut)
+	}
+	if netns.Exists(name) {
+		t.Fatal("failed add left its namespace behind")
+	}
+}
+
+func TestMeshwireDemo(t *testing.T) {
+	m := newMeshwireCmd(t)
+	h := harness.New(t)
+	h.CheckNoLeaks()
+	out := m.mustRun("demo")
+	if strings.Contains(out, "FAIL") || !strings.Contains(out, "ok    mwdemo-a: lo answers ping on 127.0.0.1") || !strings.Contains(out, "nothing left behind") {
+		t.Fatalf("demo output:\n%s", out)
+	}
+}
+
+// TestMeshwireDemoInterrupted: Ctrl-C while the demo holds its pods removes
+// everything.
+func TestMeshwireDemoInterrupted(t *testing.T) {
+	m := newMeshwireCmd(t)
+	h := harness.New(t)
+	h.CheckNoLeaks()
+	cmd := exec.Command(m.bin, "demo", "--hold", "60s", "--state-dir", m.stateDir, "--cni-path", m.cniPath)
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() })
+	sc := bufio.NewScanner(stdout)
+	var seen []string
+	for sc.Scan() {
+		seen = append(seen, sc.Text())
+		if strings.HasPrefix(sc.Text(), "holding the pods") {
+			break
+		}
+	}
+	if !netns.Exists("mwdemo-a") || !netns.Exists("mwdemo-b") {
+		t.Fatalf("demo pods not there while holding; output:\n%s", strings.Join(seen, "\n"))
+	}
+	start := time.Now()
+	_ = cmd.Process.Signal(syscall.SIGINT)
+	for sc.Scan() {
+		seen = append(seen, sc.Text())
+	}
+	err = cmd.Wait()
+	if time.Since(start) > 30*time.Second {
+		t.Fatal("demo took too long to clean up after the interrupt")
+	}
+	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
+		t.Fatalf("interrupted demo: %v, want exit 1", err)
+	}
+	if netns.Exists("mwdemo-a") || netns.Exists("mwdemo-b") {
+		t.Fatalf("interrupted demo left namespaces; output:\n%s", strings.Join(seen, "\n"))
+	}
+	if !strings.Contains(strings.Join(seen, "\n"), "nothing left behind") {
+		t.Fatalf("no cleanup report:\n%s", strings.Join(seen, "\n"))
+	}
+}
