@@ -1,0 +1,63 @@
+package firewall
+
+import "testing"
+
+func TestParse(t *testing.T) {
+	cases := map[string]string{
+		"iptables": "iptables", "IPTABLES": "iptables", "legacy": "iptables-legacy",
+		"iptables-legacy": "iptables-legacy", "nft": "iptables-nft", "iptables-nft": "iptables-nft",
+		"nftables": "nftables",
+	}
+	for in, want := range cases {
+		b, err := Parse(in)
+		if err != nil || b.String() != want {
+			t.Errorf("Parse(%q) = %v, %v; want %s", in, b, err, want)
+		}
+	}
+	if _, err := Parse("ipchains"); err == nil {
+		t.Error("Parse(ipchains) succeeded")
+	}
+}
+
+func TestTools(t *testing.T) {
+	cases := []struct {
+		b    Backend
+		f    Family
+		want string
+	}{
+		{Backend{Kind: IPTables}, V4, "iptables-restore"},
+		{Backend{Kind: IPTables}, V6, "ip6tables-restore"},
+		{Backend{Kind: IPTables, Variant: VariantLegacy}, V4, "iptables-legacy-restore"},
+		{Backend{Kind: IPTables, Variant: VariantNFT}, V6, "ip6tables-nft-restore"},
+	}
+	for _, c := range cases {
+		if got := c.b.tool(c.f, "restore"); got != c.want {
+			t.Errorf("%v family %d: %s, want %s", c.b, c.f, got, c.want)
+		}
+	}
+}
+
+func TestCountRules(t *testing.T) {
+	save := "*nat\n:PREROUTING ACCEPT [0:0]\n-A PREROUTING -j X\n-A X -j RETURN\nCOMMIT\n"
+	if n := CountRules(save); n != 2 {
+		t.Fatalf("CountRules = %d, want 2", n)
+	}
+	if n := CountRules("*filter\n:INPUT ACCEPT [0:0]\nCOMMIT\n"); n != 0 {
+		t.Fatalf("CountRules of empty tables = %d", n)
+	}
+}
+
+func TestHasNativeTables(t *testing.T) {
+	if hasNativeTables("table ip nat\ntable ip6 filter\ntable ip mangle\n") {
+		t.Error("iptables-nft tables taken for native nftables")
+	}
+	if !hasNativeTables("table ip nat\ntable inet firewalld\n") {
+		t.Error("inet table not seen as native")
+	}
+	if !hasNativeTables("table ip kube-proxy\n") {
+		t.Error("ip kube-proxy table not seen as native")
+	}
+	if hasNativeTables("") {
+		t.Error("empty ruleset seen as native")
+	}
+}

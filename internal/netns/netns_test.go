@@ -1,0 +1,63 @@
+package netns
+
+import (
+	"errors"
+	"os"
+	"testing"
+)
+
+func TestValidName(t *testing.T) {
+	for _, ok := range []string{"a", "pod-1", "x.y_z", "A9"} {
+		if err := ValidName(ok); err != nil {
+			t.Errorf("ValidName(%q): %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", ".", "..", "-a", "a/b", "a b", string(make([]byte, 64))} {
+		if ValidName(bad) == nil {
+			t.Errorf("ValidName(%q) accepted", bad)
+		}
+	}
+}
+
+// TestCreateDelete needs root: it makes a real namespace in a private run
+// directory.
+func TestCreateDelete(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root (network namespaces)")
+	}
+	old := RunDir
+	RunDir = t.TempDir()
+	defer func() { RunDir = old }()
+	p, err := Create("mwt-unit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = Delete("mwt-unit") })
+	if !IsNetNS(p) || !Exists("mwt-unit") {
+		t.Fatal("created namespace is not a namespace mount")
+	}
+	if _, err := Create("mwt-unit"); !errors.Is(err, ErrExists) {
+		t.Fatalf("second Create: %v, want ErrExists", err)
+	}
+	names, err := List()
+	if err != nil || len(names) != 1 || names[0] != "mwt-unit" {
+		t.Fatalf("List = %v, %v", names, err)
+	}
+	entered := false
+	if err := Enter(p, func() error { entered = true; return nil }); err != nil || !entered {
+		t.Fatalf("Enter: %v", err)
+	}
+	if err := Delete("mwt-unit"); err != nil {
+		t.Fatal(err)
+	}
+	if Exists("mwt-unit") {
+		t.Fatal("still there after Delete")
+	}
+	if err := Delete("mwt-unit"); err != nil {
+		t.Fatalf("Delete of a missing namespace: %v", err)
+	}
+	err = Enter(p, func() error { return nil })
+	if !IsGone(err) {
+		t.Fatalf("Enter of a deleted namespace: %v, want IsGone", err)
+	}
+}
