@@ -144,3 +144,35 @@ func (n *NS) Sysctl(key string) string {
 func (n *NS) Exec(name string, args ...string) (string, error) {
 	return Run("ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
 }
+
+// IPTablesSave returns the rules (counters stripped, comments dropped) of
+// one iptables tool run inside the namespace, e.g. "iptables-save",
+// "ip6tables-legacy-save"; table "" means all tables.
+func (n *NS) IPTablesSave(tool, table string) string {
+	n.h.T.Helper()
+	args := []string{}
+	if table != "" {
+		args = append(args, "-t", table)
+	}
+	out, err := n.Exec(tool, args...)
+	if err != nil {
+		n.h.T.Fatalf("%s in %s: %v: %s", tool, n.Name, err, out)
+	}
+	var lines []string
+	for _, l := range strings.Split(out, "\n") {
+		if l != "" && !strings.HasPrefix(l, "#") {
+			lines = append(lines, counters.ReplaceAllString(l, ""))
+		}
+	}
+	return strings.Join(lines, "\n")
+}
+
+// NftRuleset returns `nft list ruleset` inside the namespace.
+func (n *NS) NftRuleset() string {
+	n.h.T.Helper()
+	out, err := n.Exec("nft", "list", "ruleset")
+	if err != nil {
+		n.h.T.Fatalf("nft list ruleset in %s: %v: %s", n.Name, err, out)
+	}
+	return out
+}
