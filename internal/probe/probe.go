@@ -15,11 +15,15 @@ import (
 	"golang.org/x/net/ipv6"
 )
 
-// InNS opens a socket-owning resource inside the namespace at nsPath. A
-// socket belongs to the namespace it was created in, so the caller can use it
-// from any goroutine afterwards.
+// InNS opens a socket-owning resource inside the namespace at nsPath (the
+// caller's own namespace when nsPath is empty). A socket belongs to the
+// namespace it was created in, so the caller can use it from any goroutine
+// afterwards.
 func InNS[T any](nsPath string, open func() (T, error)) (T, error) {
 	var v T
+	if nsPath == "" {
+		return open()
+	}
 	netNS, err := ns.GetNS(nsPath)
 	if err != nil {
 		return v, err
@@ -78,4 +82,14 @@ func Ping(nsPath string, dst net.IP, timeout time.Duration) (time.Duration, erro
 			return time.Since(start), nil
 		}
 	}
+}
+
+// Listen opens a listener inside the namespace.
+func Listen(nsPath, network, addr string) (net.Listener, error) {
+	return InNS(nsPath, func() (net.Listener, error) { return net.Listen(network, addr) })
+}
+
+// Dial connects from inside the namespace.
+func Dial(nsPath, network, addr string, timeout time.Duration) (net.Conn, error) {
+	return InNS(nsPath, func() (net.Conn, error) { return net.DialTimeout(network, addr, timeout) })
 }

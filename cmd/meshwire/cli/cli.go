@@ -34,7 +34,7 @@ commands:
   ls             list the namespaces meshwire manages, with their addresses
   gc [--conf FILE]
                  CNI GC of every known network, keeping the attachments meshwire manages
-  demo [--hold DURATION]
+  demo [--conf FILE] [--hold DURATION]
                  wire two namespaces with the default conflist, show what works, clean up
                  (after DURATION, or at once on Ctrl-C)
   version        print the meshwire version

@@ -26,8 +26,16 @@ var demoPods = []string{"mwdemo-a", "mwdemo-b"}
 func (e *env) demo(args []string) error {
 	fs := e.flags("demo")
 	hold := fs.Duration("hold", 0, "keep the pods up this long before cleaning up")
+	conf := fs.String("conf", "", "demo this conflist instead of the default")
 	if _, err := parse(fs, args, 0); err != nil {
 		return err
+	}
+	conflist := e.defaultConflist
+	if *conf != "" {
+		var err error
+		if conflist, err = os.ReadFile(*conf); err != nil {
+			return fmt.Errorf("--conf: %w", err)
+		}
 	}
 	if e.stateDir == "/var/lib/meshwire" {
 		e.stateDir = demoStateDir
@@ -49,17 +57,17 @@ func (e *env) demo(args []string) error {
 
 	fmt.Fprintf(e.out, "meshwire demo — %s\nplugins from %s\n\n", buildinfo.String("command"), strings.Join(rt.CNIPath, ":"))
 	var recs []*cniruntime.Record
-	for _, name := range demoPods {
+	for i, name := range demoPods {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		rec, _, err := rt.Add(ctx, name, e.defaultConflist, "eth0", nil)
+		caps := demoCaps(conflist, i)
+		rec, _, err := rt.Add(ctx, name, conflist, "eth0", caps)
 		if err != nil {
 			return fmt.Errorf("add %s: %w", name, err)
 		}
-		d.added = append(d.added, name)
 		recs = append(recs, rec)
-		fmt.Fprintf(e.out, "wired %s (netns %s)\n", name, rec.NetNS)
+		fmt.Fprintf(e.out, "wired %s (netns %s)%s\n", name, rec.NetNS, describeCaps(caps))
 		e.printResults(rt, rec)
 	}
 	fmt.Fprintln(e.out)
@@ -74,12 +82,25 @@ func (e *env) demo(args []string) error {
 			return ping(rec.NetNS, net.IPv6loopback)
 		})
 	}
-	if len(recs) == 2 {
-		if dst := podAddress(rt, recs[1], true); dst != nil {
-			d.step(fmt.Sprintf("%s reaches %s at %s", recs[0].Name, recs[1].Name, dst), func() (string, error) {
-				return ping(recs[0].NetNS, dst)
-			})
-		}
+	a, b := recs[0], recs[1]
+	if dst := podAddress(rt, b, true); dst != nil {
+		d.step(fmt.Sprintf("%s reaches %s at %s", a.Name, b.Name, dst), func() (string, error) {
+			return ping(a.NetNS, dst)
+		})
+		d.step(fmt.Sprintf("the host reaches %s at %s", b.Name, dst), func() (string, error) {
+			return ping("", dst)
+		})
+	}
+	if dst := podAddress(rt, b, false); dst != nil {
+		d.step(fmt.Sprintf("%s reaches %s at %s", a.Name, b.Name, dst), func() (string, error) {
+			return ping(a.NetNS, dst)
+		})
+	}
+	if hasPlugin(conflist, "portmap") {
+		d.portmapSteps(a, b)
+	}
+	if hasPlugin(conflist, "bandwidth") {
+		d.bandwidthSteps(a, b)
 	}
 	for _, rec := range recs {
 		d.step(fmt.Sprintf("%s: CNI CHECK passes", rec.Name), func() (string, error) {
@@ -105,7 +126,6 @@ func (e *env) demo(args []string) error {
 type demo struct {
 	e      *env
 	rt     *cniruntime.Runtime
-	added  []string
 	failed int
 }
 

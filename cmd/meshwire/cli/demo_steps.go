@@ -1,0 +1,216 @@
+package cli
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+
+	"github.com/meshwire/meshwire/cmd/meshwire/cniruntime"
+	"github.com/meshwire/meshwire/internal/probe"
+)
+
+// Demo settings used when the default conflist has portmap and bandwidth.
+const (
+	demoHostPort   = 8080
+	demoPodPort    = 80
+	demoSinkPort   = 5001
+	demoRate       = "10mbit"
+	demoTransferMB = 1.25
+)
+
+// hasPlugin reports whether a conflist has a plugin of that type.
+func hasPlugin(conflist []byte, typ string) bool {
+	list, err := libcni.ConfListFromBytes(conflist)
+	if err != nil {
+		return false
+	}
+	for _, p := range list.Plugins {
+		if p.Network.Type == typ {
+			return true
+		}
+	}
+	return false
+}
+
+// demoCaps is what the demo asks of the runtime for the second pod: a host
+// port and a rate limit, when the conflist can serve them.
+func demoCaps(conflist []byte, pod int) map[string]any {
+	if pod != 1 {
+		return nil
+	}
+	var ports []string
+	bw := ""
+	if hasPlugin(conflist, "portmap") {
+		ports = append(ports, fmt.Sprintf("%d:%d/tcp", demoHostPort, demoPodPort))
+	}
+	if hasPlugin(conflist, "bandwidth") {
+		bw = demoRate
+	}
+	caps, _ := capabilityArgs(ports, bw)
+	return caps
+}
+
+func describeCaps(caps map[string]any) string {
+	if len(caps) == 0 {
+		return ""
+	}
+	b, _ := json.Marshal(caps)
+	return " with runtimeConfig " + string(b)
+}
+
+// serveHello answers every connection with one line naming the pod.
+func serveHello(nsPath, addr, name string) (io.Closer, error) {
+	l, err := probe.Listen(nsPath, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintf(c, "hello from %s (you are %s)\n", name, c.RemoteAddr())
+			c.Close()
+		}
+	}()
+	return l, nil
+}
+
+// serveSink reads and discards everything, then reports the byte count.
+func serveSink(nsPath, addr string) (io.Closer, error) {
+	l, err := probe.Listen(nsPath, "tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				n, _ := io.Copy(io.Discard, c)
+				fmt.Fprintf(c, "%d\n", n)
+				c.Close()
+			}()
+		}
+	}()
+	return l, nil
+}
+
+// fetchHello dials addr from nsPath ("" = the host) and returns the line.
+func fetchHello(nsPath, addr string) (string, error) {
+	c, err := probe.Dial(nsPath, "tcp", addr, 3*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	return strings.TrimSpace(line), err
+}
+
+// measureRate sends n bytes from nsPath to addr and returns the achieved
+// rate in Mbit/s, counted from the first byte to the receiver's ack.
+func measureRate(nsPath, addr string, n int) (float64, error) {
+	c, err := probe.Dial(nsPath, "tcp", addr, 3*time.Second)
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	buf := make([]byte, 32*1024)
+	start := time.Now()
+	for sent := 0; sent < n; {
+		k := min(len(buf), n-sent)
+		if _, err := c.Write(buf[:k]); err != nil {
+			return 0, err
+		}
+		sent += k
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.CloseWrite()
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return 0, fmt.Errorf("no ack from the receiver: %w", err)
+	}
+	got, _ := strconv.Atoi(strings.TrimSpace(line))
+	if got != n {
+		return 0, fmt.Errorf("receiver got %d of %d bytes", got, n)
+	}
+	return float64(n*8) / time.Since(start).Seconds() / 1e6, nil
+}
+
+// gateway returns the gateway of the pod's first IPv4 address.
+func gateway(rt *cniruntime.Runtime, rec *cniruntime.Record) net.IP {
+	for _, a := range rec.Attachments {
+		if a.IfName == "lo" {
+			continue
+		}
+		res, err := rt.Result(rec, a)
+		if err != nil || res == nil {
+			continue
+		}
+		for _, ip := range res.IPs {
+			if ip.Address.IP.To4() != nil && ip.Gateway != nil {
+				return ip.Gateway
+			}
+		}
+	}
+	return nil
+}
+
+// portmapSteps shows the host port of pod b reaching its server, from the
+// host (127.0.0.1) and from pod a (through its gateway, the host).
+func (d *demo) portmapSteps(a, b *cniruntime.Record) {
+	srv, err := serveHello(b.NetNS, fmt.Sprintf(":%d", demoPodPort), b.Name)
+	if err != nil {
+		d.step("start a server in "+b.Name, func() (string, error) { return "", err })
+		return
+	}
+	defer srv.Close()
+	hostAddr := net.JoinHostPort("127.0.0.1", strconv.Itoa(demoHostPort))
+	d.step(fmt.Sprintf("host port %s reaches %s:%d", hostAddr, b.Name, demoPodPort), func() (string, error) {
+		return fetchHello("", hostAddr)
+	})
+	if gw := gateway(d.rt, a); gw != nil {
+		addr := net.JoinHostPort(gw.String(), strconv.Itoa(demoHostPort))
+		d.step(fmt.Sprintf("%s reaches host port %s of %s", a.Name, addr, b.Name), func() (string, error) {
+			return fetchHello(a.NetNS, addr)
+		})
+	}
+}
+
+// bandwidthSteps sends a burst from pod a to pod b, whose ingress is shaped.
+func (d *demo) bandwidthSteps(a, b *cniruntime.Record) {
+	dst := podAddress(d.rt, b, true)
+	if dst == nil {
+		return
+	}
+	sink, err := serveSink(b.NetNS, fmt.Sprintf(":%d", demoSinkPort))
+	if err != nil {
+		d.step("start a sink in "+b.Name, func() (string, error) { return "", err })
+		return
+	}
+	defer sink.Close()
+	d.step(fmt.Sprintf("%s -> %s is shaped to %s", a.Name, b.Name, demoRate), func() (string, error) {
+		rate, err := measureRate(a.NetNS, net.JoinHostPort(dst.String(), strconv.Itoa(demoSinkPort)), int(demoTransferMB*1e6))
+		if err != nil {
+			return "", err
+		}
+		want, _ := ParseRate(demoRate)
+		if rate > float64(want)/1e6*1.5 {
+			return "", fmt.Errorf("achieved %.1f Mbit/s: not shaped", rate)
+		}
+		return fmt.Sprintf("%.2f MB in at %.1f Mbit/s", demoTransferMB, rate), nil
+	})
+}
