@@ -302,8 +302,10 @@ func describe(r *current.Result) string {
 	return strings.Join(parts, ", ")
 }
 
-func (e *env) check(args []string) error {
-	pos, err := parse(e.flags("check"), args, 1)
+// podCommand parses "CMD NAME" and runs fn with the runtime and a context
+// that an interrupt cancels.
+func (e *env) podCommand(cmd string, args []string, fn func(ctx context.Context, rt *cniruntime.Runtime, name string) error) error {
+	pos, err := parse(e.flags(cmd), args, 1)
 	if err != nil {
 		return err
 	}
@@ -313,34 +315,35 @@ func (e *env) check(args []string) error {
 	}
 	ctx, cancel := signalContext()
 	defer cancel()
-	if err := rt.Check(ctx, pos[0]); err != nil {
-		return fmt.Errorf("check %s: %w", pos[0], err)
+	if err := fn(ctx, rt, pos[0]); err != nil {
+		return fmt.Errorf("%s %s: %w", cmd, pos[0], err)
 	}
-	fmt.Fprintf(e.out, "%s: ok\n", pos[0])
 	return nil
 }
 
+func (e *env) check(args []string) error {
+	return e.podCommand("check", args, func(ctx context.Context, rt *cniruntime.Runtime, name string) error {
+		if err := rt.Check(ctx, name); err != nil {
+			return err
+		}
+		fmt.Fprintf(e.out, "%s: ok\n", name)
+		return nil
+	})
+}
+
 func (e *env) del(args []string) error {
-	pos, err := parse(e.flags("del"), args, 1)
-	if err != nil {
-		return err
-	}
-	rt, err := e.runtime()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := signalContext()
-	defer cancel()
-	rec, err := rt.Del(ctx, pos[0])
-	if err != nil {
-		return fmt.Errorf("del %s: %w", pos[0], err)
-	}
-	what := "namespace removed"
-	if !rec.CreatedNetNS {
-		what = "namespace kept (meshwire did not create it)"
-	}
-	fmt.Fprintf(e.out, "%s: deleted, %s\n", rec.Name, what)
-	return nil
+	return e.podCommand("del", args, func(ctx context.Context, rt *cniruntime.Runtime, name string) error {
+		rec, err := rt.Del(ctx, name)
+		if err != nil {
+			return err
+		}
+		what := "namespace removed"
+		if !rec.CreatedNetNS {
+			what = "namespace kept (meshwire did not create it)"
+		}
+		fmt.Fprintf(e.out, "%s: deleted, %s\n", rec.Name, what)
+		return nil
+	})
 }
 
 func (e *env) ls(args []string) error {
@@ -431,21 +434,26 @@ func (e *env) gc(args []string) error {
 	return nil
 }
 
-// podAddress returns the first global address of the given family on the
-// pod's non-loopback interfaces, from its cached results.
-func podAddress(rt *cniruntime.Runtime, rec *cniruntime.Record, v4 bool) net.IP {
+// podIPs returns the addresses of the pod's non-loopback attachments, from
+// their cached results.
+func podIPs(rt *cniruntime.Runtime, rec *cniruntime.Record) []*current.IPConfig {
+	var out []*current.IPConfig
 	for _, a := range rec.Attachments {
 		if a.IfName == "lo" {
 			continue
 		}
-		res, err := rt.Result(rec, a)
-		if err != nil || res == nil {
-			continue
+		if res, err := rt.Result(rec, a); err == nil && res != nil {
+			out = append(out, res.IPs...)
 		}
-		for _, ip := range res.IPs {
-			if (ip.Address.IP.To4() != nil) == v4 {
-				return ip.Address.IP
-			}
+	}
+	return out
+}
+
+// podAddress returns the pod's first address of the given family.
+func podAddress(rt *cniruntime.Runtime, rec *cniruntime.Record, v4 bool) net.IP {
+	for _, ip := range podIPs(rt, rec) {
+		if (ip.Address.IP.To4() != nil) == v4 {
+			return ip.Address.IP
 		}
 	}
 	return nil

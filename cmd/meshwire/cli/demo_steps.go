@@ -65,27 +65,9 @@ func describeCaps(caps map[string]any) string {
 	return " with runtimeConfig " + string(b)
 }
 
-// serveHello answers every connection with one line naming the pod.
-func serveHello(nsPath, addr, name string) (io.Closer, error) {
-	l, err := probe.Listen(nsPath, "tcp", addr)
-	if err != nil {
-		return nil, err
-	}
-	go func() {
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			fmt.Fprintf(c, "hello from %s (you are %s)\n", name, c.RemoteAddr())
-			c.Close()
-		}
-	}()
-	return l, nil
-}
-
-// serveSink reads and discards everything, then reports the byte count.
-func serveSink(nsPath, addr string) (io.Closer, error) {
+// serve accepts connections inside the namespace and hands each to handle
+// on its own goroutine until the listener is closed.
+func serve(nsPath, addr string, handle func(net.Conn)) (io.Closer, error) {
 	l, err := probe.Listen(nsPath, "tcp", addr)
 	if err != nil {
 		return nil, err
@@ -97,13 +79,27 @@ func serveSink(nsPath, addr string) (io.Closer, error) {
 				return
 			}
 			go func() {
-				n, _ := io.Copy(io.Discard, c)
-				fmt.Fprintf(c, "%d\n", n)
-				c.Close()
+				defer c.Close()
+				handle(c)
 			}()
 		}
 	}()
 	return l, nil
+}
+
+// serveHello answers every connection with one line naming the pod.
+func serveHello(nsPath, addr, name string) (io.Closer, error) {
+	return serve(nsPath, addr, func(c net.Conn) {
+		fmt.Fprintf(c, "hello from %s (you are %s)\n", name, c.RemoteAddr())
+	})
+}
+
+// serveSink reads and discards everything, then reports the byte count.
+func serveSink(nsPath, addr string) (io.Closer, error) {
+	return serve(nsPath, addr, func(c net.Conn) {
+		n, _ := io.Copy(io.Discard, c)
+		fmt.Fprintf(c, "%d\n", n)
+	})
 }
 
 // fetchHello dials addr from nsPath ("" = the host) and returns the line.
@@ -152,18 +148,9 @@ func measureRate(nsPath, addr string, n int) (float64, error) {
 
 // gateway returns the gateway of the pod's first IPv4 address.
 func gateway(rt *cniruntime.Runtime, rec *cniruntime.Record) net.IP {
-	for _, a := range rec.Attachments {
-		if a.IfName == "lo" {
-			continue
-		}
-		res, err := rt.Result(rec, a)
-		if err != nil || res == nil {
-			continue
-		}
-		for _, ip := range res.IPs {
-			if ip.Address.IP.To4() != nil && ip.Gateway != nil {
-				return ip.Gateway
-			}
+	for _, ip := range podIPs(rt, rec) {
+		if ip.Address.IP.To4() != nil && ip.Gateway != nil {
+			return ip.Gateway
 		}
 	}
 	return nil

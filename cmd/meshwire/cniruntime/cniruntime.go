@@ -173,23 +173,35 @@ func (r *Runtime) prepare(rec *Record, a Attachment) (*libcni.NetworkConfigList,
 	}, nil
 }
 
-// Check runs CHECK of every attachment of the pod.
-func (r *Runtime) Check(ctx context.Context, name string) error {
-	rec, err := r.Get(name)
-	if err != nil {
-		return err
-	}
+// each runs fn for every attachment of the pod (last first when reverse),
+// with its conflist and runtime config, and joins the errors.
+func (r *Runtime) each(rec *Record, reverse bool, fn func(*libcni.NetworkConfigList, *libcni.RuntimeConf) error) error {
 	var errs []error
-	for _, a := range rec.Attachments {
+	for i := range rec.Attachments {
+		a := rec.Attachments[i]
+		if reverse {
+			a = rec.Attachments[len(rec.Attachments)-1-i]
+		}
 		list, rt, err := r.prepare(rec, a)
 		if err == nil {
-			err = r.CNI.CheckNetworkList(ctx, list, rt)
+			err = fn(list, rt)
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("network %s on %s: %w", a.Network, a.IfName, err))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Check runs CHECK of every attachment of the pod.
+func (r *Runtime) Check(ctx context.Context, name string) error {
+	rec, err := r.Get(name)
+	if err != nil {
+		return err
+	}
+	return r.each(rec, false, func(list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
+		return r.CNI.CheckNetworkList(ctx, list, rt)
+	})
 }
 
 // Del runs DEL of every attachment (last first), removes the namespace if
@@ -220,18 +232,9 @@ func (r *Runtime) Del(ctx context.Context, name string) (*Record, error) {
 }
 
 func (r *Runtime) delAttachments(ctx context.Context, rec *Record) error {
-	var errs []error
-	for i := len(rec.Attachments) - 1; i >= 0; i-- {
-		a := rec.Attachments[i]
-		list, rt, err := r.prepare(rec, a)
-		if err == nil {
-			err = r.CNI.DelNetworkList(ctx, list, rt)
-		}
-		if err != nil {
-			errs = append(errs, fmt.Errorf("network %s on %s: %w", a.Network, a.IfName, err))
-		}
-	}
-	return errors.Join(errs...)
+	return r.each(rec, true, func(list *libcni.NetworkConfigList, rt *libcni.RuntimeConf) error {
+		return r.CNI.DelNetworkList(ctx, list, rt)
+	})
 }
 
 // GC runs CNI GC for every network meshwire knows (those of its pods plus
