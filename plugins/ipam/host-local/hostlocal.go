@@ -1,0 +1,363 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/plugins/ipam/host-local/config"
+	"github.com/meshwire/meshwire/plugins/ipam/host-local/store"
+)
+
+const pluginType = "host-local"
+
+func owner(args *skel.CmdArgs) store.Owner {
+	return store.Owner{ID: strings.TrimSpace(args.ContainerID), IfName: args.IfName}
+}
+
+func cmdAdd(args *skel.CmdArgs) error {
+	conf, err := config.Load(args.StdinData, args.Args)
+	if err != nil {
+		return err
+	}
+	result := &current.Result{CNIVersion: current.ImplementedSpecVersion, Routes: conf.Routes}
+	if conf.ResolvConf != "" {
+		dns, err := parseResolvConf(conf.ResolvConf)
+		if err != nil {
+			return cnierr.Field("ipam.resolvConf", "%v", err)
+		}
+		result.DNS = *dns
+	}
+	s, err := store.Open(conf.DataDir, conf.Network, conf.LockTimeout)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	err = s.Update(func(tx *store.Tx) error {
+		result.IPs, err = allocate(tx, conf, owner(args))
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	slog.Info("allocated", "ips", ipList(result.IPs))
+	return types.PrintResult(result, conf.CNIVersion)
+}
+
+// unavailable is a failure to allocate that is neither a bad config nor
+// transient: the address asked for is held, or a range set is full.
+func unavailable(format string, a ...any) error {
+	return types.NewError(cnierr.CodeInternal, fmt.Sprintf(format, a...), "")
+}
+
+// allocate takes one address from each range set for o: the requested one
+// when a request falls in the set, otherwise the next free one round-robin.
+// It runs in one transaction, so an error leaves nothing allocated.
+func allocate(tx *store.Tx, conf *config.IPAM, o store.Owner) ([]*current.IPConfig, error) {
+	held, err := tx.ByOwner(o)
+	if err != nil {
+		return nil, err
+	}
+	for _, a := range held {
+		for _, rs := range conf.Ranges {
+			if rs.Contains(a.IP) {
+				return nil, unavailable("container %s interface %s already holds %s in network %s: a second ADD for the same container and interface is not allowed (DEL first)", o.ID, o.IfName, a.IP, conf.Network)
+			}
+		}
+	}
+	requested := append([]net.IP(nil), conf.Requested...)
+	var out []*current.IPConfig
+	for idx, rs := range conf.Ranges {
+		var want net.IP
+		for i, r := range requested {
+			if rs.Contains(r) {
+				want = r
+				requested = append(requested[:i], requested[i+1:]...)
+				break
+			}
+		}
+		var got net.IP
+		var rng *config.Range
+		if want != nil {
+			rng = rs.RangeFor(want)
+			if want.Equal(rng.Gateway) {
+				return nil, cnierr.Config("requested address %s is the gateway of range %s", want, rng)
+			}
+			if cur, ok, err := tx.Get(want); err != nil {
+				return nil, err
+			} else if ok {
+				return nil, unavailable("requested address %s is already allocated to container %s interface %s", want, cur.Owner.ID, cur.Owner.IfName)
+			}
+			got = want
+		} else {
+			got, rng = rs.NextFree(tx.LastReserved(idx), tx.Taken)
+			if got == nil {
+				return nil, unavailable("no free address left in range set %d (%s) of network %s", idx, rs, conf.Network)
+			}
+		}
+		if err := tx.Reserve(store.Allocation{IP: got, Owner: o, RangeSet: idx}); err != nil {
+			return nil, err
+		}
+		if err := tx.SetLastReserved(idx, got); err != nil {
+			return nil, err
+		}
+		out = append(out, &current.IPConfig{
+			Address: net.IPNet{IP: got, Mask: rng.Subnet.Mask},
+			Gateway: rng.Gateway,
+		})
+	}
+	if len(requested) > 0 {
+		return nil, cnierr.Config("requested address %s is in none of the range sets of network %s (%s)", joinIPs(requested), conf.Network, rangeSets(conf.Ranges))
+	}
+	return out, nil
+}
+
+func cmdDel(args *skel.CmdArgs) error {
+	conf, err := config.Load(args.StdinData, args.Args)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(store.Dir(conf.DataDir, conf.Network)); errors.Is(err, os.ErrNotExist) {
+		return nil // nothing was ever allocated on this network
+	}
+	s, err := store.Open(conf.DataDir, conf.Network, conf.LockTimeout)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return s.Update(func(tx *store.Tx) error {
+		released, err := tx.ReleaseOwner(owner(args))
+		if len(released) > 0 {
+			slog.Info("released", "ips", allocList(released))
+		}
+		return err
+	})
+}
+
+func cmdCheck(args *skel.CmdArgs) error {
+	conf, err := config.Load(args.StdinData, args.Args)
+	if err != nil {
+		return err
+	}
+	var prev *current.Result
+	if conf.PrevResult != nil {
+		if prev, err = current.NewResultFromResult(conf.PrevResult); err != nil {
+			return cnierr.Field("prevResult", "%v", err)
+		}
+	}
+	s, err := store.Open(conf.DataDir, conf.Network, conf.LockTimeout)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	var held []store.Allocation
+	if err := s.View(func(tx *store.Tx) error {
+		held, err = tx.ByOwner(owner(args))
+		return err
+	}); err != nil {
+		return err
+	}
+	return verify(conf, owner(args), held, prev)
+}
+
+// verify is CHECK's decision: the container holds at least one address,
+// and every prevResult address inside this network's ranges is one of its.
+func verify(conf *config.IPAM, o store.Owner, held []store.Allocation, prev *current.Result) error {
+	if len(held) == 0 {
+		return cnierr.CheckFailed("container %s interface %s holds no address in network %s", o.ID, o.IfName, conf.Network)
+	}
+	if prev == nil {
+		return nil
+	}
+	for _, ipc := range prev.IPs {
+		a := ipc.Address.IP
+		inRanges := false
+		for _, rs := range conf.Ranges {
+			inRanges = inRanges || rs.Contains(a)
+		}
+		if !inRanges {
+			continue
+		}
+		found := false
+		for _, h := range held {
+			found = found || h.IP.Equal(a)
+		}
+		if !found {
+			return cnierr.CheckFailed("address %s of prevResult is not held by container %s interface %s in network %s", a, o.ID, o.IfName, conf.Network)
+		}
+	}
+	return nil
+}
+
+// gcArgs are the attachments GC must keep (CNI 1.1; the older key too).
+type gcArgs struct {
+	Valid *[]types.GCAttachment `json:"cni.dev/valid-attachments"`
+	Old   *[]types.GCAttachment `json:"cni.dev/attachments"`
+}
+
+func cmdGC(args *skel.CmdArgs) error {
+	conf, err := config.Load(args.StdinData, args.Args)
+	if err != nil {
+		return err
+	}
+	var g gcArgs
+	if err := json.Unmarshal(args.StdinData, &g); err != nil {
+		return cnierr.Field("cni.dev/valid-attachments", "%v", err)
+	}
+	list := g.Valid
+	if list == nil {
+		list = g.Old
+	}
+	if list == nil {
+		return cnierr.Field("cni.dev/valid-attachments", "missing: GC needs the list of attachments to keep")
+	}
+	if _, err := os.Stat(store.Dir(conf.DataDir, conf.Network)); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	s, err := store.Open(conf.DataDir, conf.Network, conf.LockTimeout)
+	if err != nil {
+		return err
+	}
+	defer s.Close()
+	return s.Update(func(tx *store.Tx) error {
+		stale, err := collect(tx, *list)
+		if err != nil {
+			return err
+		}
+		for _, a := range stale {
+			if err := tx.Release(a); err != nil {
+				return err
+			}
+		}
+		if len(stale) > 0 {
+			slog.Info("garbage collected", "ips", allocList(stale))
+		}
+		return nil
+	})
+}
+
+// collect returns the allocations GC releases: those whose owner is not a
+// valid attachment (an owner recorded with its container id alone is kept
+// while any attachment of that container is valid).
+func collect(tx *store.Tx, valid []types.GCAttachment) ([]store.Allocation, error) {
+	keep := map[store.Owner]bool{}
+	for _, v := range valid {
+		keep[store.Owner{ID: strings.TrimSpace(v.ContainerID), IfName: v.IfName}] = true
+		keep[store.Owner{ID: strings.TrimSpace(v.ContainerID)}] = true
+	}
+	var stale []store.Allocation
+	err := tx.ForEach(func(a store.Allocation) error {
+		if !keep[a.Owner] {
+			stale = append(stale, a)
+		}
+		return nil
+	})
+	return stale, err
+}
+
+func cmdStatus(args *skel.CmdArgs) error {
+	conf, err := config.Load(args.StdinData, "")
+	if err != nil {
+		return err
+	}
+	s, err := store.Open(conf.DataDir, conf.Network, conf.LockTimeout)
+	if err != nil {
+		if cnierr.Code(err) == cnierr.CodeTryAgainLater {
+			return err
+		}
+		return cnierr.NotAvailable("host-local data directory %s is not usable: %v", store.Dir(conf.DataDir, conf.Network), err)
+	}
+	defer s.Close()
+	return s.View(func(tx *store.Tx) error {
+		return readiness(conf, tx.Taken)
+	})
+}
+
+// readiness is STATUS's decision: ADD takes one address from every range
+// set, so every set needs a free one.
+func readiness(conf *config.IPAM, taken func(net.IP) bool) error {
+	for i, rs := range conf.Ranges {
+		if a, _ := rs.NextFree(nil, taken); a == nil {
+			return cnierr.NotAvailable("range set %d (%s) of network %s has no free address", i, rs, conf.Network)
+		}
+	}
+	return nil
+}
+
+// parseResolvConf reads a resolv.conf into the result's DNS, as the
+// reference does.
+func parseResolvConf(path string) (*types.DNS, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	var dns types.DNS
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || line[0] == '#' || line[0] == ';' {
+			continue
+		}
+		fields := strings.Fields(line)
+		if len(fields) < 2 {
+			continue
+		}
+		switch fields[0] {
+		case "nameserver":
+			dns.Nameservers = append(dns.Nameservers, fields[1])
+		case "domain":
+			dns.Domain = fields[1]
+		case "search":
+			dns.Search = append(dns.Search, fields[1:]...)
+		case "options":
+			dns.Options = append(dns.Options, fields[1:]...)
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %v", path, err)
+	}
+	return &dns, nil
+}
+
+func joinIPs(ips []net.IP) string {
+	s := make([]string, len(ips))
+	for i, a := range ips {
+		s[i] = a.String()
+	}
+	return strings.Join(s, ", ")
+}
+
+func rangeSets(sets []config.RangeSet) string {
+	s := make([]string, len(sets))
+	for i, rs := range sets {
+		s[i] = rs.String()
+	}
+	return strings.Join(s, "; ")
+}
+
+func ipList(ips []*current.IPConfig) string {
+	s := make([]string, len(ips))
+	for i, c := range ips {
+		s[i] = c.Address.String()
+	}
+	return strings.Join(s, ",")
+}
+
+func allocList(as []store.Allocation) string {
+	s := make([]net.IP, len(as))
+	for i, a := range as {
+		s[i] = a.IP
+	}
+	return joinIPs(s)
+}
