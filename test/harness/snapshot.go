@@ -71,9 +71,10 @@ func TakeSnapshot(dirs ...string) (*Snapshot, error) {
 		}
 	}
 	if _, err := exec.LookPath("nft"); err == nil {
-		out, err := exec.Command("nft", "list", "ruleset").Output()
+		// -s (stateless): without the counters that any traffic changes.
+		out, err := exec.Command("nft", "-s", "list", "ruleset").Output()
 		if err != nil {
-			return nil, fmt.Errorf("nft list ruleset: %v", err)
+			return nil, fmt.Errorf("nft -s list ruleset: %v", err)
 		}
 		for _, line := range strings.Split(string(out), "\n") {
 			if strings.TrimSpace(line) != "" {
