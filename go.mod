@@ -8,6 +8,7 @@ require (
 	github.com/coreos/go-iptables v0.8.0 // indirect
 	github.com/j-keck/arping v1.0.2 // indirect
 	github.com/pkg/errors v0.9.1 // indirect
+	github.com/spf13/pflag v1.0.10 // indirect
 	github.com/vishvananda/netlink v1.3.1 // indirect
 	github.com/vishvananda/netns v0.0.5 // indirect
 	go.etcd.io/bbolt v1.4.3 // indirect

@@ -1,0 +1,398 @@
+// Package ipmasq sets up and removes the source NAT (masquerade) of a pod's
+// addresses for the interface plugins' ipMasq option, through the shared
+// firewall backends: one iptables-restore transaction per address family, or
+// one nft transaction.
+//
+// Everything installed for one attachment is named after two hashes, so that
+// DEL and GC find exactly what is theirs: the network's (8 hex digits of
+// sha256(network name)) and the attachment's (sha256(containerID "/" ifName),
+// the same hash that names the pod's host veth). With iptables that is a
+// chain MW-<net>-<att> in the nat table plus the POSTROUTING rule jumping to
+// it (its comment repeats the hashes and names the network, container and
+// interface); with nftables it is a table inet meshwire_masq_<net>_<att>
+// holding its own postrouting NAT chain, so DEL is one idempotent
+// "add table; delete table" transaction.
+package ipmasq
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"strings"
+
+	"github.com/meshwire/meshwire/internal/firewall"
+)
+
+// Attachment identifies one pod interface on one network.
+type Attachment struct {
+	Network     string
+	ContainerID string
+	IfName      string
+}
+
+// NetHash is the network's part of the names.
+func NetHash(network string) string {
+	s := sha256.Sum256([]byte(network))
+	return hex.EncodeToString(s[:])[:8]
+}
+
+// AttHash is the attachment's part of the names (the container id hash).
+func AttHash(containerID, ifName string) string {
+	s := sha256.Sum256([]byte(containerID + "/" + ifName))
+	return hex.EncodeToString(s[:])[:15]
+}
+
+// Chain is the iptables chain of an attachment.
+func (a Attachment) Chain() string { return chainPrefix(a.Network) + AttHash(a.ContainerID, a.IfName) }
+
+// Table is the nftables table of an attachment.
+func (a Attachment) Table() string { return tablePrefix(a.Network) + AttHash(a.ContainerID, a.IfName) }
+
+func chainPrefix(network string) string { return "MW-" + NetHash(network) + "-" }
+func tablePrefix(network string) string { return "meshwire_masq_" + NetHash(network) + "_" }
+
+// comment describes the attachment in the rules (the network name is
+// limited by the CNI spec to letters, digits, '_', '.' and '-').
+func (a Attachment) comment() string {
+	id := a.ContainerID
+	if len(id) > 64 {
+		id = id[:64]
+	}
+	net := a.Network
+	if len(net) > 100 {
+		net = net[:100]
+	}
+	return fmt.Sprintf("meshwire ipMasq %s net=%s id=%s if=%s", AttHash(a.ContainerID, a.IfName), sanitize(net), sanitize(id), sanitize(a.IfName))
+}
+
+func sanitize(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '"' || r == '\\' || r < ' ' || r > '~' {
+			return '_'
+		}
+		return r
+	}, s)
+}
+
+// split sorts addresses by family, keeping the order given.
+func split(addrs []net.IPNet) (v4, v6 []net.IPNet) {
+	for _, a := range addrs {
+		if a.IP.To4() != nil {
+			v4 = append(v4, net.IPNet{IP: a.IP.To4(), Mask: a.Mask[len(a.Mask)-4:]})
+		} else {
+			v6 = append(v6, a)
+		}
+	}
+	return v4, v6
+}
+
+func host(ip net.IP) string {
+	if ip.To4() != nil {
+		return ip.String() + "/32"
+	}
+	return ip.String() + "/128"
+}
+
+func subnet(a net.IPNet) string {
+	return (&net.IPNet{IP: a.IP.Mask(a.Mask), Mask: a.Mask}).String()
+}
+
+// IPTablesAdd renders the iptables-restore payload that masquerades addrs
+// (all of one family) of attachment a: traffic to the pod's own subnet and to
+// multicast is left alone, everything else is masqueraded.
+func IPTablesAdd(a Attachment, f firewall.Family, addrs []net.IPNet) string {
+	ch := a.Chain()
+	mcast := "224.0.0.0/4"
+	if f == firewall.V6 {
+		mcast = "ff00::/8"
+	}
+	c := a.comment()
+	var b strings.Builder
+	b.WriteString("*nat\n")
+	fmt.Fprintf(&b, ":%s - [0:0]\n", ch)
+	for _, ad := range addrs {
+		fmt.Fprintf(&b, "-A %s -d %s -m comment --comment \"%s\" -j ACCEPT\n", ch, subnet(ad), c)
+	}
+	fmt.Fprintf(&b, "-A %s ! -d %s -m comment --comment \"%s\" -j MASQUERADE\n", ch, mcast, c)
+	for _, ad := range addrs {
+		fmt.Fprintf(&b, "-A POSTROUTING -s %s -m comment --comment \"%s\" -j %s\n", host(ad.IP), c, ch)
+	}
+	b.WriteString("COMMIT\n")
+	return b.String()
+}
+
+// IPTablesDelGuess renders the removal of what IPTablesAdd installed for
+// addrs, without reading the ruleset first: it fails (as a whole) when the
+// rules are not exactly there, and the caller then falls back to IPTablesDel
+// on the saved ruleset.
+func IPTablesDelGuess(a Attachment, addrs []net.IPNet) string {
+	ch := a.Chain()
+	c := a.comment()
+	var b strings.Builder
+	b.WriteString("*nat\n")
+	for _, ad := range addrs {
+		fmt.Fprintf(&b, "-D POSTROUTING -s %s -m comment --comment \"%s\" -j %s\n", host(ad.IP), c, ch)
+	}
+	fmt.Fprintf(&b, "-F %s\n-X %s\nCOMMIT\n", ch, ch)
+	return b.String()
+}
+
+// IPTablesDel renders the removal of the chains named in chains (and every
+// POSTROUTING rule jumping to them) found in save, the iptables-save output
+// of the nat table. It returns "" when none of them is there.
+func IPTablesDel(save string, chains map[string]bool) string {
+	var dels, drops []string
+	for _, line := range strings.Split(save, "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case strings.HasPrefix(line, ":"):
+			name := strings.Fields(line[1:])
+			if len(name) > 0 && chains[name[0]] {
+				drops = append(drops, name[0])
+			}
+		case strings.HasPrefix(line, "-A "):
+			f := strings.Fields(line)
+			if len(f) < 2 || f[1] == "" {
+				continue
+			}
+			if target := jumpTarget(f); target != "" && chains[target] && !chains[f[1]] {
+				dels = append(dels, "-D "+strings.TrimPrefix(line, "-A "))
+			}
+		}
+	}
+	if len(dels) == 0 && len(drops) == 0 {
+		return ""
+	}
+	sort.Strings(drops)
+	var b strings.Builder
+	b.WriteString("*nat\n")
+	for _, d := range dels {
+		b.WriteString(d + "\n")
+	}
+	for _, c := range drops {
+		fmt.Fprintf(&b, "-F %s\n-X %s\n", c, c)
+	}
+	b.WriteString("COMMIT\n")
+	return b.String()
+}
+
+func jumpTarget(f []string) string {
+	for i := 0; i+1 < len(f); i++ {
+		if f[i] == "-j" || f[i] == "-g" {
+			return f[i+1]
+		}
+	}
+	return ""
+}
+
+// IPTablesChains lists the chains of network found in save.
+func IPTablesChains(save, network string) []string {
+	p := chainPrefix(network)
+	var out []string
+	for _, line := range strings.Split(save, "\n") {
+		if strings.HasPrefix(line, ":"+p) {
+			if f := strings.Fields(line[1:]); len(f) > 0 {
+				out = append(out, f[0])
+			}
+		}
+	}
+	return out
+}
+
+// NftAdd renders the nft script that (re)creates the attachment's table.
+func NftAdd(a Attachment, addrs []net.IPNet) string {
+	t := a.Table()
+	v4, v6 := split(addrs)
+	var b strings.Builder
+	fmt.Fprintf(&b, "add table inet %s\ndelete table inet %s\n", t, t)
+	fmt.Fprintf(&b, "table inet %s {\n\tcomment \"%s\"\n\tchain postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n", t, a.comment())
+	for _, ad := range v4 {
+		fmt.Fprintf(&b, "\t\tip saddr %s ip daddr != %s ip daddr != 224.0.0.0/4 masquerade\n", ad.IP, subnet(ad))
+	}
+	for _, ad := range v6 {
+		fmt.Fprintf(&b, "\t\tip6 saddr %s ip6 daddr != %s ip6 daddr != ff00::/8 masquerade\n", ad.IP, subnet(ad))
+	}
+	b.WriteString("\t}\n}\n")
+	return b.String()
+}
+
+// NftDel renders the idempotent removal of the tables named.
+func NftDel(tables []string) string {
+	var b strings.Builder
+	for _, t := range tables {
+		fmt.Fprintf(&b, "add table inet %s\ndelete table inet %s\n", t, t)
+	}
+	return b.String()
+}
+
+// NftTables lists the tables of network in `nft list tables` output.
+func NftTables(list, network string) []string {
+	p := tablePrefix(network)
+	var out []string
+	for _, line := range strings.Split(list, "\n") {
+		f := strings.Fields(line)
+		if len(f) == 3 && f[0] == "table" && f[1] == "inet" && strings.HasPrefix(f[2], p) {
+			out = append(out, f[2])
+		}
+	}
+	return out
+}
+
+// Setup installs masquerading of addrs for attachment a.
+func Setup(ctx context.Context, b firewall.Backend, a Attachment, addrs []net.IPNet) error {
+	if len(addrs) == 0 {
+		return nil
+	}
+	if b.Kind == firewall.NFTables {
+		if err := firewall.NftApply(ctx, NftAdd(a, addrs)); err != nil {
+			return fmt.Errorf("ipMasq (nftables): %w", err)
+		}
+		return nil
+	}
+	v4, v6 := split(addrs)
+	for _, fam := range []struct {
+		f     firewall.Family
+		addrs []net.IPNet
+	}{{firewall.V4, v4}, {firewall.V6, v6}} {
+		if len(fam.addrs) == 0 {
+			continue
+		}
+		if err := b.Restore(ctx, fam.f, IPTablesAdd(a, fam.f, fam.addrs)); err != nil {
+			return fmt.Errorf("ipMasq (%s, IPv%d): %w", b, fam.f, err)
+		}
+	}
+	return nil
+}
+
+// Teardown removes what Setup installed for a. addrs, when known (from
+// prevResult), let the common case go in one transaction per family; without
+// them (or when they do not match) the ruleset is read to find the
+// attachment's rules by name. Nothing there is not an error.
+func Teardown(ctx context.Context, b firewall.Backend, a Attachment, addrs []net.IPNet) error {
+	if b.Kind == firewall.NFTables {
+		return firewall.NftApply(ctx, NftDel([]string{a.Table()}))
+	}
+	v4, v6 := split(addrs)
+	var errs []error
+	for _, fam := range []struct {
+		f     firewall.Family
+		addrs []net.IPNet
+	}{{firewall.V4, v4}, {firewall.V6, v6}} {
+		if len(fam.addrs) > 0 || len(addrs) == 0 {
+			errs = append(errs, removeChains(ctx, b, fam.f, map[string]bool{a.Chain(): true}, IPTablesDelGuess(a, fam.addrs), len(fam.addrs) > 0))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func removeChains(ctx context.Context, b firewall.Backend, f firewall.Family, chains map[string]bool, guess string, tryGuess bool) error {
+	if tryGuess {
+		if err := b.Restore(ctx, f, guess); err == nil {
+			return nil
+		}
+	}
+	save, err := b.Save(ctx, f, "nat")
+	if err != nil {
+		return fmt.Errorf("ipMasq teardown (%s, IPv%d): %w", b, f, err)
+	}
+	payload := IPTablesDel(save, chains)
+	if payload == "" {
+		return nil
+	}
+	if err := b.Restore(ctx, f, payload); err != nil {
+		return fmt.Errorf("ipMasq teardown (%s, IPv%d): %w", b, f, err)
+	}
+	return nil
+}
+
+// GC removes the masquerading of every attachment of network that is not in
+// valid, on backend b.
+func GC(ctx context.Context, b firewall.Backend, network string, valid []Attachment) error {
+	keep := map[string]bool{}
+	for _, v := range valid {
+		v.Network = network
+		keep[v.Chain()] = true
+		keep[v.Table()] = true
+	}
+	if b.Kind == firewall.NFTables {
+		list, err := firewall.Nft(ctx, "list", "tables", "inet")
+		if err != nil {
+			return fmt.Errorf("ipMasq GC: %w", err)
+		}
+		var stale []string
+		for _, t := range NftTables(list, network) {
+			if !keep[t] {
+				stale = append(stale, t)
+			}
+		}
+		if len(stale) == 0 {
+			return nil
+		}
+		return firewall.NftApply(ctx, NftDel(stale))
+	}
+	var errs []error
+	for _, f := range []firewall.Family{firewall.V4, firewall.V6} {
+		save, err := b.Save(ctx, f, "nat")
+		if err != nil {
+			errs = append(errs, fmt.Errorf("ipMasq GC (%s, IPv%d): %w", b, f, err))
+			continue
+		}
+		stale := map[string]bool{}
+		for _, c := range IPTablesChains(save, network) {
+			if !keep[c] {
+				stale[c] = true
+			}
+		}
+		if len(stale) == 0 {
+			continue
+		}
+		if err := b.Restore(ctx, f, IPTablesDel(save, stale)); err != nil {
+			errs = append(errs, fmt.Errorf("ipMasq GC (%s, IPv%d): %w", b, f, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Present reports whether the attachment's masquerading is installed for
+// every family of addrs (CHECK).
+func Present(ctx context.Context, b firewall.Backend, a Attachment, addrs []net.IPNet) (bool, error) {
+	if b.Kind == firewall.NFTables {
+		out, err := firewall.Nft(ctx, "list", "tables", "inet")
+		if err != nil {
+			return false, err
+		}
+		for _, t := range NftTables(out, a.Network) {
+			if t == a.Table() {
+				return true, nil
+			}
+		}
+		return false, nil
+	}
+	v4, v6 := split(addrs)
+	for _, fam := range []struct {
+		f firewall.Family
+		n int
+	}{{firewall.V4, len(v4)}, {firewall.V6, len(v6)}} {
+		if fam.n == 0 {
+			continue
+		}
+		save, err := b.Save(ctx, fam.f, "nat")
+		if err != nil {
+			return false, err
+		}
+		found := false
+		for _, c := range IPTablesChains(save, a.Network) {
+			if c == a.Chain() {
+				found = true
+			}
+		}
+		if !found || !strings.Contains(save, "-j "+a.Chain()) {
+			return false, nil
+		}
+	}
+	return true, nil
+}

@@ -1,0 +1,178 @@
+// Package link creates and finds the veth pairs that connect a pod's network
+// namespace to the host: the host end is named deterministically from the
+// container id and interface name (so that DEL, GC and the chained plugins
+// find it without state), and the peer is created directly inside the pod's
+// namespace under its final name (no rename, no namespace move).
+package link
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/vishvananda/netlink"
+	vnetns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// DefaultHostPrefix starts the host end's name, as with the reference plugins.
+const DefaultHostPrefix = "veth"
+
+// MaxPrefixLen leaves at least 4 hex digits of hash in a 15-byte name.
+const MaxPrefixLen = 11
+
+// IFNameSize is the kernel's limit on interface names, without the NUL.
+const IFNameSize = 15
+
+// HostVethName is the host end's name for one attachment: prefix followed by
+// as many hex digits of sha256(containerID "/" ifName) as fit in 15 bytes.
+func HostVethName(prefix, containerID, ifName string) string {
+	if prefix == "" {
+		prefix = DefaultHostPrefix
+	}
+	sum := sha256.Sum256([]byte(containerID + "/" + ifName))
+	h := hex.EncodeToString(sum[:])
+	n := IFNameSize - len(prefix)
+	if n < 4 {
+		n = 4
+	}
+	return prefix + h[:n]
+}
+
+// ValidPrefix reports whether prefix can start host veth names.
+func ValidPrefix(prefix string) error {
+	if len(prefix) > MaxPrefixLen {
+		return fmt.Errorf("%q is longer than %d bytes", prefix, MaxPrefixLen)
+	}
+	for _, c := range prefix {
+		if c <= ' ' || c == '/' || c == ':' || c > '~' {
+			return fmt.Errorf("%q holds a character not allowed in interface names", prefix)
+		}
+	}
+	return nil
+}
+
+// ValidIfName reports whether name is a usable interface name.
+func ValidIfName(name string) error {
+	if name == "" || len(name) > IFNameSize || name == "." || name == ".." {
+		return fmt.Errorf("%q is not a valid interface name (1 to %d bytes)", name, IFNameSize)
+	}
+	for _, c := range name {
+		if c <= ' ' || c == '/' || c == ':' || c > '~' {
+			return fmt.Errorf("%q holds a character not allowed in interface names", name)
+		}
+	}
+	return nil
+}
+
+// Pair is a veth pair to create.
+type Pair struct {
+	HostName string           // name of the host end
+	PeerName string           // name of the end inside the namespace (CNI_IFNAME)
+	MTU      int              // 0: kernel default
+	PeerMAC  net.HardwareAddr // nil: random
+	NS       vnetns.NsHandle  // the pod's namespace
+}
+
+// ErrExists is returned by Create when the host end's name is taken.
+var ErrExists = errors.New("link exists")
+
+// Create makes the pair with one netlink request from the host namespace:
+// the peer is born inside the pod's namespace. It returns the host end.
+// A name clash on either side is ErrExists (wrapped with the name).
+func Create(p Pair) (netlink.Link, error) {
+	attrs := netlink.NewLinkAttrs()
+	attrs.Name = p.HostName
+	attrs.MTU = p.MTU
+	v := &netlink.Veth{
+		LinkAttrs:        attrs,
+		PeerName:         p.PeerName,
+		PeerNamespace:    netlink.NsFd(p.NS),
+		PeerHardwareAddr: p.PeerMAC,
+		PeerTxQLen:       -1,
+	}
+	if err := netlink.LinkAdd(v); err != nil {
+		if errors.Is(err, unix.EEXIST) {
+			return nil, fmt.Errorf("create veth %s/%s: %w", p.HostName, p.PeerName, ErrExists)
+		}
+		return nil, fmt.Errorf("create veth %s (peer %s): %w", p.HostName, p.PeerName, err)
+	}
+	host, err := netlinksafe.LinkByName(p.HostName)
+	if err != nil {
+		return nil, fmt.Errorf("find new veth %s: %w", p.HostName, err)
+	}
+	return host, nil
+}
+
+// DeleteByName removes a link of the host namespace; a missing link is not an
+// error. It reports whether something was deleted.
+func DeleteByName(name string) (bool, error) {
+	l, err := netlinksafe.LinkByName(name)
+	if err != nil {
+		if IsNotFound(err) {
+			return false, nil
+		}
+		return false, err
+	}
+	if err := netlink.LinkDel(l); err != nil && !IsNotFound(err) && !errors.Is(err, unix.ENODEV) {
+		return false, fmt.Errorf("delete %s: %w", name, err)
+	}
+	return true, nil
+}
+
+// IsNotFound reports whether err says a link does not exist.
+func IsNotFound(err error) bool {
+	var nf netlink.LinkNotFoundError
+	return errors.As(err, &nf) || errors.Is(err, unix.ENODEV)
+}
+
+// HostPeerIndex returns the host-side ifindex of the veth named ifName inside
+// the namespace reached by h (IFLA_LINK of a veth is its peer's index).
+func HostPeerIndex(h *netlink.Handle, ifName string) (int, error) {
+	l, err := h.LinkByName(ifName)
+	if err != nil {
+		return 0, err
+	}
+	if _, ok := l.(*netlink.Veth); !ok {
+		return 0, fmt.Errorf("%s is a %s, not a veth", ifName, l.Type())
+	}
+	if l.Attrs().ParentIndex == 0 {
+		return 0, fmt.Errorf("%s has no peer", ifName)
+	}
+	return l.Attrs().ParentIndex, nil
+}
+
+// FindHostVeth returns the host end of a pod's veth: the link of the host
+// namespace whose peer is ifName inside the namespace at netnsPath. This is
+// how chained plugins (portmap, bandwidth) find a pod's host interface
+// whatever named it. hostName, when not empty, is tried first (the name from
+// prevResult, or HostVethName) and accepted when its peer is ifName.
+func FindHostVeth(netnsPath, ifName, hostName string) (netlink.Link, error) {
+	nsh, err := vnetns.GetFromPath(netnsPath)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", netnsPath, err)
+	}
+	defer nsh.Close()
+	h, err := netlink.NewHandleAt(nsh)
+	if err != nil {
+		return nil, fmt.Errorf("netlink in %s: %w", netnsPath, err)
+	}
+	defer h.Close()
+	idx, err := HostPeerIndex(h, ifName)
+	if err != nil {
+		return nil, fmt.Errorf("%s in %s: %w", ifName, netnsPath, err)
+	}
+	if hostName != "" {
+		if l, err := netlinksafe.LinkByName(hostName); err == nil && l.Attrs().Index == idx {
+			return l, nil
+		}
+	}
+	l, err := netlink.LinkByIndex(idx)
+	if err != nil {
+		return nil, fmt.Errorf("host end of %s (ifindex %d): %w", ifName, idx, err)
+	}
+	return l, nil
+}
