@@ -421,8 +421,15 @@ func (t *Tx) ForEach(fn func(Allocation) error) error {
 	})
 }
 
-// Count is the number of allocations.
-func (t *Tx) Count() int { return t.ips.Stats().KeyN }
+// Count is the number of allocations (O(n): for STATUS and tests).
+func (t *Tx) Count() int {
+	n := 0
+	c := t.ips.Cursor()
+	for k, _ := c.First(); k != nil; k, _ = c.Next() {
+		n++
+	}
+	return n
+}
 
 func lastReservedKey(rangeSet int) []byte {
 	return []byte("lastReserved." + strconv.Itoa(rangeSet))
@@ -584,4 +591,52 @@ func (t *Tx) importLastReserved(dir, name string) {
 	if a := net.ParseIP(strings.TrimSpace(string(data))); a != nil {
 		_ = t.SetLastReserved(n, a)
 	}
+}
+
+// Verify checks that the two indexes agree: every address has exactly the
+// owner entry that points back to it, and no owner entry points to an
+// address held by someone else. Tests use it after crashes.
+func (t *Tx) Verify() error {
+	n := 0
+	err := t.ips.ForEach(func(k, v []byte) error {
+		a, err := decode(k, v)
+		if err != nil {
+			return err
+		}
+		if t.owners.Get(ownerKey(a.Owner, a.IP)) == nil {
+			return fmt.Errorf("%s is held by %v but missing from the owner index", a.IP, a.Owner)
+		}
+		n++
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	m := 0
+	err = t.owners.ForEach(func(k, _ []byte) error {
+		m++
+		if len(k) < net.IPv6len+2 {
+			return fmt.Errorf("owner key %q is too short", k)
+		}
+		ipk := k[len(k)-net.IPv6len:]
+		v := t.ips.Get(ipk)
+		if v == nil {
+			return fmt.Errorf("owner entry %q points to the free address %s", k[:len(k)-net.IPv6len], fromKey(ipk))
+		}
+		a, err := decode(ipk, v)
+		if err != nil {
+			return err
+		}
+		if !bytes.Equal(ownerKey(a.Owner, a.IP), k) {
+			return fmt.Errorf("owner entry %q points to %s, held by %v", k[:len(k)-net.IPv6len], a.IP, a.Owner)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if n != m {
+		return fmt.Errorf("%d addresses but %d owner entries", n, m)
+	}
+	return nil
 }
