@@ -75,6 +75,15 @@ func allocate(tx *store.Tx, conf *config.IPAM, o store.Owner) ([]*current.IPConf
 			}
 		}
 	}
+	for _, r := range conf.Requested {
+		inSet := false
+		for _, rs := range conf.Ranges {
+			inSet = inSet || rs.Contains(r)
+		}
+		if !inSet {
+			return nil, cnierr.Config("requested address %s is in none of the range sets of network %s (%s)", r, conf.Network, rangeSets(conf.Ranges))
+		}
+	}
 	requested := append([]net.IP(nil), conf.Requested...)
 	var out []*current.IPConfig
 	for idx, rs := range conf.Ranges {
@@ -117,7 +126,8 @@ func allocate(tx *store.Tx, conf *config.IPAM, o store.Owner) ([]*current.IPConf
 		})
 	}
 	if len(requested) > 0 {
-		return nil, cnierr.Config("requested address %s is in none of the range sets of network %s (%s)", joinIPs(requested), conf.Network, rangeSets(conf.Ranges))
+		// ADD takes one address per range set.
+		return nil, cnierr.Config("requested addresses %s: more than one falls in the same range set of network %s (one address is allocated per set)", joinIPs(requested), conf.Network)
 	}
 	return out, nil
 }
