@@ -75,14 +75,8 @@ func allocate(tx *store.Tx, conf *config.IPAM, o store.Owner) ([]*current.IPConf
 			}
 		}
 	}
-	for _, r := range conf.Requested {
-		inSet := false
-		for _, rs := range conf.Ranges {
-			inSet = inSet || rs.Contains(r)
-		}
-		if !inSet {
-			return nil, cnierr.Config("requested address %s is in none of the range sets of network %s (%s)", r, conf.Network, rangeSets(conf.Ranges))
-		}
+	if err := checkRequested(conf); err != nil {
+		return nil, err
 	}
 	requested := append([]net.IP(nil), conf.Requested...)
 	var out []*current.IPConfig
@@ -125,11 +119,30 @@ func allocate(tx *store.Tx, conf *config.IPAM, o store.Owner) ([]*current.IPConf
 			Gateway: rng.Gateway,
 		})
 	}
-	if len(requested) > 0 {
-		// ADD takes one address per range set.
-		return nil, cnierr.Config("requested addresses %s: more than one falls in the same range set of network %s (one address is allocated per set)", joinIPs(requested), conf.Network)
-	}
 	return out, nil
+}
+
+// checkRequested: every requested address must fall in a range set, and no
+// two in the same one (ADD takes one address per set).
+func checkRequested(conf *config.IPAM) error {
+	perSet := map[int][]net.IP{}
+	for _, r := range conf.Requested {
+		idx := -1
+		for i, rs := range conf.Ranges {
+			if rs.Contains(r) {
+				idx = i
+				break
+			}
+		}
+		if idx < 0 {
+			return cnierr.Config("requested address %s is in none of the range sets of network %s (%s)", r, conf.Network, rangeSets(conf.Ranges))
+		}
+		perSet[idx] = append(perSet[idx], r)
+		if len(perSet[idx]) > 1 {
+			return cnierr.Config("requested addresses %s fall in the same range set %d of network %s: one address is allocated per set", joinIPs(perSet[idx]), idx, conf.Network)
+		}
+	}
+	return nil
 }
 
 func cmdDel(args *skel.CmdArgs) error {

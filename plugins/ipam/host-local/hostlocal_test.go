@@ -109,7 +109,7 @@ func TestAllocateErrors(t *testing.T) {
 	_, err = add(t, req(`"runtimeConfig":{"ips":["198.18.9.9"]}`), "z")
 	assertErr(t, err, 7, "198.18.9.9 is in none of the range sets")
 	_, err = add(t, req(`"runtimeConfig":{"ips":["198.18.1.10","198.18.1.11"]}`), "z")
-	assertErr(t, err, 7, "more than one")
+	assertErr(t, err, 7, "fall in the same range set 0")
 	assertHolds(t, dual, "z", 0)
 }
 
