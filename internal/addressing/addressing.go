@@ -26,6 +26,9 @@ type Options struct {
 	DAD bool
 	// SkipRoutes leaves the result's routes out (the caller installs its own).
 	SkipRoutes bool
+	// NoPrefixRoute keeps the kernel from adding the route to the
+	// address's subnet (point-to-point links route it through the gateway).
+	NoPrefixRoute bool
 }
 
 // IPsFor returns the IP configs of result that belong to the interface at
@@ -59,10 +62,13 @@ func Gateways(ips []*current.IPConfig) (v4, v6 net.IP) {
 }
 
 // Addr is the netlink address for an IP config.
-func Addr(ip *current.IPConfig, dad bool) *netlink.Addr {
+func Addr(ip *current.IPConfig, opt Options) *netlink.Addr {
 	a := &netlink.Addr{IPNet: &net.IPNet{IP: ip.Address.IP, Mask: ip.Address.Mask}}
-	if ip.Address.IP.To4() == nil && !dad {
-		a.Flags = unix.IFA_F_NODAD
+	if ip.Address.IP.To4() == nil && !opt.DAD {
+		a.Flags |= unix.IFA_F_NODAD
+	}
+	if opt.NoPrefixRoute {
+		a.Flags |= unix.IFA_F_NOPREFIXROUTE
 	}
 	return a
 }
@@ -104,7 +110,7 @@ func Configure(h *netlink.Handle, link netlink.Link, ips []*current.IPConfig, ro
 		if ip.Address.IP.To4() == nil {
 			hasV6 = true
 		}
-		if err := h.AddrAdd(link, Addr(ip, opt.DAD)); err != nil && !errors.Is(err, unix.EEXIST) {
+		if err := h.AddrAdd(link, Addr(ip, opt)); err != nil && !errors.Is(err, unix.EEXIST) {
 			return fmt.Errorf("add address %s to %s: %w", ip.Address.String(), name, err)
 		}
 	}

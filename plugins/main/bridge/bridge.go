@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
-	"sync"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -14,17 +12,15 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/utils/sysctl"
 	"github.com/vishvananda/netlink"
-	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/meshwire/meshwire/internal/addressing"
-	"github.com/meshwire/meshwire/internal/announce"
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/ipamexec"
 	"github.com/meshwire/meshwire/internal/ipmasq"
 	"github.com/meshwire/meshwire/internal/link"
-	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/internal/undo"
+	"github.com/meshwire/meshwire/internal/vethplugin"
 )
 
 // Indexes of the interfaces in the ADD result.
@@ -34,30 +30,13 @@ const (
 	idxContainer = 2
 )
 
-func attachment(c *config, args *skel.CmdArgs) ipmasq.Attachment {
-	return ipmasq.Attachment{Network: c.Name, ContainerID: args.ContainerID, IfName: args.IfName}
-}
-
-func openNS(path string) (vnetns.NsHandle, *netlink.Handle, error) {
-	if path == "" {
-		return 0, nil, cnierr.InvalidEnv("CNI_NETNS", "not set")
+// attachment is the shared view of this call.
+func attachment(c *config, args *skel.CmdArgs) *vethplugin.Attachment {
+	prev, _ := c.PrevResultCurrent()
+	return &vethplugin.Attachment{
+		Args: args, Network: c.Name, IPAMType: c.IPAM.Type, IPMasq: c.IPMasq,
+		Backend: c.masq, HostPrefix: c.pfx, Prev: prev,
 	}
-	nsh, err := vnetns.GetFromPath(path)
-	if err != nil {
-		return 0, nil, errors.Join(cnierr.InvalidEnv("CNI_NETNS", "%v", err), &netns.Gone{Err: err})
-	}
-	var st unix.Statfs_t
-	if err := unix.Fstatfs(int(nsh), &st); err != nil || (st.Type != unix.NSFS_MAGIC && st.Type != unix.PROC_SUPER_MAGIC) {
-		nsh.Close()
-		e := fmt.Errorf("%s is not a network namespace", path)
-		return 0, nil, errors.Join(cnierr.InvalidEnv("CNI_NETNS", "%v", e), &netns.Gone{Err: e})
-	}
-	h, err := netlink.NewHandleAt(nsh)
-	if err != nil {
-		nsh.Close()
-		return 0, nil, errors.Join(cnierr.InvalidEnv("CNI_NETNS", "%v", err), &netns.Gone{Err: err})
-	}
-	return nsh, h, nil
 }
 
 func cmdAdd(args *skel.CmdArgs) (err error) {
@@ -68,13 +47,13 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	if err := link.ValidIfName(args.IfName); err != nil {
 		return cnierr.InvalidEnv("CNI_IFNAME", "%v", err)
 	}
-	nsh, h, err := openNS(args.Netns)
+	ns, err := vethplugin.OpenNS(args.Netns)
 	if err != nil {
 		return err
 	}
-	defer nsh.Close()
-	defer h.Close()
+	defer ns.Close()
 	ctx := context.Background()
+	att := attachment(conf, args)
 
 	var u undo.Stack
 	defer func() {
@@ -93,18 +72,14 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	if err != nil {
 		return err
 	}
-	hostName := link.HostVethName(conf.pfx, args.ContainerID, args.IfName)
-	host, err := createVeth(conf, hostName, args.IfName, nsh, h)
+	host, cont, err := att.CreateVeth(ns, conf.MTU, conf.mac)
 	if err != nil {
 		return err
 	}
+	hostName := host.Attrs().Name
 	u.Push(func() { _, _ = link.DeleteByName(hostName) })
 	if err := attachPort(conf, br, host); err != nil {
 		return err
-	}
-	cont, err := h.LinkByName(args.IfName)
-	if err != nil {
-		return cnierr.Internal("find %s in the namespace: %v", args.IfName, err)
 	}
 
 	result := &current.Result{
@@ -130,7 +105,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		}
 		result.IPs, result.Routes, result.DNS = ipamRes.IPs, ipamRes.Routes, ipamRes.DNS
 		gws := planGateways(result, conf.IsGateway, conf.IsDefaultGateway, idxContainer)
-		if err := addressing.Configure(h, cont, result.IPs, result.Routes, addressing.Options{DAD: conf.EnableDAD}); err != nil {
+		if err := addressing.Configure(ns.NL, cont, result.IPs, result.Routes, addressing.Options{DAD: conf.EnableDAD}); err != nil {
 			return cnierr.Internal("configure %s: %v", args.IfName, err)
 		}
 		if conf.IsGateway {
@@ -148,22 +123,20 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 					return err
 				}
 			}
-			if err := enableForwarding(len(gws.v4) > 0, len(gws.v6) > 0); err != nil {
-				return err
+			if err := addressing.EnableForwarding(len(gws.v4) > 0, len(gws.v6) > 0); err != nil {
+				return cnierr.Internal("%v", err)
 			}
 		}
 		if conf.IPMasq {
-			a := attachment(conf, args)
-			b := ipmasq.Backend(ctx, conf.masq)
-			addrs := ipNets(result.IPs)
-			if err := ipmasq.Setup(ctx, b, a, addrs); err != nil {
-				return cnierr.Wrap(err, "ipMasq")
+			undoMasq, err := att.SetupMasq(ctx, vethplugin.IPNets(result.IPs))
+			if err != nil {
+				return err
 			}
-			u.Push(func() { _ = ipmasq.Teardown(ctx, b, a, addrs) })
+			u.Push(undoMasq)
 		}
-		announceAddrs(args.Netns, args.IfName, result.IPs)
+		vethplugin.Announce(args.Netns, args.IfName, result.IPs)
 	} else if !conf.DisableContainerInterface {
-		if err := h.LinkSetUp(cont); err != nil {
+		if err := ns.NL.LinkSetUp(cont); err != nil {
 			return cnierr.Internal("set %s up: %v", args.IfName, err)
 		}
 	}
@@ -175,39 +148,47 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	if l, err := netlinksafe.LinkByName(conf.Bridge); err == nil {
 		result.Interfaces[idxBridge].Mac = l.Attrs().HardwareAddr.String()
 	}
-	if dnsSet(conf.DNS) {
+	if vethplugin.DNSSet(conf.DNS) {
 		result.DNS = conf.DNS
 	}
 	if err := types.PrintResult(result, conf.CNIVersion); err != nil {
 		return cnierr.Internal("print result: %v", err)
 	}
-	u.Forget()
 	return nil
 }
 
-func dnsSet(d types.DNS) bool {
-	return d.Nameservers != nil || d.Search != nil || d.Options != nil || d.Domain != ""
-}
-
-func ipNets(ips []*current.IPConfig) []net.IPNet {
-	out := make([]net.IPNet, 0, len(ips))
-	for _, ip := range ips {
-		out = append(out, ip.Address)
-	}
-	return out
-}
-
-// announceAddrs sends gratuitous ARP / unsolicited NA from inside the
-// namespace. A failure is logged: the pod works, neighbours learn later.
-func announceAddrs(nsPath, ifName string, ips []*current.IPConfig) {
-	var addrs []net.IP
-	for _, ip := range ips {
-		addrs = append(addrs, ip.Address.IP)
-	}
-	err := netns.Enter(nsPath, func() error { return announce.Addresses(ifName, addrs) })
+func cmdDel(args *skel.CmdArgs) error {
+	conf, err := parseConfig(args.StdinData, args.Args)
 	if err != nil {
-		slog.Warn("announcing addresses failed", "error", err)
+		return err
 	}
+	ctx := context.Background()
+	var extra func() error
+	if conf.MacSpoofChk {
+		extra = func() error { return macSpoofTeardown(ctx, conf, args) }
+	}
+	return attachment(conf, args).Del(ctx, extra)
+}
+
+func cmdStatus(args *skel.CmdArgs) error {
+	conf, err := parseConfig(args.StdinData, args.Args)
+	if err != nil {
+		return err
+	}
+	return attachment(conf, args).Status(context.Background())
+}
+
+func cmdGC(args *skel.CmdArgs) error {
+	conf, err := parseConfig(args.StdinData, args.Args)
+	if err != nil {
+		return err
+	}
+	ctx := context.Background()
+	var extra func([]ipmasq.Attachment) error
+	if conf.MacSpoofChk {
+		extra = func(valid []ipmasq.Attachment) error { return macSpoofGC(ctx, conf.Name, valid) }
+	}
+	return attachment(conf, args).GC(ctx, conf.ValidAttachments, extra)
 }
 
 // ensureBridge creates the bridge or reuses it. Concurrent ADDs on a new
@@ -263,26 +244,6 @@ func ensureBridge(c *config) (*netlink.Bridge, error) {
 		}
 	}
 	return br, nil
-}
-
-// createVeth makes the pair, replacing a host end left by an earlier ADD of
-// the same attachment (its name says it is ours).
-func createVeth(c *config, hostName, ifName string, nsh vnetns.NsHandle, h *netlink.Handle) (netlink.Link, error) {
-	p := link.Pair{HostName: hostName, PeerName: ifName, MTU: c.MTU, PeerMAC: c.mac, NS: nsh}
-	host, err := link.Create(p)
-	if errors.Is(err, link.ErrExists) {
-		if _, e := h.LinkByName(ifName); e == nil {
-			return nil, cnierr.InvalidEnv("CNI_IFNAME", "%q already exists in the namespace", ifName)
-		}
-		if _, e := link.DeleteByName(hostName); e != nil {
-			return nil, cnierr.Internal("remove stale %s: %v", hostName, e)
-		}
-		host, err = link.Create(p)
-	}
-	if err != nil {
-		return nil, cnierr.Internal("%v", err)
-	}
-	return host, nil
 }
 
 // attachPort makes the host end a port of the bridge with the configured
@@ -414,123 +375,3 @@ func ensureAddr(l netlink.Link, want net.IPNet, force bool) error {
 	return nil
 }
 
-func enableForwarding(v4, v6 bool) error {
-	if err := addressing.EnableForwarding(v4, v6); err != nil {
-		return cnierr.Internal("%v", err)
-	}
-	return nil
-}
-
-func cmdDel(args *skel.CmdArgs) error {
-	conf, err := parseConfig(args.StdinData, args.Args)
-	if err != nil {
-		return err
-	}
-	ctx := context.Background()
-	prev, _ := conf.PrevResultCurrent()
-	var wg sync.WaitGroup
-	errs := make([]error, 4)
-	run := func(i int, fn func() error) {
-		wg.Add(1)
-		go func() { defer wg.Done(); errs[i] = fn() }()
-	}
-	if conf.IPAM.Type != "" {
-		run(0, func() error { return ipamexec.Del(ctx, conf.IPAM.Type, args.StdinData) })
-	}
-	run(1, func() error { return removeVeth(conf.pfx, args) })
-	if conf.IPMasq {
-		run(2, func() error {
-			var addrs []net.IPNet
-			if prev != nil {
-				addrs = ipNets(addressing.IPsFor(prev.IPs, containerIndex(prev, args)))
-			}
-			return cnierr.Wrap(ipmasq.Teardown(ctx, ipmasq.Backend(ctx, conf.masq), attachment(conf, args), addrs), "ipMasq teardown")
-		})
-	}
-	if conf.MacSpoofChk {
-		run(3, func() error { return macSpoofTeardown(ctx, conf, args) })
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-// containerIndex is the index of the container interface in r, -1 if none.
-func containerIndex(r *current.Result, args *skel.CmdArgs) int {
-	for i, intf := range r.Interfaces {
-		if intf.Name == args.IfName && intf.Sandbox != "" {
-			return i
-		}
-	}
-	return -1
-}
-
-// removeVeth deletes the pod's veth pair: through the host end's name
-// (no namespace needed), else through CNI_IFNAME inside the namespace when it
-// still exists. Nothing there is not an error.
-func removeVeth(prefix string, args *skel.CmdArgs) error {
-	deleted, err := link.DeleteByName(link.HostVethName(prefix, args.ContainerID, args.IfName))
-	if err != nil {
-		return cnierr.Internal("%v", err)
-	}
-	if deleted || args.Netns == "" {
-		return nil
-	}
-	nsh, h, err := openNS(args.Netns)
-	if err != nil {
-		slog.Info("namespace not usable, nothing to remove inside it", "error", err)
-		return nil
-	}
-	defer nsh.Close()
-	defer h.Close()
-	l, err := h.LinkByName(args.IfName)
-	if err != nil {
-		return nil
-	}
-	if _, ok := l.(*netlink.Veth); !ok {
-		return nil
-	}
-	if err := h.LinkDel(l); err != nil && !link.IsNotFound(err) {
-		return cnierr.Internal("delete %s: %v", args.IfName, err)
-	}
-	return nil
-}
-
-func cmdStatus(args *skel.CmdArgs) error {
-	conf, err := parseConfig(args.StdinData, args.Args)
-	if err != nil {
-		return err
-	}
-	ctx := context.Background()
-	if conf.IPMasq {
-		if err := ipmasq.Backend(ctx, conf.masq).Available(ctx); err != nil {
-			return err
-		}
-	}
-	if conf.IPAM.Type != "" {
-		return ipamexec.Status(ctx, conf.IPAM.Type, args.StdinData)
-	}
-	return nil
-}
-
-func cmdGC(args *skel.CmdArgs) error {
-	conf, err := parseConfig(args.StdinData, args.Args)
-	if err != nil {
-		return err
-	}
-	ctx := context.Background()
-	var errs []error
-	var valid []ipmasq.Attachment
-	for _, v := range conf.ValidAttachments {
-		valid = append(valid, ipmasq.Attachment{Network: conf.Name, ContainerID: v.ContainerID, IfName: v.IfName})
-	}
-	if conf.IPMasq {
-		errs = append(errs, ipmasq.GC(ctx, ipmasq.Backend(ctx, conf.masq), conf.Name, valid))
-	}
-	if conf.MacSpoofChk {
-		errs = append(errs, macSpoofGC(ctx, conf.Name, valid))
-	}
-	if conf.IPAM.Type != "" {
-		errs = append(errs, ipamexec.GC(ctx, conf.IPAM.Type, args.StdinData))
-	}
-	return errors.Join(errs...)
-}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"net"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -11,10 +10,7 @@ import (
 
 	"github.com/meshwire/meshwire/internal/addressing"
 	"github.com/meshwire/meshwire/internal/cnierr"
-	"github.com/meshwire/meshwire/internal/firewall"
-	"github.com/meshwire/meshwire/internal/ipamexec"
-	"github.com/meshwire/meshwire/internal/ipmasq"
-	"github.com/meshwire/meshwire/internal/link"
+	"github.com/meshwire/meshwire/internal/vethplugin"
 )
 
 // findInterfaces picks the bridge and the container interface out of a
@@ -38,10 +34,9 @@ func cmdCheck(args *skel.CmdArgs) error {
 		return err
 	}
 	ctx := context.Background()
-	if conf.IPAM.Type != "" {
-		if err := ipamexec.Check(ctx, conf.IPAM.Type, args.StdinData); err != nil {
-			return err
-		}
+	att := attachment(conf, args)
+	if err := att.CheckIPAM(ctx); err != nil {
+		return err
 	}
 	prev, err := conf.RequirePrevResult()
 	if err != nil {
@@ -68,63 +63,21 @@ func cmdCheck(args *skel.CmdArgs) error {
 	if (br.Promisc != 0) != conf.PromiscMode {
 		return cnierr.CheckFailed("bridge %q promiscuous mode is %v, config says %v", conf.Bridge, br.Promisc != 0, conf.PromiscMode)
 	}
-	nsh, h, err := openNS(args.Netns)
+	ns, err := vethplugin.OpenNS(args.Netns)
 	if err != nil {
 		return err
 	}
-	defer nsh.Close()
-	defer h.Close()
-	cont, err := h.LinkByName(args.IfName)
+	defer ns.Close()
+	cont, host, err := vethplugin.CheckVeth(ns, prev, contIntf)
 	if err != nil {
-		return cnierr.CheckFailed("interface %q not found in %s", args.IfName, args.Netns)
-	}
-	if _, ok := cont.(*netlink.Veth); !ok {
-		return cnierr.CheckFailed("%q is a %s, not a veth", args.IfName, cont.Type())
-	}
-	if contIntf.Mac != "" && contIntf.Mac != cont.Attrs().HardwareAddr.String() {
-		return cnierr.CheckFailed("%q has MAC %s, prevResult says %s", args.IfName, cont.Attrs().HardwareAddr, contIntf.Mac)
-	}
-	peer, err := link.HostPeerIndex(h, args.IfName)
-	if err != nil {
-		return cnierr.CheckFailed("%v", err)
-	}
-	host, err := netlink.LinkByIndex(peer)
-	if err != nil {
-		return cnierr.CheckFailed("host end of %q (ifindex %d) not found", args.IfName, peer)
+		return err
 	}
 	if host.Attrs().MasterIndex != br.Index {
 		return cnierr.CheckFailed("host end %s of %q is not a port of bridge %q", host.Attrs().Name, args.IfName, conf.Bridge)
 	}
-	inResult := false
-	for _, intf := range prev.Interfaces {
-		if intf.Name == host.Attrs().Name && intf.Sandbox == "" {
-			inResult = true
-		}
-	}
-	if !inResult {
-		return cnierr.CheckFailed("host end %s of %q is not in prevResult", host.Attrs().Name, args.IfName)
-	}
 	ips := addressing.IPsFor(prev.IPs, contIdx)
-	if err := addressing.Verify(h, cont, ips, prev.Routes); err != nil {
+	if err := addressing.Verify(ns.NL, cont, ips, prev.Routes); err != nil {
 		return cnierr.CheckFailed("%v", err)
 	}
-	if conf.IPMasq && len(ips) > 0 {
-		if err := checkMasq(ctx, conf, ipmasq.Attachment{Network: conf.Name, ContainerID: args.ContainerID, IfName: args.IfName}, ipNets(ips)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// checkMasq verifies the attachment's masquerade rules are installed.
-func checkMasq(ctx context.Context, conf *config, a ipmasq.Attachment, addrs []net.IPNet) error {
-	b := ipmasq.Backend(ctx, conf.masq)
-	ok, err := ipmasq.Present(ctx, b, a, addrs)
-	if err != nil {
-		return cnierr.CheckFailed("ipMasq: %v", err)
-	}
-	if !ok {
-		return cnierr.CheckFailed("ipMasq rules of this attachment (%s) are missing", map[bool]string{true: a.Table(), false: a.Chain()}[b.Kind == firewall.NFTables])
-	}
-	return nil
+	return att.CheckMasq(ctx, vethplugin.IPNets(ips))
 }

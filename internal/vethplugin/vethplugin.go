@@ -1,0 +1,320 @@
+// Package vethplugin holds the steps of ADD, DEL, CHECK, STATUS and GC that
+// the veth-based interface plugins (bridge, veth) share: opening the pod's
+// namespace, announcing addresses, tearing an attachment down in parallel
+// (IPAM, links, masquerade), and the firewall and IPAM parts of CHECK,
+// STATUS and GC.
+package vethplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/vishvananda/netlink"
+	vnetns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+
+	"github.com/meshwire/meshwire/internal/addressing"
+	"github.com/meshwire/meshwire/internal/announce"
+	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/ipamexec"
+	"github.com/meshwire/meshwire/internal/ipmasq"
+	"github.com/meshwire/meshwire/internal/link"
+	"github.com/meshwire/meshwire/internal/netns"
+)
+
+// NS is the pod's namespace, open for netlink requests from the host thread.
+type NS struct {
+	Handle vnetns.NsHandle
+	NL     *netlink.Handle
+}
+
+// Close releases the namespace.
+func (n *NS) Close() {
+	n.NL.Close()
+	n.Handle.Close()
+}
+
+// OpenNS opens CNI_NETNS. Failures are code 4 and satisfy netns.IsGone.
+func OpenNS(path string) (*NS, error) {
+	if path == "" {
+		return nil, cnierr.InvalidEnv("CNI_NETNS", "not set")
+	}
+	gone := func(err error) error {
+		return errors.Join(cnierr.InvalidEnv("CNI_NETNS", "%v", err), &netns.Gone{Err: err})
+	}
+	nsh, err := vnetns.GetFromPath(path)
+	if err != nil {
+		return nil, gone(err)
+	}
+	var st unix.Statfs_t
+	if err := unix.Fstatfs(int(nsh), &st); err != nil || (st.Type != unix.NSFS_MAGIC && st.Type != unix.PROC_SUPER_MAGIC) {
+		nsh.Close()
+		return nil, gone(fmt.Errorf("%s is not a network namespace", path))
+	}
+	h, err := netlink.NewHandleAt(nsh)
+	if err != nil {
+		nsh.Close()
+		return nil, gone(err)
+	}
+	return &NS{Handle: nsh, NL: h}, nil
+}
+
+// IPNets lists the addresses of ips.
+func IPNets(ips []*current.IPConfig) []net.IPNet {
+	out := make([]net.IPNet, 0, len(ips))
+	for _, ip := range ips {
+		out = append(out, ip.Address)
+	}
+	return out
+}
+
+// DNSSet reports whether the config's dns object says anything (it then
+// replaces what IPAM returned, as with the reference plugins).
+func DNSSet(d types.DNS) bool {
+	return d.Nameservers != nil || d.Search != nil || d.Options != nil || d.Domain != ""
+}
+
+// ContainerIndex is the index of the container interface in r, -1 if none.
+func ContainerIndex(r *current.Result, ifName, netnsPath string) int {
+	for i, intf := range r.Interfaces {
+		if intf.Name == ifName && intf.Sandbox != "" && (netnsPath == "" || intf.Sandbox == netnsPath) {
+			return i
+		}
+	}
+	return -1
+}
+
+// Announce sends gratuitous ARP / unsolicited NA from inside the namespace.
+// A failure is logged: the pod works, neighbours learn a little later.
+func Announce(nsPath, ifName string, ips []*current.IPConfig) {
+	var addrs []net.IP
+	for _, ip := range ips {
+		addrs = append(addrs, ip.Address.IP)
+	}
+	if err := netns.Enter(nsPath, func() error { return announce.Addresses(ifName, addrs) }); err != nil {
+		slog.Warn("announcing addresses failed", "error", err)
+	}
+}
+
+// Attachment is one pod interface as the shared steps see it.
+type Attachment struct {
+	Args       *skel.CmdArgs
+	Network    string
+	IPAMType   string // "" when the plugin has no IPAM
+	IPMasq     bool
+	Backend    string // ipMasqBackend, "" to detect
+	HostPrefix string
+	Prev       *current.Result // prevResult, may be nil
+}
+
+// Masq is the masquerade identity of the attachment.
+func (a *Attachment) Masq() ipmasq.Attachment {
+	return ipmasq.Attachment{Network: a.Network, ContainerID: a.Args.ContainerID, IfName: a.Args.IfName}
+}
+
+// HostVeth is the host end's name.
+func (a *Attachment) HostVeth() string {
+	return link.HostVethName(a.HostPrefix, a.Args.ContainerID, a.Args.IfName)
+}
+
+// SetupMasq installs masquerading of addrs; the returned func undoes it.
+func (a *Attachment) SetupMasq(ctx context.Context, addrs []net.IPNet) (func(), error) {
+	b := ipmasq.Backend(ctx, a.Backend)
+	m := a.Masq()
+	if err := ipmasq.Setup(ctx, b, m, addrs); err != nil {
+		return nil, cnierr.Wrap(err, "ipMasq")
+	}
+	return func() { _ = ipmasq.Teardown(ctx, b, m, addrs) }, nil
+}
+
+// Del tears the attachment down, its parts in parallel: IPAM DEL, the veth
+// pair, the masquerade rules and extra (the plugin's own, may be nil). It
+// works with the namespace gone or never given, and with no prevResult, and
+// it is idempotent.
+func (a *Attachment) Del(ctx context.Context, extra func() error) error {
+	var wg sync.WaitGroup
+	errs := make([]error, 4)
+	run := func(i int, fn func() error) {
+		wg.Add(1)
+		go func() { defer wg.Done(); errs[i] = fn() }()
+	}
+	if a.IPAMType != "" {
+		run(0, func() error { return ipamexec.Del(ctx, a.IPAMType, a.Args.StdinData) })
+	}
+	run(1, a.removeVeth)
+	if a.IPMasq {
+		run(2, func() error {
+			var addrs []net.IPNet
+			if a.Prev != nil {
+				addrs = IPNets(addressing.IPsFor(a.Prev.IPs, ContainerIndex(a.Prev, a.Args.IfName, "")))
+			}
+			return cnierr.Wrap(ipmasq.Teardown(ctx, ipmasq.Backend(ctx, a.Backend), a.Masq(), addrs), "ipMasq teardown")
+		})
+	}
+	if extra != nil {
+		run(3, extra)
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// removeVeth deletes the pod's veth pair: through the host end's name (no
+// namespace needed), else through CNI_IFNAME inside the namespace when it
+// still exists. Nothing there is not an error.
+func (a *Attachment) removeVeth() error {
+	deleted, err := link.DeleteByName(a.HostVeth())
+	if err != nil {
+		return cnierr.Internal("%v", err)
+	}
+	if deleted || a.Args.Netns == "" {
+		return nil
+	}
+	ns, err := OpenNS(a.Args.Netns)
+	if err != nil {
+		slog.Info("namespace not usable, nothing to remove inside it", "error", err)
+		return nil
+	}
+	defer ns.Close()
+	l, err := ns.NL.LinkByName(a.Args.IfName)
+	if err != nil {
+		return nil
+	}
+	if _, ok := l.(*netlink.Veth); !ok {
+		return nil
+	}
+	if err := ns.NL.LinkDel(l); err != nil && !link.IsNotFound(err) {
+		return cnierr.Internal("delete %s: %v", a.Args.IfName, err)
+	}
+	return nil
+}
+
+// CheckMasq verifies the masquerade rules of addrs are installed.
+func (a *Attachment) CheckMasq(ctx context.Context, addrs []net.IPNet) error {
+	if !a.IPMasq || len(addrs) == 0 {
+		return nil
+	}
+	b := ipmasq.Backend(ctx, a.Backend)
+	m := a.Masq()
+	ok, err := ipmasq.Present(ctx, b, m, addrs)
+	if err != nil {
+		return cnierr.CheckFailed("ipMasq: %v", err)
+	}
+	if !ok {
+		name := m.Chain()
+		if b.Kind == firewall.NFTables {
+			name = m.Table()
+		}
+		return cnierr.CheckFailed("ipMasq rules of this attachment (%s, %s) are missing", name, b)
+	}
+	return nil
+}
+
+// CheckIPAM runs IPAM CHECK.
+func (a *Attachment) CheckIPAM(ctx context.Context) error {
+	if a.IPAMType == "" {
+		return nil
+	}
+	return ipamexec.Check(ctx, a.IPAMType, a.Args.StdinData)
+}
+
+// Status is STATUS: the firewall backend must be usable when ipMasq is on,
+// and IPAM must be ready.
+func (a *Attachment) Status(ctx context.Context) error {
+	if a.IPMasq {
+		if err := ipmasq.Backend(ctx, a.Backend).Available(ctx); err != nil {
+			return err
+		}
+	}
+	if a.IPAMType != "" {
+		return ipamexec.Status(ctx, a.IPAMType, a.Args.StdinData)
+	}
+	return nil
+}
+
+// GC removes the masquerade rules of the network's attachments that are not
+// in valid, runs extra (the plugin's own) and delegates GC to IPAM.
+func (a *Attachment) GC(ctx context.Context, valid []types.GCAttachment, extra func([]ipmasq.Attachment) error) error {
+	var keep []ipmasq.Attachment
+	for _, v := range valid {
+		keep = append(keep, ipmasq.Attachment{Network: a.Network, ContainerID: v.ContainerID, IfName: v.IfName})
+	}
+	var errs []error
+	if a.IPMasq {
+		errs = append(errs, cnierr.Wrap(ipmasq.GC(ctx, ipmasq.Backend(ctx, a.Backend), a.Network, keep), "ipMasq GC"))
+	}
+	if extra != nil {
+		errs = append(errs, extra(keep))
+	}
+	if a.IPAMType != "" {
+		errs = append(errs, ipamexec.GC(ctx, a.IPAMType, a.Args.StdinData))
+	}
+	return errors.Join(errs...)
+}
+
+// CreateVeth makes the attachment's veth pair, replacing a host end left by
+// an earlier ADD of the same attachment (its name says it is ours). A
+// CNI_IFNAME already present in the namespace is code 4.
+func (a *Attachment) CreateVeth(ns *NS, mtu int, mac net.HardwareAddr) (host, cont netlink.Link, err error) {
+	p := link.Pair{HostName: a.HostVeth(), PeerName: a.Args.IfName, MTU: mtu, PeerMAC: mac, NS: ns.Handle}
+	host, err = link.Create(p)
+	if errors.Is(err, link.ErrExists) {
+		if _, e := ns.NL.LinkByName(a.Args.IfName); e == nil {
+			return nil, nil, cnierr.InvalidEnv("CNI_IFNAME", "%q already exists in the namespace", a.Args.IfName)
+		}
+		if _, e := link.DeleteByName(p.HostName); e != nil {
+			return nil, nil, cnierr.Internal("remove stale %s: %v", p.HostName, e)
+		}
+		host, err = link.Create(p)
+	}
+	if err != nil {
+		return nil, nil, cnierr.Internal("%v", err)
+	}
+	cont, err = ns.NL.LinkByName(a.Args.IfName)
+	if err != nil {
+		_, _ = link.DeleteByName(p.HostName)
+		return nil, nil, cnierr.Internal("find %s in the namespace: %v", a.Args.IfName, err)
+	}
+	return host, cont, nil
+}
+
+// CheckVeth verifies the container interface of prevResult (contIntf): it is
+// a veth with the recorded MAC, and its host end exists and is listed in
+// prevResult. It returns both ends.
+func CheckVeth(ns *NS, prev *current.Result, contIntf *current.Interface) (cont, host netlink.Link, err error) {
+	name := contIntf.Name
+	cont, err = ns.NL.LinkByName(name)
+	if err != nil {
+		return nil, nil, cnierr.CheckFailed("interface %q not found in %s", name, contIntf.Sandbox)
+	}
+	if _, ok := cont.(*netlink.Veth); !ok {
+		return nil, nil, cnierr.CheckFailed("%q is a %s, not a veth", name, cont.Type())
+	}
+	if contIntf.Mac != "" && contIntf.Mac != cont.Attrs().HardwareAddr.String() {
+		return nil, nil, cnierr.CheckFailed("%q has MAC %s, prevResult says %s", name, cont.Attrs().HardwareAddr, contIntf.Mac)
+	}
+	peer, err := link.HostPeerIndex(ns.NL, name)
+	if err != nil {
+		return nil, nil, cnierr.CheckFailed("%v", err)
+	}
+	host, err = netlink.LinkByIndex(peer)
+	if err != nil {
+		return nil, nil, cnierr.CheckFailed("host end of %q (ifindex %d) not found", name, peer)
+	}
+	for _, intf := range prev.Interfaces {
+		if intf.Name == host.Attrs().Name && intf.Sandbox == "" {
+			if intf.Mac != "" && intf.Mac != host.Attrs().HardwareAddr.String() {
+				return nil, nil, cnierr.CheckFailed("host end %s has MAC %s, prevResult says %s", intf.Name, host.Attrs().HardwareAddr, intf.Mac)
+			}
+			return cont, host, nil
+		}
+	}
+	return nil, nil, cnierr.CheckFailed("host end %s of %q is not in prevResult", host.Attrs().Name, name)
+}

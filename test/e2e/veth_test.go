@@ -1,0 +1,115 @@
+package e2e
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+
+	"github.com/containernetworking/cni/libcni"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/version"
+)
+
+// Addresses of the veth tests: 198.18.24.0/21 of the 198.18.16.0/20 range,
+// fd20:0:0:24::/64 and up; host veths mwtb*.
+
+// vethList renders a veth plugin conflist with host-local over subnets.
+func (e *bridgeEnv) vethList(cniVersion, name string, opts map[string]any, subnets ...string) *libcni.NetworkConfigList {
+	var ranges [][]map[string]string
+	for _, s := range subnets {
+		ranges = append(ranges, []map[string]string{{"subnet": s}})
+	}
+	c := map[string]any{
+		"type":           "veth",
+		"hostVethPrefix": "mwtb",
+		"ipam":           map[string]any{"type": "host-local", "dataDir": e.dataDir, "ranges": ranges},
+	}
+	for k, v := range opts {
+		if v == nil {
+			delete(c, k)
+		} else {
+			c[k] = v
+		}
+	}
+	b, _ := json.Marshal(c)
+	return e.h.Single(cniVersion, name, string(b))
+}
+
+// TestVethEveryVersion: the life cycle with each spec version, dual stack,
+// with the point-to-point addressing of the reference ptp plugin.
+func TestVethEveryVersion(t *testing.T) {
+	e := newBridgeEnv(t)
+	for i, v := range version.All.SupportedVersions() {
+		t.Run(v, func(t *testing.T) {
+			ns := e.h.NewNS("veth")
+			list := e.vethList(v, fmt.Sprintf("mwtb-vver%d", i), map[string]any{"ipam": map[string]any{
+				"type": "host-local", "dataDir": e.dataDir,
+				"ranges": [][]map[string]string{{{"subnet": "198.18.24.0/24"}}, {{"subnet": "fd20:0:0:24::/64"}}},
+				"routes": []map[string]string{{"dst": "0.0.0.0/0"}, {"dst": "::/0"}},
+			}}, "unused")
+			a := e.h.Attach(list, ns, "eth0", nil)
+			res, err := a.Add()
+			if err != nil {
+				t.Fatalf("ADD: %v", err)
+			}
+			if res.Version() != v {
+				t.Fatalf("result version %s, want %s", res.Version(), v)
+			}
+			cr, err := current.NewResultFromResult(res)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v4, v6 := bridgeIPs(t, cr)
+			hostName := bridgeHostVeth(a)
+			if gte(v, "0.3.0") {
+				if v6 == nil {
+					t.Fatalf("result lacks IPv6: %+v", cr)
+				}
+				if len(cr.Interfaces) != 2 || cr.Interfaces[0].Name != hostName || cr.Interfaces[1].Name != "eth0" || cr.Interfaces[1].Sandbox != ns.Path {
+					t.Fatalf("interfaces %+v, want host veth %s and eth0 in the sandbox", cr.Interfaces, hostName)
+				}
+			}
+			if !contains(ns.Addrs("eth0"), v4.String()+"/24") {
+				t.Fatalf("eth0 addresses %v lack %s/24", ns.Addrs("eth0"), v4)
+			}
+			host := bridgeHostLink(t, hostName)
+			if host.Attrs().MasterIndex != 0 {
+				t.Fatalf("%s has a master: the veth plugin uses no bridge", hostName)
+			}
+			// The gateway is the host end, reached on-link; the pod's own
+			// subnet goes through it too (no prefix route on eth0).
+			bridgeMustPing(t, ns, "198.18.24.1")
+			routes := ns.Routes(0)
+			for _, r := range routes {
+				if r.Dst != nil && r.Dst.String() == "198.18.24.0/24" && r.Gw == nil {
+					t.Fatalf("eth0 has a prefix route %v; the subnet must go through the gateway", r)
+				}
+			}
+			if gte(v, "0.3.0") {
+				bridgeMustPing(t, ns, "fd20:0:0:24::1")
+			}
+			if gte(v, "0.4.0") {
+				if err := a.Check(); err != nil {
+					t.Fatalf("CHECK: %v", err)
+				}
+			}
+			if gte(v, "1.1.0") {
+				if err := e.h.Status(list); err != nil {
+					t.Fatalf("STATUS: %v", err)
+				}
+				if err := e.h.GC(list, a.GCAttachment()); err != nil {
+					t.Fatalf("GC: %v", err)
+				}
+			}
+			if err := a.Del(); err != nil {
+				t.Fatalf("DEL: %v", err)
+			}
+			if bridgeHasHostLink(hostName) || ns.HasLink("eth0") {
+				t.Fatal("veth pair still there after DEL")
+			}
+			if err := a.Del(); err != nil {
+				t.Fatalf("second DEL: %v", err)
+			}
+		})
+	}
+}
