@@ -55,21 +55,17 @@ func (a Attachment) Table() string { return tablePrefix(a.Network) + AttHash(a.C
 func chainPrefix(network string) string { return "MW-" + NetHash(network) + "-" }
 func tablePrefix(network string) string { return "meshwire_masq_" + NetHash(network) + "_" }
 
-// comment describes the attachment in the rules (the network name is
-// limited by the CNI spec to letters, digits, '_', '.' and '-').
+// comment describes the attachment in the rules, within nftables' 128
+// bytes (the network name is limited by the CNI spec to letters, digits,
+// '_', '.' and '-'; long names and ids are shortened: the hash identifies).
 func (a Attachment) comment() string {
-	id := a.ContainerID
-	if len(id) > 64 {
-		id = id[:64]
-	}
-	net := a.Network
-	if len(net) > 100 {
-		net = net[:100]
-	}
-	return fmt.Sprintf("meshwire ipMasq %s net=%s id=%s if=%s", AttHash(a.ContainerID, a.IfName), sanitize(net), sanitize(id), sanitize(a.IfName))
+	return fmt.Sprintf("meshwire-masq %s net=%s id=%s if=%s", AttHash(a.ContainerID, a.IfName), sanitize(a.Network, 32), sanitize(a.ContainerID, 24), sanitize(a.IfName, 15))
 }
 
-func sanitize(s string) string {
+func sanitize(s string, max int) string {
+	if len(s) > max {
+		s = s[:max]
+	}
 	return strings.Map(func(r rune) rune {
 		if r == '"' || r == '\\' || r < ' ' || r > '~' {
 			return '_'

@@ -13,7 +13,9 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
+	"github.com/meshwire/meshwire/internal/ipmasq"
 	"github.com/meshwire/meshwire/internal/link"
 	"github.com/meshwire/meshwire/test/harness"
 )
@@ -52,7 +54,7 @@ func bridgeFirewallBaseline(t *testing.T) {
 	}
 	for _, tool := range []string{"iptables-restore", "ip6tables-restore"} {
 		cmd := exec.Command(tool, "--noflush", "-w", "10")
-		cmd.Stdin = strings.NewReader("*nat\nCOMMIT\n")
+		cmd.Stdin = strings.NewReader("*nat\n:POSTROUTING ACCEPT [0:0]\nCOMMIT\n")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("%s: %v: %s", tool, err, out)
 		}
@@ -224,4 +226,134 @@ func TestBridgeEveryVersion(t *testing.T) {
 			}
 		})
 	}
+}
+
+// bridgeInternet makes a namespace standing for the outside world, linked to
+// the host by a veth pair: the host end has 198.18.31.1/30 and
+// fd20:0:0:31::1/64, the far end .2 and ::2. The far side has no route back
+// to any pod subnet, so only masqueraded traffic gets answers.
+func bridgeInternet(t *testing.T, h *harness.H) (v4, v6 string) {
+	t.Helper()
+	ns := h.NewNS("inet")
+	hostName := "mwtbi" + harness.RandomID()[:6]
+	la := netlink.NewLinkAttrs()
+	la.Name = hostName
+	nsFd, err := os.Open(ns.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nsFd.Close()
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(nsFd.Fd())}); err != nil {
+		t.Fatalf("create %s: %v", hostName, err)
+	}
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(hostName); err == nil {
+			_ = netlink.LinkDel(l)
+		}
+	})
+	host := bridgeHostLink(t, hostName)
+	for _, a := range []string{"198.18.31.1/30", "fd20:0:0:31::1/64"} {
+		addr, _ := netlink.ParseAddr(a)
+		addr.Flags = unix.IFA_F_NODAD
+		if err := netlink.AddrAdd(host, addr); err != nil {
+			t.Fatalf("address %s: %v", a, err)
+		}
+	}
+	if err := netlink.LinkSetUp(host); err != nil {
+		t.Fatal(err)
+	}
+	nl := ns.Netlink()
+	far := ns.Link("eth0")
+	for _, a := range []string{"198.18.31.2/30", "fd20:0:0:31::2/64"} {
+		addr, _ := netlink.ParseAddr(a)
+		addr.Flags = unix.IFA_F_NODAD
+		if err := nl.AddrAdd(far, addr); err != nil {
+			t.Fatalf("address %s: %v", a, err)
+		}
+	}
+	if err := nl.LinkSetUp(far); err != nil {
+		t.Fatal(err)
+	}
+	return "198.18.31.2", "fd20:0:0:31::2"
+}
+
+// bridgeMasqInstalled reports whether any masquerade chain or table of the
+// attachment is on the host, in either backend.
+func bridgeMasqInstalled(t *testing.T, network string, a *harness.Attachment) bool {
+	t.Helper()
+	m := ipmasq.Attachment{Network: network, ContainerID: a.RT.ContainerID, IfName: a.RT.IfName}
+	for _, tool := range []string{"iptables-save", "ip6tables-save"} {
+		out, err := exec.Command(tool, "-t", "nat").CombinedOutput()
+		if err != nil {
+			t.Fatalf("%s: %v: %s", tool, err, out)
+		}
+		if strings.Contains(string(out), m.Chain()) {
+			return true
+		}
+	}
+	out, err := exec.Command("nft", "list", "tables").CombinedOutput()
+	if err != nil {
+		t.Fatalf("nft: %v: %s", err, out)
+	}
+	return strings.Contains(string(out), m.Table())
+}
+
+// bridgeMustNotPing fails when ip answers (used to prove masquerade is what
+// makes the outside reachable).
+func bridgeMustNotPing(t *testing.T, ns *harness.NS, ip string) {
+	t.Helper()
+	if _, err := probePing(ns.Path, ip); err == nil {
+		t.Fatalf("%s answers from %s, want no answer", ip, ns.Name)
+	}
+}
+
+// TestBridgeConnectivity: pod to gateway, pod to pod on the same bridge, pod
+// to host, and pod to the outside through masquerade with both backends,
+// dual stack; DEL removes the masquerade rules.
+func TestBridgeConnectivity(t *testing.T) {
+	for i, backend := range []string{"iptables", "nftables"} {
+		t.Run(backend, func(t *testing.T) {
+			e := newBridgeEnv(t)
+			out4, out6 := bridgeInternet(t, e.h)
+			name := "mwtb-conn-" + backend
+			list := e.list("1.1.0", name, map[string]any{"isDefaultGateway": true, "ipMasq": true, "ipMasqBackend": backend},
+				fmt.Sprintf("198.18.%d.0/24", 17+i), fmt.Sprintf("fd20:0:0:%d::/64", 17+i))
+			nsA, nsB := e.h.NewNS("br"), e.h.NewNS("br")
+			a, b := e.h.Attach(list, nsA, "eth0", nil), e.h.Attach(list, nsB, "eth0", nil)
+			ra, rb := a.MustAdd(), b.MustAdd()
+			_, a6 := bridgeIPs(t, ra)
+			b4, b6 := bridgeIPs(t, rb)
+			if a6 == nil || b6 == nil {
+				t.Fatal("no IPv6 address")
+			}
+			bridgeMustPing(t, nsA, fmt.Sprintf("198.18.%d.1", 17+i))
+			bridgeMustPing(t, nsA, b4.String())
+			bridgeMustPing(t, nsA, b6.String())
+			bridgeMustPing(t, nsA, "198.18.31.1") // a host address
+			bridgeMustPing(t, nsA, out4)
+			bridgeMustPing(t, nsB, out6)
+			if !bridgeMasqInstalled(t, name, a) {
+				t.Fatal("no masquerade rules after ADD")
+			}
+			if err := a.Check(); err != nil {
+				t.Fatalf("CHECK: %v", err)
+			}
+			if err := a.Del(); err != nil {
+				t.Fatalf("DEL: %v", err)
+			}
+			if bridgeMasqInstalled(t, name, a) {
+				t.Fatal("masquerade rules left after DEL")
+			}
+			bridgeMustPing(t, nsB, out4)
+		})
+	}
+	t.Run("no-masquerade", func(t *testing.T) {
+		e := newBridgeEnv(t)
+		out4, _ := bridgeInternet(t, e.h)
+		list := e.list("1.1.0", "mwtb-nomasq", map[string]any{"isDefaultGateway": true}, "198.18.19.0/24")
+		ns := e.h.NewNS("br")
+		e.h.Attach(list, ns, "eth0", nil).MustAdd()
+		bridgeMustPing(t, ns, "198.18.19.1")
+		bridgeMustNotPing(t, ns, out4)
+	})
 }

@@ -374,4 +374,3 @@ func ensureAddr(l netlink.Link, want net.IPNet, force bool) error {
 	}
 	return nil
 }
-
