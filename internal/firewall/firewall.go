@@ -110,6 +110,18 @@ func (b Backend) Save(ctx context.Context, f Family, table string) (string, erro
 	return run(ctx, b.tool(f, "save"), "", args...)
 }
 
+// ListChain returns `iptables -S CHAIN` for one chain of a table: a "-N"
+// line (for user chains) and the chain's rules as iptables-save writes them.
+// It reads one chain, which is much cheaper than Save on a busy node. A
+// missing chain is an error.
+func (b Backend) ListChain(ctx context.Context, f Family, table, chain string) (string, error) {
+	if b.Kind != IPTables {
+		return "", fmt.Errorf("ListChain needs an iptables backend, have %s", b)
+	}
+	name := strings.TrimSuffix(b.tool(f, "x"), "-x")
+	return run(ctx, name, "", "-w", fmt.Sprint(int(lockWait.Seconds())), "-t", table, "-S", chain)
+}
+
 // NftApply runs an nft script as one transaction.
 func NftApply(ctx context.Context, script string) error {
 	_, err := run(ctx, "nft", script, "-f", "-")

@@ -1,0 +1,20 @@
+// Command portmap is meshwire's chained CNI plugin that maps host ports to a
+// container (what `docker run -p` and Kubernetes hostPort do), with the
+// reference portmap plugin's config, on iptables or nftables, one atomic
+// transaction per ADD and DEL.
+package main
+
+import (
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/version"
+
+	"github.com/meshwire/meshwire/internal/plugin"
+)
+
+func main() {
+	plugin.Main(plugin.Spec{
+		Name:     pluginType,
+		Versions: version.All,
+		Funcs:    skel.CNIFuncs{Add: cmdAdd, Check: cmdCheck, Del: cmdDel, GC: cmdGC, Status: cmdStatus},
+	})
+}

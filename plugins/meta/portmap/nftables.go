@@ -1,0 +1,354 @@
+package main
+
+import (
+	"fmt"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/meshwire/meshwire/internal/firewall"
+)
+
+// nftables layout: one table for both families.
+//
+//	table inet meshwire_portmap
+//	  prerouting  (nat, dstnat)  fib daddr type local jump hostports
+//	  output      (nat, -100)    fib daddr type local jump hostports
+//	  postrouting (nat, srcnat)  meta mark & bit == bit masquerade  (one per bit)
+//	  hostports                  jump pm-<key>      one per attachment
+//	  pm-<key>    comment <tag>; jump anchor; mark + DNAT rules
+//	  mark-<bit>                 meta mark set meta mark | bit
+//	  anchor                     empty; every pm-<key> refers to it
+//
+// ADD of a new attachment is one transaction (`create chain` fails when the
+// chain exists, which sends a repeated ADD to the path that reads the table
+// first). DEL needs the handle of the jump in hostports: one listing, one
+// transaction. Teardown starts with `delete chain anchor`, which the kernel
+// refuses while any attachment chain refers to it, so an attachment added
+// concurrently keeps the table alive.
+const (
+	nftTable      = "meshwire_portmap"
+	nftFQ         = "inet " + nftTable
+	nftHostports  = "hostports"
+	nftAnchor     = "anchor"
+	nftPrefix     = "pm-"
+	nftMarkPrefix = "mark-"
+	// nftCommentMax is the kernel's limit on comments (128 bytes with NUL).
+	nftCommentMax = 127
+)
+
+var nftAttChainRE = regexp.MustCompile(`^pm-[0-9a-f]{16}$`)
+
+func nftAttChain(key string) string { return nftPrefix + key }
+func nftMarkChain(bit int) string   { return fmt.Sprintf("%s%d", nftMarkPrefix, bit) }
+
+func nftFamily(f firewall.Family) (nfproto, ipx string) {
+	if f == firewall.V6 {
+		return "ipv6", "ip6"
+	}
+	return "ipv4", "ip"
+}
+
+func nftQuote(s string) string {
+	return `"` + strings.NewReplacer(`\`, ``, `"`, `'`).Replace(s) + `"`
+}
+
+// nftRuleExpr renders one rule of an attachment chain.
+func nftRuleExpr(p famPlan, r rule) string {
+	nfproto, ipx := nftFamily(p.Family)
+	b := []string{"meta nfproto " + nfproto}
+	b = append(b, p.Conds...)
+	if r.HostIP != nil {
+		b = append(b, ipx+" daddr "+r.HostIP.String())
+	}
+	if r.Action == actMark && r.Src != nil {
+		b = append(b, ipx+" saddr "+r.Src.String())
+	}
+	b = append(b, fmt.Sprintf("%s dport %d", r.Proto, r.HostPort))
+	switch r.Action {
+	case actMark:
+		b = append(b, "jump "+nftMarkChain(p.MarkBit))
+	case actDNAT:
+		b = append(b, fmt.Sprintf("dnat %s to %s", ipx, ipPort(r.To, r.ToPort)))
+	}
+	return strings.Join(b, " ")
+}
+
+// nftAttachmentLines fill an existing, empty attachment chain: the anchor
+// reference, then the rules of each family.
+func nftAttachmentLines(key string, plans []famPlan) []string {
+	ch := nftAttChain(key)
+	lines := []string{fmt.Sprintf("add rule %s %s jump %s", nftFQ, ch, nftAnchor)}
+	for _, p := range plans {
+		for _, r := range p.Rules {
+			lines = append(lines, fmt.Sprintf("add rule %s %s %s", nftFQ, ch, nftRuleExpr(p, r)))
+		}
+	}
+	return lines
+}
+
+func nftChainDecl(verb, key string, a attachment) string {
+	return fmt.Sprintf("%s chain %s %s { comment %s; }", verb, nftFQ, nftAttChain(key), nftQuote(a.tag(nftCommentMax)))
+}
+
+func nftScript(lines []string) string { return strings.Join(lines, "\n") + "\n" }
+
+// renderNFTAddNew is the one-transaction ADD of an attachment the table does
+// not have yet, on a table that has the base (and the mark chains the plans
+// use). Both families go into the same transaction.
+func renderNFTAddNew(a attachment, plans []famPlan) string {
+	key := a.key()
+	lines := []string{nftChainDecl("create", key, a)}
+	lines = append(lines, nftAttachmentLines(key, plans)...)
+	lines = append(lines, fmt.Sprintf("add rule %s %s jump %s", nftFQ, nftHostports, nftAttChain(key)))
+	return nftScript(lines)
+}
+
+// nftState is what `nft -a list table inet meshwire_portmap` shows.
+type nftState struct {
+	exists bool
+	chains map[string]*nftChain
+}
+
+type nftChain struct {
+	comment string
+	rules   []nftRule
+}
+
+type nftRule struct {
+	expr   string
+	handle int
+}
+
+var (
+	nftChainRE   = regexp.MustCompile(`^chain (\S+) \{`)
+	nftHandleRE  = regexp.MustCompile(`^(.*?)\s*# handle (\d+)$`)
+	nftCommentRE = regexp.MustCompile(`^comment "(.*)"$`)
+)
+
+// parseNFTList reads `nft -a list table|chain ...` output (several listings
+// may be concatenated).
+func parseNFTList(out string) *nftState {
+	st := &nftState{chains: map[string]*nftChain{}}
+	var cur *nftChain
+	for _, line := range strings.Split(out, "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case strings.HasPrefix(line, "table inet "+nftTable+" "):
+			st.exists = true
+		case nftChainRE.MatchString(line):
+			name := nftChainRE.FindStringSubmatch(line)[1]
+			cur = st.chains[name]
+			if cur == nil {
+				cur = &nftChain{}
+				st.chains[name] = cur
+			}
+		case line == "}":
+			cur = nil
+		case cur == nil:
+		case nftCommentRE.MatchString(line):
+			cur.comment = nftCommentRE.FindStringSubmatch(line)[1]
+		case strings.HasPrefix(line, "type "):
+		default:
+			if m := nftHandleRE.FindStringSubmatch(line); m != nil {
+				h, _ := strconv.Atoi(m[2])
+				cur.rules = append(cur.rules, nftRule{expr: m[1], handle: h})
+			}
+		}
+	}
+	return st
+}
+
+func (st *nftState) attachments() []string {
+	var keys []string
+	for name := range st.chains {
+		if nftAttChainRE.MatchString(name) {
+			keys = append(keys, strings.TrimPrefix(name, nftPrefix))
+		}
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// jumps returns the handles of the rules of chain that jump to target.
+func (st *nftState) jumps(chain, target string) []int {
+	var out []int
+	if c := st.chains[chain]; c != nil {
+		for _, r := range c.rules {
+			if r.expr == "jump "+target || strings.HasSuffix(r.expr, " jump "+target) {
+				out = append(out, r.handle)
+			}
+		}
+	}
+	return out
+}
+
+func (st *nftState) markBits() []int {
+	var bits []int
+	for name := range st.chains {
+		if b, err := strconv.Atoi(strings.TrimPrefix(name, nftMarkPrefix)); err == nil && strings.HasPrefix(name, nftMarkPrefix) {
+			bits = append(bits, b)
+		}
+	}
+	sort.Ints(bits)
+	return bits
+}
+
+// renderNFTEnsure is the slow-path ADD: the base is (re)declared (adding a
+// table or chain that exists is a no-op; the hook chains are flushed and
+// refilled, so they never hold duplicates), the attachment chain is created
+// or flushed and filled, and the jump is added unless present.
+func renderNFTEnsure(st *nftState, a attachment, plans []famPlan) string {
+	bits := map[int]bool{}
+	for _, b := range st.markBits() {
+		bits[b] = true
+	}
+	for _, p := range plans {
+		if p.MarkBit >= 0 {
+			bits[p.MarkBit] = true
+		}
+	}
+	lines := nftBaseLines(bits)
+	key := a.key()
+	ch := nftAttChain(key)
+	if st.chains[ch] != nil {
+		lines = append(lines, fmt.Sprintf("flush chain %s %s", nftFQ, ch))
+	} else {
+		lines = append(lines, nftChainDecl("add", key, a))
+	}
+	lines = append(lines, nftAttachmentLines(key, plans)...)
+	if len(st.jumps(nftHostports, ch)) == 0 {
+		lines = append(lines, fmt.Sprintf("add rule %s %s jump %s", nftFQ, nftHostports, ch))
+	}
+	return nftScript(lines)
+}
+
+func nftBaseLines(bits map[int]bool) []string {
+	lines := []string{
+		fmt.Sprintf("add table %s { comment %s; }", nftFQ, nftQuote("meshwire portmap: host ports of pods")),
+		fmt.Sprintf("add chain %s %s", nftFQ, nftHostports),
+		fmt.Sprintf("add chain %s %s { comment %s; }", nftFQ, nftAnchor, nftQuote("every attachment chain refers to this chain: it keeps the table while attachments exist")),
+		fmt.Sprintf("add chain %s prerouting { type nat hook prerouting priority dstnat; policy accept; }", nftFQ),
+		fmt.Sprintf("add chain %s output { type nat hook output priority -100; policy accept; }", nftFQ),
+		fmt.Sprintf("add chain %s postrouting { type nat hook postrouting priority srcnat; policy accept; }", nftFQ),
+		fmt.Sprintf("flush chain %s prerouting", nftFQ),
+		fmt.Sprintf("add rule %s prerouting fib daddr type local jump %s", nftFQ, nftHostports),
+		fmt.Sprintf("flush chain %s output", nftFQ),
+		fmt.Sprintf("add rule %s output fib daddr type local jump %s", nftFQ, nftHostports),
+		fmt.Sprintf("flush chain %s postrouting", nftFQ),
+	}
+	var sorted []int
+	for b := range bits {
+		sorted = append(sorted, b)
+	}
+	sort.Ints(sorted)
+	for _, b := range sorted {
+		v := fmt.Sprintf("%#08x", uint32(1)<<b)
+		lines = append(lines,
+			fmt.Sprintf("add rule %s postrouting meta mark & %s == %s masquerade", nftFQ, v, v),
+			fmt.Sprintf("add chain %s %s", nftFQ, nftMarkChain(b)),
+			fmt.Sprintf("flush chain %s %s", nftFQ, nftMarkChain(b)),
+			fmt.Sprintf("add rule %s %s meta mark set meta mark or %s", nftFQ, nftMarkChain(b), v),
+		)
+	}
+	return lines
+}
+
+// renderNFTRemove removes the given attachments as the listing shows them;
+// with teardown it also removes the table, guarded by the anchor.
+func renderNFTRemove(st *nftState, keys []string, teardown bool) string {
+	var lines []string
+	for _, k := range keys {
+		ch := nftAttChain(k)
+		for _, h := range st.jumps(nftHostports, ch) {
+			lines = append(lines, fmt.Sprintf("delete rule %s %s handle %d", nftFQ, nftHostports, h))
+		}
+		if st.chains[ch] != nil {
+			lines = append(lines, fmt.Sprintf("delete chain %s %s", nftFQ, ch))
+		}
+	}
+	if teardown && st.exists {
+		lines = append(lines, nftTeardownLines()...)
+	}
+	if len(lines) == 0 {
+		return ""
+	}
+	return nftScript(lines)
+}
+
+// nftTeardownLines delete the table; deleting the anchor first fails while
+// any attachment chain (one added after the listing, too) refers to it.
+func nftTeardownLines() []string {
+	return []string{
+		fmt.Sprintf("delete chain %s %s", nftFQ, nftAnchor),
+		fmt.Sprintf("delete table %s", nftFQ),
+	}
+}
+
+// remaining counts attachments that stay after removing keys.
+func remaining(all, removed []string) int {
+	gone := map[string]bool{}
+	for _, k := range removed {
+		gone[k] = true
+	}
+	n := 0
+	for _, k := range all {
+		if !gone[k] {
+			n++
+		}
+	}
+	return n
+}
+
+var (
+	nftDportRE = regexp.MustCompile(`\b(tcp|udp|sctp) dport (\d+)`)
+	nftDaddrRE = regexp.MustCompile(`\bip6? daddr (\S+)`)
+	nftToRE    = regexp.MustCompile(`\bdnat ip6? to (\S+)`)
+)
+
+// nftSigs reads the DNAT rules of an attachment chain back (both families).
+func nftSigs(c *nftChain) []string {
+	var out []string
+	if c == nil {
+		return nil
+	}
+	for _, r := range c.rules {
+		to := nftToRE.FindStringSubmatch(r.expr)
+		dp := nftDportRE.FindStringSubmatch(r.expr)
+		if to == nil || dp == nil {
+			continue
+		}
+		port, _ := strconv.Atoi(dp[2])
+		h := ""
+		if d := nftDaddrRE.FindStringSubmatch(r.expr); d != nil {
+			h = d[1]
+		}
+		out = append(out, mappingSig(dp[1], port, h, to[1]))
+	}
+	sort.Strings(out)
+	return out
+}
+
+// nftUDPPorts lists the UDP host ports of an attachment chain's DNAT rules
+// per family.
+func nftUDPPorts(c *nftChain) map[firewall.Family][]int {
+	out := map[firewall.Family][]int{}
+	if c == nil {
+		return out
+	}
+	for _, r := range c.rules {
+		dp := nftDportRE.FindStringSubmatch(r.expr)
+		to := nftToRE.FindStringSubmatch(r.expr)
+		if dp == nil || to == nil || dp[1] != "udp" {
+			continue
+		}
+		port, _ := strconv.Atoi(dp[2])
+		f := firewall.V4
+		if strings.Contains(r.expr, "dnat ip6 ") {
+			f = firewall.V6
+		}
+		out[f] = append(out[f], port)
+	}
+	return out
+}

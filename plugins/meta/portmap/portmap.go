@@ -1,0 +1,234 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
+	"github.com/containernetworking/plugins/pkg/utils/sysctl"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/firewall"
+)
+
+const cmdTimeout = 60 * time.Second
+
+func newAttachment(args *skel.CmdArgs, c *config) attachment {
+	return attachment{ContainerID: args.ContainerID, IfName: args.IfName, Network: c.raw.Name}
+}
+
+func cmdAdd(args *skel.CmdArgs) error {
+	c, err := parseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	prev, err := c.raw.RequirePrevResult()
+	if err != nil {
+		return err
+	}
+	a := newAttachment(args, c)
+	v4, v6 := containerAddrs(prev, args.IfName)
+	plans := plan(c, a, v4, v6)
+	if len(plans) > 0 {
+		ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
+		defer cancel()
+		if err := install(ctx, c, a, plans, v4); err != nil {
+			return err
+		}
+	} else {
+		slog.Debug("nothing to map", "mappings", len(c.Mappings), "v4", v4 != nil, "v6", v6 != nil)
+	}
+	return types.PrintResult(prev, c.raw.CNIVersion)
+}
+
+// install programs the plans, then the host settings they need; a failure
+// undoes the rules.
+func install(ctx context.Context, c *config, a attachment, plans []famPlan, v4 *net.IPNet) error {
+	r := resolveBackend(ctx, c)
+	d := newDriver(r)
+	slog.Debug("backend", "backend", r.String(), "auto", r.auto)
+	err := d.add(ctx, a, plans)
+	if err == nil && v4 != nil && planned(plans, firewall.V4) && needsLocalnet(c) {
+		err = enableLocalnet(v4.IP)
+	}
+	if err != nil {
+		if _, derr := d.del(ctx, a.key(), families(plans), false); derr != nil {
+			slog.Warn("undo after a failed ADD", "error", derr)
+		}
+		return err
+	}
+	for _, p := range plans {
+		flushUDP(p.Family, udpPorts(c.Mappings, p.Family))
+	}
+	return nil
+}
+
+func planned(plans []famPlan, f firewall.Family) bool {
+	for _, p := range plans {
+		if p.Family == f {
+			return true
+		}
+	}
+	return false
+}
+
+func families(plans []famPlan) []firewall.Family {
+	var out []firewall.Family
+	for _, p := range plans {
+		out = append(out, p.Family)
+	}
+	return out
+}
+
+func cmdDel(args *skel.CmdArgs) error {
+	c, err := parseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	a := newAttachment(args, c)
+	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
+	defer cancel()
+	fams := delFamilies(c, args.IfName)
+	d := newDriver(resolveBackend(ctx, c))
+	udp, err := d.del(ctx, a.key(), fams, len(c.Mappings) == 0)
+	if err != nil {
+		return err
+	}
+	for _, f := range fams {
+		ports := udp[f]
+		if len(c.Mappings) > 0 {
+			ports = udpPorts(c.Mappings, f)
+		}
+		flushUDP(f, ports)
+	}
+	return nil
+}
+
+// delFamilies narrows DEL to the families the container had addresses in
+// when the runtime passes prevResult (the ADD result); without it, both.
+func delFamilies(c *config, ifName string) []firewall.Family {
+	both := []firewall.Family{firewall.V4, firewall.V6}
+	prev, err := c.raw.PrevResultCurrent()
+	if err != nil || prev == nil {
+		return both
+	}
+	v4, v6 := containerAddrs(prev, ifName)
+	var out []firewall.Family
+	if v4 != nil {
+		out = append(out, firewall.V4)
+	}
+	if v6 != nil {
+		out = append(out, firewall.V6)
+	}
+	if len(out) == 0 {
+		return both
+	}
+	return out
+}
+
+func cmdCheck(args *skel.CmdArgs) error {
+	c, err := parseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	prev, err := c.raw.RequirePrevResult()
+	if err != nil {
+		return err
+	}
+	a := newAttachment(args, c)
+	v4, v6 := containerAddrs(prev, args.IfName)
+	plans := plan(c, a, v4, v6)
+	if len(plans) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
+	defer cancel()
+	return newDriver(resolveBackend(ctx, c)).check(ctx, a, plans)
+}
+
+func cmdGC(args *skel.CmdArgs) error {
+	c, err := parseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	valid := map[string]bool{}
+	for _, v := range c.raw.ValidAttachments {
+		valid[attachmentKey(v.ContainerID, v.IfName)] = true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
+	defer cancel()
+	return newDriver(resolveBackend(ctx, c)).gc(ctx, c.raw.Name, valid)
+}
+
+func cmdStatus(args *skel.CmdArgs) error {
+	c, err := parseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
+	defer cancel()
+	return resolveBackend(ctx, c).Available(ctx)
+}
+
+// enableLocalnet sets route_localnet on the host interface that routes to
+// the container, so that connections to 127.0.0.1:hostPort, DNATed to the
+// container and masqueraded, may leave through it. It is never reset: the
+// interface (a bridge) is shared with other containers.
+func enableLocalnet(containerIP net.IP) error {
+	routes, err := netlink.RouteGet(containerIP)
+	if err != nil || len(routes) == 0 {
+		// As the reference plugin: no route, no interface to set.
+		slog.Info("no host route toward the container; route_localnet not set", "ip", containerIP.String(), "error", err)
+		return nil
+	}
+	link, err := netlink.LinkByIndex(routes[0].LinkIndex)
+	if err != nil {
+		return cnierr.Internal("find the host interface toward %s: %v", containerIP, err)
+	}
+	key := fmt.Sprintf("net/ipv4/conf/%s/route_localnet", link.Attrs().Name)
+	if v, err := sysctl.Sysctl(key); err == nil && v == "1" {
+		return nil
+	}
+	if _, err := sysctl.Sysctl(key, "1"); err != nil {
+		return cnierr.Internal("set %s: %v", key, err)
+	}
+	return nil
+}
+
+// flushUDP deletes conntrack entries of UDP flows to the given host ports,
+// so that a client that kept sending to a port before it was mapped (or
+// after it was unmapped) does not stay stuck on a stale entry. Failures
+// are logged only: the mapping itself is in place.
+func flushUDP(f firewall.Family, ports []int) {
+	if len(ports) == 0 {
+		return
+	}
+	family := netlink.InetFamily(unix.AF_INET)
+	if f == firewall.V6 {
+		family = unix.AF_INET6
+	}
+	var filters []netlink.CustomConntrackFilter
+	for _, p := range ports {
+		flt := &netlink.ConntrackFilter{}
+		if err := flt.AddProtocol(unix.IPPROTO_UDP); err != nil {
+			continue
+		}
+		if err := flt.AddPort(netlink.ConntrackOrigDstPort, uint16(p)); err != nil {
+			continue
+		}
+		filters = append(filters, flt)
+	}
+	n, err := netlinksafe.ConntrackDeleteFilters(netlink.ConntrackTable, family, filters...)
+	if err != nil {
+		slog.Warn("flush UDP conntrack entries", "family", int(f), "ports", ports, "error", err)
+		return
+	}
+	slog.Debug("flushed UDP conntrack entries", "family", int(f), "ports", ports, "deleted", n)
+}

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/meshwire/meshwire/internal/firewall"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/golden")
+
+// goldenCases are the configs whose rendered rules are reviewed as golden
+// files: every option that changes a rule.
+var goldenCases = []struct {
+	name string
+	conf string // plugin keys besides cniVersion/name/type
+}{
+	{"basic", `"runtimeConfig":{"portMappings":[{"hostPort":30080,"containerPort":80,"protocol":"tcp"}]}`},
+	{"tcp-udp-sctp-hostip", `"runtimeConfig":{"portMappings":[
+		{"hostPort":30080,"containerPort":80,"protocol":"tcp"},
+		{"hostPort":30081,"containerPort":81,"protocol":"UDP","hostIP":"198.18.48.1"},
+		{"hostPort":30082,"containerPort":82,"protocol":"sctp","hostIP":"fd50:48::1"},
+		{"hostPort":30083,"containerPort":83,"protocol":"tcp","hostIP":"0.0.0.0"}]}`},
+	{"snat-off", `"snat":false,"runtimeConfig":{"portMappings":[{"hostPort":30080,"containerPort":80,"protocol":"tcp"}]}`},
+	{"masq-all", `"masqAll":true,"runtimeConfig":{"portMappings":[{"hostPort":30080,"containerPort":80,"protocol":"udp"}]}`},
+	{"mark-bit-20", `"markMasqBit":20,"runtimeConfig":{"portMappings":[{"hostPort":30080,"containerPort":80,"protocol":"tcp"}]}`},
+	{"external-mark", `"externalSetMarkChain":"KUBE-MARK-MASQ","runtimeConfig":{"portMappings":[{"hostPort":30080,"containerPort":80,"protocol":"tcp"}]}`},
+	{"iptables-conditions", `"backend":"iptables","conditionsV4":["-m","comment","--comment","two words","!","-s","198.18.49.0/24"],"conditionsV6":["!","-s","fd50:49::/64"],"runtimeConfig":{"portMappings":[{"hostPort":30080,"containerPort":80,"protocol":"tcp"}]}`},
+	{"nft-conditions", `"backend":"nftables","conditionsV4":["ip saddr != 198.18.49.0/24"],"conditionsV6":["ip6","saddr","!=","fd50:49::/64"],"runtimeConfig":{"portMappings":[{"hostPort":30080,"containerPort":80,"protocol":"tcp"}]}`},
+}
+
+var goldenAtt = attachment{ContainerID: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", IfName: "eth0", Network: "mwtp-golden"}
+
+func goldenPlans(t *testing.T, conf string) (*config, []famPlan) {
+	t.Helper()
+	c, err := parseConfig([]byte(`{"cniVersion":"1.1.0","name":"mwtp-golden","type":"portmap",` + conf + `}`))
+	if err != nil {
+		t.Fatalf("config: %v", err)
+	}
+	v4 := &net.IPNet{IP: net.ParseIP("198.18.48.5").To4(), Mask: net.CIDRMask(24, 32)}
+	v6 := &net.IPNet{IP: net.ParseIP("fd50:48::5"), Mask: net.CIDRMask(64, 128)}
+	return c, plan(c, goldenAtt, v4, v6)
+}
+
+// TestGolden renders every backend's payloads for each case: the
+// single-transaction ADD, the slow-path ADD on an empty table, DEL, and
+// the removal of the last attachment with the base.
+func TestGolden(t *testing.T) {
+	for _, gc := range goldenCases {
+		t.Run(gc.name, func(t *testing.T) {
+			c, plans := goldenPlans(t, gc.conf)
+			var b strings.Builder
+			kind := firewall.IPTables
+			if c.Backend != nil {
+				kind = c.Backend.Kind
+			} else if c.Implied != "" {
+				kind = c.Implied
+			}
+			if kind == firewall.IPTables {
+				for _, p := range plans {
+					fmt.Fprintf(&b, "## iptables IPv%d: ADD (new attachment)\n%s\n", p.Family, renderIPTAddNew(p))
+					empty := parseIPTSave("")
+					fmt.Fprintf(&b, "## iptables IPv%d: ADD (slow path, empty table)\n%s\n", p.Family, renderIPTEnsure(empty, p))
+					applied := parseIPTSave(simulateIPT(renderIPTEnsure(empty, p)))
+					fmt.Fprintf(&b, "## iptables IPv%d: ADD (slow path, repeated)\n%s\n", p.Family, renderIPTEnsure(applied, p))
+					fmt.Fprintf(&b, "## iptables IPv%d: DEL\n%s\n", p.Family, renderIPTDel(p.Key))
+					fmt.Fprintf(&b, "## iptables IPv%d: remove the last attachment and the base\n%s\n", p.Family, renderIPTRemove(applied, []string{p.Key}))
+				}
+			}
+			if kind == firewall.NFTables || c.Backend == nil && c.Implied == "" {
+				fmt.Fprintf(&b, "## nftables: ADD (new attachment)\n%s\n", renderNFTAddNew(goldenAtt, plans))
+				empty := parseNFTList("")
+				fmt.Fprintf(&b, "## nftables: ADD (slow path, empty table)\n%s\n", renderNFTEnsure(empty, goldenAtt, plans))
+				st := nftListing(goldenAtt.key(), plans)
+				fmt.Fprintf(&b, "## nftables: DEL of the last attachment\n%s\n", renderNFTRemove(st, []string{goldenAtt.key()}, true))
+			}
+			checkGolden(t, gc.name, b.String())
+		})
+	}
+}
+
+func checkGolden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", "golden", name+".txt")
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -run TestGolden -update to create it)", err)
+	}
+	if string(want) != got {
+		t.Errorf("rendered rules differ from %s (review, then go test -run TestGolden -update):\n--- got\n%s\n--- want\n%s", path, got, want)
+	}
+}
+
+// simulateIPT turns an iptables-restore payload of -N/:/-A/-I lines into
+// iptables-save output, enough for the renderers' state parser.
+func simulateIPT(payload string) string {
+	var out []string
+	out = append(out, "*nat")
+	for _, l := range strings.Split(payload, "\n") {
+		switch {
+		case strings.HasPrefix(l, ":"):
+			out = append(out, l)
+		case strings.HasPrefix(l, "-N "):
+			out = append(out, ":"+strings.TrimPrefix(l, "-N ")+" - [0:0]")
+		case strings.HasPrefix(l, "-A "):
+			out = append(out, l)
+		case strings.HasPrefix(l, "-I "):
+			f := strings.SplitN(l, " ", 4)
+			out = append(out, "-A "+f[1]+" "+f[3])
+		}
+	}
+	return strings.Join(append(out, "COMMIT"), "\n")
+}
+
+// nftListing is what `nft -a list table` shows after the attachment's ADD.
+func nftListing(key string, plans []famPlan) *nftState {
+	st := &nftState{exists: true, chains: map[string]*nftChain{}}
+	st.chains[nftHostports] = &nftChain{rules: []nftRule{{expr: "jump " + nftAttChain(key), handle: 7}}}
+	st.chains[nftAttChain(key)] = &nftChain{comment: goldenAtt.tag(nftCommentMax)}
+	st.chains[nftAnchor] = &nftChain{}
+	return st
+}
