@@ -1,0 +1,274 @@
+package intercept
+
+import (
+	"net/netip"
+)
+
+// TableRules is what one table holds: meshwire's user chains (in the order
+// they were first used) and every rule, in order, user and built-in chains
+// mixed.
+type TableRules struct {
+	Name   string
+	Chains []string
+	Rules  []Rule
+}
+
+// RuleSet is the whole rule set of one address family.
+type RuleSet struct {
+	Family Family
+	Tables []*TableRules // raw, mangle, nat; only those with rules
+}
+
+// Table returns the named table's rules, or nil.
+func (rs *RuleSet) Table(name string) *TableRules {
+	for _, t := range rs.Tables {
+		if t.Name == name {
+			return t
+		}
+	}
+	return nil
+}
+
+// Empty reports whether the rule set holds no rule at all.
+func (rs *RuleSet) Empty() bool {
+	for _, t := range rs.Tables {
+		if len(t.Rules) > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+type builder struct {
+	rs     *RuleSet
+	tables map[string]*TableRules
+}
+
+func (b *builder) add(table string, r Rule) {
+	t := b.tables[table]
+	if t == nil {
+		t = &TableRules{Name: table}
+		b.tables[table] = t
+	}
+	if !IsBuiltin(r.Chain) && !contains(t.Chains, r.Chain) {
+		t.Chains = append(t.Chains, r.Chain)
+	}
+	if r.Target.Kind == Jump && !contains(t.Chains, r.Target.Chain) {
+		t.Chains = append(t.Chains, r.Target.Chain)
+	}
+	t.Rules = append(t.Rules, r)
+}
+
+func contains[T comparable](list []T, v T) bool {
+	for _, x := range list {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func jump(chain string) Target         { return Target{Kind: Jump, Chain: chain} }
+func ret() Target                      { return Target{Kind: Return} }
+func redirect(port uint16) Target      { return Target{Kind: Redirect, Port: port} }
+func zone(z uint16) Target             { return Target{Kind: CTZone, Zone: z} }
+func single(a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, a.BitLen()) }
+
+// Build renders cfg into the rule set of family f, rule for rule what
+// istio-iptables programs for the same flags (with the user chains only
+// created where they are used).
+func Build(cfg Config, f Family) *RuleSet {
+	b := &builder{rs: &RuleSet{Family: f}, tables: map[string]*TableRules{}}
+	tproxy := cfg.Mode == ModeTProxy
+	lo := f.loopback()
+	passthrough := single(PassthroughSource(f))
+	inTable := NAT
+	if tproxy {
+		inTable = Mangle
+	}
+
+	// Interfaces left alone entirely.
+	for _, ifc := range cfg.ExcludeInterfaces {
+		b.add(NAT, Rule{Chain: "PREROUTING", In: ifc, Target: ret()})
+		b.add(NAT, Rule{Chain: "OUTPUT", Out: ifc, Target: ret()})
+		if tproxy {
+			b.add(Mangle, Rule{Chain: "PREROUTING", In: ifc, Target: ret()})
+			b.add(Mangle, Rule{Chain: "OUTPUT", Out: ifc, Target: ret()})
+		}
+	}
+	if cfg.DropInvalid {
+		b.add(Mangle, Rule{Chain: "PREROUTING", CTState: "INVALID", Target: Target{Kind: Drop}})
+	}
+
+	// Traffic from virtual machines behind kube-virt interfaces is outbound
+	// traffic of the pod.
+	for _, ifc := range cfg.KubeVirtInterfaces {
+		for _, p := range f.prefixes(cfg.OutboundCIDRsExclude) {
+			b.add(NAT, Rule{Chain: "PREROUTING", In: ifc, Dst: p, Target: ret()})
+		}
+		if cfg.OutboundCIDRs.All {
+			b.add(NAT, Rule{Chain: "PREROUTING", In: ifc, Target: jump(ChainRedirect)})
+		} else {
+			for _, p := range f.prefixes(cfg.OutboundCIDRs.Prefixes) {
+				b.add(NAT, Rule{Chain: "PREROUTING", In: ifc, Dst: p, Target: jump(ChainRedirect)})
+			}
+		}
+	}
+
+	// Inbound.
+	b.add(NAT, Rule{Chain: ChainInRedirect, Proto: "tcp", Target: redirect(cfg.InboundCapturePort)})
+	if !cfg.InboundPorts.Empty() {
+		if tproxy {
+			b.add(Mangle, Rule{Chain: ChainDivert, Target: Target{Kind: SetMark, Mark: cfg.TProxyMark}})
+			b.add(Mangle, Rule{Chain: ChainDivert, Target: Target{Kind: Accept}})
+			b.add(Mangle, Rule{Chain: ChainTProxy, Dst: lo, NotDst: true, Proto: "tcp",
+				Target: Target{Kind: TProxy, Port: cfg.InboundCapturePort, Mark: cfg.TProxyMark}})
+		}
+		b.add(inTable, Rule{Chain: "PREROUTING", Proto: "tcp", Target: jump(ChainInbound)})
+		if tproxy {
+			// Packets already diverted, the proxy's passthrough connections
+			// to the app and any other loopback traffic but the proxy's own
+			// (marked OutboundMark in OUTPUT) are never captured again.
+			b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", Mark: cfg.TProxyMark, Target: ret()})
+			b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", In: "lo", Src: passthrough, Target: ret()})
+			b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", In: "lo", Mark: OutboundMark, NotMark: true, Target: ret()})
+		}
+		if cfg.InboundTunnelPort != 0 {
+			b.add(inTable, Rule{Chain: ChainInbound, Proto: "tcp", DPort: cfg.InboundTunnelPort, Target: ret()})
+		}
+		capture := func(port uint16) {
+			if tproxy {
+				b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", DPort: port, CTState: "RELATED,ESTABLISHED", Target: jump(ChainDivert)})
+				b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", DPort: port, Target: jump(ChainTProxy)})
+			} else {
+				b.add(NAT, Rule{Chain: ChainInbound, Proto: "tcp", DPort: port, Target: jump(ChainInRedirect)})
+			}
+		}
+		if cfg.InboundPorts.All {
+			for _, p := range cfg.InboundPortsExclude {
+				b.add(inTable, Rule{Chain: ChainInbound, Proto: "tcp", DPort: p, Target: ret()})
+			}
+			capture(0)
+		} else {
+			for _, p := range cfg.InboundPorts.Ports {
+				capture(p)
+			}
+		}
+	}
+	if tproxy {
+		// The mark TPROXY set is kept on the connection, so that replies
+		// of the app to a connection the proxy made with the client's
+		// address route back to the proxy.
+		b.add(Mangle, Rule{Chain: "PREROUTING", Proto: "tcp", Mark: cfg.TProxyMark, Target: Target{Kind: ConnmarkSave}})
+		b.add(Mangle, Rule{Chain: "OUTPUT", Proto: "tcp", Out: "lo", Mark: cfg.TProxyMark, Target: ret()})
+		for _, o := range owners(cfg) {
+			b.add(Mangle, Rule{Chain: "OUTPUT", Dst: lo, NotDst: true, Proto: "tcp", Out: "lo", Owners: []Owner{o},
+				Target: Target{Kind: SetMark, Mark: OutboundMark}})
+		}
+		b.add(Mangle, Rule{Chain: "OUTPUT", Proto: "tcp", ConnMark: cfg.TProxyMark, Target: Target{Kind: ConnmarkRestore}})
+	}
+
+	// Outbound.
+	b.add(NAT, Rule{Chain: ChainRedirect, Proto: "tcp", Target: redirect(cfg.ProxyPort)})
+	b.add(NAT, Rule{Chain: "OUTPUT", Proto: "tcp", Target: jump(ChainOutput)})
+	for _, p := range cfg.OutboundPortsExclude {
+		b.add(NAT, Rule{Chain: ChainOutput, Proto: "tcp", DPort: p, Target: ret()})
+	}
+	b.add(NAT, Rule{Chain: ChainOutput, Out: "lo", Src: passthrough, Target: ret()})
+	for _, o := range owners(cfg) {
+		// The proxy calling the pod's own address (a service VIP that
+		// resolved to this pod) goes through the inbound side; its other
+		// loopback traffic, and the app's, is left alone; none of its
+		// other connections is captured.
+		self := Rule{Chain: ChainOutput, Out: "lo", Dst: lo, NotDst: true, Owners: []Owner{o}, Target: jump(ChainInRedirect)}
+		other := Rule{Chain: ChainOutput, Out: "lo", Owners: []Owner{{ID: o.ID, GID: o.GID, Not: true}}, Target: ret()}
+		if cfg.RedirectDNS {
+			self.Proto, self.DPort, self.NotDPort = "tcp", 53, true
+			other.Proto, other.DPort, other.NotDPort = "tcp", 53, true
+		}
+		b.add(NAT, self)
+		if !cfg.includesLoopback() {
+			b.add(NAT, other)
+		}
+		b.add(NAT, Rule{Chain: ChainOutput, Owners: []Owner{o}, Target: ret()})
+	}
+	if cfg.RedirectDNS {
+		if cfg.CaptureAllDNS {
+			b.add(NAT, Rule{Chain: ChainOutput, Proto: "tcp", DPort: 53, Target: redirect(DNSCapturePort)})
+		} else {
+			for _, s := range cfg.DNSServers {
+				if f.has(s) {
+					b.add(NAT, Rule{Chain: ChainOutput, Dst: single(s), Proto: "tcp", DPort: 53, Target: redirect(DNSCapturePort)})
+				}
+			}
+		}
+	}
+	b.add(NAT, Rule{Chain: ChainOutput, Dst: lo, Target: ret()})
+	for _, p := range f.prefixes(cfg.OutboundCIDRsExclude) {
+		b.add(NAT, Rule{Chain: ChainOutput, Dst: p, Target: ret()})
+	}
+	for _, p := range cfg.OutboundPorts {
+		b.add(NAT, Rule{Chain: ChainOutput, Proto: "tcp", DPort: p, Target: jump(ChainRedirect)})
+	}
+	if cfg.OutboundCIDRs.All {
+		b.add(NAT, Rule{Chain: ChainOutput, Target: jump(ChainRedirect)})
+	} else if len(cfg.OutboundCIDRs.Prefixes) > 0 {
+		for _, p := range f.prefixes(cfg.OutboundCIDRs.Prefixes) {
+			b.add(NAT, Rule{Chain: ChainOutput, Dst: p, Target: jump(ChainRedirect)})
+		}
+		b.add(NAT, Rule{Chain: ChainOutput, Target: ret()})
+	}
+
+	// DNS over UDP: to the proxy's DNS port, with conntrack zones keeping
+	// the proxy's upstream queries apart from the app's.
+	if cfg.RedirectDNS {
+		var servers []netip.Addr
+		for _, s := range cfg.DNSServers {
+			if f.has(s) {
+				servers = append(servers, s)
+			}
+		}
+		if cfg.CaptureAllDNS || len(servers) > 0 {
+			b.add(NAT, Rule{Chain: "OUTPUT", Proto: "udp", Target: jump(ChainOutputDNS)})
+			for _, o := range owners(cfg) {
+				b.add(NAT, Rule{Chain: ChainOutputDNS, Proto: "udp", DPort: 53, Owners: []Owner{o}, Target: ret()})
+			}
+			b.add(Raw, Rule{Chain: "OUTPUT", Proto: "udp", Target: jump(ChainOutputDNS)})
+			b.add(Raw, Rule{Chain: "PREROUTING", Proto: "udp", Target: jump(ChainInboundDNS)})
+			for _, o := range owners(cfg) {
+				b.add(Raw, Rule{Chain: ChainOutputDNS, Proto: "udp", DPort: 53, Owners: []Owner{o}, Target: zone(1)})
+				b.add(Raw, Rule{Chain: ChainOutputDNS, Proto: "udp", SPort: DNSCapturePort, Owners: []Owner{o}, Target: zone(2)})
+			}
+			if cfg.CaptureAllDNS {
+				b.add(NAT, Rule{Chain: ChainOutputDNS, Proto: "udp", DPort: 53, Target: redirect(DNSCapturePort)})
+				b.add(Raw, Rule{Chain: ChainOutputDNS, Proto: "udp", DPort: 53, Target: zone(2)})
+				b.add(Raw, Rule{Chain: ChainInboundDNS, Proto: "udp", SPort: 53, Target: zone(1)})
+			} else {
+				for _, s := range servers {
+					b.add(NAT, Rule{Chain: ChainOutputDNS, Dst: single(s), Proto: "udp", DPort: 53, Target: redirect(DNSCapturePort)})
+					b.add(Raw, Rule{Chain: ChainOutputDNS, Dst: single(s), Proto: "udp", DPort: 53, Target: zone(2)})
+					b.add(Raw, Rule{Chain: ChainInboundDNS, Src: single(s), Proto: "udp", SPort: 53, Target: zone(1)})
+				}
+			}
+		}
+	}
+
+	for _, name := range tableOrder {
+		if t := b.tables[name]; t != nil {
+			b.rs.Tables = append(b.rs.Tables, t)
+		}
+	}
+	return b.rs
+}
+
+// owners lists the proxy's uids then gids as owner matches.
+func owners(cfg Config) []Owner {
+	var out []Owner
+	for _, u := range cfg.ProxyUIDs {
+		out = append(out, Owner{ID: u})
+	}
+	for _, g := range cfg.ProxyGIDs {
+		out = append(out, Owner{ID: g, GID: true})
+	}
+	return out
+}

@@ -1,0 +1,132 @@
+// Package intercept is meshwire's interception rule model: the plain
+// description of which TCP connections of a pod go through the sidecar proxy
+// (Config, with istio-iptables' meaning and defaults) and the rendering of it
+// into an iptables-restore payload per address family or one nftables
+// script. It touches no kernel; the iptables-init command and the intercept
+// CNI plugin apply what it renders.
+package intercept
+
+import (
+	"net/netip"
+)
+
+// Mode is how inbound connections reach the proxy.
+type Mode string
+
+const (
+	ModeRedirect Mode = "REDIRECT" // nat REDIRECT; the proxy reads SO_ORIGINAL_DST
+	ModeTProxy   Mode = "TPROXY"   // mangle TPROXY + policy routing; the client's source stays visible
+)
+
+// Defaults, as istio-iptables has them.
+const (
+	DefaultProxyPort        = 15001
+	DefaultInboundPort      = 15006
+	DefaultTunnelPort       = 15008
+	DefaultProxyUID         = 1337
+	DefaultTProxyMark       = 1337
+	DefaultTProxyRouteTable = 133
+	DefaultProbePort        = 15002
+	DNSCapturePort          = 15053
+	// OutboundMark marks the proxy's own connections to the pod over lo in
+	// TPROXY mode (istio's 1338), so they are told apart from the app's.
+	OutboundMark = 1338
+)
+
+// Ports is a port selection: All ("*"), a list, or nothing.
+type Ports struct {
+	All   bool
+	Ports []uint16
+}
+
+// Empty reports whether the selection selects nothing.
+func (p Ports) Empty() bool { return !p.All && len(p.Ports) == 0 }
+
+// CIDRs is an address selection: All ("*"), a list, or nothing.
+type CIDRs struct {
+	All      bool
+	Prefixes []netip.Prefix
+}
+
+// Config is the whole interception setup of one pod.
+type Config struct {
+	ProxyPort          uint16   // -p: outbound capture port
+	InboundCapturePort uint16   // -z
+	InboundTunnelPort  uint16   // -e: never captured (0: none)
+	ProxyUIDs          []uint32 // -u
+	ProxyGIDs          []uint32 // -g
+	Mode               Mode     // -m
+	TProxyMark         uint32   // -t
+	TProxyRouteTable   uint32   // -r
+
+	InboundPorts         Ports    // -b
+	InboundPortsExclude  []uint16 // -d (with -b "*")
+	OutboundCIDRs        CIDRs    // -i
+	OutboundCIDRsExclude []netip.Prefix
+	OutboundPorts        []uint16 // -q: also captured whatever the CIDR
+	OutboundPortsExclude []uint16 // -o
+
+	KubeVirtInterfaces []string // -k
+	ExcludeInterfaces  []string // -c
+
+	RedirectDNS   bool
+	CaptureAllDNS bool
+	DNSServers    []netip.Addr // from the pod's resolv.conf, when not CaptureAllDNS
+	DropInvalid   bool
+}
+
+// Default returns istio-iptables' defaults: everything captured, REDIRECT.
+func Default() Config {
+	return Config{
+		ProxyPort:          DefaultProxyPort,
+		InboundCapturePort: DefaultInboundPort,
+		InboundTunnelPort:  DefaultTunnelPort,
+		ProxyUIDs:          []uint32{DefaultProxyUID},
+		ProxyGIDs:          []uint32{DefaultProxyUID},
+		Mode:               ModeRedirect,
+		TProxyMark:         DefaultTProxyMark,
+		TProxyRouteTable:   DefaultTProxyRouteTable,
+		InboundPorts:       Ports{All: true},
+		OutboundCIDRs:      CIDRs{All: true},
+	}
+}
+
+func (f Family) loopback() netip.Prefix {
+	if f == V6 {
+		return netip.MustParsePrefix("::1/128")
+	}
+	return netip.MustParsePrefix("127.0.0.1/32")
+}
+
+// PassthroughSource is the source address a proxy binds when it connects to
+// the app on behalf of an inbound connection (istio's 127.0.0.6 and ::6):
+// such connections are never captured again.
+func PassthroughSource(f Family) netip.Addr {
+	if f == V6 {
+		return netip.MustParseAddr("::6")
+	}
+	return netip.MustParseAddr("127.0.0.6")
+}
+
+func (f Family) has(a netip.Addr) bool { return a.Is4() == (f == V4) }
+
+func (f Family) prefixes(ps []netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range ps {
+		if f.has(p.Addr()) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// includesLoopback reports whether an explicit include list names loopback:
+// then the app's loopback traffic is captured too (istio's rule).
+func (c Config) includesLoopback() bool {
+	for _, p := range c.OutboundCIDRs.Prefixes {
+		if p.Addr().IsLoopback() {
+			return true
+		}
+	}
+	return false
+}

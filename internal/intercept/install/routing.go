@@ -1,0 +1,147 @@
+package install
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os/exec"
+	"strings"
+	"syscall"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/intercept"
+)
+
+func nlFamily(f intercept.Family) int {
+	if f == intercept.V6 {
+		return netlink.FAMILY_V6
+	}
+	return netlink.FAMILY_V4
+}
+
+func localDefault(s intercept.Step, lo netlink.Link) *netlink.Route {
+	dst := &net.IPNet{IP: net.IPv4zero.To4(), Mask: net.CIDRMask(0, 32)}
+	if s.Family == intercept.V6 {
+		dst = &net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
+	}
+	return &netlink.Route{LinkIndex: lo.Attrs().Index, Dst: dst, Table: int(s.Table), Type: unix.RTN_LOCAL, Scope: netlink.SCOPE_HOST, Family: nlFamily(s.Family)}
+}
+
+var passthroughV6 = &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("::6"), Mask: net.CIDRMask(128, 128)}, Flags: unix.IFA_F_NODAD}
+
+// findRules returns the policy routing rules "fwmark Mark lookup Table" of
+// the step's family.
+func findRules(s intercept.Step) ([]netlink.Rule, error) {
+	rules, err := netlink.RuleList(nlFamily(s.Family))
+	if err != nil {
+		return nil, fmt.Errorf("list %s rules: %w", s.Family, err)
+	}
+	var out []netlink.Rule
+	for _, r := range rules {
+		if r.Mark == s.Mark && r.Table == int(s.Table) && (r.Mask == nil || *r.Mask == 0xffffffff) {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// ApplySteps ensures each step is in place; steps already there are left
+// as they are, so re-runs change nothing.
+func ApplySteps(steps []intercept.Step) error {
+	if len(steps) == 0 {
+		return nil
+	}
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("find lo: %w", err)
+	}
+	for _, s := range steps {
+		switch s.Kind {
+		case intercept.StepRule:
+			have, err := findRules(s)
+			if err != nil {
+				return err
+			}
+			if len(have) > 0 {
+				continue
+			}
+			r := netlink.NewRule()
+			r.Family, r.Mark, r.Table = nlFamily(s.Family), s.Mark, int(s.Table)
+			if err := netlink.RuleAdd(r); err != nil && !errors.Is(err, syscall.EEXIST) {
+				return fmt.Errorf("%s: %w", s, err)
+			}
+		case intercept.StepLocalRoute:
+			if err := netlink.RouteReplace(localDefault(s, lo)); err != nil {
+				return fmt.Errorf("%s: %w", s, err)
+			}
+		case intercept.StepPassthroughAddr:
+			if err := netlink.AddrReplace(lo, passthroughV6); err != nil {
+				return fmt.Errorf("%s: %w", s, err)
+			}
+		}
+	}
+	return nil
+}
+
+// RemoveSteps removes each step that is present; absent ones are fine.
+func RemoveSteps(steps []intercept.Step) error {
+	if len(steps) == 0 {
+		return nil
+	}
+	lo, err := netlink.LinkByName("lo")
+	if err != nil {
+		return fmt.Errorf("find lo: %w", err)
+	}
+	for _, s := range steps {
+		switch s.Kind {
+		case intercept.StepRule:
+			have, err := findRules(s)
+			if err != nil {
+				return err
+			}
+			for i := range have {
+				if err := netlink.RuleDel(&have[i]); err != nil && !errors.Is(err, syscall.ENOENT) {
+					return fmt.Errorf("remove %s: %w", s, err)
+				}
+			}
+		case intercept.StepLocalRoute:
+			if err := netlink.RouteDel(localDefault(s, lo)); err != nil && !errors.Is(err, syscall.ESRCH) && !errors.Is(err, syscall.ENOENT) {
+				return fmt.Errorf("remove %s: %w", s, err)
+			}
+		case intercept.StepPassthroughAddr:
+			if err := netlink.AddrDel(lo, passthroughV6); err != nil && !errors.Is(err, syscall.EADDRNOTAVAIL) && !errors.Is(err, syscall.ENOENT) {
+				return fmt.Errorf("remove %s: %w", s, err)
+			}
+		}
+	}
+	return nil
+}
+
+// toolsPresent reports whether the backend's tools are installed.
+func toolsPresent(b firewall.Backend) bool {
+	name := "nft"
+	if b.Kind == firewall.IPTables {
+		name = "iptables-save"
+		if b.Variant != firewall.VariantDefault {
+			name = "iptables-" + string(b.Variant) + "-save"
+		}
+	}
+	_, err := exec.LookPath(name)
+	return err == nil
+}
+
+// resolveVariant tells which variant the distribution's plain `iptables` is.
+func resolveVariant(b firewall.Backend) firewall.Variant {
+	if b.Kind != firewall.IPTables || b.Variant != firewall.VariantDefault {
+		return b.Variant
+	}
+	out, err := exec.CommandContext(context.Background(), "iptables", "--version").Output()
+	if err == nil && strings.Contains(string(out), "legacy") {
+		return firewall.VariantLegacy
+	}
+	return firewall.VariantNFT
+}

@@ -1,0 +1,12 @@
+// Command iptables-init programs a pod's network namespace so that every
+// inbound and outbound TCP connection goes through the sidecar proxy: the
+// istio-iptables command line (same flags, environment variables, defaults
+// and meaning), REDIRECT or TPROXY, iptables (legacy or nft) or native
+// nftables. It runs as an init container with NET_ADMIN.
+package main
+
+import "os"
+
+func main() {
+	os.Exit(Run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+}
