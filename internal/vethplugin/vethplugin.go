@@ -67,6 +67,20 @@ func OpenNS(path string) (*NS, error) {
 	return &NS{Handle: nsh, NL: h}, nil
 }
 
+// StillThere fails when the namespace file at path no longer names the
+// namespace that was opened (it was deleted while ADD ran): ADD then undoes
+// its work instead of reporting a pod nobody can reach.
+func (n *NS) StillThere(path string) error {
+	var opened, now unix.Stat_t
+	if err := unix.Fstat(int(n.Handle), &opened); err != nil {
+		return cnierr.InvalidEnv("CNI_NETNS", "%v", err)
+	}
+	if err := unix.Stat(path, &now); err != nil || now.Ino != opened.Ino || now.Dev != opened.Dev {
+		return cnierr.InvalidEnv("CNI_NETNS", "%s was deleted while ADD ran", path)
+	}
+	return nil
+}
+
 // IPNets lists the addresses of ips.
 func IPNets(ips []*current.IPConfig) []net.IPNet {
 	out := make([]net.IPNet, 0, len(ips))

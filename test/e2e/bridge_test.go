@@ -6,10 +6,13 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/vishvananda/netlink"
@@ -356,4 +359,250 @@ func TestBridgeConnectivity(t *testing.T) {
 		bridgeMustPing(t, ns, "198.18.19.1")
 		bridgeMustNotPing(t, ns, out4)
 	})
+}
+
+// bridgeOneAddr is a host-local config handing out exactly one address, so
+// that a second ADD succeeds only when the first address was released.
+func (e *bridgeEnv) bridgeOneAddr(subnet, addr string) map[string]any {
+	return map[string]any{"type": "host-local", "dataDir": e.dataDir,
+		"ranges": [][]map[string]string{{{"subnet": subnet, "rangeStart": addr, "rangeEnd": addr}}}}
+}
+
+// bridgeKindList is a conflist of the bridge or veth plugin ("kind").
+func (e *bridgeEnv) bridgeKindList(kind, name string, opts map[string]any) *libcni.NetworkConfigList {
+	if kind == "veth" {
+		return e.vethList("1.1.0", name, opts)
+	}
+	return e.list("1.1.0", name, opts)
+}
+
+// bridgeRawConf is the plugin config as libcni would pass it (no prevResult).
+func bridgeRawConf(list *libcni.NetworkConfigList) []byte {
+	var m map[string]any
+	_ = json.Unmarshal(list.Plugins[0].Bytes, &m)
+	m["cniVersion"], m["name"] = list.CNIVersion, list.Name
+	b, _ := json.Marshal(m)
+	return b
+}
+
+// TestBridgeDelCases: DEL succeeds and still releases IPAM, the masquerade
+// rules and the host veth when the namespace was deleted, when CNI_NETNS is
+// empty, when there is no prevResult, and for an attachment never added.
+func TestBridgeDelCases(t *testing.T) {
+	for _, kind := range []string{"bridge", "veth"} {
+		t.Run(kind, func(t *testing.T) {
+			e := newBridgeEnv(t)
+			opts := map[string]any{"isGateway": true, "ipMasq": true, "ipam": e.bridgeOneAddr("198.18.20.0/24", "198.18.20.10")}
+			if kind == "veth" {
+				opts = map[string]any{"ipMasq": true, "ipam": e.bridgeOneAddr("198.18.24.0/24", "198.18.24.10")}
+			}
+			name := "mwtb-del-" + kind
+			list := e.bridgeKindList(kind, name, opts)
+			// released: the one address can be taken again, then freed.
+			released := func(t *testing.T) {
+				t.Helper()
+				b := e.h.Attach(list, e.h.NewNS("br"), "eth0", nil)
+				if _, err := b.Add(); err != nil {
+					t.Fatalf("the address was not released: %v", err)
+				}
+				if err := b.Del(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			gone := func(t *testing.T, a *harness.Attachment) {
+				t.Helper()
+				if bridgeHasHostLink(bridgeHostVeth(a)) {
+					t.Fatalf("host veth %s left after DEL", bridgeHostVeth(a))
+				}
+				if bridgeMasqInstalled(t, name, a) {
+					t.Fatal("masquerade rules left after DEL")
+				}
+				released(t)
+			}
+			t.Run("netns-deleted", func(t *testing.T) {
+				ns := e.h.NewNS("br")
+				a := e.h.Attach(list, ns, "eth0", nil)
+				a.MustAdd()
+				if out, err := harness.Run("ip", "netns", "del", ns.Name); err != nil {
+					t.Fatalf("ip netns del: %v: %s", err, out)
+				}
+				if err := a.Del(); err != nil {
+					t.Fatalf("DEL: %v", err)
+				}
+				gone(t, a)
+			})
+			t.Run("netns-empty", func(t *testing.T) {
+				a := e.h.Attach(list, e.h.NewNS("br"), "eth0", nil)
+				a.MustAdd()
+				a.RT.NetNS = ""
+				if err := a.Del(); err != nil {
+					t.Fatalf("DEL: %v", err)
+				}
+				gone(t, a)
+			})
+			t.Run("no-prevResult", func(t *testing.T) {
+				ns := e.h.NewNS("br")
+				a := e.h.Attach(list, ns, "eth0", nil)
+				a.MustAdd()
+				env := map[string]string{"CNI_COMMAND": "DEL", "CNI_CONTAINERID": a.RT.ContainerID, "CNI_NETNS": ns.Path, "CNI_IFNAME": "eth0", "CNI_PATH": e.h.BinDir}
+				if r := e.h.Exec(kind, env, bridgeRawConf(list)); r.ExitCode != 0 {
+					t.Fatalf("DEL without prevResult: exit %d: %s %s", r.ExitCode, r.Stdout, r.Stderr)
+				}
+				if ns.HasLink("eth0") {
+					t.Fatal("eth0 left after DEL")
+				}
+				gone(t, a)
+			})
+			t.Run("never-added", func(t *testing.T) {
+				a := e.h.Attach(list, e.h.NewNS("br"), "eth0", nil)
+				for i := 0; i < 2; i++ {
+					if err := a.Del(); err != nil {
+						t.Fatalf("DEL %d: %v", i+1, err)
+					}
+				}
+			})
+		})
+	}
+}
+
+// TestBridgeConcurrentAdd: 50 pods race onto a bridge that does not exist
+// yet; all get distinct addresses on the one bridge, and DEL of all of them
+// (also concurrent) leaves nothing.
+func TestBridgeConcurrentAdd(t *testing.T) {
+	e := newBridgeEnv(t)
+	list := e.list("1.1.0", "mwtb-race", map[string]any{"isGateway": true, "ipMasq": true}, "198.18.21.0/24")
+	const n = 50
+	atts := make([]*harness.Attachment, n)
+	for i := range atts {
+		atts[i] = e.h.Attach(list, e.h.NewNS("br"), "eth0", nil)
+	}
+	results := make([]types.Result, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range atts {
+		wg.Add(1)
+		go func(i int) { defer wg.Done(); results[i], errs[i] = atts[i].Add() }(i)
+	}
+	wg.Wait()
+	seen := map[string]bool{}
+	br := bridgeHostLink(t, e.br)
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("ADD %d: %v", i, err)
+		}
+		cr, err := current.NewResultFromResult(results[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		v4, _ := bridgeIPs(t, cr)
+		if seen[v4.String()] {
+			t.Fatalf("address %s handed out twice", v4)
+		}
+		seen[v4.String()] = true
+		if bridgeHostLink(t, bridgeHostVeth(atts[i])).Attrs().MasterIndex != br.Attrs().Index {
+			t.Fatalf("pod %d is not on %s", i, e.br)
+		}
+	}
+	bridgeMustPing(t, atts[0].NS, "198.18.21.1")
+	for i := range atts {
+		wg.Add(1)
+		go func(i int) { defer wg.Done(); errs[i] = atts[i].Del() }(i)
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("DEL %d: %v", i, err)
+		}
+		if bridgeMasqInstalled(t, "mwtb-race", atts[i]) {
+			t.Fatalf("masquerade of pod %d left", i)
+		}
+	}
+	if l, _ := netlink.LinkList(); len(l) > 0 {
+		for _, x := range l {
+			if x.Attrs().MasterIndex == br.Attrs().Index {
+				t.Fatalf("%s still has port %s", e.br, x.Attrs().Name)
+			}
+		}
+	}
+}
+
+// TestBridgeFailureInjection: a failing ADD undoes everything it did,
+// IPAM included.
+func TestBridgeFailureInjection(t *testing.T) {
+	for _, kind := range []string{"bridge", "veth"} {
+		t.Run(kind, func(t *testing.T) {
+			// An IPAM plugin that deletes the pod's namespace, then hands
+			// over to host-local: the namespace vanishes in the middle of ADD.
+			dir := t.TempDir()
+			script := "#!/bin/sh\nif [ \"$CNI_COMMAND\" = ADD ]; then ip netns del \"$(basename \"$CNI_NETNS\")\"; fi\nexec " +
+				filepath.Join(harness.BinDir(t), "host-local") + "\n"
+			if err := os.WriteFile(filepath.Join(dir, "mwtb-vanish"), []byte(script), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			e := newBridgeEnv(t, dir)
+			subnet, addr := "198.18.22.0/24", "198.18.22.10"
+			if kind == "veth" {
+				subnet, addr = "198.18.25.0/24", "198.18.25.10"
+			}
+			good := e.bridgeOneAddr(subnet, addr)
+			vanish := e.bridgeOneAddr(subnet, addr)
+			vanish["type"] = "mwtb-vanish"
+			name := "mwtb-fail-" + kind
+			check := func(t *testing.T, a *harness.Attachment) {
+				t.Helper()
+				if bridgeHasHostLink(bridgeHostVeth(a)) {
+					t.Fatal("host veth left by a failed ADD")
+				}
+				if bridgeMasqInstalled(t, name, a) {
+					t.Fatal("masquerade rules left by a failed ADD")
+				}
+				b := e.h.Attach(e.bridgeKindList(kind, name, map[string]any{"ipMasq": true, "isGateway": true, "ipam": good}), e.h.NewNS("br"), "eth0", nil)
+				if _, err := b.Add(); err != nil {
+					t.Fatalf("the address of the failed ADD was not released: %v", err)
+				}
+				if err := b.Del(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			t.Run("netns-vanishes", func(t *testing.T) {
+				a := e.h.Attach(e.bridgeKindList(kind, name, map[string]any{"ipMasq": true, "isGateway": true, "ipam": vanish}), e.h.NewNS("br"), "eth0", nil)
+				_, err := a.Add()
+				assertCNIError(t, err, 4, "CNI_NETNS")
+				check(t, a)
+			})
+			t.Run("ipam-fails", func(t *testing.T) {
+				taken := e.h.Attach(e.bridgeKindList(kind, name, map[string]any{"ipam": good}), e.h.NewNS("br"), "eth0", nil)
+				taken.MustAdd()
+				ns := e.h.NewNS("br")
+				a := e.h.Attach(e.bridgeKindList(kind, name, map[string]any{"ipMasq": true, "ipam": good}), ns, "eth0", nil)
+				if _, err := a.Add(); err == nil {
+					t.Fatal("ADD succeeded with the range exhausted")
+				}
+				if ns.HasLink("eth0") || bridgeHasHostLink(bridgeHostVeth(a)) {
+					t.Fatal("veth left by a failed ADD")
+				}
+				if err := taken.Del(); err != nil {
+					t.Fatal(err)
+				}
+				check(t, a)
+			})
+			if kind == "bridge" {
+				t.Run("gateway-conflict", func(t *testing.T) {
+					// The bridge carries another IPv4 address: the gateway
+					// cannot be set, after IPAM, veth and all succeeded.
+					e.h.Attach(e.list("1.1.0", "mwtb-other", map[string]any{"isGateway": true, "forceAddress": true}, "198.18.23.0/24"), e.h.NewNS("br"), "eth0", nil).MustAdd()
+					a := e.h.Attach(e.bridgeKindList(kind, name, map[string]any{"ipMasq": true, "isGateway": true, "ipam": good}), e.h.NewNS("br"), "eth0", nil)
+					_, err := a.Add()
+					assertCNIError(t, err, 7, "forceAddress")
+					if bridgeHasHostLink(bridgeHostVeth(a)) || bridgeMasqInstalled(t, name, a) {
+						t.Fatal("failed ADD left its veth or masquerade")
+					}
+					f := e.h.Attach(e.bridgeKindList(kind, name, map[string]any{"isGateway": true, "forceAddress": true, "ipam": good}), e.h.NewNS("br"), "eth0", nil)
+					if _, err := f.Add(); err != nil {
+						t.Fatalf("the address of the failed ADD was not released: %v", err)
+					}
+				})
+			}
+		})
+	}
 }

@@ -141,6 +141,9 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		}
 	}
 
+	if err := ns.StillThere(args.Netns); err != nil {
+		return err
+	}
 	// MACs last: the bridge takes one when its first port joins.
 	if l, err := netlinksafe.LinkByName(hostName); err == nil {
 		result.Interfaces[idxHost].Mac = l.Attrs().HardwareAddr.String()

@@ -123,6 +123,9 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		}
 		u.Push(undoMasq)
 	}
+	if err := ns.StillThere(args.Netns); err != nil {
+		return err
+	}
 	vethplugin.Announce(args.Netns, args.IfName, result.IPs)
 	if vethplugin.DNSSet(conf.DNS) {
 		result.DNS = conf.DNS
