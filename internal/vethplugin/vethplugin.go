@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -59,7 +60,7 @@ func OpenNS(path string) (*NS, error) {
 		nsh.Close()
 		return nil, gone(fmt.Errorf("%s is not a network namespace", path))
 	}
-	h, err := netlink.NewHandleAt(nsh)
+	h, err := netlink.NewHandleAt(nsh, unix.NETLINK_ROUTE)
 	if err != nil {
 		nsh.Close()
 		return nil, gone(err)
@@ -106,14 +107,15 @@ func ContainerIndex(r *current.Result, ifName, netnsPath string) int {
 	return -1
 }
 
-// Announce sends gratuitous ARP / unsolicited NA from inside the namespace.
-// A failure is logged: the pod works, neighbours learn a little later.
-func Announce(nsPath, ifName string, ips []*current.IPConfig) {
+// Announce sends gratuitous ARP / unsolicited NA for ips from inside the
+// namespace, from a detached helper process (see announce.Start). A failure
+// is logged: the pod works, neighbours learn a little later.
+func (n *NS) Announce(ifName string, ips []*current.IPConfig) {
 	var addrs []net.IP
 	for _, ip := range ips {
 		addrs = append(addrs, ip.Address.IP)
 	}
-	if err := netns.Enter(nsPath, func() error { return announce.Addresses(ifName, addrs) }); err != nil {
+	if err := announce.Start(int(n.Handle), ifName, addrs); err != nil {
 		slog.Warn("announcing addresses failed", "error", err)
 	}
 }
@@ -156,9 +158,15 @@ func (a *Attachment) SetupMasq(ctx context.Context, addrs []net.IPNet) (func(), 
 func (a *Attachment) Del(ctx context.Context, extra func() error) error {
 	var wg sync.WaitGroup
 	errs := make([]error, 4)
+	names := []string{"ipam del", "veth del", "masquerade del", "extra del"}
 	run := func(i int, fn func() error) {
 		wg.Add(1)
-		go func() { defer wg.Done(); errs[i] = fn() }()
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			errs[i] = fn()
+			slog.Debug("step", "step", names[i], "ms", float64(time.Since(start).Microseconds())/1000)
+		}()
 	}
 	if a.IPAMType != "" {
 		run(0, func() error { return ipamexec.Del(ctx, a.IPAMType, a.Args.StdinData) })
@@ -331,4 +339,18 @@ func CheckVeth(ns *NS, prev *current.Result, contIntf *current.Interface) (cont,
 		}
 	}
 	return nil, nil, cnierr.CheckFailed("host end %s of %q is not in prevResult", host.Attrs().Name, name)
+}
+
+// Steps logs, at debug level, how long each step of a command took since
+// the previous one: where the time of an ADD or DEL goes.
+type Steps struct{ last time.Time }
+
+// NewSteps starts the clock.
+func NewSteps() *Steps { return &Steps{last: time.Now()} }
+
+// Mark logs the step that just ended.
+func (s *Steps) Mark(step string) {
+	now := time.Now()
+	slog.Debug("step", "step", step, "ms", float64(now.Sub(s.last).Microseconds())/1000)
+	s.last = now
 }

@@ -54,6 +54,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	defer ns.Close()
 	ctx := context.Background()
 	att := attachment(conf, args)
+	steps := vethplugin.NewSteps()
 
 	var u undo.Stack
 	defer func() {
@@ -68,10 +69,12 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		u.Push(ipam.Release)
 	}
 
+	steps.Mark("start")
 	br, err := ensureBridge(conf)
 	if err != nil {
 		return err
 	}
+	steps.Mark("bridge")
 	host, cont, err := att.CreateVeth(ns, conf.MTU, conf.mac)
 	if err != nil {
 		return err
@@ -81,6 +84,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	if err := attachPort(conf, br, host); err != nil {
 		return err
 	}
+	steps.Mark("veth")
 
 	result := &current.Result{
 		CNIVersion: current.ImplementedSpecVersion,
@@ -103,6 +107,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		if err != nil {
 			return err
 		}
+		steps.Mark("ipam wait")
 		result.IPs, result.Routes, result.DNS = ipamRes.IPs, ipamRes.Routes, ipamRes.DNS
 		gws := planGateways(result, conf.IsGateway, conf.IsDefaultGateway, idxContainer)
 		if err := addressing.Configure(ns.NL, cont, result.IPs, result.Routes, addressing.Options{DAD: conf.EnableDAD}); err != nil {
@@ -127,6 +132,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 				return cnierr.Internal("%v", err)
 			}
 		}
+		steps.Mark("addresses")
 		if conf.IPMasq {
 			undoMasq, err := att.SetupMasq(ctx, vethplugin.IPNets(result.IPs))
 			if err != nil {
@@ -134,7 +140,9 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 			}
 			u.Push(undoMasq)
 		}
-		vethplugin.Announce(args.Netns, args.IfName, result.IPs)
+		steps.Mark("masquerade")
+		ns.Announce(args.IfName, result.IPs)
+		steps.Mark("announce")
 	} else if !conf.DisableContainerInterface {
 		if err := ns.NL.LinkSetUp(cont); err != nil {
 			return cnierr.Internal("set %s up: %v", args.IfName, err)

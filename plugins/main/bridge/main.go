@@ -9,10 +9,12 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/version"
 
+	"github.com/meshwire/meshwire/internal/announce"
 	"github.com/meshwire/meshwire/internal/plugin"
 )
 
 func main() {
+	announce.Helper() // the detached child that sends GARP/NA after ADD
 	plugin.Main(plugin.Spec{
 		Name:     pluginType,
 		Versions: version.All,

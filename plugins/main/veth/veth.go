@@ -126,7 +126,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	if err := ns.StillThere(args.Netns); err != nil {
 		return err
 	}
-	vethplugin.Announce(args.Netns, args.IfName, result.IPs)
+	ns.Announce(args.IfName, result.IPs)
 	if vethplugin.DNSSet(conf.DNS) {
 		result.DNS = conf.DNS
 	}
