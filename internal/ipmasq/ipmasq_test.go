@@ -1,0 +1,106 @@
+package ipmasq
+
+import (
+	"flag"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/meshwire/meshwire/internal/firewall"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	p := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.WriteFile(p, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatalf("%v (run go test -update to create it)", err)
+	}
+	if string(want) != got {
+		t.Errorf("%s differs from %s:\n--- got\n%s--- want\n%s", name, p, got, want)
+	}
+}
+
+func cidr(s string) net.IPNet {
+	ip, n, err := net.ParseCIDR(s)
+	if err != nil {
+		panic(err)
+	}
+	n.IP = ip
+	return *n
+}
+
+var att = Attachment{Network: "mwtb-net", ContainerID: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", IfName: "eth0"}
+
+func TestRenderGolden(t *testing.T) {
+	v4 := []net.IPNet{cidr("198.18.16.5/24")}
+	v6 := []net.IPNet{cidr("fd20:0:0:16::5/64")}
+	golden(t, "iptables-add-v4", IPTablesAdd(att, firewall.V4, v4))
+	golden(t, "iptables-add-v6", IPTablesAdd(att, firewall.V6, v6))
+	golden(t, "iptables-del-guess-v4", IPTablesDelGuess(att, v4))
+	golden(t, "nft-add-dual", NftAdd(att, append(v4, v6...)))
+	golden(t, "nft-del", NftDel([]string{att.Table()}))
+}
+
+// TestIPTablesDelFromSave: the removal found in a saved ruleset names
+// exactly the attachment's chain and the rules jumping to it, and nothing of
+// another attachment or of other software.
+func TestIPTablesDelFromSave(t *testing.T) {
+	other := Attachment{Network: "mwtb-net", ContainerID: "ffff", IfName: "eth0"}
+	save := "*nat\n:PREROUTING ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n" +
+		":" + att.Chain() + " - [0:0]\n:" + other.Chain() + " - [0:0]\n:CNI-abc - [0:0]\n" +
+		strings.TrimSuffix(strings.SplitN(IPTablesAdd(att, firewall.V4, []net.IPNet{cidr("198.18.16.5/24")}), "\n", 3)[2], "COMMIT\n") +
+		strings.TrimSuffix(strings.SplitN(IPTablesAdd(other, firewall.V4, []net.IPNet{cidr("198.18.16.6/24")}), "\n", 3)[2], "COMMIT\n") +
+		"-A POSTROUTING -s 10.0.0.0/8 -j CNI-abc\nCOMMIT\n"
+	got := IPTablesDel(save, map[string]bool{att.Chain(): true})
+	golden(t, "iptables-del-from-save", got)
+	if strings.Contains(got, other.Chain()) || strings.Contains(got, "CNI-abc") {
+		t.Fatalf("removal touches what is not the attachment's:\n%s", got)
+	}
+	if IPTablesDel(save, map[string]bool{"MW-00000000-000000000000000": true}) != "" {
+		t.Fatal("removal of an absent chain is not empty")
+	}
+	chains := IPTablesChains(save, "mwtb-net")
+	if len(chains) != 2 {
+		t.Fatalf("chains of the network: %v, want 2", chains)
+	}
+	if len(IPTablesChains(save, "another-net")) != 0 {
+		t.Fatal("chains of another network found")
+	}
+}
+
+func TestNftTables(t *testing.T) {
+	list := "table ip nat\ntable inet " + att.Table() + "\ntable inet meshwire_masq_00000000_abc\ntable bridge " + att.Table() + "\n"
+	got := NftTables(list, "mwtb-net")
+	if len(got) != 1 || got[0] != att.Table() {
+		t.Fatalf("tables %v, want [%s]", got, att.Table())
+	}
+}
+
+func TestNames(t *testing.T) {
+	if n := len(att.Chain()); n > 28 {
+		t.Fatalf("chain name %q is %d bytes, iptables allows 28", att.Chain(), n)
+	}
+	if att.Chain() == (Attachment{Network: "other", ContainerID: att.ContainerID, IfName: "eth0"}).Chain() {
+		t.Fatal("two networks share a chain name")
+	}
+	if att.Chain() == (Attachment{Network: att.Network, ContainerID: att.ContainerID, IfName: "eth1"}).Chain() {
+		t.Fatal("two interfaces share a chain name")
+	}
+	if c := att.comment(); len(c) > 127 {
+		t.Fatalf("comment %q longer than nftables allows", c)
+	}
+	long := Attachment{Network: strings.Repeat("n", 200), ContainerID: strings.Repeat("c", 200), IfName: "eth0\"x"}
+	if c := long.comment(); len(c) > 127 || strings.Contains(c, `"`) {
+		t.Fatalf("comment %q is too long or holds a quote", c)
+	}
+}
