@@ -1,0 +1,413 @@
+package e2e
+
+import (
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/meshwire/meshwire/test/harness"
+	ie "github.com/meshwire/meshwire/test/interceptenv"
+)
+
+// interceptFamilies names the two address families the traffic tests cover.
+var interceptFamilies = []struct {
+	name string
+	v6   bool
+}{{"IPv4", false}, {"IPv6", true}}
+
+// interceptPassthrough is the source the test proxy uses toward the app.
+func interceptPassthrough(v6 bool) string {
+	if v6 {
+		return "::6"
+	}
+	return "127.0.0.6"
+}
+
+// interceptExpect makes one request and checks who answered, who the
+// answering server saw as its peer, and which proxy records it left (none
+// when listener is "").
+func interceptExpect(t *testing.T, e *ie.Env, from *harness.NS, dst netip.AddrPort, wantWho, wantPeer, listener string) {
+	t.Helper()
+	mark := e.Proxy.Mark()
+	msg := fmt.Sprintf("m%d", mark)
+	reply, err := ie.Request(from, dst, msg)
+	if err != nil {
+		t.Fatalf("request to %s from %s: %v", dst, from.Name, err)
+	}
+	if want := fmt.Sprintf("%s %s %s", wantWho, wantPeer, msg); reply != want {
+		t.Fatalf("request to %s from %s: reply %q, want %q", dst, from.Name, reply, want)
+	}
+	interceptCheckRecords(t, e, mark, dst, listener)
+}
+
+func interceptCheckRecords(t *testing.T, e *ie.Env, mark int, dst netip.AddrPort, listener string) {
+	t.Helper()
+	recs := e.Proxy.Since(mark)
+	if listener == "" {
+		if len(recs) != 0 {
+			t.Fatalf("connection to %s should bypass the proxy, but it saw %+v", dst, recs)
+		}
+		return
+	}
+	if len(recs) != 1 || recs[0].Listener != listener || recs[0].OrigDst != dst.String() || recs[0].Err != "" {
+		t.Fatalf("connection to %s: proxy records %+v, want one on %s with original destination %s", dst, recs, listener, dst)
+	}
+}
+
+// TestInterceptTraffic drives real connections through the rules
+// iptables-init installs and the test proxy (uid 1337), for REDIRECT and
+// TPROXY, IPv4 and IPv6.
+func TestInterceptTraffic(t *testing.T) {
+	for _, mode := range []string{"REDIRECT", "TPROXY"} {
+		t.Run(mode, func(t *testing.T) {
+			h := harness.New(t)
+			h.CheckNoLeaks()
+			e := ie.New(t, h)
+			e.StartProxy(mode == "TPROXY")
+			run := func(args ...string) {
+				t.Helper()
+				e.MustIptablesInit(append([]string{"-m", mode, "--reconcile"}, args...)...)
+			}
+
+			t.Run("everything", func(t *testing.T) {
+				run("-i", "*", "-b", "*")
+				for _, fam := range interceptFamilies {
+					pod, remote := ie.Pod(fam.v6), ie.Remote(fam.v6)
+					// Outbound: through 15001 with the right original
+					// destination; the remote still gets the bytes, from
+					// the proxy's connection.
+					interceptExpect(t, e, e.Pod, ie.AP(remote, ie.RemotePort), "remote", pod.String(), "outbound")
+					// Inbound: through 15006; the app answers through the
+					// proxy (which calls it from the passthrough address).
+					mark := e.Proxy.Mark()
+					interceptExpect(t, e, e.Remote, ie.AP(pod, ie.AppPort), "app", interceptPassthrough(fam.v6), "inbound")
+					// The proxy sees the client's own address (TPROXY keeps
+					// it on the socket; REDIRECT only rewrites the
+					// destination).
+					if src, err := netip.ParseAddrPort(e.Proxy.Since(mark)[0].Src); err != nil || src.Addr() != remote {
+						t.Fatalf("%s: the proxy saw inbound client %s, want %s", fam.name, e.Proxy.Since(mark)[0].Src, remote)
+					}
+					// The tunnel port is never captured.
+					interceptExpect(t, e, e.Remote, ie.AP(pod, ie.TunnelPort), "app", remote.String(), "")
+					// Loopback traffic of the app stays on loopback.
+					lo := netip.MustParseAddr("127.0.0.1")
+					if fam.v6 {
+						lo = netip.IPv6Loopback()
+					}
+					interceptExpect(t, e, e.Pod, ie.AP(lo, ie.AppPort), "app", lo.String(), "")
+					interceptExpect(t, e, e.Pod, ie.AP(pod, ie.AppPort), "app", pod.String(), "")
+				}
+			})
+
+			t.Run("proxy-owner-bypass", func(t *testing.T) {
+				run("-i", "*", "-b", "*", "-u", "1337", "-g", "1337")
+				for _, fam := range interceptFamilies {
+					pod, remote := ie.Pod(fam.v6), ie.Remote(fam.v6)
+					dst := ie.AP(remote, ie.RemotePort)
+					for _, who := range []struct {
+						uid, gid uint32
+						listener string
+					}{{ie.ProxyUID, ie.ProxyUID, ""}, {ie.OtherUID, ie.ProxyUID, ""}, {ie.ProxyUID, ie.OtherUID, ""}, {ie.OtherUID, ie.OtherUID, "outbound"}} {
+						mark := e.Proxy.Mark()
+						reply, err := e.DialAs(who.uid, who.gid, dst, "owner")
+						if err != nil {
+							t.Fatalf("%s: request as %d:%d: %v", fam.name, who.uid, who.gid, err)
+						}
+						if want := "remote " + pod.String() + " owner"; reply != want {
+							t.Fatalf("%s: request as %d:%d: reply %q, want %q", fam.name, who.uid, who.gid, reply, want)
+						}
+						interceptCheckRecords(t, e, mark, dst, who.listener)
+					}
+					// The proxy calling its own pod's address goes through
+					// the inbound side.
+					mark := e.Proxy.Mark()
+					reply, err := e.DialAs(ie.ProxyUID, ie.ProxyUID, ie.AP(pod, ie.AppPort), "self")
+					if err != nil || reply != "app "+interceptPassthrough(fam.v6)+" self" {
+						t.Fatalf("%s: proxy to its own pod: %q, %v", fam.name, reply, err)
+					}
+					interceptCheckRecords(t, e, mark, ie.AP(pod, ie.AppPort), "inbound")
+				}
+			})
+
+			t.Run("exclusions", func(t *testing.T) {
+				run("-i", "*", "-b", "*", "-d", fmt.Sprint(ie.AppPort2), "-o", fmt.Sprint(ie.RemotePort2),
+					"-x", ie.ExtraV4.String()+"/32,"+ie.ExtraV6.String()+"/128")
+				for _, fam := range interceptFamilies {
+					pod, remote, extra := ie.Pod(fam.v6), ie.Remote(fam.v6), ie.Extra(fam.v6)
+					interceptExpect(t, e, e.Remote, ie.AP(pod, ie.AppPort2), "app", remote.String(), "")
+					interceptExpect(t, e, e.Remote, ie.AP(pod, ie.AppPort), "app", interceptPassthrough(fam.v6), "inbound")
+					interceptExpect(t, e, e.Pod, ie.AP(remote, ie.RemotePort2), "remote", pod.String(), "")
+					interceptExpect(t, e, e.Pod, ie.AP(extra, ie.RemotePort), "remote", pod.String(), "")
+					interceptExpect(t, e, e.Pod, ie.AP(remote, ie.RemotePort), "remote", pod.String(), "outbound")
+				}
+			})
+
+			t.Run("lists", func(t *testing.T) {
+				run("-b", fmt.Sprint(ie.AppPort2), "-i", "198.18.64.0/24,fd70:64::/64")
+				for _, fam := range interceptFamilies {
+					pod, remote, extra := ie.Pod(fam.v6), ie.Remote(fam.v6), ie.Extra(fam.v6)
+					interceptExpect(t, e, e.Remote, ie.AP(pod, ie.AppPort), "app", remote.String(), "")
+					interceptExpect(t, e, e.Remote, ie.AP(pod, ie.AppPort2), "app", interceptPassthrough(fam.v6), "inbound")
+					interceptExpect(t, e, e.Pod, ie.AP(remote, ie.RemotePort), "remote", pod.String(), "outbound")
+					interceptExpect(t, e, e.Pod, ie.AP(extra, ie.RemotePort), "remote", pod.String(), "")
+				}
+				// Outbound ports captured whatever the destination; no
+				// inbound capture at all.
+				run("-b", "", "-i", "", "-q", fmt.Sprint(ie.RemotePort))
+				for _, fam := range interceptFamilies {
+					pod, remote, extra := ie.Pod(fam.v6), ie.Remote(fam.v6), ie.Extra(fam.v6)
+					interceptExpect(t, e, e.Pod, ie.AP(extra, ie.RemotePort), "remote", pod.String(), "outbound")
+					interceptExpect(t, e, e.Pod, ie.AP(extra, ie.RemotePort2), "remote", pod.String(), "")
+					interceptExpect(t, e, e.Remote, ie.AP(pod, ie.AppPort), "app", remote.String(), "")
+				}
+			})
+
+			t.Run("exclude-interface", func(t *testing.T) {
+				run("-i", "*", "-b", "*", "-c", "mwti0")
+				for _, fam := range interceptFamilies {
+					pod, remote := ie.Pod(fam.v6), ie.Remote(fam.v6)
+					interceptExpect(t, e, e.Pod, ie.AP(remote, ie.RemotePort), "remote", pod.String(), "")
+					interceptExpect(t, e, e.Remote, ie.AP(pod, ie.AppPort), "app", remote.String(), "")
+				}
+			})
+
+			t.Run("dns", func(t *testing.T) {
+				run("-i", "*", "-b", "*", "--redirect-dns", "--capture-all-dns")
+				for _, fam := range interceptFamilies {
+					pod, remote := ie.Pod(fam.v6), ie.Remote(fam.v6)
+					before := len(e.RemoteDNSSources())
+					interceptQuery(t, e, ie.AP(remote, ie.DNSPort), "proxy:remote-dns:")
+					// The proxy's own upstream query reached the remote
+					// (it was not captured again, conntrack zones kept
+					// it apart from the app's).
+					if srcs := e.RemoteDNSSources(); len(srcs) != before+1 || srcs[before] != ie.PodV4.String() {
+						t.Fatalf("%s: remote DNS server saw %v after the query, want one more from the proxy at %s", fam.name, srcs, ie.PodV4)
+					}
+					// DNS over TCP goes to the proxy's DNS port.
+					interceptExpect(t, e, e.Pod, ie.AP(remote, ie.DNSPort), "remote", pod.String(), "dns-tcp")
+				}
+				// Only the pod's nameservers when not capturing all.
+				resolv := filepath.Join(t.TempDir(), "resolv.conf")
+				if err := os.WriteFile(resolv, []byte("search example\nnameserver "+ie.RemoteV4.String()+"\nnameserver "+ie.RemoteV6.String()+"\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				run("-i", "*", "-b", "*", "--redirect-dns", "--resolv-conf", resolv)
+				for _, fam := range interceptFamilies {
+					interceptQuery(t, e, ie.AP(ie.Remote(fam.v6), ie.DNSPort), "proxy:remote-dns:")
+					interceptQuery(t, e, ie.AP(ie.Extra(fam.v6), ie.DNSPort), "remote-dns:")
+				}
+			})
+		})
+	}
+}
+
+func interceptQuery(t *testing.T, e *ie.Env, dst netip.AddrPort, wantPrefix string) {
+	t.Helper()
+	mark := e.Proxy.Mark()
+	q := fmt.Sprintf("q%d", mark)
+	ans, err := ie.Query(e.Pod, dst, q)
+	if err != nil {
+		t.Fatalf("DNS query to %s: %v", dst, err)
+	}
+	if ans != wantPrefix+q {
+		t.Fatalf("DNS query to %s: answer %q, want %q", dst, ans, wantPrefix+q)
+	}
+	recs := e.Proxy.Since(mark)
+	if captured := strings.HasPrefix(wantPrefix, "proxy:"); captured != (len(recs) == 1 && recs[0].Event == "dns") {
+		t.Fatalf("DNS query to %s: proxy records %+v (captured: %v)", dst, recs, captured)
+	}
+}
+
+// interceptRuleState is what a backend shows of the pod's rules and the
+// policy routing, normalized (no counters, no comments, no empty built-in
+// chain headers), for before/after comparisons.
+func interceptRuleState(t *testing.T, e *ie.Env, backend string) string {
+	t.Helper()
+	var b strings.Builder
+	var tools []string
+	switch backend {
+	case "nftables":
+		tools = []string{"nft list ruleset"}
+	case "legacy":
+		tools = []string{"iptables-legacy-save", "ip6tables-legacy-save"}
+	default:
+		tools = []string{"iptables-nft-save", "ip6tables-nft-save"}
+	}
+	tools = append(tools, "ip -4 rule", "ip -6 rule", "ip -4 route show table all", "ip -6 route show table all", "ip -6 addr show dev lo")
+	builtin := regexp.MustCompile(`^:(PREROUTING|INPUT|FORWARD|OUTPUT|POSTROUTING) `)
+	for _, tool := range tools {
+		f := strings.Fields(tool)
+		out, err := e.Pod.Exec(f[0], f[1:]...)
+		if err != nil {
+			t.Fatalf("%s: %v\n%s", tool, err, out)
+		}
+		fmt.Fprintf(&b, "== %s\n", tool)
+		for _, line := range strings.Split(out, "\n") {
+			if strings.TrimSpace(line) == "" || strings.HasPrefix(line, "#") || builtin.MatchString(line) || strings.Contains(line, "valid_lft") {
+				continue
+			}
+			b.WriteString(strings.ReplaceAll(line, " [0:0]", "") + "\n")
+		}
+	}
+	return regexp.MustCompile(`(?m)^\*\w+\nCOMMIT\n`).ReplaceAllString(b.String(), "")
+}
+
+// interceptForeignRules installs rules that are not meshwire's, which every
+// step must leave alone.
+func interceptForeignRules(t *testing.T, e *ie.Env, backend string) {
+	t.Helper()
+	var cmd *exec.Cmd
+	switch backend {
+	case "nftables":
+		cmd = exec.Command("ip", "netns", "exec", e.Pod.Name, "nft", "-f", "-")
+		cmd.Stdin = strings.NewReader("table inet foreign {\n chain out { type filter hook output priority 0; udp dport 9999 accept; }\n}\n")
+	default:
+		tool := "iptables-nft-restore"
+		if backend == "legacy" {
+			tool = "iptables-legacy-restore"
+		}
+		cmd = exec.Command("ip", "netns", "exec", e.Pod.Name, tool, "--noflush")
+		cmd.Stdin = strings.NewReader("*nat\n:FOREIGN - [0:0]\n-A FOREIGN -j RETURN\n-A OUTPUT -p udp --dport 9999 -j FOREIGN\nCOMMIT\n*mangle\n-A PREROUTING -p udp --dport 9999 -j ACCEPT\nCOMMIT\n")
+	}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("foreign rules: %v\n%s", err, out)
+	}
+	if out, err := e.Pod.Exec("ip", "rule", "add", "fwmark", "0x99", "lookup", "99"); err != nil {
+		t.Fatalf("foreign ip rule: %v\n%s", err, out)
+	}
+}
+
+// TestInterceptRulesLifecycle checks re-run, reconcile and cleanup-only by
+// comparing what the firewall and the routing show before and after, for
+// each backend, with rules of someone else's around.
+func TestInterceptRulesLifecycle(t *testing.T) {
+	for _, backend := range []string{"nft", "legacy", "nftables"} {
+		t.Run(backend, func(t *testing.T) {
+			h := harness.New(t)
+			h.CheckNoLeaks()
+			e := ie.New(t, h)
+			interceptForeignRules(t, e, backend)
+			state := func() string { return interceptRuleState(t, e, backend) }
+			same := func(step, want string) {
+				t.Helper()
+				if got := state(); got != want {
+					t.Fatalf("%s changed the rules:\n--- want\n%s\n--- got\n%s", step, want, got)
+				}
+			}
+			clean := state()
+			a := []string{"--iptables-backend", backend, "-m", "TPROXY", "-i", "*", "-b", "*", "-d", "15090,15021", "--redirect-dns", "--capture-all-dns"}
+			b := []string{"--iptables-backend", backend, "-m", "REDIRECT", "-i", "10.96.0.0/12", "-b", "8000"}
+
+			// Dry run: prints the rules, changes nothing.
+			code, out := e.IptablesInit(append(a, "--dry-run")...)
+			if code != 0 || !strings.Contains(out, "ISTIO_") || !strings.Contains(out, "1337") {
+				t.Fatalf("dry run: exit %d\n%s", code, out)
+			}
+			same("--dry-run", clean)
+
+			e.MustIptablesInit(a...)
+			installedA := state()
+			if installedA == clean || !strings.Contains(installedA, "lookup 133") || !strings.Contains(installedA, "::6/128") {
+				t.Fatalf("TPROXY install shows no rules or no policy routing:\n%s", installedA)
+			}
+			if out := e.MustIptablesInit(a...); !strings.Contains(out, "nothing to do") {
+				t.Fatalf("re-run did not find the rules in place:\n%s", out)
+			}
+			same("a re-run", installedA)
+
+			// Other flags without --reconcile: refused, nothing changed.
+			if code, out := e.IptablesInit(b...); code != 1 || !strings.Contains(out, "--reconcile") {
+				t.Fatalf("other flags without --reconcile: exit %d\n%s", code, out)
+			}
+			same("a refused run", installedA)
+			// Bad flags: exit 2, nothing changed.
+			if code, out := e.IptablesInit(append(b, "-p", "0")...); code != 2 || !strings.Contains(out, "--envoy-port") {
+				t.Fatalf("bad flags: exit %d\n%s", code, out)
+			}
+			same("a bad command line", installedA)
+
+			e.MustIptablesInit(append(b, "--reconcile")...)
+			reconciled := state()
+			code, out = e.IptablesInit(append(b, "--cleanup-only", "--dry-run")...)
+			wantGone := "ISTIO_OUTPUT"
+			if backend == "nftables" {
+				wantGone = "delete table ip meshwire_intercept"
+			}
+			if code != 0 || !strings.Contains(out, wantGone) {
+				t.Fatalf("cleanup dry run: exit %d\n%s", code, out)
+			}
+			same("--cleanup-only --dry-run", reconciled)
+			e.MustIptablesInit(append(b, "--cleanup-only")...)
+			same("--cleanup-only", clean)
+			// What reconcile left is exactly a fresh install of the new
+			// flags (the TPROXY routing is gone too).
+			e.MustIptablesInit(b...)
+			same("a fresh install of the reconciled flags", reconciled)
+			e.MustIptablesInit("--cleanup-only")
+			same("--cleanup-only", clean)
+			e.MustIptablesInit("--cleanup-only")
+			same("a second --cleanup-only", clean)
+		})
+	}
+}
+
+// TestInterceptValidation checks --run-validation: success with working
+// rules, exit 126 without them.
+func TestInterceptValidation(t *testing.T) {
+	h := harness.New(t)
+	h.CheckNoLeaks()
+	e := ie.New(t, h)
+	code, out := e.IptablesInit("--run-validation", "--skip-rule-apply", "--probe-timeout", "1s")
+	if code != 126 || !strings.Contains(out, "validation failed") {
+		t.Fatalf("validation without rules: exit %d, want 126\n%s", code, out)
+	}
+	for _, mode := range []string{"REDIRECT", "TPROXY"} {
+		out := e.MustIptablesInit("-m", mode, "-i", "*", "-b", "*", "--reconcile", "--run-validation", "--probe-timeout", "2s")
+		if !strings.Contains(out, "validation passed") {
+			t.Fatalf("%s: %s", mode, out)
+		}
+	}
+	// Only a list captured: validation probes inside it.
+	out = e.MustIptablesInit("-i", "198.18.70.0/24,fd70:70::/64", "-b", "*", "--reconcile", "--run-validation", "--probe-timeout", "2s")
+	if !strings.Contains(out, "validation passed") {
+		t.Fatal(out)
+	}
+	e.MustIptablesInit("--cleanup-only")
+}
+
+// TestInterceptBadFlags runs iptables-init with bad command lines in a pod
+// that has rules: each exits 2 naming the flag, and nothing changes.
+func TestInterceptBadFlags(t *testing.T) {
+	h := harness.New(t)
+	h.CheckNoLeaks()
+	e := ie.New(t, h)
+	e.MustIptablesInit("-i", "*", "-b", "*")
+	before := interceptRuleState(t, e, "nft")
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--bogus"}, "--bogus"},
+		{[]string{"-p", "70000"}, "--envoy-port"},
+		{[]string{"-i", "10.0.0.300/8"}, "--istio-service-cidr"},
+		{[]string{"-m", "NAT"}, "--istio-inbound-interception-mode"},
+		{[]string{"-b", "http"}, "--istio-inbound-ports"},
+		{[]string{"-z", "15001"}, "--inbound-capture-port"},
+		{[]string{"--cleanup-only", "--reconcile"}, "--reconcile"},
+		{[]string{"--iptables-backend", "ebtables"}, "--iptables-backend"},
+	} {
+		code, out := e.IptablesInit(tc.args...)
+		if code != 2 || !strings.Contains(out, tc.want) {
+			t.Errorf("%v: exit %d, want 2 naming %s\n%s", tc.args, code, tc.want, out)
+		}
+	}
+	if after := interceptRuleState(t, e, "nft"); after != before {
+		t.Fatalf("a bad command line changed the rules:\n%s\n---\n%s", before, after)
+	}
+	e.MustIptablesInit("--cleanup-only")
+}

@@ -1,0 +1,474 @@
+// Package interceptenv builds the throwaway world the interception tests and
+// benchmarks run in: a pod namespace (the app's servers, the test proxy as
+// uid 1337, the rules iptables-init installs) and a remote namespace (echo
+// and DNS servers) joined by a veth pair, with IPv4 and IPv6 addresses from
+// meshwire's test ranges. Everything is removed at test cleanup.
+package interceptenv
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/meshwire/meshwire/internal/probe"
+	"github.com/meshwire/meshwire/test/harness"
+)
+
+// Addresses of the two namespaces (the pod's default routes point at the
+// remote; Extra is a second remote address, off the shared subnet).
+var (
+	PodV4    = netip.MustParseAddr("198.18.64.2")
+	RemoteV4 = netip.MustParseAddr("198.18.64.1")
+	ExtraV4  = netip.MustParseAddr("198.18.65.1")
+	PodV6    = netip.MustParseAddr("fd70:64::2")
+	RemoteV6 = netip.MustParseAddr("fd70:64::1")
+	ExtraV6  = netip.MustParseAddr("fd70:65::1")
+)
+
+// Ports the servers listen on.
+const (
+	AppPort      = 8000 // pod: captured inbound
+	AppPort2     = 8001 // pod: for port lists and exclusions
+	TunnelPort   = 15008
+	RemotePort   = 8080 // remote: captured outbound
+	RemotePort2  = 9090 // remote: for port exclusions
+	DNSPort      = 53
+	ProxyUID     = 1337
+	OtherUID     = 4242 // a user that is not the proxy
+	ProxyOutPort = 15001
+	ProxyInPort  = 15006
+)
+
+// Env is one pod namespace with its remote.
+type Env struct {
+	H      *harness.H
+	T      testing.TB
+	Pod    *harness.NS
+	Remote *harness.NS
+	Proxy  *Proxy
+
+	mu          sync.Mutex
+	remoteDNS   []string // sources of DNS queries the remote server saw
+	closers     []io.Closer
+	proxyBinary string
+}
+
+// New creates the namespaces, the veth pair (mwti0 in the pod, mwti1 in the
+// remote), addresses, routes and the servers.
+func New(t testing.TB, h *harness.H) *Env {
+	t.Helper()
+	e := &Env{H: h, T: t, Pod: h.NewNS("mwti-pod"), Remote: h.NewNS("mwti-rem")}
+	t.Cleanup(func() {
+		for _, c := range e.closers {
+			c.Close()
+		}
+	})
+	rf, err := os.Open(e.Remote.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rf.Close()
+	pnl, rnl := e.Pod.Netlink(), e.Remote.Netlink()
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "mwti0"}, PeerName: "mwti1", PeerNamespace: netlink.NsFd(int(rf.Fd()))}
+	if err := pnl.LinkAdd(veth); err != nil {
+		t.Fatalf("create veth pair: %v", err)
+	}
+	setup := func(nl *netlink.Handle, name string, addrs ...string) {
+		l, err := nl.LinkByName(name)
+		if err != nil {
+			t.Fatalf("link %s: %v", name, err)
+		}
+		for _, a := range addrs {
+			p := netip.MustParsePrefix(a)
+			ipn := &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+			if err := nl.AddrAdd(l, &netlink.Addr{IPNet: ipn, Flags: unix.IFA_F_NODAD}); err != nil {
+				t.Fatalf("address %s on %s: %v", a, name, err)
+			}
+		}
+		if err := nl.LinkSetUp(l); err != nil {
+			t.Fatalf("up %s: %v", name, err)
+		}
+		lo, _ := nl.LinkByName("lo")
+		if err := nl.LinkSetUp(lo); err != nil {
+			t.Fatalf("up lo: %v", err)
+		}
+	}
+	setup(pnl, "mwti0", PodV4.String()+"/24", PodV6.String()+"/64")
+	setup(rnl, "mwti1", RemoteV4.String()+"/24", RemoteV6.String()+"/64", ExtraV4.String()+"/32", ExtraV6.String()+"/128")
+	pod0, _ := pnl.LinkByName("mwti0")
+	for _, gw := range []netip.Addr{RemoteV4, RemoteV6} {
+		r := &netlink.Route{LinkIndex: pod0.Attrs().Index, Gw: gw.AsSlice()}
+		if err := pnl.RouteAdd(r); err != nil {
+			t.Fatalf("default route via %s: %v", gw, err)
+		}
+	}
+	for _, p := range []int{AppPort, AppPort2, TunnelPort} {
+		e.serveEcho(e.Pod, p, "app")
+	}
+	for _, p := range []int{RemotePort, RemotePort2, DNSPort} {
+		e.serveEcho(e.Remote, p, "remote")
+	}
+	for _, a := range []netip.Addr{RemoteV4, RemoteV6, ExtraV4, ExtraV6} {
+		e.serveRemoteDNS(a)
+	}
+	return e
+}
+
+// Family-specific addresses.
+func Pod(v6 bool) netip.Addr    { return pick(v6, PodV4, PodV6) }
+func Remote(v6 bool) netip.Addr { return pick(v6, RemoteV4, RemoteV6) }
+func Extra(v6 bool) netip.Addr  { return pick(v6, ExtraV4, ExtraV6) }
+
+func pick(v6 bool, a, b netip.Addr) netip.Addr {
+	if v6 {
+		return b
+	}
+	return a
+}
+
+// AP joins an address and a port.
+func AP(a netip.Addr, port int) netip.AddrPort { return netip.AddrPortFrom(a, uint16(port)) }
+
+// serveEcho answers each line "MSG" with "WHO PEER MSG".
+func (e *Env) serveEcho(ns *harness.NS, port int, who string) {
+	ln, err := probe.InNS(ns.Path, func() (net.Listener, error) { return net.Listen("tcp", ":"+strconv.Itoa(port)) })
+	if err != nil {
+		e.T.Fatalf("listen %s:%d in %s: %v", who, port, ns.Name, err)
+	}
+	e.closers = append(e.closers, ln)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				peer := c.RemoteAddr().(*net.TCPAddr).AddrPort()
+				peer = netip.AddrPortFrom(peer.Addr().Unmap(), peer.Port())
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					if _, err := fmt.Fprintf(c, "%s %s %s", who, peer.Addr(), line); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+}
+
+// serveRemoteDNS answers each UDP datagram to addr:53 in the remote with
+// "remote-dns:" + the query (from addr, as a resolver does), and remembers
+// who asked.
+func (e *Env) serveRemoteDNS(addr netip.Addr) {
+	pc, err := probe.InNS(e.Remote.Path, func() (net.PacketConn, error) {
+		return net.ListenPacket("udp", AP(addr, DNSPort).String())
+	})
+	if err != nil {
+		e.T.Fatalf("listen udp 53 in the remote: %v", err)
+	}
+	e.closers = append(e.closers, pc)
+	go func() {
+		buf := make([]byte, 2048)
+		for {
+			n, from, err := pc.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			src := from.(*net.UDPAddr).AddrPort().Addr().Unmap()
+			e.mu.Lock()
+			e.remoteDNS = append(e.remoteDNS, src.String())
+			e.mu.Unlock()
+			_, _ = pc.WriteTo(append([]byte("remote-dns:"), buf[:n]...), from)
+		}
+	}()
+}
+
+// RemoteDNSSources returns who asked the remote DNS server so far.
+func (e *Env) RemoteDNSSources() []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]string(nil), e.remoteDNS...)
+}
+
+// Request sends one line over TCP from inside ns (as the test process: root,
+// not the proxy) and returns the reply line.
+func Request(ns *harness.NS, dst netip.AddrPort, msg string) (string, error) {
+	c, err := probe.InNS(ns.Path, func() (net.Conn, error) { return net.DialTimeout("tcp", dst.String(), 3*time.Second) })
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, msg+"\n"); err != nil {
+		return "", err
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	return strings.TrimSpace(line), err
+}
+
+// Dial opens a TCP connection from inside ns.
+func Dial(ns *harness.NS, dst netip.AddrPort) (*net.TCPConn, error) {
+	c, err := probe.InNS(ns.Path, func() (net.Conn, error) { return net.DialTimeout("tcp", dst.String(), 3*time.Second) })
+	if err != nil {
+		return nil, err
+	}
+	return c.(*net.TCPConn), nil
+}
+
+// Query sends one UDP datagram from inside ns and returns the answer.
+func Query(ns *harness.NS, dst netip.AddrPort, msg string) (string, error) {
+	c, err := probe.InNS(ns.Path, func() (net.Conn, error) { return net.Dial("udp", dst.String()) })
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := io.WriteString(c, msg); err != nil {
+		return "", err
+	}
+	buf := make([]byte, 2048)
+	n, err := c.Read(buf)
+	return string(buf[:n]), err
+}
+
+// IptablesInit runs the built iptables-init in the pod namespace (as an init
+// container runs: inside it) and returns its exit status and output.
+func (e *Env) IptablesInit(args ...string) (int, string) {
+	e.T.Helper()
+	cmd := exec.Command("ip", append([]string{"netns", "exec", e.Pod.Name, filepath.Join(e.H.BinDir, "iptables-init")}, args...)...)
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode(), string(out)
+	}
+	if err != nil {
+		e.T.Fatalf("run iptables-init: %v", err)
+	}
+	return 0, string(out)
+}
+
+// MustIptablesInit runs iptables-init and fails the test unless it exits 0.
+func (e *Env) MustIptablesInit(args ...string) string {
+	e.T.Helper()
+	code, out := e.IptablesInit(args...)
+	if code != 0 {
+		e.T.Fatalf("iptables-init %s: exit %d\n%s", strings.Join(args, " "), code, out)
+	}
+	return out
+}
+
+// binary returns the path of a test program (bin/test/NAME under `make`,
+// NAME in the harness' own build).
+func (e *Env) binary(name string) string {
+	for _, p := range []string{filepath.Join(e.H.BinDir, "test", name), filepath.Join(e.H.BinDir, name)} {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	e.T.Fatalf("test program %s not built in %s", name, e.H.BinDir)
+	return ""
+}
+
+// proxyCopy puts the test proxy where any uid can run it (the harness'
+// build directory is private to root).
+func (e *Env) proxyCopy() string {
+	if e.proxyBinary != "" {
+		return e.proxyBinary
+	}
+	dir, err := os.MkdirTemp("", "mwti-proxy-")
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	e.T.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		e.T.Fatal(err)
+	}
+	data, err := os.ReadFile(e.binary("proxy"))
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	p := filepath.Join(dir, "proxy")
+	if err := os.WriteFile(p, data, 0o755); err != nil {
+		e.T.Fatal(err)
+	}
+	e.proxyBinary = p
+	return p
+}
+
+// command prepares the test proxy binary to run as uid/gid (with
+// CAP_NET_ADMIN as an ambient capability when netAdmin is set); callers
+// start it from a thread inside the pod namespace (Pod.Do), so the child
+// starts there.
+func (e *Env) command(uid, gid uint32, netAdmin bool, args ...string) *exec.Cmd {
+	cmd := exec.Command(e.proxyCopy(), args...)
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: uid, Gid: gid}}
+	if netAdmin {
+		cmd.SysProcAttr.AmbientCaps = []uintptr{unix.CAP_NET_ADMIN}
+	}
+	return cmd
+}
+
+// DialAs makes one request from the pod as uid/gid (through `proxy dial`).
+func (e *Env) DialAs(uid, gid uint32, dst netip.AddrPort, msg string) (string, error) {
+	cmd := e.command(uid, gid, false, "dial", dst.String(), msg)
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := e.Pod.Do(cmd.Start); err != nil {
+		return "", err
+	}
+	if err := cmd.Wait(); err != nil {
+		return "", fmt.Errorf("%v: %s", err, errb.String())
+	}
+	return strings.TrimSpace(out.String()), nil
+}
+
+// Proxy is the running test proxy.
+type Proxy struct {
+	cmd  *exec.Cmd
+	mu   sync.Mutex
+	recs []Record
+	cond *sync.Cond
+	done bool
+}
+
+// Record is one line of the proxy's log.
+type Record struct {
+	Event    string `json:"event"`
+	Listener string `json:"listener"`
+	Src      string `json:"src"`
+	OrigDst  string `json:"orig_dst"`
+	UID      int    `json:"uid"`
+	Err      string `json:"err"`
+}
+
+// StartProxy starts the test proxy in the pod as uid/gid 1337 (with
+// CAP_NET_ADMIN for TPROXY), forwarding captured DNS to the remote.
+func (e *Env) StartProxy(tproxy bool) *Proxy {
+	e.T.Helper()
+	mode := "redirect"
+	if tproxy {
+		mode = "tproxy"
+	}
+	cmd := e.command(ProxyUID, ProxyUID, tproxy, "-mode", mode, "-dns-upstream", AP(RemoteV4, DNSPort).String())
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	p := &Proxy{cmd: cmd}
+	p.cond = sync.NewCond(&p.mu)
+	if err := e.Pod.Do(cmd.Start); err != nil {
+		e.T.Fatalf("start the test proxy: %v", err)
+	}
+	e.T.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			var r Record
+			if json.Unmarshal(sc.Bytes(), &r) == nil {
+				p.mu.Lock()
+				p.recs = append(p.recs, r)
+				p.cond.Broadcast()
+				p.mu.Unlock()
+			}
+		}
+		p.mu.Lock()
+		p.done = true
+		p.cond.Broadcast()
+		p.mu.Unlock()
+	}()
+	p.mu.Lock()
+	for !p.done && !p.has(func(r Record) bool { return r.Event == "ready" || r.Event == "error" }) {
+		p.cond.Wait()
+	}
+	recs := append([]Record(nil), p.recs...)
+	p.mu.Unlock()
+	for _, r := range recs {
+		if r.Event == "error" {
+			e.T.Fatalf("test proxy failed to start: %s", r.Err)
+		}
+	}
+	if len(recs) == 0 {
+		e.T.Fatal("test proxy exited before it was ready")
+	}
+	e.Proxy = p
+	return p
+}
+
+func (p *Proxy) has(pred func(Record) bool) bool {
+	for _, r := range p.recs {
+		if pred(r) {
+			return true
+		}
+	}
+	return false
+}
+
+// Mark returns the number of records so far, for Since.
+func (p *Proxy) Mark() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.recs)
+}
+
+// Since returns the connection and DNS records after mark. It first has
+// the proxy print a sync line (SIGUSR1) and waits for it, so that every
+// connection the proxy accepted so far is in.
+func (p *Proxy) Since(mark int) []Record {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.recs)
+	if err := p.cmd.Process.Signal(syscall.SIGUSR1); err == nil {
+		timer := time.AfterFunc(5*time.Second, func() {
+			p.mu.Lock()
+			p.done = true
+			p.cond.Broadcast()
+			p.mu.Unlock()
+		})
+		defer timer.Stop()
+		for !p.done && !synced(p.recs[n:]) {
+			p.cond.Wait()
+		}
+	}
+	var out []Record
+	for _, r := range p.recs[mark:] {
+		if r.Event != "ready" && r.Event != "sync" {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+func synced(recs []Record) bool {
+	for _, r := range recs {
+		if r.Event == "sync" {
+			return true
+		}
+	}
+	return false
+}

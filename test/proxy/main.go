@@ -1,0 +1,289 @@
+// Command proxy is meshwire's transparent test proxy (not shipped): it stands
+// in for a service-mesh sidecar in end-to-end tests and benchmarks of the
+// interception rules. It listens on the capture ports, reads each
+// connection's original destination (SO_ORIGINAL_DST for REDIRECT, the
+// socket's local address for TPROXY), prints one JSON line per connection on
+// stdout, and forwards the bytes to that destination: outbound directly,
+// inbound from the passthrough source address (127.0.0.6 or ::6), as a
+// sidecar does. It also answers DNS captured to port 15053 by forwarding the
+// query upstream and prefixing the answer with "proxy:".
+//
+// Run it as the proxy's uid (1337), in the pod's network namespace; TPROXY
+// needs CAP_NET_ADMIN (an ambient capability) for IP_TRANSPARENT.
+//
+//	proxy [-mode redirect|tproxy] [-outbound 15001] [-inbound 15006] [-dns 15053 -dns-upstream ADDR:53]
+//	proxy dial ADDR MESSAGE   # one request as the current user: prints the reply
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/signal"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/meshwire/meshwire/internal/origdst"
+)
+
+// Record is what the proxy prints for each connection or DNS query.
+type Record struct {
+	Event    string `json:"event"`              // "ready", "conn", "dns", "error", "sync"
+	Listener string `json:"listener,omitempty"` // "outbound", "inbound", "dns-tcp", "dns-udp"
+	Src      string `json:"src,omitempty"`
+	OrigDst  string `json:"orig_dst,omitempty"`
+	UID      int    `json:"uid"`
+	Err      string `json:"err,omitempty"`
+}
+
+var (
+	outMu sync.Mutex
+	enc   = json.NewEncoder(os.Stdout)
+)
+
+func emit(r Record) {
+	r.UID = os.Getuid()
+	outMu.Lock()
+	defer outMu.Unlock()
+	_ = enc.Encode(r)
+}
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "dial" {
+		os.Exit(dial(os.Args[2:]))
+	}
+	mode := flag.String("mode", "redirect", "inbound interception mode: redirect or tproxy")
+	outPort := flag.Int("outbound", 15001, "outbound capture port")
+	inPort := flag.Int("inbound", 15006, "inbound capture port")
+	dnsPort := flag.Int("dns", 15053, "DNS capture port (0: none)")
+	upstream := flag.String("dns-upstream", "", "DNS server to forward captured queries to")
+	flag.Parse()
+	tproxy := *mode == "tproxy"
+
+	var lns []net.Listener
+	for _, fam := range []string{"tcp4", "tcp6"} {
+		out, err := listen(fam, *outPort, false)
+		if err != nil {
+			fatal(err)
+		}
+		in, err := listen(fam, *inPort, tproxy)
+		if err != nil {
+			fatal(err)
+		}
+		lns = append(lns, out, in)
+		go serve(out, "outbound", false)
+		go serve(in, "inbound", tproxy)
+		if *dnsPort != 0 {
+			d, err := listen(fam, *dnsPort, false)
+			if err != nil {
+				fatal(err)
+			}
+			go serve(d, "dns-tcp", false)
+			// On loopback, where REDIRECT sends the app's queries, so
+			// that answers leave from the address conntrack expects.
+			udp, lo := "udp4", "127.0.0.1"
+			if fam == "tcp6" {
+				udp, lo = "udp6", "::1"
+			}
+			pc, err := net.ListenPacket(udp, net.JoinHostPort(lo, strconv.Itoa(*dnsPort)))
+			if err != nil {
+				fatal(err)
+			}
+			go serveDNS(pc, *upstream)
+		}
+	}
+	emit(Record{Event: "ready"})
+	// SIGUSR1 asks for a "sync" line: every record of a connection that
+	// was accepted before the signal is printed before it.
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGUSR1)
+	for range sig {
+		emit(Record{Event: "sync"})
+	}
+}
+
+func fatal(err error) {
+	emit(Record{Event: "error", Err: err.Error()})
+	os.Exit(1)
+}
+
+func anyAddr(fam string) string {
+	if fam == "tcp6" || fam == "udp6" {
+		return "::"
+	}
+	return "0.0.0.0"
+}
+
+func listen(fam string, port int, transparent bool) (net.Listener, error) {
+	lc := net.ListenConfig{}
+	if transparent {
+		lc.Control = func(network, address string, c syscall.RawConn) error {
+			var serr error
+			err := c.Control(func(fd uintptr) {
+				if fam == "tcp6" {
+					serr = unix.SetsockoptInt(int(fd), unix.SOL_IPV6, unix.IPV6_TRANSPARENT, 1)
+				} else {
+					serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_TRANSPARENT, 1)
+				}
+			})
+			if err != nil {
+				return err
+			}
+			if serr != nil {
+				return fmt.Errorf("IP_TRANSPARENT (needs CAP_NET_ADMIN): %w", serr)
+			}
+			return nil
+		}
+	}
+	return lc.Listen(nil, fam, net.JoinHostPort(anyAddr(fam), strconv.Itoa(port)))
+}
+
+func serve(ln net.Listener, name string, tproxy bool) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go handle(c.(*net.TCPConn), name, tproxy)
+	}
+}
+
+func handle(c *net.TCPConn, name string, tproxy bool) {
+	defer c.Close()
+	// A REDIRECTed connection (every outbound one, and inbound ones in
+	// REDIRECT mode) carries its original destination in conntrack; one
+	// TPROXY handed over was never rewritten: its local address is it.
+	dst, err := origdst.Redirected(c)
+	if err != nil && tproxy {
+		dst, err = origdst.Local(c), nil
+	}
+	src := c.RemoteAddr().(*net.TCPAddr).AddrPort()
+	src = netip.AddrPortFrom(src.Addr().Unmap(), src.Port())
+	rec := Record{Event: "conn", Listener: name, Src: src.String(), OrigDst: dst.String()}
+	if err != nil {
+		rec.Err = err.Error()
+		emit(rec)
+		return
+	}
+	emit(rec)
+	d := net.Dialer{Timeout: 5 * time.Second}
+	if name == "inbound" {
+		// Connect to the app from the passthrough address, as a sidecar
+		// does, so that the rules never capture this connection again.
+		src := netip.MustParseAddr("127.0.0.6")
+		if dst.Addr().Is6() {
+			src = netip.MustParseAddr("::6")
+		}
+		d.LocalAddr = &net.TCPAddr{IP: src.AsSlice()}
+	}
+	up, err := d.Dial("tcp", dst.String())
+	if err != nil {
+		emit(Record{Event: "error", Listener: name, Src: rec.Src, OrigDst: rec.OrigDst, Err: err.Error()})
+		return
+	}
+	defer up.Close()
+	pipe(c, up.(*net.TCPConn))
+}
+
+// pipe copies both ways until both sides are done, passing half-closes on.
+func pipe(a, b *net.TCPConn) {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	cp := func(dst, src *net.TCPConn) {
+		defer wg.Done()
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := src.Read(buf)
+			if n > 0 {
+				if _, werr := dst.Write(buf[:n]); werr != nil {
+					break
+				}
+			}
+			if err != nil {
+				break
+			}
+		}
+		_ = dst.CloseWrite()
+	}
+	go cp(a, b)
+	go cp(b, a)
+	wg.Wait()
+}
+
+// serveDNS answers each datagram with "proxy:" + the upstream's answer.
+func serveDNS(pc net.PacketConn, upstream string) {
+	buf := make([]byte, 65535)
+	for {
+		n, from, err := pc.ReadFrom(buf)
+		if err != nil {
+			return
+		}
+		q := append([]byte(nil), buf[:n]...)
+		go func() {
+			emit(Record{Event: "dns", Listener: "dns-udp", Src: from.String(), OrigDst: upstream})
+			answer := []byte("no upstream")
+			if upstream != "" {
+				if a, err := askUDP(upstream, q); err == nil {
+					answer = a
+				} else {
+					answer = []byte("upstream error: " + err.Error())
+				}
+			}
+			_, _ = pc.WriteTo(append([]byte("proxy:"), answer...), from)
+		}()
+	}
+}
+
+func askUDP(server string, q []byte) ([]byte, error) {
+	c, err := net.Dial("udp", server)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+	if _, err := c.Write(q); err != nil {
+		return nil, err
+	}
+	buf := make([]byte, 65535)
+	n, err := c.Read(buf)
+	if err != nil {
+		return nil, err
+	}
+	return buf[:n], nil
+}
+
+// dial sends one message and prints the reply: a client that runs as any
+// uid/gid the test chooses.
+func dial(args []string) int {
+	if len(args) != 2 {
+		fmt.Fprintln(os.Stderr, "usage: proxy dial ADDR MESSAGE")
+		return 2
+	}
+	c, err := net.DialTimeout("tcp", args[0], 3*time.Second)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.WriteString(c, args[1]+"\n"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Print(line)
+	return 0
+}
