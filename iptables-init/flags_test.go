@@ -56,9 +56,9 @@ func TestParseIstioInjected(t *testing.T) {
 
 func TestParseForms(t *testing.T) {
 	cases := []struct {
-		name string
-		args []string
-		env  map[string]string
+		name  string
+		args  []string
+		env   map[string]string
 		check func(o Options) bool
 	}{
 		{"long with =", []string{"--envoy-port=16001"}, nil, func(o Options) bool { return o.Config.ProxyPort == 16001 }},
