@@ -114,13 +114,21 @@ type H struct {
 // exits (the kernel drops an flock with its holder).
 const testLock = "/run/meshwire-tests.lock"
 
-var lockOnce sync.Once
+var (
+	lockOnce sync.Once
+	// nodeLock stays referenced for the life of the process: an unreachable
+	// *os.File is closed by its finalizer at the next garbage collection,
+	// which would drop the flock long before the tests end.
+	nodeLock *filelock.Lock
+)
 
 func serialize(t testing.TB) {
 	lockOnce.Do(func() {
-		if _, err := filelock.Acquire(testLock, 60*time.Minute); err != nil {
+		l, err := filelock.Acquire(testLock, 60*time.Minute)
+		if err != nil {
 			t.Fatalf("waiting for other meshwire kernel tests: %v", err)
 		}
+		nodeLock = l
 	})
 }
 
