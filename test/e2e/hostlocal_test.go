@@ -488,11 +488,11 @@ func TestHostLocalConcurrent200(t *testing.T) {
 	}
 }
 
-// hostLocalStart starts one ADD process without waiting for it.
-func hostLocalStart(t *testing.T, n *hostLocalNet, id string) *exec.Cmd {
+// hostLocalStart starts one ADD or DEL process without waiting for it.
+func hostLocalStart(t *testing.T, n *hostLocalNet, command, id string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(n.bin())
-	cmd.Env = []string{"CNI_COMMAND=ADD", "CNI_CONTAINERID=" + id, "CNI_NETNS=/var/run/netns/x", "CNI_IFNAME=eth0", "CNI_PATH=" + n.h.BinDir}
+	cmd.Env = []string{"CNI_COMMAND=" + command, "CNI_CONTAINERID=" + id, "CNI_NETNS=/var/run/netns/x", "CNI_IFNAME=eth0", "CNI_PATH=" + n.h.BinDir}
 	cmd.Stdin = bytes.NewReader(n.conf("1.1.0"))
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -500,20 +500,25 @@ func hostLocalStart(t *testing.T, n *hostLocalNet, id string) *exec.Cmd {
 	return cmd
 }
 
-// TestHostLocalKill9: ADD processes killed at random points never leave a
-// half-done allocation (a dual-stack container holds both addresses or
+// TestHostLocalKill9: ADD and DEL processes killed at random points never
+// leave a half-done change (a dual-stack container holds both addresses or
 // none), nothing blocks later commands, and GC reclaims what the killed
-// ones did get.
+// ones left.
 func TestHostLocalKill9(t *testing.T) {
 	h := harness.New(t)
 	n := hostLocalNew(t, h, `{"type":"host-local","ranges":[[{"subnet":"198.18.14.0/24"}],[{"subnet":"fd10:0:0:14::/64"}]]}`)
 	n.mustAdd(t, "survivor")
+	const rounds = 30
+	for i := 0; i < 2*rounds; i++ {
+		n.mustAdd(t, fmt.Sprintf("deleted%02d", i))
+	}
 	rnd := rand.New(rand.NewSource(time.Now().UnixNano()))
 	killed := 0
-	for round := 0; round < 30; round++ {
+	for round := 0; round < rounds; round++ {
 		var cmds []*exec.Cmd
-		for k := 0; k < 4; k++ {
-			cmds = append(cmds, hostLocalStart(t, n, fmt.Sprintf("victim%02d-%d", round, k)))
+		for k := 0; k < 2; k++ {
+			cmds = append(cmds, hostLocalStart(t, n, "ADD", fmt.Sprintf("added%02d-%d", round, k)))
+			cmds = append(cmds, hostLocalStart(t, n, "DEL", fmt.Sprintf("deleted%02d", 2*round+k)))
 		}
 		time.Sleep(time.Duration(rnd.Intn(6000)) * time.Microsecond)
 		for _, c := range cmds {
@@ -527,7 +532,7 @@ func TestHostLocalKill9(t *testing.T) {
 		}
 	}
 	if killed == 0 {
-		t.Fatal("no ADD was killed mid-operation; the test proves nothing")
+		t.Fatal("no process was killed mid-operation; the test proves nothing")
 	}
 	perOwner := map[string]int{}
 	for _, e := range n.held(t) { // held verifies the indexes agree
@@ -538,7 +543,7 @@ func TestHostLocalKill9(t *testing.T) {
 			t.Fatalf("%s holds %d addresses: a killed ADD left a half-done allocation", o, c)
 		}
 	}
-	t.Logf("%d ADD processes killed, %d containers got their addresses before dying", killed, len(perOwner)-1)
+	t.Logf("%d of %d processes killed; %d containers hold their two addresses", killed, 4*rounds, len(perOwner))
 	if err := n.run("GC", "", "1.1.0", `"cni.dev/valid-attachments":[{"containerID":"survivor","ifname":"eth0"}]`); err != nil {
 		t.Fatalf("GC after the kills: %v", err)
 	}

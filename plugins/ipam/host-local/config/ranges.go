@@ -45,7 +45,12 @@ func parseRange(field string, r rawRange) (Range, error) {
 		return out, cnierr.Field(field+".subnet", "%s has host bits set: for a /%d the network address is %s", r.Subnet, ones, network)
 	}
 	out.Subnet = net.IPNet{IP: network, Mask: subnet.Mask}
-	parseIn := func(name, value string) (net.IP, error) {
+	// bound parses an optional address of the range; inSubnet requires it
+	// inside the subnet; def is the default when it is not given.
+	bound := func(name, value string, inSubnet bool, def net.IP) (net.IP, error) {
+		if value == "" {
+			return def, nil
+		}
 		a := net.ParseIP(value)
 		if a == nil {
 			return nil, cnierr.Field(field+"."+name, "%q is not an IP address", value)
@@ -54,34 +59,19 @@ func parseRange(field string, r rawRange) (Range, error) {
 		if len(a) != len(network) {
 			return nil, cnierr.Field(field+"."+name, "%s is not of the address family of subnet %s", value, r.Subnet)
 		}
+		if inSubnet && !subnet.Contains(a) {
+			return nil, cnierr.Field(field+"."+name, "%s is not in subnet %s", value, r.Subnet)
+		}
 		return a, nil
 	}
-	if r.Gateway != "" {
-		if out.Gateway, err = parseIn("gateway", r.Gateway); err != nil {
-			return out, err
-		}
-	} else {
-		out.Gateway = nextIP(network)
+	if out.Gateway, err = bound("gateway", r.Gateway, false, nextIP(network)); err != nil {
+		return out, err
 	}
-	if r.RangeStart != "" {
-		if out.RangeStart, err = parseIn("rangeStart", r.RangeStart); err != nil {
-			return out, err
-		}
-		if !subnet.Contains(out.RangeStart) {
-			return out, cnierr.Field(field+".rangeStart", "%s is not in subnet %s", r.RangeStart, r.Subnet)
-		}
-	} else {
-		out.RangeStart = nextIP(network)
+	if out.RangeStart, err = bound("rangeStart", r.RangeStart, true, nextIP(network)); err != nil {
+		return out, err
 	}
-	if r.RangeEnd != "" {
-		if out.RangeEnd, err = parseIn("rangeEnd", r.RangeEnd); err != nil {
-			return out, err
-		}
-		if !subnet.Contains(out.RangeEnd) {
-			return out, cnierr.Field(field+".rangeEnd", "%s is not in subnet %s", r.RangeEnd, r.Subnet)
-		}
-	} else {
-		out.RangeEnd = lastIP(out.Subnet)
+	if out.RangeEnd, err = bound("rangeEnd", r.RangeEnd, true, lastIP(out.Subnet)); err != nil {
+		return out, err
 	}
 	if cmp(out.RangeStart, out.RangeEnd) > 0 {
 		return out, cnierr.Field(field+".rangeEnd", "%s is before rangeStart %s", out.RangeEnd, out.RangeStart)
