@@ -1,0 +1,31 @@
+package install
+
+import (
+	"net/netip"
+	"testing"
+)
+
+func TestWantIPv6(t *testing.T) {
+	a := func(s ...string) []netip.Addr {
+		var out []netip.Addr
+		for _, x := range s {
+			out = append(out, netip.MustParseAddr(x))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		dual  bool
+		addrs []netip.Addr
+		want  bool
+	}{
+		{false, a("127.0.0.1", "10.0.0.2", "::1", "fe80::1"), false},
+		{true, a("10.0.0.2"), true},
+		{false, a("10.0.0.2", "fd70::2"), true},
+		{false, a("2001:db8::2"), true},
+		{false, nil, false},
+	} {
+		if got := WantIPv6(tc.dual, tc.addrs); got != tc.want {
+			t.Errorf("WantIPv6(%v, %v) = %v", tc.dual, tc.addrs, got)
+		}
+	}
+}

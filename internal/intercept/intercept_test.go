@@ -1,0 +1,206 @@
+package intercept
+
+import (
+	"net/netip"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// saveOf turns a rendered fresh payload into what iptables-save would show
+// for it (the built-in chain headers added, comments quoted as iptables-save
+// quotes them).
+func saveOf(payload string, foreign string) string {
+	var b strings.Builder
+	for _, line := range strings.Split(payload, "\n") {
+		if strings.HasPrefix(line, "*") {
+			b.WriteString(line + "\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n")
+			if line == "*nat" {
+				b.WriteString(foreign)
+			}
+			continue
+		}
+		if i := strings.Index(line, "--comment "+Tag); i >= 0 {
+			rest := line[i+len("--comment "):]
+			tag, tail, _ := strings.Cut(rest, " ")
+			line = line[:i] + `--comment "` + tag + `" ` + tail
+		}
+		if line != "" {
+			b.WriteString(line + "\n")
+		}
+	}
+	return b.String()
+}
+
+func TestCompareAndRestore(t *testing.T) {
+	a := Build(Default(), V4)
+	tp := Default()
+	tp.Mode = ModeTProxy
+	b := Build(tp, V4)
+	foreign := ":FOREIGN - [0:0]\n-A OUTPUT -p udp -j FOREIGN\n-A FOREIGN -j RETURN\n"
+	installedA := saveOf(Restore(a, &State{}), foreign)
+
+	st := ParseSave(installedA)
+	if got := Compare(a, st); got != Current {
+		t.Fatalf("A installed, compare with A: %v", got)
+	}
+	if got := Compare(b, st); got != Different {
+		t.Fatalf("A installed, compare with B: %v", got)
+	}
+	if got := Compare(a, ParseSave("*nat\n"+foreign+"COMMIT\n")); got != Absent {
+		t.Fatalf("nothing installed: %v", got)
+	}
+	for _, line := range st.Tables[NAT].Builtin {
+		if strings.Contains(line, "FOREIGN") {
+			t.Fatalf("foreign rule taken as meshwire's: %s", line)
+		}
+	}
+
+	// Reconcile to B: old built-in rules deleted, own chains declared,
+	// the chain B no longer needs (nat ISTIO_INBOUND) removed, and the
+	// table that gains TPROXY (mangle) committed before nat.
+	p := Restore(b, st)
+	if strings.Index(p, "*mangle") > strings.Index(p, "*nat") {
+		t.Fatalf("mangle (gaining the inbound capture) must commit before nat (losing it):\n%s", p)
+	}
+	for _, want := range []string{
+		`-D PREROUTING -p tcp -m comment --comment "` + TagFor(a.Fingerprint()) + `" -j ISTIO_INBOUND`,
+		"-X ISTIO_INBOUND\nCOMMIT",
+		"-A PREROUTING -p tcp -m comment --comment " + TagFor(b.Fingerprint()) + " -j ISTIO_INBOUND",
+	} {
+		if !strings.Contains(p, want) {
+			t.Errorf("reconcile payload lacks %q:\n%s", want, p)
+		}
+	}
+	if strings.Contains(p, "FOREIGN") {
+		t.Fatalf("reconcile touches foreign rules:\n%s", p)
+	}
+
+	// Cleanup: only meshwire's.
+	c := Restore(&RuleSet{Family: V4}, st)
+	if strings.Contains(c, "-A ") || strings.Contains(c, "FOREIGN") || !strings.Contains(c, "-X ISTIO_OUTPUT") {
+		t.Fatalf("cleanup payload:\n%s", c)
+	}
+	if Restore(&RuleSet{Family: V4}, &State{Tables: map[string]*TableState{}}) != "" {
+		t.Fatal("cleanup of nothing is not empty")
+	}
+}
+
+// An istio-iptables install (untagged jumps) is found and replaced.
+func TestParseSaveIstio(t *testing.T) {
+	save := `*nat
+:PREROUTING ACCEPT [0:0]
+:OUTPUT ACCEPT [0:0]
+:ISTIO_INBOUND - [0:0]
+:ISTIO_OUTPUT - [0:0]
+-A PREROUTING -p tcp -j ISTIO_INBOUND
+-A OUTPUT -p tcp -j ISTIO_OUTPUT
+-A OUTPUT -p udp -j KUBE-SOMETHING
+COMMIT
+`
+	st := ParseSave(save)
+	if got := st.Tables[NAT].Builtin; len(got) != 2 {
+		t.Fatalf("istio's jumps: %v", got)
+	}
+	if Compare(Build(Default(), V4), st) != Different {
+		t.Fatal("istio's rules taken as current")
+	}
+}
+
+func TestNftStatus(t *testing.T) {
+	a := Build(Default(), V4)
+	listing := "table ip meshwire_intercept {\n\tcomment \"" + TagFor(a.Fingerprint()) + "\"\n}\n"
+	if NftStatus(a, listing) != Current || NftStatus(a, "") != Absent {
+		t.Fatal("nft status")
+	}
+	tp := Default()
+	tp.Mode = ModeTProxy
+	if NftStatus(Build(tp, V4), listing) != Different || NftStatus(&RuleSet{Family: V4}, listing) != Different {
+		t.Fatal("nft status with other rules")
+	}
+}
+
+func TestFingerprintDependsOnRules(t *testing.T) {
+	seen := map[string]string{}
+	for name, c := range goldenCases() {
+		for _, f := range []Family{V4, V6} {
+			rs := Build(c, f)
+			fp := rs.Fingerprint()
+			text := Restore(rs, &State{})
+			if other, ok := seen[fp]; ok && other != text {
+				t.Fatalf("%s %s: fingerprint %s shared by different rule sets", name, f, fp)
+			}
+			seen[fp] = text
+		}
+	}
+}
+
+func TestCapturedOutbound(t *testing.T) {
+	c := Default()
+	c.OutboundCIDRsExclude = []netip.Prefix{netip.MustParsePrefix("10.1.0.0/16")}
+	c.OutboundPortsExclude = []uint16{3306}
+	list := Default()
+	list.OutboundCIDRs = CIDRs{Prefixes: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12")}}
+	list.OutboundPorts = []uint16{9000}
+	dns := Default()
+	dns.RedirectDNS = true
+	dns.DNSServers = []netip.Addr{netip.MustParseAddr("10.96.0.10")}
+	for _, tc := range []struct {
+		c    Config
+		dst  string
+		port uint16
+		want bool
+	}{
+		{c, "10.2.3.4", 80, true},
+		{c, "10.1.3.4", 80, false},
+		{c, "10.2.3.4", 3306, false},
+		{c, "127.0.0.1", 80, false},
+		{list, "10.96.0.1", 80, true},
+		{list, "10.0.0.1", 80, false},
+		{list, "10.0.0.1", 9000, true},
+		{dns, "10.96.0.10", 53, false},
+		{dns, "10.96.0.11", 53, true},
+		{Config{}, "10.0.0.1", 80, false},
+	} {
+		if got := tc.c.CapturedOutbound(netip.MustParseAddr(tc.dst), tc.port); got != tc.want {
+			t.Errorf("%s:%d: captured %v, want %v", tc.dst, tc.port, got, tc.want)
+		}
+	}
+}
+
+func TestProbeTarget(t *testing.T) {
+	c := Default()
+	if a, err := ProbeTarget(c, V4, 15002); err != nil || a != netip.MustParseAddr("203.0.113.1") {
+		t.Fatalf("all: %v %v", a, err)
+	}
+	c.OutboundCIDRs = CIDRs{Prefixes: []netip.Prefix{netip.MustParsePrefix("10.96.0.0/12"), netip.MustParsePrefix("fd70:96::/64")}}
+	if a, err := ProbeTarget(c, V4, 15002); err != nil || a != netip.MustParseAddr("10.96.0.1") {
+		t.Fatalf("list: %v %v", a, err)
+	}
+	if a, err := ProbeTarget(c, V6, 15002); err != nil || a != netip.MustParseAddr("fd70:96::1") {
+		t.Fatalf("list v6: %v %v", a, err)
+	}
+	c.OutboundPortsExclude = []uint16{15002}
+	if _, err := ProbeTarget(c, V4, 15002); err == nil {
+		t.Fatal("excluded probe port accepted")
+	}
+}
+
+func TestParseResolvConf(t *testing.T) {
+	got := ParseResolvConf("# x\nsearch a.b\nnameserver 10.96.0.10\nnameserver fe80::1%eth0\nnameserver bogus\noptions ndots:5\nnameserver fd70::a\n")
+	want := []netip.Addr{netip.MustParseAddr("10.96.0.10"), netip.MustParseAddr("fe80::1"), netip.MustParseAddr("fd70::a")}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %v", got)
+	}
+}
+
+func TestRouting(t *testing.T) {
+	if s := Routing(Default(), false); len(s) != 0 {
+		t.Fatalf("REDIRECT IPv4 needs no routing: %v", s)
+	}
+	tp := Default()
+	tp.Mode = ModeTProxy
+	if s := Routing(tp, true); len(s) != 5 || s[0].String() != "ip -4 rule add fwmark 0x539 lookup 133" {
+		t.Fatalf("TPROXY dual stack: %v", s)
+	}
+}
