@@ -26,15 +26,25 @@ import (
 // 100 Mbit/s and 1 Gbit/s, with the ratio achieved/configured; and the ping
 // round trip through the shaped link, idle and while iperf3 fills it.
 //
-// Both plugins get the same config: rate R and a burst of R × 20 ms.
-// iperf3 runs bandwidthBenchSeconds seconds and omits the first one (slow
-// start and the initial burst).
+// Both plugins get the same config: rate R and a burst of R × 20 ms, and, to
+// show what a runtime's large burst does to the queue, 10 Mbit/s with the
+// burst containerd and CRI-O pass (2^32-1 bits). iperf3 runs
+// bandwidthBenchSeconds seconds and omits the first one (slow start and the
+// initial burst).
 func BenchmarkBandwidth(b *testing.B) {
 	h := harness.New(b)
 	if _, err := exec.LookPath("iperf3"); err != nil {
 		b.Fatal("iperf3 is missing: run test/deps.sh (make bench does)")
 	}
-	rates := []uint64{10_000_000, 100_000_000, 1_000_000_000}
+	type scenario struct {
+		label       string
+		rate, burst uint64
+	}
+	var scenarios []scenario
+	for _, r := range []uint64{10_000_000, 100_000_000, 1_000_000_000} {
+		scenarios = append(scenarios, scenario{bandwidthBenchRate(r), r, r / 50})
+	}
+	scenarios = append(scenarios, scenario{"10 Mbit/s, burst 2^32-1", 10_000_000, 1<<32 - 1})
 	impls := []string{"meshwire", "reference"}
 	paths := map[string]string{}
 	for _, impl := range impls {
@@ -47,48 +57,48 @@ func BenchmarkBandwidth(b *testing.B) {
 	}
 	lat := &harness.Table{
 		Title:  "bandwidth: ping round trip through the shaped link (median of 20, ms)",
-		Header: []string{"rate", "link", "meshwire", "reference", "unshaped"},
+		Header: []string{"configured", "link", "meshwire", "reference", "unshaped"},
 	}
 	for i := 0; i < b.N; i++ {
 		// Unshaped baseline.
-		base := newBandwidthBenchPods(b, h, paths["meshwire"], "", 0)
+		base := newBandwidthBenchPods(b, h, paths["meshwire"], "", 0, 0)
 		baseIdle := bandwidthBenchPing(b, base, nil)
 		base.close()
 		type res struct {
 			in, out         float64
 			idle, inL, outL time.Duration
 		}
-		results := map[string]map[uint64]res{}
+		results := map[string]map[scenario]res{}
 		for _, impl := range impls {
-			results[impl] = map[uint64]res{}
-			for _, rate := range rates {
-				p := newBandwidthBenchPods(b, h, paths[impl], impl, rate)
+			results[impl] = map[scenario]res{}
+			for _, sc := range scenarios {
+				p := newBandwidthBenchPods(b, h, paths[impl], impl, sc.rate, sc.burst)
 				var r res
 				r.idle = bandwidthBenchPing(b, p, nil)
 				r.in, r.inL = bandwidthBenchIperf(b, p.peer, p.pod, p.podIP, p)
 				r.out, r.outL = bandwidthBenchIperf(b, p.pod, p.peer, p.peerIP, p)
 				p.close()
-				results[impl][rate] = r
+				results[impl][sc] = r
 			}
 		}
 		for _, dir := range []string{"ingress", "egress"} {
-			for _, rate := range rates {
-				cells := []string{dir, bandwidthBenchRate(rate)}
+			for _, sc := range scenarios {
+				cells := []string{dir, sc.label}
 				for _, impl := range impls {
-					got := results[impl][rate].in
+					got := results[impl][sc].in
 					if dir == "egress" {
-						got = results[impl][rate].out
+						got = results[impl][sc].out
 					}
-					cells = append(cells, fmt.Sprintf("%.1f", got/1e6), fmt.Sprintf("%.2f", got/float64(rate)))
+					cells = append(cells, fmt.Sprintf("%.1f", got/1e6), fmt.Sprintf("%.2f", got/float64(sc.rate)))
 				}
 				thr.Add(cells...)
 			}
 		}
-		for _, rate := range rates {
-			m, r := results["meshwire"][rate], results["reference"][rate]
-			lat.Add(bandwidthBenchRate(rate), "idle", harness.Ms(m.idle), harness.Ms(r.idle), harness.Ms(baseIdle))
-			lat.Add(bandwidthBenchRate(rate), "ingress full", harness.Ms(m.inL), harness.Ms(r.inL), "")
-			lat.Add(bandwidthBenchRate(rate), "egress full", harness.Ms(m.outL), harness.Ms(r.outL), "")
+		for _, sc := range scenarios {
+			m, r := results["meshwire"][sc], results["reference"][sc]
+			lat.Add(sc.label, "idle", harness.Ms(m.idle), harness.Ms(r.idle), harness.Ms(baseIdle))
+			lat.Add(sc.label, "ingress full", harness.Ms(m.inL), harness.Ms(r.inL), "")
+			lat.Add(sc.label, "egress full", harness.Ms(m.outL), harness.Ms(r.outL), "")
 		}
 	}
 	thr.Write(os.Stdout)
@@ -132,15 +142,15 @@ type bandwidthBenchPods struct {
 	dels          []func()
 }
 
-// newBandwidthBenchPods attaches a pod shaped at rate (both directions; no
-// bandwidth plugin when rate is 0) and an unshaped peer to one ptp network.
-func newBandwidthBenchPods(b *testing.B, h *harness.H, path, impl string, rate uint64) *bandwidthBenchPods {
+// newBandwidthBenchPods attaches a pod shaped at rate with the given burst
+// (both directions; no bandwidth plugin when rate is 0) and an unshaped peer
+// to one ptp network.
+func newBandwidthBenchPods(b *testing.B, h *harness.H, path, impl string, rate, burst uint64) *bandwidthBenchPods {
 	p := &bandwidthBenchPods{b: b, cni: libcni.NewCNIConfigWithCacheDir([]string{path}, b.TempDir(), nil)}
 	ipam := fmt.Sprintf(`{"type":"host-local","ranges":[[{"subnet":"198.18.46.0/24"}]],"dataDir":%q}`, b.TempDir())
 	ptp := fmt.Sprintf(`{"type":"ptp","ipam":%s}`, ipam)
 	shaped := ptp
 	if rate > 0 {
-		burst := rate / 50
 		shaped += fmt.Sprintf(`,{"type":"bandwidth","ingressRate":%d,"ingressBurst":%d,"egressRate":%d,"egressBurst":%d}`, rate, burst, rate, burst)
 	}
 	name := "bw-bench-" + impl

@@ -33,6 +33,8 @@ type bandwidthIface struct {
 var bandwidthIfaces = []bandwidthIface{
 	{name: "ref-ptp", reference: true, conf: `{"type":"ptp","ipam":%s}`},
 	{name: "ref-bridge", reference: true, conf: `{"type":"bridge","bridge":"mwtwbr0","isGateway":true,"ipam":%s}`, bridge: "mwtwbr0"},
+	{name: "meshwire-veth", conf: `{"type":"veth","ipam":%s}`},
+	{name: "meshwire-bridge", conf: `{"type":"bridge","bridge":"mwtwbr1","isGateway":true,"ipam":%s}`, bridge: "mwtwbr1"},
 }
 
 // bandwidthNet is one network (conflist) of the tests: an interface plugin
@@ -160,6 +162,19 @@ func bandwidthIfbs(t *testing.T) map[string]string {
 	for _, l := range links {
 		if l.Type() == "ifb" && strings.HasPrefix(l.Attrs().Name, "mwbw") {
 			out[l.Attrs().Name] = l.Attrs().Alias
+		}
+	}
+	return out
+}
+
+// bandwidthIfbsOf lists the meshwire ifb devices made for the pod's
+// attachment (other tests on the host may have their own).
+func bandwidthIfbsOf(t *testing.T, p *bandwidthPod) []string {
+	t.Helper()
+	var out []string
+	for name, alias := range bandwidthIfbs(t) {
+		if strings.Contains(alias, " id="+p.att.RT.ContainerID) {
+			out = append(out, name)
 		}
 	}
 	return out
@@ -620,8 +635,8 @@ func TestBandwidthCoexistence(t *testing.T) {
 		if !strings.Contains(out, "htb 7:") {
 			t.Fatalf("the foreign root qdisc is gone:\n%s", out)
 		}
-		if len(bandwidthIfbs(t)) != 0 {
-			t.Fatalf("a failed ADD left ifb devices: %v", bandwidthIfbs(t))
+		if left := bandwidthIfbsOf(t, pod); len(left) != 0 {
+			t.Fatalf("a failed ADD left ifb devices: %v", left)
 		}
 		if _, err := bandwidthExec(t, h, "DEL", pod, conf); err != nil {
 			t.Fatalf("DEL: %v", err)
@@ -659,7 +674,7 @@ func TestBandwidthBadConfig(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			_, err := bandwidthExec(t, h, "ADD", pod, bandwidthConf(n.name, "1.0.0", c.extra))
 			assertCNIError(t, err, 7, c.field)
-			if len(bandwidthIfbs(t)) != 0 || bandwidthRootTbf(t, pod.host) != nil {
+			if len(bandwidthIfbsOf(t, pod)) != 0 || bandwidthRootTbf(t, pod.host) != nil {
 				t.Fatal("a refused ADD changed the host")
 			}
 		})

@@ -69,6 +69,7 @@ func TestParseConfig(t *testing.T) {
 
 func TestTbfFor(t *testing.T) {
 	const tick = 15.625 // psched ticks per µs on current kernels
+	const frames = queueFrames * 1514
 	cases := []struct {
 		name       string
 		l          Limit
@@ -79,13 +80,15 @@ func TestTbfFor(t *testing.T) {
 		bufferTick uint32
 	}{
 		// 10 Mbit/s, 100 kbit burst: 12500-byte bucket = 10 ms.
-		{"plain", Limit{10_000_000, 100_000}, 1500, 1_250_000, 12_500, 6250 + maxGSOPacket, 156250},
+		{"plain", Limit{10_000_000, 100_000}, 1500, 1_250_000, 12_500, 6250 + frames, 156250},
 		// A burst smaller than a frame is raised to one frame.
-		{"tiny burst", Limit{8_000_000, 800}, 1500, 1_000_000, 1514, 5000 + maxGSOPacket, 23656},
-		{"jumbo", Limit{8_000_000, 800}, 9000, 1_000_000, 9014, 5000 + maxGSOPacket, 140843},
+		{"tiny burst", Limit{8_000_000, 800}, 1500, 1_000_000, 1514, 5000 + frames, 23656},
+		{"jumbo", Limit{8_000_000, 800}, 9000, 1_000_000, 9014, 5000 + queueFrames*9014, 140843},
 		// containerd's 2^32-1 bits at 10 Mbit/s is 429 s of traffic: cut to the kernel's 4.29 s.
 		{"containerd burst", Limit{10_000_000, 1<<32 - 1}, 1500, 1_250_000, 5_368_708, 6250 + maxGSOPacket, 67108859},
 		{"1 Gbit/s", Limit{1_000_000_000, 20_000_000}, 1500, 125_000_000, 2_500_000, 625_000 + maxGSOPacket, 20000 * 15625 / 1000},
+		// A bucket between 16 frames and a GSO packet: room for one packet of the bucket's size.
+		{"mid bucket", Limit{10_000_000, 320_000}, 1500, 1_250_000, 40_000, 6250 + 40_000, 500000},
 		// Queue limit saturates at the kernel's 32 bits.
 		{"huge rate", Limit{1 << 50, 1 << 20}, 1500, 1 << 47, 1 << 17, ^uint32(0), 0},
 	}

@@ -13,23 +13,28 @@ import (
 // the queue in front of it (tbf's "limit": how much may wait for tokens).
 // The reference plugin sizes the queue as 25 ms of traffic plus the whole
 // burst, so a pod with a large burst (containerd and CRI-O pass 2^32-1
-// bits) gets a queue of seconds and every packet behind a bulk transfer
-// waits that long. meshwire sizes the queue independently of the burst:
+// bits) gets a queue of up to half a gigabyte, and every packet behind a
+// bulk transfer waits as long as it takes to drain. meshwire sizes the
+// queue from the rate, with a floor that depends on the bucket only up to
+// one packet:
 //
-//	limit = rate × queueLatency + largest packet the bucket lets through whole
+//	limit = rate × 5 ms + max(16 full-size frames, min(bucket, 72 KiB))
 //
-// queueLatency is 5 ms: enough for TCP to keep a shaped link busy at every
-// rate the benchmark measures (10 Mbit/s to 1 Gbit/s), small enough that a
-// packet behind a full queue waits about that long. The second term is the
-// largest packet the bucket can pass without the kernel cutting it into
-// segments (tbf splits GSO packets larger than the bucket, but enqueues the
-// others whole), so that the queue can always take at least one: the
-// smaller of the bucket and maxGSOPacket.
+// The first term bounds the wait behind a full queue to about 5 ms at high
+// rates. The second is room for what one TCP GSO packet puts in the queue
+// at once: tbf cuts a GSO packet larger than the bucket into frames and
+// queues them all together (16 frames cover the GSO packets TCP sends at
+// the low rates where 5 ms is a frame or two: without them a 4 Mbit/s limit
+// gave 3.2 instead of 3.8 Mbit/s), and queues a packet smaller than the
+// bucket whole, so with a large bucket the queue must take a whole 64 KiB
+// GSO packet (without that, 10 Mbit/s with containerd's burst gave 6-7
+// Mbit/s).
 const (
 	queueLatencyUsec = 5000
+	queueFrames      = 16
 	// maxGSOPacket is the largest packet tbf sees on a veth with default
 	// settings, as the qdisc counts it: a 64 KiB GSO packet plus the headers
-	// of each of its segments (qdisc_pkt_len).
+	// of each of its segments.
 	maxGSOPacket = 72 * 1024
 	// ethHeader: a full-size frame is the MTU plus the Ethernet header.
 	ethHeader = 14
@@ -74,7 +79,11 @@ func tbfFor(l Limit, mtu int, tickInUsec float64) tbfParams {
 		usec = maxBucketUsec
 		bucket = uint64(usec * float64(rate) / 1e6)
 	}
-	limit := float64(rate)*queueLatencyUsec/1e6 + maxGSOPacket
+	room := uint64(queueFrames * (mtu + ethHeader))
+	if whole := min(bucket, maxGSOPacket); whole > room {
+		room = whole
+	}
+	limit := float64(rate)*queueLatencyUsec/1e6 + float64(room)
 	if limit > float64(^uint32(0)) {
 		limit = float64(^uint32(0))
 	}
