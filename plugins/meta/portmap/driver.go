@@ -111,8 +111,28 @@ type iptDriver struct {
 	auto bool
 }
 
+// retryDump repeats a read that iptables-nft abandons when the ruleset
+// changes under it ("results may be incomplete or inconsistent"), which
+// concurrent ADDs and DELs make common.
+func retryDump(fn func() (string, error)) (string, error) {
+	var out string
+	var err error
+	for i := 0; i < 8; i++ {
+		out, err = fn()
+		if err == nil || !strings.Contains(err.Error(), "incomplete or inconsistent") {
+			return out, err
+		}
+		time.Sleep(time.Duration(i+1) * 5 * time.Millisecond)
+	}
+	return out, err
+}
+
+func (d *iptDriver) listChain(ctx context.Context, f firewall.Family, chain string) (string, error) {
+	return retryDump(func() (string, error) { return d.b.ListChain(ctx, f, "nat", chain) })
+}
+
 func (d *iptDriver) read(ctx context.Context, f firewall.Family) (*iptState, error) {
-	out, err := d.b.Save(ctx, f, "nat")
+	out, err := retryDump(func() (string, error) { return d.b.Save(ctx, f, "nat") })
 	if err != nil {
 		return nil, cnierr.Wrap(err, "read the %s nat table (IPv%d)", d.b, f)
 	}
@@ -165,7 +185,7 @@ func (d *iptDriver) del(ctx context.Context, key string, fams []firewall.Family,
 	udp := map[firewall.Family][]int{}
 	for _, f := range fams {
 		if wantUDP {
-			if out, err := d.b.ListChain(ctx, f, "nat", iptAttChain(key)); err == nil {
+			if out, err := d.listChain(ctx, f, iptAttChain(key)); err == nil {
 				udp[f] = iptUDPPorts(strings.Split(out, "\n"))
 			}
 		}
@@ -212,7 +232,7 @@ func (d *iptDriver) remove(ctx context.Context, f firewall.Family, keys []string
 // reads one chain; the teardown itself runs under the node lock and is
 // refused by the kernel if an attachment was added meanwhile.
 func (d *iptDriver) maybeTeardown(ctx context.Context, f firewall.Family) {
-	out, err := d.b.ListChain(ctx, f, "nat", iptTop)
+	out, err := d.listChain(ctx, f, iptTop)
 	if err != nil || strings.Contains(out, "-A ") {
 		return
 	}
@@ -231,7 +251,7 @@ func (d *iptDriver) forgetBackendIfEmpty(ctx context.Context, f firewall.Family,
 	if f == firewall.V6 {
 		other = firewall.V4
 	}
-	if _, err := d.b.ListChain(ctx, other, "nat", iptTop); err != nil {
+	if _, err := d.listChain(ctx, other, iptTop); err != nil {
 		removeBackendCache()
 	}
 }
@@ -398,10 +418,15 @@ func (d *nftDriver) del(ctx context.Context, key string, _ []firewall.Family, wa
 	teardown := len(hp.rules) == mine
 	err = d.apply(ctx, renderNFTRemove(st, []string{key}, teardown))
 	switch {
-	case err == nil:
-		if teardown && d.auto {
+	case err == nil && teardown:
+		if d.auto {
 			removeBackendCache()
 		}
+		return udp, nil
+	case err == nil:
+		// Others were listed; they may have gone meanwhile (concurrent
+		// DELs each see the others), so try the teardown the anchor guards.
+		d.tryTeardown(ctx)
 		return udp, nil
 	case isTryAgain(err):
 		return nil, err
@@ -409,6 +434,23 @@ func (d *nftDriver) del(ctx context.Context, key string, _ []firewall.Family, wa
 	// A concurrent change (or a teardown the anchor refused): redo under
 	// the lock from a full listing.
 	return udp, d.remove(ctx, []string{key})
+}
+
+// tryTeardown deletes the table if no attachment chain is left: one
+// transaction that the kernel refuses while any refers to the anchor.
+func (d *nftDriver) tryTeardown(ctx context.Context) {
+	l, err := lockNode()
+	if err != nil {
+		return
+	}
+	defer l.Release()
+	if err := d.apply(ctx, nftScript(nftTeardownLines())); err != nil {
+		slog.Debug("table kept", "reason", err)
+		return
+	}
+	if d.auto {
+		removeBackendCache()
+	}
 }
 
 func (d *nftDriver) remove(ctx context.Context, keys []string) error {
