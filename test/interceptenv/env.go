@@ -48,6 +48,7 @@ const (
 	TunnelPort   = 15008
 	RemotePort   = 8080 // remote: captured outbound
 	RemotePort2  = 9090 // remote: for port exclusions
+	SinkPort     = 8090 // both: counts the bytes it receives (throughput)
 	DNSPort      = 53
 	ProxyUID     = 1337
 	OtherUID     = 4242 // a user that is not the proxy
@@ -124,6 +125,8 @@ func New(t testing.TB, h *harness.H) *Env {
 	for _, p := range []int{RemotePort, RemotePort2, DNSPort} {
 		e.serveEcho(e.Remote, p, "remote")
 	}
+	e.serveSink(e.Pod)
+	e.serveSink(e.Remote)
 	for _, a := range []netip.Addr{RemoteV4, RemoteV6, ExtraV4, ExtraV6} {
 		e.serveRemoteDNS(a)
 	}
@@ -172,6 +175,29 @@ func (e *Env) serveEcho(ns *harness.NS, port int, who string) {
 						return
 					}
 				}
+			}()
+		}
+	}()
+}
+
+// serveSink reads each connection to its end and answers with the number
+// of bytes it got.
+func (e *Env) serveSink(ns *harness.NS) {
+	ln, err := probe.InNS(ns.Path, func() (net.Listener, error) { return net.Listen("tcp", ":"+strconv.Itoa(SinkPort)) })
+	if err != nil {
+		e.T.Fatalf("listen sink in %s: %v", ns.Name, err)
+	}
+	e.closers = append(e.closers, ln)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				n, _ := io.Copy(io.Discard, c)
+				fmt.Fprintf(c, "%d\n", n)
 			}()
 		}
 	}()
@@ -253,11 +279,14 @@ func Query(ns *harness.NS, dst netip.AddrPort, msg string) (string, error) {
 }
 
 // IptablesInit runs the built iptables-init in the pod namespace (as an init
-// container runs: inside it) and returns its exit status and output.
+// container runs: started inside it) and returns its exit status and output.
 func (e *Env) IptablesInit(args ...string) (int, string) {
 	e.T.Helper()
-	cmd := exec.Command("ip", append([]string{"netns", "exec", e.Pod.Name, filepath.Join(e.H.BinDir, "iptables-init")}, args...)...)
-	out, err := cmd.CombinedOutput()
+	cmd := exec.Command(filepath.Join(e.H.BinDir, "iptables-init"), args...)
+	var buf strings.Builder
+	cmd.Stdout, cmd.Stderr = &buf, &buf
+	err := e.Pod.Do(cmd.Run)
+	out := buf.String()
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
 		return ee.ExitCode(), string(out)
