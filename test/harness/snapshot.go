@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/vishvananda/netlink"
 
@@ -129,24 +130,58 @@ func minus(a, b []string) []string {
 	return out
 }
 
+// settle bounds how long the leak check waits for the kernel to finish
+// tearing down what a test removed: a deleted namespace takes its veth peers
+// and their routes with it asynchronously.
+const settle = 3 * time.Second
+
+// stableSnapshot takes snapshots until two in a row agree (or settle runs
+// out), so that the previous test's asynchronous teardown is not mistaken for
+// this test's doing.
+func stableSnapshot(dirs []string) (*Snapshot, error) {
+	prev, err := TakeSnapshot(dirs...)
+	if err != nil {
+		return nil, err
+	}
+	for deadline := time.Now().Add(settle); time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		cur, err := TakeSnapshot(dirs...)
+		if err != nil {
+			return nil, err
+		}
+		if len(prev.Diff(cur)) == 0 {
+			return cur, nil
+		}
+		prev = cur
+	}
+	return prev, nil
+}
+
 // CheckNoLeaks takes a snapshot now and registers a cleanup (which runs after
 // the cleanups registered later, i.e. after the test's own teardown) that
 // fails the test if the host changed. Tests that touch the host call it first.
 // Tests using it must not run in parallel with others that touch the host.
 func (h *H) CheckNoLeaks(dirs ...string) {
 	h.T.Helper()
-	before, err := TakeSnapshot(dirs...)
+	before, err := stableSnapshot(dirs)
 	if err != nil {
 		h.T.Fatalf("snapshot host: %v", err)
 	}
 	h.T.Cleanup(func() {
-		after, err := TakeSnapshot(dirs...)
-		if err != nil {
-			h.T.Errorf("snapshot host: %v", err)
-			return
+		var diff []string
+		for deadline := time.Now().Add(settle); ; {
+			after, err := TakeSnapshot(dirs...)
+			if err != nil {
+				h.T.Errorf("snapshot host: %v", err)
+				return
+			}
+			if diff = before.Diff(after); len(diff) == 0 || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
 		}
-		if d := before.Diff(after); len(d) > 0 {
-			h.T.Errorf("host state changed by the test (leak or damage):\n  %s", strings.Join(d, "\n  "))
+		if len(diff) > 0 {
+			h.T.Errorf("host state changed by the test (leak or damage):\n  %s", strings.Join(diff, "\n  "))
 		}
 	})
 }
