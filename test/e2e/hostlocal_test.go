@@ -655,3 +655,64 @@ func TestHostLocalUnderReferencePtp(t *testing.T) {
 		t.Fatalf("after DEL: %v", held)
 	}
 }
+
+// TestHostLocalSameAsReference runs meshwire's and the reference's
+// host-local on the same configs (each with its own data directory) and
+// requires the same outcome: the same addresses, gateways, routes and DNS
+// for two ADDs in a row, or a failure from both.
+func TestHostLocalSameAsReference(t *testing.T) {
+	h := harness.New(t)
+	resolv := filepath.Join(t.TempDir(), "resolv.conf")
+	if err := os.WriteFile(resolv, []byte("nameserver 198.18.0.53\ndomain mwt-hl.test\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		ipam    string
+		cniArgs string
+		extra   []string
+	}{
+		{ipam: `{"type":"host-local","subnet":"198.18.16.0/24"}`},
+		{ipam: `{"type":"host-local","subnet":"198.18.16.0/24","rangeStart":"198.18.16.200","gateway":"198.18.16.200"}`},
+		{ipam: `{"type":"host-local","subnet":"198.18.16.0/30"}`},
+		{ipam: `{"type":"host-local","subnet":"198.18.16.0/31"}`},
+		{ipam: `{"type":"host-local","subnet":"198.18.16.1/24"}`},
+		{ipam: `{"type":"host-local","subnet":"198.18.16.0/24","rangeEnd":"198.18.17.1"}`},
+		{ipam: `{"type":"host-local","ranges":[[{"subnet":"198.18.16.0/29"},{"subnet":"198.18.17.0/29","gateway":"198.18.17.6"}]],"routes":[{"dst":"0.0.0.0/0"}]}`},
+		{ipam: `{"type":"host-local","ranges":[[{"subnet":"198.18.16.0/24"}],[{"subnet":"fd10:0:0:16::/64"}]]}`},
+		{ipam: `{"type":"host-local","ranges":[[{"subnet":"198.18.16.0/24"}],[{"subnet":"198.18.16.128/25"}]]}`},
+		{ipam: `{"type":"host-local","ranges":[[{"subnet":"198.18.16.0/24"},{"subnet":"fd10:0:0:16::/64"}]]}`},
+		{ipam: `{"type":"host-local","ranges":[[{"subnet":"fd10:0:0:16::/127"}]]}`},
+		{ipam: fmt.Sprintf(`{"type":"host-local","subnet":"198.18.16.0/24","resolvConf":%q}`, resolv)},
+		{ipam: `{"type":"host-local","subnet":"198.18.16.0/24"}`, cniArgs: "IP=198.18.16.9"},
+		{ipam: `{"type":"host-local","subnet":"198.18.16.0/24"}`, cniArgs: "IP=198.18.16.1"},
+		{ipam: `{"type":"host-local","subnet":"198.18.16.0/24"}`, cniArgs: "FOO=bar"},
+		{ipam: `{"type":"host-local","subnet":"198.18.16.0/24"}`, cniArgs: "IgnoreUnknown=1;FOO=bar"},
+		{ipam: `{"type":"host-local","subnet":"198.18.16.0/24"}`, extra: []string{`"args":{"cni":{"ips":["198.18.16.33"]}}`}},
+		{ipam: `{"type":"host-local","subnet":"198.18.16.0/24"}`, extra: []string{`"runtimeConfig":{"ips":["198.18.99.1"]}`}},
+		{ipam: `{"type":"host-local","subnet":"198.18.16.0/24"}`, extra: []string{`"runtimeConfig":{"ipRanges":[[{"subnet":"fd10:0:0:17::/120"}]]}`}},
+		{ipam: `{"type":"host-local"}`},
+	}
+	ref := filepath.Join(harness.ReferenceDir, "host-local")
+	for i, c := range cases {
+		t.Run(fmt.Sprint(i), func(t *testing.T) {
+			mw := hostLocalNew(t, h, c.ipam)
+			rf := hostLocalNew(t, h, c.ipam)
+			rf.name = mw.name
+			for _, id := range []string{"c1", "c2"} {
+				mr, merr := invoke.ExecPluginWithResult(context.Background(), mw.bin(), mw.conf("1.0.0", c.extra...), mw.args("ADD", id, c.cniArgs), nil)
+				rr, rerr := invoke.ExecPluginWithResult(context.Background(), ref, rf.conf("1.0.0", c.extra...), rf.args("ADD", id, c.cniArgs), nil)
+				if (merr == nil) != (rerr == nil) {
+					t.Fatalf("%s ADD %s: meshwire %v, reference %v", c.ipam, id, merr, rerr)
+				}
+				if merr != nil {
+					return
+				}
+				mj, _ := json.Marshal(mr)
+				rj, _ := json.Marshal(rr)
+				if string(mj) != string(rj) {
+					t.Fatalf("%s ADD %s:\nmeshwire  %s\nreference %s", c.ipam, id, mj, rj)
+				}
+			}
+		})
+	}
+}
