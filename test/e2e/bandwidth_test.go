@@ -81,8 +81,8 @@ func bandwidthHarness(t *testing.T, iface bandwidthIface) *harness.H {
 	return h
 }
 
-func newBandwidthNet(t *testing.T, h *harness.H, iface bandwidthIface, name, subnet, bwConf string) *bandwidthNet {
-	n := &bandwidthNet{h: h, name: name, version: "1.0.0", iface: iface, ipamDir: t.TempDir(), subnet: subnet, bwConf: bwConf}
+func newBandwidthNet(t *testing.T, h *harness.H, iface bandwidthIface, version, name, subnet, bwConf string) *bandwidthNet {
+	n := &bandwidthNet{h: h, name: name, version: version, iface: iface, ipamDir: t.TempDir(), subnet: subnet, bwConf: bwConf}
 	if iface.bridge != "" {
 		t.Cleanup(func() {
 			if l, err := netlink.LinkByName(iface.bridge); err == nil {
@@ -355,7 +355,7 @@ func TestBandwidthShapesTraffic(t *testing.T) {
 			h := bandwidthHarness(t, iface)
 			h.CheckNoLeaks()
 			bw := fmt.Sprintf(`{"type":"bandwidth","ingressRate":%d,"ingressBurst":32000,"egressRate":%d,"egressBurst":32000}`, rate, rate)
-			n := newBandwidthNet(t, h, iface, "bw-traffic", fmt.Sprintf("198.18.%d.0/24", 32+i), bw)
+			n := newBandwidthNet(t, h, iface, "1.0.0", "bw-traffic", fmt.Sprintf("198.18.%d.0/24", 32+i), bw)
 			pod := n.pod(t, true, nil)
 			peer := n.pod(t, false, nil)
 
@@ -414,7 +414,7 @@ func TestBandwidthRuntimeConfigWins(t *testing.T) {
 	h := bandwidthHarness(t, bandwidthRefPtp)
 	h.CheckNoLeaks()
 	bw := `{"type":"bandwidth","capabilities":{"bandwidth":true},"ingressRate":1000000,"ingressBurst":100000,"egressRate":1000000,"egressBurst":100000}`
-	n := newBandwidthNet(t, h, bandwidthRefPtp, "bw-rt", "198.18.40.0/24", bw)
+	n := newBandwidthNet(t, h, bandwidthRefPtp, "1.0.0", "bw-rt", "198.18.47.0/24", bw)
 
 	plain := n.pod(t, true, nil)
 	bandwidthWantTbf(t, plain.host, 1_000_000)
@@ -446,7 +446,7 @@ func TestBandwidthCheckDetectsChanges(t *testing.T) {
 	h := bandwidthHarness(t, bandwidthRefPtp)
 	h.CheckNoLeaks()
 	bw := `{"type":"bandwidth","ingressRate":8000000,"ingressBurst":80000,"egressRate":8000000,"egressBurst":80000}`
-	n := newBandwidthNet(t, h, bandwidthRefPtp, "bw-check", "198.18.41.0/24", bw)
+	n := newBandwidthNet(t, h, bandwidthRefPtp, "1.0.0", "bw-check", "198.18.41.0/24", bw)
 	pod := n.pod(t, true, nil)
 	if err := pod.att.Check(); err != nil {
 		t.Fatalf("CHECK after ADD: %v", err)
@@ -504,8 +504,8 @@ func TestBandwidthDelAndGC(t *testing.T) {
 	h := bandwidthHarness(t, bandwidthRefPtp)
 	h.CheckNoLeaks()
 	bw := `{"type":"bandwidth","egressRate":10000000,"egressBurst":100000}`
-	a := newBandwidthNet(t, h, bandwidthRefPtp, "bw-gc-a", "198.18.42.0/24", bw)
-	b := newBandwidthNet(t, h, bandwidthRefPtp, "bw-gc-b", "198.18.43.0/24", bw)
+	a := newBandwidthNet(t, h, bandwidthRefPtp, "1.0.0", "bw-gc-a", "198.18.42.0/24", bw)
+	b := newBandwidthNet(t, h, bandwidthRefPtp, "1.0.0", "bw-gc-b", "198.18.43.0/24", bw)
 	keep, stale, other := a.pod(t, true, nil), a.pod(t, true, nil), b.pod(t, true, nil)
 	ifbOf := map[*bandwidthPod]string{}
 	for _, p := range []*bandwidthPod{keep, stale, other} {
@@ -569,7 +569,7 @@ func TestBandwidthCoexistence(t *testing.T) {
 		t.Run(kind, func(t *testing.T) {
 			h := bandwidthHarness(t, bandwidthRefPtp)
 			h.CheckNoLeaks()
-			n := newBandwidthNet(t, h, bandwidthRefPtp, "bw-coexist", "198.18.44.0/24", `{"type":"bandwidth"}`)
+			n := newBandwidthNet(t, h, bandwidthRefPtp, "1.0.0", "bw-coexist", "198.18.44.0/24", `{"type":"bandwidth"}`)
 			pod := n.pod(t, false, nil)
 			parent := netlink.MakeHandle(0xffff, 0)
 			if kind == "clsact" {
@@ -621,7 +621,7 @@ func TestBandwidthCoexistence(t *testing.T) {
 	t.Run("foreign root qdisc", func(t *testing.T) {
 		h := bandwidthHarness(t, bandwidthRefPtp)
 		h.CheckNoLeaks()
-		n := newBandwidthNet(t, h, bandwidthRefPtp, "bw-coexist", "198.18.44.0/24", `{"type":"bandwidth"}`)
+		n := newBandwidthNet(t, h, bandwidthRefPtp, "1.0.0", "bw-coexist", "198.18.44.0/24", `{"type":"bandwidth"}`)
 		pod := n.pod(t, false, nil)
 		if out, err := harness.Run("tc", "qdisc", "add", "dev", pod.host, "root", "handle", "7:", "htb"); err != nil {
 			t.Fatalf("tc qdisc add htb: %v: %s", err, out)
@@ -652,7 +652,7 @@ func TestBandwidthCoexistence(t *testing.T) {
 func TestBandwidthBadConfig(t *testing.T) {
 	h := bandwidthHarness(t, bandwidthRefPtp)
 	h.CheckNoLeaks()
-	n := newBandwidthNet(t, h, bandwidthRefPtp, "bw-bad", "198.18.45.0/24", `{"type":"bandwidth"}`)
+	n := newBandwidthNet(t, h, bandwidthRefPtp, "1.0.0", "bw-bad", "198.18.45.0/24", `{"type":"bandwidth"}`)
 	pod := n.pod(t, false, nil)
 	cases := []struct {
 		name  string
@@ -699,4 +699,95 @@ func bandwidthWaitGone(t *testing.T, name string) {
 	}
 	out, _ := harness.Run("lsns", "-t", "net")
 	t.Fatalf("%s still exists 5 s after its namespace was deleted\n%s", name, out)
+}
+
+// TestBandwidthEveryVersion runs the life cycle after meshwire's veth for
+// each spec version bandwidth serves, with STATUS and GC (through libcni)
+// where the version has them.
+func TestBandwidthEveryVersion(t *testing.T) {
+	iface := bandwidthIfaces[2]
+	for i, v := range []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
+		t.Run(v, func(t *testing.T) {
+			h := bandwidthHarness(t, iface)
+			h.CheckNoLeaks()
+			bw := `{"type":"bandwidth","ingressRate":20000000,"ingressBurst":200000,"egressRate":30000000,"egressBurst":300000}`
+			n := newBandwidthNet(t, h, iface, v, "bw-v"+strings.ReplaceAll(v, ".", ""), fmt.Sprintf("198.18.%d.0/24", 36+i), bw)
+			ns := h.NewNS("bw")
+			a := h.Attach(n.shaped, ns, "eth0", nil)
+			res, err := a.Add()
+			if err != nil {
+				t.Fatalf("ADD: %v", err)
+			}
+			if res.Version() != v {
+				t.Fatalf("result version %s, want %s", res.Version(), v)
+			}
+			host := bandwidthHostEnd(t, ns)
+			bandwidthWantTbf(t, host, 20_000_000)
+			ifb := bandwidthIfbOf(t, host)
+			bandwidthWantTbf(t, ifb, 30_000_000)
+			if gte(v, "0.4.0") {
+				if err := a.Check(); err != nil {
+					t.Fatalf("CHECK: %v", err)
+				}
+			}
+			if gte(v, "1.1.0") {
+				if err := h.Status(n.shaped); err != nil {
+					t.Fatalf("STATUS: %v", err)
+				}
+				if err := h.GC(n.shaped, a.GCAttachment()); err != nil {
+					t.Fatalf("GC: %v", err)
+				}
+				if _, ok := bandwidthIfbs(t)[ifb]; !ok {
+					t.Fatalf("GC removed %s of a valid attachment", ifb)
+				}
+			}
+			if err := a.Del(); err != nil {
+				t.Fatalf("DEL: %v", err)
+			}
+			if _, ok := bandwidthIfbs(t)[ifb]; ok {
+				t.Fatalf("DEL left %s", ifb)
+			}
+			if err := a.Del(); err != nil {
+				t.Fatalf("second DEL: %v", err)
+			}
+		})
+	}
+}
+
+// TestBandwidthRepeatedAdd: a runtime retrying ADD for the same attachment
+// gets the same shaping, not an error, and a changed config is applied.
+func TestBandwidthRepeatedAdd(t *testing.T) {
+	h := bandwidthHarness(t, bandwidthRefPtp)
+	h.CheckNoLeaks()
+	n := newBandwidthNet(t, h, bandwidthRefPtp, "1.0.0", "bw-again", "198.18.46.0/24", `{"type":"bandwidth"}`)
+	pod := n.pod(t, false, nil)
+	conf := bandwidthConf(n.name, "1.0.0", map[string]any{"ingressRate": 10000000, "ingressBurst": 100000, "egressRate": 10000000, "egressBurst": 100000})
+	for i := 0; i < 2; i++ {
+		if _, err := bandwidthExec(t, h, "ADD", pod, conf); err != nil {
+			t.Fatalf("ADD #%d: %v", i+1, err)
+		}
+	}
+	if ifbs := bandwidthIfbsOf(t, pod); len(ifbs) != 1 {
+		t.Fatalf("ifbs after two ADDs: %v", ifbs)
+	}
+	if _, err := bandwidthExec(t, h, "CHECK", pod, conf); err != nil {
+		t.Fatalf("CHECK: %v", err)
+	}
+	// The same attachment added again with other limits: the new ones apply
+	// and the ingress qdisc stays recorded as meshwire's (DEL removes it).
+	conf["egressRate"], conf["ingressRate"] = 20000000, 0
+	delete(conf, "ingressBurst")
+	if _, err := bandwidthExec(t, h, "ADD", pod, conf); err != nil {
+		t.Fatalf("ADD with new limits: %v", err)
+	}
+	if bandwidthRootTbf(t, pod.host) != nil {
+		t.Fatal("ingress still shaped after an ADD that does not limit it")
+	}
+	bandwidthWantTbf(t, bandwidthIfbOf(t, pod.host), 20000000)
+	if _, err := bandwidthExec(t, h, "DEL", pod, conf); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	if out, _ := harness.Run("tc", "qdisc", "show", "dev", pod.host, "ingress"); strings.Contains(out, "ingress") {
+		t.Fatalf("DEL left the ingress qdisc ADD created:\n%s", out)
+	}
 }

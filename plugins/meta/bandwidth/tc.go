@@ -277,7 +277,9 @@ func teardownIfb(name string, dev netlink.Link) error {
 	}
 	info, ok := parseAlias(l.Attrs().Alias)
 	if !ok {
-		return cnierr.Internal("%s was not made by meshwire's bandwidth plugin (alias %q); not deleting it", name, l.Attrs().Alias)
+		// Not ours after all: leave it, and let DEL succeed.
+		slog.Warn("not deleting a device meshwire did not make", "device", name, "type", l.Type(), "alias", l.Attrs().Alias)
+		return nil
 	}
 	if dev == nil && info.Dev > 0 {
 		// The pod's namespace is gone; the host end may still be there.
