@@ -261,6 +261,19 @@ func TestHostLocalErrors(t *testing.T) {
 		t.Fatalf("failed ADDs changed the store: %v", held)
 	}
 
+	// CHECK, DEL and GC on a network never used leave no state behind.
+	fresh := hostLocalNew(t, h, n.ipam)
+	hostLocalAssertCode(t, fresh.run("CHECK", "c1", "1.1.0"), 999, "holds no address")
+	if err := fresh.run("DEL", "c1", "1.1.0"); err != nil {
+		t.Fatalf("DEL on a fresh network: %v", err)
+	}
+	if err := fresh.run("GC", "", "1.1.0", `"cni.dev/valid-attachments":[]`); err != nil {
+		t.Fatalf("GC on a fresh network: %v", err)
+	}
+	if _, err := os.Stat(store.Dir(fresh.dataDir, fresh.name)); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("CHECK/DEL/GC on a fresh network created its directory (%v)", err)
+	}
+
 	env := func(cmd string) map[string]string {
 		return map[string]string{"CNI_COMMAND": cmd, "CNI_CONTAINERID": "c9", "CNI_NETNS": "/var/run/netns/x", "CNI_IFNAME": "eth0", "CNI_PATH": h.BinDir}
 	}

@@ -178,17 +178,19 @@ func cmdCheck(args *skel.CmdArgs) error {
 			return cnierr.Field("prevResult", "%v", err)
 		}
 	}
-	s, err := store.Open(conf.DataDir, conf.Network, conf.LockTimeout)
-	if err != nil {
-		return err
-	}
-	defer s.Close()
 	var held []store.Allocation
-	if err := s.View(func(tx *store.Tx) error {
-		held, err = tx.ByOwner(owner(args))
-		return err
-	}); err != nil {
-		return err
+	if _, err := os.Stat(store.Dir(conf.DataDir, conf.Network)); err == nil {
+		s, err := store.Open(conf.DataDir, conf.Network, conf.LockTimeout)
+		if err != nil {
+			return err
+		}
+		defer s.Close()
+		if err := s.View(func(tx *store.Tx) error {
+			held, err = tx.ByOwner(owner(args))
+			return err
+		}); err != nil {
+			return err
+		}
 	}
 	return verify(conf, owner(args), held, prev)
 }
