@@ -9,6 +9,7 @@ import (
 
 	"github.com/meshwire/meshwire/internal/buildinfo"
 	"github.com/meshwire/meshwire/internal/intercept"
+	"github.com/meshwire/meshwire/internal/intercept/flags"
 	"github.com/meshwire/meshwire/internal/intercept/install"
 	"github.com/meshwire/meshwire/internal/netns"
 )
@@ -24,7 +25,7 @@ const (
 // Run is the whole command: parse, then install, clean up or validate in
 // the pod's namespace. It returns the exit status.
 func Run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	o, err := Parse(args, getenv)
+	o, err := flags.Parse(args, getenv)
 	if err != nil {
 		fmt.Fprintf(stderr, "iptables-init: %v\nRun iptables-init --help for the flags. Nothing was changed.\n", err)
 		return ExitUsage
@@ -49,7 +50,7 @@ func Run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	return code
 }
 
-func execute(ctx context.Context, o Options, stdout, stderr io.Writer) int {
+func execute(ctx context.Context, o flags.Options, stdout, stderr io.Writer) int {
 	fail := func(format string, a ...any) int {
 		fmt.Fprintf(stderr, "iptables-init: "+format+"\n", a...)
 		return ExitFailed

@@ -1,4 +1,9 @@
-package main
+// Package flags reads istio-iptables' command line (and the environment
+// variables named after its flags) into an interception Config and the
+// options around it, with the same defaults and meaning. iptables-init
+// parses its arguments with it, and the intercept CNI plugin its config
+// (whose keys are the same flag names).
+package flags
 
 import (
 	"bytes"
