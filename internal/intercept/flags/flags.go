@@ -41,6 +41,7 @@ type Options struct {
 // UsageError is a bad command line: exit status 2, nothing changed.
 type UsageError struct {
 	Flag string // "--envoy-port (-p)", or "" for errors not about one flag
+	Long string // the flag's long name ("envoy-port"), or ""
 	Msg  string
 }
 
@@ -153,7 +154,7 @@ func Parse(args []string, getenv func(string) string) (Options, error) {
 			continue
 		}
 		if err := fs.Set(d.long, v); err != nil {
-			return o, &UsageError{Flag: flagName(d), Msg: fmt.Sprintf("environment variable %s=%q: %v", EnvName(d.long), v, err)}
+			return o, &UsageError{Flag: flagName(d), Long: d.long, Msg: fmt.Sprintf("environment variable %s=%q: %v", EnvName(d.long), v, err)}
 		}
 		fromEnv[d.long] = EnvName(d.long)
 	}
@@ -172,7 +173,7 @@ func Parse(args []string, getenv func(string) string) (Options, error) {
 		if env := fromEnv[long]; env != "" {
 			name += " (set by " + env + ")"
 		}
-		return &UsageError{Flag: name, Msg: fmt.Sprintf(format, a...)}
+		return &UsageError{Flag: name, Long: long, Msg: fmt.Sprintf(format, a...)}
 	}
 
 	c := intercept.Config{}
@@ -292,7 +293,7 @@ func contradictions(o Options) error {
 	bad := func(long, format string, a ...any) error {
 		for _, d := range flagDefs {
 			if d.long == long {
-				return &UsageError{Flag: flagName(d), Msg: fmt.Sprintf(format, a...)}
+				return &UsageError{Flag: flagName(d), Long: long, Msg: fmt.Sprintf(format, a...)}
 			}
 		}
 		panic(long)
@@ -418,4 +419,24 @@ func parseIfaces(s string) ([]string, error) {
 		}
 	}
 	return out, nil
+}
+
+// IsBool reports whether long names a boolean flag.
+func IsBool(long string) bool {
+	for _, d := range flagDefs {
+		if d.long == long {
+			return d.isBool
+		}
+	}
+	return false
+}
+
+// Known reports whether long is the long name of a flag.
+func Known(long string) bool {
+	for _, d := range flagDefs {
+		if d.long == long {
+			return true
+		}
+	}
+	return false
 }

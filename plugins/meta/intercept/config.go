@@ -1,0 +1,152 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sort"
+	"strings"
+
+	current "github.com/containernetworking/cni/pkg/types/100"
+
+	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/intercept/flags"
+	"github.com/meshwire/meshwire/internal/pluginconf"
+)
+
+const pluginType = "intercept"
+
+// ruleKeys are the config keys: iptables-init's long flag names, with the
+// same meaning and defaults. The flags that are about running a command
+// (dry run, cleanup, reconcile, validation, namespace, resolv.conf) have no
+// place in a plugin config.
+var ruleKeys = []string{
+	"envoy-port", "inbound-capture-port", "inbound-tunnel-port", "proxy-uid", "proxy-gid",
+	"istio-inbound-interception-mode", "istio-inbound-tproxy-mark", "istio-inbound-tproxy-route-table",
+	"istio-inbound-ports", "istio-local-exclude-ports", "istio-service-cidr", "istio-service-exclude-cidr",
+	"istio-outbound-ports", "istio-local-outbound-ports-exclude", "kube-virt-interfaces", "istio-exclude-interfaces",
+	"redirect-dns", "capture-all-dns", "drop-invalid", "dual-stack", "iptables-backend",
+}
+
+type config struct {
+	pluginconf.Base
+}
+
+// parseConfig decodes stdin and reads the interception settings from the
+// keys named after iptables-init's flags.
+func parseConfig(data []byte) (*config, flags.Options, error) {
+	var c config
+	if err := pluginconf.Decode(data, pluginType, &c); err != nil {
+		return nil, flags.Options{}, err
+	}
+	var raw map[string]json.RawMessage
+	if err := pluginconf.Unmarshal(data, &raw, ""); err != nil {
+		return nil, flags.Options{}, err
+	}
+	args, err := configArgs(raw)
+	if err != nil {
+		return nil, flags.Options{}, err
+	}
+	o, err := flags.Parse(args, func(string) string { return "" })
+	if err != nil {
+		var ue *flags.UsageError
+		if errors.As(err, &ue) && ue.Long != "" {
+			return nil, flags.Options{}, cnierr.Field(ue.Long, "%s", ue.Msg)
+		}
+		return nil, flags.Options{}, cnierr.Config("%v", err)
+	}
+	return &c, o, nil
+}
+
+// configArgs turns the config's flag-named keys into a command line. A
+// value is a string, a number, true/false, or a list of strings and
+// numbers (joined with commas, as on the command line).
+func configArgs(raw map[string]json.RawMessage) ([]string, error) {
+	var keys []string
+	for k := range raw {
+		if flags.Known(k) {
+			keys = append(keys, k)
+		}
+	}
+	sort.Strings(keys)
+	var args []string
+	for _, k := range keys {
+		if !contains(ruleKeys, k) {
+			return nil, cnierr.Field(k, "is an iptables-init command option, not a setting of the plugin")
+		}
+		v := bytes.TrimSpace(raw[k])
+		if flags.IsBool(k) {
+			var b bool
+			if err := json.Unmarshal(v, &b); err != nil {
+				return nil, cnierr.Field(k, "expected true or false, got %s", v)
+			}
+			args = append(args, fmt.Sprintf("--%s=%t", k, b))
+			continue
+		}
+		s, err := scalarOrList(v)
+		if err != nil {
+			return nil, cnierr.Field(k, "%v", err)
+		}
+		args = append(args, fmt.Sprintf("--%s=%s", k, s))
+	}
+	return args, nil
+}
+
+func scalarOrList(v json.RawMessage) (string, error) {
+	if len(v) > 0 && v[0] == '[' {
+		var items []json.RawMessage
+		if err := json.Unmarshal(v, &items); err != nil {
+			return "", fmt.Errorf("expected a string, a number or a list of them, got %s", v)
+		}
+		var parts []string
+		for _, it := range items {
+			s, err := scalar(it)
+			if err != nil {
+				return "", err
+			}
+			parts = append(parts, s)
+		}
+		return strings.Join(parts, ","), nil
+	}
+	return scalar(v)
+}
+
+func scalar(v json.RawMessage) (string, error) {
+	var s string
+	if err := json.Unmarshal(v, &s); err == nil {
+		return s, nil
+	}
+	var n json.Number
+	d := json.NewDecoder(bytes.NewReader(v))
+	d.UseNumber()
+	if err := d.Decode(&n); err == nil {
+		return n.String(), nil
+	}
+	return "", fmt.Errorf("expected a string, a number or a list of them, got %s", v)
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// dnsServers are the nameservers --redirect-dns captures (when not all DNS
+// is): those the interface plugins returned in prevResult.
+func dnsServers(prev *current.Result) []netip.Addr {
+	var out []netip.Addr
+	if prev == nil {
+		return nil
+	}
+	for _, s := range prev.DNS.Nameservers {
+		if a, err := netip.ParseAddr(s); err == nil {
+			out = append(out, a.Unmap())
+		}
+	}
+	return out
+}

@@ -1,0 +1,29 @@
+package main
+
+import (
+	"testing"
+
+	"github.com/meshwire/meshwire/internal/cnierr"
+)
+
+// FuzzParseConfig: any input gives a config or a CNI error of code 6 or 7,
+// never a panic.
+func FuzzParseConfig(f *testing.F) {
+	f.Add(string(conf(`"istio-service-cidr":"*","istio-inbound-ports":"*"`)))
+	f.Add(string(conf(`"istio-inbound-ports":[80,"443"],"proxy-gid":[1,2]`)))
+	f.Add(string(conf(`"istio-inbound-interception-mode":"TPROXY","istio-inbound-tproxy-mark":"0x10"`)))
+	f.Add(`{"type":"intercept","envoy-port":1e3}`)
+	f.Add(`[]`)
+	f.Fuzz(func(t *testing.T, data string) {
+		_, o, err := parseConfig([]byte(data))
+		if err != nil {
+			if c := cnierr.Code(err); c != 6 && c != 7 {
+				t.Fatalf("code %d for %q: %v", c, data, err)
+			}
+			return
+		}
+		if o.Config.ProxyPort == 0 || o.Config.ProxyPort == o.Config.InboundCapturePort {
+			t.Fatalf("accepted unusable ports %+v", o.Config)
+		}
+	})
+}

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+
+	"github.com/containernetworking/cni/pkg/skel"
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/intercept/flags"
+	"github.com/meshwire/meshwire/internal/intercept/install"
+	"github.com/meshwire/meshwire/internal/netns"
+)
+
+// request builds the install request for the namespace the thread is in.
+func request(o flags.Options, reconcile bool) (install.Request, error) {
+	addrs, err := install.LocalAddrs()
+	if err != nil {
+		return install.Request{}, err
+	}
+	return install.Request{Config: o.Config, IPv6: install.WantIPv6(o.DualStack, addrs), Backend: o.Backend, Reconcile: reconcile}, nil
+}
+
+func cmdAdd(args *skel.CmdArgs) error {
+	conf, o, err := parseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	prev, err := conf.RequirePrevResult()
+	if err != nil {
+		return err
+	}
+	if o.Config.RedirectDNS && !o.Config.CaptureAllDNS {
+		o.Config.DNSServers = dnsServers(prev)
+	}
+	ctx := context.Background()
+	err = netns.Enter(args.Netns, func() error {
+		req, err := request(o, true)
+		if err != nil {
+			return err
+		}
+		// A repeated ADD converges on the config: same rules, nothing done;
+		// other rules (a config change), replaced without a gap.
+		plan, err := install.Prepare(ctx, req)
+		if err != nil {
+			return err
+		}
+		if plan.UpToDate() {
+			slog.Info("interception rules already in place", "backend", plan.Backend.String())
+			return nil
+		}
+		if err := plan.Apply(ctx); err != nil {
+			if _, uerr := install.Cleanup(ctx, o.Config, false); uerr != nil {
+				slog.Warn("undoing a failed ADD", "error", uerr)
+			}
+			return err
+		}
+		slog.Info("interception rules installed", "mode", string(o.Config.Mode), "ipv6", req.IPv6, "backend", plan.Backend.String())
+		return nil
+	})
+	if err != nil {
+		return cnierr.Wrap(err, "install interception rules in %s", args.Netns)
+	}
+	return types.PrintResult(prev, conf.CNIVersion)
+}
+
+func cmdDel(args *skel.CmdArgs) error {
+	_, o, err := parseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	if args.Netns == "" {
+		return nil // the rules lived in the namespace, gone with it
+	}
+	err = netns.Enter(args.Netns, func() error {
+		_, err := install.Cleanup(context.Background(), o.Config, false)
+		return err
+	})
+	if netns.IsGone(err) {
+		slog.Info("pod namespace gone; nothing to remove", "error", err)
+		return nil
+	}
+	return cnierr.Wrap(err, "remove interception rules in %s", args.Netns)
+}
+
+func cmdCheck(args *skel.CmdArgs) error {
+	conf, o, err := parseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	prev, err := conf.RequirePrevResult()
+	if err != nil {
+		return err
+	}
+	if o.Config.RedirectDNS && !o.Config.CaptureAllDNS {
+		o.Config.DNSServers = dnsServers(prev)
+	}
+	return netns.Enter(args.Netns, func() error {
+		req, err := request(o, false)
+		if err != nil {
+			return err
+		}
+		plan, err := install.Prepare(context.Background(), req)
+		if errors.Is(err, install.ErrDifferent) {
+			return cnierr.CheckFailed("%v", err)
+		}
+		if err != nil {
+			return cnierr.Wrap(err, "read the interception rules")
+		}
+		if !plan.UpToDate() {
+			return cnierr.CheckFailed("interception rules are missing in %s (%s)", args.Netns, plan.Backend)
+		}
+		return nil
+	})
+}
+
+// cmdStatus reports whether the firewall tools work on this node.
+func cmdStatus(args *skel.CmdArgs) error {
+	_, o, err := parseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	b := o.Backend
+	ctx := context.Background()
+	if b.Kind == "" {
+		b = firewall.Detect(ctx)
+	}
+	return b.Available(ctx)
+}
+
+// cmdGC has nothing to collect: every rule lives in a pod's namespace and
+// goes with it.
+func cmdGC(args *skel.CmdArgs) error {
+	_, _, err := parseConfig(args.StdinData)
+	return err
+}
