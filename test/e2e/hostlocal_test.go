@@ -193,14 +193,21 @@ func TestHostLocalEveryVersion(t *testing.T) {
 	}
 }
 
+// hostLocalResolvConf writes a resolv.conf for the resolvConf key.
+func hostLocalResolvConf(t *testing.T, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "resolv.conf")
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // TestHostLocalConfigForms: every way the reference accepts ranges and
 // requested addresses, with the result a runtime sees.
 func TestHostLocalConfigForms(t *testing.T) {
 	h := harness.New(t)
-	resolv := filepath.Join(t.TempDir(), "resolv.conf")
-	if err := os.WriteFile(resolv, []byte("nameserver 198.18.0.53\nsearch mwt-hl.test\noptions ndots:3\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	resolv := hostLocalResolvConf(t, "nameserver 198.18.0.53\nsearch mwt-hl.test\noptions ndots:3\n")
 	cases := []struct {
 		name    string
 		ipam    string
@@ -675,10 +682,7 @@ func TestHostLocalUnderReferencePtp(t *testing.T) {
 // for two ADDs in a row, or a failure from both.
 func TestHostLocalSameAsReference(t *testing.T) {
 	h := harness.New(t)
-	resolv := filepath.Join(t.TempDir(), "resolv.conf")
-	if err := os.WriteFile(resolv, []byte("nameserver 198.18.0.53\ndomain mwt-hl.test\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	resolv := hostLocalResolvConf(t, "nameserver 198.18.0.53\ndomain mwt-hl.test\n")
 	cases := []struct {
 		ipam    string
 		cniArgs string
