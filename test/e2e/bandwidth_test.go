@@ -128,6 +128,16 @@ func (n *bandwidthNet) pod(t *testing.T, shaped bool, caps map[string]any) *band
 	return p
 }
 
+// bandwidthBarePod attaches one pod to the reference ptp without shaping,
+// for tests that run the bandwidth binary on it directly.
+func bandwidthBarePod(t *testing.T, name, subnet string) (*harness.H, *bandwidthNet, *bandwidthPod) {
+	t.Helper()
+	h := bandwidthHarness(t, bandwidthRefPtp)
+	h.CheckNoLeaks()
+	n := newBandwidthNet(t, h, bandwidthRefPtp, "1.0.0", name, subnet, `{"type":"bandwidth"}`)
+	return h, n, n.pod(t, false, nil)
+}
+
 // bandwidthHostEnd finds the host end of eth0 in ns the way the kernel
 // tells it (the veth's peer index), independently of the plugin's code.
 func bandwidthHostEnd(t *testing.T, ns *harness.NS) string {
@@ -567,10 +577,7 @@ func TestBandwidthDelAndGC(t *testing.T) {
 func TestBandwidthCoexistence(t *testing.T) {
 	for _, kind := range []string{"ingress", "clsact"} {
 		t.Run(kind, func(t *testing.T) {
-			h := bandwidthHarness(t, bandwidthRefPtp)
-			h.CheckNoLeaks()
-			n := newBandwidthNet(t, h, bandwidthRefPtp, "1.0.0", "bw-coexist", "198.18.44.0/24", `{"type":"bandwidth"}`)
-			pod := n.pod(t, false, nil)
+			h, n, pod := bandwidthBarePod(t, "bw-coexist", "198.18.44.0/24")
 			parent := netlink.MakeHandle(0xffff, 0)
 			if kind == "clsact" {
 				parent = netlink.HANDLE_MIN_INGRESS
@@ -619,10 +626,7 @@ func TestBandwidthCoexistence(t *testing.T) {
 		})
 	}
 	t.Run("foreign root qdisc", func(t *testing.T) {
-		h := bandwidthHarness(t, bandwidthRefPtp)
-		h.CheckNoLeaks()
-		n := newBandwidthNet(t, h, bandwidthRefPtp, "1.0.0", "bw-coexist", "198.18.44.0/24", `{"type":"bandwidth"}`)
-		pod := n.pod(t, false, nil)
+		h, n, pod := bandwidthBarePod(t, "bw-coexist", "198.18.44.0/24")
 		if out, err := harness.Run("tc", "qdisc", "add", "dev", pod.host, "root", "handle", "7:", "htb"); err != nil {
 			t.Fatalf("tc qdisc add htb: %v: %s", err, out)
 		}
@@ -650,10 +654,7 @@ func TestBandwidthCoexistence(t *testing.T) {
 // TestBandwidthBadConfig: bad values are code 7 naming the field, and a
 // refused ADD creates nothing.
 func TestBandwidthBadConfig(t *testing.T) {
-	h := bandwidthHarness(t, bandwidthRefPtp)
-	h.CheckNoLeaks()
-	n := newBandwidthNet(t, h, bandwidthRefPtp, "1.0.0", "bw-bad", "198.18.45.0/24", `{"type":"bandwidth"}`)
-	pod := n.pod(t, false, nil)
+	h, n, pod := bandwidthBarePod(t, "bw-bad", "198.18.45.0/24")
 	cases := []struct {
 		name  string
 		extra map[string]any
@@ -757,10 +758,7 @@ func TestBandwidthEveryVersion(t *testing.T) {
 // TestBandwidthRepeatedAdd: a runtime retrying ADD for the same attachment
 // gets the same shaping, not an error, and a changed config is applied.
 func TestBandwidthRepeatedAdd(t *testing.T) {
-	h := bandwidthHarness(t, bandwidthRefPtp)
-	h.CheckNoLeaks()
-	n := newBandwidthNet(t, h, bandwidthRefPtp, "1.0.0", "bw-again", "198.18.46.0/24", `{"type":"bandwidth"}`)
-	pod := n.pod(t, false, nil)
+	h, n, pod := bandwidthBarePod(t, "bw-again", "198.18.46.0/24")
 	conf := bandwidthConf(n.name, "1.0.0", map[string]any{"ingressRate": 10000000, "ingressBurst": 100000, "egressRate": 10000000, "egressBurst": 100000})
 	for i := 0; i < 2; i++ {
 		if _, err := bandwidthExec(t, h, "ADD", pod, conf); err != nil {

@@ -15,12 +15,18 @@ import (
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
-func cmdAdd(args *skel.CmdArgs) error {
+// chained decodes the config of ADD and CHECK, which need prevResult.
+func chained(args *skel.CmdArgs) (*config, Bandwidth, *current.Result, error) {
 	conf, bw, err := parseConfig(args.StdinData)
 	if err != nil {
-		return err
+		return nil, bw, nil, err
 	}
 	prev, err := conf.RequirePrevResult()
+	return conf, bw, prev, err
+}
+
+func cmdAdd(args *skel.CmdArgs) error {
+	conf, bw, prev, err := chained(args)
 	if err != nil {
 		return err
 	}
@@ -117,11 +123,7 @@ func cmdDel(args *skel.CmdArgs) error {
 }
 
 func cmdCheck(args *skel.CmdArgs) error {
-	conf, bw, err := parseConfig(args.StdinData)
-	if err != nil {
-		return err
-	}
-	prev, err := conf.RequirePrevResult()
+	conf, bw, prev, err := chained(args)
 	if err != nil {
 		return err
 	}

@@ -29,27 +29,22 @@ const filterPriority = 0xfe00
 
 // rootQdisc returns the qdisc at the root of link, nil when there is none.
 func rootQdisc(link netlink.Link) (netlink.Qdisc, error) {
-	qs, err := netlinksafe.QdiscList(link)
-	if err != nil {
-		return nil, fmt.Errorf("list qdiscs of %s: %w", link.Attrs().Name, err)
-	}
-	for _, q := range qs {
-		if q.Attrs().Parent == netlink.HANDLE_ROOT {
-			return q, nil
-		}
-	}
-	return nil, nil
+	return qdiscAt(link, netlink.HANDLE_ROOT)
 }
 
 // ingressQdisc returns the qdisc in the ingress slot of link (an ingress or
 // a clsact qdisc), nil when there is none.
 func ingressQdisc(link netlink.Link) (netlink.Qdisc, error) {
+	return qdiscAt(link, netlink.HANDLE_INGRESS)
+}
+
+func qdiscAt(link netlink.Link, parent uint32) (netlink.Qdisc, error) {
 	qs, err := netlinksafe.QdiscList(link)
 	if err != nil {
 		return nil, fmt.Errorf("list qdiscs of %s: %w", link.Attrs().Name, err)
 	}
 	for _, q := range qs {
-		if q.Attrs().Parent == netlink.HANDLE_INGRESS {
+		if q.Attrs().Parent == parent {
 			return q, nil
 		}
 	}
