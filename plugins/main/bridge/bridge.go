@@ -220,6 +220,9 @@ func ensureBridge(c *config) (*netlink.Bridge, error) {
 			nb.VlanFiltering = &t
 		}
 		if err := netlink.LinkAdd(nb); err != nil && !errors.Is(err, unix.EEXIST) {
+			if c.vlanFiltering() && errors.Is(err, unix.EOPNOTSUPP) {
+				return nil, noVlanFiltering(c)
+			}
 			return nil, cnierr.Internal("create bridge %q: %v", c.Bridge, err)
 		} else if err == nil {
 			created = true
@@ -241,6 +244,9 @@ func ensureBridge(c *config) (*netlink.Bridge, error) {
 	}
 	if c.vlanFiltering() && (br.VlanFiltering == nil || !*br.VlanFiltering) {
 		if err := netlink.BridgeSetVlanFiltering(br, true); err != nil {
+			if errors.Is(err, unix.EOPNOTSUPP) {
+				return nil, noVlanFiltering(c)
+			}
 			return nil, cnierr.Internal("enable VLAN filtering on %q: %v", c.Bridge, err)
 		}
 	}
@@ -384,4 +390,14 @@ func ensureAddr(l netlink.Link, want net.IPNet, force bool) error {
 		return cnierr.Internal("add %s to %s: %v", want.String(), l.Attrs().Name, err)
 	}
 	return nil
+}
+
+// noVlanFiltering is the error for vlan/vlanTrunk on a kernel built without
+// bridge VLAN filtering.
+func noVlanFiltering(c *config) error {
+	field := "vlan"
+	if c.Vlan == 0 {
+		field = "vlanTrunk"
+	}
+	return cnierr.Field(field, "this kernel has no bridge VLAN filtering (CONFIG_BRIDGE_VLAN_FILTERING), which VLANs on bridge %q need", c.Bridge)
 }
