@@ -674,6 +674,20 @@ func TestHostLocalUnderReferencePtp(t *testing.T) {
 	if held := n.held(t); len(held) != 0 {
 		t.Fatalf("after DEL: %v", held)
 	}
+
+	// The ips capability, as a runtime passes it: libcni puts it in
+	// runtimeConfig for ptp, which hands its config to host-local.
+	capList := h.ConfList(fmt.Sprintf(`{"cniVersion":"1.0.0","name":"mwt-hl-ptp","plugins":[{"type":"ptp","ipMasq":false,"capabilities":{"ips":true},"ipam":{"type":"host-local","dataDir":%q,"subnet":"198.18.13.0/24"}}]}`, dataDir))
+	a = h.Attach(capList, h.NewNS("hl"), "eth0", map[string]any{"ips": []string{"198.18.13.50/24"}})
+	if r := a.MustAdd(); hostLocalAddrs(r) != "198.18.13.50/24" {
+		t.Fatalf("ADD with the ips capability got %s, want 198.18.13.50/24", hostLocalAddrs(r))
+	}
+	if addrs := a.NS.Addrs("eth0"); !contains(addrs, "198.18.13.50/24") {
+		t.Fatalf("eth0 has %v", addrs)
+	}
+	if err := a.Del(); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
 }
 
 // TestHostLocalSameAsReference runs meshwire's and the reference's

@@ -394,3 +394,31 @@ func TestStoreSurvivesKill9(t *testing.T) {
 		}
 	}
 }
+
+// TestStoreSettlesDirectoryTime: a command that records the directory's
+// modification time returns only once the coarse file system clock has
+// moved past it, so a reference file written right afterwards changes the
+// time and is imported by the next command.
+func TestStoreSettlesDirectoryTime(t *testing.T) {
+	dataDir := t.TempDir()
+	s, err := Open(dataDir, testNet, time.Second) // creates the database: the directory changes
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	fi, err := os.Stat(Dir(dataDir, testNet))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if age := time.Since(fi.ModTime()); age < settle {
+		t.Fatalf("Open returned %s after the directory changed, before the %s settle time", age, settle)
+	}
+	writeReference(t, Dir(dataDir, testNet), "198.18.0.9", "ref\r\neth0")
+	s = openTest(t, dataDir)
+	_ = s.View(func(tx *Tx) error {
+		if !tx.Taken(ip("198.18.0.9")) {
+			t.Fatal("a reference file written right after the import was missed")
+		}
+		return nil
+	})
+}
