@@ -3,6 +3,8 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"io"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,7 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/meshwire/meshwire/internal/netns"
+	"github.com/meshwire/meshwire/internal/probe"
 	"github.com/meshwire/meshwire/test/harness"
 )
 
@@ -26,6 +31,33 @@ type meshwireCmd struct {
 func newMeshwireCmd(t *testing.T) *meshwireCmd {
 	h := harness.New(t)
 	return &meshwireCmd{t: t, bin: filepath.Join(h.BinDir, "meshwire"), stateDir: t.TempDir(), cniPath: h.BinDir}
+}
+
+// meshwireTestBridge is the bridge of meshwireConflist.
+const meshwireTestBridge = "mwt-cmdbr0"
+
+// meshwireConflist writes the default chain (bridge + host-local + portmap +
+// bandwidth) on the test's own bridge, range and data directory, and removes
+// the bridge at cleanup (the bridge plugin keeps bridges on DEL).
+func meshwireConflist(t *testing.T) string {
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "test.conflist")
+	err := os.WriteFile(conf, []byte(`{"cniVersion":"1.1.0","name":"mwt-cmd","plugins":[
+	  {"type":"bridge","bridge":"`+meshwireTestBridge+`","isGateway":true,"ipMasq":true,"hairpinMode":true,
+	   "ipam":{"type":"host-local","dataDir":"`+filepath.Join(dir, "ipam")+`",
+	           "ranges":[[{"subnet":"198.18.240.0/24"}],[{"subnet":"fdf0:6d77::/64"}]],
+	           "routes":[{"dst":"0.0.0.0/0"}]}},
+	  {"type":"portmap","capabilities":{"portMappings":true}},
+	  {"type":"bandwidth","capabilities":{"bandwidth":true}}]}`), 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(meshwireTestBridge); err == nil {
+			_ = netlink.LinkDel(l)
+		}
+	})
+	return conf
 }
 
 func (m *meshwireCmd) run(args ...string) (stdout, stderr string, code int) {
@@ -55,12 +87,13 @@ func TestMeshwireLifecycle(t *testing.T) {
 	m := newMeshwireCmd(t)
 	h := harness.New(t)
 	h.CheckNoLeaks()
+	conf := meshwireConflist(t)
 	name := "mwt-cmd-" + harness.RandomID()[:6]
-	t.Cleanup(func() { _ = netns.Delete(name) })
+	t.Cleanup(func() { m.run("del", name); _ = netns.Delete(name) })
 
-	out := m.mustRun("add", name)
-	if !strings.Contains(out, "127.0.0.1/8") {
-		t.Fatalf("add output lacks the loopback address:\n%s", out)
+	out := m.mustRun("add", name, "--conf", conf, "--port", "30990:80", "--bandwidth", "10mbit")
+	if !strings.Contains(out, "lo 127.0.0.1/8") || !strings.Contains(out, "eth0 198.18.240.") {
+		t.Fatalf("add output lacks the addresses:\n%s", out)
 	}
 	if !netns.Exists(name) {
 		t.Fatal("add did not create the namespace")
@@ -69,15 +102,35 @@ func TestMeshwireLifecycle(t *testing.T) {
 	if _, err := probePing(ns.Path, "127.0.0.1"); err != nil {
 		t.Fatalf("lo does not answer in the wired namespace: %v", err)
 	}
-	if _, errOut, code := m.run("add", name); code != 1 || !strings.Contains(errOut, "already wired") {
+	// The capabilities reached the plugins: the host port answers and the
+	// pod's host veth carries a shaping qdisc.
+	l, err := probe.Listen(ns.Path, "tcp", ":80")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	go func() {
+		for c, err := l.Accept(); err == nil; c, err = l.Accept() {
+			c.Write([]byte("pod\n"))
+			c.Close()
+		}
+	}()
+	if got, err := meshwireFetch("127.0.0.1:30990"); err != nil || got != "pod" {
+		t.Fatalf("host port 30990 -> pod:80: %q, %v", got, err)
+	}
+	if out, _ := harness.Run("tc", "qdisc", "show"); !strings.Contains(out, "tbf") {
+		t.Fatalf("--bandwidth installed no tbf qdisc:\n%s", out)
+	}
+
+	if _, errOut, code := m.run("add", name, "--conf", conf); code != 1 || !strings.Contains(errOut, "already wired") {
 		t.Fatalf("second add: exit %d, %q; want 1 and 'already wired'", code, errOut)
 	}
 	m.mustRun("check", name)
 	ls := m.mustRun("ls")
-	if !strings.Contains(ls, name) || !strings.Contains(ls, "lo=127.0.0.1/8") {
-		t.Fatalf("ls does not show the pod and its address:\n%s", ls)
+	if !strings.Contains(ls, name) || !strings.Contains(ls, "lo=127.0.0.1/8") || !strings.Contains(ls, "eth0=198.18.240.") {
+		t.Fatalf("ls does not show the pod and its addresses:\n%s", ls)
 	}
-	if out := m.mustRun("gc"); !strings.Contains(out, "meshwire") {
+	if out := m.mustRun("gc", "--conf", conf); !strings.Contains(out, "mwt-cmd") {
 		t.Fatalf("gc output: %s", out)
 	}
 	m.mustRun("check", name) // GC kept the valid attachment
@@ -101,13 +154,32 @@ func TestMeshwireLifecycle(t *testing.T) {
 	}
 }
 
+// TestMeshwireLoopbackOnly: a conflist made of loopback alone is attached
+// on lo, without the separate loopback network.
+func TestMeshwireLoopbackOnly(t *testing.T) {
+	m := newMeshwireCmd(t)
+	h := harness.New(t)
+	h.CheckNoLeaks()
+	conf := filepath.Join(t.TempDir(), "lo.conflist")
+	os.WriteFile(conf, []byte(`{"cniVersion":"1.1.0","name":"mwt-lo","plugins":[{"type":"loopback"}]}`), 0o644)
+	name := "mwt-cmd-" + harness.RandomID()[:6]
+	t.Cleanup(func() { _ = netns.Delete(name) })
+	out := m.mustRun("add", name, "--conf", conf)
+	if !strings.Contains(out, "network mwt-lo on lo") || strings.Contains(out, "meshwire-loopback") {
+		t.Fatalf("add output:\n%s", out)
+	}
+	m.mustRun("check", name)
+	m.mustRun("del", name)
+}
+
 // TestMeshwireAdoptsExistingNamespace: a namespace made by someone else is
 // wired, and del leaves it in place.
 func TestMeshwireAdoptsExistingNamespace(t *testing.T) {
 	m := newMeshwireCmd(t)
 	h := harness.New(t)
 	ns := h.NewNS("cmd")
-	m.mustRun("add", ns.Name)
+	m.mustRun("add", ns.Name, "--conf", meshwireConflist(t))
+	t.Cleanup(func() { m.run("del", ns.Name) })
 	if !ns.IsUp("lo") {
 		t.Fatal("lo not up after add")
 	}
@@ -164,7 +236,12 @@ func TestMeshwireDemo(t *testing.T) {
 	h := harness.New(t)
 	h.CheckNoLeaks()
 	out := m.mustRun("demo")
-	if strings.Contains(out, "FAIL") || !strings.Contains(out, "ok    mwdemo-a: lo answers ping on 127.0.0.1") || !strings.Contains(out, "nothing left behind") {
+	for _, step := range []string{"reaches mwdemo-b at", "the host reaches mwdemo-b", "host port 127.0.0.1:8080 reaches mwdemo-b:80", "is shaped to 10mbit", "mwdemo-b: CNI CHECK passes", "removed bridge mw0"} {
+		if !strings.Contains(out, step) {
+			t.Errorf("demo output lacks %q", step)
+		}
+	}
+	if strings.Contains(out, "FAIL") || !strings.Contains(out, "ok    mwdemo-a: lo answers ping on 127.0.0.1") || !strings.Contains(out, "no namespace left behind") {
 		t.Fatalf("demo output:\n%s", out)
 	}
 }
@@ -210,7 +287,18 @@ func TestMeshwireDemoInterrupted(t *testing.T) {
 	if netns.Exists("mwdemo-a") || netns.Exists("mwdemo-b") {
 		t.Fatalf("interrupted demo left namespaces; output:\n%s", strings.Join(seen, "\n"))
 	}
-	if !strings.Contains(strings.Join(seen, "\n"), "nothing left behind") {
+	if !strings.Contains(strings.Join(seen, "\n"), "no namespace left behind") {
 		t.Fatalf("no cleanup report:\n%s", strings.Join(seen, "\n"))
 	}
+}
+
+func meshwireFetch(addr string) (string, error) {
+	c, err := net.DialTimeout("tcp", addr, 3*time.Second)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+	b, err := io.ReadAll(c)
+	return strings.TrimSpace(string(b)), err
 }

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	"github.com/meshwire/meshwire/cmd/meshwire/cniruntime"
 	"github.com/meshwire/meshwire/internal/buildinfo"
 	"github.com/meshwire/meshwire/internal/netns"
@@ -47,6 +49,11 @@ func (e *env) demo(args []string) error {
 	ctx, cancel := signalContext()
 	defer cancel()
 	d := &demo{e: e, rt: rt}
+	if br := bridgeName(conflist); br != "" {
+		if _, err := netlink.LinkByName(br); err != nil {
+			d.newBridge = br // created by this demo: removed at the end
+		}
+	}
 	d.cleanup("leftovers of an earlier demo")
 	defer func() {
 		if ctx.Err() != nil {
@@ -124,9 +131,10 @@ func (e *env) demo(args []string) error {
 }
 
 type demo struct {
-	e      *env
-	rt     *cniruntime.Runtime
-	failed int
+	e         *env
+	rt        *cniruntime.Runtime
+	failed    int
+	newBridge string
 }
 
 func (d *demo) step(what string, fn func() (string, error)) {
@@ -149,6 +157,9 @@ func (d *demo) cleanup(why string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	recs, _ := d.rt.List()
+	if why == "" {
+		fmt.Fprintln(d.e.out)
+	}
 	if len(recs) > 0 && why != "" {
 		fmt.Fprintf(d.e.out, "removing %s\n", why)
 	}
@@ -165,6 +176,13 @@ func (d *demo) cleanup(why string) {
 			_ = netns.Delete(name)
 		}
 	}
+	if why == "" && d.newBridge != "" {
+		if ok, err := removeBridgeIfIdle(d.newBridge); err != nil {
+			fmt.Fprintf(d.e.errOut, "meshwire: remove bridge %s: %v\n", d.newBridge, err)
+		} else if ok {
+			fmt.Fprintf(d.e.out, "removed bridge %s (created by the demo)\n", d.newBridge)
+		}
+	}
 	if why == "" {
 		left := []string{}
 		for _, name := range demoPods {
@@ -173,7 +191,7 @@ func (d *demo) cleanup(why string) {
 			}
 		}
 		if len(left) == 0 {
-			fmt.Fprintf(d.e.out, "\ncleaned up: %d namespace(s) deleted, nothing left behind\n", removed)
+			fmt.Fprintf(d.e.out, "cleaned up: %d pod(s) deleted, no namespace left behind\n", removed)
 		} else {
 			fmt.Fprintf(d.e.errOut, "meshwire: cleanup left namespaces %v\n", left)
 		}

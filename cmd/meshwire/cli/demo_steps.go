@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/vishvananda/netlink"
 
 	"github.com/meshwire/meshwire/cmd/meshwire/cniruntime"
 	"github.com/meshwire/meshwire/internal/probe"
@@ -37,6 +38,49 @@ func hasPlugin(conflist []byte, typ string) bool {
 		}
 	}
 	return false
+}
+
+// bridgeName returns the bridge a conflist's bridge plugin uses (the
+// plugin's default is cni0), or "" when it has none.
+func bridgeName(conflist []byte) string {
+	list, err := libcni.ConfListFromBytes(conflist)
+	if err != nil {
+		return ""
+	}
+	for _, p := range list.Plugins {
+		if p.Network.Type != "bridge" {
+			continue
+		}
+		var c struct {
+			Bridge string `json:"bridge"`
+		}
+		_ = json.Unmarshal(p.Bytes, &c)
+		if c.Bridge == "" {
+			return "cni0"
+		}
+		return c.Bridge
+	}
+	return ""
+}
+
+// removeBridgeIfIdle deletes the demo's bridge when the demo created it and
+// no port is left on it. The bridge plugin, like the reference, keeps
+// bridges on DEL: other pods may come.
+func removeBridgeIfIdle(name string) (bool, error) {
+	br, err := netlink.LinkByName(name)
+	if err != nil {
+		return false, nil
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		return false, err
+	}
+	for _, l := range links {
+		if l.Attrs().MasterIndex == br.Attrs().Index {
+			return false, nil
+		}
+	}
+	return true, netlink.LinkDel(br)
 }
 
 // demoCaps is what the demo asks of the runtime for the second pod: a host

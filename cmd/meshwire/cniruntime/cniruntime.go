@@ -270,8 +270,12 @@ func (r *Runtime) GC(ctx context.Context, extra ...[]byte) ([]string, error) {
 	sort.Strings(names)
 	for _, n := range names {
 		list, err := libcni.ConfListFromBytes(networks[n])
+		keep := valid[n]
+		if keep == nil {
+			keep = []types.GCAttachment{} // none valid: an empty list, never a missing one
+		}
 		if err == nil {
-			err = r.CNI.GCNetworkList(ctx, list, &libcni.GCArgs{ValidAttachments: valid[n]})
+			err = r.CNI.GCNetworkList(ctx, list, &libcni.GCArgs{ValidAttachments: keep})
 		}
 		if err != nil {
 			errs = append(errs, fmt.Errorf("network %s: %w", n, err))
