@@ -3,6 +3,7 @@ package intercept
 import (
 	"net/netip"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -46,6 +47,9 @@ func TestCompareAndRestore(t *testing.T) {
 	}
 	if got := Compare(b, st); got != Different {
 		t.Fatalf("A installed, compare with B: %v", got)
+	}
+	if got := Compare(a, ParseSave(strings.Replace(installedA, "-A ISTIO_OUTPUT -j ISTIO_REDIRECT\n", "", 1))); got != Different {
+		t.Fatalf("A with a rule missing, compare with A: %v", got)
 	}
 	if got := Compare(a, ParseSave("*nat\n"+foreign+"COMMIT\n")); got != Absent {
 		t.Fatalf("nothing installed: %v", got)
@@ -109,9 +113,14 @@ COMMIT
 
 func TestNftStatus(t *testing.T) {
 	a := Build(Default(), V4)
-	listing := "table ip meshwire_intercept {\n\tcomment \"" + TagFor(a.Fingerprint()) + "\"\n}\n"
+	listing := strings.SplitN(Nft(a), "delete table ip "+NftTable+"\n", 2)[1]
 	if NftStatus(a, listing) != Current || NftStatus(a, "") != Absent {
 		t.Fatal("nft status")
+	}
+	// A chain emptied behind meshwire's back is noticed.
+	flushed := regexp.MustCompile(`(?m)^\t\tjump nat_ISTIO_REDIRECT\n`).ReplaceAllString(listing, "")
+	if flushed == listing || NftStatus(a, flushed) != Different {
+		t.Fatal("nft status with a rule missing")
 	}
 	tp := Default()
 	tp.Mode = ModeTProxy

@@ -29,8 +29,9 @@ func TagFor(fingerprint string) string { return Tag + ":" + fingerprint }
 
 // TableState is what an iptables-save shows of meshwire's rules in a table.
 type TableState struct {
-	Chains  []string // own user chains present
-	Builtin []string // own rules in built-in chains, as "-A CHAIN ..." lines
+	Chains  []string       // own user chains present
+	Builtin []string       // own rules in built-in chains, as "-A CHAIN ..." lines
+	Rules   map[string]int // number of rules in each own chain
 }
 
 // State is meshwire's part of one family's iptables-save output.
@@ -59,7 +60,7 @@ func ParseSave(save string) *State {
 		line = strings.TrimSpace(line)
 		switch {
 		case strings.HasPrefix(line, "*"):
-			cur = &TableState{}
+			cur = &TableState{Rules: map[string]int{}}
 			s.Tables[line[1:]] = cur
 		case cur == nil:
 		case strings.HasPrefix(line, ":"):
@@ -69,7 +70,13 @@ func ParseSave(save string) *State {
 			}
 		case strings.HasPrefix(line, "-A "):
 			f := strings.Fields(line)
-			if len(f) < 2 || !IsBuiltin(f[1]) {
+			if len(f) < 2 {
+				continue
+			}
+			if IsOwnChain(f[1]) {
+				cur.Rules[f[1]]++
+			}
+			if !IsBuiltin(f[1]) {
 				continue
 			}
 			if strings.Contains(line, Tag) || jumpsToOwn(f) {
@@ -131,13 +138,21 @@ func Compare(desired *RuleSet, st *State) Status {
 			return Different
 		}
 		nb := 0
+		counts := map[string]int{}
 		for _, r := range want.Rules {
 			if IsBuiltin(r.Chain) {
 				nb++
+			} else {
+				counts[r.Chain]++
 			}
 		}
 		if nb != len(have.Builtin) {
 			return Different
+		}
+		for _, c := range want.Chains {
+			if counts[c] != have.Rules[c] {
+				return Different
+			}
 		}
 		for _, line := range have.Builtin {
 			if !strings.Contains(line, tag+" ") && !strings.HasSuffix(line, tag) && !strings.Contains(line, `"`+tag+`"`) {

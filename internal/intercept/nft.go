@@ -93,8 +93,25 @@ func NftStatus(desired *RuleSet, listing string) Status {
 		return Absent
 	}
 	m := nftCommentRE.FindStringSubmatch(listing)
-	if m != nil && !desired.Empty() && m[1] == TagFor(desired.Fingerprint()) {
+	if m != nil && !desired.Empty() && m[1] == TagFor(desired.Fingerprint()) && nftRuleCount(listing) == nftRuleCount(Nft(desired)) {
 		return Current
 	}
 	return Different
+}
+
+// nftRuleCount counts the rules in the chains of a listing or script.
+func nftRuleCount(text string) int {
+	n, depth := 0, 0
+	for _, line := range strings.Split(text, "\n") {
+		l := strings.TrimSpace(line)
+		switch {
+		case strings.HasSuffix(l, "{"):
+			depth++
+		case l == "}":
+			depth--
+		case depth == 2 && l != "" && !strings.HasPrefix(l, "type ") && !strings.HasPrefix(l, "comment "):
+			n++
+		}
+	}
+	return n
 }

@@ -449,6 +449,16 @@ func (e *Env) StartProxy(tproxy bool) *Proxy {
 	return p
 }
 
+// StopProxy ends the running test proxy (so another can start).
+func (e *Env) StopProxy() {
+	if e.Proxy == nil {
+		return
+	}
+	_ = e.Proxy.cmd.Process.Kill()
+	_ = e.Proxy.cmd.Wait()
+	e.Proxy = nil
+}
+
 func (p *Proxy) has(pred func(Record) bool) bool {
 	for _, r := range p.recs {
 		if pred(r) {
