@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -146,8 +147,21 @@ func (d *iptDriver) restore(ctx context.Context, f firewall.Family, payload stri
 
 func (d *iptDriver) add(ctx context.Context, a attachment, plans []famPlan) error {
 	for _, p := range plans {
-		err := d.restore(ctx, p.Family, renderIPTAddNew(p))
+		// The hint says whether the base was there after the last change
+		// this node's meshwire saw; a wrong hint costs one refused
+		// transaction, never a wrong rule.
+		tries := []string{renderIPTAddNew(p), renderIPTAddFresh(p)}
+		if !d.hasBaseHint(p.Family) {
+			tries[0], tries[1] = tries[1], tries[0]
+		}
+		var err error
+		for _, payload := range tries {
+			if err = d.restore(ctx, p.Family, payload); err == nil || isTryAgain(err) {
+				break
+			}
+		}
 		if err == nil {
+			d.setBaseHint(p.Family, true)
 			continue
 		}
 		if isTryAgain(err) {
@@ -159,6 +173,30 @@ func (d *iptDriver) add(ctx context.Context, a attachment, plans []famPlan) erro
 		}
 	}
 	return nil
+}
+
+// The base hint is a file per backend and family that exists while the
+// base chains are believed to be there.
+func (d *iptDriver) baseHintPath(f firewall.Family) string {
+	return filepath.Join(stateDir, fmt.Sprintf("%s-v%d.base", d.b, f))
+}
+
+func (d *iptDriver) hasBaseHint(f firewall.Family) bool {
+	_, err := os.Stat(d.baseHintPath(f))
+	return err == nil
+}
+
+func (d *iptDriver) setBaseHint(f firewall.Family, present bool) {
+	if !present {
+		_ = os.Remove(d.baseHintPath(f))
+		return
+	}
+	if d.hasBaseHint(f) {
+		return
+	}
+	if err := os.MkdirAll(stateDir, 0o755); err == nil {
+		_ = os.WriteFile(d.baseHintPath(f), nil, 0o644)
+	}
 }
 
 // ensure is the slow path of ADD, under the node lock.
@@ -175,6 +213,7 @@ func (d *iptDriver) ensure(ctx context.Context, p famPlan) error {
 	if err := d.restore(ctx, p.Family, renderIPTEnsure(st, p)); err != nil {
 		return cnierr.Wrap(err, "install the port mappings (IPv%d, %s)", p.Family, d.b)
 	}
+	d.setBaseHint(p.Family, true)
 	if d.auto {
 		writeBackendCache(d.b)
 	}
@@ -224,7 +263,11 @@ func (d *iptDriver) remove(ctx context.Context, f firewall.Family, keys []string
 	if err := d.restore(ctx, f, payload); err != nil {
 		return cnierr.Wrap(err, "remove port mappings (IPv%d, %s)", f, d.b)
 	}
-	d.forgetBackendIfEmpty(ctx, f, remaining(st.attachments(), keys) == 0)
+	empty := remaining(st.attachments(), keys) == 0
+	if empty {
+		d.setBaseHint(f, false)
+	}
+	d.forgetBackendIfEmpty(ctx, f, empty)
 	return nil
 }
 

@@ -206,6 +206,16 @@ func iptComment(spec string) string {
 	return c
 }
 
+// renderIPTAddFresh is the one-transaction ADD on a table without any
+// meshwire portmap chain (the first attachment on the node, or the first
+// after the last one left): base and attachment together. Chains are
+// created with -N, so it fails as a whole when any of them exists.
+func renderIPTAddFresh(p famPlan) string {
+	return iptDeclRE.ReplaceAllString(renderIPTEnsure(parseIPTSave(""), p), "-N $1")
+}
+
+var iptDeclRE = regexp.MustCompile(`(?m)^:(\S+) - \[0:0\]$`)
+
 // renderIPTEnsure is the slow-path ADD: it creates whatever base piece the
 // table lacks, (re)fills the attachment chain and adds the jump unless it is
 // there. st is the table as read under the node lock.

@@ -65,6 +65,7 @@ func TestGolden(t *testing.T) {
 				for _, p := range plans {
 					fmt.Fprintf(&b, "## iptables IPv%d: ADD (new attachment)\n%s\n", p.Family, renderIPTAddNew(p))
 					empty := parseIPTSave("")
+					fmt.Fprintf(&b, "## iptables IPv%d: ADD (first attachment, no meshwire chain yet)\n%s\n", p.Family, renderIPTAddFresh(p))
 					fmt.Fprintf(&b, "## iptables IPv%d: ADD (slow path, empty table)\n%s\n", p.Family, renderIPTEnsure(empty, p))
 					applied := parseIPTSave(simulateIPT(renderIPTEnsure(empty, p)))
 					fmt.Fprintf(&b, "## iptables IPv%d: ADD (slow path, repeated)\n%s\n", p.Family, renderIPTEnsure(applied, p))

@@ -1,0 +1,304 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/vishvananda/netlink"
+
+	"github.com/meshwire/meshwire/internal/netns"
+	"github.com/meshwire/meshwire/test/harness"
+)
+
+// The portmap benchmark's network: bridge mwtpbench0 over 198.18.52.0/24
+// (portmap's range), host ports 30000-30999; the prefilled attachments
+// claim addresses of the same subnet in a synthetic prevResult (so that
+// the host route toward them is the bridge, as for real pods).
+const (
+	pmBenchNet     = "mwtp-bench"
+	pmBenchBridge  = "mwtpbench0"
+	pmBenchSamples = 15  // ADD+DEL cycles per cell
+	pmBenchPrefill = 1000
+	pmBenchWorkers = 8 // parallel prefill and cleanup
+)
+
+type pmBenchImpl struct {
+	name string
+	dir  string
+	// portmapKeys are extra keys of the portmap config: meshwire is pinned
+	// to iptables, the reference's only backend in 1.1.1, so both program
+	// the same tables.
+	portmapKeys string
+}
+
+func pmBenchConf(impl pmBenchImpl, dataDir string) []byte {
+	return []byte(fmt.Sprintf(`{"cniVersion":"0.4.0","name":%q,"plugins":[
+{"type":"bridge","bridge":%q,"isGateway":true,"hostVethPrefix":"mwtp","ipam":{"type":"host-local","dataDir":%q,"ranges":[[{"subnet":"198.18.52.0/24"}]]}},
+{"type":"portmap","capabilities":{"portMappings":true}%s}]}`, pmBenchNet, pmBenchBridge, dataDir, impl.portmapKeys))
+}
+
+func pmBenchPorts(n int) map[string]any {
+	var pms []map[string]any
+	for i := 0; i < n; i++ {
+		pms = append(pms, map[string]any{"hostPort": 30000 + i, "containerPort": 8000 + i, "protocol": "tcp"})
+	}
+	return map[string]any{"portMappings": pms}
+}
+
+type pmBenchCell struct{ add, del harness.Samples }
+
+// BenchmarkPortmap measures ADD and DEL of bridge + host-local + portmap
+// through libcni with 1 and 10 host ports per pod, with 0 and 1,000 pods
+// already mapped on the node, for meshwire's plugins and the reference
+// plugins from /usr/lib/cni in the same run. The 1,000 mapped pods are
+// prefilled by running only each implementation's portmap ADD with a
+// synthetic prevResult, and removed afterwards.
+func BenchmarkPortmap(b *testing.B) {
+	h := harness.New(b)
+	impls := []pmBenchImpl{
+		{"meshwire", h.BinDir, `,"backend":"iptables"`},
+		{"reference", harness.ReferenceDir, ""},
+	}
+	nss := pmBenchNamespaces(b, pmBenchSamples)
+	b.Cleanup(func() {
+		if l, err := netlink.LinkByName(pmBenchBridge); err == nil {
+			_ = netlink.LinkDel(l)
+		}
+	})
+	res := map[string]*pmBenchCell{}
+	key := func(impl string, mapped, ports int) string { return fmt.Sprintf("%s/%d/%d", impl, mapped, ports) }
+	for n := 0; n < b.N; n++ {
+		for round, mapped := range []int{0, pmBenchPrefill} {
+			order := impls
+			if round%2 == 1 {
+				order = []pmBenchImpl{impls[1], impls[0]}
+			}
+			for _, impl := range order {
+				if mapped > 0 {
+					pmBenchPrefillRun(b, impl, mapped)
+				}
+				for _, ports := range []int{1, 10} {
+					res[key(impl.name, mapped, ports)] = pmBenchRun(b, impl, nss, ports)
+				}
+				if mapped > 0 {
+					pmBenchClean(b, impl, mapped)
+				}
+			}
+		}
+		pmBenchRemoveReferenceBase(b)
+	}
+	t := &harness.Table{
+		Title:  fmt.Sprintf("bridge + host-local + portmap through libcni, %d ADD+DEL cycles per row (ms; ratio = meshwire / reference median)", pmBenchSamples),
+		Header: []string{"op", "host ports", "pods mapped", "meshwire median", "meshwire p95", "reference median", "reference p95", "ratio"},
+	}
+	for _, op := range []string{"ADD", "DEL"} {
+		for _, mapped := range []int{0, pmBenchPrefill} {
+			for _, ports := range []int{1, 10} {
+				m, r := res[key("meshwire", mapped, ports)].get(op), res[key("reference", mapped, ports)].get(op)
+				t.Add(op, fmt.Sprint(ports), fmt.Sprint(mapped), harness.Ms(m.Median()), harness.Ms(m.P95()), harness.Ms(r.Median()), harness.Ms(r.P95()), harness.Ratio(m.Median(), r.Median()))
+			}
+		}
+	}
+	t.Write(os.Stdout)
+	s := &harness.Table{
+		Title:  "ADD median with 1,000 pods mapped / with 0 mapped",
+		Header: []string{"host ports", "meshwire", "reference"},
+	}
+	for _, ports := range []int{1, 10} {
+		cells := []string{fmt.Sprint(ports)}
+		for _, impl := range impls {
+			cells = append(cells, harness.Ratio(res[key(impl.name, pmBenchPrefill, ports)].add.Median(), res[key(impl.name, 0, ports)].add.Median()))
+		}
+		s.Add(cells...)
+	}
+	s.Write(os.Stdout)
+}
+
+func (c *pmBenchCell) get(op string) harness.Samples {
+	if op == "ADD" {
+		return c.add
+	}
+	return c.del
+}
+
+// pmBenchNamespaces creates the pods' namespaces once (not timed).
+func pmBenchNamespaces(b *testing.B, n int) []string {
+	var paths []string
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("mwt-pmb-%d-%s", i, harness.RandomID()[:6])
+		p, err := netns.Create(name)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = netns.Delete(name) })
+		paths = append(paths, p)
+	}
+	return paths
+}
+
+// pmBenchRun runs one ADD and one DEL per namespace, timing each.
+func pmBenchRun(b *testing.B, impl pmBenchImpl, nss []string, ports int) *pmBenchCell {
+	cni := libcni.NewCNIConfigWithCacheDir([]string{impl.dir}, b.TempDir(), nil)
+	list, err := libcni.ConfListFromBytes(pmBenchConf(impl, b.TempDir()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	cell := &pmBenchCell{}
+	ctx := context.Background()
+	for i, p := range nss {
+		rt := &libcni.RuntimeConf{ContainerID: fmt.Sprintf("pmbench-%s-%d-%d", impl.name, ports, i), NetNS: p, IfName: "eth0", CapabilityArgs: pmBenchPorts(ports)}
+		if err := cell.add.Time(func() error { _, err := cni.AddNetworkList(ctx, list, rt); return err }); err != nil {
+			b.Fatalf("%s ADD: %v", impl.name, err)
+		}
+		if err := cell.del.Time(func() error { return cni.DelNetworkList(ctx, list, rt) }); err != nil {
+			b.Fatalf("%s DEL: %v", impl.name, err)
+		}
+	}
+	return cell
+}
+
+// pmBenchPortmapConf is a portmap config as the runtime would pass it
+// after the interface plugin: one host port and a synthetic prevResult.
+func pmBenchPortmapConf(impl pmBenchImpl, i int) []byte {
+	conf := map[string]any{
+		"cniVersion": "0.4.0", "name": pmBenchNet, "type": "portmap",
+		"runtimeConfig": pmBenchPorts(1),
+		"prevResult": map[string]any{
+			"cniVersion": "0.4.0",
+			"interfaces": []map[string]string{{"name": "eth0", "sandbox": "/var/run/netns/mwt-pmb-fill"}},
+			"ips":        []map[string]any{{"version": "4", "address": fmt.Sprintf("198.18.52.%d/24", 100+i%150), "interface": 0}},
+		},
+	}
+	conf["runtimeConfig"].(map[string]any)["portMappings"].([]map[string]any)[0]["hostPort"] = 30000 + i%1000
+	if impl.portmapKeys != "" {
+		var extra map[string]any
+		_ = json.Unmarshal([]byte("{"+strings.TrimPrefix(impl.portmapKeys, ",")+"}"), &extra)
+		for k, v := range extra {
+			conf[k] = v
+		}
+	}
+	out, _ := json.Marshal(conf)
+	return out
+}
+
+func pmBenchFillID(impl pmBenchImpl, i int) string { return fmt.Sprintf("pmfill-%s-%d", impl.name, i) }
+
+// pmBenchParallel runs fn(i) for i < n on a few workers.
+func pmBenchParallel(b *testing.B, n int, fn func(i int) error) {
+	var wg sync.WaitGroup
+	errs := make(chan error, n)
+	next := make(chan int)
+	for w := 0; w < pmBenchWorkers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range next {
+				if err := fn(i); err != nil {
+					errs <- err
+				}
+			}
+		}()
+	}
+	for i := 0; i < n; i++ {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+}
+
+func pmBenchExec(impl pmBenchImpl, cmd string, i int) error {
+	args := &invoke.Args{Command: cmd, ContainerID: pmBenchFillID(impl, i), NetNS: "/var/run/netns/mwt-pmb-fill", IfName: "eth0", Path: impl.dir}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	path := filepath.Join(impl.dir, "portmap")
+	if cmd == "ADD" {
+		_, err := invoke.ExecPluginWithResult(ctx, path, pmBenchPortmapConf(impl, i), args, nil)
+		return err
+	}
+	return invoke.ExecPluginWithoutResult(ctx, path, pmBenchPortmapConf(impl, i), args, nil)
+}
+
+// pmBenchPrefillRun maps n synthetic pods with the implementation's portmap.
+func pmBenchPrefillRun(b *testing.B, impl pmBenchImpl, n int) {
+	start := time.Now()
+	pmBenchParallel(b, n, func(i int) error { return pmBenchExec(impl, "ADD", i) })
+	b.Logf("%s: prefilled %d mapped pods in %s", impl.name, n, time.Since(start).Round(time.Millisecond))
+}
+
+// pmBenchClean unmaps the prefilled pods: one GC for meshwire (it keeps
+// only the valid attachments of the network), one DEL each for the
+// reference (it has no GC).
+func pmBenchClean(b *testing.B, impl pmBenchImpl, n int) {
+	start := time.Now()
+	if impl.name == "meshwire" {
+		conf := fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"type":"portmap","backend":"iptables","cni.dev/valid-attachments":[{"containerID":"none","ifname":"eth0"}]}`, pmBenchNet)
+		cmd := exec.Command(filepath.Join(impl.dir, "portmap"))
+		cmd.Env = append(os.Environ(), "CNI_COMMAND=GC", "CNI_PATH="+impl.dir)
+		cmd.Stdin = strings.NewReader(conf)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("meshwire GC: %v: %s", err, out)
+		}
+	} else {
+		pmBenchParallel(b, n, func(i int) error { return pmBenchExec(impl, "DEL", i) })
+	}
+	b.Logf("%s: removed %d mapped pods in %s", impl.name, n, time.Since(start).Round(time.Millisecond))
+}
+
+// pmBenchRemoveReferenceBase removes the chains the reference portmap
+// creates once per node and never removes (CNI-HOSTPORT-*), once no
+// attachment is left in them, so that the benchmark leaves the host as it
+// found it.
+func pmBenchRemoveReferenceBase(b *testing.B) {
+	for _, tool := range []string{"iptables", "ip6tables"} {
+		out, err := exec.Command(tool+"-save", "-t", "nat").Output()
+		if err != nil {
+			b.Fatalf("%s-save: %v", tool, err)
+		}
+		var lines []string
+		chains := map[string]bool{}
+		for _, l := range strings.Split(string(out), "\n") {
+			if strings.HasPrefix(l, ":CNI-HOSTPORT-") {
+				chains[strings.Fields(l[1:])[0]] = true
+			}
+			if strings.HasPrefix(l, "-A CNI-HOSTPORT-DNAT ") || strings.HasPrefix(l, ":CNI-DN-") {
+				b.Logf("%s: reference attachments left, keeping its base chains", tool)
+				chains = nil
+				break
+			}
+		}
+		if len(chains) == 0 {
+			continue
+		}
+		for _, l := range strings.Split(string(out), "\n") {
+			f := strings.Fields(l)
+			if len(f) > 2 && f[0] == "-A" && !chains[f[1]] && chains[f[len(f)-1]] {
+				lines = append(lines, "-D"+strings.TrimPrefix(l, "-A"))
+			}
+		}
+		for ch := range chains {
+			lines = append(lines, "-F "+ch)
+		}
+		for ch := range chains {
+			lines = append(lines, "-X "+ch)
+		}
+		cmd := exec.Command(tool+"-restore", "--noflush", "-w", "10")
+		cmd.Stdin = strings.NewReader("*nat\n" + strings.Join(lines, "\n") + "\nCOMMIT\n")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			b.Fatalf("remove the reference's base chains: %v: %s", err, out)
+		}
+	}
+}
