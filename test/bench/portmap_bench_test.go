@@ -27,7 +27,7 @@ import (
 const (
 	pmBenchNet     = "mwtp-bench"
 	pmBenchBridge  = "mwtpbench0"
-	pmBenchSamples = 15  // ADD+DEL cycles per cell
+	pmBenchSamples = 15 // ADD+DEL cycles per cell
 	pmBenchPrefill = 1000
 	pmBenchWorkers = 8 // parallel prefill and cleanup
 )
