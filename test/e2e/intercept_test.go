@@ -526,3 +526,60 @@ func TestInterceptPlugin(t *testing.T) {
 		}
 	})
 }
+
+// TestInterceptReconcileNoEscape switches a pod between REDIRECT and TPROXY
+// with --reconcile, over and over, while a client keeps opening inbound
+// connections: every one of them must reach the app through the proxy,
+// none directly.
+func TestInterceptReconcileNoEscape(t *testing.T) {
+	h := harness.New(t)
+	h.CheckNoLeaks()
+	e := ie.New(t, h)
+	e.StartProxy(true) // its transparent inbound listener takes both kinds
+	e.MustIptablesInit("-m", "REDIRECT", "-i", "*", "-b", "*")
+	stop := make(chan struct{})
+	type result struct {
+		n       int
+		escaped []string
+		err     error
+	}
+	done := make(chan result)
+	go func() {
+		var r result
+		for {
+			select {
+			case <-stop:
+				done <- r
+				return
+			default:
+			}
+			reply, err := ie.Request(e.Remote, ie.AP(ie.PodV4, ie.AppPort), "x")
+			if err != nil {
+				r.err = err
+				done <- r
+				return
+			}
+			r.n++
+			if reply != "app 127.0.0.6 x" {
+				r.escaped = append(r.escaped, reply)
+			}
+		}
+	}()
+	for i := 0; i < 10; i++ {
+		mode := "TPROXY"
+		if i%2 == 1 {
+			mode = "REDIRECT"
+		}
+		e.MustIptablesInit("-m", mode, "-i", "*", "-b", "*", "--reconcile")
+	}
+	close(stop)
+	r := <-done
+	if r.err != nil {
+		t.Fatalf("a connection failed during reconcile (after %d): %v", r.n, r.err)
+	}
+	if len(r.escaped) > 0 || r.n == 0 {
+		t.Fatalf("%d of %d connections reached the app without the proxy: %v", len(r.escaped), r.n, r.escaped)
+	}
+	t.Logf("%d connections during 10 mode switches, all through the proxy", r.n)
+	e.MustIptablesInit("--cleanup-only")
+}
