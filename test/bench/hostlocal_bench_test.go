@@ -171,5 +171,29 @@ func BenchmarkHostLocal(b *testing.B) {
 		fmt.Fprintf(os.Stdout, "meshwire ADD at 50,000 / at 0: %s (target <= 1.5x); reference / meshwire ADD at 50,000: %s (target >= 20x)\n",
 			harness.Ratio(mw[last].add.Median(), mw[0].add.Median()), harness.Ratio(rf[last].add.Median(), mw[last].add.Median()))
 		b.ReportMetric(float64(mw[last].add.Median())/float64(mw[0].add.Median()), "mw-add-50k/0")
+		hostLocalBenchUpgrade(b, bin, sizes[last])
 	}
+}
+
+// hostLocalBenchUpgrade: meshwire on a node upgraded from the reference,
+// its data directory holding the reference's files. The first command
+// imports them (once); later ADD and DEL cost what they cost on a node
+// that never ran the reference.
+func hostLocalBenchUpgrade(b *testing.B, bin string, size int) {
+	dir := b.TempDir()
+	prefillReference(b, dir, size)
+	unix.Sync()
+	r := &hostLocalRun{name: "meshwire", path: bin, conf: hostLocalBenchConf(dir)}
+	r.cycle(b, -1)
+	first := r.add[0]
+	r.add, r.del = nil, nil
+	for i := 0; i < hostLocalBenchSamples*hostLocalBenchPerRef; i++ {
+		r.cycle(b, i)
+	}
+	table := harness.Table{
+		Title:  fmt.Sprintf("host-local: meshwire on a node upgraded from the reference (%d reference files), ms", size),
+		Header: []string{"first ADD (imports the files)", "ADD median after", "DEL median after"},
+	}
+	table.Add(harness.Ms(first), harness.Ms(r.add.Median()), harness.Ms(r.del.Median()))
+	table.Write(os.Stdout)
 }

@@ -68,6 +68,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -354,6 +355,31 @@ func (t *Tx) Reserve(a Allocation) error {
 	return t.owners.Put(ownerKey(a.Owner, a.IP), nil)
 }
 
+// reserveMany records many allocations of free addresses at once. Keys go
+// into each index in ascending order: bbolt splits nodes only at commit,
+// so keys put in random order into a small tree cost a memmove of the
+// whole growing node each (quadratic), while ascending keys are appends.
+func (t *Tx) reserveMany(as []Allocation) error {
+	t.cur, t.curKey = nil, nil
+	sort.Slice(as, func(i, j int) bool { return bytes.Compare(key(as[i].IP), key(as[j].IP)) < 0 })
+	for _, a := range as {
+		if err := t.ips.Put(key(a.IP), encode(a)); err != nil {
+			return err
+		}
+	}
+	owners := make([][]byte, len(as))
+	for i, a := range as {
+		owners[i] = ownerKey(a.Owner, a.IP)
+	}
+	sort.Slice(owners, func(i, j int) bool { return bytes.Compare(owners[i], owners[j]) < 0 })
+	for _, k := range owners {
+		if err := t.owners.Put(k, nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // ByOwner returns what o holds: exact (id, ifname) matches and, as the
 // reference does, allocations recorded with the id alone.
 func (t *Tx) ByOwner(o Owner) ([]Allocation, error) {
@@ -538,6 +564,7 @@ func (t *Tx) importReference(dir string, m int64) error {
 		return fmt.Errorf("read %s: %v", dir, err)
 	}
 	present := map[string]bool{}
+	var adds []Allocation
 	for _, e := range entries {
 		name := e.Name()
 		if strings.HasPrefix(name, LastReservedPrefix) {
@@ -556,9 +583,10 @@ func (t *Tx) importReference(dir string, m int64) error {
 		if t.ips.Get(key(a)) != nil {
 			continue // imported before, or held by meshwire (which then wins)
 		}
-		if err := t.Reserve(Allocation{IP: fromKey(key(a)), Owner: ReadReferenceFile(data), RangeSet: -1, Legacy: true}); err != nil {
-			return err
-		}
+		adds = append(adds, Allocation{IP: fromKey(key(a)), Owner: ReadReferenceFile(data), RangeSet: -1, Legacy: true})
+	}
+	if err := t.reserveMany(adds); err != nil {
+		return err
 	}
 	// Legacy entries whose file is gone were released by a reference plugin.
 	var gone []Allocation

@@ -422,3 +422,35 @@ func TestStoreSettlesDirectoryTime(t *testing.T) {
 		return nil
 	})
 }
+
+// TestStoreImportsManyReferenceFiles: a large reference directory (IPv4
+// and IPv6, ids whose order differs from the addresses') is imported whole
+// with both indexes in agreement.
+func TestStoreImportsManyReferenceFiles(t *testing.T) {
+	dataDir := t.TempDir()
+	dir := Dir(dataDir, testNet)
+	const n = 3000
+	for i := 0; i < n; i++ {
+		a := net.IPv4(198, 18, byte(i/256), byte(i)).String()
+		if i%3 == 0 {
+			a = fmt.Sprintf("fd10::%x", i)
+		}
+		writeReference(t, dir, a, fmt.Sprintf("id-%d\r\neth%d", n-i, i%2))
+	}
+	s := openTest(t, dataDir)
+	_ = s.View(func(tx *Tx) error {
+		if err := tx.Verify(); err != nil {
+			t.Fatal(err)
+		}
+		if c := tx.Count(); c != n {
+			t.Fatalf("imported %d allocations, want %d", c, n)
+		}
+		for _, i := range []int{0, 1, 1499, n - 1} {
+			held, err := tx.ByOwner(Owner{ID: fmt.Sprintf("id-%d", n-i), IfName: fmt.Sprintf("eth%d", i%2)})
+			if err != nil || len(held) != 1 {
+				t.Fatalf("owner of file %d: %v %v", i, held, err)
+			}
+		}
+		return nil
+	})
+}
