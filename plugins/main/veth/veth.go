@@ -162,11 +162,11 @@ func cmdCheck(args *skel.CmdArgs) error {
 	}
 	ctx := context.Background()
 	att := attachment(conf, args)
-	if err := att.CheckIPAM(ctx); err != nil {
-		return err
-	}
 	prev, err := conf.RequirePrevResult()
 	if err != nil {
+		return err
+	}
+	if err := att.CheckIPAM(ctx); err != nil {
 		return err
 	}
 	idx := vethplugin.ContainerIndex(prev, args.IfName, args.Netns)
