@@ -119,7 +119,10 @@ func cmdDel(args *skel.CmdArgs) error {
 			return err
 		}
 	}
-	return teardownIfb(ifbName(conf.Name, args.ContainerID, args.IfName), dev)
+	if err := teardownIfb(ifbName(conf.Name, args.ContainerID, args.IfName), dev); err != nil {
+		return err
+	}
+	return deleteReferenceIfb(referenceIfbName(conf.Name, args.ContainerID))
 }
 
 func cmdCheck(args *skel.CmdArgs) error {

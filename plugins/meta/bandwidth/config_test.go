@@ -157,3 +157,11 @@ func TestGCVictims(t *testing.T) {
 		t.Fatalf("everything valid, yet GC removes %v", got)
 	}
 }
+
+func TestReferenceIfbName(t *testing.T) {
+	// The reference: utils.MustFormatHashWithPrefix(15, "bwp", network+containerID),
+	// i.e. "bwp" and the first 12 hex digits of sha512.
+	if got := referenceIfbName("net", "c1"); got != "bwp623e1c388032" {
+		t.Fatalf("got %q", got)
+	}
+}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"crypto/sha256"
+	"crypto/sha512"
 	"encoding/hex"
 	"fmt"
 	"strconv"
@@ -104,6 +105,15 @@ const ifbPrefix = "mwbw"
 func ifbName(network, containerID, ifName string) string {
 	sum := sha256.Sum256([]byte(network + "\x00" + containerID + "\x00" + ifName))
 	return ifbPrefix + hex.EncodeToString(sum[:])[:15-len(ifbPrefix)]
+}
+
+// referenceIfbName is the name the reference bandwidth plugin gives the ifb
+// of an attachment ("bwp" and sha512(network + container id) in hex, 15
+// bytes). DEL removes it too, so that pods set up by the reference plugin
+// before meshwire replaced it leave nothing behind.
+func referenceIfbName(network, containerID string) string {
+	sum := sha512.Sum512([]byte(network + containerID))
+	return ("bwp" + hex.EncodeToString(sum[:]))[:15]
 }
 
 // networkTag identifies a network in an ifb's alias, so that GC of one

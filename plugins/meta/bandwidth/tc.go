@@ -292,3 +292,18 @@ func teardownIfb(name string, dev netlink.Link) error {
 	}
 	return nil
 }
+
+// deleteReferenceIfb removes the ifb the reference plugin made for an
+// attachment, if there is one (its filters and qdiscs go with the device or
+// with the veth the interface plugin deletes next).
+func deleteReferenceIfb(name string) error {
+	l, err := netlinksafe.LinkByName(name)
+	if err != nil || l.Type() != "ifb" {
+		return nil
+	}
+	slog.Info("removing the reference plugin's ifb", "ifb", name)
+	if err := netlink.LinkDel(l); err != nil && !gone(err) {
+		return fmt.Errorf("delete %s: %w", name, err)
+	}
+	return nil
+}
