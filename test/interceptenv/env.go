@@ -148,11 +148,12 @@ func pick(v6 bool, a, b netip.Addr) netip.Addr {
 // AP joins an address and a port.
 func AP(a netip.Addr, port int) netip.AddrPort { return netip.AddrPortFrom(a, uint16(port)) }
 
-// serveEcho answers each line "MSG" with "WHO PEER MSG".
-func (e *Env) serveEcho(ns *harness.NS, port int, who string) {
+// serve accepts TCP connections on port in ns and hands each to handle
+// (which owns closing it) until the test ends.
+func (e *Env) serve(ns *harness.NS, port int, handle func(net.Conn)) {
 	ln, err := probe.InNS(ns.Path, func() (net.Listener, error) { return net.Listen("tcp", ":"+strconv.Itoa(port)) })
 	if err != nil {
-		e.T.Fatalf("listen %s:%d in %s: %v", who, port, ns.Name, err)
+		e.T.Fatalf("listen on %d in %s: %v", port, ns.Name, err)
 	}
 	e.closers = append(e.closers, ln)
 	go func() {
@@ -161,46 +162,38 @@ func (e *Env) serveEcho(ns *harness.NS, port int, who string) {
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				peer := c.RemoteAddr().(*net.TCPAddr).AddrPort()
-				peer = netip.AddrPortFrom(peer.Addr().Unmap(), peer.Port())
-				r := bufio.NewReader(c)
-				for {
-					line, err := r.ReadString('\n')
-					if err != nil {
-						return
-					}
-					if _, err := fmt.Fprintf(c, "%s %s %s", who, peer.Addr(), line); err != nil {
-						return
-					}
-				}
-			}()
+			go handle(c)
 		}
 	}()
+}
+
+// serveEcho answers each line "MSG" with "WHO PEER MSG".
+func (e *Env) serveEcho(ns *harness.NS, port int, who string) {
+	e.serve(ns, port, func(c net.Conn) {
+		defer c.Close()
+		peer := c.RemoteAddr().(*net.TCPAddr).AddrPort()
+		peer = netip.AddrPortFrom(peer.Addr().Unmap(), peer.Port())
+		r := bufio.NewReader(c)
+		for {
+			line, err := r.ReadString('\n')
+			if err != nil {
+				return
+			}
+			if _, err := fmt.Fprintf(c, "%s %s %s", who, peer.Addr(), line); err != nil {
+				return
+			}
+		}
+	})
 }
 
 // serveSink reads each connection to its end and answers with the number
 // of bytes it got.
 func (e *Env) serveSink(ns *harness.NS) {
-	ln, err := probe.InNS(ns.Path, func() (net.Listener, error) { return net.Listen("tcp", ":"+strconv.Itoa(SinkPort)) })
-	if err != nil {
-		e.T.Fatalf("listen sink in %s: %v", ns.Name, err)
-	}
-	e.closers = append(e.closers, ln)
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				n, _ := io.Copy(io.Discard, c)
-				fmt.Fprintf(c, "%d\n", n)
-			}()
-		}
-	}()
+	e.serve(ns, SinkPort, func(c net.Conn) {
+		defer c.Close()
+		n, _ := io.Copy(io.Discard, c)
+		fmt.Fprintf(c, "%d\n", n)
+	})
 }
 
 // serveRemoteDNS answers each UDP datagram to addr:53 in the remote with

@@ -49,9 +49,8 @@ func findRules(s intercept.Step) ([]netlink.Rule, error) {
 	return out, nil
 }
 
-// ApplySteps ensures each step is in place; steps already there are left
-// as they are, so re-runs change nothing.
-func ApplySteps(steps []intercept.Step) error {
+// eachStep runs fn for each step, with the namespace's lo.
+func eachStep(steps []intercept.Step, fn func(intercept.Step, netlink.Link) error) error {
 	if len(steps) == 0 {
 		return nil
 	}
@@ -60,6 +59,17 @@ func ApplySteps(steps []intercept.Step) error {
 		return fmt.Errorf("find lo: %w", err)
 	}
 	for _, s := range steps {
+		if err := fn(s, lo); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ApplySteps ensures each step is in place; steps already there are left
+// as they are, so re-runs change nothing.
+func ApplySteps(steps []intercept.Step) error {
+	return eachStep(steps, func(s intercept.Step, lo netlink.Link) error {
 		switch s.Kind {
 		case intercept.StepRule:
 			have, err := findRules(s)
@@ -67,7 +77,7 @@ func ApplySteps(steps []intercept.Step) error {
 				return err
 			}
 			if len(have) > 0 {
-				continue
+				return nil
 			}
 			r := netlink.NewRule()
 			r.Family, r.Mark, r.Table = nlFamily(s.Family), s.Mark, int(s.Table)
@@ -83,20 +93,13 @@ func ApplySteps(steps []intercept.Step) error {
 				return fmt.Errorf("%s: %w", s, err)
 			}
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // RemoveSteps removes each step that is present; absent ones are fine.
 func RemoveSteps(steps []intercept.Step) error {
-	if len(steps) == 0 {
-		return nil
-	}
-	lo, err := netlink.LinkByName("lo")
-	if err != nil {
-		return fmt.Errorf("find lo: %w", err)
-	}
-	for _, s := range steps {
+	return eachStep(steps, func(s intercept.Step, lo netlink.Link) error {
 		switch s.Kind {
 		case intercept.StepRule:
 			have, err := findRules(s)
@@ -117,8 +120,8 @@ func RemoveSteps(steps []intercept.Step) error {
 				return fmt.Errorf("remove %s: %w", s, err)
 			}
 		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // toolsPresent reports whether the backend's tools are installed.

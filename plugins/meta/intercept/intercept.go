@@ -7,6 +7,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/firewall"
@@ -24,17 +25,27 @@ func request(o flags.Options, reconcile bool) (install.Request, error) {
 	return install.Request{Config: o.Config, IPv6: install.WantIPv6(o.DualStack, addrs), Backend: o.Backend, Reconcile: reconcile}, nil
 }
 
-func cmdAdd(args *skel.CmdArgs) error {
+// chained decodes the config of ADD and CHECK, which need a prevResult
+// (whose nameservers --redirect-dns captures).
+func chained(args *skel.CmdArgs) (*config, flags.Options, *current.Result, error) {
 	conf, o, err := parseConfig(args.StdinData)
 	if err != nil {
-		return err
+		return nil, o, nil, err
 	}
 	prev, err := conf.RequirePrevResult()
 	if err != nil {
-		return err
+		return nil, o, nil, err
 	}
 	if o.Config.RedirectDNS && !o.Config.CaptureAllDNS {
 		o.Config.DNSServers = dnsServers(prev)
+	}
+	return conf, o, prev, nil
+}
+
+func cmdAdd(args *skel.CmdArgs) error {
+	conf, o, prev, err := chained(args)
+	if err != nil {
+		return err
 	}
 	ctx := context.Background()
 	err = netns.Enter(args.Netns, func() error {
@@ -87,16 +98,9 @@ func cmdDel(args *skel.CmdArgs) error {
 }
 
 func cmdCheck(args *skel.CmdArgs) error {
-	conf, o, err := parseConfig(args.StdinData)
+	_, o, _, err := chained(args)
 	if err != nil {
 		return err
-	}
-	prev, err := conf.RequirePrevResult()
-	if err != nil {
-		return err
-	}
-	if o.Config.RedirectDNS && !o.Config.CaptureAllDNS {
-		o.Config.DNSServers = dnsServers(prev)
 	}
 	return netns.Enter(args.Netns, func() error {
 		req, err := request(o, false)
