@@ -8,6 +8,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
+	"github.com/vishvananda/netlink"
 )
 
 // Addresses of the veth tests: 198.18.24.0/21 of the 198.18.16.0/20 range,
@@ -112,4 +113,50 @@ func TestVethEveryVersion(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestVethConnectivity: pod to its gateway (the host end), pod to pod through
+// the host's routes, pod to a host address, and pod to the outside through
+// masquerade, dual stack; MTU on both ends; DEL removes the host routes.
+func TestVethConnectivity(t *testing.T) {
+	e := newBridgeEnv(t)
+	out4, out6 := bridgeInternet(t, e.h)
+	list := e.vethList("1.0.0", "mwtb-vconn", map[string]any{"ipMasq": true, "mtu": 1400, "ipam": map[string]any{
+		"type": "host-local", "dataDir": e.dataDir,
+		"ranges": [][]map[string]string{{{"subnet": "198.18.27.0/24"}}, {{"subnet": "fd20:0:0:27::/64"}}},
+		"routes": []map[string]string{{"dst": "0.0.0.0/0"}, {"dst": "::/0"}},
+	}})
+	nsA, nsB := e.h.NewNS("veth"), e.h.NewNS("veth")
+	a, b := e.h.Attach(list, nsA, "eth0", nil), e.h.Attach(list, nsB, "eth0", nil)
+	a.MustAdd()
+	rb := b.MustAdd()
+	b4, b6 := bridgeIPs(t, rb)
+	bridgeMustPing(t, nsA, "198.18.27.1")
+	bridgeMustPing(t, nsA, b4.String())
+	bridgeMustPing(t, nsA, b6.String())
+	bridgeMustPing(t, nsA, "198.18.31.1")
+	bridgeMustPing(t, nsA, out4)
+	bridgeMustPing(t, nsB, out6)
+	if m := nsA.Link("eth0").Attrs().MTU; m != 1400 {
+		t.Fatalf("eth0 MTU %d", m)
+	}
+	if m := bridgeHostLink(t, bridgeHostVeth(a)).Attrs().MTU; m != 1400 {
+		t.Fatalf("host end MTU %d", m)
+	}
+	if err := b.Check(); err != nil {
+		t.Fatalf("CHECK: %v", err)
+	}
+	if err := b.Del(); err != nil {
+		t.Fatal(err)
+	}
+	routes, err := netlink.RouteGet(b4)
+	if err == nil && len(routes) > 0 && routes[0].LinkIndex != 0 {
+		if l, err := netlink.LinkByIndex(routes[0].LinkIndex); err == nil && l.Attrs().Name == bridgeHostVeth(b) {
+			t.Fatal("host route to the deleted pod left")
+		}
+	}
+	if bridgeMasqInstalled(t, "mwtb-vconn", b) {
+		t.Fatal("masquerade left after DEL")
+	}
+	bridgeMustPing(t, nsA, out4)
 }
