@@ -224,10 +224,28 @@ func verify(conf *config.IPAM, o store.Owner, held []store.Allocation, prev *cur
 	return nil
 }
 
-// gcArgs are the attachments GC must keep (CNI 1.1; the older key too).
-type gcArgs struct {
-	Valid *[]types.GCAttachment `json:"cni.dev/valid-attachments"`
-	Old   *[]types.GCAttachment `json:"cni.dev/attachments"`
+// validAttachments reads the attachments GC must keep: CNI 1.1's
+// "cni.dev/valid-attachments", or the older "cni.dev/attachments". A null
+// list is an empty one (libcni sends null when the runtime keeps nothing,
+// and treats it so itself); a config with neither key is refused, so that
+// a GC run by hand without the list cannot release everything.
+func validAttachments(stdin []byte) ([]types.GCAttachment, error) {
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(stdin, &keys); err != nil {
+		return nil, cnierr.Decoding("config is not a JSON object: %v", err)
+	}
+	for _, k := range []string{"cni.dev/valid-attachments", "cni.dev/attachments"} {
+		raw, ok := keys[k]
+		if !ok {
+			continue
+		}
+		var list []types.GCAttachment
+		if err := json.Unmarshal(raw, &list); err != nil {
+			return nil, cnierr.Field(k, "expected a list of {\"containerID\", \"ifname\"} objects: %v", err)
+		}
+		return list, nil
+	}
+	return nil, cnierr.Field("cni.dev/valid-attachments", "missing: GC needs the list of attachments to keep")
 }
 
 func cmdGC(args *skel.CmdArgs) error {
@@ -235,16 +253,9 @@ func cmdGC(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	var g gcArgs
-	if err := json.Unmarshal(args.StdinData, &g); err != nil {
-		return cnierr.Field("cni.dev/valid-attachments", "%v", err)
-	}
-	list := g.Valid
-	if list == nil {
-		list = g.Old
-	}
-	if list == nil {
-		return cnierr.Field("cni.dev/valid-attachments", "missing: GC needs the list of attachments to keep")
+	valid, err := validAttachments(args.StdinData)
+	if err != nil {
+		return err
 	}
 	if _, err := os.Stat(store.Dir(conf.DataDir, conf.Network)); errors.Is(err, os.ErrNotExist) {
 		return nil
@@ -255,7 +266,7 @@ func cmdGC(args *skel.CmdArgs) error {
 	}
 	defer s.Close()
 	return s.Update(func(tx *store.Tx) error {
-		stale, err := collect(tx, *list)
+		stale, err := collect(tx, valid)
 		if err != nil {
 			return err
 		}

@@ -243,3 +243,32 @@ func TestParseResolvConf(t *testing.T) {
 		t.Fatal("a missing resolv.conf parsed")
 	}
 }
+
+func TestValidAttachments(t *testing.T) {
+	cases := []struct {
+		stdin string
+		want  int
+		code  uint
+	}{
+		{`{"cni.dev/valid-attachments":[{"containerID":"a","ifname":"eth0"},{"containerID":"b","ifname":"eth0"}]}`, 2, 0},
+		{`{"cni.dev/attachments":[{"containerID":"a","ifname":"eth0"}]}`, 1, 0},
+		{`{"cni.dev/valid-attachments":[],"cni.dev/attachments":[{"containerID":"a","ifname":"eth0"}]}`, 0, 0},
+		{`{"cni.dev/valid-attachments":null}`, 0, 0}, // libcni's "keep nothing"
+		{`{"name":"n"}`, 0, 7},
+		{`{"cni.dev/valid-attachments":{"containerID":"a"}}`, 0, 7},
+		{`[1]`, 0, 6},
+	}
+	for _, c := range cases {
+		got, err := validAttachments([]byte(c.stdin))
+		if c.code != 0 {
+			var e *types.Error
+			if !errors.As(err, &e) || e.Code != c.code {
+				t.Errorf("%s: got %v, want code %d", c.stdin, err, c.code)
+			}
+			continue
+		}
+		if err != nil || len(got) != c.want {
+			t.Errorf("%s: got %v %v, want %d attachments", c.stdin, got, err, c.want)
+		}
+	}
+}
