@@ -818,3 +818,51 @@ func TestPortmapBadInput(t *testing.T) {
 	}
 	portmapAssertClean(t, "after refused ADDs")
 }
+
+// TestPortmapUDPConntrackFlush: a client that sent UDP to the host port
+// before it was mapped has a conntrack entry without NAT; ADD must flush
+// it, or that client's datagrams would keep going to the host, not the pod.
+// DEL flushes again, so the same client does not keep reaching a pod that
+// is gone through the old entry.
+func TestPortmapUDPConntrackFlush(t *testing.T) {
+	for _, backend := range []string{"iptables", "nftables"} {
+		t.Run(backend, func(t *testing.T) {
+			e := newPortmapEnv(t)
+			// One socket, one 5-tuple, for the whole test.
+			c, err := probe.InNS(e.outside.Path, func() (net.Conn, error) {
+				return net.DialUDP("udp4", &net.UDPAddr{IP: net.ParseIP(pmClient4), Port: 40150}, &net.UDPAddr{IP: net.ParseIP(pmHost4), Port: 30150})
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			ask := func() (string, error) {
+				buf := make([]byte, 64)
+				for i := 0; i < 3; i++ {
+					if _, err := c.Write([]byte("hi\n")); err != nil {
+						return "", err
+					}
+					_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+					if n, err := c.Read(buf); err == nil {
+						return strings.TrimSpace(string(buf[:n])), nil
+					}
+				}
+				return "", fmt.Errorf("no answer")
+			}
+			got, err := ask()
+			portmapMustNotReach(t, "before the mapping", got, err)
+			if out, err := harness.Run("conntrack", "-L", "-p", "udp", "--dport", "30150"); err != nil || !strings.Contains(out, "sport=40150") {
+				t.Fatalf("no conntrack entry for the early datagrams (%v):\n%s", err, out)
+			}
+			p := e.pod(t, e.list("1.1.0", "mwtp-ct", pmKeys(backend)), pmPort{30150, 81, "udp", ""})
+			got, err = ask()
+			portmapMustReach(t, "the same client after ADD", got, err, pmClient4)
+			if err := p.att.Del(); err != nil {
+				t.Fatal(err)
+			}
+			if out, _ := harness.Run("conntrack", "-L", "-p", "udp", "--dport", "30150"); strings.Contains(out, "sport=40150") {
+				t.Fatalf("DEL left the client's conntrack entry:\n%s", out)
+			}
+		})
+	}
+}
