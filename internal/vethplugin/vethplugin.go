@@ -239,12 +239,15 @@ func (a *Attachment) CheckMasq(ctx context.Context, addrs []net.IPNet) error {
 	return nil
 }
 
-// CheckIPAM runs IPAM CHECK.
-func (a *Attachment) CheckIPAM(ctx context.Context) error {
+// StartCheckIPAM runs IPAM CHECK in the background (while the plugin checks
+// its own part) and returns the function that waits for its outcome.
+func (a *Attachment) StartCheckIPAM(ctx context.Context) func() error {
 	if a.IPAMType == "" {
-		return nil
+		return func() error { return nil }
 	}
-	return ipamexec.Check(ctx, a.IPAMType, a.Args.StdinData)
+	done := make(chan error, 1)
+	go func() { done <- ipamexec.Check(ctx, a.IPAMType, a.Args.StdinData) }()
+	return func() error { return <-done }
 }
 
 // Status is STATUS: the firewall backend must be usable when ipMasq is on,

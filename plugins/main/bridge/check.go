@@ -39,9 +39,16 @@ func cmdCheck(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if err := att.CheckIPAM(ctx); err != nil {
+	ipamDone := att.StartCheckIPAM(ctx)
+	if err := checkOwn(ctx, conf, att, prev, args); err != nil {
+		_ = ipamDone()
 		return err
 	}
+	return ipamDone()
+}
+
+// checkOwn is the plugin's part of CHECK (IPAM checks its own meanwhile).
+func checkOwn(ctx context.Context, conf *config, att *vethplugin.Attachment, prev *current.Result, args *skel.CmdArgs) error {
 	brIntf, contIntf, contIdx := findInterfaces(prev, conf.Bridge, args.IfName, args.Netns)
 	if brIntf == nil {
 		return cnierr.CheckFailed("prevResult has no interface for bridge %q", conf.Bridge)

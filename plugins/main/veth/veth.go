@@ -166,9 +166,16 @@ func cmdCheck(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if err := att.CheckIPAM(ctx); err != nil {
+	ipamDone := att.StartCheckIPAM(ctx)
+	if err := checkOwn(ctx, conf, att, prev, args); err != nil {
+		_ = ipamDone()
 		return err
 	}
+	return ipamDone()
+}
+
+// checkOwn is the plugin's part of CHECK (IPAM checks its own meanwhile).
+func checkOwn(ctx context.Context, conf *config, att *vethplugin.Attachment, prev *current.Result, args *skel.CmdArgs) error {
 	idx := vethplugin.ContainerIndex(prev, args.IfName, args.Netns)
 	if idx < 0 {
 		return cnierr.CheckFailed("prevResult has no interface %q in sandbox %s", args.IfName, args.Netns)
