@@ -747,3 +747,39 @@ func TestHostLocalSameAsReference(t *testing.T) {
 		})
 	}
 }
+
+// TestHostLocalSharesReferenceLock: meshwire locks the file the reference
+// locks, so on a node in the middle of an upgrade the two never change a
+// network's directory at the same time.
+func TestHostLocalSharesReferenceLock(t *testing.T) {
+	h := harness.New(t)
+	n := hostLocalNew(t, h, `{"type":"host-local","subnet":"198.18.11.0/24"}`)
+	n.mustAdd(t, "mw1") // creates the directory and the lock file
+	l, err := filelock.AcquireQueued(filepath.Join(store.Dir(n.dataDir, n.name), store.LockName), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Release()
+	cmd := exec.Command(filepath.Join(harness.ReferenceDir, "host-local"))
+	cmd.Env = []string{"CNI_COMMAND=ADD", "CNI_CONTAINERID=ref1", "CNI_NETNS=/var/run/netns/x", "CNI_IFNAME=eth0", "CNI_PATH=" + harness.ReferenceDir}
+	cmd.Stdin = bytes.NewReader(n.conf("1.0.0"))
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		t.Fatalf("the reference ADD finished (%v: %s) while meshwire held the network's lock", err, out.String())
+	case <-time.After(500 * time.Millisecond):
+	}
+	l.Release()
+	if err := <-done; err != nil {
+		t.Fatalf("reference ADD after the lock was released: %v: %s", err, out.String())
+	}
+	if !strings.Contains(out.String(), "198.18.11.") {
+		t.Fatalf("reference ADD printed %s", out.String())
+	}
+}

@@ -56,8 +56,13 @@
 // command. A modification time is recorded only once the coarse file system
 // clock has moved past it, so that a change within the same clock tick
 // cannot go unnoticed. The reference's last_reserved_ip.N files seed the
-// round-robin position. meshwire does not write reference files: a
-// downgrade keeps the reference's own files but not meshwire's allocations.
+// round-robin position. meshwire does not write reference files (each would
+// change the directory and cost the next command a re-read): a downgrade
+// keeps the reference's own allocations but not meshwire's, and a reference
+// process still running after the binary was replaced does not see
+// meshwire's allocations (the shared lock keeps their changes apart, but it
+// could pick an address meshwire holds; such a clash is logged and
+// meshwire's allocation stands).
 package store
 
 import (
@@ -65,6 +70,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -580,8 +586,14 @@ func (t *Tx) importReference(dir string, m int64) error {
 			continue // removed meanwhile by a reference plugin not honouring the lock
 		}
 		present[string(key(a))] = true
-		if t.ips.Get(key(a)) != nil {
-			continue // imported before, or held by meshwire (which then wins)
+		if v := t.ips.Get(key(a)); v != nil {
+			if cur, err := decode(key(a), v); err == nil && !cur.Legacy {
+				// A reference plugin that ran after meshwire took over
+				// handed out an address meshwire holds: meshwire's
+				// allocation stands; the operator must see the clash.
+				slog.Warn("reference allocation file names an address meshwire holds", "ip", a.String(), "file", ReadReferenceFile(data), "holder", cur.Owner)
+			}
+			continue
 		}
 		adds = append(adds, Allocation{IP: fromKey(key(a)), Owner: ReadReferenceFile(data), RangeSet: -1, Legacy: true})
 	}
