@@ -682,6 +682,12 @@ func TestBandwidthBadConfig(t *testing.T) {
 			if len(bandwidthIfbsOf(t, pod)) != 0 || bandwidthRootTbf(t, pod.host) != nil {
 				t.Fatal("a refused ADD changed the host")
 			}
+			_, err = bandwidthExec(t, h, "CHECK", pod, bandwidthConf(n.name, "1.0.0", c.extra))
+			assertCNIError(t, err, 7, c.field)
+			// DEL undoes whatever ADD did, whatever the limits say.
+			if _, err := bandwidthExec(t, h, "DEL", pod, bandwidthConf(n.name, "1.0.0", c.extra)); err != nil {
+				t.Fatalf("DEL with a bad limit: %v", err)
+			}
 		})
 	}
 	t.Run("no prevResult", func(t *testing.T) {

@@ -95,7 +95,7 @@ func shape(network string, args *skel.CmdArgs, dev netlink.Link, bw Bandwidth) (
 }
 
 func cmdDel(args *skel.CmdArgs) error {
-	conf, _, err := parseConfig(args.StdinData)
+	conf, err := decodeConfig(args.StdinData)
 	if err != nil {
 		return err
 	}
@@ -235,7 +235,7 @@ func sameTbf(dir, dev string, want tbfParams, got *netlink.Tbf) error {
 // cmdGC removes the ifb devices of this network whose attachment is not in
 // the valid list, and only those.
 func cmdGC(args *skel.CmdArgs) error {
-	conf, _, err := parseConfig(args.StdinData)
+	conf, err := decodeConfig(args.StdinData)
 	if err != nil {
 		return err
 	}

@@ -15,15 +15,24 @@ const pluginType = "bandwidth"
 
 // rawEntry is a bandwidth object as written: the four keys of the reference
 // plugin (and of the CNI conventions' "bandwidth" capability), in bits per
-// second and bits. json.Number keeps what the user wrote so that negative,
-// fractional and oversized values get an error naming the field instead of
-// a generic decoding failure. Go's JSON matching is case-insensitive, so the
-// capitalised keys containerd sends ("IngressRate") are read too.
+// second and bits. The values are kept as written and judged later, so that
+// a wrong type, a negative, fractional or oversized number gets an error
+// naming the field (and DEL, which needs none of them, never fails over
+// them). Go's JSON matching is case-insensitive, so the capitalised keys
+// containerd sends ("IngressRate") are read too.
 type rawEntry struct {
-	IngressRate  *json.Number `json:"ingressRate,omitempty"`
-	IngressBurst *json.Number `json:"ingressBurst,omitempty"`
-	EgressRate   *json.Number `json:"egressRate,omitempty"`
-	EgressBurst  *json.Number `json:"egressBurst,omitempty"`
+	IngressRate  *bits `json:"ingressRate,omitempty"`
+	IngressBurst *bits `json:"ingressBurst,omitempty"`
+	EgressRate   *bits `json:"egressRate,omitempty"`
+	EgressBurst  *bits `json:"egressBurst,omitempty"`
+}
+
+// bits is one value as written (JSON null leaves the pointer nil).
+type bits struct{ raw json.RawMessage }
+
+func (b *bits) UnmarshalJSON(data []byte) error {
+	b.raw = append(json.RawMessage(nil), data...)
+	return nil
 }
 
 func (r *rawEntry) empty() bool {
@@ -72,15 +81,25 @@ const (
 
 // parseConfig decodes stdin and resolves the effective bandwidth.
 func parseConfig(data []byte) (*config, Bandwidth, error) {
-	var c config
-	if err := pluginconf.Decode(data, pluginType, &c); err != nil {
+	c, err := decodeConfig(data)
+	if err != nil {
 		return nil, Bandwidth{}, err
 	}
 	bw, err := c.bandwidth()
 	if err != nil {
 		return nil, Bandwidth{}, err
 	}
-	return &c, bw, nil
+	return c, bw, nil
+}
+
+// decodeConfig decodes stdin without judging the limits: DEL and GC undo
+// what ADD did whatever the limits say now, and must not fail over them.
+func decodeConfig(data []byte) (*config, error) {
+	var c config
+	if err := pluginconf.Decode(data, pluginType, &c); err != nil {
+		return nil, err
+	}
+	return &c, nil
 }
 
 // bandwidth picks the runtime's bandwidth capability when present (a
@@ -116,7 +135,7 @@ func fieldName(prefix, name string) string {
 // resolveLimit validates one direction. Both values zero or absent mean the
 // direction is not shaped (the reference reads it so, and containerd sends
 // zeros for the direction a pod does not limit).
-func resolveLimit(rate, burst *json.Number, prefix, dir string) (Limit, error) {
+func resolveLimit(rate, burst *bits, prefix, dir string) (Limit, error) {
 	rateField, burstField := fieldName(prefix, dir+"Rate"), fieldName(prefix, dir+"Burst")
 	r, err := wholeBits(rate, rateField)
 	if err != nil {
@@ -148,19 +167,27 @@ func validateLimit(rate, burst uint64, rateField, burstField string) (Limit, err
 	return Limit{Rate: rate, Burst: burst}, nil
 }
 
-// wholeBits reads a non-negative whole number. Integers in exponent form
-// ("1e6") are accepted; negative, fractional and oversized numbers are
-// errors naming the field.
-func wholeBits(n *json.Number, field string) (uint64, error) {
-	if n == nil {
+// wholeBits reads a non-negative whole number, written as a JSON number or
+// a string holding one. Integers in exponent form ("1e6") are accepted;
+// anything else is an error naming the field.
+func wholeBits(b *bits, field string) (uint64, error) {
+	if b == nil {
 		return 0, nil
 	}
-	s := strings.TrimSpace(n.String())
+	var s string
+	if err := json.Unmarshal(b.raw, &s); err != nil {
+		var n json.Number
+		if err := json.Unmarshal(b.raw, &n); err != nil {
+			return 0, cnierr.Field(field, "expected a number, got %s", b.raw)
+		}
+		s = n.String()
+	}
+	s = strings.TrimSpace(s)
 	if v, err := strconv.ParseUint(s, 10, 64); err == nil {
 		return v, nil
 	}
 	f, ok := new(big.Float).SetPrec(256).SetString(s)
-	if !ok {
+	if !ok || f.IsInf() {
 		return 0, cnierr.Field(field, "%q is not a number", s)
 	}
 	if f.Sign() < 0 {
