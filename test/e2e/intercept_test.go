@@ -106,6 +106,20 @@ func TestInterceptTraffic(t *testing.T) {
 				}
 			})
 
+			// The same traffic with each backend (switching backends with
+			// --reconcile also removes the rules from the previous one).
+			t.Run("backends", func(t *testing.T) {
+				for _, backend := range []string{"legacy", "nftables", "nft"} {
+					run("-i", "*", "-b", "*", "--iptables-backend", backend)
+					for _, fam := range interceptFamilies {
+						pod, remote := ie.Pod(fam.v6), ie.Remote(fam.v6)
+						interceptExpect(t, e, e.Pod, ie.AP(remote, ie.RemotePort), "remote", pod.String(), "outbound")
+						interceptExpect(t, e, e.Remote, ie.AP(pod, ie.AppPort), "app", interceptPassthrough(fam.v6), "inbound")
+						interceptExpect(t, e, e.Remote, ie.AP(pod, ie.TunnelPort), "app", remote.String(), "")
+					}
+				}
+			})
+
 			t.Run("proxy-owner-bypass", func(t *testing.T) {
 				run("-i", "*", "-b", "*", "-u", "1337", "-g", "1337")
 				for _, fam := range interceptFamilies {
