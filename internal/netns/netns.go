@@ -12,6 +12,7 @@ import (
 	"runtime"
 	"sort"
 
+	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 )
 
@@ -75,19 +76,32 @@ func Create(name string) (string, error) {
 	}
 	errc := make(chan error, 1)
 	go func() {
-		// The thread that unshares is never handed back to the Go scheduler:
-		// it exits with this goroutine, so no other goroutine can run in the
-		// new namespace by accident.
+		// Unshare moves only this thread into the new namespace; it is put
+		// back before being handed to the Go scheduler again. If it cannot be
+		// put back it stays locked, and the runtime ends it with the
+		// goroutine (or, on the main thread, parks it), so no other goroutine
+		// ever runs in the wrong namespace.
 		runtime.LockOSThread()
+		orig, err := vnetns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("open current namespace: %w", err)
+			return
+		}
+		defer orig.Close()
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread() // still in the original namespace
 			errc <- fmt.Errorf("unshare: %w", err)
 			return
 		}
-		if err := unix.Mount("/proc/thread-self/ns/net", p, "none", unix.MS_BIND, ""); err != nil {
-			errc <- fmt.Errorf("bind mount %s: %w", p, err)
-			return
+		mountErr := unix.Mount("/proc/thread-self/ns/net", p, "none", unix.MS_BIND, "")
+		if err := vnetns.Set(orig); err == nil {
+			runtime.UnlockOSThread()
 		}
-		errc <- nil
+		if mountErr != nil {
+			mountErr = fmt.Errorf("bind mount %s: %w", p, mountErr)
+		}
+		errc <- mountErr
 	}()
 	if err := <-errc; err != nil {
 		os.Remove(p)

@@ -2,6 +2,7 @@ package netns
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"testing"
 )
@@ -59,5 +60,42 @@ func TestCreateDelete(t *testing.T) {
 	err = Enter(p, func() error { return nil })
 	if !IsGone(err) {
 		t.Fatalf("Enter of a deleted namespace: %v, want IsGone", err)
+	}
+}
+
+// TestCreateLeavesNoThreadBehind: Create switches one thread into the new
+// namespace to mount it; afterwards every thread of the process must be
+// back in the original namespace (a thread left behind would keep the
+// namespace, and its links, alive after Delete, and could run other
+// goroutines there).
+func TestCreateLeavesNoThreadBehind(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Fatal("needs root (network namespaces)")
+	}
+	old := RunDir
+	RunDir = t.TempDir()
+	defer func() { RunDir = old }()
+	self, err := os.Readlink("/proc/thread-self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 30; i++ {
+		name := fmt.Sprintf("mwt-thread-%d", i)
+		if _, err := Create(name); err != nil {
+			t.Fatal(err)
+		}
+		if err := Delete(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		l, err := os.Readlink("/proc/self/task/" + task.Name() + "/ns/net")
+		if err == nil && l != self {
+			t.Errorf("thread %s is in %s, not the original %s", task.Name(), l, self)
+		}
 	}
 }
