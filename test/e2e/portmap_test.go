@@ -828,6 +828,10 @@ func TestPortmapUDPConntrackFlush(t *testing.T) {
 	for _, backend := range []string{"iptables", "nftables"} {
 		t.Run(backend, func(t *testing.T) {
 			e := newPortmapEnv(t)
+			list := e.list("1.1.0", "mwtp-ct", pmKeys(backend))
+			// Another pod's mapping keeps connection tracking on in the
+			// host namespace (the kernel tracks only while a rule needs it).
+			e.pod(t, list, pmPort{30151, 80, "tcp", ""})
 			// One socket, one 5-tuple, for the whole test.
 			c, err := probe.InNS(e.outside.Path, func() (net.Conn, error) {
 				return net.DialUDP("udp4", &net.UDPAddr{IP: net.ParseIP(pmClient4), Port: 40150}, &net.UDPAddr{IP: net.ParseIP(pmHost4), Port: 30150})
@@ -854,7 +858,7 @@ func TestPortmapUDPConntrackFlush(t *testing.T) {
 			if out, err := harness.Run("conntrack", "-L", "-p", "udp", "--dport", "30150"); err != nil || !strings.Contains(out, "sport=40150") {
 				t.Fatalf("no conntrack entry for the early datagrams (%v):\n%s", err, out)
 			}
-			p := e.pod(t, e.list("1.1.0", "mwtp-ct", pmKeys(backend)), pmPort{30150, 81, "udp", ""})
+			p := e.pod(t, list, pmPort{30150, 81, "udp", ""})
 			got, err = ask()
 			portmapMustReach(t, "the same client after ADD", got, err, pmClient4)
 			if err := p.att.Del(); err != nil {

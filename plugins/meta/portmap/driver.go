@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -24,6 +25,16 @@ const lockTimeout = 10 * time.Second
 
 func lockNode() (*filelock.Lock, error) {
 	return filelock.Acquire(filepath.Join(stateDir, "lock"), lockTimeout)
+}
+
+// locked runs fn under the node lock.
+func locked(fn func() error) error {
+	l, err := lockNode()
+	if err != nil {
+		return err
+	}
+	defer l.Release()
+	return fn()
 }
 
 func backendCachePath() string { return filepath.Join(stateDir, "backend") }
@@ -201,23 +212,20 @@ func (d *iptDriver) setBaseHint(f firewall.Family, present bool) {
 
 // ensure is the slow path of ADD, under the node lock.
 func (d *iptDriver) ensure(ctx context.Context, p famPlan) error {
-	l, err := lockNode()
-	if err != nil {
-		return err
-	}
-	defer l.Release()
-	st, err := d.read(ctx, p.Family)
-	if err != nil {
-		return err
-	}
-	if err := d.restore(ctx, p.Family, renderIPTEnsure(st, p)); err != nil {
-		return cnierr.Wrap(err, "install the port mappings (IPv%d, %s)", p.Family, d.b)
-	}
-	d.setBaseHint(p.Family, true)
-	if d.auto {
-		writeBackendCache(d.b)
-	}
-	return nil
+	return locked(func() error {
+		st, err := d.read(ctx, p.Family)
+		if err != nil {
+			return err
+		}
+		if err := d.restore(ctx, p.Family, renderIPTEnsure(st, p)); err != nil {
+			return cnierr.Wrap(err, "install the port mappings (IPv%d, %s)", p.Family, d.b)
+		}
+		d.setBaseHint(p.Family, true)
+		if d.auto {
+			writeBackendCache(d.b)
+		}
+		return nil
+	})
 }
 
 func (d *iptDriver) del(ctx context.Context, key string, fams []firewall.Family, wantUDP bool) (map[firewall.Family][]int, error) {
@@ -247,28 +255,25 @@ func (d *iptDriver) del(ctx context.Context, key string, fams []firewall.Family,
 // remove deletes attachments as the table shows them (and the base when
 // nothing is left), under the node lock.
 func (d *iptDriver) remove(ctx context.Context, f firewall.Family, keys []string) error {
-	l, err := lockNode()
-	if err != nil {
-		return err
-	}
-	defer l.Release()
-	st, err := d.read(ctx, f)
-	if err != nil {
-		return err
-	}
-	payload := renderIPTRemove(st, keys)
-	if payload == "" {
+	return locked(func() error {
+		st, err := d.read(ctx, f)
+		if err != nil {
+			return err
+		}
+		payload := renderIPTRemove(st, keys)
+		if payload == "" {
+			return nil
+		}
+		if err := d.restore(ctx, f, payload); err != nil {
+			return cnierr.Wrap(err, "remove port mappings (IPv%d, %s)", f, d.b)
+		}
+		empty := remaining(st.attachments(), keys) == 0
+		if empty {
+			d.setBaseHint(f, false)
+		}
+		d.forgetBackendIfEmpty(ctx, f, empty)
 		return nil
-	}
-	if err := d.restore(ctx, f, payload); err != nil {
-		return cnierr.Wrap(err, "remove port mappings (IPv%d, %s)", f, d.b)
-	}
-	empty := remaining(st.attachments(), keys) == 0
-	if empty {
-		d.setBaseHint(f, false)
-	}
-	d.forgetBackendIfEmpty(ctx, f, empty)
-	return nil
+	})
 }
 
 // maybeTeardown removes the base when the top chain is empty. The probe
@@ -316,7 +321,7 @@ func (d *iptDriver) check(ctx context.Context, a attachment, plans []famPlan) er
 		case p.MarkBit >= 0 && (!st.chains[iptMarkChain(p.MarkBit)] || len(st.jumpsTo("POSTROUTING", iptMasq)) == 0):
 			return cnierr.CheckFailed("IPv%d: the masquerade chains for mark bit %d are missing", p.Family, p.MarkBit)
 		}
-		if got, want := iptSigs(st.rules[ch]), planSigs(p); !equal(got, want) {
+		if got, want := iptSigs(st.rules[ch]), planSigs(p); !slices.Equal(got, want) {
 			return cnierr.CheckFailed("IPv%d: port mappings in %s are %v, want %v", p.Family, ch, got, want)
 		}
 	}
@@ -354,18 +359,6 @@ func gcStale(keys []string, tagOf func(string) string, network string, valid map
 		}
 	}
 	return out
-}
-
-func equal(a, b []string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // ---- nftables ----
@@ -418,22 +411,19 @@ func (d *nftDriver) add(ctx context.Context, a attachment, plans []famPlan) erro
 		return err
 	}
 	slog.Debug("single-transaction ADD refused; reading the table", "error", err)
-	l, err := lockNode()
-	if err != nil {
-		return err
-	}
-	defer l.Release()
-	st, err := d.listEach(ctx, nil)
-	if err != nil {
-		return err
-	}
-	if err := d.apply(ctx, renderNFTEnsure(st, a, plans)); err != nil {
-		return cnierr.Wrap(err, "install the port mappings (nftables)")
-	}
-	if d.auto {
-		writeBackendCache(firewall.Backend{Kind: firewall.NFTables})
-	}
-	return nil
+	return locked(func() error {
+		st, err := d.listEach(ctx, nil)
+		if err != nil {
+			return err
+		}
+		if err := d.apply(ctx, renderNFTEnsure(st, a, plans)); err != nil {
+			return cnierr.Wrap(err, "install the port mappings (nftables)")
+		}
+		if d.auto {
+			writeBackendCache(firewall.Backend{Kind: firewall.NFTables})
+		}
+		return nil
+	})
 }
 
 func (d *nftDriver) del(ctx context.Context, key string, _ []firewall.Family, wantUDP bool) (map[firewall.Family][]int, error) {
@@ -482,48 +472,43 @@ func (d *nftDriver) del(ctx context.Context, key string, _ []firewall.Family, wa
 // tryTeardown deletes the table if no attachment chain is left: one
 // transaction that the kernel refuses while any refers to the anchor.
 func (d *nftDriver) tryTeardown(ctx context.Context) {
-	l, err := lockNode()
-	if err != nil {
-		return
-	}
-	defer l.Release()
-	if err := d.apply(ctx, nftScript(nftTeardownLines())); err != nil {
-		slog.Debug("table kept", "reason", err)
-		return
-	}
-	if d.auto {
-		removeBackendCache()
-	}
+	_ = locked(func() error {
+		if err := d.apply(ctx, nftScript(nftTeardownLines())); err != nil {
+			slog.Debug("table kept", "reason", err)
+			return nil
+		}
+		if d.auto {
+			removeBackendCache()
+		}
+		return nil
+	})
 }
 
 func (d *nftDriver) remove(ctx context.Context, keys []string) error {
-	l, err := lockNode()
-	if err != nil {
-		return err
-	}
-	defer l.Release()
-	st, err := d.listEach(ctx, nil)
-	if err != nil {
-		return err
-	}
-	var present []string
-	for _, k := range keys {
-		if st.chains[nftAttChain(k)] != nil || len(st.jumps(nftHostports, nftAttChain(k))) > 0 {
-			present = append(present, k)
+	return locked(func() error {
+		st, err := d.listEach(ctx, nil)
+		if err != nil {
+			return err
 		}
-	}
-	teardown := remaining(st.attachments(), present) == 0
-	script := renderNFTRemove(st, present, teardown)
-	if script == "" {
+		var present []string
+		for _, k := range keys {
+			if st.chains[nftAttChain(k)] != nil || len(st.jumps(nftHostports, nftAttChain(k))) > 0 {
+				present = append(present, k)
+			}
+		}
+		teardown := remaining(st.attachments(), present) == 0
+		script := renderNFTRemove(st, present, teardown)
+		if script == "" {
+			return nil
+		}
+		if err := d.apply(ctx, script); err != nil {
+			return cnierr.Wrap(err, "remove port mappings (nftables)")
+		}
+		if teardown && d.auto {
+			removeBackendCache()
+		}
 		return nil
-	}
-	if err := d.apply(ctx, script); err != nil {
-		return cnierr.Wrap(err, "remove port mappings (nftables)")
-	}
-	if teardown && d.auto {
-		removeBackendCache()
-	}
-	return nil
+	})
 }
 
 func (d *nftDriver) check(ctx context.Context, a attachment, plans []famPlan) error {
@@ -548,7 +533,7 @@ func (d *nftDriver) check(ctx context.Context, a attachment, plans []famPlan) er
 		want = append(want, planSigs(p)...)
 	}
 	sort.Strings(want)
-	if got := nftSigs(c); !equal(got, want) {
+	if got := nftSigs(c); !slices.Equal(got, want) {
 		return cnierr.CheckFailed("port mappings in nftables chain %s are %v, want %v", ch, got, want)
 	}
 	return nil

@@ -9,6 +9,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/utils/sysctl"
 	"github.com/vishvananda/netlink"
@@ -24,28 +25,46 @@ func newAttachment(args *skel.CmdArgs, c *config) attachment {
 	return attachment{ContainerID: args.ContainerID, IfName: args.IfName, Network: c.raw.Name}
 }
 
-func cmdAdd(args *skel.CmdArgs) error {
+// prepared is what ADD and CHECK work from: the config, prevResult, the
+// attachment, the container's addresses and the per-family plans.
+type prepared struct {
+	c      *config
+	prev   *current.Result
+	a      attachment
+	v4, v6 *net.IPNet
+	plans  []famPlan
+}
+
+func prepare(args *skel.CmdArgs) (*prepared, error) {
 	c, err := parseConfig(args.StdinData)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	prev, err := c.raw.RequirePrevResult()
 	if err != nil {
+		return nil, err
+	}
+	p := &prepared{c: c, prev: prev, a: newAttachment(args, c)}
+	p.v4, p.v6 = containerAddrs(prev, args.IfName)
+	p.plans = plan(c, p.a, p.v4, p.v6)
+	return p, nil
+}
+
+func cmdAdd(args *skel.CmdArgs) error {
+	p, err := prepare(args)
+	if err != nil {
 		return err
 	}
-	a := newAttachment(args, c)
-	v4, v6 := containerAddrs(prev, args.IfName)
-	plans := plan(c, a, v4, v6)
-	if len(plans) > 0 {
+	if len(p.plans) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 		defer cancel()
-		if err := install(ctx, c, a, plans, v4); err != nil {
+		if err := install(ctx, p.c, p.a, p.plans, p.v4); err != nil {
 			return err
 		}
 	} else {
-		slog.Debug("nothing to map", "mappings", len(c.Mappings), "v4", v4 != nil, "v6", v6 != nil)
+		slog.Debug("nothing to map", "mappings", len(p.c.Mappings), "v4", p.v4 != nil, "v6", p.v6 != nil)
 	}
-	return types.PrintResult(prev, c.raw.CNIVersion)
+	return types.PrintResult(p.prev, p.c.raw.CNIVersion)
 }
 
 // install programs the plans, then the host settings they need; a failure
@@ -134,23 +153,13 @@ func delFamilies(c *config, ifName string) []firewall.Family {
 }
 
 func cmdCheck(args *skel.CmdArgs) error {
-	c, err := parseConfig(args.StdinData)
-	if err != nil {
+	p, err := prepare(args)
+	if err != nil || len(p.plans) == 0 {
 		return err
-	}
-	prev, err := c.raw.RequirePrevResult()
-	if err != nil {
-		return err
-	}
-	a := newAttachment(args, c)
-	v4, v6 := containerAddrs(prev, args.IfName)
-	plans := plan(c, a, v4, v6)
-	if len(plans) == 0 {
-		return nil
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()
-	return newDriver(resolveBackend(ctx, c)).check(ctx, a, plans)
+	return newDriver(resolveBackend(ctx, p.c)).check(ctx, p.a, p.plans)
 }
 
 func cmdGC(args *skel.CmdArgs) error {
