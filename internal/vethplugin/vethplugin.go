@@ -29,6 +29,9 @@ import (
 	"github.com/meshwire/meshwire/internal/ipmasq"
 	"github.com/meshwire/meshwire/internal/link"
 	"github.com/meshwire/meshwire/internal/netns"
+	"github.com/meshwire/meshwire/internal/pluginconf"
+	"github.com/meshwire/meshwire/internal/undo"
+	"github.com/meshwire/meshwire/internal/vethconf"
 )
 
 // NS is the pod's namespace, open for netlink requests from the host thread.
@@ -128,7 +131,71 @@ type Attachment struct {
 	IPMasq     bool
 	Backend    string // ipMasqBackend, "" to detect
 	HostPrefix string
-	Prev       *current.Result // prevResult, may be nil
+	MAC        net.HardwareAddr // the pod interface's MAC, nil for a random one
+	Prev       *current.Result  // prevResult, may be nil
+	prevErr    error
+}
+
+// NewAttachment is the shared view of one plugin call: base and common are
+// the decoded config's shared parts, r what common.Validate derived.
+func NewAttachment(args *skel.CmdArgs, base *pluginconf.Base, common *vethconf.Common, r vethconf.Resolved) *Attachment {
+	prev, err := base.PrevResultCurrent()
+	return &Attachment{
+		Args: args, Network: base.Name, IPAMType: base.IPAM.Type, IPMasq: common.IPMasq,
+		Backend: r.Backend, HostPrefix: r.Prefix, MAC: r.MAC, Prev: prev, prevErr: err,
+	}
+}
+
+// Add is an ADD in progress: the pod's namespace, what to undo if ADD fails,
+// and the IPAM call running in the background (nil without IPAM).
+type Add struct {
+	NS   *NS
+	Undo undo.Stack
+	IPAM *ipamexec.Pending
+}
+
+// BeginAdd checks CNI_IFNAME, opens the namespace and starts IPAM (which
+// does not depend on the links, so it runs while they are built).
+func (a *Attachment) BeginAdd(ctx context.Context) (*Add, error) {
+	if err := link.ValidIfName(a.Args.IfName); err != nil {
+		return nil, cnierr.InvalidEnv("CNI_IFNAME", "%v", err)
+	}
+	ns, err := OpenNS(a.Args.Netns)
+	if err != nil {
+		return nil, err
+	}
+	add := &Add{NS: ns}
+	if a.IPAMType != "" {
+		add.IPAM = ipamexec.Start(ctx, a.IPAMType, a.Args.StdinData)
+		add.Undo.Push(add.IPAM.Release)
+	}
+	return add, nil
+}
+
+// End finishes the ADD: when it failed (err != nil) everything recorded is
+// undone, IPAM included; the namespace is closed either way.
+func (x *Add) End(err error) {
+	if err != nil {
+		x.Undo.Run()
+	}
+	x.NS.Close()
+}
+
+// Check is CHECK's frame: prevResult is required, IPAM CHECK runs in the
+// background while own (the plugin's part) checks the kernel.
+func (a *Attachment) Check(ctx context.Context, own func(prev *current.Result) error) error {
+	if a.prevErr != nil {
+		return a.prevErr
+	}
+	if a.Prev == nil {
+		return cnierr.Field("prevResult", "missing: CHECK compares the kernel with the result of ADD")
+	}
+	ipamDone := a.StartCheckIPAM(ctx)
+	if err := own(a.Prev); err != nil {
+		_ = ipamDone()
+		return err
+	}
+	return ipamDone()
 }
 
 // Masq is the masquerade identity of the attachment.
@@ -287,8 +354,8 @@ func (a *Attachment) GC(ctx context.Context, valid []types.GCAttachment, extra f
 // CreateVeth makes the attachment's veth pair, replacing a host end left by
 // an earlier ADD of the same attachment (its name says it is ours). A
 // CNI_IFNAME already present in the namespace is code 4.
-func (a *Attachment) CreateVeth(ns *NS, mtu int, mac net.HardwareAddr) (host, cont netlink.Link, err error) {
-	p := link.Pair{HostName: a.HostVeth(), PeerName: a.Args.IfName, MTU: mtu, PeerMAC: mac, NS: ns.Handle}
+func (a *Attachment) CreateVeth(ns *NS, mtu int) (host, cont netlink.Link, err error) {
+	p := link.Pair{HostName: a.HostVeth(), PeerName: a.Args.IfName, MTU: mtu, PeerMAC: a.MAC, NS: ns.Handle}
 	host, err = link.Create(p)
 	if errors.Is(err, link.ErrExists) {
 		if _, e := ns.NL.LinkByName(a.Args.IfName); e == nil {

@@ -88,15 +88,23 @@ func bridgeRemoveLinks(br string) {
 // plugin renders a bridge plugin config: host-local over subnets, with opts
 // added (a nil value removes a key).
 func (e *bridgeEnv) plugin(opts map[string]any, subnets ...string) string {
+	return e.render("bridge", opts, subnets...)
+}
+
+// render is a config of plugin kind (bridge or veth) on this test's bridge
+// and IPAM store.
+func (e *bridgeEnv) render(kind string, opts map[string]any, subnets ...string) string {
 	var ranges [][]map[string]string
 	for _, s := range subnets {
 		ranges = append(ranges, []map[string]string{{"subnet": s}})
 	}
 	c := map[string]any{
-		"type":           "bridge",
-		"bridge":         e.br,
+		"type":           kind,
 		"hostVethPrefix": "mwtb",
 		"ipam":           map[string]any{"type": "host-local", "dataDir": e.dataDir, "ranges": ranges},
+	}
+	if kind == "bridge" {
+		c["bridge"] = e.br
 	}
 	for k, v := range opts {
 		if v == nil {
@@ -149,6 +157,36 @@ func bridgeHostLink(t *testing.T, name string) netlink.Link {
 func bridgeHasHostLink(name string) bool {
 	_, err := netlink.LinkByName(name)
 	return err == nil
+}
+
+// bridgeLifecycleEnd is the end of a life-cycle test for spec version v:
+// CHECK (0.4.0 and later), STATUS and GC (1.1.0; the pod still reaches gw
+// after GC), DEL, the veth pair gone, and a second DEL.
+func bridgeLifecycleEnd(t *testing.T, e *bridgeEnv, v string, list *libcni.NetworkConfigList, a *harness.Attachment, ns *harness.NS, gw string) {
+	t.Helper()
+	if gte(v, "0.4.0") {
+		if err := a.Check(); err != nil {
+			t.Fatalf("CHECK: %v", err)
+		}
+	}
+	if gte(v, "1.1.0") {
+		if err := e.h.Status(list); err != nil {
+			t.Fatalf("STATUS: %v", err)
+		}
+		if err := e.h.GC(list, a.GCAttachment()); err != nil {
+			t.Fatalf("GC: %v", err)
+		}
+		bridgeMustPing(t, ns, gw)
+	}
+	if err := a.Del(); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	if bridgeHasHostLink(bridgeHostVeth(a)) || ns.HasLink("eth0") {
+		t.Fatal("veth pair still there after DEL")
+	}
+	if err := a.Del(); err != nil {
+		t.Fatalf("second DEL: %v", err)
+	}
 }
 
 // TestBridgeEveryVersion runs ADD, CHECK, STATUS, GC and DEL (twice) with
@@ -204,29 +242,7 @@ func TestBridgeEveryVersion(t *testing.T) {
 			if gte(v, "0.3.0") {
 				bridgeMustPing(t, ns, "fd20:0:0:16::1")
 			}
-			if gte(v, "0.4.0") {
-				if err := a.Check(); err != nil {
-					t.Fatalf("CHECK: %v", err)
-				}
-			}
-			if gte(v, "1.1.0") {
-				if err := e.h.Status(list); err != nil {
-					t.Fatalf("STATUS: %v", err)
-				}
-				if err := e.h.GC(list, a.GCAttachment()); err != nil {
-					t.Fatalf("GC: %v", err)
-				}
-				bridgeMustPing(t, ns, "198.18.16.1")
-			}
-			if err := a.Del(); err != nil {
-				t.Fatalf("DEL: %v", err)
-			}
-			if bridgeHasHostLink(hostName) || ns.HasLink("eth0") {
-				t.Fatal("veth pair still there after DEL")
-			}
-			if err := a.Del(); err != nil {
-				t.Fatalf("second DEL: %v", err)
-			}
+			bridgeLifecycleEnd(t, e, v, list, a, ns, "198.18.16.1")
 		})
 	}
 }

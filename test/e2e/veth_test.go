@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"testing"
 
@@ -16,24 +15,7 @@ import (
 
 // vethList renders a veth plugin conflist with host-local over subnets.
 func (e *bridgeEnv) vethList(cniVersion, name string, opts map[string]any, subnets ...string) *libcni.NetworkConfigList {
-	var ranges [][]map[string]string
-	for _, s := range subnets {
-		ranges = append(ranges, []map[string]string{{"subnet": s}})
-	}
-	c := map[string]any{
-		"type":           "veth",
-		"hostVethPrefix": "mwtb",
-		"ipam":           map[string]any{"type": "host-local", "dataDir": e.dataDir, "ranges": ranges},
-	}
-	for k, v := range opts {
-		if v == nil {
-			delete(c, k)
-		} else {
-			c[k] = v
-		}
-	}
-	b, _ := json.Marshal(c)
-	return e.h.Single(cniVersion, name, string(b))
+	return e.h.Single(cniVersion, name, e.render("veth", opts, subnets...))
 }
 
 // TestVethEveryVersion: the life cycle with each spec version, dual stack,
@@ -89,28 +71,7 @@ func TestVethEveryVersion(t *testing.T) {
 			if gte(v, "0.3.0") {
 				bridgeMustPing(t, ns, "fd20:0:0:24::1")
 			}
-			if gte(v, "0.4.0") {
-				if err := a.Check(); err != nil {
-					t.Fatalf("CHECK: %v", err)
-				}
-			}
-			if gte(v, "1.1.0") {
-				if err := e.h.Status(list); err != nil {
-					t.Fatalf("STATUS: %v", err)
-				}
-				if err := e.h.GC(list, a.GCAttachment()); err != nil {
-					t.Fatalf("GC: %v", err)
-				}
-			}
-			if err := a.Del(); err != nil {
-				t.Fatalf("DEL: %v", err)
-			}
-			if bridgeHasHostLink(hostName) || ns.HasLink("eth0") {
-				t.Fatal("veth pair still there after DEL")
-			}
-			if err := a.Del(); err != nil {
-				t.Fatalf("second DEL: %v", err)
-			}
+			bridgeLifecycleEnd(t, e, v, list, a, ns, "198.18.24.1")
 		})
 	}
 }

@@ -16,10 +16,8 @@ import (
 
 	"github.com/meshwire/meshwire/internal/addressing"
 	"github.com/meshwire/meshwire/internal/cnierr"
-	"github.com/meshwire/meshwire/internal/ipamexec"
 	"github.com/meshwire/meshwire/internal/ipmasq"
 	"github.com/meshwire/meshwire/internal/link"
-	"github.com/meshwire/meshwire/internal/undo"
 	"github.com/meshwire/meshwire/internal/vethplugin"
 )
 
@@ -32,11 +30,7 @@ const (
 
 // attachment is the shared view of this call.
 func attachment(c *config, args *skel.CmdArgs) *vethplugin.Attachment {
-	prev, _ := c.PrevResultCurrent()
-	return &vethplugin.Attachment{
-		Args: args, Network: c.Name, IPAMType: c.IPAM.Type, IPMasq: c.IPMasq,
-		Backend: c.masq, HostPrefix: c.pfx, Prev: prev,
-	}
+	return vethplugin.NewAttachment(args, &c.Base, &c.Common, c.res)
 }
 
 func cmdAdd(args *skel.CmdArgs) (err error) {
@@ -44,30 +38,15 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := link.ValidIfName(args.IfName); err != nil {
-		return cnierr.InvalidEnv("CNI_IFNAME", "%v", err)
-	}
-	ns, err := vethplugin.OpenNS(args.Netns)
-	if err != nil {
-		return err
-	}
-	defer ns.Close()
 	ctx := context.Background()
 	att := attachment(conf, args)
 	steps := vethplugin.NewSteps()
-
-	var u undo.Stack
-	defer func() {
-		if err != nil {
-			u.Run()
-		}
-	}()
-	var ipam *ipamexec.Pending
-	if conf.IPAM.Type != "" {
-		// IPAM does not depend on the links: run it while they are built.
-		ipam = ipamexec.Start(ctx, conf.IPAM.Type, args.StdinData)
-		u.Push(ipam.Release)
+	add, err := att.BeginAdd(ctx)
+	if err != nil {
+		return err
 	}
+	defer func() { add.End(err) }()
+	ns, u, ipam := add.NS, &add.Undo, add.IPAM
 
 	steps.Mark("start")
 	br, err := ensureBridge(conf)
@@ -75,7 +54,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		return err
 	}
 	steps.Mark("bridge")
-	host, cont, err := att.CreateVeth(ns, conf.MTU, conf.mac)
+	host, cont, err := att.CreateVeth(ns, conf.MTU)
 	if err != nil {
 		return err
 	}
@@ -324,7 +303,7 @@ func ensureVlanGateway(c *config, br *netlink.Bridge) (netlink.Link, error) {
 	if l, err := netlinksafe.LinkByName(name); err == nil {
 		return l, nil
 	}
-	portName := link.HostVethName(c.pfx, c.Bridge, name)
+	portName := link.HostVethName(c.res.Prefix, c.Bridge, name)
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = portName
 	attrs.MTU = br.MTU

@@ -33,18 +33,8 @@ func cmdCheck(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	ctx := context.Background()
 	att := attachment(conf, args)
-	prev, err := conf.RequirePrevResult()
-	if err != nil {
-		return err
-	}
-	ipamDone := att.StartCheckIPAM(ctx)
-	if err := checkOwn(ctx, conf, att, prev, args); err != nil {
-		_ = ipamDone()
-		return err
-	}
-	return ipamDone()
+	return att.Check(context.Background(), func(prev *current.Result) error { return checkOwn(context.Background(), conf, att, prev, args) })
 }
 
 // checkOwn is the plugin's part of CHECK (IPAM checks its own meanwhile).

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"net"
 	"sort"
 
 	"github.com/meshwire/meshwire/internal/cnierr"
@@ -36,9 +35,7 @@ type config struct {
 
 	// Derived by parseConfig.
 	vlans []int
-	mac   net.HardwareAddr
-	masq  string // ipMasqBackend, "" = detect
-	pfx   string // host veth prefix
+	res   vethconf.Resolved // what the shared keys resolve to
 }
 
 type vlanTrunk struct {
@@ -83,7 +80,7 @@ func parseConfig(data []byte, envArgs string) (*config, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.mac, c.masq, c.pfx = r.MAC, r.Backend, r.Prefix
+	c.res = r
 	return c, nil
 }
 

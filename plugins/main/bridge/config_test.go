@@ -26,11 +26,11 @@ func TestParseConfigDefaultsAndDerived(t *testing.T) {
 	if !c.vlanFiltering() {
 		t.Error("a trunk needs VLAN filtering")
 	}
-	if c.mac.String() != "02:00:00:00:00:02" {
-		t.Errorf("MAC %s: args.cni.mac must win over CNI_ARGS", c.mac)
+	if c.res.MAC.String() != "02:00:00:00:00:02" {
+		t.Errorf("MAC %s: args.cni.mac must win over CNI_ARGS", c.res.MAC)
 	}
-	if c.pfx != "veth" {
-		t.Errorf("host prefix %q, want veth", c.pfx)
+	if c.res.Prefix != "veth" {
+		t.Errorf("host prefix %q, want veth", c.res.Prefix)
 	}
 }
 
@@ -52,8 +52,8 @@ func TestParseConfigMACPrecedence(t *testing.T) {
 			t.Fatalf("%s: %v", conf, err)
 		}
 		got := "<nil>"
-		if c.mac != nil {
-			got = c.mac.String()
+		if c.res.MAC != nil {
+			got = c.res.MAC.String()
 		}
 		if got != tc.want {
 			t.Errorf("%s with CNI_ARGS %q: MAC %s, want %s", tc.conf, tc.env, got, tc.want)

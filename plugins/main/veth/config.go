@@ -1,8 +1,6 @@
 package main
 
 import (
-	"net"
-
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/pluginconf"
 	"github.com/meshwire/meshwire/internal/vethconf"
@@ -18,9 +16,7 @@ type config struct {
 	pluginconf.Base
 	vethconf.Common
 
-	mac  net.HardwareAddr
-	masq string
-	pfx  string
+	res vethconf.Resolved // what the shared keys resolve to
 }
 
 func parseConfig(data []byte, envArgs string) (*config, error) {
@@ -41,6 +37,6 @@ func parseConfig(data []byte, envArgs string) (*config, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.mac, c.masq, c.pfx = r.MAC, r.Backend, r.Prefix
+	c.res = r
 	return c, nil
 }

@@ -14,9 +14,7 @@ import (
 
 	"github.com/meshwire/meshwire/internal/addressing"
 	"github.com/meshwire/meshwire/internal/cnierr"
-	"github.com/meshwire/meshwire/internal/ipamexec"
 	"github.com/meshwire/meshwire/internal/link"
-	"github.com/meshwire/meshwire/internal/undo"
 	"github.com/meshwire/meshwire/internal/vethplugin"
 )
 
@@ -27,11 +25,7 @@ const (
 )
 
 func attachment(c *config, args *skel.CmdArgs) *vethplugin.Attachment {
-	prev, _ := c.PrevResultCurrent()
-	return &vethplugin.Attachment{
-		Args: args, Network: c.Name, IPAMType: c.IPAM.Type, IPMasq: c.IPMasq,
-		Backend: c.masq, HostPrefix: c.pfx, Prev: prev,
-	}
+	return vethplugin.NewAttachment(args, &c.Base, &c.Common, c.res)
 }
 
 func cmdAdd(args *skel.CmdArgs) (err error) {
@@ -39,27 +33,16 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	if err != nil {
 		return err
 	}
-	if err := link.ValidIfName(args.IfName); err != nil {
-		return cnierr.InvalidEnv("CNI_IFNAME", "%v", err)
-	}
-	ns, err := vethplugin.OpenNS(args.Netns)
+	ctx := context.Background()
+	att := attachment(conf, args)
+	add, err := att.BeginAdd(ctx)
 	if err != nil {
 		return err
 	}
-	defer ns.Close()
-	ctx := context.Background()
-	att := attachment(conf, args)
+	defer func() { add.End(err) }()
+	ns, u, ipam := add.NS, &add.Undo, add.IPAM
 
-	var u undo.Stack
-	defer func() {
-		if err != nil {
-			u.Run()
-		}
-	}()
-	ipam := ipamexec.Start(ctx, conf.IPAM.Type, args.StdinData)
-	u.Push(ipam.Release)
-
-	host, cont, err := att.CreateVeth(ns, conf.MTU, conf.mac)
+	host, cont, err := att.CreateVeth(ns, conf.MTU)
 	if err != nil {
 		return err
 	}
@@ -160,22 +143,12 @@ func cmdCheck(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	ctx := context.Background()
 	att := attachment(conf, args)
-	prev, err := conf.RequirePrevResult()
-	if err != nil {
-		return err
-	}
-	ipamDone := att.StartCheckIPAM(ctx)
-	if err := checkOwn(ctx, conf, att, prev, args); err != nil {
-		_ = ipamDone()
-		return err
-	}
-	return ipamDone()
+	return att.Check(context.Background(), func(prev *current.Result) error { return checkOwn(context.Background(), att, prev, args) })
 }
 
 // checkOwn is the plugin's part of CHECK (IPAM checks its own meanwhile).
-func checkOwn(ctx context.Context, conf *config, att *vethplugin.Attachment, prev *current.Result, args *skel.CmdArgs) error {
+func checkOwn(ctx context.Context, att *vethplugin.Attachment, prev *current.Result, args *skel.CmdArgs) error {
 	idx := vethplugin.ContainerIndex(prev, args.IfName, args.Netns)
 	if idx < 0 {
 		return cnierr.CheckFailed("prevResult has no interface %q in sandbox %s", args.IfName, args.Netns)
