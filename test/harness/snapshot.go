@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
 	"github.com/meshwire/meshwire/internal/netns"
@@ -28,14 +29,14 @@ var counters = regexp.MustCompile(`\[\d+:\d+\]`)
 // caches) that must not be left behind.
 func TakeSnapshot(dirs ...string) (*Snapshot, error) {
 	s := &Snapshot{Parts: map[string][]string{}}
-	links, err := netlink.LinkList()
+	links, err := netlinksafe.LinkList()
 	if err != nil {
 		return nil, err
 	}
 	for _, l := range links {
 		s.Parts["links"] = append(s.Parts["links"], fmt.Sprintf("%s type=%s", l.Attrs().Name, l.Type()))
 	}
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	addrs, err := netlinksafe.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
 		return nil, err
 	}
@@ -43,7 +44,7 @@ func TakeSnapshot(dirs ...string) (*Snapshot, error) {
 		s.Parts["addrs"] = append(s.Parts["addrs"], a.IPNet.String())
 	}
 	for _, fam := range []int{netlink.FAMILY_V4, netlink.FAMILY_V6} {
-		routes, err := netlink.RouteListFiltered(fam, &netlink.Route{Table: 0}, netlink.RT_FILTER_TABLE)
+		routes, err := netlinksafe.RouteListFiltered(fam, &netlink.Route{Table: 0}, netlink.RT_FILTER_TABLE)
 		if err != nil {
 			return nil, err
 		}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
 	"github.com/meshwire/meshwire/cmd/meshwire/cniruntime"
@@ -71,7 +72,7 @@ func removeBridgeIfIdle(name string) (bool, error) {
 	if err != nil {
 		return false, nil
 	}
-	links, err := netlink.LinkList()
+	links, err := netlinksafe.LinkList()
 	if err != nil {
 		return false, err
 	}
