@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -596,4 +597,34 @@ func TestInterceptReconcileNoEscape(t *testing.T) {
 	}
 	t.Logf("%d connections during 10 mode switches, all through the proxy", r.n)
 	e.MustIptablesInit("--cleanup-only")
+}
+
+// TestInterceptNetworkNamespaceFlag runs iptables-init from the host with
+// --network-namespace: the rules land in that namespace and nowhere else
+// (a harmless rule set: only outbound port 1 captured).
+func TestInterceptNetworkNamespaceFlag(t *testing.T) {
+	h := harness.New(t)
+	h.CheckNoLeaks()
+	e := ie.New(t, h)
+	if code, out := interceptRunHost(h, "--network-namespace", e.Pod.Path, "-i", "", "-b", "", "-q", "1"); code != 0 {
+		t.Fatalf("iptables-init --network-namespace: exit %d\n%s", code, out)
+	}
+	if st := interceptRuleState(t, e, "nft"); !strings.Contains(st, "--dport 1 -j ISTIO_REDIRECT") {
+		t.Fatalf("rules not in the pod namespace:\n%s", st)
+	}
+	if code, out := interceptRunHost(h, "--network-namespace", e.Pod.Path, "--cleanup-only"); code != 0 {
+		t.Fatalf("cleanup: exit %d\n%s", code, out)
+	}
+	if code, out := interceptRunHost(h, "--network-namespace", "/run/netns/mwti-no-such-ns", "-q", "1"); code != 1 || !strings.Contains(out, "--network-namespace") {
+		t.Fatalf("missing namespace: exit %d\n%s", code, out)
+	}
+}
+
+func interceptRunHost(h *harness.H, args ...string) (int, string) {
+	out, err := exec.Command(filepath.Join(h.BinDir, "iptables-init"), args...).CombinedOutput()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode(), string(out)
+	}
+	return 0, string(out)
 }
