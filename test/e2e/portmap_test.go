@@ -870,3 +870,54 @@ func TestPortmapUDPConntrackFlush(t *testing.T) {
 		})
 	}
 }
+
+// TestPortmapStatus: STATUS is ready with a working backend and code 50
+// when the backend's tools cannot run.
+func TestPortmapStatus(t *testing.T) {
+	h := harness.New(t)
+	for _, backend := range []string{"iptables", "nftables", "iptables-legacy"} {
+		stdin := []byte(`{"cniVersion":"1.1.0","name":"mwtp-status","type":"portmap","backend":"` + backend + `"}`)
+		if r := h.Exec("portmap", map[string]string{"CNI_COMMAND": "STATUS", "CNI_PATH": h.BinDir}, stdin); r.ExitCode != 0 {
+			t.Fatalf("%s STATUS: exit %d: %s", backend, r.ExitCode, r.Stdout)
+		}
+		r := h.Exec("portmap", map[string]string{"CNI_COMMAND": "STATUS", "CNI_PATH": h.BinDir, "PATH": "/nonexistent"}, stdin)
+		e, err := r.CNIError()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.ExitCode == 0 || e.Code != 50 || !strings.Contains(e.Msg, strings.SplitN(backend, "-", 2)[0]) {
+			t.Fatalf("%s STATUS without the tools: exit %d code %d %q, want code 50 naming the backend", backend, r.ExitCode, e.Code, e.Msg)
+		}
+	}
+}
+
+// TestPortmapForeignRules: rules that are not meshwire portmap's, in the
+// same chains meshwire hooks into, survive ADD, GC and the teardown of the
+// last attachment.
+func TestPortmapForeignRules(t *testing.T) {
+	e := newPortmapEnv(t)
+	foreign := "-A PREROUTING -p tcp -m tcp --dport 30999 -m comment --comment mwtp-foreign -j RETURN"
+	restore := func(line string) {
+		cmd := exec.Command("iptables-restore", "--noflush", "-w", "10")
+		cmd.Stdin = strings.NewReader("*nat\n" + line + "\nCOMMIT\n")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("iptables-restore %q: %v: %s", line, err, out)
+		}
+	}
+	restore(foreign)
+	t.Cleanup(func() { restore("-D" + strings.TrimPrefix(foreign, "-A")) })
+	list := e.list("1.1.0", "mwtp-foreign", pmKeys("iptables"))
+	p := e.pod(t, list, pmPort{30900, 80, "tcp", ""})
+	nobody := e.h.Attach(list, p.ns, "eth9", nil).GCAttachment()
+	if err := e.h.GC(list, nobody); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.att.Del(); err != nil {
+		t.Fatal(err)
+	}
+	portmapAssertClean(t, "after GC and DEL", p.att)
+	out, err := exec.Command("iptables-save", "-t", "nat").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "mwtp-foreign") {
+		t.Fatalf("the foreign rule is gone (%v):\n%s", err, out)
+	}
+}
