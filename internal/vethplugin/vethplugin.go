@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -181,8 +182,9 @@ func (x *Add) End(err error) {
 	x.NS.Close()
 }
 
-// Check is CHECK's frame: prevResult is required, IPAM CHECK runs in the
-// background while own (the plugin's part) checks the kernel.
+// Check is CHECK's frame: prevResult is required; IPAM CHECK and the
+// masquerade check run in the background while own (the plugin's part)
+// checks links, addresses and routes.
 func (a *Attachment) Check(ctx context.Context, own func(prev *current.Result) error) error {
 	if a.prevErr != nil {
 		return a.prevErr
@@ -191,11 +193,14 @@ func (a *Attachment) Check(ctx context.Context, own func(prev *current.Result) e
 		return cnierr.Field("prevResult", "missing: CHECK compares the kernel with the result of ADD")
 	}
 	ipamDone := a.StartCheckIPAM(ctx)
-	if err := own(a.Prev); err != nil {
-		_ = ipamDone()
-		return err
-	}
-	return ipamDone()
+	masq := make(chan error, 1)
+	go func() {
+		addrs := IPNets(addressing.IPsFor(a.Prev.IPs, ContainerIndex(a.Prev, a.Args.IfName, a.Args.Netns)))
+		masq <- a.CheckMasq(ctx, addrs)
+	}()
+	err := own(a.Prev)
+	masqErr, ipamErr := <-masq, ipamDone()
+	return joinErrors(err, masqErr, ipamErr)
 }
 
 // Masq is the masquerade identity of the attachment.
@@ -252,7 +257,7 @@ func (a *Attachment) Del(ctx context.Context, extra func() error) error {
 		run(3, extra)
 	}
 	wg.Wait()
-	return errors.Join(errs...)
+	return joinErrors(errs...)
 }
 
 // removeVeth deletes the pod's veth pair: through the host end's name (no
@@ -348,7 +353,7 @@ func (a *Attachment) GC(ctx context.Context, valid []types.GCAttachment, extra f
 	if a.IPAMType != "" {
 		errs = append(errs, ipamexec.GC(ctx, a.IPAMType, a.Args.StdinData))
 	}
-	return errors.Join(errs...)
+	return joinErrors(errs...)
 }
 
 // CreateVeth makes the attachment's veth pair, replacing a host end left by
@@ -423,4 +428,27 @@ func (s *Steps) Mark(step string) {
 	now := time.Now()
 	slog.Debug("step", "step", step, "ms", float64(now.Sub(s.last).Microseconds())/1000)
 	s.last = now
+}
+
+// joinErrors reports the failures of steps that ran side by side as one CNI
+// error: the code of the first failure (so a "try again" or the IPAM
+// plugin's own code reaches the runtime) and every message.
+func joinErrors(errs ...error) error {
+	var failed []error
+	for _, e := range errs {
+		if e != nil {
+			failed = append(failed, e)
+		}
+	}
+	switch len(failed) {
+	case 0:
+		return nil
+	case 1:
+		return failed[0]
+	}
+	msgs := make([]string, len(failed))
+	for i, e := range failed {
+		msgs[i] = e.Error()
+	}
+	return types.NewError(cnierr.Code(failed[0]), strings.Join(msgs, "; "), "")
 }

@@ -76,5 +76,5 @@ func checkOwn(ctx context.Context, conf *config, att *vethplugin.Attachment, pre
 	if err := addressing.Verify(ns.NL, cont, ips, prev.Routes); err != nil {
 		return cnierr.CheckFailed("%v", err)
 	}
-	return att.CheckMasq(ctx, vethplugin.IPNets(ips))
+	return nil
 }

@@ -169,7 +169,7 @@ func checkOwn(ctx context.Context, att *vethplugin.Attachment, prev *current.Res
 	if err := checkHost(host, ips); err != nil {
 		return err
 	}
-	return att.CheckMasq(ctx, vethplugin.IPNets(ips))
+	return nil
 }
 
 // checkHost verifies the host end carries the gateways and routes to the pod.
