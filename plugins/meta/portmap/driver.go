@@ -158,21 +158,11 @@ func (d *iptDriver) restore(ctx context.Context, f firewall.Family, payload stri
 
 func (d *iptDriver) add(ctx context.Context, a attachment, plans []famPlan) error {
 	for _, p := range plans {
-		// The hint says whether the base was there after the last change
-		// this node's meshwire saw; a wrong hint costs one refused
-		// transaction, never a wrong rule.
-		tries := []string{renderIPTAddNew(p), renderIPTAddFresh(p)}
-		if !d.hasBaseHint(p.Family) {
-			tries[0], tries[1] = tries[1], tries[0]
-		}
-		var err error
-		for _, payload := range tries {
-			if err = d.restore(ctx, p.Family, payload); err == nil || isTryAgain(err) {
-				break
-			}
-		}
+		// A wrong hint costs one refused transaction, never a wrong rule.
+		err := firstTry(d.hint(p.Family), renderIPTAddNew(p), renderIPTAddFresh(p), func(payload string) error {
+			return d.restore(ctx, p.Family, payload)
+		})
 		if err == nil {
-			d.setBaseHint(p.Family, true)
 			continue
 		}
 		if isTryAgain(err) {
@@ -186,28 +176,52 @@ func (d *iptDriver) add(ctx context.Context, a attachment, plans []famPlan) erro
 	return nil
 }
 
-// The base hint is a file per backend and family that exists while the
-// base chains are believed to be there.
-func (d *iptDriver) baseHintPath(f firewall.Family) string {
-	return filepath.Join(stateDir, fmt.Sprintf("%s-v%d.base", d.b, f))
-}
+// The base hint is a file per backend (and family, for iptables) that
+// exists while the base chains are believed to be there.
+type baseHint string
 
-func (d *iptDriver) hasBaseHint(f firewall.Family) bool {
-	_, err := os.Stat(d.baseHintPath(f))
+func (h baseHint) path() string { return filepath.Join(stateDir, string(h)+".base") }
+
+func (h baseHint) present() bool {
+	_, err := os.Stat(h.path())
 	return err == nil
 }
 
-func (d *iptDriver) setBaseHint(f firewall.Family, present bool) {
+func (h baseHint) set(present bool) {
 	if !present {
-		_ = os.Remove(d.baseHintPath(f))
+		_ = os.Remove(h.path())
 		return
 	}
-	if d.hasBaseHint(f) {
+	if h.present() {
 		return
 	}
 	if err := os.MkdirAll(stateDir, 0o755); err == nil {
-		_ = os.WriteFile(d.baseHintPath(f), nil, 0o644)
+		_ = os.WriteFile(h.path(), nil, 0o644)
 	}
+}
+
+func (d *iptDriver) hint(f firewall.Family) baseHint {
+	return baseHint(fmt.Sprintf("%s-v%d", d.b, f))
+}
+
+// firstTry applies the first of two alternative transactions that
+// succeeds: the single-transaction ADD onto an existing base, or the one
+// that creates the base too; the hint picks which to try first.
+func firstTry(hint baseHint, onBase, fresh string, apply func(string) error) error {
+	tries := []string{onBase, fresh}
+	if !hint.present() {
+		tries[0], tries[1] = fresh, onBase
+	}
+	var err error
+	for _, payload := range tries {
+		if err = apply(payload); err == nil || isTryAgain(err) {
+			break
+		}
+	}
+	if err == nil {
+		hint.set(true)
+	}
+	return err
 }
 
 // ensure is the slow path of ADD, under the node lock.
@@ -220,7 +234,7 @@ func (d *iptDriver) ensure(ctx context.Context, p famPlan) error {
 		if err := d.restore(ctx, p.Family, renderIPTEnsure(st, p)); err != nil {
 			return cnierr.Wrap(err, "install the port mappings (IPv%d, %s)", p.Family, d.b)
 		}
-		d.setBaseHint(p.Family, true)
+		d.hint(p.Family).set(true)
 		if d.auto {
 			writeBackendCache(d.b)
 		}
@@ -269,7 +283,7 @@ func (d *iptDriver) remove(ctx context.Context, f firewall.Family, keys []string
 		}
 		empty := remaining(st.attachments(), keys) == 0
 		if empty {
-			d.setBaseHint(f, false)
+			d.hint(f).set(false)
 		}
 		d.forgetBackendIfEmpty(ctx, f, empty)
 		return nil
@@ -365,6 +379,8 @@ func gcStale(keys []string, tagOf func(string) string, network string, valid map
 
 type nftDriver struct{ auto bool }
 
+const nftHint = baseHint("nftables")
+
 func (d *nftDriver) apply(ctx context.Context, script string) error {
 	slog.Debug("nft -f", "script", script)
 	return firewall.NftApply(ctx, script)
@@ -406,7 +422,9 @@ func (d *nftDriver) add(ctx context.Context, a attachment, plans []famPlan) erro
 	if len(plans) == 0 {
 		return nil
 	}
-	err := d.apply(ctx, renderNFTAddNew(a, plans))
+	err := firstTry(nftHint, renderNFTAddNew(a, plans), renderNFTAddFresh(a, plans), func(script string) error {
+		return d.apply(ctx, script)
+	})
 	if err == nil || isTryAgain(err) {
 		return err
 	}
@@ -419,6 +437,7 @@ func (d *nftDriver) add(ctx context.Context, a attachment, plans []famPlan) erro
 		if err := d.apply(ctx, renderNFTEnsure(st, a, plans)); err != nil {
 			return cnierr.Wrap(err, "install the port mappings (nftables)")
 		}
+		nftHint.set(true)
 		if d.auto {
 			writeBackendCache(firewall.Backend{Kind: firewall.NFTables})
 		}
@@ -452,9 +471,7 @@ func (d *nftDriver) del(ctx context.Context, key string, _ []firewall.Family, wa
 	err = d.apply(ctx, renderNFTRemove(st, []string{key}, teardown))
 	switch {
 	case err == nil && teardown:
-		if d.auto {
-			removeBackendCache()
-		}
+		d.forget()
 		return udp, nil
 	case err == nil:
 		// Others were listed; they may have gone meanwhile (concurrent
@@ -477,11 +494,18 @@ func (d *nftDriver) tryTeardown(ctx context.Context) {
 			slog.Debug("table kept", "reason", err)
 			return nil
 		}
-		if d.auto {
-			removeBackendCache()
-		}
+		d.forget()
 		return nil
 	})
+}
+
+// forget drops the hint and the remembered detection once the table is
+// gone.
+func (d *nftDriver) forget() {
+	nftHint.set(false)
+	if d.auto {
+		removeBackendCache()
+	}
 }
 
 func (d *nftDriver) remove(ctx context.Context, keys []string) error {
@@ -504,8 +528,8 @@ func (d *nftDriver) remove(ctx context.Context, keys []string) error {
 		if err := d.apply(ctx, script); err != nil {
 			return cnierr.Wrap(err, "remove port mappings (nftables)")
 		}
-		if teardown && d.auto {
-			removeBackendCache()
+		if teardown {
+			d.forget()
 		}
 		return nil
 	})

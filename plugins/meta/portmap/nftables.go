@@ -105,6 +105,14 @@ func renderNFTAddNew(a attachment, plans []famPlan) string {
 	return nftScript(lines)
 }
 
+// renderNFTAddFresh is the one-transaction ADD on a node without the
+// table: `create table` fails when it exists, which aborts the whole
+// transaction.
+func renderNFTAddFresh(a attachment, plans []famPlan) string {
+	script := renderNFTEnsure(parseNFTList(""), a, plans)
+	return strings.Replace(script, "add table ", "create table ", 1)
+}
+
 // nftState is what `nft -a list table inet meshwire_portmap` shows.
 type nftState struct {
 	exists bool

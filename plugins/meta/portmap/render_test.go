@@ -76,6 +76,7 @@ func TestGolden(t *testing.T) {
 			if kind == firewall.NFTables || c.Backend == nil && c.Implied == "" {
 				fmt.Fprintf(&b, "## nftables: ADD (new attachment)\n%s\n", renderNFTAddNew(goldenAtt, plans))
 				empty := parseNFTList("")
+				fmt.Fprintf(&b, "## nftables: ADD (first attachment, no table yet)\n%s\n", renderNFTAddFresh(goldenAtt, plans))
 				fmt.Fprintf(&b, "## nftables: ADD (slow path, empty table)\n%s\n", renderNFTEnsure(empty, goldenAtt, plans))
 				st := nftListing(goldenAtt.key(), plans)
 				fmt.Fprintf(&b, "## nftables: DEL of the last attachment\n%s\n", renderNFTRemove(st, []string{goldenAtt.key()}, true))
