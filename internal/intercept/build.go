@@ -101,8 +101,11 @@ func Build(cfg Config, f Family) *RuleSet {
 	}
 
 	// Traffic from virtual machines behind kube-virt interfaces is outbound
-	// traffic of the pod.
+	// traffic of the pod, never inbound: it skips the inbound capture.
 	for _, ifc := range cfg.KubeVirtInterfaces {
+		if tproxy && !cfg.InboundPorts.Empty() {
+			b.add(Mangle, Rule{Chain: "PREROUTING", In: ifc, Target: ret()})
+		}
 		for _, p := range f.prefixes(cfg.OutboundCIDRsExclude) {
 			b.add(NAT, Rule{Chain: "PREROUTING", In: ifc, Dst: p, Target: ret()})
 		}
@@ -112,6 +115,7 @@ func Build(cfg Config, f Family) *RuleSet {
 			for _, p := range f.prefixes(cfg.OutboundCIDRs.Prefixes) {
 				b.add(NAT, Rule{Chain: "PREROUTING", In: ifc, Dst: p, Target: jump(ChainRedirect)})
 			}
+			b.add(NAT, Rule{Chain: "PREROUTING", In: ifc, Target: ret()})
 		}
 	}
 
@@ -132,6 +136,10 @@ func Build(cfg Config, f Family) *RuleSet {
 			b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", Mark: cfg.TProxyMark, Target: ret()})
 			b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", In: "lo", Src: passthrough, Target: ret()})
 			b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", In: "lo", Mark: OutboundMark, NotMark: true, Target: ret()})
+			// Replies to connections the pod (or a VM behind a kube-virt
+			// interface, which the pod forwards) opened are routed as
+			// usual, never diverted to the proxy.
+			b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", CTState: "RELATED,ESTABLISHED", CTDir: "REPLY", Target: ret()})
 		}
 		if cfg.InboundTunnelPort != 0 {
 			b.add(inTable, Rule{Chain: ChainInbound, Proto: "tcp", DPort: cfg.InboundTunnelPort, Target: ret()})

@@ -114,6 +114,7 @@ type Rule struct {
 	NotMark  bool
 	ConnMark uint32
 	CTState  string // "RELATED,ESTABLISHED" or "INVALID"
+	CTDir    string // with CTState: "ORIGINAL" or "REPLY"
 	Owners   []Owner
 	Target   Target
 }
@@ -164,6 +165,9 @@ func (r Rule) IPTables() []string {
 	}
 	if r.CTState != "" {
 		a = append(a, "-m", "conntrack", "--ctstate", r.CTState)
+		if r.CTDir != "" {
+			a = append(a, "--ctdir", r.CTDir)
+		}
 	}
 	for _, o := range r.Owners {
 		a = append(a, "-m", "owner")
@@ -254,6 +258,9 @@ func (r Rule) NFT(f Family, chainName func(string) string) string {
 	}
 	if r.CTState != "" {
 		a = append(a, "ct state "+strings.ToLower(r.CTState))
+		if r.CTDir != "" {
+			a = append(a, "ct direction "+strings.ToLower(r.CTDir))
+		}
 	}
 	for _, o := range r.Owners {
 		key := "skuid"

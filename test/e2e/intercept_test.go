@@ -184,6 +184,19 @@ func TestInterceptTraffic(t *testing.T) {
 				}
 			})
 
+			// Connections of a VM behind a kube-virt interface are the
+			// pod's outbound traffic.
+			t.Run("kube-virt-interface", func(t *testing.T) {
+				vm := e.AddVM()
+				run("-i", "*", "-b", "*", "-k", "mwtik0")
+				interceptExpect(t, e, vm, ie.AP(ie.RemoteV4, ie.RemotePort), "remote", ie.PodV4.String(), "outbound")
+				// Excluded or not included: routed as it is, never taken
+				// for inbound traffic either.
+				run("-i", "198.18.65.0/24", "-b", "*", "-k", "mwtik0", "-x", "198.18.65.1/32")
+				interceptExpect(t, e, vm, ie.AP(ie.ExtraV4, ie.RemotePort), "remote", ie.VMAddr.String(), "")
+				interceptExpect(t, e, vm, ie.AP(ie.RemoteV4, ie.RemotePort), "remote", ie.VMAddr.String(), "")
+			})
+
 			t.Run("exclude-interface", func(t *testing.T) {
 				run("-i", "*", "-b", "*", "-c", "mwti0")
 				for _, fam := range interceptFamilies {

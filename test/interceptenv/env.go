@@ -90,28 +90,8 @@ func New(t testing.TB, h *harness.H) *Env {
 	if err := pnl.LinkAdd(veth); err != nil {
 		t.Fatalf("create veth pair: %v", err)
 	}
-	setup := func(nl *netlink.Handle, name string, addrs ...string) {
-		l, err := nl.LinkByName(name)
-		if err != nil {
-			t.Fatalf("link %s: %v", name, err)
-		}
-		for _, a := range addrs {
-			p := netip.MustParsePrefix(a)
-			ipn := &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
-			if err := nl.AddrAdd(l, &netlink.Addr{IPNet: ipn, Flags: unix.IFA_F_NODAD}); err != nil {
-				t.Fatalf("address %s on %s: %v", a, name, err)
-			}
-		}
-		if err := nl.LinkSetUp(l); err != nil {
-			t.Fatalf("up %s: %v", name, err)
-		}
-		lo, _ := nl.LinkByName("lo")
-		if err := nl.LinkSetUp(lo); err != nil {
-			t.Fatalf("up lo: %v", err)
-		}
-	}
-	setup(pnl, "mwti0", PodV4.String()+"/24", PodV6.String()+"/64")
-	setup(rnl, "mwti1", RemoteV4.String()+"/24", RemoteV6.String()+"/64", ExtraV4.String()+"/32", ExtraV6.String()+"/128")
+	e.setupLink(pnl, "mwti0", PodV4.String()+"/24", PodV6.String()+"/64")
+	e.setupLink(rnl, "mwti1", RemoteV4.String()+"/24", RemoteV6.String()+"/64", ExtraV4.String()+"/32", ExtraV6.String()+"/128")
 	pod0, _ := pnl.LinkByName("mwti0")
 	for _, gw := range []netip.Addr{RemoteV4, RemoteV6} {
 		r := &netlink.Route{LinkIndex: pod0.Attrs().Index, Gw: gw.AsSlice()}
@@ -131,6 +111,73 @@ func New(t testing.TB, h *harness.H) *Env {
 		e.serveRemoteDNS(a)
 	}
 	return e
+}
+
+// setupLink puts addresses (without DAD) on a link and brings it and lo up.
+func (e *Env) setupLink(nl *netlink.Handle, name string, addrs ...string) {
+	t := e.T
+	t.Helper()
+	l, err := nl.LinkByName(name)
+	if err != nil {
+		t.Fatalf("link %s: %v", name, err)
+	}
+	for _, a := range addrs {
+		p := netip.MustParsePrefix(a)
+		ipn := &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+		if err := nl.AddrAdd(l, &netlink.Addr{IPNet: ipn, Flags: unix.IFA_F_NODAD}); err != nil {
+			t.Fatalf("address %s on %s: %v", a, name, err)
+		}
+	}
+	if err := nl.LinkSetUp(l); err != nil {
+		t.Fatalf("up %s: %v", name, err)
+	}
+	lo, _ := nl.LinkByName("lo")
+	if err := nl.LinkSetUp(lo); err != nil {
+		t.Fatalf("up lo: %v", err)
+	}
+}
+
+// VM addresses: a third namespace behind the pod's kube-virt interface
+// mwtik0 (the pod's end, VMGateway) as a KubeVirt VM sits behind its pod.
+var (
+	VMGateway = netip.MustParseAddr("198.18.66.1")
+	VMAddr    = netip.MustParseAddr("198.18.66.2")
+)
+
+// AddVM creates the VM namespace and its link to the pod (mwtik0 in the
+// pod, mwtiv0 in the VM, default route via the pod).
+func (e *Env) AddVM() *harness.NS {
+	t := e.T
+	t.Helper()
+	vm := e.H.NewNS("mwti-vm")
+	vf, err := os.Open(vm.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer vf.Close()
+	pnl, vnl := e.Pod.Netlink(), vm.Netlink()
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "mwtik0"}, PeerName: "mwtiv0", PeerNamespace: netlink.NsFd(int(vf.Fd()))}
+	if err := pnl.LinkAdd(veth); err != nil {
+		t.Fatalf("create the VM's veth pair: %v", err)
+	}
+	e.setupLink(pnl, "mwtik0", VMGateway.String()+"/24")
+	e.setupLink(vnl, "mwtiv0", VMAddr.String()+"/24")
+	v0, _ := vnl.LinkByName("mwtiv0")
+	if err := vnl.RouteAdd(&netlink.Route{LinkIndex: v0.Attrs().Index, Gw: VMGateway.AsSlice()}); err != nil {
+		t.Fatalf("VM default route: %v", err)
+	}
+	// The pod routes the VM's traffic it does not capture (as KubeVirt's
+	// pod network does), and the remote knows the way back.
+	if err := e.Pod.Do(func() error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644) }); err != nil {
+		t.Fatalf("forwarding in the pod: %v", err)
+	}
+	r1, _ := e.Remote.Netlink().LinkByName("mwti1")
+	vmNet := &net.IPNet{IP: VMAddr.AsSlice(), Mask: net.CIDRMask(24, 32)}
+	vmNet.IP = vmNet.IP.Mask(vmNet.Mask)
+	if err := e.Remote.Netlink().RouteAdd(&netlink.Route{LinkIndex: r1.Attrs().Index, Dst: vmNet, Gw: PodV4.AsSlice()}); err != nil {
+		t.Fatalf("remote route to the VM: %v", err)
+	}
+	return vm
 }
 
 // Family-specific addresses.
