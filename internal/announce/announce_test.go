@@ -20,13 +20,13 @@ func TestNAMessage(t *testing.T) {
 	}
 }
 
-func TestParseHelperEnv(t *testing.T) {
-	ifName, ips, err := ParseHelperEnv("eth0;198.18.16.5,fd20::5")
+func TestParseJobArg(t *testing.T) {
+	ifName, ips, err := ParseJobArg("eth0;198.18.16.5,fd20::5")
 	if err != nil || ifName != "eth0" || len(ips) != 2 || !ips[1].Equal(net.ParseIP("fd20::5")) {
 		t.Fatalf("got %q %v %v", ifName, ips, err)
 	}
 	for _, bad := range []string{"", "eth0", ";1.2.3.4", "eth0;nonsense"} {
-		if _, _, err := ParseHelperEnv(bad); err == nil {
+		if _, _, err := ParseJobArg(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
 	}

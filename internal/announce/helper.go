@@ -4,33 +4,25 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"runtime"
 	"strings"
-	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/meshwire/meshwire/internal/detach"
 )
 
-// envHelper marks a process started by Start: it announces and exits.
-const envHelper = "MESHWIRE_ANNOUNCE"
+// JobName is the detached job that announces (see Job).
+const JobName = "announce"
 
 // Start announces ips on ifName inside the namespace nsFD from a detached
-// child process of the running binary, and returns without waiting for it.
-//
-// Closing the packet socket that carries a gratuitous ARP waits for an RCU
-// grace period in the kernel (10 ms and more on a busy node); done in the
-// plugin itself, that wait would be on every ADD's critical path. The child
-// inherits the namespace as a file descriptor (a deleted namespace path does
-// not matter) and nothing else: not the runtime's stdout pipe, so the runtime
-// does not wait for it either.
+// child (internal/detach) and returns without waiting for it: closing the
+// packet socket that carried the gratuitous ARP waits for an RCU grace
+// period, which ADD need not wait for. The child gets the namespace as a file
+// descriptor, so a namespace path deleted meanwhile does not matter.
 func Start(nsFD int, ifName string, ips []net.IP) error {
 	if len(ips) == 0 {
 		return nil
-	}
-	exe, err := os.Executable()
-	if err != nil {
-		return fmt.Errorf("announce: %w", err)
 	}
 	dup, err := unix.Dup(nsFD)
 	if err != nil {
@@ -42,49 +34,35 @@ func Start(nsFD int, ifName string, ips []net.IP) error {
 	for i, ip := range ips {
 		strs[i] = ip.String()
 	}
-	cmd := exec.Command(exe)
-	cmd.Env = []string{envHelper + "=" + ifName + ";" + strings.Join(strs, ",")}
-	cmd.ExtraFiles = []*os.File{nsFile} // fd 3 in the child
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return fmt.Errorf("announce: start helper: %w", err)
-	}
-	return cmd.Process.Release()
+	return detach.Start(JobName, ifName+";"+strings.Join(strs, ","), nsFile)
 }
 
-// ParseHelperEnv reads the helper's job from its environment value.
-func ParseHelperEnv(v string) (ifName string, ips []net.IP, err error) {
+// ParseJobArg reads the job's argument: "ifname;ip,ip".
+func ParseJobArg(v string) (ifName string, ips []net.IP, err error) {
 	ifName, list, ok := strings.Cut(v, ";")
 	if !ok || ifName == "" {
-		return "", nil, fmt.Errorf("malformed %s=%q", envHelper, v)
+		return "", nil, fmt.Errorf("malformed announce job %q", v)
 	}
 	for _, s := range strings.Split(list, ",") {
 		ip := net.ParseIP(s)
 		if ip == nil {
-			return "", nil, fmt.Errorf("malformed address %q in %s", s, envHelper)
+			return "", nil, fmt.Errorf("malformed address %q in announce job", s)
 		}
 		ips = append(ips, ip)
 	}
 	return ifName, ips, nil
 }
 
-// Helper does the announcing when this process was started by Start, then
-// exits; otherwise it returns at once. Plugins call it first thing in main.
-func Helper() {
-	v, ok := os.LookupEnv(envHelper)
-	if !ok {
-		return
-	}
-	ifName, ips, err := ParseHelperEnv(v)
+// Job is the detached child's work: enter the namespace passed as fd 3 and
+// announce.
+func Job(arg string) error {
+	ifName, ips, err := ParseJobArg(arg)
 	if err != nil {
-		os.Exit(2)
+		return err
 	}
 	runtime.LockOSThread()
 	if err := unix.Setns(3, unix.CLONE_NEWNET); err != nil {
-		os.Exit(1)
+		return err
 	}
-	if err := Addresses(ifName, ips); err != nil {
-		os.Exit(1)
-	}
-	os.Exit(0)
+	return Addresses(ifName, ips)
 }

@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"time"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
@@ -175,4 +176,57 @@ func FindHostVeth(netnsPath, ifName, hostName string) (netlink.Link, error) {
 		return nil, fmt.Errorf("host end of %s (ifindex %d): %w", ifName, idx, err)
 	}
 	return l, nil
+}
+
+// DeleteJobName is the detached job that deletes a host link (see
+// DeleteAndWait).
+const DeleteJobName = "dellink"
+
+// DeleteJob is the detached child's work: delete the named host link.
+func DeleteJob(name string) error {
+	_, err := DeleteByName(name)
+	return err
+}
+
+// DeleteAndWait deletes the host link name and returns once it is gone from
+// the kernel's view (its RTM_DELLINK is out: name, addresses, routes, and a
+// veth's peer with them, are released). The deletion itself runs in a
+// detached child (start), because the deleting task then waits in the
+// kernel for the device's memory to be reclaimed after RCU grace periods
+// (15 to 30 ms here) while nothing is visible any more. When the child cannot
+// be started or the link is not gone within timeout, the link is deleted
+// here. A missing link is not an error; deleted reports whether one was
+// there.
+func DeleteAndWait(name string, start func() error, timeout time.Duration) (deleted bool, err error) {
+	updates := make(chan netlink.LinkUpdate, 64)
+	done := make(chan struct{})
+	defer close(done)
+	if err := netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{ErrorCallback: func(error) {}}); err != nil {
+		return DeleteByName(name)
+	}
+	l, err := netlinksafe.LinkByName(name)
+	if err != nil {
+		if IsNotFound(err) {
+			return false, nil
+		}
+		return false, err
+	}
+	idx := l.Attrs().Index
+	if err := start(); err != nil {
+		return DeleteByName(name)
+	}
+	deadline := time.After(timeout)
+	for {
+		select {
+		case u, ok := <-updates:
+			if !ok {
+				return DeleteByName(name)
+			}
+			if u.Header.Type == unix.RTM_DELLINK && u.Attrs().Index == idx {
+				return true, nil
+			}
+		case <-deadline:
+			return DeleteByName(name)
+		}
+	}
 }

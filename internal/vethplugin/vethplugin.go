@@ -25,6 +25,7 @@ import (
 	"github.com/meshwire/meshwire/internal/addressing"
 	"github.com/meshwire/meshwire/internal/announce"
 	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/detach"
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/ipamexec"
 	"github.com/meshwire/meshwire/internal/ipmasq"
@@ -84,6 +85,13 @@ func (n *NS) StillThere(path string) error {
 		return cnierr.InvalidEnv("CNI_NETNS", "%s was deleted while ADD ran", path)
 	}
 	return nil
+}
+
+// Jobs are the detached jobs of the veth-based plugins; their main calls
+// detach.Run(vethplugin.Jobs) first.
+var Jobs = map[string]detach.Job{
+	announce.JobName:   announce.Job,
+	link.DeleteJobName: link.DeleteJob,
 }
 
 // IPNets lists the addresses of ips.
@@ -261,10 +269,13 @@ func (a *Attachment) Del(ctx context.Context, extra func() error) error {
 }
 
 // removeVeth deletes the pod's veth pair: through the host end's name (no
-// namespace needed), else through CNI_IFNAME inside the namespace when it
-// still exists. Nothing there is not an error.
+// namespace needed; DEL returns once the pair is gone from view, while a
+// detached child waits for the kernel to reclaim it), else through
+// CNI_IFNAME inside the namespace when it still exists. Nothing there is not
+// an error.
 func (a *Attachment) removeVeth() error {
-	deleted, err := link.DeleteByName(a.HostVeth())
+	host := a.HostVeth()
+	deleted, err := link.DeleteAndWait(host, func() error { return detach.Start(link.DeleteJobName, host) }, 5*time.Second)
 	if err != nil {
 		return cnierr.Internal("%v", err)
 	}

@@ -9,12 +9,13 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/version"
 
-	"github.com/meshwire/meshwire/internal/announce"
+	"github.com/meshwire/meshwire/internal/detach"
 	"github.com/meshwire/meshwire/internal/plugin"
+	"github.com/meshwire/meshwire/internal/vethplugin"
 )
 
 func main() {
-	announce.Helper() // the detached child that sends GARP/NA after ADD
+	detach.Run(vethplugin.Jobs) // when started as a detached child (announcements, link deletion)
 	plugin.Main(plugin.Spec{
 		Name:     pluginType,
 		Versions: version.All,
