@@ -287,7 +287,7 @@ func (r Rule) NFT(f Family, chainName func(string) string) string {
 		a = append(a, fmt.Sprintf("redirect to :%d", t.Port))
 	case TProxy:
 		// iptables' TPROXY drops what finds no socket; nft's tproxy lets it
-		// go on, so the chain that uses it ends in a drop (see build).
+		// go on, so Nft follows each tproxy rule with a drop.
 		a = append(a, fmt.Sprintf("meta mark set 0x%x tproxy to :%d accept", t.Mark, t.Port))
 	case SetMark:
 		a = append(a, fmt.Sprintf("meta mark set 0x%x", t.Mark))
