@@ -56,7 +56,8 @@ func (e *UsageError) Error() string {
 type flagDef struct {
 	long, short, def, usage string
 	isBool                  bool
-	noEnv                   bool // accepted for compatibility, ignored
+	noEnv                   bool     // accepted for compatibility, ignored
+	envAliases              []string // other variables istio reads for it, after the flag's own
 }
 
 var flagDefs = []flagDef{
@@ -76,10 +77,10 @@ var flagDefs = []flagDef{
 	{long: "istio-local-outbound-ports-exclude", short: "o", def: "", usage: "comma-separated outbound ports never captured"},
 	{long: "kube-virt-interfaces", short: "k", def: "", usage: "comma-separated interfaces whose incoming traffic is treated as outbound"},
 	{long: "istio-exclude-interfaces", short: "c", def: "", usage: "comma-separated interfaces left alone entirely"},
-	{long: "redirect-dns", isBool: true, usage: "capture DNS (UDP and TCP port 53) to the proxy's DNS port 15053"},
+	{long: "redirect-dns", isBool: true, envAliases: []string{"ISTIO_META_DNS_CAPTURE"}, usage: "capture DNS (UDP and TCP port 53) to the proxy's DNS port 15053"},
 	{long: "capture-all-dns", isBool: true, usage: "with --redirect-dns: capture DNS to any server, not only the resolv.conf ones"},
 	{long: "drop-invalid", isBool: true, usage: "drop packets conntrack finds invalid"},
-	{long: "dual-stack", isBool: true, usage: "program IPv6 rules as well (also done when the pod has a global IPv6 address)"},
+	{long: "dual-stack", isBool: true, envAliases: []string{"ISTIO_DUAL_STACK"}, usage: "program IPv6 rules as well (also done when the pod has a global IPv6 address)"},
 	{long: "dry-run", short: "n", isBool: true, usage: "print what would be applied and change nothing"},
 	{long: "cleanup-only", isBool: true, usage: "remove every interception rule, chain and route installed, then exit"},
 	{long: "reconcile", isBool: true, usage: "replace interception rules installed with other flags"},
@@ -149,14 +150,20 @@ func Parse(args []string, getenv func(string) string) (Options, error) {
 		if fs.Changed(d.long) || d.noEnv {
 			continue
 		}
-		v := getenv(EnvName(d.long))
+		env := EnvName(d.long)
+		v := getenv(env)
+		for _, alias := range d.envAliases {
+			if v == "" {
+				env, v = alias, getenv(alias)
+			}
+		}
 		if v == "" {
 			continue
 		}
 		if err := fs.Set(d.long, v); err != nil {
-			return o, &UsageError{Flag: flagName(d), Long: d.long, Msg: fmt.Sprintf("environment variable %s=%q: %v", EnvName(d.long), v, err)}
+			return o, &UsageError{Flag: flagName(d), Long: d.long, Msg: fmt.Sprintf("environment variable %s=%q: %v", env, v, err)}
 		}
-		fromEnv[d.long] = EnvName(d.long)
+		fromEnv[d.long] = env
 	}
 	v := func(long string) string { return strings.TrimSpace(*strs[long]) }
 	b := func(long string) bool { return *bools[long] }
