@@ -270,23 +270,31 @@ func (d *iptDriver) del(ctx context.Context, key string, fams []firewall.Family,
 // nothing is left), under the node lock.
 func (d *iptDriver) remove(ctx context.Context, f firewall.Family, keys []string) error {
 	return locked(func() error {
-		st, err := d.read(ctx, f)
-		if err != nil {
-			return err
+		// With the base: refused as a whole if an ADD (which takes no lock)
+		// added an attachment since the read; then again without it.
+		var err error
+		for _, teardown := range []bool{true, false} {
+			var st *iptState
+			if st, err = d.read(ctx, f); err != nil {
+				return err
+			}
+			payload := renderIPTRemove(st, keys, teardown)
+			if payload == "" {
+				return nil
+			}
+			if err = d.restore(ctx, f, payload); err == nil {
+				empty := teardown && remaining(st.attachments(), keys) == 0
+				if empty {
+					d.hint(f).set(false)
+				}
+				d.forgetBackendIfEmpty(ctx, f, empty)
+				return nil
+			}
+			if isTryAgain(err) {
+				break
+			}
 		}
-		payload := renderIPTRemove(st, keys)
-		if payload == "" {
-			return nil
-		}
-		if err := d.restore(ctx, f, payload); err != nil {
-			return cnierr.Wrap(err, "remove port mappings (IPv%d, %s)", f, d.b)
-		}
-		empty := remaining(st.attachments(), keys) == 0
-		if empty {
-			d.hint(f).set(false)
-		}
-		d.forgetBackendIfEmpty(ctx, f, empty)
-		return nil
+		return cnierr.Wrap(err, "remove port mappings (IPv%d, %s)", f, d.b)
 	})
 }
 
@@ -510,28 +518,34 @@ func (d *nftDriver) forget() {
 
 func (d *nftDriver) remove(ctx context.Context, keys []string) error {
 	return locked(func() error {
-		st, err := d.listEach(ctx, nil)
-		if err != nil {
-			return err
-		}
-		var present []string
-		for _, k := range keys {
-			if st.chains[nftAttChain(k)] != nil || len(st.jumps(nftHostports, nftAttChain(k))) > 0 {
-				present = append(present, k)
+		var err error
+		for _, teardown := range []bool{true, false} {
+			var st *nftState
+			if st, err = d.listEach(ctx, nil); err != nil {
+				return err
+			}
+			var present []string
+			for _, k := range keys {
+				if st.chains[nftAttChain(k)] != nil || len(st.jumps(nftHostports, nftAttChain(k))) > 0 {
+					present = append(present, k)
+				}
+			}
+			teardown = teardown && remaining(st.attachments(), present) == 0
+			script := renderNFTRemove(st, present, teardown)
+			if script == "" {
+				return nil
+			}
+			if err = d.apply(ctx, script); err == nil {
+				if teardown {
+					d.forget()
+				}
+				return nil
+			}
+			if isTryAgain(err) {
+				break
 			}
 		}
-		teardown := remaining(st.attachments(), present) == 0
-		script := renderNFTRemove(st, present, teardown)
-		if script == "" {
-			return nil
-		}
-		if err := d.apply(ctx, script); err != nil {
-			return cnierr.Wrap(err, "remove port mappings (nftables)")
-		}
-		if teardown {
-			d.forget()
-		}
-		return nil
+		return cnierr.Wrap(err, "remove port mappings (nftables)")
 	})
 }
 

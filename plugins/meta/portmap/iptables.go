@@ -263,11 +263,10 @@ func iptBaseLines(st *iptState, markBit int) []string {
 }
 
 // renderIPTRemove removes the given attachments (jump, rules, chain) as the
-// table shows them, and the base when nothing else is left in it. It returns
-// "" when there is nothing to do.
-func renderIPTRemove(st *iptState, keys []string) string {
+// table shows them and, with teardown, the base when nothing else is left
+// in it. It returns "" when there is nothing to do.
+func renderIPTRemove(st *iptState, keys []string, teardown bool) string {
 	var lines []string
-	gone := map[string]bool{}
 	for _, k := range keys {
 		ch := iptAttChain(k)
 		for hook := range st.rules {
@@ -278,15 +277,8 @@ func renderIPTRemove(st *iptState, keys []string) string {
 		if st.chains[ch] {
 			lines = append(lines, "-F "+ch, "-X "+ch)
 		}
-		gone[k] = true
 	}
-	left := 0
-	for _, k := range st.attachments() {
-		if !gone[k] {
-			left++
-		}
-	}
-	if left == 0 {
+	if teardown && remaining(st.attachments(), keys) == 0 {
 		lines = append(lines, iptTeardownLines(st)...)
 	}
 	if len(lines) == 0 {

@@ -70,7 +70,7 @@ func TestGolden(t *testing.T) {
 					applied := parseIPTSave(simulateIPT(renderIPTEnsure(empty, p)))
 					fmt.Fprintf(&b, "## iptables IPv%d: ADD (slow path, repeated)\n%s\n", p.Family, renderIPTEnsure(applied, p))
 					fmt.Fprintf(&b, "## iptables IPv%d: DEL\n%s\n", p.Family, renderIPTDel(p.Key))
-					fmt.Fprintf(&b, "## iptables IPv%d: remove the last attachment and the base\n%s\n", p.Family, renderIPTRemove(applied, []string{p.Key}))
+					fmt.Fprintf(&b, "## iptables IPv%d: remove the last attachment and the base\n%s\n", p.Family, renderIPTRemove(applied, []string{p.Key}, true))
 				}
 			}
 			if kind == firewall.NFTables || c.Backend == nil && c.Implied == "" {

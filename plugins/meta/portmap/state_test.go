@@ -57,20 +57,23 @@ func TestParseIPTSave(t *testing.T) {
 	}
 	// Removing one attachment keeps the base; removing both tears it down,
 	// and KUBE-SERVICES is never touched.
-	one := renderIPTRemove(st, []string{"ec43057c07aaa51f"})
+	one := renderIPTRemove(st, []string{"ec43057c07aaa51f"}, true)
 	if strings.Contains(one, "-X "+iptTop) || !strings.Contains(one, "-X MWHP-ec43057c07aaa51f") {
 		t.Fatalf("remove one:\n%s", one)
 	}
-	both := renderIPTRemove(st, st.attachments())
+	both := renderIPTRemove(st, st.attachments(), true)
 	for _, want := range []string{"-X " + iptTop, "-X " + iptMasq, "-X MWHP-MARK-13", "-D PREROUTING -m addrtype"} {
 		if !strings.Contains(both, want) {
 			t.Fatalf("remove all lacks %q:\n%s", want, both)
 		}
 	}
+	if keep := renderIPTRemove(st, st.attachments(), false); strings.Contains(keep, "-X "+iptTop) || !strings.Contains(keep, "-X MWHP-f61abc13cde44594") {
+		t.Fatalf("remove all without teardown:\n%s", keep)
+	}
 	if strings.Contains(one+both, "KUBE") {
 		t.Fatal("touched another owner's rules")
 	}
-	if renderIPTRemove(parseIPTSave(""), []string{"ec43057c07aaa51f"}) != "" {
+	if renderIPTRemove(parseIPTSave(""), []string{"ec43057c07aaa51f"}, true) != "" {
 		t.Fatal("removal from an empty table is not a no-op")
 	}
 }
