@@ -481,13 +481,13 @@ func TestBridgeDelCases(t *testing.T) {
 	}
 }
 
-// TestBridgeConcurrentAdd: 50 pods race onto a bridge that does not exist
+// TestBridgeConcurrentAdd: 100 pods race onto a bridge that does not exist
 // yet; all get distinct addresses on the one bridge, and DEL of all of them
 // (also concurrent) leaves nothing.
 func TestBridgeConcurrentAdd(t *testing.T) {
 	e := newBridgeEnv(t)
 	list := e.list("1.1.0", "mwtb-race", map[string]any{"isGateway": true, "ipMasq": true}, "198.18.21.0/24")
-	const n = 50
+	const n = 100
 	atts := make([]*harness.Attachment, n)
 	for i := range atts {
 		atts[i] = e.h.Attach(list, e.h.NewNS("br"), "eth0", nil)
