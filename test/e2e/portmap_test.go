@@ -921,3 +921,50 @@ func TestPortmapForeignRules(t *testing.T) {
 		t.Fatalf("the foreign rule is gone (%v):\n%s", err, out)
 	}
 }
+
+// TestPortmapTeardownRace: the last attachment's DEL (which removes the base
+// chains) races the next pod's ADD, again and again; the new pod's port
+// must work every time.
+func TestPortmapTeardownRace(t *testing.T) {
+	for _, backend := range []string{"iptables", "nftables"} {
+		t.Run(backend, func(t *testing.T) {
+			e := newPortmapEnv(t)
+			list := e.list("1.1.0", "mwtp-race", pmKeys(backend))
+			old := e.pod(t, list, pmPort{30160, 80, "tcp", ""})
+			for i := 0; i < 12; i++ {
+				port := 30161 + i%2
+				next := e.unstartedPod(list, pmPort{port, 80, "tcp", ""})
+				var addErr, delErr error
+				var wg sync.WaitGroup
+				wg.Add(2)
+				go func() {
+					defer wg.Done()
+					r, err := next.att.Add()
+					if err == nil {
+						var cr *current.Result
+						if cr, err = current.NewResultFromResult(r); err == nil {
+							err = next.setAddrs(cr)
+						}
+					}
+					addErr = err
+				}()
+				go func() { defer wg.Done(); delErr = old.att.Del() }()
+				wg.Wait()
+				if addErr != nil || delErr != nil {
+					t.Fatalf("round %d: ADD %v, DEL %v", i, addErr, delErr)
+				}
+				portmapServe(t, next.ns)
+				got, err := portmapTCP(e.outside, pmHost4, port)
+				portmapMustReach(t, fmt.Sprintf("round %d", i), got, err, pmClient4)
+				if err := next.att.Check(); err != nil {
+					t.Fatalf("round %d CHECK: %v", i, err)
+				}
+				old = next
+			}
+			if err := old.att.Del(); err != nil {
+				t.Fatal(err)
+			}
+			portmapAssertClean(t, "after the last DEL", old.att)
+		})
+	}
+}
