@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -18,6 +19,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/ipmasq"
 	"github.com/meshwire/meshwire/internal/link"
 	"github.com/meshwire/meshwire/test/harness"
@@ -55,11 +57,18 @@ func bridgeFirewallBaseline(t *testing.T) {
 			t.Fatalf("enable forwarding: %v", err)
 		}
 	}
-	for _, tool := range []string{"iptables-restore", "ip6tables-restore"} {
-		cmd := exec.Command(tool, "--noflush", "-w", "10")
-		cmd.Stdin = strings.NewReader("*nat\n:POSTROUTING ACCEPT [0:0]\nCOMMIT\n")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("%s: %v: %s", tool, err, out)
+	// The backend the plugins will detect (and remember) for ipMasq, and
+	// the iptables default, which the tests force with ipMasqBackend.
+	ctx := context.Background()
+	backends := []firewall.Backend{ipmasq.Backend(ctx, ""), {Kind: firewall.IPTables}}
+	for _, b := range backends {
+		if b.Kind != firewall.IPTables {
+			continue
+		}
+		for _, f := range []firewall.Family{firewall.V4, firewall.V6} {
+			if err := b.Restore(ctx, f, "*nat\n:POSTROUTING ACCEPT [0:0]\nCOMMIT\n"); err != nil {
+				t.Fatalf("create the nat table (%s, IPv%d): %v", b, f, err)
+			}
 		}
 	}
 }
@@ -301,7 +310,7 @@ func bridgeInternet(t *testing.T, h *harness.H) (v4, v6 string) {
 func bridgeMasqInstalled(t *testing.T, network string, a *harness.Attachment) bool {
 	t.Helper()
 	m := ipmasq.Attachment{Network: network, ContainerID: a.RT.ContainerID, IfName: a.RT.IfName}
-	for _, tool := range []string{"iptables-save", "ip6tables-save"} {
+	for _, tool := range []string{"iptables-save", "ip6tables-save", "iptables-legacy-save", "ip6tables-legacy-save"} {
 		out, err := exec.Command(tool, "-t", "nat").CombinedOutput()
 		if err != nil {
 			t.Fatalf("%s: %v: %s", tool, err, out)
