@@ -96,12 +96,15 @@ func execute(ctx context.Context, o flags.Options, stdout, stderr io.Writer) int
 		if o.DryRun {
 			return ExitOK
 		}
-		if plan.UpToDate() {
+		upToDate := plan.UpToDate()
+		// With the rules in place, Apply only makes sure the policy
+		// routing is there too.
+		if err := plan.Apply(ctx); err != nil {
+			return fail("%v", err)
+		}
+		if upToDate {
 			fmt.Fprintf(stderr, "iptables-init: rules already installed (%s), nothing to do\n", plan.Backend)
 		} else {
-			if err := plan.Apply(ctx); err != nil {
-				return fail("%v", err)
-			}
 			fams := "IPv4"
 			if ipv6 {
 				fams = "IPv4 and IPv6"

@@ -483,6 +483,19 @@ func TestInterceptPlugin(t *testing.T) {
 			if got := interceptRuleState(t, e, "nft"); got != installed {
 				t.Fatalf("a repeated ADD changed the rules:\n%s\n---\n%s", installed, got)
 			}
+			if mode == "TPROXY" {
+				// CHECK notices missing policy routing.
+				if out, err := e.Pod.Exec("ip", "-6", "rule", "del", "fwmark", "1337", "lookup", "133"); err != nil {
+					t.Fatalf("remove the IPv6 rule: %v %s", err, out)
+				}
+				if err := a.Check(); err == nil || !strings.Contains(err.Error(), "rule add fwmark") {
+					t.Fatalf("CHECK with the IPv6 policy rule gone: %v", err)
+				}
+				a.MustAdd() // puts it back
+				if err := a.Check(); err != nil {
+					t.Fatalf("CHECK after a repeated ADD: %v", err)
+				}
+			}
 			// CHECK notices a missing rule.
 			if out, err := e.Pod.Exec("iptables-nft", "-t", "nat", "-F", "ISTIO_OUTPUT"); err != nil {
 				t.Fatalf("flush: %v %s", err, out)

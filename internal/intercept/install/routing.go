@@ -97,6 +97,53 @@ func ApplySteps(steps []intercept.Step) error {
 	})
 }
 
+// MissingSteps lists the steps that are not in place (for CHECK).
+func MissingSteps(steps []intercept.Step) ([]intercept.Step, error) {
+	var missing []intercept.Step
+	err := eachStep(steps, func(s intercept.Step, lo netlink.Link) error {
+		present := false
+		switch s.Kind {
+		case intercept.StepRule:
+			have, err := findRules(s)
+			if err != nil {
+				return err
+			}
+			present = len(have) > 0
+		case intercept.StepLocalRoute:
+			want := localDefault(s, lo)
+			routes, err := netlink.RouteListFiltered(want.Family, &netlink.Route{Table: want.Table}, netlink.RT_FILTER_TABLE)
+			if err != nil {
+				return fmt.Errorf("list routes of table %d: %w", s.Table, err)
+			}
+			for _, r := range routes {
+				if r.Type == unix.RTN_LOCAL && r.LinkIndex == want.LinkIndex && (r.Dst == nil || isZeroPrefix(r.Dst.Mask)) {
+					present = true
+				}
+			}
+		case intercept.StepPassthroughAddr:
+			addrs, err := netlink.AddrList(lo, netlink.FAMILY_V6)
+			if err != nil {
+				return err
+			}
+			for _, a := range addrs {
+				if a.IPNet.String() == passthroughV6.IPNet.String() {
+					present = true
+				}
+			}
+		}
+		if !present {
+			missing = append(missing, s)
+		}
+		return nil
+	})
+	return missing, err
+}
+
+func isZeroPrefix(m net.IPMask) bool {
+	ones, _ := m.Size()
+	return ones == 0
+}
+
 // RemoveSteps removes each step that is present; absent ones are fine.
 func RemoveSteps(steps []intercept.Step) error {
 	return eachStep(steps, func(s intercept.Step, lo netlink.Link) error {

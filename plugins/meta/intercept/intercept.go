@@ -59,17 +59,15 @@ func cmdAdd(args *skel.CmdArgs) error {
 		if err != nil {
 			return err
 		}
-		if plan.UpToDate() {
-			slog.Info("interception rules already in place", "backend", plan.Backend.String())
-			return nil
-		}
+		// Apply also restores policy routing that went missing; with the
+		// rules in place it changes nothing else.
 		if err := plan.Apply(ctx); err != nil {
 			if _, uerr := install.Cleanup(ctx, o.Config, false); uerr != nil {
 				slog.Warn("undoing a failed ADD", "error", uerr)
 			}
 			return err
 		}
-		slog.Info("interception rules installed", "mode", string(o.Config.Mode), "ipv6", req.IPv6, "backend", plan.Backend.String())
+		slog.Info("interception rules installed", "mode", string(o.Config.Mode), "ipv6", req.IPv6, "backend", plan.Backend.String(), "alreadyInPlace", plan.UpToDate())
 		return nil
 	})
 	if err != nil {
@@ -116,6 +114,13 @@ func cmdCheck(args *skel.CmdArgs) error {
 		}
 		if !plan.UpToDate() {
 			return cnierr.CheckFailed("interception rules are missing in %s (%s)", args.Netns, plan.Backend)
+		}
+		missing, err := install.MissingSteps(plan.Add)
+		if err != nil {
+			return cnierr.Wrap(err, "read the policy routing")
+		}
+		if len(missing) > 0 {
+			return cnierr.CheckFailed("missing in %s: %s", args.Netns, missing[0])
 		}
 		return nil
 	})
