@@ -126,10 +126,17 @@ func TestBridgeOptions(t *testing.T) {
 		if len(r.IPs) != 0 || !ns.IsUp("eth0") {
 			t.Fatalf("L2 attachment: IPs %v, eth0 up %v", r.IPs, ns.IsUp("eth0"))
 		}
+		if err := a.Check(); err != nil {
+			t.Fatalf("CHECK of an L2 attachment: %v", err)
+		}
 		ns2 := e.h.NewNS("br")
-		e.h.Attach(e.list("1.1.0", "mwtb-l2down", map[string]any{"ipam": nil, "disableContainerInterface": true}), ns2, "eth0", nil).MustAdd()
+		down := e.h.Attach(e.list("1.1.0", "mwtb-l2down", map[string]any{"ipam": nil, "disableContainerInterface": true}), ns2, "eth0", nil)
+		down.MustAdd()
 		if ns2.IsUp("eth0") {
 			t.Fatal("disableContainerInterface: eth0 is up")
+		}
+		if err := down.Check(); err != nil {
+			t.Fatalf("CHECK with disableContainerInterface: %v", err)
 		}
 	})
 	t.Run("default-gateway", func(t *testing.T) {
