@@ -654,3 +654,34 @@ func interceptRunHost(h *harness.H, args ...string) (int, string) {
 	}
 	return 0, string(out)
 }
+
+// TestInterceptIPv6Decision checks when IPv6 rules are programmed: only
+// with a global IPv6 address in the pod or with --dual-stack.
+func TestInterceptIPv6Decision(t *testing.T) {
+	h := harness.New(t)
+	h.CheckNoLeaks()
+	e := ie.New(t, h)
+	if out, err := e.Pod.Exec("ip", "-6", "addr", "del", ie.PodV6.String()+"/64", "dev", "mwti0"); err != nil {
+		t.Fatalf("remove the pod's IPv6 address: %v %s", err, out)
+	}
+	v6Rules := func() bool {
+		out, err := e.Pod.Exec("ip6tables-nft-save")
+		if err != nil {
+			t.Fatalf("ip6tables-nft-save: %v", err)
+		}
+		return strings.Contains(out, "ISTIO_OUTPUT")
+	}
+	e.MustIptablesInit("-i", "*", "-b", "*")
+	if v6Rules() {
+		t.Fatal("IPv6 rules in a pod without a global IPv6 address")
+	}
+	e.MustIptablesInit("-i", "*", "-b", "*", "--dual-stack", "--reconcile")
+	if !v6Rules() {
+		t.Fatal("no IPv6 rules with --dual-stack")
+	}
+	e.MustIptablesInit("-i", "*", "-b", "*", "--reconcile")
+	if v6Rules() {
+		t.Fatal("IPv6 rules left after reconciling without --dual-stack")
+	}
+	e.MustIptablesInit("--cleanup-only")
+}

@@ -357,12 +357,16 @@ func WantIPv6(dualStack bool, addrs []netip.Addr) bool {
 		return true
 	}
 	for _, a := range addrs {
-		if a.Is6() && !a.Is4In6() && a.IsGlobalUnicast() {
+		// ::/96 holds the passthrough address ::6 meshwire itself puts on
+		// lo; it says nothing about the pod's connectivity.
+		if a.Is6() && !a.Is4In6() && a.IsGlobalUnicast() && !compat96.Contains(a) {
 			return true
 		}
 	}
 	return false
 }
+
+var compat96 = netip.MustParsePrefix("::/96")
 
 // LocalAddrs lists the addresses of the current namespace.
 func LocalAddrs() ([]netip.Addr, error) {

@@ -23,6 +23,7 @@ func TestWantIPv6(t *testing.T) {
 		{false, a("10.0.0.2", "fd70::2"), true},
 		{false, a("2001:db8::2"), true},
 		{false, nil, false},
+		{false, a("10.0.0.2", "::6"), false},
 	} {
 		if got := WantIPv6(tc.dual, tc.addrs); got != tc.want {
 			t.Errorf("WantIPv6(%v, %v) = %v", tc.dual, tc.addrs, got)
