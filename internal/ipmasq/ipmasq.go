@@ -6,12 +6,12 @@
 // Everything installed for one attachment is named after two hashes, so that
 // DEL and GC find exactly what is theirs: the network's (8 hex digits of
 // sha256(network name)) and the attachment's (sha256(containerID "/" ifName),
-// the same hash that names the pod's host veth). With iptables that is a
-// chain MW-<net>-<att> in the nat table plus the POSTROUTING rule jumping to
-// it (its comment repeats the hashes and names the network, container and
-// interface); with nftables it is a table inet meshwire_masq_<net>_<att>
-// holding its own postrouting NAT chain, so DEL is one idempotent
-// "add table; delete table" transaction.
+// the same hash that names the pod's host veth). With iptables that is one
+// MASQUERADE rule per pod address in the nat table's POSTROUTING, whose
+// comment starts with the tag MW-<net>-<att> and names the network,
+// container and interface; with nftables it is a table inet
+// meshwire_masq_<net>_<att> holding its own postrouting NAT chain, so DEL is
+// one idempotent "add table; delete table" transaction.
 package ipmasq
 
 import (
@@ -21,7 +21,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sort"
 	"strings"
 
 	"github.com/meshwire/meshwire/internal/firewall"
@@ -46,7 +45,8 @@ func AttHash(containerID, ifName string) string {
 	return hex.EncodeToString(s[:])[:15]
 }
 
-// Chain is the iptables chain of an attachment.
+// Chain is the attachment's tag in iptables: the first word of its rules'
+// comment (the name of a chain in earlier designs, and of the same shape).
 func (a Attachment) Chain() string { return chainPrefix(a.Network) + AttHash(a.ContainerID, a.IfName) }
 
 // Table is the nftables table of an attachment.
@@ -59,7 +59,7 @@ func tablePrefix(network string) string { return "meshwire_masq_" + NetHash(netw
 // bytes (the network name is limited by the CNI spec to letters, digits,
 // '_', '.' and '-'; long names and ids are shortened: the hash identifies).
 func (a Attachment) comment() string {
-	return fmt.Sprintf("meshwire-masq %s net=%s id=%s if=%s", AttHash(a.ContainerID, a.IfName), sanitize(a.Network, 32), sanitize(a.ContainerID, 24), sanitize(a.IfName, 15))
+	return fmt.Sprintf("meshwire-masq %s net=%s id=%s if=%s", a.Chain(), sanitize(a.Network, 32), sanitize(a.ContainerID, 24), sanitize(a.IfName, 15))
 }
 
 func sanitize(s string, max int) string {
@@ -97,25 +97,21 @@ func subnet(a net.IPNet) string {
 	return (&net.IPNet{IP: a.IP.Mask(a.Mask), Mask: a.Mask}).String()
 }
 
+// ipRule is the masquerade rule of one address: leaving the pod's subnet,
+// not to multicast.
+func ipRule(a Attachment, ad net.IPNet) string {
+	return fmt.Sprintf("POSTROUTING -s %s ! -d %s -m addrtype ! --dst-type MULTICAST -m comment --comment \"%s\" -j MASQUERADE", host(ad.IP), subnet(ad), a.comment())
+}
+
 // IPTablesAdd renders the iptables-restore payload that masquerades addrs
-// (all of one family) of attachment a: traffic to the pod's own subnet and to
-// multicast is left alone, everything else is masqueraded.
-func IPTablesAdd(a Attachment, f firewall.Family, addrs []net.IPNet) string {
-	ch := a.Chain()
-	mcast := "224.0.0.0/4"
-	if f == firewall.V6 {
-		mcast = "ff00::/8"
-	}
-	c := a.comment()
+// (all of one family) of attachment a: one rule per address in the nat
+// table's POSTROUTING (iptables-nft reads the whole table on every change, so
+// fewer rules per pod make every pod's ADD and DEL cheaper).
+func IPTablesAdd(a Attachment, addrs []net.IPNet) string {
 	var b strings.Builder
 	b.WriteString("*nat\n")
-	fmt.Fprintf(&b, ":%s - [0:0]\n", ch)
 	for _, ad := range addrs {
-		fmt.Fprintf(&b, "-A %s -d %s -m comment --comment \"%s\" -j ACCEPT\n", ch, subnet(ad), c)
-	}
-	fmt.Fprintf(&b, "-A %s ! -d %s -m comment --comment \"%s\" -j MASQUERADE\n", ch, mcast, c)
-	for _, ad := range addrs {
-		fmt.Fprintf(&b, "-A POSTROUTING -s %s -m comment --comment \"%s\" -j %s\n", host(ad.IP), c, ch)
+		b.WriteString("-A " + ipRule(a, ad) + "\n")
 	}
 	b.WriteString("COMMIT\n")
 	return b.String()
@@ -126,74 +122,56 @@ func IPTablesAdd(a Attachment, f firewall.Family, addrs []net.IPNet) string {
 // rules are not exactly there, and the caller then falls back to IPTablesDel
 // on the saved ruleset.
 func IPTablesDelGuess(a Attachment, addrs []net.IPNet) string {
-	ch := a.Chain()
-	c := a.comment()
 	var b strings.Builder
 	b.WriteString("*nat\n")
 	for _, ad := range addrs {
-		fmt.Fprintf(&b, "-D POSTROUTING -s %s -m comment --comment \"%s\" -j %s\n", host(ad.IP), c, ch)
-	}
-	fmt.Fprintf(&b, "-F %s\n-X %s\nCOMMIT\n", ch, ch)
-	return b.String()
-}
-
-// IPTablesDel renders the removal of the chains named in chains (and every
-// POSTROUTING rule jumping to them) found in save, the iptables-save output
-// of the nat table. It returns "" when none of them is there.
-func IPTablesDel(save string, chains map[string]bool) string {
-	var dels, drops []string
-	for _, line := range strings.Split(save, "\n") {
-		line = strings.TrimSpace(line)
-		switch {
-		case strings.HasPrefix(line, ":"):
-			name := strings.Fields(line[1:])
-			if len(name) > 0 && chains[name[0]] {
-				drops = append(drops, name[0])
-			}
-		case strings.HasPrefix(line, "-A "):
-			f := strings.Fields(line)
-			if len(f) < 2 || f[1] == "" {
-				continue
-			}
-			if target := jumpTarget(f); target != "" && chains[target] && !chains[f[1]] {
-				dels = append(dels, "-D "+strings.TrimPrefix(line, "-A "))
-			}
-		}
-	}
-	if len(dels) == 0 && len(drops) == 0 {
-		return ""
-	}
-	sort.Strings(drops)
-	var b strings.Builder
-	b.WriteString("*nat\n")
-	for _, d := range dels {
-		b.WriteString(d + "\n")
-	}
-	for _, c := range drops {
-		fmt.Fprintf(&b, "-F %s\n-X %s\n", c, c)
+		b.WriteString("-D " + ipRule(a, ad) + "\n")
 	}
 	b.WriteString("COMMIT\n")
 	return b.String()
 }
 
-func jumpTarget(f []string) string {
-	for i := 0; i+1 < len(f); i++ {
-		if f[i] == "-j" || f[i] == "-g" {
-			return f[i+1]
-		}
+// tagOf returns the attachment tag (Chain) in a saved rule's meshwire-masq
+// comment, or "".
+func tagOf(line string) string {
+	const marker = `--comment "meshwire-masq `
+	i := strings.Index(line, marker)
+	if i < 0 {
+		return ""
 	}
-	return ""
+	rest := line[i+len(marker):]
+	if j := strings.IndexAny(rest, ` "`); j >= 0 {
+		rest = rest[:j]
+	}
+	return rest
 }
 
-// IPTablesChains lists the chains of network found in save.
-func IPTablesChains(save, network string) []string {
+// IPTablesDel renders the removal of every rule whose tag is in tags, found
+// in save, the iptables-save output of the nat table. It returns "" when
+// none is there.
+func IPTablesDel(save string, tags map[string]bool) string {
+	var dels []string
+	for _, line := range strings.Split(save, "\n") {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "-A ") && tags[tagOf(line)] {
+			dels = append(dels, "-D "+strings.TrimPrefix(line, "-A "))
+		}
+	}
+	if len(dels) == 0 {
+		return ""
+	}
+	return "*nat\n" + strings.Join(dels, "\n") + "\nCOMMIT\n"
+}
+
+// IPTablesTags lists the attachment tags of network found in save.
+func IPTablesTags(save, network string) []string {
 	p := chainPrefix(network)
+	seen := map[string]bool{}
 	var out []string
 	for _, line := range strings.Split(save, "\n") {
-		if strings.HasPrefix(line, ":"+p) {
-			if f := strings.Fields(line[1:]); len(f) > 0 {
-				out = append(out, f[0])
-			}
+		if t := tagOf(line); strings.HasPrefix(t, p) && !seen[t] {
+			seen[t] = true
+			out = append(out, t)
 		}
 	}
 	return out
@@ -257,7 +235,7 @@ func Setup(ctx context.Context, b firewall.Backend, a Attachment, addrs []net.IP
 		if len(fam.addrs) == 0 {
 			continue
 		}
-		if err := b.Restore(ctx, fam.f, IPTablesAdd(a, fam.f, fam.addrs)); err != nil {
+		if err := b.Restore(ctx, fam.f, IPTablesAdd(a, fam.addrs)); err != nil {
 			return fmt.Errorf("ipMasq (%s, IPv%d): %w", b, fam.f, err)
 		}
 	}
@@ -279,13 +257,13 @@ func Teardown(ctx context.Context, b firewall.Backend, a Attachment, addrs []net
 		addrs []net.IPNet
 	}{{firewall.V4, v4}, {firewall.V6, v6}} {
 		if len(fam.addrs) > 0 || len(addrs) == 0 {
-			errs = append(errs, removeChains(ctx, b, fam.f, map[string]bool{a.Chain(): true}, IPTablesDelGuess(a, fam.addrs), len(fam.addrs) > 0))
+			errs = append(errs, removeRules(ctx, b, fam.f, map[string]bool{a.Chain(): true}, IPTablesDelGuess(a, fam.addrs), len(fam.addrs) > 0))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-func removeChains(ctx context.Context, b firewall.Backend, f firewall.Family, chains map[string]bool, guess string, tryGuess bool) error {
+func removeRules(ctx context.Context, b firewall.Backend, f firewall.Family, chains map[string]bool, guess string, tryGuess bool) error {
 	if tryGuess {
 		if err := b.Restore(ctx, f, guess); err == nil {
 			return nil
@@ -338,7 +316,7 @@ func GC(ctx context.Context, b firewall.Backend, network string, valid []Attachm
 			continue
 		}
 		stale := map[string]bool{}
-		for _, c := range IPTablesChains(save, network) {
+		for _, c := range IPTablesTags(save, network) {
 			if !keep[c] {
 				stale[c] = true
 			}
@@ -380,13 +358,13 @@ func Present(ctx context.Context, b firewall.Backend, a Attachment, addrs []net.
 		if err != nil {
 			return false, err
 		}
-		found := false
-		for _, c := range IPTablesChains(save, a.Network) {
-			if c == a.Chain() {
-				found = true
+		found := 0
+		for _, line := range strings.Split(save, "\n") {
+			if tagOf(line) == a.Chain() && strings.HasSuffix(strings.TrimSpace(line), "-j MASQUERADE") {
+				found++
 			}
 		}
-		if !found || !strings.Contains(save, "-j "+a.Chain()) {
+		if found < fam.n {
 			return false, nil
 		}
 	}

@@ -7,8 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-
-	"github.com/meshwire/meshwire/internal/firewall"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -44,37 +42,43 @@ var att = Attachment{Network: "mwtb-net", ContainerID: "0123456789abcdef01234567
 func TestRenderGolden(t *testing.T) {
 	v4 := []net.IPNet{cidr("198.18.16.5/24")}
 	v6 := []net.IPNet{cidr("fd20:0:0:16::5/64")}
-	golden(t, "iptables-add-v4", IPTablesAdd(att, firewall.V4, v4))
-	golden(t, "iptables-add-v6", IPTablesAdd(att, firewall.V6, v6))
+	golden(t, "iptables-add-v4", IPTablesAdd(att, v4))
+	golden(t, "iptables-add-v6", IPTablesAdd(att, v6))
 	golden(t, "iptables-del-guess-v4", IPTablesDelGuess(att, v4))
 	golden(t, "nft-add-dual", NftAdd(att, append(v4, v6...)))
 	golden(t, "nft-del", NftDel([]string{att.Table()}))
 }
 
 // TestIPTablesDelFromSave: the removal found in a saved ruleset names
-// exactly the attachment's chain and the rules jumping to it, and nothing of
-// another attachment or of other software.
+// exactly the attachment's rules, and nothing of another attachment or of
+// other software.
 func TestIPTablesDelFromSave(t *testing.T) {
 	other := Attachment{Network: "mwtb-net", ContainerID: "ffff", IfName: "eth0"}
-	save := "*nat\n:PREROUTING ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n" +
-		":" + att.Chain() + " - [0:0]\n:" + other.Chain() + " - [0:0]\n:CNI-abc - [0:0]\n" +
-		strings.TrimSuffix(strings.SplitN(IPTablesAdd(att, firewall.V4, []net.IPNet{cidr("198.18.16.5/24")}), "\n", 3)[2], "COMMIT\n") +
-		strings.TrimSuffix(strings.SplitN(IPTablesAdd(other, firewall.V4, []net.IPNet{cidr("198.18.16.6/24")}), "\n", 3)[2], "COMMIT\n") +
-		"-A POSTROUTING -s 10.0.0.0/8 -j CNI-abc\nCOMMIT\n"
+	body := func(p string) string { return strings.TrimSuffix(strings.TrimPrefix(p, "*nat\n"), "COMMIT\n") }
+	save := "*nat\n:PREROUTING ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n:CNI-abc - [0:0]\n" +
+		body(IPTablesAdd(att, []net.IPNet{cidr("198.18.16.5/24"), cidr("198.18.17.5/24")})) +
+		body(IPTablesAdd(other, []net.IPNet{cidr("198.18.16.6/24")})) +
+		"-A POSTROUTING -s 10.0.0.0/8 -m comment --comment \"meshwire-masqx\" -j CNI-abc\nCOMMIT\n"
 	got := IPTablesDel(save, map[string]bool{att.Chain(): true})
 	golden(t, "iptables-del-from-save", got)
 	if strings.Contains(got, other.Chain()) || strings.Contains(got, "CNI-abc") {
 		t.Fatalf("removal touches what is not the attachment's:\n%s", got)
 	}
+	if strings.Count(got, "-D ") != 2 {
+		t.Fatalf("removal must name both addresses' rules:\n%s", got)
+	}
 	if IPTablesDel(save, map[string]bool{"MW-00000000-000000000000000": true}) != "" {
-		t.Fatal("removal of an absent chain is not empty")
+		t.Fatal("removal of an absent attachment is not empty")
 	}
-	chains := IPTablesChains(save, "mwtb-net")
-	if len(chains) != 2 {
-		t.Fatalf("chains of the network: %v, want 2", chains)
+	if tags := IPTablesTags(save, "mwtb-net"); len(tags) != 2 {
+		t.Fatalf("tags of the network: %v, want 2", tags)
 	}
-	if len(IPTablesChains(save, "another-net")) != 0 {
-		t.Fatal("chains of another network found")
+	if len(IPTablesTags(save, "another-net")) != 0 {
+		t.Fatal("tags of another network found")
+	}
+	// The guessed removal is the saved rules with -D: what ADD wrote.
+	if g := IPTablesDelGuess(att, []net.IPNet{cidr("198.18.16.5/24"), cidr("198.18.17.5/24")}); g != got {
+		t.Fatalf("guess\n%s\ndiffers from the removal found in the ruleset\n%s", g, got)
 	}
 }
 
@@ -87,8 +91,8 @@ func TestNftTables(t *testing.T) {
 }
 
 func TestNames(t *testing.T) {
-	if n := len(att.Chain()); n > 28 {
-		t.Fatalf("chain name %q is %d bytes, iptables allows 28", att.Chain(), n)
+	if n := len(att.Chain()); n != 27 {
+		t.Fatalf("tag %q is %d bytes", att.Chain(), n)
 	}
 	if att.Chain() == (Attachment{Network: "other", ContainerID: att.ContainerID, IfName: "eth0"}).Chain() {
 		t.Fatal("two networks share a chain name")
