@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"fmt"
 	"net/netip"
+	"regexp"
+	"strconv"
 	"strings"
 )
 
@@ -72,6 +74,28 @@ func ParseResolvConf(text string) []netip.Addr {
 			if a, err := netip.ParseAddr(s); err == nil {
 				out = append(out, a.Unmap())
 			}
+		}
+	}
+	return out
+}
+
+var tproxyMarkRE = regexp.MustCompile(`(?:--tproxy-mark|meta mark set) (0x[0-9a-f]+)(?:/0xffffffff)?(?: tproxy| |$)`)
+
+// TProxyMarks finds the marks TPROXY rules set in iptables-save output or
+// an nft listing (so that cleanup finds policy routing installed with
+// other flags).
+func TProxyMarks(text string) []uint32 {
+	var out []uint32
+	for _, line := range strings.Split(text, "\n") {
+		if !strings.Contains(line, "TPROXY") && !strings.Contains(line, "tproxy") {
+			continue
+		}
+		m := tproxyMarkRE.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		if v, err := strconv.ParseUint(m[1], 0, 32); err == nil && v != 0 && !contains(out, uint32(v)) {
+			out = append(out, uint32(v))
 		}
 	}
 	return out

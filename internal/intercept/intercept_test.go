@@ -213,3 +213,21 @@ func TestRouting(t *testing.T) {
 		t.Fatalf("TPROXY dual stack: %v", s)
 	}
 }
+
+func TestTProxyMarks(t *testing.T) {
+	c := Default()
+	c.Mode = ModeTProxy
+	c.TProxyMark = 0x64
+	rs := Build(c, V4)
+	save := saveOf(Restore(rs, &State{}), "")
+	if got := TProxyMarks(save); !reflect.DeepEqual(got, []uint32{0x64}) {
+		t.Fatalf("iptables: %v", got)
+	}
+	listing := "\t\tip daddr != 127.0.0.1 meta l4proto tcp meta mark set 0x00000064 tproxy to :15006 accept\n"
+	if got := TProxyMarks(listing); !reflect.DeepEqual(got, []uint32{0x64}) {
+		t.Fatalf("nft: %v", got)
+	}
+	if got := TProxyMarks(saveOf(Restore(Build(Default(), V4), &State{}), "")); len(got) != 0 {
+		t.Fatalf("REDIRECT: %v", got)
+	}
+}

@@ -570,8 +570,9 @@ func TestInterceptPlugin(t *testing.T) {
 
 // TestInterceptReconcileNoEscape switches a pod between REDIRECT and TPROXY
 // with --reconcile, over and over, while a client keeps opening inbound
-// connections: every one of them must reach the app through the proxy,
-// none directly.
+// connections: none of them may reach the app without the proxy. (A
+// connection whose handshake the switch cuts in two may fail; those are
+// counted and must stay rare.)
 func TestInterceptReconcileNoEscape(t *testing.T) {
 	h := harness.New(t)
 	h.CheckNoLeaks()
@@ -582,7 +583,7 @@ func TestInterceptReconcileNoEscape(t *testing.T) {
 	type result struct {
 		n       int
 		escaped []string
-		err     error
+		failed  []error
 	}
 	done := make(chan result)
 	go func() {
@@ -595,13 +596,11 @@ func TestInterceptReconcileNoEscape(t *testing.T) {
 			default:
 			}
 			reply, err := ie.Request(e.Remote, ie.AP(ie.PodV4, ie.AppPort), "x")
-			if err != nil {
-				r.err = err
-				done <- r
-				return
-			}
 			r.n++
-			if reply != "app 127.0.0.6 x" {
+			switch {
+			case err != nil:
+				r.failed = append(r.failed, err)
+			case reply != "app 127.0.0.6 x":
 				r.escaped = append(r.escaped, reply)
 			}
 		}
@@ -615,13 +614,13 @@ func TestInterceptReconcileNoEscape(t *testing.T) {
 	}
 	close(stop)
 	r := <-done
-	if r.err != nil {
-		t.Fatalf("a connection failed during reconcile (after %d): %v", r.n, r.err)
-	}
 	if len(r.escaped) > 0 || r.n == 0 {
 		t.Fatalf("%d of %d connections reached the app without the proxy: %v", len(r.escaped), r.n, r.escaped)
 	}
-	t.Logf("%d connections during 10 mode switches, all through the proxy", r.n)
+	if len(r.failed)*100 > r.n {
+		t.Fatalf("%d of %d connections failed during the switches: %v", len(r.failed), r.n, r.failed)
+	}
+	t.Logf("%d connections during 10 mode switches, all through the proxy (%d failed: %v)", r.n, len(r.failed), r.failed)
 	e.MustIptablesInit("--cleanup-only")
 }
 

@@ -238,6 +238,14 @@ func (p *Plan) Apply(ctx context.Context) error {
 // as the plan it ran (or, with dryRun, would run).
 func Cleanup(ctx context.Context, cfg intercept.Config, dryRun bool) (string, error) {
 	var out strings.Builder
+	// The policy routing to remove: that of the given flags, and that of
+	// any TPROXY mark the installed rules use (installed with other -t/-r).
+	steps := intercept.Routing(withMode(cfg, intercept.ModeTProxy), true)
+	for _, b := range allBackends() {
+		for _, mark := range intercept.TProxyMarks(installedText(ctx, b)) {
+			steps = appendNew(steps, routingOfMark(mark)...)
+		}
+	}
 	for _, b := range allBackends() {
 		script, err := cleanupScript(ctx, b)
 		if err != nil {
@@ -253,7 +261,6 @@ func Cleanup(ctx context.Context, cfg intercept.Config, dryRun bool) (string, er
 			}
 		}
 	}
-	steps := intercept.Routing(withMode(cfg, intercept.ModeTProxy), true)
 	for _, s := range steps {
 		fmt.Fprintf(&out, "# remove if present: %s\n", s)
 	}
@@ -381,4 +388,50 @@ func LocalAddrs() ([]netip.Addr, error) {
 		}
 	}
 	return out, nil
+}
+
+// installedText is everything a backend shows in the namespace (both
+// families), for scanning.
+func installedText(ctx context.Context, b firewall.Backend) string {
+	var out strings.Builder
+	for _, f := range []intercept.Family{intercept.V4, intercept.V6} {
+		if b.Kind == firewall.NFTables {
+			out.WriteString(nftListing(ctx, f))
+		} else if save, err := b.Save(ctx, fwFamily(f), Mangle); err == nil {
+			out.WriteString(save)
+		}
+	}
+	return out.String()
+}
+
+// Mangle is the table TPROXY rules live in.
+const Mangle = intercept.Mangle
+
+// routingOfMark lists the policy rules of a mark (whatever their table)
+// and the local default routes of those tables, for both families.
+func routingOfMark(mark uint32) []intercept.Step {
+	var steps []intercept.Step
+	for _, f := range []intercept.Family{intercept.V4, intercept.V6} {
+		rules, err := netlink.RuleList(nlFamily(f))
+		if err != nil {
+			continue
+		}
+		for _, r := range rules {
+			if r.Mark == mark && r.Table > 0 {
+				steps = append(steps,
+					intercept.Step{Kind: intercept.StepRule, Family: f, Mark: mark, Table: uint32(r.Table)},
+					intercept.Step{Kind: intercept.StepLocalRoute, Family: f, Table: uint32(r.Table)})
+			}
+		}
+	}
+	return steps
+}
+
+func appendNew(steps []intercept.Step, more ...intercept.Step) []intercept.Step {
+	for _, s := range more {
+		if !hasStep(steps, s) {
+			steps = append(steps, s)
+		}
+	}
+	return steps
 }
