@@ -107,25 +107,19 @@ func ipRule(a Attachment, ad net.IPNet) string {
 // (all of one family) of attachment a: one rule per address in the nat
 // table's POSTROUTING (iptables-nft reads the whole table on every change, so
 // fewer rules per pod make every pod's ADD and DEL cheaper).
-func IPTablesAdd(a Attachment, addrs []net.IPNet) string {
-	var b strings.Builder
-	b.WriteString("*nat\n")
-	for _, ad := range addrs {
-		b.WriteString("-A " + ipRule(a, ad) + "\n")
-	}
-	b.WriteString("COMMIT\n")
-	return b.String()
-}
+func IPTablesAdd(a Attachment, addrs []net.IPNet) string { return ipPayload("-A", a, addrs) }
 
 // IPTablesDelGuess renders the removal of what IPTablesAdd installed for
 // addrs, without reading the ruleset first: it fails (as a whole) when the
 // rules are not exactly there, and the caller then falls back to IPTablesDel
 // on the saved ruleset.
-func IPTablesDelGuess(a Attachment, addrs []net.IPNet) string {
+func IPTablesDelGuess(a Attachment, addrs []net.IPNet) string { return ipPayload("-D", a, addrs) }
+
+func ipPayload(op string, a Attachment, addrs []net.IPNet) string {
 	var b strings.Builder
 	b.WriteString("*nat\n")
 	for _, ad := range addrs {
-		b.WriteString("-D " + ipRule(a, ad) + "\n")
+		b.WriteString(op + " " + ipRule(a, ad) + "\n")
 	}
 	b.WriteString("COMMIT\n")
 	return b.String()

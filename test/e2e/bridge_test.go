@@ -168,6 +168,23 @@ func bridgeHasHostLink(name string) bool {
 	return err == nil
 }
 
+// bridgeAddVersion runs ADD and checks the result is in spec version v.
+func bridgeAddVersion(t *testing.T, a *harness.Attachment, v string) *current.Result {
+	t.Helper()
+	res, err := a.Add()
+	if err != nil {
+		t.Fatalf("ADD: %v", err)
+	}
+	if res.Version() != v {
+		t.Fatalf("result version %s, want %s", res.Version(), v)
+	}
+	cr, err := current.NewResultFromResult(res)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cr
+}
+
 // bridgeLifecycleEnd is the end of a life-cycle test for spec version v:
 // CHECK (0.4.0 and later), STATUS and GC (1.1.0; the pod still reaches gw
 // after GC), DEL, the veth pair gone, and a second DEL.
@@ -208,17 +225,7 @@ func TestBridgeEveryVersion(t *testing.T) {
 			ns := e.h.NewNS("br")
 			list := e.list(v, fmt.Sprintf("mwtb-ver%d", i), map[string]any{"isDefaultGateway": true}, "198.18.16.0/24", "fd20:0:0:16::/64")
 			a := e.h.Attach(list, ns, "eth0", nil)
-			res, err := a.Add()
-			if err != nil {
-				t.Fatalf("ADD: %v", err)
-			}
-			if res.Version() != v {
-				t.Fatalf("result version %s, want %s", res.Version(), v)
-			}
-			cr, err := current.NewResultFromResult(res)
-			if err != nil {
-				t.Fatal(err)
-			}
+			cr := bridgeAddVersion(t, a, v)
 			v4, v6 := bridgeIPs(t, cr)
 			if v4 == nil {
 				t.Fatalf("result lacks an IPv4 address: %+v", cr)

@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
-	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/vishvananda/netlink"
 )
@@ -31,17 +30,7 @@ func TestVethEveryVersion(t *testing.T) {
 				"routes": []map[string]string{{"dst": "0.0.0.0/0"}, {"dst": "::/0"}},
 			}}, "unused")
 			a := e.h.Attach(list, ns, "eth0", nil)
-			res, err := a.Add()
-			if err != nil {
-				t.Fatalf("ADD: %v", err)
-			}
-			if res.Version() != v {
-				t.Fatalf("result version %s, want %s", res.Version(), v)
-			}
-			cr, err := current.NewResultFromResult(res)
-			if err != nil {
-				t.Fatal(err)
-			}
+			cr := bridgeAddVersion(t, a, v)
 			v4, v6 := bridgeIPs(t, cr)
 			hostName := bridgeHostVeth(a)
 			if gte(v, "0.3.0") {
