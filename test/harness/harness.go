@@ -84,12 +84,30 @@ func BinDir(t testing.TB) string {
 			buildErr = fmt.Errorf("go list: %v", err)
 			return
 		}
-		cmd := exec.Command("go", append([]string{"build", "-trimpath", "-o", dir + "/"}, strings.Fields(string(out))...)...)
-		cmd.Dir = root
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-			return
+		// Shipped programs go to dir, test-only ones (under test/) to
+		// dir/test, as `make build` lays out bin/.
+		var shipped, testOnly []string
+		for _, pkg := range strings.Fields(string(out)) {
+			if strings.Contains(pkg, "/test/") {
+				testOnly = append(testOnly, pkg)
+			} else {
+				shipped = append(shipped, pkg)
+			}
+		}
+		for _, set := range []struct {
+			out  string
+			pkgs []string
+		}{{dir + "/", shipped}, {dir + "/test/", testOnly}} {
+			if len(set.pkgs) == 0 {
+				continue
+			}
+			cmd := exec.Command("go", append([]string{"build", "-trimpath", "-o", set.out}, set.pkgs...)...)
+			cmd.Dir = root
+			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+			if out, err := cmd.CombinedOutput(); err != nil {
+				buildErr = fmt.Errorf("go build: %v\n%s", err, out)
+				return
+			}
 		}
 		binDir = dir
 	})

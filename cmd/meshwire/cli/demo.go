@@ -48,7 +48,7 @@ func (e *env) demo(args []string) error {
 	}
 	ctx, cancel := signalContext()
 	defer cancel()
-	d := &demo{e: e, rt: rt}
+	d := &demo{e: e, rt: rt, ctx: ctx}
 	if br := bridgeName(conflist); br != "" {
 		if _, err := netlink.LinkByName(br); err != nil {
 			d.newBridge = br // created by this demo: removed at the end
@@ -109,6 +109,9 @@ func (e *env) demo(args []string) error {
 	if hasPlugin(conflist, "bandwidth") {
 		d.bandwidthSteps(a, b)
 	}
+	if podAddress(rt, a, true) != nil {
+		d.meshSteps(conflist, a, b)
+	}
 	for _, rec := range recs {
 		d.step(fmt.Sprintf("%s: CNI CHECK passes", rec.Name), func() (string, error) {
 			return "", rt.Check(ctx, rec.Name)
@@ -133,6 +136,7 @@ func (e *env) demo(args []string) error {
 type demo struct {
 	e         *env
 	rt        *cniruntime.Runtime
+	ctx       context.Context
 	failed    int
 	newBridge string
 }
@@ -171,7 +175,7 @@ func (d *demo) cleanup(why string) {
 		}
 		removed++
 	}
-	for _, name := range demoPods {
+	for _, name := range append(demoPods, demoMeshPod) {
 		if netns.Exists(name) {
 			_ = netns.Delete(name)
 		}
@@ -185,7 +189,7 @@ func (d *demo) cleanup(why string) {
 	}
 	if why == "" {
 		left := []string{}
-		for _, name := range demoPods {
+		for _, name := range append(demoPods, demoMeshPod) {
 			if netns.Exists(name) {
 				left = append(left, name)
 			}

@@ -1,0 +1,253 @@
+package cli
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"golang.org/x/sys/unix"
+
+	"github.com/meshwire/meshwire/cmd/meshwire/cniruntime"
+	"github.com/meshwire/meshwire/internal/netns"
+)
+
+// The mesh part of the demo: a third pod whose conflist chains the intercept
+// plugin, with meshwire's test proxy (bin/test/proxy, built by `make build`)
+// as its sidecar, running as the proxy uid.
+const (
+	demoMeshPod   = "mwdemo-mesh"
+	demoProxyUID  = 1337
+	demoMeshApp   = 8080
+	demoProxyName = "proxy"
+)
+
+// proxyRecord is one line of the test proxy's log.
+type proxyRecord struct {
+	Event    string `json:"event"`
+	Listener string `json:"listener"`
+	Src      string `json:"src"`
+	OrigDst  string `json:"orig_dst"`
+	UID      int    `json:"uid"`
+	Err      string `json:"err"`
+}
+
+// findTestProxy looks for the test proxy next to the meshwire binary.
+func findTestProxy() string {
+	exe, err := os.Executable()
+	if err != nil {
+		return ""
+	}
+	p := filepath.Join(filepath.Dir(exe), "test", demoProxyName)
+	if _, err := os.Stat(p); err != nil {
+		return ""
+	}
+	return p
+}
+
+// meshConflist is the conflist with the intercept plugin appended, capturing
+// every inbound port and every outbound destination (as a mesh pod would).
+func meshConflist(conflist []byte) ([]byte, error) {
+	var m map[string]any
+	if err := json.Unmarshal(conflist, &m); err != nil {
+		return nil, err
+	}
+	plugins, _ := m["plugins"].([]any)
+	m["plugins"] = append(plugins, map[string]any{
+		"type":                "intercept",
+		"istio-service-cidr":  "*",
+		"istio-inbound-ports": "*",
+	})
+	return json.Marshal(m)
+}
+
+// sidecar is the running test proxy and what it has logged.
+type sidecar struct {
+	cmd  *exec.Cmd
+	dir  string
+	recs chan proxyRecord
+}
+
+// startSidecar copies the proxy where the proxy uid can run it (a fresh
+// world-readable directory: the build and state directories may be private
+// to root) and starts it from a thread inside the pod's namespace, so the
+// process lives there.
+func startSidecar(proxy, nsPath string) (*sidecar, error) {
+	data, err := os.ReadFile(proxy)
+	if err != nil {
+		return nil, err
+	}
+	workDir, err := os.MkdirTemp("", "meshwire-demo-sidecar-")
+	if err != nil {
+		return nil, err
+	}
+	s := &sidecar{dir: workDir, recs: make(chan proxyRecord, 64)}
+	if err := os.Chmod(workDir, 0o755); err != nil {
+		s.stop()
+		return nil, err
+	}
+	bin := filepath.Join(workDir, demoProxyName)
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		s.stop()
+		return nil, err
+	}
+	cmd := exec.Command(bin, "-mode", "redirect", "-dns", "0")
+	cmd.Dir = "/"
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Credential: &syscall.Credential{Uid: demoProxyUID, Gid: demoProxyUID},
+		Pdeathsig:  unix.SIGKILL, // never outlive the demo
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		s.stop()
+		return nil, err
+	}
+	if err := netns.Enter(nsPath, cmd.Start); err != nil {
+		s.stop()
+		return nil, err
+	}
+	s.cmd = cmd
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			var r proxyRecord
+			if json.Unmarshal(sc.Bytes(), &r) == nil {
+				s.recs <- r
+			}
+		}
+		close(s.recs)
+	}()
+	if r, err := s.next(5 * time.Second); err != nil || r.Event != "ready" {
+		s.stop()
+		if err == nil {
+			err = fmt.Errorf("proxy said %s %s", r.Event, r.Err)
+		}
+		return nil, fmt.Errorf("test proxy did not start: %w", err)
+	}
+	return s, nil
+}
+
+func (s *sidecar) next(timeout time.Duration) (proxyRecord, error) {
+	select {
+	case r, ok := <-s.recs:
+		if !ok {
+			return r, io.EOF
+		}
+		return r, nil
+	case <-time.After(timeout):
+		return proxyRecord{}, fmt.Errorf("no record within %s", timeout)
+	}
+}
+
+// conn waits for the proxy's record of a connection on the given listener.
+func (s *sidecar) conn(listener string) (proxyRecord, error) {
+	for {
+		r, err := s.next(3 * time.Second)
+		if err != nil {
+			return r, fmt.Errorf("the proxy logged no %s connection: %w", listener, err)
+		}
+		if r.Event == "conn" && r.Listener == listener {
+			return r, nil
+		}
+	}
+}
+
+func (s *sidecar) stop() {
+	if s.cmd != nil && s.cmd.Process != nil {
+		_ = s.cmd.Process.Kill()
+		_ = s.cmd.Wait()
+	}
+	_ = os.RemoveAll(s.dir)
+}
+
+// meshSteps wires the mesh pod, starts its sidecar, and shows an outbound
+// call of the app to pod b and an inbound call from pod a to the app, both
+// through the proxy, with the original destinations the proxy read.
+func (d *demo) meshSteps(conflist []byte, a, b *cniruntime.Record) {
+	proxy := findTestProxy()
+	if proxy == "" {
+		fmt.Fprintf(d.e.out, "  skip  mesh pod: the test proxy (bin/test/proxy) is not built; run `make build`\n")
+		return
+	}
+	mesh, err := meshConflist(conflist)
+	if err != nil {
+		d.step("mesh conflist", func() (string, error) { return "", err })
+		return
+	}
+	var rec *cniruntime.Record
+	d.step(fmt.Sprintf("%s wired with the intercept plugin chained", demoMeshPod), func() (string, error) {
+		r, _, err := d.rt.Add(d.ctx, demoMeshPod, mesh, "eth0", nil)
+		rec = r
+		if err != nil {
+			return "", err
+		}
+		return strings.Join(ipStrings(podIPs(d.rt, r)), ", "), nil
+	})
+	if rec == nil {
+		return
+	}
+	side, err := startSidecar(proxy, rec.NetNS)
+	if err != nil {
+		d.step("start the sidecar", func() (string, error) { return "", err })
+		return
+	}
+	defer side.stop()
+	fmt.Fprintf(d.e.out, "        sidecar: meshwire's test proxy as uid %d in %s (outbound :15001, inbound :15006)\n", demoProxyUID, demoMeshPod)
+
+	if dst := podAddress(d.rt, b, true); dst != nil {
+		srv, err := serveHello(b.NetNS, fmt.Sprintf(":%d", demoPodPort), b.Name)
+		if err == nil {
+			defer srv.Close()
+		}
+		addr := net.JoinHostPort(dst.String(), strconv.Itoa(demoPodPort))
+		d.step(fmt.Sprintf("%s app -> %s goes through the sidecar", demoMeshPod, addr), func() (string, error) {
+			reply, err := fetchHello(rec.NetNS, addr)
+			if err != nil {
+				return "", err
+			}
+			r, err := side.conn("outbound")
+			if err != nil {
+				return "", err
+			}
+			return fmt.Sprintf("proxy log: outbound from %s, original destination %s; reply %q", r.Src, r.OrigDst, reply), nil
+		})
+	}
+	if dst := podAddress(d.rt, rec, true); dst != nil {
+		app, err := serveHello(rec.NetNS, fmt.Sprintf(":%d", demoMeshApp), demoMeshPod+" app")
+		if err == nil {
+			defer app.Close()
+		}
+		addr := net.JoinHostPort(dst.String(), strconv.Itoa(demoMeshApp))
+		d.step(fmt.Sprintf("%s -> %s app at %s goes through the sidecar", a.Name, demoMeshPod, addr), func() (string, error) {
+			reply, err := fetchHello(a.NetNS, addr)
+			if err != nil {
+				return "", err
+			}
+			r, err := side.conn("inbound")
+			if err != nil {
+				return "", err
+			}
+			return fmt.Sprintf("proxy log: inbound from %s, original destination %s; reply %q", r.Src, r.OrigDst, reply), nil
+		})
+	}
+	d.step(fmt.Sprintf("%s: CNI CHECK passes (interception rules in place)", demoMeshPod), func() (string, error) {
+		return "", d.rt.Check(d.ctx, demoMeshPod)
+	})
+}
+
+func ipStrings(ips []*current.IPConfig) []string {
+	var out []string
+	for _, ip := range ips {
+		out = append(out, ip.Address.String())
+	}
+	return out
+}
