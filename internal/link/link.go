@@ -13,10 +13,14 @@ import (
 	"net"
 	"time"
 
+	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
+
+	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/netns"
 )
 
 // DefaultHostPrefix starts the host end's name, as with the reference plugins.
@@ -146,36 +150,68 @@ func HostPeerIndex(h *netlink.Handle, ifName string) (int, error) {
 	return l.Attrs().ParentIndex, nil
 }
 
-// FindHostVeth returns the host end of a pod's veth: the link of the host
-// namespace whose peer is ifName inside the namespace at netnsPath. This is
-// how chained plugins (portmap, bandwidth) find a pod's host interface
-// whatever named it. hostName, when not empty, is tried first (the name from
-// prevResult, or HostVethName) and accepted when its peer is ifName.
-func FindHostVeth(netnsPath, ifName, hostName string) (netlink.Link, error) {
-	nsh, err := vnetns.GetFromPath(netnsPath)
+// FindHostVeth returns the host end of the pod's veth ifName inside the
+// namespace at netnsPath, whatever plugin made the pair (meshwire's bridge
+// and veth, the reference bridge and ptp). hints (e.g. prevResult's host
+// interfaces, or HostVethName) are tried first; a host link is accepted only
+// when both sides agree: it is a veth whose index is the pod end's peer
+// index and whose own peer index is the pod end's index, so an unrelated
+// host link that happens to carry the same index is never taken.
+//
+// Errors entering the namespace satisfy netns.IsGone; a missing ifName is
+// code 4 naming CNI_IFNAME; an ifName that is not a veth is code 7.
+func FindHostVeth(netnsPath, ifName string, hints ...string) (netlink.Link, error) {
+	var podIndex, peerIndex int
+	err := netns.Enter(netnsPath, func() error {
+		l, err := netlinksafe.LinkByName(ifName)
+		if err != nil {
+			return cnierr.InvalidEnv("CNI_IFNAME", "no interface %q in the pod's namespace: %v", ifName, err)
+		}
+		if _, ok := l.(*netlink.Veth); !ok {
+			return cnierr.Config("%s is a %s, not a veth: chain this plugin after an interface plugin that makes a veth (bridge, veth, ptp)", ifName, l.Type())
+		}
+		podIndex, peerIndex = l.Attrs().Index, l.Attrs().ParentIndex
+		return nil
+	})
 	if err != nil {
-		return nil, fmt.Errorf("open %s: %w", netnsPath, err)
+		return nil, err
 	}
-	defer nsh.Close()
-	h, err := netlink.NewHandleAt(nsh)
-	if err != nil {
-		return nil, fmt.Errorf("netlink in %s: %w", netnsPath, err)
+	if peerIndex <= 0 {
+		return nil, cnierr.Internal("%s in the pod's namespace has no peer", ifName)
 	}
-	defer h.Close()
-	idx, err := HostPeerIndex(h, ifName)
-	if err != nil {
-		return nil, fmt.Errorf("%s in %s: %w", ifName, netnsPath, err)
-	}
-	if hostName != "" {
-		if l, err := netlinksafe.LinkByName(hostName); err == nil && l.Attrs().Index == idx {
+	for _, name := range hints {
+		if l, err := netlinksafe.LinkByName(name); err == nil && IsHostEnd(l, podIndex, peerIndex) {
 			return l, nil
 		}
 	}
-	l, err := netlink.LinkByIndex(idx)
-	if err != nil {
-		return nil, fmt.Errorf("host end of %s (ifindex %d): %w", ifName, idx, err)
+	l, err := netlink.LinkByIndex(peerIndex)
+	if err == nil && IsHostEnd(l, podIndex, peerIndex) {
+		return l, nil
 	}
-	return l, nil
+	return nil, cnierr.Internal("the host end of %s (ifindex %d) is not in the host namespace: %v", ifName, peerIndex, fmt.Sprint(err))
+}
+
+// IsHostEnd decides whether a host link is the peer of a pod's veth whose
+// own index is podIndex and whose peer index is peerIndex: both sides must
+// agree.
+func IsHostEnd(l netlink.Link, podIndex, peerIndex int) bool {
+	_, ok := l.(*netlink.Veth)
+	return ok && l.Attrs().Index == peerIndex && l.Attrs().ParentIndex == podIndex
+}
+
+// HostInterfaceNames are the host-side interfaces of a result (those without
+// a sandbox): hints for FindHostVeth.
+func HostInterfaceNames(r *current.Result) []string {
+	if r == nil {
+		return nil
+	}
+	var out []string
+	for _, i := range r.Interfaces {
+		if i != nil && i.Sandbox == "" && i.Name != "" {
+			out = append(out, i.Name)
+		}
+	}
+	return out
 }
 
 // DeleteJobName is the detached job that deletes a host link (see

@@ -1,6 +1,8 @@
 package link
 
 import (
+	"github.com/vishvananda/netlink"
+
 	"strings"
 	"testing"
 )
@@ -44,5 +46,26 @@ func TestValidNames(t *testing.T) {
 	}
 	if ValidPrefix("veth") != nil {
 		t.Error("veth refused")
+	}
+}
+
+func TestIsHostEnd(t *testing.T) {
+	veth := func(idx, parent int) netlink.Link {
+		return &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Index: idx, ParentIndex: parent}}
+	}
+	cases := []struct {
+		name string
+		l    netlink.Link
+		want bool
+	}{
+		{"the peer", veth(17, 2), true},
+		{"same index, other pair", veth(17, 5), false},
+		{"other index", veth(18, 2), false},
+		{"not a veth", &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Index: 17, ParentIndex: 2}}, false},
+	}
+	for _, c := range cases {
+		if got := IsHostEnd(c.l, 2, 17); got != c.want {
+			t.Errorf("%s: got %v, want %v", c.name, got, c.want)
+		}
 	}
 }

@@ -58,25 +58,3 @@ func TestVerify(t *testing.T) {
 		})
 	}
 }
-
-func TestIsHostEnd(t *testing.T) {
-	pv := podVeth{Index: 2, PeerIndex: 17}
-	veth := func(idx, parent int) netlink.Link {
-		return &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Index: idx, ParentIndex: parent}}
-	}
-	cases := []struct {
-		name string
-		l    netlink.Link
-		want bool
-	}{
-		{"the peer", veth(17, 2), true},
-		{"same index, other pair", veth(17, 5), false},
-		{"other index", veth(18, 2), false},
-		{"not a veth", &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Index: 17, ParentIndex: 2}}, false},
-	}
-	for _, c := range cases {
-		if got := isHostEnd(c.l, pv); got != c.want {
-			t.Errorf("%s: got %v, want %v", c.name, got, c.want)
-		}
-	}
-}
