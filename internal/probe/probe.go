@@ -93,3 +93,20 @@ func Listen(nsPath, network, addr string) (net.Listener, error) {
 func Dial(nsPath, network, addr string, timeout time.Duration) (net.Conn, error) {
 	return InNS(nsPath, func() (net.Conn, error) { return net.DialTimeout(network, addr, timeout) })
 }
+
+// Go decides once per process whether the stack supports IPv6 and
+// IPv4-mapped addresses, by opening probe sockets in whatever network
+// namespace the first wildcard listen happens in. If that is a pod namespace
+// whose lo is down (no ::1), the process concludes there is no IPv6, and
+// every later listen on "tcp" ":port" is IPv4 only, in every namespace.
+// Importing this package settles the question in the namespace the program
+// starts in (the host's).
+func init() { PrimeIPStack() }
+
+// PrimeIPStack makes Go probe the IP stack's capabilities now, in the
+// calling thread's namespace.
+func PrimeIPStack() {
+	if l, err := net.Listen("tcp", ":0"); err == nil {
+		l.Close()
+	}
+}

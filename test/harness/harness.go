@@ -28,6 +28,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/meshwire/meshwire/internal/filelock"
+	_ "github.com/meshwire/meshwire/internal/probe" // settles Go's IPv6 probe in the host namespace
 )
 
 // EnvBinDir names a directory of already built binaries (the Makefile sets it
