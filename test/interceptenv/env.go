@@ -27,6 +27,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/meshwire/meshwire/internal/probe"
+	"github.com/meshwire/meshwire/internal/proxylog"
 	"github.com/meshwire/meshwire/test/harness"
 )
 
@@ -423,14 +424,7 @@ type Proxy struct {
 }
 
 // Record is one line of the proxy's log.
-type Record struct {
-	Event    string `json:"event"`
-	Listener string `json:"listener"`
-	Src      string `json:"src"`
-	OrigDst  string `json:"orig_dst"`
-	UID      int    `json:"uid"`
-	Err      string `json:"err"`
-}
+type Record = proxylog.Record
 
 // StartProxy starts the test proxy in the pod as uid/gid 1337 (with
 // CAP_NET_ADMIN for TPROXY), forwarding captured DNS to the remote.

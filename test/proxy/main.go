@@ -33,17 +33,11 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/meshwire/meshwire/internal/origdst"
+	"github.com/meshwire/meshwire/internal/proxylog"
 )
 
 // Record is what the proxy prints for each connection or DNS query.
-type Record struct {
-	Event    string `json:"event"`              // "ready", "conn", "dns", "error", "sync"
-	Listener string `json:"listener,omitempty"` // "outbound", "inbound", "dns-tcp", "dns-udp"
-	Src      string `json:"src,omitempty"`
-	OrigDst  string `json:"orig_dst,omitempty"`
-	UID      int    `json:"uid"`
-	Err      string `json:"err,omitempty"`
-}
+type Record = proxylog.Record
 
 var (
 	outMu sync.Mutex

@@ -19,6 +19,7 @@ import (
 
 	"github.com/meshwire/meshwire/cmd/meshwire/cniruntime"
 	"github.com/meshwire/meshwire/internal/netns"
+	"github.com/meshwire/meshwire/internal/proxylog"
 )
 
 // The mesh part of the demo: a third pod whose conflist chains the intercept
@@ -30,16 +31,6 @@ const (
 	demoMeshApp   = 8080
 	demoProxyName = "proxy"
 )
-
-// proxyRecord is one line of the test proxy's log.
-type proxyRecord struct {
-	Event    string `json:"event"`
-	Listener string `json:"listener"`
-	Src      string `json:"src"`
-	OrigDst  string `json:"orig_dst"`
-	UID      int    `json:"uid"`
-	Err      string `json:"err"`
-}
 
 // findTestProxy looks for the test proxy next to the meshwire binary.
 func findTestProxy() string {
@@ -74,7 +65,7 @@ func meshConflist(conflist []byte) ([]byte, error) {
 type sidecar struct {
 	cmd  *exec.Cmd
 	dir  string
-	recs chan proxyRecord
+	recs chan proxylog.Record
 }
 
 // startSidecar copies the proxy where the proxy uid can run it (a fresh
@@ -90,7 +81,7 @@ func startSidecar(proxy, nsPath string) (*sidecar, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &sidecar{dir: workDir, recs: make(chan proxyRecord, 64)}
+	s := &sidecar{dir: workDir, recs: make(chan proxylog.Record, 64)}
 	if err := os.Chmod(workDir, 0o755); err != nil {
 		s.stop()
 		return nil, err
@@ -119,7 +110,7 @@ func startSidecar(proxy, nsPath string) (*sidecar, error) {
 	go func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
-			var r proxyRecord
+			var r proxylog.Record
 			if json.Unmarshal(sc.Bytes(), &r) == nil {
 				s.recs <- r
 			}
@@ -136,7 +127,7 @@ func startSidecar(proxy, nsPath string) (*sidecar, error) {
 	return s, nil
 }
 
-func (s *sidecar) next(timeout time.Duration) (proxyRecord, error) {
+func (s *sidecar) next(timeout time.Duration) (proxylog.Record, error) {
 	select {
 	case r, ok := <-s.recs:
 		if !ok {
@@ -144,12 +135,12 @@ func (s *sidecar) next(timeout time.Duration) (proxyRecord, error) {
 		}
 		return r, nil
 	case <-time.After(timeout):
-		return proxyRecord{}, fmt.Errorf("no record within %s", timeout)
+		return proxylog.Record{}, fmt.Errorf("no record within %s", timeout)
 	}
 }
 
 // conn waits for the proxy's record of a connection on the given listener.
-func (s *sidecar) conn(listener string) (proxyRecord, error) {
+func (s *sidecar) conn(listener string) (proxylog.Record, error) {
 	for {
 		r, err := s.next(3 * time.Second)
 		if err != nil {
