@@ -5,8 +5,11 @@ package vethconftest
 import (
 	"fmt"
 	"path/filepath"
+	"testing"
 
 	"github.com/containernetworking/cni/libcni"
+
+	"github.com/meshwire/meshwire/internal/cnierr"
 )
 
 // ExampleConfigs returns, from the conflists matching glob (the project's
@@ -39,4 +42,31 @@ func ExampleConfigs(glob, pluginType string) ([][]byte, error) {
 		}
 	}
 	return out, nil
+}
+
+// FuzzParseConfig seeds f with configs of pluginType (every shared key, a
+// MAC from each source, broken shapes) and checks that parse, given the
+// config and CNI_ARGS, either succeeds or fails with code 6 or 7: never a
+// panic, never another code.
+func FuzzParseConfig(f *testing.F, pluginType string, parse func(data []byte, cniArgs string) error) {
+	for _, s := range []string{
+		`{"cniVersion":"1.1.0","name":"n","type":"%s","ipam":{"type":"host-local"}}`,
+		`{"cniVersion":"1.1.0","name":"n","type":"%s","bridge":"br0","vlan":5,"vlanTrunk":[{"minID":1,"maxID":3},{"id":9}],"ipMasq":true,"ipMasqBackend":"nftables","mtu":1400,"ipam":{"type":"host-local"}}`,
+		`{"cniVersion":"1.1.0","name":"n","type":"%s","runtimeConfig":{"mac":"02:00:00:00:00:01"},"args":{"cni":{"mac":"x"}},"ipam":{"type":"host-local"}}`,
+		`{"type":"%s","vlanTrunk":[null]}`,
+	} {
+		f.Add([]byte(fmt.Sprintf(s, pluginType)), "MAC=02:00:00:00:00:02")
+	}
+	for _, s := range []string{`[]`, ``, `{"type":5}`} {
+		f.Add([]byte(s), "MAC=02:00:00:00:00:02")
+	}
+	f.Fuzz(func(t *testing.T, data []byte, env string) {
+		err := parse(data, env)
+		if err == nil {
+			return
+		}
+		if c := cnierr.Code(err); c != cnierr.CodeDecoding && c != cnierr.CodeInvalidConfig {
+			t.Fatalf("code %d for %q: %v", c, data, err)
+		}
+	})
 }
