@@ -17,7 +17,6 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/ipmasq"
@@ -269,46 +268,8 @@ func TestBridgeEveryVersion(t *testing.T) {
 // to any pod subnet, so only masqueraded traffic gets answers.
 func bridgeInternet(t *testing.T, h *harness.H) (v4, v6 string) {
 	t.Helper()
-	ns := h.NewNS("inet")
-	hostName := "mwtbi" + harness.RandomID()[:6]
-	la := netlink.NewLinkAttrs()
-	la.Name = hostName
-	nsFd, err := os.Open(ns.Path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nsFd.Close()
-	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(nsFd.Fd())}); err != nil {
-		t.Fatalf("create %s: %v", hostName, err)
-	}
-	t.Cleanup(func() {
-		if l, err := netlink.LinkByName(hostName); err == nil {
-			_ = netlink.LinkDel(l)
-		}
-	})
-	host := bridgeHostLink(t, hostName)
-	for _, a := range []string{"198.18.31.1/30", "fd20:0:0:31::1/64"} {
-		addr, _ := netlink.ParseAddr(a)
-		addr.Flags = unix.IFA_F_NODAD
-		if err := netlink.AddrAdd(host, addr); err != nil {
-			t.Fatalf("address %s: %v", a, err)
-		}
-	}
-	if err := netlink.LinkSetUp(host); err != nil {
-		t.Fatal(err)
-	}
-	nl := ns.Netlink()
-	far := ns.Link("eth0")
-	for _, a := range []string{"198.18.31.2/30", "fd20:0:0:31::2/64"} {
-		addr, _ := netlink.ParseAddr(a)
-		addr.Flags = unix.IFA_F_NODAD
-		if err := nl.AddrAdd(far, addr); err != nil {
-			t.Fatalf("address %s: %v", a, err)
-		}
-	}
-	if err := nl.LinkSetUp(far); err != nil {
-		t.Fatal(err)
-	}
+	h.NewOutside("inet", "mwtbi"+harness.RandomID()[:6],
+		[]string{"198.18.31.1/30", "fd20:0:0:31::1/64"}, []string{"198.18.31.2/30", "fd20:0:0:31::2/64"})
 	return "198.18.31.2", "fd20:0:0:31::2"
 }
 

@@ -89,54 +89,8 @@ func portmapBaseline(t *testing.T) {
 // the network would.
 func portmapOutside(t *testing.T, h *harness.H) *harness.NS {
 	t.Helper()
-	ns := h.NewNS("pmout")
-	hostName := "mwtpo" + harness.RandomID()[:6]
-	la := netlink.NewLinkAttrs()
-	la.Name = hostName
-	nsFd, err := os.Open(ns.Path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nsFd.Close()
-	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(nsFd.Fd())}); err != nil {
-		t.Fatalf("create %s: %v", hostName, err)
-	}
-	t.Cleanup(func() {
-		if l, err := netlink.LinkByName(hostName); err == nil {
-			_ = netlink.LinkDel(l)
-		}
-	})
-	host, err := netlink.LinkByName(hostName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	portmapAddrs(t, netlink.AddrAdd, host, pmHost4+"/30", pmHost6+"/64")
-	if err := netlink.LinkSetUp(host); err != nil {
-		t.Fatal(err)
-	}
-	nl := ns.Netlink()
-	peer := ns.Link("eth0")
-	portmapAddrs(t, nl.AddrAdd, peer, pmClient4+"/30", pmClient6+"/64")
-	for _, l := range []netlink.Link{peer, ns.Link("lo")} {
-		if err := nl.LinkSetUp(l); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return ns
-}
-
-func portmapAddrs(t *testing.T, add func(netlink.Link, *netlink.Addr) error, l netlink.Link, cidrs ...string) {
-	t.Helper()
-	for _, c := range cidrs {
-		a, err := netlink.ParseAddr(c)
-		if err != nil {
-			t.Fatal(err)
-		}
-		a.Flags = unix.IFA_F_NODAD
-		if err := add(l, a); err != nil {
-			t.Fatalf("address %s on %s: %v", c, l.Attrs().Name, err)
-		}
-	}
+	return h.NewOutside("pmout", "mwtpo"+harness.RandomID()[:6],
+		[]string{pmHost4 + "/30", pmHost6 + "/64"}, []string{pmClient4 + "/30", pmClient6 + "/64"})
 }
 
 // list is a conflist of meshwire's bridge (dual stack, hairpin) and

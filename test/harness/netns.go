@@ -10,6 +10,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
 	vnetns "github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 
 	"github.com/meshwire/meshwire/internal/netns"
 )
@@ -175,4 +176,59 @@ func (n *NS) NftRuleset() string {
 		n.h.T.Fatalf("nft list ruleset in %s: %v: %s", n.Name, err, out)
 	}
 	return out
+}
+
+// NewOutside makes a namespace standing for a host elsewhere on the network,
+// linked to the host by a veth pair: the host end hostName (removed at
+// cleanup) gets hostAddrs, the far end eth0 gets farAddrs, all without
+// duplicate address detection; both ends and the far lo are up.
+func (h *H) NewOutside(prefix, hostName string, hostAddrs, farAddrs []string) *NS {
+	h.T.Helper()
+	ns := h.NewNS(prefix)
+	nsFd, err := os.Open(ns.Path)
+	if err != nil {
+		h.T.Fatal(err)
+	}
+	defer nsFd.Close()
+	la := netlink.NewLinkAttrs()
+	la.Name = hostName
+	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: la, PeerName: "eth0", PeerNamespace: netlink.NsFd(nsFd.Fd())}); err != nil {
+		h.T.Fatalf("create %s: %v", hostName, err)
+	}
+	h.T.Cleanup(func() {
+		if l, err := netlink.LinkByName(hostName); err == nil {
+			_ = netlink.LinkDel(l)
+		}
+	})
+	host, err := netlink.LinkByName(hostName)
+	if err != nil {
+		h.T.Fatal(err)
+	}
+	h.addAddrs(netlink.AddrAdd, host, hostAddrs)
+	if err := netlink.LinkSetUp(host); err != nil {
+		h.T.Fatal(err)
+	}
+	nl := ns.Netlink()
+	far := ns.Link("eth0")
+	h.addAddrs(nl.AddrAdd, far, farAddrs)
+	for _, l := range []netlink.Link{far, ns.Link("lo")} {
+		if err := nl.LinkSetUp(l); err != nil {
+			h.T.Fatal(err)
+		}
+	}
+	return ns
+}
+
+func (h *H) addAddrs(add func(netlink.Link, *netlink.Addr) error, l netlink.Link, cidrs []string) {
+	h.T.Helper()
+	for _, c := range cidrs {
+		a, err := netlink.ParseAddr(c)
+		if err != nil {
+			h.T.Fatal(err)
+		}
+		a.Flags = unix.IFA_F_NODAD
+		if err := add(l, a); err != nil {
+			h.T.Fatalf("address %s on %s: %v", c, l.Attrs().Name, err)
+		}
+	}
 }
