@@ -214,17 +214,7 @@ func TestBridgeBadInput(t *testing.T) {
 			for k, v := range tc.env {
 				env[k] = v
 			}
-			r := e.h.Exec(tc.kind, env, []byte(tc.stdin))
-			if r.ExitCode == 0 {
-				t.Fatalf("exit 0: %s", r.Stdout)
-			}
-			ce, err := r.CNIError()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if ce.Code != tc.code || !strings.Contains(ce.Msg, tc.msg) {
-				t.Fatalf("got code %d %q, want %d naming %q", ce.Code, ce.Msg, tc.code, tc.msg)
-			}
+			e.h.Exec(tc.kind, env, []byte(tc.stdin)).WantCNIError(t, tc.code, tc.msg)
 			if ns.HasLink("eth0") {
 				t.Fatal("a failed ADD left eth0")
 			}

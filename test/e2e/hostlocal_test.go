@@ -302,17 +302,7 @@ func TestHostLocalErrors(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			r := h.Exec("host-local", env(c.cmd), []byte(c.stdin))
-			if r.ExitCode == 0 {
-				t.Fatalf("exit 0: %s", r.Stdout)
-			}
-			e, err := r.CNIError()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if e.Code != c.code || !strings.Contains(e.Msg, c.msg) {
-				t.Fatalf("code %d %q, want %d mentioning %q", e.Code, e.Msg, c.code, c.msg)
-			}
+			h.Exec("host-local", env(c.cmd), []byte(c.stdin)).WantCNIError(t, c.code, c.msg)
 		})
 	}
 }

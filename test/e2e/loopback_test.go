@@ -210,20 +210,7 @@ func TestLoopbackBadInput(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			r := h.Exec("loopback", env(c.cmd), []byte(c.stdin))
-			if r.ExitCode == 0 {
-				t.Fatalf("exit code 0, stdout %s", r.Stdout)
-			}
-			e, err := r.CNIError()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if e.Code != c.code {
-				t.Fatalf("code %d (%s), want %d", e.Code, e.Msg, c.code)
-			}
-			if !strings.Contains(e.Msg, c.msg) {
-				t.Fatalf("message %q does not name %q", e.Msg, c.msg)
-			}
+			h.Exec("loopback", env(c.cmd), []byte(c.stdin)).WantCNIError(t, c.code, c.msg)
 			if ns.IsUp("lo") {
 				t.Fatal("a failed ADD brought lo up")
 			}

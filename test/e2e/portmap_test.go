@@ -756,18 +756,7 @@ func TestPortmapBadInput(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			stdin := `{"cniVersion":"1.1.0","name":"mwtp-bad","type":"portmap",` + c.keys + `}`
 			r := h.Exec("portmap", map[string]string{"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": ns.Path, "CNI_IFNAME": "eth0", "CNI_PATH": h.BinDir}, []byte(stdin))
-			e, err := r.CNIError()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if r.ExitCode == 0 || e.Code != 7 {
-				t.Fatalf("exit %d code %d (%s), want code 7", r.ExitCode, e.Code, e.Msg)
-			}
-			for _, m := range c.mentions {
-				if !strings.Contains(e.Msg, m) {
-					t.Fatalf("message %q does not name %s", e.Msg, m)
-				}
-			}
+			r.WantCNIError(t, 7, c.mentions...)
 		})
 	}
 	portmapAssertClean(t, "after refused ADDs")
@@ -835,13 +824,7 @@ func TestPortmapStatus(t *testing.T) {
 			t.Fatalf("%s STATUS: exit %d: %s", backend, r.ExitCode, r.Stdout)
 		}
 		r := h.Exec("portmap", map[string]string{"CNI_COMMAND": "STATUS", "CNI_PATH": h.BinDir, "PATH": "/nonexistent"}, stdin)
-		e, err := r.CNIError()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r.ExitCode == 0 || e.Code != 50 || !strings.Contains(e.Msg, strings.SplitN(backend, "-", 2)[0]) {
-			t.Fatalf("%s STATUS without the tools: exit %d code %d %q, want code 50 naming the backend", backend, r.ExitCode, e.Code, e.Msg)
-		}
+		r.WantCNIError(t, 50, strings.SplitN(backend, "-", 2)[0]) // STATUS without the tools names the backend
 	}
 }
 

@@ -303,6 +303,29 @@ func (r ExecResult) CNIError() (*types.Error, error) {
 	return &e, nil
 }
 
+// WantCNIError fails t unless the run exited non-zero with a CNI error
+// object of the given code whose message names every one of mentions, and
+// returns that error.
+func (r ExecResult) WantCNIError(t testing.TB, code uint, mentions ...string) *types.Error {
+	t.Helper()
+	if r.ExitCode == 0 {
+		t.Fatalf("exit code 0, stdout %s", r.Stdout)
+	}
+	e, err := r.CNIError()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e.Code != code {
+		t.Fatalf("code %d (%s), want %d", e.Code, e.Msg, code)
+	}
+	for _, m := range mentions {
+		if !strings.Contains(e.Msg, m) {
+			t.Fatalf("message %q does not name %q", e.Msg, m)
+		}
+	}
+	return e
+}
+
 func (h *H) Exec(plugin string, env map[string]string, stdin []byte) ExecResult {
 	h.T.Helper()
 	cmd := exec.Command(filepath.Join(h.BinDir, plugin))
