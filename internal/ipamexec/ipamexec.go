@@ -58,18 +58,22 @@ func Add(ctx context.Context, typ string, stdin []byte) (*current.Result, func()
 	return res, release, nil
 }
 
-// Del runs IPAM DEL.
-func Del(ctx context.Context, typ string, stdin []byte) error {
+// call runs one IPAM command without result, bounded by Timeout, and
+// names the plugin and command in its error.
+func call(ctx context.Context, typ, cmd string, fn func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, Timeout)
 	defer cancel()
-	return wrap(typ, "DEL", invoke.DelegateDel(ctx, typ, stdin, nil))
+	return wrap(typ, cmd, fn(ctx))
+}
+
+// Del runs IPAM DEL.
+func Del(ctx context.Context, typ string, stdin []byte) error {
+	return call(ctx, typ, "DEL", func(ctx context.Context) error { return invoke.DelegateDel(ctx, typ, stdin, nil) })
 }
 
 // Check runs IPAM CHECK.
 func Check(ctx context.Context, typ string, stdin []byte) error {
-	ctx, cancel := context.WithTimeout(ctx, Timeout)
-	defer cancel()
-	return wrap(typ, "CHECK", invoke.DelegateCheck(ctx, typ, stdin, nil))
+	return call(ctx, typ, "CHECK", func(ctx context.Context) error { return invoke.DelegateCheck(ctx, typ, stdin, nil) })
 }
 
 // Status runs IPAM STATUS. An IPAM plugin that cannot be found makes the
@@ -78,17 +82,12 @@ func Status(ctx context.Context, typ string, stdin []byte) error {
 	if err := find(typ); err != nil {
 		return cnierr.NotAvailable("ipam plugin %q not found on CNI_PATH: %v", typ, err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, Timeout)
-	defer cancel()
-	return wrap(typ, "STATUS", invoke.DelegateStatus(ctx, typ, stdin, nil))
+	return call(ctx, typ, "STATUS", func(ctx context.Context) error { return invoke.DelegateStatus(ctx, typ, stdin, nil) })
 }
 
 // GC runs IPAM GC (the config carries cni.dev/valid-attachments).
 func GC(ctx context.Context, typ string, stdin []byte) error {
-	ctx, cancel := context.WithTimeout(ctx, Timeout)
-	defer cancel()
-	err := invoke.DelegateGC(ctx, typ, stdin, nil)
-	return wrap(typ, "GC", err)
+	return call(ctx, typ, "GC", func(ctx context.Context) error { return invoke.DelegateGC(ctx, typ, stdin, nil) })
 }
 
 // Pending is an IPAM ADD running in the background while the caller builds
