@@ -33,9 +33,8 @@ func parseConfig(data []byte) (*config, error) {
 
 // loState is what the kernel shows of the loopback device.
 type loState struct {
-	up       bool
-	v4, v6   *net.IPNet
-	loopback bool
+	up     bool
+	v4, v6 *net.IPNet
 }
 
 func cmdAdd(args *skel.CmdArgs) error {
@@ -166,7 +165,7 @@ func loopbackLink(name string) (netlink.Link, error) {
 }
 
 func readState(link netlink.Link) (loState, error) {
-	st := loState{up: link.Attrs().Flags&net.FlagUp != 0, loopback: true}
+	st := loState{up: link.Attrs().Flags&net.FlagUp != 0}
 	addrs, err := netlinksafe.AddrList(link, netlink.FAMILY_ALL)
 	if err != nil {
 		return st, cnierr.Internal("list addresses of %s: %v", link.Attrs().Name, err)
