@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/vishvananda/netlink"
 
 	"github.com/meshwire/meshwire/cmd/meshwire/cniruntime"
@@ -39,6 +40,10 @@ func (e *env) demo(args []string) error {
 			return fmt.Errorf("--conf: %w", err)
 		}
 	}
+	list, err := libcni.ConfListFromBytes(conflist)
+	if err != nil {
+		return fmt.Errorf("conflist: %w", err)
+	}
 	if e.stateDir == "/var/lib/meshwire" {
 		e.stateDir = demoStateDir
 	}
@@ -49,7 +54,7 @@ func (e *env) demo(args []string) error {
 	ctx, cancel := signalContext()
 	defer cancel()
 	d := &demo{e: e, rt: rt, ctx: ctx}
-	if br := bridgeName(conflist); br != "" {
+	if br := bridgeName(list); br != "" {
 		if _, err := netlink.LinkByName(br); err != nil {
 			d.newBridge = br // created by this demo: removed at the end
 		}
@@ -68,7 +73,7 @@ func (e *env) demo(args []string) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		caps := demoCaps(conflist, i)
+		caps := demoCaps(list, i)
 		rec, _, err := rt.Add(ctx, name, conflist, "eth0", caps)
 		if err != nil {
 			return fmt.Errorf("add %s: %w", name, err)
@@ -103,10 +108,10 @@ func (e *env) demo(args []string) error {
 			return ping(a.NetNS, dst)
 		})
 	}
-	if hasPlugin(conflist, "portmap") {
+	if hasPlugin(list, "portmap") {
 		d.portmapSteps(a, b)
 	}
-	if hasPlugin(conflist, "bandwidth") {
+	if hasPlugin(list, "bandwidth") {
 		d.bandwidthSteps(a, b)
 	}
 	if podAddress(rt, a, true) != nil {

@@ -27,41 +27,34 @@ const (
 	demoTransferMB = 1.25
 )
 
-// hasPlugin reports whether a conflist has a plugin of that type.
-func hasPlugin(conflist []byte, typ string) bool {
-	list, err := libcni.ConfListFromBytes(conflist)
-	if err != nil {
-		return false
-	}
+// plugin returns the conflist's first plugin of that type, or nil.
+func plugin(list *libcni.NetworkConfigList, typ string) *libcni.PluginConfig {
 	for _, p := range list.Plugins {
 		if p.Network.Type == typ {
-			return true
+			return p
 		}
 	}
-	return false
+	return nil
 }
+
+// hasPlugin reports whether a conflist has a plugin of that type.
+func hasPlugin(list *libcni.NetworkConfigList, typ string) bool { return plugin(list, typ) != nil }
 
 // bridgeName returns the bridge a conflist's bridge plugin uses (the
 // plugin's default is cni0), or "" when it has none.
-func bridgeName(conflist []byte) string {
-	list, err := libcni.ConfListFromBytes(conflist)
-	if err != nil {
+func bridgeName(list *libcni.NetworkConfigList) string {
+	p := plugin(list, "bridge")
+	if p == nil {
 		return ""
 	}
-	for _, p := range list.Plugins {
-		if p.Network.Type != "bridge" {
-			continue
-		}
-		var c struct {
-			Bridge string `json:"bridge"`
-		}
-		_ = json.Unmarshal(p.Bytes, &c)
-		if c.Bridge == "" {
-			return "cni0"
-		}
-		return c.Bridge
+	var c struct {
+		Bridge string `json:"bridge"`
 	}
-	return ""
+	_ = json.Unmarshal(p.Bytes, &c)
+	if c.Bridge == "" {
+		return "cni0"
+	}
+	return c.Bridge
 }
 
 // removeBridgeIfIdle deletes the demo's bridge when the demo created it and
@@ -86,16 +79,16 @@ func removeBridgeIfIdle(name string) (bool, error) {
 
 // demoCaps is what the demo asks of the runtime for the second pod: a host
 // port and a rate limit, when the conflist can serve them.
-func demoCaps(conflist []byte, pod int) map[string]any {
+func demoCaps(list *libcni.NetworkConfigList, pod int) map[string]any {
 	if pod != 1 {
 		return nil
 	}
 	var ports []string
 	bw := ""
-	if hasPlugin(conflist, "portmap") {
+	if hasPlugin(list, "portmap") {
 		ports = append(ports, fmt.Sprintf("%d:%d/tcp", demoHostPort, demoPodPort))
 	}
-	if hasPlugin(conflist, "bandwidth") {
+	if hasPlugin(list, "bandwidth") {
 		bw = demoRate
 	}
 	caps, _ := capabilityArgs(ports, bw)
