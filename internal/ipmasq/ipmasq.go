@@ -20,7 +20,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
+	"os"
+	"slices"
 	"strings"
 
 	"github.com/meshwire/meshwire/internal/firewall"
@@ -59,8 +62,11 @@ func tablePrefix(network string) string { return "meshwire_masq_" + NetHash(netw
 // bytes (the network name is limited by the CNI spec to letters, digits,
 // '_', '.' and '-'; long names and ids are shortened: the hash identifies).
 func (a Attachment) comment() string {
-	return fmt.Sprintf("meshwire-masq %s net=%s id=%s if=%s", a.Chain(), sanitize(a.Network, 32), sanitize(a.ContainerID, 24), sanitize(a.IfName, 15))
+	return fmt.Sprintf(commentPrefix+"%s net=%s id=%s if=%s", a.Chain(), sanitize(a.Network, 32), sanitize(a.ContainerID, 24), sanitize(a.IfName, 15))
 }
+
+// commentPrefix starts the comment of every masquerade rule.
+const commentPrefix = "meshwire-masq "
 
 func sanitize(s string, max int) string {
 	if len(s) > max {
@@ -128,7 +134,7 @@ func ipPayload(op string, a Attachment, addrs []net.IPNet) string {
 // tagOf returns the attachment tag (Chain) in a saved rule's meshwire-masq
 // comment, or "".
 func tagOf(line string) string {
-	const marker = `--comment "meshwire-masq `
+	const marker = `--comment "` + commentPrefix
 	i := strings.Index(line, marker)
 	if i < 0 {
 		return ""
@@ -188,28 +194,6 @@ func NftAdd(a Attachment, addrs []net.IPNet) string {
 	return b.String()
 }
 
-// NftDel renders the idempotent removal of the tables named.
-func NftDel(tables []string) string {
-	var b strings.Builder
-	for _, t := range tables {
-		fmt.Fprintf(&b, "add table inet %s\ndelete table inet %s\n", t, t)
-	}
-	return b.String()
-}
-
-// NftTables lists the tables of network in `nft list tables` output.
-func NftTables(list, network string) []string {
-	p := tablePrefix(network)
-	var out []string
-	for _, line := range strings.Split(list, "\n") {
-		f := strings.Fields(line)
-		if len(f) == 3 && f[0] == "table" && f[1] == "inet" && strings.HasPrefix(f[2], p) {
-			out = append(out, f[2])
-		}
-	}
-	return out
-}
-
 // Setup installs masquerading of addrs for attachment a.
 func Setup(ctx context.Context, b firewall.Backend, a Attachment, addrs []net.IPNet) error {
 	if len(addrs) == 0 {
@@ -236,13 +220,36 @@ func Setup(ctx context.Context, b firewall.Backend, a Attachment, addrs []net.IP
 	return nil
 }
 
-// Teardown removes what Setup installed for a. addrs, when known (from
-// prevResult), let the common case go in one transaction per family; without
-// them (or when they do not match) the ruleset is read to find the
+// Teardown removes what Setup installed for a. Native nftables tables and
+// the rules of iptables-nft are removed over netlink, without starting a
+// tool, from both families whatever addrs says; the returned file, when not
+// nil, is the netlink socket whose last close waits for the kernel to free
+// the removed rules (see firewall.Conn.Release): the caller hands it to a
+// detached process or closes it. For iptables-legacy, addrs, when known
+// (from prevResult), let the common case go in one transaction per family;
+// without them (or when they do not match) the ruleset is read to find the
 // attachment's rules by name. Nothing there is not an error.
-func Teardown(ctx context.Context, b firewall.Backend, a Attachment, addrs []net.IPNet) error {
-	if b.Kind == firewall.NFTables {
-		return firewall.NftApply(ctx, NftDel([]string{a.Table()}))
+func Teardown(ctx context.Context, b firewall.Backend, a Attachment, addrs []net.IPNet) (*os.File, error) {
+	if b.Kind == firewall.NFTables || b.NFTablesBacked() {
+		c, err := firewall.Open()
+		if err == nil {
+			if b.Kind == firewall.NFTables {
+				err = c.DeleteTables([]string{a.Table()})
+			} else {
+				err = deleteTags(c, func(tag string) bool { return tag == a.Chain() })
+			}
+			tail := c.Release()
+			if err == nil {
+				return tail, nil
+			}
+			if tail != nil {
+				_ = tail.Close()
+			}
+		}
+		if b.Kind == firewall.NFTables {
+			return nil, fmt.Errorf("ipMasq teardown (nftables): %w", err)
+		}
+		slog.Info("ipMasq teardown over netlink failed, using the tools", "error", err)
 	}
 	v4, v6 := split(addrs)
 	var errs []error
@@ -254,7 +261,35 @@ func Teardown(ctx context.Context, b firewall.Backend, a Attachment, addrs []net
 			errs = append(errs, removeRules(ctx, b, fam.f, map[string]bool{a.Chain(): true}, IPTablesDelGuess(a, fam.addrs), len(fam.addrs) > 0))
 		}
 	}
+	return nil, errors.Join(errs...)
+}
+
+// The chain of the nat table that holds the masquerade rules.
+const natTable, natChain = "nat", "POSTROUTING"
+
+// deleteTags removes, over c, the iptables-nft masquerade rules of both
+// families whose tag sel accepts.
+func deleteTags(c *firewall.Conn, sel func(tag string) bool) error {
+	var errs []error
+	for _, f := range []firewall.Family{firewall.V4, firewall.V6} {
+		if _, err := c.DeleteTagged(f, natTable, natChain, func(cm string) bool { return sel(commentTag(cm)) }); err != nil {
+			errs = append(errs, fmt.Errorf("IPv%d: %w", f, err))
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// commentTag returns the attachment tag (Chain) of a meshwire-masq comment
+// text, or "".
+func commentTag(c string) string {
+	rest, ok := strings.CutPrefix(c, commentPrefix)
+	if !ok {
+		return ""
+	}
+	if i := strings.IndexByte(rest, ' '); i >= 0 {
+		rest = rest[:i]
+	}
+	return rest
 }
 
 func removeRules(ctx context.Context, b firewall.Backend, f firewall.Family, chains map[string]bool, guess string, tryGuess bool) error {
@@ -286,21 +321,30 @@ func GC(ctx context.Context, b firewall.Backend, network string, valid []Attachm
 		keep[v.Chain()] = true
 		keep[v.Table()] = true
 	}
-	if b.Kind == firewall.NFTables {
-		list, err := firewall.Nft(ctx, "list", "tables", "inet")
+	if b.Kind == firewall.NFTables || b.NFTablesBacked() {
+		c, err := firewall.Open()
 		if err != nil {
-			return fmt.Errorf("ipMasq GC: %w", err)
+			return fmt.Errorf("ipMasq GC (%s): %w", b, err)
 		}
-		var stale []string
-		for _, t := range NftTables(list, network) {
-			if !keep[t] {
-				stale = append(stale, t)
+		defer c.Close()
+		if b.Kind == firewall.NFTables {
+			tables, err := c.Tables()
+			if err != nil {
+				return fmt.Errorf("ipMasq GC (%s): %w", b, err)
 			}
+			var stale []string
+			for _, t := range tables {
+				if strings.HasPrefix(t, tablePrefix(network)) && !keep[t] {
+					stale = append(stale, t)
+				}
+			}
+			return c.DeleteTables(stale)
 		}
-		if len(stale) == 0 {
-			return nil
+		p := chainPrefix(network)
+		if err := deleteTags(c, func(t string) bool { return strings.HasPrefix(t, p) && !keep[t] }); err != nil {
+			return fmt.Errorf("ipMasq GC (%s): %w", b, err)
 		}
-		return firewall.NftApply(ctx, NftDel(stale))
+		return nil
 	}
 	var errs []error
 	for _, f := range []firewall.Family{firewall.V4, firewall.V6} {
@@ -329,16 +373,16 @@ func GC(ctx context.Context, b firewall.Backend, network string, valid []Attachm
 // every family of addrs (CHECK).
 func Present(ctx context.Context, b firewall.Backend, a Attachment, addrs []net.IPNet) (bool, error) {
 	if b.Kind == firewall.NFTables {
-		out, err := firewall.Nft(ctx, "list", "tables", "inet")
+		c, err := firewall.Open()
 		if err != nil {
 			return false, err
 		}
-		for _, t := range NftTables(out, a.Network) {
-			if t == a.Table() {
-				return true, nil
-			}
+		defer c.Close()
+		tables, err := c.Tables()
+		if err != nil {
+			return false, err
 		}
-		return false, nil
+		return slices.Contains(tables, a.Table()), nil
 	}
 	v4, v6 := split(addrs)
 	for _, fam := range []struct {
@@ -348,19 +392,50 @@ func Present(ctx context.Context, b firewall.Backend, a Attachment, addrs []net.
 		if fam.n == 0 {
 			continue
 		}
-		save, err := b.Save(ctx, fam.f, "nat")
+		found, err := countRules(ctx, b, fam.f, a.Chain())
 		if err != nil {
 			return false, err
-		}
-		found := 0
-		for _, line := range strings.Split(save, "\n") {
-			if tagOf(line) == a.Chain() && strings.HasSuffix(strings.TrimSpace(line), "-j MASQUERADE") {
-				found++
-			}
 		}
 		if found < fam.n {
 			return false, nil
 		}
 	}
 	return true, nil
+}
+
+// countRules counts the MASQUERADE rules tagged tag in family f.
+func countRules(ctx context.Context, b firewall.Backend, f firewall.Family, tag string) (int, error) {
+	found := 0
+	if b.NFTablesBacked() {
+		rules, err := readRules(f)
+		if err == nil {
+			for _, r := range rules {
+				if commentTag(r.Comment) == tag && r.Target == "MASQUERADE" {
+					found++
+				}
+			}
+			return found, nil
+		}
+		slog.Info("reading masquerade rules over netlink failed, using the tools", "error", err)
+	}
+	save, err := b.Save(ctx, f, natTable)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(save, "\n") {
+		if tagOf(line) == tag && strings.HasSuffix(strings.TrimSpace(line), "-j MASQUERADE") {
+			found++
+		}
+	}
+	return found, nil
+}
+
+// readRules reads the nat POSTROUTING rules of family f over netlink.
+func readRules(f firewall.Family) ([]firewall.Rule, error) {
+	c, err := firewall.Open()
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	return c.ChainRules(f, natTable, natChain)
 }

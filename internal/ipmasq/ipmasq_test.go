@@ -46,7 +46,6 @@ func TestRenderGolden(t *testing.T) {
 	golden(t, "iptables-add-v6", IPTablesAdd(att, v6))
 	golden(t, "iptables-del-guess-v4", IPTablesDelGuess(att, v4))
 	golden(t, "nft-add-dual", NftAdd(att, append(v4, v6...)))
-	golden(t, "nft-del", NftDel([]string{att.Table()}))
 }
 
 // TestIPTablesDelFromSave: the removal found in a saved ruleset names
@@ -82,11 +81,16 @@ func TestIPTablesDelFromSave(t *testing.T) {
 	}
 }
 
-func TestNftTables(t *testing.T) {
-	list := "table ip nat\ntable inet " + att.Table() + "\ntable inet meshwire_masq_00000000_abc\ntable bridge " + att.Table() + "\n"
-	got := NftTables(list, "mwtb-net")
-	if len(got) != 1 || got[0] != att.Table() {
-		t.Fatalf("tables %v, want [%s]", got, att.Table())
+// TestCommentTag: the tag read back from a rule's comment is the
+// attachment's, and other comments have none.
+func TestCommentTag(t *testing.T) {
+	if got := commentTag(att.comment()); got != att.Chain() {
+		t.Fatalf("tag of %q = %q, want %q", att.comment(), got, att.Chain())
+	}
+	for _, c := range []string{"", "meshwire-masqx", "kube masquerade", "meshwire-portmap " + att.Chain()} {
+		if got := commentTag(c); got != "" {
+			t.Fatalf("tag of %q = %q, want none", c, got)
+		}
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"time"
@@ -228,17 +229,21 @@ func (a *Attachment) SetupMasq(ctx context.Context, addrs []net.IPNet) (func(), 
 	if err := ipmasq.Setup(ctx, b, m, addrs); err != nil {
 		return nil, cnierr.Wrap(err, "ipMasq")
 	}
-	return func() { _ = ipmasq.Teardown(ctx, b, m, addrs) }, nil
+	return func() {
+		if tail, _ := ipmasq.Teardown(ctx, b, m, addrs); tail != nil {
+			_ = tail.Close()
+		}
+	}, nil
 }
 
-// Del tears the attachment down, its parts in parallel: IPAM DEL, the veth
-// pair, the masquerade rules and extra (the plugin's own, may be nil). It
-// works with the namespace gone or never given, and with no prevResult, and
-// it is idempotent.
+// Del tears the attachment down, its parts in parallel: IPAM DEL, the
+// masquerade rules then the veth pair, and extra (the plugin's own, may be
+// nil). It works with the namespace gone or never given, and with no
+// prevResult, and it is idempotent.
 func (a *Attachment) Del(ctx context.Context, extra func() error) error {
 	var wg sync.WaitGroup
-	errs := make([]error, 4)
-	names := []string{"ipam del", "veth del", "masquerade del", "extra del"}
+	errs := make([]error, 3)
+	names := []string{"ipam del", "masquerade and veth del", "extra del"}
 	run := func(i int, fn func() error) {
 		wg.Add(1)
 		go func() {
@@ -251,31 +256,60 @@ func (a *Attachment) Del(ctx context.Context, extra func() error) error {
 	if a.IPAMType != "" {
 		run(0, func() error { return ipamexec.Del(ctx, a.IPAMType, a.Args.StdinData) })
 	}
-	run(1, a.removeVeth)
-	if a.IPMasq {
-		run(2, func() error {
-			var addrs []net.IPNet
-			if a.Prev != nil {
-				addrs = IPNets(addressing.IPsFor(a.Prev.IPs, ContainerIndex(a.Prev, a.Args.IfName, "")))
-			}
-			return cnierr.Wrap(ipmasq.Teardown(ctx, ipmasq.Backend(ctx, a.Backend), a.Masq(), addrs), "ipMasq teardown")
-		})
-	}
+	run(1, func() error {
+		// The masquerade removal goes first, so that its tail rides with
+		// the child that deletes the veth.
+		tail, err := a.removeMasq(ctx)
+		var tails []*os.File
+		if tail != nil {
+			tails = append(tails, tail)
+		}
+		return joinErrors(err, a.removeVeth(tails))
+	})
 	if extra != nil {
-		run(3, extra)
+		run(2, extra)
 	}
 	wg.Wait()
 	return joinErrors(errs...)
 }
 
+// removeMasq removes the attachment's masquerade rules, when ipMasq is set;
+// see ipmasq.Teardown for the file returned.
+func (a *Attachment) removeMasq(ctx context.Context) (*os.File, error) {
+	if !a.IPMasq {
+		return nil, nil
+	}
+	start := time.Now()
+	var addrs []net.IPNet
+	if a.Prev != nil {
+		addrs = IPNets(addressing.IPsFor(a.Prev.IPs, ContainerIndex(a.Prev, a.Args.IfName, "")))
+	}
+	tail, err := ipmasq.Teardown(ctx, ipmasq.Backend(ctx, a.Backend), a.Masq(), addrs)
+	slog.Debug("step", "step", "masquerade del", "ms", float64(time.Since(start).Microseconds())/1000)
+	return tail, cnierr.Wrap(err, "ipMasq teardown")
+}
+
 // removeVeth deletes the pod's veth pair: through the host end's name (no
 // namespace needed; DEL returns once the pair is gone from view, while a
-// detached child waits for the kernel to reclaim it), else through
-// CNI_IFNAME inside the namespace when it still exists. Nothing there is not
-// an error.
-func (a *Attachment) removeVeth() error {
+// detached child waits for the kernel to reclaim it and carries tails, see
+// detach.StartHolding), else through CNI_IFNAME inside the namespace when it
+// still exists. Nothing there is not an error.
+func (a *Attachment) removeVeth(tails []*os.File) error {
+	defer func() {
+		for _, f := range tails {
+			_ = f.Close()
+		}
+	}()
 	host := a.HostVeth()
-	deleted, err := link.DeleteAndWait(host, func() error { return detach.Start(link.DeleteJobName, host) }, 5*time.Second)
+	handed := false
+	deleted, err := link.DeleteAndWait(host, func() error {
+		err := detach.StartHolding(link.DeleteJobName, host, nil, tails)
+		handed = err == nil
+		return err
+	}, 5*time.Second)
+	if !handed && len(tails) > 0 {
+		_ = detach.Hold(tails...)
+	}
 	if err != nil {
 		return cnierr.Internal("%v", err)
 	}

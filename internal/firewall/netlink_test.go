@@ -1,0 +1,228 @@
+package firewall
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+
+	"github.com/meshwire/meshwire/internal/netns"
+)
+
+// inNewNS runs fn inside a throwaway network namespace.
+func inNewNS(t *testing.T, fn func() error) {
+	t.Helper()
+	name := fmt.Sprintf("mwt-fw-%d", os.Getpid())
+	p, err := netns.Create(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = netns.Delete(name) }()
+	if err := netns.Enter(p, fn); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestIsNFTTool(t *testing.T) {
+	for base, want := range map[string]bool{
+		"xtables-nft-multi": true, "iptables-nft-restore": true,
+		"xtables-legacy-multi": false, "iptables-restore": false, "": false,
+	} {
+		if got := isNFTTool(base); got != want {
+			t.Errorf("isNFTTool(%q) = %v, want %v", base, got, want)
+		}
+	}
+}
+
+// TestTaggedRulesOverNetlink: rules written by iptables-nft are read back
+// with their comments and targets, and DeleteTagged removes exactly the
+// selected ones, in both families; a missing table has no rules.
+func TestTaggedRulesOverNetlink(t *testing.T) {
+	b := Backend{Kind: IPTables, Variant: VariantNFT}
+	if !b.NFTablesBacked() || (Backend{Kind: IPTables, Variant: VariantLegacy}).NFTablesBacked() || (Backend{Kind: NFTables}).NFTablesBacked() {
+		t.Fatal("NFTablesBacked misclassifies the explicit backends")
+	}
+	ctx := context.Background()
+	inNewNS(t, func() error {
+		c, err := Open()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		for _, f := range []Family{V4, V6} {
+			rules, err := c.ChainRules(f, "nat", "POSTROUTING")
+			if err != nil || len(rules) != 0 {
+				return fmt.Errorf("IPv%d: missing table read as %v, %v; want no rules", f, rules, err)
+			}
+			src := map[Family]string{V4: "198.18.80.5/32", V6: "fdf0:6d77::5/128"}[f]
+			payload := "*nat\n" +
+				"-A POSTROUTING -s " + src + " -m comment --comment \"mw-test A one\" -j MASQUERADE\n" +
+				"-A POSTROUTING -m comment --comment \"somebody else\" -j ACCEPT\n" +
+				"-A POSTROUTING -s " + src + " -m comment --comment \"mw-test A two\" -j MASQUERADE\n" +
+				"COMMIT\n"
+			if err := b.Restore(ctx, f, payload); err != nil {
+				return err
+			}
+			rules, err = c.ChainRules(f, "nat", "POSTROUTING")
+			if err != nil {
+				return err
+			}
+			if len(rules) != 3 || rules[0].Comment != "mw-test A one" || rules[0].Target != "MASQUERADE" || rules[1].Comment != "somebody else" || rules[1].Target != "" {
+				return fmt.Errorf("IPv%d: rules read back %+v", f, rules)
+			}
+			// A handle already gone fails the whole transaction.
+			if err := c.DeleteRules(f, "nat", "POSTROUTING", []uint64{rules[0].Handle, 1 << 40}); err == nil {
+				return fmt.Errorf("IPv%d: deleting a missing handle succeeded", f)
+			}
+			n, err := c.DeleteTagged(f, "nat", "POSTROUTING", func(c string) bool { return strings.HasPrefix(c, "mw-test A ") })
+			if err != nil || n != 2 {
+				return fmt.Errorf("IPv%d: DeleteTagged = %d, %v; want 2", f, n, err)
+			}
+			save, err := b.Save(ctx, f, "nat")
+			if err != nil {
+				return err
+			}
+			if strings.Contains(save, "mw-test") || !strings.Contains(save, "somebody else") {
+				return fmt.Errorf("IPv%d: after DeleteTagged:\n%s", f, save)
+			}
+			if n, err := c.DeleteTagged(f, "nat", "POSTROUTING", func(string) bool { return false }); err != nil || n != 0 {
+				return fmt.Errorf("IPv%d: DeleteTagged of nothing = %d, %v", f, n, err)
+			}
+		}
+		return nil
+	})
+}
+
+// TestNftTablesOverNetlink: inet tables are listed and deleted, and deleting
+// one that is not there is no error.
+func TestNftTablesOverNetlink(t *testing.T) {
+	ctx := context.Background()
+	inNewNS(t, func() error {
+		c, err := Open()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		if err := c.DeleteTables([]string{"mwt_absent"}); err != nil {
+			return fmt.Errorf("deleting an absent table: %v", err)
+		}
+		if err := NftApply(ctx, "table ip mwt_n {\n\tchain c {\n\t\ttype nat hook postrouting priority srcnat;\n\t\tip saddr 198.18.80.5 masquerade comment \"native one\"\n\t}\n}\n"); err != nil {
+			return err
+		}
+		native, err := c.ChainRules(V4, "mwt_n", "c")
+		if err != nil || len(native) != 1 || native[0].Comment != "native one" || native[0].Target != "MASQUERADE" {
+			return fmt.Errorf("native rule read back as %+v, %v", native, err)
+		}
+		if err := NftApply(ctx, "table inet mwt_a {\n\tchain c {\n\t\ttype nat hook postrouting priority srcnat;\n\t}\n}\ntable inet mwt_b {\n}\ntable ip mwt_c {\n}\n"); err != nil {
+			return err
+		}
+		names, err := c.Tables()
+		if err != nil {
+			return err
+		}
+		if strings.Join(names, ",") != "mwt_a,mwt_b" {
+			return fmt.Errorf("inet tables %v, want [mwt_a mwt_b]", names)
+		}
+		if err := c.DeleteTables([]string{"mwt_a", "mwt_absent"}); err != nil {
+			return err
+		}
+		out, err := Nft(ctx, "list", "tables")
+		if err != nil {
+			return err
+		}
+		if strings.Contains(out, "mwt_a") || !strings.Contains(out, "mwt_b") || !strings.Contains(out, "mwt_c") {
+			return fmt.Errorf("after deleting mwt_a:\n%s", out)
+		}
+		return nil
+	})
+}
+
+// TestReleaseHandsOnlyRemovals: Release returns a duplicate of the socket
+// only after a committed removal.
+func TestReleaseHandsOnlyRemovals(t *testing.T) {
+	inNewNS(t, func() error {
+		c, err := Open()
+		if err != nil {
+			return err
+		}
+		if _, err := c.Tables(); err != nil {
+			return err
+		}
+		if f := c.Release(); f != nil {
+			f.Close()
+			return fmt.Errorf("a read-only connection handed over its socket")
+		}
+		c, err = Open()
+		if err != nil {
+			return err
+		}
+		if err := c.DeleteTables([]string{"mwt_absent"}); err != nil {
+			return err
+		}
+		f := c.Release()
+		if f == nil {
+			return fmt.Errorf("no socket handed over after a removal")
+		}
+		return f.Close()
+	})
+}
+
+// TestChainRulesConsistentUnderChurn: a dump spans several reads, and rules
+// removed ahead of the reader's position between two reads must not make it
+// skip rules that stay; another connection removes rules from the front of
+// the chain while this one reads it.
+func TestChainRulesConsistentUnderChurn(t *testing.T) {
+	b := Backend{Kind: IPTables, Variant: VariantNFT}
+	inNewNS(t, func() error {
+		const n = 300
+		var payload strings.Builder
+		payload.WriteString("*nat\n")
+		for i := 0; i < n; i++ {
+			fmt.Fprintf(&payload, "-A POSTROUTING -s 198.18.81.%d/32 -m comment --comment \"r%d\" -j MASQUERADE\n", i%250+1, i)
+		}
+		payload.WriteString("COMMIT\n")
+		if err := b.Restore(context.Background(), V4, payload.String()); err != nil {
+			return err
+		}
+		reader, err := Open()
+		if err != nil {
+			return err
+		}
+		defer reader.Close()
+		writer, err := Open()
+		if err != nil {
+			return err
+		}
+		done := make(chan error, 1)
+		go func() {
+			defer writer.Close()
+			for i := 0; i < n-1; i++ {
+				tag := fmt.Sprintf("r%d", i)
+				if _, err := writer.DeleteTagged(V4, "nat", "POSTROUTING", func(c string) bool { return c == tag }); err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+		last := fmt.Sprintf("r%d", n-1)
+		for reads := 0; ; reads++ {
+			select {
+			case err := <-done:
+				if reads == 0 {
+					return fmt.Errorf("no read overlapped the removals")
+				}
+				return err
+			default:
+			}
+			rules, err := reader.ChainRules(V4, "nat", "POSTROUTING")
+			if err != nil {
+				return err
+			}
+			if len(rules) == 0 || rules[len(rules)-1].Comment != last {
+				return fmt.Errorf("read %d: the chain's last rule %s is missing (%d rules read)", reads, last, len(rules))
+			}
+		}
+	})
+}
