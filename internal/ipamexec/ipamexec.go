@@ -1,17 +1,30 @@
 // Package ipamexec delegates addressing to the IPAM plugin named in a
 // config's "ipam.type", found on CNI_PATH, for every CNI command, keeping
 // the IPAM plugin's error codes and naming it in the messages.
+//
+// It runs the plugin as libcni's delegation does (the caller's environment
+// with CNI_COMMAND set, the config on stdin, a CNI error read from stdout),
+// without linking libcni's invoke package, whose tracing brings an HTTP
+// stack into every plugin binary and a millisecond to every start.
 package ipamexec
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
+	"syscall"
 	"time"
 
-	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/cni/pkg/types/create"
 
 	"github.com/meshwire/meshwire/internal/cnierr"
 )
@@ -19,9 +32,65 @@ import (
 // Timeout bounds one IPAM call.
 const Timeout = 60 * time.Second
 
-func find(typ string) error {
-	_, err := invoke.FindInPath(typ, filepath.SplitList(os.Getenv("CNI_PATH")))
-	return err
+// find returns the path of plugin typ on CNI_PATH.
+func find(typ string) (string, error) {
+	if typ == "" || strings.ContainsRune(typ, os.PathSeparator) {
+		return "", fmt.Errorf("invalid plugin name %q", typ)
+	}
+	paths := filepath.SplitList(os.Getenv("CNI_PATH"))
+	for _, dir := range paths {
+		p := filepath.Join(dir, typ)
+		if fi, err := os.Stat(p); err == nil && fi.Mode().IsRegular() {
+			return p, nil
+		}
+	}
+	return "", fmt.Errorf("failed to find plugin %q in path %s", typ, paths)
+}
+
+// run executes IPAM command cmd of plugin typ with stdin as its config and
+// returns its stdout; a failure is the plugin's own CNI error when it wrote
+// one.
+func run(ctx context.Context, typ, cmd string, stdin []byte) ([]byte, error) {
+	path, err := find(typ)
+	if err != nil {
+		return nil, err
+	}
+	env := os.Environ()
+	for i := 0; i < len(env); i++ {
+		if strings.HasPrefix(env[i], "CNI_COMMAND=") {
+			env = append(env[:i], env[i+1:]...)
+			i--
+		}
+	}
+	env = append(env, "CNI_COMMAND="+cmd)
+	var stdout, stderr bytes.Buffer
+	for attempt := 0; ; attempt++ {
+		stdout.Reset()
+		stderr.Reset()
+		c := exec.CommandContext(ctx, path)
+		c.Env = env
+		c.Stdin = bytes.NewReader(stdin)
+		c.Stdout, c.Stderr = &stdout, &stderr
+		err = c.Run()
+		// A plugin binary being replaced on the node is busy for a moment.
+		if err != nil && errors.Is(err, syscall.ETXTBSY) && attempt < 5 {
+			time.Sleep(time.Second)
+			continue
+		}
+		break
+	}
+	if err == nil {
+		return stdout.Bytes(), nil
+	}
+	e := &types.Error{}
+	switch {
+	case stdout.Len() > 0 && json.Unmarshal(stdout.Bytes(), e) == nil && (e.Code != 0 || e.Msg != ""):
+	case stderr.Len() > 0:
+		e = &types.Error{Code: types.ErrInternal, Msg: fmt.Sprintf("failed: %q", strings.TrimSpace(stderr.String()))}
+	default:
+		e = &types.Error{Code: types.ErrInternal, Msg: fmt.Sprintf("failed with no error message: %v", err)}
+	}
+	return nil, e
 }
 
 func wrap(typ, cmd string, err error) error {
@@ -37,16 +106,27 @@ func wrap(typ, cmd string, err error) error {
 func Add(ctx context.Context, typ string, stdin []byte) (*current.Result, func(), error) {
 	ctx, cancel := context.WithTimeout(ctx, Timeout)
 	defer cancel()
-	r, err := invoke.DelegateAdd(ctx, typ, stdin, nil)
+	out, err := run(ctx, typ, "ADD", stdin)
 	if err != nil {
 		return nil, nil, wrap(typ, "ADD", err)
+	}
+	var conf types.PluginConf
+	if err := json.Unmarshal(stdin, &conf); err != nil {
+		return nil, nil, cnierr.Internal("ipam %q ADD: %v", typ, err)
 	}
 	release := func() {
 		if err := Del(context.Background(), typ, stdin); err != nil {
 			slog.Warn("rollback: IPAM DEL failed", "ipam", typ, "error", err)
 		}
 	}
-	res, err := current.NewResultFromResult(r)
+	if conf.CNIVersion == "" {
+		conf.CNIVersion = "0.1.0" // what a config without a version means
+	}
+	r, err := create.Create(conf.CNIVersion, out)
+	var res *current.Result
+	if err == nil {
+		res, err = current.NewResultFromResult(r)
+	}
 	if err != nil {
 		release()
 		return nil, nil, cnierr.Internal("ipam %q ADD: cannot convert its result: %v", typ, err)
@@ -60,34 +140,35 @@ func Add(ctx context.Context, typ string, stdin []byte) (*current.Result, func()
 
 // call runs one IPAM command without result, bounded by Timeout, and
 // names the plugin and command in its error.
-func call(ctx context.Context, typ, cmd string, fn func(context.Context) error) error {
+func call(ctx context.Context, typ, cmd string, stdin []byte) error {
 	ctx, cancel := context.WithTimeout(ctx, Timeout)
 	defer cancel()
-	return wrap(typ, cmd, fn(ctx))
+	_, err := run(ctx, typ, cmd, stdin)
+	return wrap(typ, cmd, err)
 }
 
 // Del runs IPAM DEL.
 func Del(ctx context.Context, typ string, stdin []byte) error {
-	return call(ctx, typ, "DEL", func(ctx context.Context) error { return invoke.DelegateDel(ctx, typ, stdin, nil) })
+	return call(ctx, typ, "DEL", stdin)
 }
 
 // Check runs IPAM CHECK.
 func Check(ctx context.Context, typ string, stdin []byte) error {
-	return call(ctx, typ, "CHECK", func(ctx context.Context) error { return invoke.DelegateCheck(ctx, typ, stdin, nil) })
+	return call(ctx, typ, "CHECK", stdin)
 }
 
 // Status runs IPAM STATUS. An IPAM plugin that cannot be found makes the
 // network not available (code 50).
 func Status(ctx context.Context, typ string, stdin []byte) error {
-	if err := find(typ); err != nil {
+	if _, err := find(typ); err != nil {
 		return cnierr.NotAvailable("ipam plugin %q not found on CNI_PATH: %v", typ, err)
 	}
-	return call(ctx, typ, "STATUS", func(ctx context.Context) error { return invoke.DelegateStatus(ctx, typ, stdin, nil) })
+	return call(ctx, typ, "STATUS", stdin)
 }
 
 // GC runs IPAM GC (the config carries cni.dev/valid-attachments).
 func GC(ctx context.Context, typ string, stdin []byte) error {
-	return call(ctx, typ, "GC", func(ctx context.Context) error { return invoke.DelegateGC(ctx, typ, stdin, nil) })
+	return call(ctx, typ, "GC", stdin)
 }
 
 // Pending is an IPAM ADD running in the background while the caller builds

@@ -5,6 +5,7 @@ import (
 	"net"
 	"regexp"
 	"strings"
+	"sync"
 
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/firewall"
@@ -69,7 +70,7 @@ type config struct {
 }
 
 // chainName is what iptables accepts as a chain name.
-var chainName = regexp.MustCompile(`^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,27}$`)
+var chainName = lazyRegexp(`^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,27}$`)
 
 // parseConfig decodes and validates stdin. It does not look at the host:
 // auto-detection of the backend happens later, only when needed.
@@ -97,7 +98,7 @@ func validate(raw *rawConfig) (*config, error) {
 	}
 	if raw.ExternalSetMarkChain != nil {
 		name := *raw.ExternalSetMarkChain
-		if !chainName.MatchString(name) {
+		if !chainName().MatchString(name) {
 			return nil, cnierr.Field("externalSetMarkChain", "%q is not a valid iptables chain name (letters, digits, '_', '.', '-'; at most 28 characters)", name)
 		}
 		c.ExternalSetMarkChain = name
@@ -222,4 +223,11 @@ func (c *config) chooseBackend(raw *rawConfig) error {
 		}
 	}
 	return nil
+}
+
+// lazyRegexp compiles a pattern on first use: compiling the package's
+// patterns at start-up cost every call half a millisecond, while most calls
+// use none or few of them.
+func lazyRegexp(pattern string) func() *regexp.Regexp {
+	return sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(pattern) })
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"fmt"
 	"net"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -35,7 +34,7 @@ const (
 	iptMasqNote   = "meshwire portmap: masquerade marked connections"
 )
 
-var iptAttChainRE = regexp.MustCompile(`^MWHP-[0-9a-f]{16}$`)
+var iptAttChainRE = lazyRegexp(`^MWHP-[0-9a-f]{16}$`)
 
 func iptAttChain(key string) string { return iptPrefix + key }
 func iptMarkChain(bit int) string   { return fmt.Sprintf("%s%d", iptMarkPrefx, bit) }
@@ -174,7 +173,7 @@ func (st *iptState) jumpsTo(chain, target string) []string {
 func (st *iptState) attachments() []string {
 	var keys []string
 	for ch := range st.chains {
-		if iptAttChainRE.MatchString(ch) {
+		if iptAttChainRE().MatchString(ch) {
 			keys = append(keys, strings.TrimPrefix(ch, iptPrefix))
 		}
 	}
@@ -192,10 +191,10 @@ func (st *iptState) tag(key string) string {
 	return ""
 }
 
-var iptCommentRE = regexp.MustCompile(`--comment ("(?:[^"\\]|\\.)*"|\S+)`)
+var iptCommentRE = lazyRegexp(`--comment ("(?:[^"\\]|\\.)*"|\S+)`)
 
 func iptComment(spec string) string {
-	m := iptCommentRE.FindStringSubmatch(spec)
+	m := iptCommentRE().FindStringSubmatch(spec)
 	if m == nil {
 		return ""
 	}
@@ -211,10 +210,10 @@ func iptComment(spec string) string {
 // after the last one left): base and attachment together. Chains are
 // created with -N, so it fails as a whole when any of them exists.
 func renderIPTAddFresh(p famPlan) string {
-	return iptDeclRE.ReplaceAllString(renderIPTEnsure(parseIPTSave(""), p), "-N $1")
+	return iptDeclRE().ReplaceAllString(renderIPTEnsure(parseIPTSave(""), p), "-N $1")
 }
 
-var iptDeclRE = regexp.MustCompile(`(?m)^:(\S+) - \[0:0\]$`)
+var iptDeclRE = lazyRegexp(`(?m)^:(\S+) - \[0:0\]$`)
 
 // renderIPTEnsure is the slow-path ADD: it creates whatever base piece the
 // table lacks, (re)fills the attachment chain and adds the jump unless it is
@@ -334,9 +333,9 @@ func (st *iptState) hasBase() bool {
 
 // dnatRE picks the parts of a saved DNAT rule CHECK compares.
 var (
-	iptDportRE = regexp.MustCompile(`-p (\w+) .*--dport (\d+)`)
-	iptDstRE   = regexp.MustCompile(`-d (\S+)`)
-	iptToRE    = regexp.MustCompile(`--to-destination (\S+)`)
+	iptDportRE = lazyRegexp(`-p (\w+) .*--dport (\d+)`)
+	iptDstRE   = lazyRegexp(`-d (\S+)`)
+	iptToRE    = lazyRegexp(`--to-destination (\S+)`)
 )
 
 // mappingSig is a comparable description of one DNAT rule: what CHECK
@@ -368,14 +367,14 @@ func planSigs(p famPlan) []string {
 func iptSigs(specs []string) []string {
 	var out []string
 	for _, s := range specs {
-		to := iptToRE.FindStringSubmatch(s)
-		dp := iptDportRE.FindStringSubmatch(s)
+		to := iptToRE().FindStringSubmatch(s)
+		dp := iptDportRE().FindStringSubmatch(s)
 		if to == nil || dp == nil {
 			continue
 		}
 		port, _ := strconv.Atoi(dp[2])
 		h := ""
-		if d := iptDstRE.FindStringSubmatch(s); d != nil {
+		if d := iptDstRE().FindStringSubmatch(s); d != nil {
 			h = strings.TrimSuffix(strings.TrimSuffix(d[1], "/32"), "/128")
 		}
 		out = append(out, mappingSig(dp[1], port, h, to[1]))
@@ -388,8 +387,8 @@ func iptSigs(specs []string) []string {
 func iptUDPPorts(specs []string) []int {
 	var out []int
 	for _, s := range specs {
-		dp := iptDportRE.FindStringSubmatch(s)
-		if dp != nil && dp[1] == "udp" && iptToRE.MatchString(s) {
+		dp := iptDportRE().FindStringSubmatch(s)
+		if dp != nil && dp[1] == "udp" && iptToRE().MatchString(s) {
 			port, _ := strconv.Atoi(dp[2])
 			out = append(out, port)
 		}

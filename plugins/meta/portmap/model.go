@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net"
-	"regexp"
 	"strings"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
@@ -47,12 +46,12 @@ func (a attachment) tag(limit int) string {
 	return s
 }
 
-var plainName = regexp.MustCompile(`^[A-Za-z0-9_.\-]{1,64}$`)
+var plainName = lazyRegexp(`^[A-Za-z0-9_.\-]{1,64}$`)
 
 // netTag is the network name as written in tags: itself when short and
 // plain, else a hash (comments must stay quotable and short).
 func netTag(name string) string {
-	if plainName.MatchString(name) {
+	if plainName().MatchString(name) {
 		return name
 	}
 	sum := sha256.Sum256([]byte(name))

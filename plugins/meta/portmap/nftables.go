@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -38,7 +37,7 @@ const (
 	nftCommentMax = 127
 )
 
-var nftAttChainRE = regexp.MustCompile(`^pm-[0-9a-f]{16}$`)
+var nftAttChainRE = lazyRegexp(`^pm-[0-9a-f]{16}$`)
 
 func nftAttChain(key string) string { return nftPrefix + key }
 func nftMarkChain(bit int) string   { return fmt.Sprintf("%s%d", nftMarkPrefix, bit) }
@@ -130,9 +129,9 @@ type nftRule struct {
 }
 
 var (
-	nftChainRE   = regexp.MustCompile(`^chain (\S+) \{`)
-	nftHandleRE  = regexp.MustCompile(`^(.*?)\s*# handle (\d+)$`)
-	nftCommentRE = regexp.MustCompile(`^comment "(.*)"$`)
+	nftChainRE   = lazyRegexp(`^chain (\S+) \{`)
+	nftHandleRE  = lazyRegexp(`^(.*?)\s*# handle (\d+)$`)
+	nftCommentRE = lazyRegexp(`^comment "(.*)"$`)
 )
 
 // parseNFTList reads `nft -a list table|chain ...` output (several listings
@@ -145,8 +144,8 @@ func parseNFTList(out string) *nftState {
 		switch {
 		case strings.HasPrefix(line, "table inet "+nftTable+" "):
 			st.exists = true
-		case nftChainRE.MatchString(line):
-			name := nftChainRE.FindStringSubmatch(line)[1]
+		case nftChainRE().MatchString(line):
+			name := nftChainRE().FindStringSubmatch(line)[1]
 			cur = st.chains[name]
 			if cur == nil {
 				cur = &nftChain{}
@@ -155,11 +154,11 @@ func parseNFTList(out string) *nftState {
 		case line == "}":
 			cur = nil
 		case cur == nil:
-		case nftCommentRE.MatchString(line):
-			cur.comment = nftCommentRE.FindStringSubmatch(line)[1]
+		case nftCommentRE().MatchString(line):
+			cur.comment = nftCommentRE().FindStringSubmatch(line)[1]
 		case strings.HasPrefix(line, "type "):
 		default:
-			if m := nftHandleRE.FindStringSubmatch(line); m != nil {
+			if m := nftHandleRE().FindStringSubmatch(line); m != nil {
 				h, _ := strconv.Atoi(m[2])
 				cur.rules = append(cur.rules, nftRule{expr: m[1], handle: h})
 			}
@@ -171,7 +170,7 @@ func parseNFTList(out string) *nftState {
 func (st *nftState) attachments() []string {
 	var keys []string
 	for name := range st.chains {
-		if nftAttChainRE.MatchString(name) {
+		if nftAttChainRE().MatchString(name) {
 			keys = append(keys, strings.TrimPrefix(name, nftPrefix))
 		}
 	}
@@ -310,9 +309,9 @@ func remaining(all, removed []string) int {
 }
 
 var (
-	nftDportRE = regexp.MustCompile(`\b(tcp|udp|sctp) dport (\d+)`)
-	nftDaddrRE = regexp.MustCompile(`\bip6? daddr (\S+)`)
-	nftToRE    = regexp.MustCompile(`\bdnat ip6? to (\S+)`)
+	nftDportRE = lazyRegexp(`\b(tcp|udp|sctp) dport (\d+)`)
+	nftDaddrRE = lazyRegexp(`\bip6? daddr (\S+)`)
+	nftToRE    = lazyRegexp(`\bdnat ip6? to (\S+)`)
 )
 
 // nftSigs reads the DNAT rules of an attachment chain back (both families).
@@ -322,14 +321,14 @@ func nftSigs(c *nftChain) []string {
 		return nil
 	}
 	for _, r := range c.rules {
-		to := nftToRE.FindStringSubmatch(r.expr)
-		dp := nftDportRE.FindStringSubmatch(r.expr)
+		to := nftToRE().FindStringSubmatch(r.expr)
+		dp := nftDportRE().FindStringSubmatch(r.expr)
 		if to == nil || dp == nil {
 			continue
 		}
 		port, _ := strconv.Atoi(dp[2])
 		h := ""
-		if d := nftDaddrRE.FindStringSubmatch(r.expr); d != nil {
+		if d := nftDaddrRE().FindStringSubmatch(r.expr); d != nil {
 			h = d[1]
 		}
 		out = append(out, mappingSig(dp[1], port, h, to[1]))
@@ -346,8 +345,8 @@ func nftUDPPorts(c *nftChain) map[firewall.Family][]int {
 		return out
 	}
 	for _, r := range c.rules {
-		dp := nftDportRE.FindStringSubmatch(r.expr)
-		to := nftToRE.FindStringSubmatch(r.expr)
+		dp := nftDportRE().FindStringSubmatch(r.expr)
+		to := nftToRE().FindStringSubmatch(r.expr)
 		if dp == nil || to == nil || dp[1] != "udp" {
 			continue
 		}
