@@ -234,12 +234,11 @@ func DeleteJob(name string) error {
 // here. A missing link is not an error; deleted reports whether one was
 // there.
 func DeleteAndWait(name string, start func() error, timeout time.Duration) (deleted bool, err error) {
-	updates := make(chan netlink.LinkUpdate, 64)
-	done := make(chan struct{})
-	defer close(done)
-	if err := netlink.LinkSubscribeWithOptions(updates, done, netlink.LinkSubscribeOptions{ErrorCallback: func(error) {}}); err != nil {
+	w, err := newGoneWatch()
+	if err != nil {
 		return DeleteByName(name)
 	}
+	defer w.Close()
 	l, err := netlinksafe.LinkByName(name)
 	if err != nil {
 		if IsNotFound(err) {
@@ -247,22 +246,11 @@ func DeleteAndWait(name string, start func() error, timeout time.Duration) (dele
 		}
 		return false, err
 	}
-	idx := l.Attrs().Index
 	if err := start(); err != nil {
 		return DeleteByName(name)
 	}
-	deadline := time.After(timeout)
-	for {
-		select {
-		case u, ok := <-updates:
-			if !ok {
-				return DeleteByName(name)
-			}
-			if u.Header.Type == unix.RTM_DELLINK && u.Attrs().Index == idx {
-				return true, nil
-			}
-		case <-deadline:
-			return DeleteByName(name)
-		}
+	if err := w.wait(l.Attrs().Index, time.Now().Add(timeout)); err != nil {
+		return DeleteByName(name)
 	}
+	return true, nil
 }
