@@ -13,9 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/nftables"
-	"github.com/google/nftables/userdata"
-	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 )
 
@@ -82,116 +79,251 @@ func famName(f Family) string {
 	return "ip"
 }
 
-func tableFamily(f Family) nftables.TableFamily {
+func nfproto(f Family) byte {
 	if f == V6 {
-		return nftables.TableFamilyIPv6
+		return unix.NFPROTO_IPV6
 	}
-	return nftables.TableFamilyIPv4
-}
-
-// isNotFound reports a missing table or chain. The library flattens the
-// kernel's errno into its message, so the text is all there is to go by.
-func isNotFound(err error) bool {
-	return errors.Is(err, unix.ENOENT) || strings.Contains(err.Error(), unix.ENOENT.Error())
+	return unix.NFPROTO_IPV4
 }
 
 // Conn is a netlink connection to nf_tables in the calling thread's network
-// namespace, for a series of reads and transactions.
+// namespace, for a series of reads and transactions. It speaks the few
+// messages meshwire needs directly, reading into one reused buffer: a rule
+// dump of a busy node's nat table is then a few reads and no allocation per
+// rule but its comment.
 //
 // Closing the last descriptor of a netfilter netlink socket waits until the
 // kernel has freed everything any transaction removed, node-wide (an RCU
 // grace period: 10 to 30 ms here, more under load). Release lets a caller
 // that removed rules hand that wait to a process that outlives it.
 type Conn struct {
-	c       *nftables.Conn
-	nl      *netlink.Conn
+	fd      int
+	seq     uint32
+	buf     []byte
 	removed bool
 }
 
+// connTimeout bounds one exchange with the kernel.
+const connTimeout = 10 * time.Second
+
 // Open opens a connection.
 func Open() (*Conn, error) {
-	conn := &Conn{}
-	c, err := nftables.New(nftables.AsLasting(), nftables.WithSockOptions(func(nl *netlink.Conn) error {
-		conn.nl = nl
-		return nil
-	}))
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
 	if err != nil {
-		return nil, fmt.Errorf("nf_tables: %w", err)
+		return nil, fmt.Errorf("nf_tables: netlink socket: %w", err)
 	}
-	conn.c = c
-	return conn, nil
+	tv := unix.NsecToTimeval(connTimeout.Nanoseconds())
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("nf_tables: netlink bind: %w", err)
+	}
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv); err != nil {
+		unix.Close(fd)
+		return nil, fmt.Errorf("nf_tables: netlink socket: %w", err)
+	}
+	return &Conn{fd: fd, seq: rand.Uint32(), buf: make([]byte, 64<<10)}, nil
 }
 
 // Close closes the connection (waiting, when a removal was committed, as
-// described at Conn).
-func (c *Conn) Close() error { return c.c.CloseLasting() }
+// described at Conn). It is safe to call more than once.
+func (c *Conn) Close() error {
+	if c.fd < 0 {
+		return nil
+	}
+	err := unix.Close(c.fd)
+	c.fd = -1
+	return err
+}
 
 // Release closes the connection. When a transaction removed something, it
 // first duplicates the socket and returns the duplicate, which the caller
-// passes to a process that outlives it (detach.Start) and then closes, so
-// that its own close is not the last; otherwise it returns nil.
+// passes to a process that outlives it (detach.StartHolding) and then
+// closes, so that its own close is not the last; otherwise it returns nil.
 func (c *Conn) Release() *os.File {
 	var dup *os.File
-	if c.removed && c.nl != nil {
-		if raw, err := c.nl.SyscallConn(); err == nil {
-			_ = raw.Control(func(fd uintptr) {
-				if nfd, err := unix.FcntlInt(fd, unix.F_DUPFD_CLOEXEC, 0); err == nil {
-					dup = os.NewFile(uintptr(nfd), "nf_tables")
-				}
-			})
+	if c.removed && c.fd >= 0 {
+		if nfd, err := unix.FcntlInt(uintptr(c.fd), unix.F_DUPFD_CLOEXEC, 0); err == nil {
+			dup = os.NewFile(uintptr(nfd), "nf_tables")
 		}
 	}
 	_ = c.Close()
 	return dup
 }
 
+// attr is one netlink attribute to send.
+type attr struct {
+	typ  uint16
+	data []byte
+}
+
+func strAttr(typ uint16, s string) attr { return attr{typ, append([]byte(s), 0)} }
+
+func align4(n int) int { return (n + 3) &^ 3 }
+
+// appendMsg appends one nf_tables message to b and returns it with the
+// sequence number used.
+func (c *Conn) appendMsg(b []byte, typ uint16, flags uint16, family byte, resID uint16, attrs ...attr) ([]byte, uint32) {
+	c.seq++
+	start := len(b)
+	b = binary.NativeEndian.AppendUint32(b, 0) // length, set below
+	b = binary.NativeEndian.AppendUint16(b, typ)
+	b = binary.NativeEndian.AppendUint16(b, flags)
+	b = binary.NativeEndian.AppendUint32(b, c.seq)
+	b = binary.NativeEndian.AppendUint32(b, 0)
+	b = append(b, family, unix.NFNETLINK_V0)
+	b = binary.BigEndian.AppendUint16(b, resID)
+	for _, a := range attrs {
+		b = binary.NativeEndian.AppendUint16(b, uint16(4+len(a.data)))
+		b = binary.NativeEndian.AppendUint16(b, a.typ)
+		b = append(b, a.data...)
+		for len(b)%4 != 0 {
+			b = append(b, 0)
+		}
+	}
+	binary.NativeEndian.PutUint32(b[start:], uint32(len(b)-start))
+	return b, c.seq
+}
+
+func nftType(msg int) uint16 { return uint16(unix.NFNL_SUBSYS_NFTABLES<<8 | msg) }
+
+func (c *Conn) send(b []byte) error {
+	if err := unix.Sendto(c.fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return os.NewSyscallError("sendto", err)
+	}
+	return nil
+}
+
+// receive reads messages and passes those answering seqs to fn (type and
+// payload after the netlink header; the payload is only valid during the
+// call) until fn reports done. An error message is returned as its errno;
+// an acknowledgement is passed to fn as NLMSG_ERROR with errno 0.
+func (c *Conn) receive(seqs func(uint32) bool, fn func(typ uint16, payload []byte) (done bool)) error {
+	for {
+		n, _, err := unix.Recvfrom(c.fd, c.buf, 0)
+		if err != nil {
+			if errors.Is(err, unix.EINTR) {
+				continue
+			}
+			if errors.Is(err, unix.EAGAIN) {
+				return fmt.Errorf("no answer from the kernel in %v", connTimeout)
+			}
+			return os.NewSyscallError("recvfrom", err)
+		}
+		b := c.buf[:n]
+		for len(b) >= unix.NLMSG_HDRLEN {
+			l := int(binary.NativeEndian.Uint32(b[0:4]))
+			if l < unix.NLMSG_HDRLEN || l > len(b) {
+				return fmt.Errorf("malformed netlink message")
+			}
+			typ := binary.NativeEndian.Uint16(b[4:6])
+			seq := binary.NativeEndian.Uint32(b[8:12])
+			payload := b[unix.NLMSG_HDRLEN:l]
+			b = b[min(align4(l), len(b)):]
+			if !seqs(seq) {
+				continue // the answer to an earlier, abandoned request
+			}
+			if typ == unix.NLMSG_ERROR && len(payload) >= 4 {
+				if errno := -int32(binary.NativeEndian.Uint32(payload[:4])); errno != 0 {
+					return unix.Errno(errno)
+				}
+			}
+			if fn(typ, payload) {
+				return nil
+			}
+		}
+	}
+}
+
+// eachAttr calls fn with the type (flags masked) and data of each attribute
+// in b.
+func eachAttr(b []byte, fn func(typ uint16, data []byte)) {
+	for len(b) >= 4 {
+		l := int(binary.NativeEndian.Uint16(b[0:2]))
+		if l < 4 || l > len(b) {
+			return
+		}
+		fn(binary.NativeEndian.Uint16(b[2:4])&^uint16(unix.NLA_F_NESTED|unix.NLA_F_NET_BYTEORDER), b[4:l])
+		b = b[min(align4(l), len(b)):]
+	}
+}
+
+// cstr is a NUL-terminated attribute's text, without copying.
+func cstr(b []byte) []byte {
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		return b[:i]
+	}
+	return b
+}
+
+// generation returns the ruleset's generation, which every commit advances.
+func (c *Conn) generation() (uint32, error) {
+	req, seq := c.appendMsg(nil, nftType(unix.NFT_MSG_GETGEN), unix.NLM_F_REQUEST, unix.AF_UNSPEC, 0)
+	if err := c.send(req); err != nil {
+		return 0, err
+	}
+	var gen uint32
+	found := false
+	err := c.receive(func(s uint32) bool { return s == seq }, func(typ uint16, payload []byte) bool {
+		if typ == nftType(unix.NFT_MSG_NEWGEN) && len(payload) >= 4 {
+			eachAttr(payload[4:], func(t uint16, d []byte) {
+				if t == unix.NFTA_GEN_ID && len(d) == 4 {
+					gen, found = binary.BigEndian.Uint32(d), true
+				}
+			})
+		}
+		return true
+	})
+	if err == nil && !found {
+		err = fmt.Errorf("no generation in the answer")
+	}
+	if err != nil {
+		return 0, fmt.Errorf("read the ruleset generation: %w", err)
+	}
+	return gen, nil
+}
+
 // dumpPatience bounds the time spent reading again a dump that writers
 // keep changing (iptables-nft retries without a bound).
 const dumpPatience = 2 * time.Second
 
-// dump runs an nf_tables dump request of type msgType for family fam and
-// returns the attributes of each object. A dump spans several reads, and a
-// commit in between shifts the kernel's position in the list it walks, so
-// that objects are skipped (and the kernel's mark of such a dump can land on
-// the final message alone, which the netlink library drops): the dump counts
-// only when the ruleset's generation is the same before and after it.
-func (c *Conn) dump(msgType int, fam nftables.TableFamily, attrs []netlink.Attribute) ([][]byte, error) {
-	data, err := netlink.MarshalAttributes(attrs)
-	if err != nil {
-		return nil, err
-	}
-	req := netlink.Message{
-		Header: netlink.Header{
-			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | msgType),
-			Flags: netlink.Request | netlink.Dump,
-		},
-		Data: append(nfgenHeader(fam), data...),
-	}
+// dump runs an nf_tables dump request and passes each object's attributes
+// to each, after begin. A dump spans several reads, and a commit in between
+// shifts the kernel's position in the list it walks, so that objects are
+// skipped: the dump counts only when the ruleset's generation is the same
+// before and after it, and is read again (begin is called again) otherwise.
+func (c *Conn) dump(msg int, family byte, attrs []attr, begin func(), each func(obj []byte)) error {
 	start := time.Now()
 	for attempt := 1; ; attempt++ {
 		before, err := c.generation()
 		if err != nil {
-			return nil, err
+			return err
 		}
-		msgs, err := c.nl.Execute(req)
+		begin()
+		req, seq := c.appendMsg(nil, nftType(msg), unix.NLM_F_REQUEST|unix.NLM_F_DUMP, family, 0, attrs...)
+		if err := c.send(req); err != nil {
+			return err
+		}
+		err = c.receive(func(s uint32) bool { return s == seq }, func(typ uint16, payload []byte) bool {
+			if typ == unix.NLMSG_DONE {
+				return true
+			}
+			if len(payload) >= 4 {
+				each(payload[4:])
+			}
+			return false
+		})
 		if err != nil {
-			return nil, err
+			return err
 		}
 		after, err := c.generation()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if before == after {
-			out := make([][]byte, 0, len(msgs))
-			for _, m := range msgs {
-				if len(m.Data) >= 4 {
-					out = append(out, m.Data[4:])
-				}
-			}
-			return out, nil
+			return nil
 		}
 		if time.Since(start) > dumpPatience {
-			return nil, fmt.Errorf("the ruleset changed during each of %d reads in %v", attempt, dumpPatience)
+			return fmt.Errorf("the ruleset changed during each of %d reads in %v", attempt, dumpPatience)
 		}
 		// Back off, with jitter, so that readers do not keep meeting the
 		// same writers.
@@ -199,135 +331,94 @@ func (c *Conn) dump(msgType int, fam nftables.TableFamily, attrs []netlink.Attri
 	}
 }
 
-// nfgenHeader is the nfgenmsg that starts every nf_tables message.
-func nfgenHeader(fam nftables.TableFamily) []byte {
-	return []byte{byte(fam), unix.NFNETLINK_V0, 0, 0}
-}
-
-// generation returns the ruleset's generation, which every commit advances.
-func (c *Conn) generation() (uint32, error) {
-	msgs, err := c.nl.Execute(netlink.Message{
-		Header: netlink.Header{
-			Type:  netlink.HeaderType(unix.NFNL_SUBSYS_NFTABLES<<8 | unix.NFT_MSG_GETGEN),
-			Flags: netlink.Request,
-		},
-		Data: nfgenHeader(nftables.TableFamilyUnspecified),
+// batch commits msgs (built by build with the batch's sequence numbers) as
+// one nf_tables transaction and waits for every acknowledgement.
+func (c *Conn) batch(build func(b []byte) []byte) error {
+	b, first := c.appendMsg(nil, unix.NFNL_MSG_BATCH_BEGIN, unix.NLM_F_REQUEST, unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES)
+	b = build(b)
+	b, last := c.appendMsg(b, unix.NFNL_MSG_BATCH_END, unix.NLM_F_REQUEST, unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES)
+	if err := c.send(b); err != nil {
+		return err
+	}
+	pending := int(last - first - 1)
+	return c.receive(func(s uint32) bool { return s-first > 0 && s-first < last-first }, func(typ uint16, _ []byte) bool {
+		if typ == unix.NLMSG_ERROR {
+			pending--
+		}
+		return pending <= 0
 	})
-	if err != nil {
-		return 0, fmt.Errorf("read the ruleset generation: %w", err)
-	}
-	for _, m := range msgs {
-		if len(m.Data) < 4 {
-			continue
-		}
-		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
-		if err != nil {
-			return 0, err
-		}
-		ad.ByteOrder = binary.BigEndian
-		for ad.Next() {
-			if ad.Type() == unix.NFTA_GEN_ID {
-				return ad.Uint32(), nil
-			}
-		}
-	}
-	return 0, fmt.Errorf("read the ruleset generation: no generation in the answer")
 }
 
 // ChainRules returns the rules of chain in the iptables-nft table of family
 // f (table "nat" is `ip nat` for V4, `ip6 nat` for V6). A table or chain that
 // is not there has no rules.
 func (c *Conn) ChainRules(f Family, table, chain string) ([]Rule, error) {
-	objs, err := c.dump(unix.NFT_MSG_GETRULE, tableFamily(f), []netlink.Attribute{
-		{Type: unix.NFTA_RULE_TABLE, Data: []byte(table + "\x00")},
-		{Type: unix.NFTA_RULE_CHAIN, Data: []byte(chain + "\x00")},
-	})
-	if err != nil {
-		if isNotFound(err) {
-			return nil, nil
-		}
-		return nil, fmt.Errorf("nf_tables: read %s %s %s: %w", famName(f), table, chain, err)
+	var rules []Rule
+	err := c.dump(unix.NFT_MSG_GETRULE, nfproto(f), []attr{strAttr(unix.NFTA_RULE_TABLE, table), strAttr(unix.NFTA_RULE_CHAIN, chain)},
+		func() { rules = rules[:0] },
+		func(obj []byte) { rules = append(rules, parseRule(obj)) })
+	if errors.Is(err, unix.ENOENT) {
+		return nil, nil
 	}
-	rules := make([]Rule, 0, len(objs))
-	for _, o := range objs {
-		r, err := parseRule(o)
-		if err != nil {
-			return nil, fmt.Errorf("nf_tables: read %s %s %s: %w", famName(f), table, chain, err)
-		}
-		rules = append(rules, r)
+	if err != nil {
+		return nil, fmt.Errorf("nf_tables: read %s %s %s: %w", famName(f), table, chain, err)
 	}
 	return rules, nil
 }
 
-// parseRule reads what Rule holds from a rule's attributes, skipping the
-// rest (only the comment match's info and the target's name are looked at).
-func parseRule(b []byte) (Rule, error) {
+// parseRule reads what Rule holds from a rule's attributes: its handle, its
+// comment (the rule's userdata, or a comment match) and its target (an
+// xtables target's name, or MASQUERADE for a native masq).
+func parseRule(b []byte) Rule {
 	var r Rule
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return r, err
-	}
-	ad.ByteOrder = binary.BigEndian
-	for ad.Next() {
-		switch ad.Type() {
+	eachAttr(b, func(typ uint16, d []byte) {
+		switch typ {
 		case unix.NFTA_RULE_HANDLE:
-			r.Handle = ad.Uint64()
+			if len(d) == 8 {
+				r.Handle = binary.BigEndian.Uint64(d)
+			}
 		case unix.NFTA_RULE_USERDATA:
-			if s, ok := userdata.GetString(ad.Bytes(), userdata.TypeComment); ok {
-				r.Comment = s
+			// TLVs of one byte type and one byte length; type 0 is the comment.
+			for len(d) >= 2 && len(d) >= 2+int(d[1]) {
+				if d[0] == 0 {
+					r.Comment = string(cstr(d[2 : 2+int(d[1])]))
+				}
+				d = d[2+int(d[1]):]
 			}
 		case unix.NFTA_RULE_EXPRESSIONS:
-			ad.Nested(func(list *netlink.AttributeDecoder) error {
-				for list.Next() {
-					list.Nested(func(e *netlink.AttributeDecoder) error {
-						parseExpr(e, &r)
-						return nil
-					})
-				}
-				return nil
-			})
+			eachAttr(d, func(_ uint16, elem []byte) { parseExpr(elem, &r) })
 		}
-	}
-	return r, ad.Err()
+	})
+	return r
 }
 
-// parseExpr fills r from one expression: a comment match, an xtables
-// target or a native masq.
-func parseExpr(e *netlink.AttributeDecoder, r *Rule) {
-	name := ""
-	for e.Next() {
-		switch e.Type() {
+func parseExpr(elem []byte, r *Rule) {
+	var name, data []byte
+	eachAttr(elem, func(typ uint16, d []byte) {
+		switch typ {
 		case unix.NFTA_EXPR_NAME:
-			name = e.String()
-			if name == "masq" {
-				r.Target = "MASQUERADE"
-			}
+			name = cstr(d)
 		case unix.NFTA_EXPR_DATA:
-			if name != "match" && name != "target" {
-				continue
+			data = d
+		}
+	})
+	switch string(name) {
+	case "masq":
+		r.Target = "MASQUERADE"
+	case "match", "target":
+		var xname, info []byte
+		eachAttr(data, func(typ uint16, d []byte) {
+			switch typ {
+			case unix.NFTA_MATCH_NAME: // NFTA_TARGET_NAME
+				xname = cstr(d)
+			case unix.NFTA_MATCH_INFO: // NFTA_TARGET_INFO
+				info = d
 			}
-			e.Nested(func(d *netlink.AttributeDecoder) error {
-				var xname string
-				var info []byte
-				for d.Next() {
-					switch d.Type() {
-					case unix.NFTA_MATCH_NAME: // == NFTA_TARGET_NAME
-						xname = d.String()
-					case unix.NFTA_MATCH_INFO: // == NFTA_TARGET_INFO
-						info = d.Bytes()
-					}
-				}
-				switch {
-				case name == "target":
-					r.Target = xname
-				case xname == "comment":
-					if i := bytes.IndexByte(info, 0); i >= 0 {
-						info = info[:i]
-					}
-					r.Comment = string(info)
-				}
-				return nil
-			})
+		})
+		if string(name) == "target" {
+			r.Target = string(xname)
+		} else if string(xname) == "comment" {
+			r.Comment = string(cstr(info))
 		}
 	}
 }
@@ -339,14 +430,15 @@ func (c *Conn) DeleteRules(f Family, table, chain string, handles []uint64) erro
 	if len(handles) == 0 {
 		return nil
 	}
-	t := &nftables.Table{Name: table, Family: tableFamily(f)}
-	ch := &nftables.Chain{Name: chain, Table: t}
-	for _, h := range handles {
-		if err := c.c.DelRule(&nftables.Rule{Table: t, Chain: ch, Handle: h}); err != nil {
-			return fmt.Errorf("nf_tables: %w", err)
+	err := c.batch(func(b []byte) []byte {
+		for _, h := range handles {
+			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_DELRULE), unix.NLM_F_REQUEST|unix.NLM_F_ACK, nfproto(f), 0,
+				strAttr(unix.NFTA_RULE_TABLE, table), strAttr(unix.NFTA_RULE_CHAIN, chain),
+				attr{unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, h)})
 		}
-	}
-	if err := c.c.Flush(); err != nil {
+		return b
+	})
+	if err != nil {
 		return fmt.Errorf("nf_tables: delete %d rules from %s %s %s: %w", len(handles), famName(f), table, chain, err)
 	}
 	c.removed = true
@@ -379,21 +471,18 @@ func (c *Conn) DeleteTagged(f Family, table, chain string, sel func(comment stri
 
 // Tables lists the names of the native nftables tables of family inet.
 func (c *Conn) Tables() ([]string, error) {
-	objs, err := c.dump(unix.NFT_MSG_GETTABLE, nftables.TableFamilyINet, nil)
+	var names []string
+	err := c.dump(unix.NFT_MSG_GETTABLE, unix.NFPROTO_INET, nil,
+		func() { names = names[:0] },
+		func(obj []byte) {
+			eachAttr(obj, func(typ uint16, d []byte) {
+				if typ == unix.NFTA_TABLE_NAME {
+					names = append(names, string(cstr(d)))
+				}
+			})
+		})
 	if err != nil {
 		return nil, fmt.Errorf("nf_tables: list tables: %w", err)
-	}
-	var names []string
-	for _, o := range objs {
-		ad, err := netlink.NewAttributeDecoder(o)
-		if err != nil {
-			return nil, fmt.Errorf("nf_tables: list tables: %w", err)
-		}
-		for ad.Next() {
-			if ad.Type() == unix.NFTA_TABLE_NAME {
-				names = append(names, ad.String())
-			}
-		}
 	}
 	return names, nil
 }
@@ -405,12 +494,16 @@ func (c *Conn) DeleteTables(names []string) error {
 	if len(names) == 0 {
 		return nil
 	}
-	for _, n := range names {
-		t := &nftables.Table{Name: n, Family: nftables.TableFamilyINet}
-		c.c.AddTable(t)
-		c.c.DelTable(t)
-	}
-	if err := c.c.Flush(); err != nil {
+	err := c.batch(func(b []byte) []byte {
+		for _, n := range names {
+			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_NEWTABLE), unix.NLM_F_REQUEST|unix.NLM_F_CREATE|unix.NLM_F_ACK, unix.NFPROTO_INET, 0,
+				strAttr(unix.NFTA_TABLE_NAME, n), attr{unix.NFTA_TABLE_FLAGS, []byte{0, 0, 0, 0}})
+			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_DELTABLE), unix.NLM_F_REQUEST|unix.NLM_F_ACK, unix.NFPROTO_INET, 0,
+				strAttr(unix.NFTA_TABLE_NAME, n))
+		}
+		return b
+	})
+	if err != nil {
 		return fmt.Errorf("nf_tables: delete tables %s: %w", strings.Join(names, ", "), err)
 	}
 	c.removed = true
