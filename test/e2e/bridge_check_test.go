@@ -83,7 +83,7 @@ func TestBridgeCheckDetects(t *testing.T) {
 // list (with both backends) and only of this network, and delegates to IPAM
 // (the address of a collected attachment can be handed out again).
 func TestBridgeGC(t *testing.T) {
-	for _, backend := range []string{"iptables", "nftables"} {
+	for _, backend := range []string{"iptables", "nftables", "legacy"} {
 		t.Run(backend, func(t *testing.T) {
 			e := newBridgeEnv(t)
 			ipam := e.bridgeOneAddr("198.18.21.0/24", "198.18.21.10")

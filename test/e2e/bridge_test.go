@@ -307,7 +307,13 @@ func bridgeMustNotPing(t *testing.T, ns *harness.NS, ip string) {
 // to host, and pod to the outside through masquerade with both backends,
 // dual stack; DEL removes the masquerade rules.
 func TestBridgeConnectivity(t *testing.T) {
-	for i, backend := range []string{"iptables", "nftables"} {
+	// iptables is iptables-nft here (its rules are read and removed over
+	// netlink); legacy keeps the tool path covered.
+	for _, c := range []struct {
+		backend string
+		i       int
+	}{{"iptables", 0}, {"nftables", 1}, {"legacy", 11}} {
+		backend, i := c.backend, c.i
 		t.Run(backend, func(t *testing.T) {
 			e := newBridgeEnv(t)
 			out4, out6 := bridgeInternet(t, e.h)
