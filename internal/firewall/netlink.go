@@ -469,10 +469,25 @@ func (c *Conn) DeleteTagged(f Family, table, chain string, sel func(comment stri
 	return 0, err
 }
 
-// Tables lists the names of the native nftables tables of family inet.
-func (c *Conn) Tables() ([]string, error) {
+// TableFamily is the family of a native nftables table.
+type TableFamily byte
+
+const (
+	Inet   TableFamily = unix.NFPROTO_INET
+	Bridge TableFamily = unix.NFPROTO_BRIDGE
+)
+
+func (f TableFamily) String() string {
+	if f == Bridge {
+		return "bridge"
+	}
+	return "inet"
+}
+
+// Tables lists the names of the native nftables tables of family fam.
+func (c *Conn) Tables(fam TableFamily) ([]string, error) {
 	var names []string
-	err := c.dump(unix.NFT_MSG_GETTABLE, unix.NFPROTO_INET, nil,
+	err := c.dump(unix.NFT_MSG_GETTABLE, byte(fam), nil,
 		func() { names = names[:0] },
 		func(obj []byte) {
 			eachAttr(obj, func(typ uint16, d []byte) {
@@ -482,29 +497,29 @@ func (c *Conn) Tables() ([]string, error) {
 			})
 		})
 	if err != nil {
-		return nil, fmt.Errorf("nf_tables: list tables: %w", err)
+		return nil, fmt.Errorf("nf_tables: list %s tables: %w", fam, err)
 	}
 	return names, nil
 }
 
-// DeleteTables deletes the inet tables named, with everything in them, in
-// one transaction; a table that is not there is no error (it is added and
-// deleted, as `nft 'add table …; delete table …'` does).
-func (c *Conn) DeleteTables(names []string) error {
+// DeleteTables deletes the tables of family fam named, with everything in
+// them, in one transaction; a table that is not there is no error (it is
+// added and deleted, as `nft 'add table …; delete table …'` does).
+func (c *Conn) DeleteTables(fam TableFamily, names []string) error {
 	if len(names) == 0 {
 		return nil
 	}
 	err := c.batch(func(b []byte) []byte {
 		for _, n := range names {
-			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_NEWTABLE), unix.NLM_F_REQUEST|unix.NLM_F_CREATE|unix.NLM_F_ACK, unix.NFPROTO_INET, 0,
+			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_NEWTABLE), unix.NLM_F_REQUEST|unix.NLM_F_CREATE|unix.NLM_F_ACK, byte(fam), 0,
 				strAttr(unix.NFTA_TABLE_NAME, n), attr{unix.NFTA_TABLE_FLAGS, []byte{0, 0, 0, 0}})
-			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_DELTABLE), unix.NLM_F_REQUEST|unix.NLM_F_ACK, unix.NFPROTO_INET, 0,
+			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_DELTABLE), unix.NLM_F_REQUEST|unix.NLM_F_ACK, byte(fam), 0,
 				strAttr(unix.NFTA_TABLE_NAME, n))
 		}
 		return b
 	})
 	if err != nil {
-		return fmt.Errorf("nf_tables: delete tables %s: %w", strings.Join(names, ", "), err)
+		return fmt.Errorf("nf_tables: delete %s tables %s: %w", fam, strings.Join(names, ", "), err)
 	}
 	c.removed = true
 	return nil

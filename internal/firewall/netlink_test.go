@@ -107,7 +107,7 @@ func TestNftTablesOverNetlink(t *testing.T) {
 			return err
 		}
 		defer c.Close()
-		if err := c.DeleteTables([]string{"mwt_absent"}); err != nil {
+		if err := c.DeleteTables(Inet, []string{"mwt_absent"}); err != nil {
 			return fmt.Errorf("deleting an absent table: %v", err)
 		}
 		if err := NftApply(ctx, "table ip mwt_n {\n\tchain c {\n\t\ttype nat hook postrouting priority srcnat;\n\t\tip saddr 198.18.80.5 masquerade comment \"native one\"\n\t}\n}\n"); err != nil {
@@ -120,14 +120,14 @@ func TestNftTablesOverNetlink(t *testing.T) {
 		if err := NftApply(ctx, "table inet mwt_a {\n\tchain c {\n\t\ttype nat hook postrouting priority srcnat;\n\t}\n}\ntable inet mwt_b {\n}\ntable ip mwt_c {\n}\n"); err != nil {
 			return err
 		}
-		names, err := c.Tables()
+		names, err := c.Tables(Inet)
 		if err != nil {
 			return err
 		}
 		if strings.Join(names, ",") != "mwt_a,mwt_b" {
 			return fmt.Errorf("inet tables %v, want [mwt_a mwt_b]", names)
 		}
-		if err := c.DeleteTables([]string{"mwt_a", "mwt_absent"}); err != nil {
+		if err := c.DeleteTables(Inet, []string{"mwt_a", "mwt_absent"}); err != nil {
 			return err
 		}
 		out, err := Nft(ctx, "list", "tables")
@@ -149,7 +149,7 @@ func TestReleaseHandsOnlyRemovals(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if _, err := c.Tables(); err != nil {
+		if _, err := c.Tables(Inet); err != nil {
 			return err
 		}
 		if f := c.Release(); f != nil {
@@ -160,7 +160,7 @@ func TestReleaseHandsOnlyRemovals(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if err := c.DeleteTables([]string{"mwt_absent"}); err != nil {
+		if err := c.DeleteTables(Inet, []string{"mwt_absent"}); err != nil {
 			return err
 		}
 		f := c.Release()

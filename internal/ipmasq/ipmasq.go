@@ -234,7 +234,7 @@ func Teardown(ctx context.Context, b firewall.Backend, a Attachment, addrs []net
 		c, err := firewall.Open()
 		if err == nil {
 			if b.Kind == firewall.NFTables {
-				err = c.DeleteTables([]string{a.Table()})
+				err = c.DeleteTables(firewall.Inet, []string{a.Table()})
 			} else {
 				err = deleteTags(c, func(tag string) bool { return tag == a.Chain() })
 			}
@@ -328,7 +328,7 @@ func GC(ctx context.Context, b firewall.Backend, network string, valid []Attachm
 		}
 		defer c.Close()
 		if b.Kind == firewall.NFTables {
-			tables, err := c.Tables()
+			tables, err := c.Tables(firewall.Inet)
 			if err != nil {
 				return fmt.Errorf("ipMasq GC (%s): %w", b, err)
 			}
@@ -338,7 +338,7 @@ func GC(ctx context.Context, b firewall.Backend, network string, valid []Attachm
 					stale = append(stale, t)
 				}
 			}
-			return c.DeleteTables(stale)
+			return c.DeleteTables(firewall.Inet, stale)
 		}
 		p := chainPrefix(network)
 		if err := deleteTags(c, func(t string) bool { return strings.HasPrefix(t, p) && !keep[t] }); err != nil {
@@ -378,7 +378,7 @@ func Present(ctx context.Context, b firewall.Backend, a Attachment, addrs []net.
 			return false, err
 		}
 		defer c.Close()
-		tables, err := c.Tables()
+		tables, err := c.Tables(firewall.Inet)
 		if err != nil {
 			return false, err
 		}

@@ -236,14 +236,14 @@ func (a *Attachment) SetupMasq(ctx context.Context, addrs []net.IPNet) (func(), 
 	}, nil
 }
 
-// Del tears the attachment down, its parts in parallel: IPAM DEL, the
-// masquerade rules then the veth pair, and extra (the plugin's own, may be
-// nil). It works with the namespace gone or never given, and with no
+// Del tears the attachment down: IPAM DEL, in parallel with the masquerade
+// rules, extra (the plugin's own firewall state, may be nil) and then the
+// veth pair. It works with the namespace gone or never given, and with no
 // prevResult, and it is idempotent.
-func (a *Attachment) Del(ctx context.Context, extra func() error) error {
+func (a *Attachment) Del(ctx context.Context, extra func() (tail *os.File, err error)) error {
 	var wg sync.WaitGroup
-	errs := make([]error, 3)
-	names := []string{"ipam del", "masquerade and veth del", "extra del"}
+	errs := make([]error, 2)
+	names := []string{"ipam del", "firewall and veth del"}
 	run := func(i int, fn func() error) {
 		wg.Add(1)
 		go func() {
@@ -257,18 +257,21 @@ func (a *Attachment) Del(ctx context.Context, extra func() error) error {
 		run(0, func() error { return ipamexec.Del(ctx, a.IPAMType, a.Args.StdinData) })
 	}
 	run(1, func() error {
-		// The masquerade removal goes first, so that its tail rides with
-		// the child that deletes the veth.
-		tail, err := a.removeMasq(ctx)
+		// The firewall removals go first, so that their tails (see
+		// firewall.Conn.Release) ride with the child that deletes the veth.
 		var tails []*os.File
-		if tail != nil {
-			tails = append(tails, tail)
+		keep := func(tail *os.File, err error) error {
+			if tail != nil {
+				tails = append(tails, tail)
+			}
+			return err
+		}
+		err := keep(a.removeMasq(ctx))
+		if extra != nil {
+			err = joinErrors(err, keep(extra()))
 		}
 		return joinErrors(err, a.removeVeth(tails))
 	})
-	if extra != nil {
-		run(2, extra)
-	}
 	wg.Wait()
 	return joinErrors(errs...)
 }

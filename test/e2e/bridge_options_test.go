@@ -118,6 +118,24 @@ func TestBridgeOptions(t *testing.T) {
 		if out, _ := harness.Run("nft", "list", "tables", "bridge"); strings.Contains(out, "meshwire_macspoof") {
 			t.Fatalf("macspoofchk table left after DEL: %s", out)
 		}
+		// GC removes the tables of attachments not in the valid list only.
+		keep, drop := e.h.Attach(list, e.h.NewNS("br"), "eth0", nil), e.h.Attach(list, e.h.NewNS("br"), "eth0", nil)
+		keep.MustAdd()
+		drop.MustAdd()
+		if err := e.h.GC(list, keep.GCAttachment()); err != nil {
+			t.Fatalf("GC: %v", err)
+		}
+		out, _ := harness.Run("nft", "list", "tables", "bridge")
+		if n := strings.Count(out, "meshwire_macspoof"); n != 1 {
+			t.Fatalf("after GC keeping one attachment, %d macspoofchk tables:\n%s", n, out)
+		}
+		bridgeMustPing(t, keep.NS, "198.18.23.1")
+		if err := keep.Del(); err != nil {
+			t.Fatal(err)
+		}
+		if err := drop.Del(); err != nil {
+			t.Fatal(err)
+		}
 	})
 	t.Run("layer2", func(t *testing.T) {
 		ns := e.h.NewNS("br")

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -78,7 +79,11 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		if err := macSpoofSetup(ctx, conf, args, hostName, cont.Attrs().HardwareAddr); err != nil {
 			return err
 		}
-		u.Push(func() { _ = macSpoofTeardown(ctx, conf, args) })
+		u.Push(func() {
+			if tail, _ := macSpoofTeardown(conf, args); tail != nil {
+				_ = tail.Close()
+			}
+		})
 	}
 
 	if ipam != nil {
@@ -153,9 +158,9 @@ func cmdDel(args *skel.CmdArgs) error {
 		return err
 	}
 	ctx := context.Background()
-	var extra func() error
+	var extra func() (*os.File, error)
 	if conf.MacSpoofChk {
-		extra = func() error { return macSpoofTeardown(ctx, conf, args) }
+		extra = func() (*os.File, error) { return macSpoofTeardown(conf, args) }
 	}
 	return attachment(conf, args).Del(ctx, extra)
 }
@@ -176,7 +181,7 @@ func cmdGC(args *skel.CmdArgs) error {
 	ctx := context.Background()
 	var extra func([]ipmasq.Attachment) error
 	if conf.MacSpoofChk {
-		extra = func(valid []ipmasq.Attachment) error { return macSpoofGC(ctx, conf.Name, valid) }
+		extra = func(valid []ipmasq.Attachment) error { return macSpoofGC(conf.Name, valid) }
 	}
 	return attachment(conf, args).GC(ctx, conf.ValidAttachments, extra)
 }

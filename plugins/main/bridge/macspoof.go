@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/skel"
@@ -16,7 +17,7 @@ import (
 // macspoofchk: frames entering the bridge from the pod's port must carry the
 // pod's MAC. Each attachment gets its own nftables table in the bridge
 // family, named from the network and container id hashes like the
-// masquerade tables, so DEL is one idempotent transaction.
+// masquerade tables, so DEL is one idempotent transaction (over netlink).
 
 func macSpoofPrefix(network string) string {
 	return "meshwire_macspoof_" + ipmasq.NetHash(network) + "_"
@@ -39,14 +40,6 @@ table bridge %[1]s {
 `, table, hostIf, mac)
 }
 
-func macSpoofDelScript(tables []string) string {
-	var b strings.Builder
-	for _, t := range tables {
-		fmt.Fprintf(&b, "add table bridge %[1]s\ndelete table bridge %[1]s\n", t)
-	}
-	return b.String()
-}
-
 func macSpoofSetup(ctx context.Context, c *config, args *skel.CmdArgs, hostIf string, mac net.HardwareAddr) error {
 	t := macSpoofTable(c.Name, args.ContainerID, args.IfName)
 	if err := firewall.NftApply(ctx, macSpoofScript(t, hostIf, mac)); err != nil {
@@ -55,16 +48,29 @@ func macSpoofSetup(ctx context.Context, c *config, args *skel.CmdArgs, hostIf st
 	return nil
 }
 
-func macSpoofTeardown(ctx context.Context, c *config, args *skel.CmdArgs) error {
-	t := macSpoofTable(c.Name, args.ContainerID, args.IfName)
-	if err := firewall.NftApply(ctx, macSpoofDelScript([]string{t})); err != nil {
-		return cnierr.Internal("macspoofchk teardown: %v", err)
+// macSpoofTeardown removes the attachment's table over netlink; the
+// returned file is the socket whose close waits for the kernel (see
+// firewall.Conn.Release).
+func macSpoofTeardown(c *config, args *skel.CmdArgs) (*os.File, error) {
+	conn, err := firewall.Open()
+	if err != nil {
+		return nil, cnierr.Internal("macspoofchk teardown: %v", err)
 	}
-	return nil
+	err = conn.DeleteTables(firewall.Bridge, []string{macSpoofTable(c.Name, args.ContainerID, args.IfName)})
+	tail := conn.Release()
+	if err != nil {
+		return tail, cnierr.Internal("macspoofchk teardown: %v", err)
+	}
+	return tail, nil
 }
 
-func macSpoofGC(ctx context.Context, network string, valid []ipmasq.Attachment) error {
-	out, err := firewall.Nft(ctx, "list", "tables", "bridge")
+func macSpoofGC(network string, valid []ipmasq.Attachment) error {
+	conn, err := firewall.Open()
+	if err != nil {
+		return cnierr.Internal("macspoofchk GC: %v", err)
+	}
+	defer conn.Close()
+	tables, err := conn.Tables(firewall.Bridge)
 	if err != nil {
 		return cnierr.Internal("macspoofchk GC: %v", err)
 	}
@@ -73,16 +79,12 @@ func macSpoofGC(ctx context.Context, network string, valid []ipmasq.Attachment) 
 		keep[macSpoofTable(network, v.ContainerID, v.IfName)] = true
 	}
 	var stale []string
-	for _, line := range strings.Split(out, "\n") {
-		f := strings.Fields(line)
-		if len(f) == 3 && f[0] == "table" && strings.HasPrefix(f[2], macSpoofPrefix(network)) && !keep[f[2]] {
-			stale = append(stale, f[2])
+	for _, t := range tables {
+		if strings.HasPrefix(t, macSpoofPrefix(network)) && !keep[t] {
+			stale = append(stale, t)
 		}
 	}
-	if len(stale) == 0 {
-		return nil
-	}
-	if err := firewall.NftApply(ctx, macSpoofDelScript(stale)); err != nil {
+	if err := conn.DeleteTables(firewall.Bridge, stale); err != nil {
 		return cnierr.Internal("macspoofchk GC: %v", err)
 	}
 	return nil
