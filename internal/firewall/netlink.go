@@ -173,12 +173,7 @@ func (c *Conn) appendMsg(b []byte, typ uint16, flags uint16, family byte, resID 
 	b = append(b, family, unix.NFNETLINK_V0)
 	b = binary.BigEndian.AppendUint16(b, resID)
 	for _, a := range attrs {
-		b = binary.NativeEndian.AppendUint16(b, uint16(4+len(a.data)))
-		b = binary.NativeEndian.AppendUint16(b, a.typ)
-		b = append(b, a.data...)
-		for len(b)%4 != 0 {
-			b = append(b, 0)
-		}
+		b = appendAttr(b, a)
 	}
 	binary.NativeEndian.PutUint32(b[start:], uint32(len(b)-start))
 	return b, c.seq

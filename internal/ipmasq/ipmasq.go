@@ -205,6 +205,14 @@ func Setup(ctx context.Context, b firewall.Backend, a Attachment, addrs []net.IP
 		}
 		return nil
 	}
+	if b.NFTablesBacked() {
+		err := appendRules(a, addrs)
+		if err == nil {
+			return nil
+		}
+		// The usual reason: iptables-nft has not made the nat table yet.
+		slog.Debug("ipMasq over netlink not done, using the tools", "error", err)
+	}
 	v4, v6 := split(addrs)
 	for _, fam := range []struct {
 		f     firewall.Family
@@ -218,6 +226,32 @@ func Setup(ctx context.Context, b firewall.Backend, a Attachment, addrs []net.IP
 		}
 	}
 	return nil
+}
+
+// appendRules appends the rules IPTablesAdd describes over netlink, all in
+// one transaction, encoded as iptables-nft encodes them.
+func appendRules(a Attachment, addrs []net.IPNet) error {
+	cm, err := firewall.Comment(a.comment())
+	if err != nil {
+		return err
+	}
+	var rules []firewall.NewRule
+	for _, ad := range addrs {
+		f, hostNet := firewall.V4, net.IPNet{IP: ad.IP.To4(), Mask: net.CIDRMask(32, 32)}
+		if hostNet.IP == nil {
+			f, hostNet = firewall.V6, net.IPNet{IP: ad.IP, Mask: net.CIDRMask(128, 128)}
+		}
+		sub := net.IPNet{IP: ad.IP.Mask(ad.Mask), Mask: ad.Mask}
+		exprs := append(firewall.AddrMatch(f, false, false, hostNet), firewall.AddrMatch(f, true, true, sub)...)
+		exprs = append(exprs, firewall.NotMulticastDst(), cm, firewall.Counter(), firewall.Masquerade(f))
+		rules = append(rules, firewall.NewRule{Family: f, Table: natTable, Chain: natChain, Exprs: exprs})
+	}
+	c, err := firewall.Open()
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	return c.AppendRules(rules)
 }
 
 // Teardown removes what Setup installed for a. Native nftables tables and
