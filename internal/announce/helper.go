@@ -19,9 +19,14 @@ const JobName = "announce"
 // child (internal/detach) and returns without waiting for it: closing the
 // packet socket that carried the gratuitous ARP waits for an RCU grace
 // period, which ADD need not wait for. The child gets the namespace as a file
-// descriptor, so a namespace path deleted meanwhile does not matter.
-func Start(nsFD int, ifName string, ips []net.IP) error {
+// descriptor, so a namespace path deleted meanwhile does not matter. tails
+// ride along (detach.StartHolding); without addresses they go to a child
+// that only holds them. The caller closes its copies.
+func Start(nsFD int, ifName string, ips []net.IP, tails ...*os.File) error {
 	if len(ips) == 0 {
+		if len(tails) > 0 {
+			return detach.Hold(tails...)
+		}
 		return nil
 	}
 	dup, err := unix.Dup(nsFD)
@@ -34,7 +39,7 @@ func Start(nsFD int, ifName string, ips []net.IP) error {
 	for i, ip := range ips {
 		strs[i] = ip.String()
 	}
-	return detach.Start(JobName, ifName+";"+strings.Join(strs, ","), nsFile)
+	return detach.StartHolding(JobName, ifName+";"+strings.Join(strs, ","), []*os.File{nsFile}, tails)
 }
 
 // ParseJobArg reads the job's argument: "ifname;ip,ip".

@@ -162,7 +162,7 @@ type NewRule struct {
 // chain that is not there fails it (with ENOENT): iptables-nft creates those
 // with its own attributes, so the caller then uses the tools.
 func (c *Conn) AppendRules(rules []NewRule) error {
-	return c.batch(func(b []byte) []byte {
+	err := c.batch(func(b []byte) []byte {
 		for _, r := range rules {
 			var list []byte
 			for _, e := range r.Exprs {
@@ -174,4 +174,8 @@ func (c *Conn) AppendRules(rules []NewRule) error {
 		}
 		return b
 	})
+	if err == nil {
+		c.committed = true
+	}
+	return err
 }

@@ -1,8 +1,8 @@
 // Package firewall applies rule sets through the host's firewall tools, one
 // atomic transaction at a time: `iptables-restore --noflush` per address
 // family for iptables (legacy or nf_tables variant), `nft -f -` for native
-// nftables. Rules that live in nf_tables are also read and removed over
-// netlink (Conn), which is much cheaper than starting a tool. Rule
+// nftables. Rules that live in nf_tables are also read, appended and removed
+// over netlink (Conn), which is much cheaper than starting a tool. Rule
 // generation lives with each feature; this package only detects the
 // backend, applies, reads back and removes.
 package firewall

@@ -16,14 +16,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Reading and removing rules over netlink, in the calling thread's network
-// namespace. A firewall tool costs a process start and, for iptables-nft, a
-// read of the whole table plus a generation-checked commit that is retried
-// from scratch whenever another writer committed first: with 20 pods torn
-// down at once, most of a DEL went there. Removal by handle needs none of
-// that, so the DEL, CHECK and GC paths of nf_tables-backed rules use this;
-// rules are still written with the tools, whose encoding of iptables
-// matches is theirs to choose.
+// Reading, writing and removing rules over netlink, in the calling thread's
+// network namespace. A firewall tool costs a process start and, for
+// iptables-nft, a read of the whole table plus a generation-checked commit
+// that is retried from scratch whenever another writer committed first:
+// with 20 pods set up or torn down at once, most of the firewall work went
+// there. A rule appended or removed by handle needs none of that.
 
 // NFTablesBacked reports whether b's iptables rules live in nf_tables (the
 // iptables-nft variant, or a default `iptables` that is iptables-nft), so
@@ -94,13 +92,15 @@ func nfproto(f Family) byte {
 //
 // Closing the last descriptor of a netfilter netlink socket waits until the
 // kernel has freed everything any transaction removed, node-wide (an RCU
-// grace period: 10 to 30 ms here, more under load). Release lets a caller
-// that removed rules hand that wait to a process that outlives it.
+// grace period: 10 to 30 ms here, more under load): always after this
+// connection removed something, and whenever another process's removal is
+// still being freed. Release lets a caller that committed a change hand that
+// wait to a process that outlives it.
 type Conn struct {
-	fd      int
-	seq     uint32
-	buf     []byte
-	removed bool
+	fd        int
+	seq       uint32
+	buf       []byte
+	committed bool
 }
 
 // connTimeout bounds one exchange with the kernel.
@@ -135,13 +135,13 @@ func (c *Conn) Close() error {
 	return err
 }
 
-// Release closes the connection. When a transaction removed something, it
+// Release closes the connection. When a transaction was committed on it, it
 // first duplicates the socket and returns the duplicate, which the caller
 // passes to a process that outlives it (detach.StartHolding) and then
 // closes, so that its own close is not the last; otherwise it returns nil.
 func (c *Conn) Release() *os.File {
 	var dup *os.File
-	if c.removed && c.fd >= 0 {
+	if c.committed && c.fd >= 0 {
 		if nfd, err := unix.FcntlInt(uintptr(c.fd), unix.F_DUPFD_CLOEXEC, 0); err == nil {
 			dup = os.NewFile(uintptr(nfd), "nf_tables")
 		}
@@ -436,7 +436,7 @@ func (c *Conn) DeleteRules(f Family, table, chain string, handles []uint64) erro
 	if err != nil {
 		return fmt.Errorf("nf_tables: delete %d rules from %s %s %s: %w", len(handles), famName(f), table, chain, err)
 	}
-	c.removed = true
+	c.committed = true
 	return nil
 }
 
@@ -516,6 +516,6 @@ func (c *Conn) DeleteTables(fam TableFamily, names []string) error {
 	if err != nil {
 		return fmt.Errorf("nf_tables: delete %s tables %s: %w", fam, strings.Join(names, ", "), err)
 	}
-	c.removed = true
+	c.committed = true
 	return nil
 }

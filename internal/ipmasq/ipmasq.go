@@ -194,21 +194,25 @@ func NftAdd(a Attachment, addrs []net.IPNet) string {
 	return b.String()
 }
 
-// Setup installs masquerading of addrs for attachment a.
-func Setup(ctx context.Context, b firewall.Backend, a Attachment, addrs []net.IPNet) error {
+// Setup installs masquerading of addrs for attachment a. On iptables-nft
+// the rules are appended over netlink, and the returned file, when not nil,
+// is the netlink socket, whose last close can wait for the kernel (see
+// firewall.Conn.Release): the caller hands it to a detached process or
+// closes it.
+func Setup(ctx context.Context, b firewall.Backend, a Attachment, addrs []net.IPNet) (*os.File, error) {
 	if len(addrs) == 0 {
-		return nil
+		return nil, nil
 	}
 	if b.Kind == firewall.NFTables {
 		if err := firewall.NftApply(ctx, NftAdd(a, addrs)); err != nil {
-			return fmt.Errorf("ipMasq (nftables): %w", err)
+			return nil, fmt.Errorf("ipMasq (nftables): %w", err)
 		}
-		return nil
+		return nil, nil
 	}
 	if b.NFTablesBacked() {
-		err := appendRules(a, addrs)
+		tail, err := appendRules(a, addrs)
 		if err == nil {
-			return nil
+			return tail, nil
 		}
 		// The usual reason: iptables-nft has not made the nat table yet.
 		slog.Debug("ipMasq over netlink not done, using the tools", "error", err)
@@ -222,18 +226,19 @@ func Setup(ctx context.Context, b firewall.Backend, a Attachment, addrs []net.IP
 			continue
 		}
 		if err := b.Restore(ctx, fam.f, IPTablesAdd(a, fam.addrs)); err != nil {
-			return fmt.Errorf("ipMasq (%s, IPv%d): %w", b, fam.f, err)
+			return nil, fmt.Errorf("ipMasq (%s, IPv%d): %w", b, fam.f, err)
 		}
 	}
-	return nil
+	return nil, nil
 }
 
 // appendRules appends the rules IPTablesAdd describes over netlink, all in
-// one transaction, encoded as iptables-nft encodes them.
-func appendRules(a Attachment, addrs []net.IPNet) error {
+// one transaction, encoded as iptables-nft encodes them; see Setup for the
+// file returned.
+func appendRules(a Attachment, addrs []net.IPNet) (*os.File, error) {
 	cm, err := firewall.Comment(a.comment())
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var rules []firewall.NewRule
 	for _, ad := range addrs {
@@ -248,10 +253,15 @@ func appendRules(a Attachment, addrs []net.IPNet) error {
 	}
 	c, err := firewall.Open()
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer c.Close()
-	return c.AppendRules(rules)
+	err = c.AppendRules(rules)
+	tail := c.Release()
+	if err != nil && tail != nil {
+		tail.Close()
+		tail = nil
+	}
+	return tail, err
 }
 
 // Teardown removes what Setup installed for a. Native nftables tables and

@@ -30,12 +30,15 @@ func TestSetupOverNetlinkIsTheIPTablesRuleset(t *testing.T) {
 	err = netns.Enter(p, func() error {
 		// The first Setup finds no nat table and uses the tools, which
 		// make it; the second goes over netlink.
-		if err := Setup(ctx, b, other, []net.IPNet{cidr("198.18.16.6/24"), cidr("fd20:0:0:16::6/64")}); err != nil {
-			return err
+		tail, err := Setup(ctx, b, other, []net.IPNet{cidr("198.18.16.6/24"), cidr("fd20:0:0:16::6/64")})
+		if err != nil || tail != nil {
+			return fmt.Errorf("first Setup: %v, %v (want the tools, no socket)", tail, err)
 		}
-		if err := appendRules(att, addrs); err != nil {
-			return fmt.Errorf("over netlink: %w", err)
+		tail, err = Setup(ctx, b, att, addrs)
+		if err != nil || tail == nil {
+			return fmt.Errorf("Setup over netlink: %v, %v", tail, err)
 		}
+		tail.Close()
 		v4, v6 := split(addrs)
 		for _, fam := range []struct {
 			f     firewall.Family
@@ -53,7 +56,7 @@ func TestSetupOverNetlinkIsTheIPTablesRuleset(t *testing.T) {
 		if ok, err := Present(ctx, b, att, addrs); !ok || err != nil {
 			return fmt.Errorf("Present = %v, %v", ok, err)
 		}
-		tail, err := Teardown(ctx, b, att, nil)
+		tail, err = Teardown(ctx, b, att, nil)
 		if tail != nil {
 			tail.Close()
 		}

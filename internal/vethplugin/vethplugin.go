@@ -121,15 +121,26 @@ func ContainerIndex(r *current.Result, ifName, netnsPath string) int {
 }
 
 // Announce sends gratuitous ARP / unsolicited NA for ips from inside the
-// namespace, from a detached helper process (see announce.Start). A failure
-// is logged: the pod works, neighbours learn a little later.
-func (n *NS) Announce(ifName string, ips []*current.IPConfig) {
+// namespace, from a detached helper process (see announce.Start), which also
+// carries tails (nil ones are skipped; they are closed here when no helper
+// starts). A failure is logged: the pod works, neighbours learn a little
+// later.
+func (n *NS) Announce(ifName string, ips []*current.IPConfig, tails ...*os.File) {
 	var addrs []net.IP
 	for _, ip := range ips {
 		addrs = append(addrs, ip.Address.IP)
 	}
-	if err := announce.Start(int(n.Handle), ifName, addrs); err != nil {
+	var keep []*os.File
+	for _, f := range tails {
+		if f != nil {
+			keep = append(keep, f)
+		}
+	}
+	if err := announce.Start(int(n.Handle), ifName, addrs, keep...); err != nil {
 		slog.Warn("announcing addresses failed", "error", err)
+	}
+	for _, f := range keep {
+		_ = f.Close()
 	}
 }
 
@@ -222,18 +233,21 @@ func (a *Attachment) HostVeth() string {
 	return link.HostVethName(a.HostPrefix, a.Args.ContainerID, a.Args.IfName)
 }
 
-// SetupMasq installs masquerading of addrs; the returned func undoes it.
-func (a *Attachment) SetupMasq(ctx context.Context, addrs []net.IPNet) (func(), error) {
+// SetupMasq installs masquerading of addrs; the returned func undoes it, and
+// the file, when not nil, is a tail for Announce to hand over (see
+// ipmasq.Setup).
+func (a *Attachment) SetupMasq(ctx context.Context, addrs []net.IPNet) (func(), *os.File, error) {
 	b := ipmasq.Backend(ctx, a.Backend)
 	m := a.Masq()
-	if err := ipmasq.Setup(ctx, b, m, addrs); err != nil {
-		return nil, cnierr.Wrap(err, "ipMasq")
+	tail, err := ipmasq.Setup(ctx, b, m, addrs)
+	if err != nil {
+		return nil, nil, cnierr.Wrap(err, "ipMasq")
 	}
 	return func() {
 		if tail, _ := ipmasq.Teardown(ctx, b, m, addrs); tail != nil {
 			_ = tail.Close()
 		}
-	}, nil
+	}, tail, nil
 }
 
 // Del tears the attachment down: IPAM DEL, in parallel with the masquerade

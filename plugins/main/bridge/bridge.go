@@ -117,15 +117,17 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 			}
 		}
 		steps.Mark("addresses")
+		var tail *os.File
 		if conf.IPMasq {
-			undoMasq, err := att.SetupMasq(ctx, vethplugin.IPNets(result.IPs))
+			undoMasq, t, err := att.SetupMasq(ctx, vethplugin.IPNets(result.IPs))
 			if err != nil {
 				return err
 			}
 			u.Push(undoMasq)
+			tail = t
 		}
 		steps.Mark("masquerade")
-		ns.Announce(args.IfName, result.IPs)
+		ns.Announce(args.IfName, result.IPs, tail)
 		steps.Mark("announce")
 	} else if !conf.DisableContainerInterface {
 		if err := ns.NL.LinkSetUp(cont); err != nil {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"os"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -99,17 +100,22 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 			return cnierr.Internal("route %s via %v in the pod: %v", r.Dst, r.Gw, err)
 		}
 	}
+	var tail *os.File
 	if conf.IPMasq {
-		undoMasq, err := att.SetupMasq(ctx, vethplugin.IPNets(result.IPs))
+		undoMasq, t, err := att.SetupMasq(ctx, vethplugin.IPNets(result.IPs))
 		if err != nil {
 			return err
 		}
 		u.Push(undoMasq)
+		tail = t
 	}
 	if err := ns.StillThere(args.Netns); err != nil {
+		if tail != nil {
+			_ = tail.Close()
+		}
 		return err
 	}
-	ns.Announce(args.IfName, result.IPs)
+	ns.Announce(args.IfName, result.IPs, tail)
 	if vethplugin.DNSSet(conf.DNS) {
 		result.DNS = conf.DNS
 	}
