@@ -12,19 +12,25 @@
 // A child can also carry tails: files whose last close blocks in the kernel
 // (a netfilter netlink socket after a removal waits for an RCU grace period
 // when closed). The child keeps them open after its job until the plugin
-// has exited, so that the last close, and its wait, is the child's.
+// has exited, so that the last close, and its wait, is the child's. It
+// learns of the exit without polling: it gets the read end of a pipe whose
+// only write end the plugin keeps open until it exits, and reads until EOF.
 package detach
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
+	"strconv"
+	"sync"
 	"syscall"
 	"time"
 )
 
-// envJob names the job of a detached child: "<job>:<arg>"; envHold tells it
-// that it carries tails.
+// envJob names the job of a detached child: "<job>:<arg>"; envHold, when
+// it carries tails, is the descriptor of the pipe that ends when the plugin
+// exits.
 const (
 	envJob  = "MESHWIRE_DETACHED_JOB"
 	envHold = "MESHWIRE_DETACHED_HOLD"
@@ -48,15 +54,40 @@ func StartHolding(job, arg string, files, tails []*os.File) error {
 	}
 	cmd := exec.Command(exe)
 	cmd.Env = []string{envJob + "=" + job + ":" + arg}
-	if len(tails) > 0 {
-		cmd.Env = append(cmd.Env, envHold+"=1")
-	}
 	cmd.ExtraFiles = append(append([]*os.File{}, files...), tails...)
+	var lifeline *os.File
+	if len(tails) > 0 {
+		r, w, err := os.Pipe()
+		if err != nil {
+			return fmt.Errorf("detach %s: %w", job, err)
+		}
+		defer r.Close()
+		lifeline = w
+		// ExtraFiles[i] is the child's descriptor 3+i.
+		cmd.Env = append(cmd.Env, envHold+"="+strconv.Itoa(3+len(cmd.ExtraFiles)))
+		cmd.ExtraFiles = append(cmd.ExtraFiles, r)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
+		if lifeline != nil {
+			lifeline.Close()
+		}
 		return fmt.Errorf("detach %s: %w", job, err)
 	}
+	if lifeline != nil {
+		// Kept open (and reachable, so that no finalizer closes it) until
+		// this process exits; close-on-exec keeps it from other children.
+		lifelines.Lock()
+		lifelines.files = append(lifelines.files, lifeline)
+		lifelines.Unlock()
+	}
 	return cmd.Process.Release()
+}
+
+// lifelines are the write ends of the pipes of holding children.
+var lifelines struct {
+	sync.Mutex
+	files []*os.File
 }
 
 // Hold hands tails to a detached child that does nothing else.
@@ -72,13 +103,15 @@ func Run(jobs map[string]Job) {
 	if !ok {
 		return
 	}
-	parent := os.Getppid()
 	code := 0
 	if err := dispatch(jobs, v); err != nil {
 		code = 1
 	}
-	if os.Getenv(envHold) != "" {
-		waitGone(parent, os.Getppid, holdLimit)
+	if fd, err := strconv.Atoi(os.Getenv(envHold)); err == nil && fd > 2 {
+		// Non-blocking before NewFile, so that reads go through the
+		// poller and honour a deadline.
+		_ = syscall.SetNonblock(fd, true)
+		waitEOF(os.NewFile(uintptr(fd), "lifeline"), holdLimit)
 	}
 	os.Exit(code)
 }
@@ -86,12 +119,11 @@ func Run(jobs map[string]Job) {
 // holdLimit bounds how long a child waits for the plugin to exit.
 const holdLimit = 10 * time.Second
 
-// waitGone returns once the process parent is no longer this one's parent
-// (it exited and this one was re-parented), or after limit.
-func waitGone(parent int, getppid func() int, limit time.Duration) {
-	for end := time.Now().Add(limit); getppid() == parent && time.Now().Before(end); {
-		time.Sleep(2 * time.Millisecond)
-	}
+// waitEOF returns once everything written to f was read and its write ends
+// are closed, or after limit.
+func waitEOF(f *os.File, limit time.Duration) {
+	_ = f.SetReadDeadline(time.Now().Add(limit))
+	_, _ = io.Copy(io.Discard, f)
 }
 
 func dispatch(jobs map[string]Job, v string) error {
