@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -18,7 +17,6 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/vishvananda/netlink"
 
-	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/ipmasq"
 	"github.com/meshwire/meshwire/internal/link"
 	"github.com/meshwire/meshwire/test/harness"
@@ -39,37 +37,11 @@ type bridgeEnv struct {
 // its pods) after the test but before the leak check.
 func newBridgeEnv(t *testing.T, extraPath ...string) *bridgeEnv {
 	h := harness.New(t, extraPath...)
-	bridgeFirewallBaseline(t)
+	nodeBaseline(t)
 	e := &bridgeEnv{h: h, br: "mwt-br" + harness.RandomID()[:4], dataDir: t.TempDir()}
 	h.CheckNoLeaks()
 	t.Cleanup(func() { bridgeRemoveLinks(e.br) })
 	return e
-}
-
-// bridgeFirewallBaseline puts the node-level state the plugins set up once
-// per node in place before the leak snapshot, as it would be on any node
-// running pods: the iptables nat tables (created on first use, they stay) and
-// IP forwarding (enabling IPv6 forwarding adds anycast routes).
-func bridgeFirewallBaseline(t *testing.T) {
-	for _, key := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"} {
-		if err := os.WriteFile(key, []byte("1"), 0o644); err != nil {
-			t.Fatalf("enable forwarding: %v", err)
-		}
-	}
-	// The backend the plugins will detect (and remember) for ipMasq, and
-	// the iptables default, which the tests force with ipMasqBackend.
-	ctx := context.Background()
-	backends := []firewall.Backend{ipmasq.Backend(ctx, ""), {Kind: firewall.IPTables}}
-	for _, b := range backends {
-		if b.Kind != firewall.IPTables {
-			continue
-		}
-		for _, f := range []firewall.Family{firewall.V4, firewall.V6} {
-			if err := b.Restore(ctx, f, "*nat\n:POSTROUTING ACCEPT [0:0]\nCOMMIT\n"); err != nil {
-				t.Fatalf("create the nat table (%s, IPv%d): %v", b, f, err)
-			}
-		}
-	}
 }
 
 // bridgeRemoveLinks deletes the test bridge and its VLAN gateway links.

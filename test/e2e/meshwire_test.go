@@ -86,6 +86,7 @@ func (m *meshwireCmd) mustRun(args ...string) string {
 func TestMeshwireLifecycle(t *testing.T) {
 	m := newMeshwireCmd(t)
 	h := harness.New(t)
+	nodeBaseline(t)
 	h.CheckNoLeaks()
 	conf := meshwireConflist(t)
 	name := "mwt-cmd-" + harness.RandomID()[:6]
@@ -159,6 +160,7 @@ func TestMeshwireLifecycle(t *testing.T) {
 func TestMeshwireLoopbackOnly(t *testing.T) {
 	m := newMeshwireCmd(t)
 	h := harness.New(t)
+	nodeBaseline(t)
 	h.CheckNoLeaks()
 	conf := filepath.Join(t.TempDir(), "lo.conflist")
 	os.WriteFile(conf, []byte(`{"cniVersion":"1.1.0","name":"mwt-lo","plugins":[{"type":"loopback"}]}`), 0o644)
@@ -234,6 +236,7 @@ func TestMeshwireErrors(t *testing.T) {
 func TestMeshwireDemo(t *testing.T) {
 	m := newMeshwireCmd(t)
 	h := harness.New(t)
+	nodeBaseline(t)
 	h.CheckNoLeaks()
 	out := m.mustRun("demo")
 	for _, step := range []string{"reaches mwdemo-b at", "the host reaches mwdemo-b", "host port 127.0.0.1:8080 reaches mwdemo-b:80", "is shaped to 10mbit", "mwdemo-b: CNI CHECK passes", "removed bridge mw0",
@@ -252,6 +255,7 @@ func TestMeshwireDemo(t *testing.T) {
 func TestMeshwireDemoInterrupted(t *testing.T) {
 	m := newMeshwireCmd(t)
 	h := harness.New(t)
+	nodeBaseline(t)
 	h.CheckNoLeaks()
 	cmd := exec.Command(m.bin, "demo", "--hold", "60s", "--state-dir", m.stateDir, "--cni-path", m.cniPath)
 	stdout, err := cmd.StdoutPipe()

@@ -53,7 +53,7 @@ type portmapEnv struct {
 func newPortmapEnv(t *testing.T) *portmapEnv {
 	t.Helper()
 	h := harness.New(t)
-	portmapBaseline(t)
+	nodeBaseline(t)
 	e := &portmapEnv{h: h, br: "mwtp" + harness.RandomID()[:6], dataDir: t.TempDir()}
 	h.CheckNoLeaks()
 	t.Cleanup(func() {
@@ -63,25 +63,6 @@ func newPortmapEnv(t *testing.T) *portmapEnv {
 	})
 	e.outside = portmapOutside(t, h)
 	return e
-}
-
-// portmapBaseline puts in place the node-level state any node running pods
-// has, before the leak snapshot: IP forwarding, and the nat tables of every
-// iptables variant (created on first use by anyone, they stay).
-func portmapBaseline(t *testing.T) {
-	t.Helper()
-	for _, key := range []string{"/proc/sys/net/ipv4/ip_forward", "/proc/sys/net/ipv6/conf/all/forwarding"} {
-		if err := os.WriteFile(key, []byte("1"), 0o644); err != nil {
-			t.Fatalf("enable forwarding: %v", err)
-		}
-	}
-	for _, tool := range []string{"iptables-restore", "ip6tables-restore", "iptables-legacy-restore", "ip6tables-legacy-restore"} {
-		cmd := exec.Command(tool, "--noflush", "-w", "10")
-		cmd.Stdin = strings.NewReader("*nat\n:POSTROUTING ACCEPT [0:0]\nCOMMIT\n")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("%s: %v: %s", tool, err, out)
-		}
-	}
 }
 
 // portmapOutside makes the outside client namespace. It has no route to the
@@ -735,7 +716,7 @@ func TestPortmapCheckDetectsDrift(t *testing.T) {
 // refused with code 7 naming them, and change nothing.
 func TestPortmapBadInput(t *testing.T) {
 	h := harness.New(t)
-	portmapBaseline(t)
+	nodeBaseline(t)
 	h.CheckNoLeaks()
 	ns := h.NewNS("pm")
 	prev := `"prevResult":{"cniVersion":"1.1.0","interfaces":[{"name":"eth0","sandbox":"` + ns.Path + `"}],"ips":[{"address":"198.18.48.9/24","interface":0}]}`
