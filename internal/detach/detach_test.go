@@ -99,8 +99,9 @@ func TestHoldEndsWithThePlugin(t *testing.T) {
 	if exited < 300*time.Millisecond {
 		t.Fatalf("plugin exited after %v, before its 300ms", exited)
 	}
-	if released < exited {
-		t.Fatalf("tail closed at %v, before the plugin exited at %v", released, exited)
+	// (Wait may return a little after the child already saw the exit.)
+	if released < 300*time.Millisecond {
+		t.Fatalf("tail closed at %v, while the plugin still ran (it exits after 300ms)", released)
 	}
 	if released > exited+2*time.Second {
 		t.Fatalf("tail closed %v after the plugin exited: the child lingered", released-exited)
