@@ -168,7 +168,7 @@ func (c *Conn) AppendRules(rules []NewRule) error {
 			for _, e := range r.Exprs {
 				list = appendAttr(list, nest(unix.NFTA_LIST_ELEM, strAttr(unix.NFTA_EXPR_NAME, e.name), nest(unix.NFTA_EXPR_DATA, e.data...)))
 			}
-			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_NEWRULE), unix.NLM_F_REQUEST|unix.NLM_F_CREATE|unix.NLM_F_APPEND|unix.NLM_F_ACK, nfproto(r.Family), 0,
+			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_NEWRULE), unix.NLM_F_REQUEST|unix.NLM_F_CREATE|unix.NLM_F_APPEND, nfproto(r.Family), 0,
 				strAttr(unix.NFTA_RULE_TABLE, r.Table), strAttr(unix.NFTA_RULE_CHAIN, r.Chain),
 				attr{unix.NFTA_RULE_EXPRESSIONS | unix.NLA_F_NESTED, list})
 		}

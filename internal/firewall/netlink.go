@@ -38,7 +38,13 @@ func (b Backend) NFTablesBacked() bool {
 	return defaultIsNFT()
 }
 
-var defaultIsNFT = sync.OnceValue(func() bool { return isNFTTool(resolveTool("iptables-restore")) })
+// defaultIsNFT: both families' default tools are iptables-nft. Debian
+// switches iptables and ip6tables as separate alternatives; when only one of
+// them is the nft variant, the tools are used for both (rules written over
+// netlink for one family would be invisible to the other's tools).
+var defaultIsNFT = sync.OnceValue(func() bool {
+	return isNFTTool(resolveTool("iptables-restore")) && isNFTTool(resolveTool("ip6tables-restore"))
+})
 
 // resolveTool follows a tool's symlinks (Debian's alternatives) to the
 // binary that implements it; "" when it is not installed.
@@ -188,11 +194,11 @@ func (c *Conn) send(b []byte) error {
 	return nil
 }
 
-// receive reads messages and passes those answering seqs to fn (type and
-// payload after the netlink header; the payload is only valid during the
-// call) until fn reports done. An error message is returned as its errno;
+// receive reads messages and passes those answering seqs to fn (type,
+// sequence number and payload after the netlink header; the payload is only
+// valid during the call) until fn reports done. An error message is returned as its errno;
 // an acknowledgement is passed to fn as NLMSG_ERROR with errno 0.
-func (c *Conn) receive(seqs func(uint32) bool, fn func(typ uint16, payload []byte) (done bool)) error {
+func (c *Conn) receive(seqs func(uint32) bool, fn func(typ uint16, seq uint32, payload []byte) (done bool)) error {
 	for {
 		n, _, err := unix.Recvfrom(c.fd, c.buf, 0)
 		if err != nil {
@@ -222,7 +228,7 @@ func (c *Conn) receive(seqs func(uint32) bool, fn func(typ uint16, payload []byt
 					return unix.Errno(errno)
 				}
 			}
-			if fn(typ, payload) {
+			if fn(typ, seq, payload) {
 				return nil
 			}
 		}
@@ -258,7 +264,7 @@ func (c *Conn) generation() (uint32, error) {
 	}
 	var gen uint32
 	found := false
-	err := c.receive(func(s uint32) bool { return s == seq }, func(typ uint16, payload []byte) bool {
+	err := c.receive(func(s uint32) bool { return s == seq }, func(typ uint16, _ uint32, payload []byte) bool {
 		if typ == nftType(unix.NFT_MSG_NEWGEN) && len(payload) >= 4 {
 			eachAttr(payload[4:], func(t uint16, d []byte) {
 				if t == unix.NFTA_GEN_ID && len(d) == 4 {
@@ -298,8 +304,15 @@ func (c *Conn) dump(msg int, family byte, attrs []attr, begin func(), each func(
 		if err := c.send(req); err != nil {
 			return err
 		}
-		err = c.receive(func(s uint32) bool { return s == seq }, func(typ uint16, payload []byte) bool {
+		var status error
+		err = c.receive(func(s uint32) bool { return s == seq }, func(typ uint16, _ uint32, payload []byte) bool {
 			if typ == unix.NLMSG_DONE {
+				// A dump the kernel cut short says so here.
+				if len(payload) >= 4 {
+					if v := int32(binary.NativeEndian.Uint32(payload[:4])); v < 0 {
+						status = unix.Errno(-v)
+					}
+				}
 				return true
 			}
 			if len(payload) >= 4 {
@@ -307,6 +320,9 @@ func (c *Conn) dump(msg int, family byte, attrs []attr, begin func(), each func(
 			}
 			return false
 		})
+		if err == nil {
+			err = status
+		}
 		if err != nil {
 			return err
 		}
@@ -326,21 +342,36 @@ func (c *Conn) dump(msg int, family byte, attrs []attr, begin func(), each func(
 	}
 }
 
-// batch commits msgs (built by build with the batch's sequence numbers) as
-// one nf_tables transaction and waits for every acknowledgement.
+// batch commits msgs (built by build with the batch's sequence numbers and
+// without NLM_F_ACK) as one nf_tables transaction and waits for its outcome.
+// Only the last message asks for an acknowledgement: the kernel reports
+// every failing message anyway, so the answer is one message however large
+// the batch (an acknowledgement per message, each carrying a copy of its
+// request, can overrun the socket's buffer before anything is read). Errors
+// the kernel reports against the batch header itself (no permission, no
+// nf_tables, out of memory) end the wait too.
 func (c *Conn) batch(build func(b []byte) []byte) error {
 	b, first := c.appendMsg(nil, unix.NFNL_MSG_BATCH_BEGIN, unix.NLM_F_REQUEST, unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES)
+	begin := len(b)
 	b = build(b)
+	if len(b) == begin {
+		return errors.New("empty transaction")
+	}
+	// Find the last message and ask for its acknowledgement.
+	lastOff := begin
+	for off := begin; off < len(b); off += align4(int(binary.NativeEndian.Uint32(b[off:]))) {
+		lastOff = off
+	}
+	flags := binary.NativeEndian.Uint16(b[lastOff+6:])
+	binary.NativeEndian.PutUint16(b[lastOff+6:], flags|unix.NLM_F_ACK)
+	acked := binary.NativeEndian.Uint32(b[lastOff+8:])
 	b, last := c.appendMsg(b, unix.NFNL_MSG_BATCH_END, unix.NLM_F_REQUEST, unix.AF_UNSPEC, unix.NFNL_SUBSYS_NFTABLES)
 	if err := c.send(b); err != nil {
 		return err
 	}
-	pending := int(last - first - 1)
-	return c.receive(func(s uint32) bool { return s-first > 0 && s-first < last-first }, func(typ uint16, _ []byte) bool {
-		if typ == unix.NLMSG_ERROR {
-			pending--
-		}
-		return pending <= 0
+	// Answers to any message of the batch, its header included, count.
+	return c.receive(func(s uint32) bool { return s-first <= last-first }, func(typ uint16, seq uint32, _ []byte) bool {
+		return typ == unix.NLMSG_ERROR && seq == acked
 	})
 }
 
@@ -427,7 +458,7 @@ func (c *Conn) DeleteRules(f Family, table, chain string, handles []uint64) erro
 	}
 	err := c.batch(func(b []byte) []byte {
 		for _, h := range handles {
-			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_DELRULE), unix.NLM_F_REQUEST|unix.NLM_F_ACK, nfproto(f), 0,
+			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_DELRULE), unix.NLM_F_REQUEST, nfproto(f), 0,
 				strAttr(unix.NFTA_RULE_TABLE, table), strAttr(unix.NFTA_RULE_CHAIN, chain),
 				attr{unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, h)})
 		}
@@ -459,6 +490,9 @@ func (c *Conn) DeleteTagged(f Family, table, chain string, sel func(comment stri
 		}
 		if err = c.DeleteRules(f, table, chain, handles); err == nil {
 			return len(handles), nil
+		}
+		if !errors.Is(err, unix.ENOENT) {
+			return 0, err // not a rule another process removed first
 		}
 	}
 	return 0, err
@@ -506,9 +540,9 @@ func (c *Conn) DeleteTables(fam TableFamily, names []string) error {
 	}
 	err := c.batch(func(b []byte) []byte {
 		for _, n := range names {
-			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_NEWTABLE), unix.NLM_F_REQUEST|unix.NLM_F_CREATE|unix.NLM_F_ACK, byte(fam), 0,
+			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_NEWTABLE), unix.NLM_F_REQUEST|unix.NLM_F_CREATE, byte(fam), 0,
 				strAttr(unix.NFTA_TABLE_NAME, n), attr{unix.NFTA_TABLE_FLAGS, []byte{0, 0, 0, 0}})
-			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_DELTABLE), unix.NLM_F_REQUEST|unix.NLM_F_ACK, byte(fam), 0,
+			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_DELTABLE), unix.NLM_F_REQUEST, byte(fam), 0,
 				strAttr(unix.NFTA_TABLE_NAME, n))
 		}
 		return b

@@ -10,6 +10,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -212,7 +213,6 @@ func TestChainRulesConsistentUnderChurn(t *testing.T) {
 			}
 			done <- nil
 		}()
-		last := fmt.Sprintf("r%d", n-1)
 		for reads := 0; ; reads++ {
 			select {
 			case err := <-done:
@@ -226,8 +226,16 @@ func TestChainRulesConsistentUnderChurn(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			if len(rules) == 0 || rules[len(rules)-1].Comment != last {
-				return fmt.Errorf("read %d: the chain's last rule %s is missing (%d rules read)", reads, last, len(rules))
+			// The writer removes from the front, so any consistent read is
+			// a contiguous run r<j> … r<n-1>; a skip shows as a gap.
+			if len(rules) == 0 {
+				return fmt.Errorf("read %d: no rules, want at least r%d", reads, n-1)
+			}
+			first := n - len(rules)
+			for i, r := range rules {
+				if want := fmt.Sprintf("r%d", first+i); r.Comment != want {
+					return fmt.Errorf("read %d: rule %d of %d is %q, want %q (rules skipped or repeated)", reads, i, len(rules), r.Comment, want)
+				}
 			}
 		}
 	})
@@ -246,7 +254,16 @@ func FuzzParseRule(f *testing.F) {
 	f.Add([]byte{8, 0, 7, 0, 1, 2})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r := parseRule(b)
-		_ = r
+		// Nothing is invented: a handle, comment and target all come from
+		// bytes of the message.
+		if r.Handle != 0 && !bytes.Contains(b, binary.BigEndian.AppendUint64(nil, r.Handle)) {
+			t.Fatalf("handle %d is not in the message", r.Handle)
+		}
+		for _, s := range []string{r.Comment, r.Target} {
+			if s != "" && s != "MASQUERADE" && !bytes.Contains(b, []byte(s)) {
+				t.Fatalf("%q is not in the message", s)
+			}
+		}
 	})
 }
 
@@ -324,8 +341,11 @@ func TestAppendedRulesAreIPTablesRules(t *testing.T) {
 				if err != nil {
 					return err
 				}
-				if len(raw) != 2 || !bytes.Equal(raw[0], raw[1]) {
-					return fmt.Errorf("expressions differ:\niptables-nft %x\nnetlink      %x", raw[0], raw[len(raw)-1])
+				if len(raw) != 2 {
+					return fmt.Errorf("%d rules in the chain, want the two", len(raw))
+				}
+				if !bytes.Equal(raw[0], raw[1]) {
+					return fmt.Errorf("expressions differ:\niptables-nft %x\nnetlink      %x", raw[0], raw[1])
 				}
 				save, err := b.Save(ctx, tc.f, "nat")
 				if err != nil {
@@ -352,6 +372,58 @@ func TestAppendToMissingChain(t *testing.T) {
 		err = c.AppendRules([]NewRule{{Family: V4, Table: "nat", Chain: "POSTROUTING", Exprs: []Expr{Counter()}}})
 		if !errors.Is(err, unix.ENOENT) {
 			return fmt.Errorf("append to a missing table: %v, want ENOENT", err)
+		}
+		return nil
+	})
+}
+
+// TestBatchOutcome: a transaction whose middle message fails is reported
+// at once with the kernel's error and changes nothing (only the last
+// message asks for an acknowledgement, every failure is reported anyway);
+// an empty one is refused; a large one (more acknowledgements than the
+// socket's buffer would hold) succeeds.
+func TestBatchOutcome(t *testing.T) {
+	b := Backend{Kind: IPTables, Variant: VariantNFT}
+	inNewNS(t, func() error {
+		const n = 3000
+		var payload strings.Builder
+		payload.WriteString("*nat\n")
+		for i := 0; i < n; i++ {
+			fmt.Fprintf(&payload, "-A POSTROUTING -s 198.18.82.%d/32 -m comment --comment \"r%d\" -j MASQUERADE\n", i%250+1, i)
+		}
+		payload.WriteString("COMMIT\n")
+		if err := b.Restore(context.Background(), V4, payload.String()); err != nil {
+			return err
+		}
+		c, err := Open()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		rules, err := c.ChainRules(V4, "nat", "POSTROUTING")
+		if err != nil || len(rules) != n {
+			return fmt.Errorf("read %d rules, %v; want %d", len(rules), err, n)
+		}
+		start := time.Now()
+		err = c.DeleteRules(V4, "nat", "POSTROUTING", []uint64{rules[0].Handle, 1 << 40, rules[1].Handle})
+		if !errors.Is(err, unix.ENOENT) {
+			return fmt.Errorf("removal with a missing handle in the middle: %v, want ENOENT", err)
+		}
+		if d := time.Since(start); d > connTimeout/2 {
+			return fmt.Errorf("the failure took %v to be reported", d)
+		}
+		if again, err := c.ChainRules(V4, "nat", "POSTROUTING"); err != nil || len(again) != n {
+			return fmt.Errorf("a failed transaction changed the chain: %d rules, %v", len(again), err)
+		}
+		if err := c.batch(func(b []byte) []byte { return b }); err == nil {
+			return fmt.Errorf("an empty transaction was sent")
+		}
+		removed, err := c.DeleteTagged(V4, "nat", "POSTROUTING", func(string) bool { return true })
+		if err != nil || removed != n {
+			return fmt.Errorf("removing %d rules in one transaction: %d removed, %v", n, removed, err)
+		}
+		if again, err := c.ChainRules(V4, "nat", "POSTROUTING"); err != nil || len(again) != 0 {
+			return fmt.Errorf("after removing all: %d rules, %v", len(again), err)
 		}
 		return nil
 	})
