@@ -37,7 +37,8 @@ func (w *goneWatch) Close() { unix.Close(w.fd) }
 
 // pollSlice is how long one read waits before the link is looked up
 // directly (an announcement can be lost when the socket's buffer overruns).
-const pollSlice = 50 * time.Millisecond
+// A variable for the test that the announcement alone ends the wait.
+var pollSlice = 50 * time.Millisecond
 
 // wait returns nil once link idx is removed, or an error at deadline.
 func (w *goneWatch) wait(idx int, deadline time.Time) error {

@@ -57,6 +57,10 @@ func TestDeleteAndWait(t *testing.T) {
 			}
 		}
 		mk()
+		// Only the removal's announcement may end the wait within the
+		// bound checked below, not the fallback lookup.
+		defer func(old time.Duration) { pollSlice = old }(pollSlice)
+		pollSlice = 10 * time.Second
 		started := time.Now()
 		deleted, err := DeleteAndWait("mwta", func() error {
 			// Another task, as the detached child is: its own handle into
