@@ -87,6 +87,8 @@ func run(ctx context.Context, typ, cmd string, stdin []byte) ([]byte, error) {
 	case stdout.Len() > 0 && json.Unmarshal(stdout.Bytes(), e) == nil && (e.Code != 0 || e.Msg != ""):
 	case stderr.Len() > 0:
 		e = &types.Error{Code: types.ErrInternal, Msg: fmt.Sprintf("failed: %q", strings.TrimSpace(stderr.String()))}
+	case stdout.Len() > 0:
+		e = &types.Error{Code: types.ErrInternal, Msg: fmt.Sprintf("failed (%v) with a message that is not a CNI error: %q", err, strings.TrimSpace(stdout.String()))}
 	default:
 		e = &types.Error{Code: types.ErrInternal, Msg: fmt.Sprintf("failed with no error message: %v", err)}
 	}
@@ -122,10 +124,13 @@ func Add(ctx context.Context, typ string, stdin []byte) (*current.Result, func()
 	if conf.CNIVersion == "" {
 		conf.CNIVersion = "0.1.0" // what a config without a version means
 	}
-	r, err := create.Create(conf.CNIVersion, out)
 	var res *current.Result
+	ver, out, err := resultVersion(conf.CNIVersion, out)
 	if err == nil {
-		res, err = current.NewResultFromResult(r)
+		var r types.Result
+		if r, err = create.Create(ver, out); err == nil {
+			res, err = current.NewResultFromResult(r)
+		}
 	}
 	if err != nil {
 		release()
@@ -203,4 +208,21 @@ func (p *Pending) Release() {
 		p.release()
 		p.release = nil
 	}
+}
+
+// resultVersion returns the spec version of an IPAM result and the result,
+// as libcni reads a delegated plugin's: its own cniVersion, or, when it has
+// none (many script and custom IPAM plugins leave it out), the config's,
+// written into it.
+func resultVersion(confVersion string, out []byte) (string, []byte, error) {
+	var raw map[string]any
+	if err := json.Unmarshal(out, &raw); err != nil {
+		return "", nil, fmt.Errorf("not a JSON object: %v", err)
+	}
+	if v, ok := raw["cniVersion"].(string); ok && v != "" {
+		return v, out, nil
+	}
+	raw["cniVersion"] = confVersion
+	fixed, err := json.Marshal(raw)
+	return confVersion, fixed, err
 }

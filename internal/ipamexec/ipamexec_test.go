@@ -23,6 +23,9 @@ case "$conf" in
 *'"mode":"error"'*) echo '{"cniVersion":"1.0.0","code":11,"msg":"busy","details":"try later"}'; exit 1 ;;
 *'"mode":"stderr"'*) echo 'it broke' >&2; exit 3 ;;
 *'"mode":"silent"'*) exit 4 ;;
+*'"mode":"text"'*) echo 'no luck today'; exit 5 ;;
+*'"mode":"noversion"'*) echo '{"ips":[{"address":"198.18.95.3/24"}]}'; exit 0 ;;
+*'"mode":"older"'*) echo '{"cniVersion":"0.4.0","ips":[{"version":"4","address":"198.18.95.4/24"}]}'; exit 0 ;;
 esac
 [ "$CNI_COMMAND" = ADD ] && echo '{"cniVersion":"1.0.0","ips":[{"address":"198.18.95.2/24","gateway":"198.18.95.1"}]}'
 exit 0
@@ -75,6 +78,9 @@ func TestDelegationErrors(t *testing.T) {
 	if err := GC(ctx, "fake", conf("silent")); cnierr.Code(err) != 999 || !strings.Contains(err.Error(), "exit status 4") {
 		t.Fatalf("silent failure: %v (code %d)", err, cnierr.Code(err))
 	}
+	if err := GC(ctx, "fake", conf("text")); cnierr.Code(err) != 999 || !strings.Contains(err.Error(), "no luck today") {
+		t.Fatalf("failure with plain text on stdout: %v (code %d)", err, cnierr.Code(err))
+	}
 	if _, _, err := Add(ctx, "missing", conf("ok")); err == nil || !strings.Contains(err.Error(), `failed to find plugin "missing"`) {
 		t.Fatalf("missing plugin: %v", err)
 	}
@@ -83,5 +89,21 @@ func TestDelegationErrors(t *testing.T) {
 	}
 	if _, _, err := Add(ctx, "../fake", conf("ok")); err == nil {
 		t.Fatal("a plugin name with a path was run")
+	}
+}
+
+// TestResultVersions: as with libcni, a result is read with its own
+// cniVersion, and with the config's when it has none.
+func TestResultVersions(t *testing.T) {
+	fakeIPAM(t)
+	for mode, want := range map[string]string{"noversion": "198.18.95.3/24", "older": "198.18.95.4/24"} {
+		res, release, err := Add(context.Background(), "fake", conf(mode))
+		if err != nil {
+			t.Fatalf("%s: %v", mode, err)
+		}
+		release()
+		if len(res.IPs) != 1 || res.IPs[0].Address.String() != want {
+			t.Fatalf("%s: result %+v", mode, res)
+		}
 	}
 }
