@@ -3,7 +3,9 @@ package harness
 import (
 	"fmt"
 	"io"
+	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -76,3 +78,36 @@ func (t *Table) Write(w io.Writer) {
 // ReferenceDir is where Debian's containernetworking-plugins installs the
 // reference plugins that benchmarks compare against.
 const ReferenceDir = "/usr/lib/cni"
+
+// WaitIdle returns once the machine's CPUs were at least 90% idle over a
+// 200 ms window (the kernel finished tearing down what an earlier run
+// removed: namespaces, devices, conntrack entries), or after limit; it
+// reports whether the machine settled. Benchmarks call it before each
+// timed run so that one implementation's run does not pay for another's
+// aftermath.
+func WaitIdle(limit time.Duration) bool {
+	read := func() (idle, total uint64) {
+		b, err := os.ReadFile("/proc/stat")
+		if err != nil {
+			return 0, 0
+		}
+		line, _, _ := strings.Cut(string(b), "\n")
+		for i, f := range strings.Fields(line)[1:] {
+			v, _ := strconv.ParseUint(f, 10, 64)
+			total += v
+			if i == 3 || i == 4 { // idle, iowait
+				idle += v
+			}
+		}
+		return idle, total
+	}
+	for end := time.Now().Add(limit); time.Now().Before(end); {
+		i0, t0 := read()
+		time.Sleep(200 * time.Millisecond)
+		i1, t1 := read()
+		if t1 > t0 && float64(i1-i0) >= 0.9*float64(t1-t0) {
+			return true
+		}
+	}
+	return false
+}
