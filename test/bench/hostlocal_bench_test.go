@@ -14,7 +14,7 @@ import (
 	"github.com/containernetworking/cni/pkg/invoke"
 	"golang.org/x/sys/unix"
 
-	"github.com/meshwire/meshwire/plugins/ipam/host-local/store"
+	"github.com/meshwire/meshwire/internal/hostlocal/store"
 	"github.com/meshwire/meshwire/test/harness"
 )
 

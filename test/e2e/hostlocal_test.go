@@ -25,7 +25,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/meshwire/meshwire/internal/filelock"
-	"github.com/meshwire/meshwire/plugins/ipam/host-local/store"
+	"github.com/meshwire/meshwire/internal/hostlocal/store"
 	"github.com/meshwire/meshwire/test/harness"
 )
 

@@ -1,4 +1,9 @@
-package main
+// Package hostlocal is meshwire's host-local IPAM: it allocates addresses
+// from configured ranges and keeps them in a crash-safe store on the node
+// (subpackages config and store). The host-local plugin binary runs it, and
+// so do the bridge and veth plugins, in-process, when the host-local on
+// CNI_PATH is the binary built with them.
+package hostlocal
 
 import (
 	"bufio"
@@ -15,32 +20,41 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/meshwire/meshwire/internal/cnierr"
-	"github.com/meshwire/meshwire/plugins/ipam/host-local/config"
-	"github.com/meshwire/meshwire/plugins/ipam/host-local/store"
+	"github.com/meshwire/meshwire/internal/hostlocal/config"
+	"github.com/meshwire/meshwire/internal/hostlocal/store"
 )
 
-const pluginType = "host-local"
+// Type is the plugin's type, its binary's name.
+const Type = "host-local"
+
+// BuildID is the Go build ID of the host-local binary built together with
+// the binary this package is linked into; the Makefile sets it on the
+// bridge and veth plugins, which run host-local in-process when the
+// host-local found on CNI_PATH is that very binary (see ipamexec.Linked).
+var BuildID string
 
 func owner(args *skel.CmdArgs) store.Owner {
 	return store.Owner{ID: strings.TrimSpace(args.ContainerID), IfName: args.IfName}
 }
 
-func cmdAdd(args *skel.CmdArgs) error {
+// Add allocates the container's addresses and returns the result, with the
+// spec version of the config, in which the plugin prints it.
+func Add(args *skel.CmdArgs) (*current.Result, string, error) {
 	conf, err := config.Load(args.StdinData, args.Args)
 	if err != nil {
-		return err
+		return nil, "", err
 	}
 	result := &current.Result{CNIVersion: current.ImplementedSpecVersion, Routes: conf.Routes}
 	if conf.ResolvConf != "" {
 		dns, err := parseResolvConf(conf.ResolvConf)
 		if err != nil {
-			return cnierr.Field("ipam.resolvConf", "%v", err)
+			return nil, "", cnierr.Field("ipam.resolvConf", "%v", err)
 		}
 		result.DNS = *dns
 	}
 	s, err := store.Open(conf.DataDir, conf.Network, conf.LockTimeout)
 	if err != nil {
-		return err
+		return nil, "", err
 	}
 	defer s.Close()
 	err = s.Update(func(tx *store.Tx) error {
@@ -48,10 +62,10 @@ func cmdAdd(args *skel.CmdArgs) error {
 		return err
 	})
 	if err != nil {
-		return err
+		return nil, "", err
 	}
 	slog.Info("allocated", "ips", ipList(result.IPs))
-	return types.PrintResult(result, conf.CNIVersion)
+	return result, conf.CNIVersion, nil
 }
 
 // unavailable is a failure to allocate that is neither a bad config nor
@@ -145,7 +159,8 @@ func checkRequested(conf *config.IPAM) error {
 	return nil
 }
 
-func cmdDel(args *skel.CmdArgs) error {
+// Del releases what the container holds on this network.
+func Del(args *skel.CmdArgs) error {
 	conf, err := config.Load(args.StdinData, args.Args)
 	if err != nil {
 		return err
@@ -167,7 +182,8 @@ func cmdDel(args *skel.CmdArgs) error {
 	})
 }
 
-func cmdCheck(args *skel.CmdArgs) error {
+// Check verifies the container holds its prevResult addresses.
+func Check(args *skel.CmdArgs) error {
 	conf, err := config.Load(args.StdinData, args.Args)
 	if err != nil {
 		return err
@@ -248,7 +264,8 @@ func validAttachments(stdin []byte) ([]types.GCAttachment, error) {
 	return nil, cnierr.Field("cni.dev/valid-attachments", "missing: GC needs the list of attachments to keep")
 }
 
-func cmdGC(args *skel.CmdArgs) error {
+// GC releases the allocations of attachments not in the valid list.
+func GC(args *skel.CmdArgs) error {
 	conf, err := config.Load(args.StdinData, args.Args)
 	if err != nil {
 		return err
@@ -301,7 +318,9 @@ func collect(tx *store.Tx, valid []types.GCAttachment) ([]store.Allocation, erro
 	return stale, err
 }
 
-func cmdStatus(args *skel.CmdArgs) error {
+// Status reports whether ADD can succeed: the store is usable and every
+// range set has a free address.
+func Status(args *skel.CmdArgs) error {
 	conf, err := config.Load(args.StdinData, "")
 	if err != nil {
 		return err

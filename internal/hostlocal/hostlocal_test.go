@@ -1,4 +1,4 @@
-package main
+package hostlocal
 
 import (
 	"errors"
@@ -13,8 +13,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
-	"github.com/meshwire/meshwire/plugins/ipam/host-local/config"
-	"github.com/meshwire/meshwire/plugins/ipam/host-local/store"
+	"github.com/meshwire/meshwire/internal/hostlocal/config"
+	"github.com/meshwire/meshwire/internal/hostlocal/store"
 )
 
 func loadConf(t *testing.T, dataDir, ipam string, extra ...string) *config.IPAM {
@@ -30,7 +30,7 @@ func loadConf(t *testing.T, dataDir, ipam string, extra ...string) *config.IPAM 
 	return c
 }
 
-// add runs allocate in its own transaction, as cmdAdd does.
+// add runs allocate in its own transaction, as Add does.
 func add(t *testing.T, c *config.IPAM, id string) ([]*current.IPConfig, error) {
 	t.Helper()
 	s, err := store.Open(c.DataDir, c.Network, time.Second)
