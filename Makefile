@@ -29,9 +29,14 @@ BENCH ?= .
 
 all: build
 
+# host-local first: the bridge and veth plugins carry its Go build ID and run
+# it in-process when the host-local on CNI_PATH is that binary.
+HOSTLOCAL := $(PKG)/plugins/ipam/host-local
+
 build:
 	@mkdir -p $(BIN)
-	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ $(SHIPPED)
+	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN)/ $(HOSTLOCAL)
+	$(GO) build -trimpath -ldflags "$(LDFLAGS) -X $(PKG)/internal/hostlocal.BuildID=$$($(GO) tool buildid $(BIN)/host-local)" -o $(BIN)/ $(filter-out $(HOSTLOCAL),$(SHIPPED))
 	@test -z "$(TESTBINS)" || $(GO) build -trimpath -o $(BIN)/test/ $(TESTBINS)
 
 deps:

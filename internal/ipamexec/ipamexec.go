@@ -5,7 +5,9 @@
 // It runs the plugin as libcni's delegation does (the caller's environment
 // with CNI_COMMAND set, the config on stdin, a CNI error read from stdout),
 // without linking libcni's invoke package, whose tracing brings an HTTP
-// stack into every plugin binary and a millisecond to every start.
+// stack into every plugin binary and a millisecond to every start. An IPAM
+// plugin compiled into the caller runs in-process when the binary found is
+// the one built with it (see Linked).
 package ipamexec
 
 import (
@@ -54,6 +56,9 @@ func run(ctx context.Context, typ, cmd string, stdin []byte) ([]byte, error) {
 	path, err := find(typ)
 	if err != nil {
 		return nil, err
+	}
+	if l := linkedFor(typ, path); l != nil {
+		return l.run(cmd, stdin)
 	}
 	env := os.Environ()
 	for i := 0; i < len(env); i++ {

@@ -28,6 +28,7 @@ import (
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/detach"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/hostlocal"
 	"github.com/meshwire/meshwire/internal/ipamexec"
 	"github.com/meshwire/meshwire/internal/ipmasq"
 	"github.com/meshwire/meshwire/internal/link"
@@ -93,6 +94,16 @@ func (n *NS) StillThere(path string) error {
 var Jobs = map[string]detach.Job{
 	announce.JobName:   announce.Job,
 	link.DeleteJobName: link.DeleteJob,
+}
+
+// meshwire's host-local is compiled into the veth-based plugins: IPAM runs
+// in-process when the host-local on CNI_PATH is the binary built with the
+// plugin, saving a process start on every ADD, DEL and CHECK.
+func init() {
+	ipamexec.Link(ipamexec.Linked{
+		Type: hostlocal.Type, BuildID: hostlocal.BuildID,
+		Add: hostlocal.Add, Del: hostlocal.Del, Check: hostlocal.Check, GC: hostlocal.GC, Status: hostlocal.Status,
+	})
 }
 
 // IPNets lists the addresses of ips.

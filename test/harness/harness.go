@@ -78,37 +78,14 @@ func BinDir(t testing.TB) string {
 			buildErr = err
 			return
 		}
-		list := exec.Command("go", "list", "-f", "{{if eq .Name \"main\"}}{{.ImportPath}}{{end}}", "./...")
-		list.Dir = root
-		out, err := list.Output()
-		if err != nil {
-			buildErr = fmt.Errorf("go list: %v", err)
+		// The Makefile's build, so that the binaries are made and stamped
+		// exactly as they ship (shipped programs in dir, test-only ones in
+		// dir/test).
+		cmd := exec.Command("make", "--no-print-directory", "build", "BIN="+dir)
+		cmd.Dir = root
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("make build: %v\n%s", err, out)
 			return
-		}
-		// Shipped programs go to dir, test-only ones (under test/) to
-		// dir/test, as `make build` lays out bin/.
-		var shipped, testOnly []string
-		for _, pkg := range strings.Fields(string(out)) {
-			if strings.Contains(pkg, "/test/") {
-				testOnly = append(testOnly, pkg)
-			} else {
-				shipped = append(shipped, pkg)
-			}
-		}
-		for _, set := range []struct {
-			out  string
-			pkgs []string
-		}{{dir + "/", shipped}, {dir + "/test/", testOnly}} {
-			if len(set.pkgs) == 0 {
-				continue
-			}
-			cmd := exec.Command("go", append([]string{"build", "-trimpath", "-o", set.out}, set.pkgs...)...)
-			cmd.Dir = root
-			cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				buildErr = fmt.Errorf("go build: %v\n%s", err, out)
-				return
-			}
 		}
 		binDir = dir
 	})
