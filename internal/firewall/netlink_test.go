@@ -175,21 +175,27 @@ func TestReleaseHandsOnlyRemovals(t *testing.T) {
 	})
 }
 
+// taggedRules appends n masquerade rules tagged r0 … r<n-1> to the IPv4
+// nat POSTROUTING chain with iptables-nft, sources in prefix (a /24's first
+// three bytes).
+func taggedRules(n int, prefix string) error {
+	var payload strings.Builder
+	payload.WriteString("*nat\n")
+	for i := 0; i < n; i++ {
+		fmt.Fprintf(&payload, "-A POSTROUTING -s %s.%d/32 -m comment --comment \"r%d\" -j MASQUERADE\n", prefix, i%250+1, i)
+	}
+	payload.WriteString("COMMIT\n")
+	return Backend{Kind: IPTables, Variant: VariantNFT}.Restore(context.Background(), V4, payload.String())
+}
+
 // TestChainRulesConsistentUnderChurn: a dump spans several reads, and rules
 // removed ahead of the reader's position between two reads must not make it
 // skip rules that stay; another connection removes rules from the front of
 // the chain while this one reads it.
 func TestChainRulesConsistentUnderChurn(t *testing.T) {
-	b := Backend{Kind: IPTables, Variant: VariantNFT}
 	inNewNS(t, func() error {
 		const n = 300
-		var payload strings.Builder
-		payload.WriteString("*nat\n")
-		for i := 0; i < n; i++ {
-			fmt.Fprintf(&payload, "-A POSTROUTING -s 198.18.81.%d/32 -m comment --comment \"r%d\" -j MASQUERADE\n", i%250+1, i)
-		}
-		payload.WriteString("COMMIT\n")
-		if err := b.Restore(context.Background(), V4, payload.String()); err != nil {
+		if err := taggedRules(n, "198.18.81"); err != nil {
 			return err
 		}
 		reader, err := Open()
@@ -383,16 +389,9 @@ func TestAppendToMissingChain(t *testing.T) {
 // an empty one is refused; a large one (more acknowledgements than the
 // socket's buffer would hold) succeeds.
 func TestBatchOutcome(t *testing.T) {
-	b := Backend{Kind: IPTables, Variant: VariantNFT}
 	inNewNS(t, func() error {
 		const n = 3000
-		var payload strings.Builder
-		payload.WriteString("*nat\n")
-		for i := 0; i < n; i++ {
-			fmt.Fprintf(&payload, "-A POSTROUTING -s 198.18.82.%d/32 -m comment --comment \"r%d\" -j MASQUERADE\n", i%250+1, i)
-		}
-		payload.WriteString("COMMIT\n")
-		if err := b.Restore(context.Background(), V4, payload.String()); err != nil {
+		if err := taggedRules(n, "198.18.82"); err != nil {
 			return err
 		}
 		c, err := Open()
