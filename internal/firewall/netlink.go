@@ -196,8 +196,9 @@ func (c *Conn) send(b []byte) error {
 
 // receive reads messages and passes those answering seqs to fn (type,
 // sequence number and payload after the netlink header; the payload is only
-// valid during the call) until fn reports done. An error message is returned as its errno;
-// an acknowledgement is passed to fn as NLMSG_ERROR with errno 0.
+// valid during the call) until fn reports done. An error message is
+// returned as its errno; an acknowledgement is passed to fn as NLMSG_ERROR
+// with errno 0.
 func (c *Conn) receive(seqs func(uint32) bool, fn func(typ uint16, seq uint32, payload []byte) (done bool)) error {
 	for {
 		n, _, err := unix.Recvfrom(c.fd, c.buf, 0)
