@@ -13,6 +13,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
 	"github.com/meshwire/meshwire/internal/probe"
@@ -164,7 +165,7 @@ func bandwidthHostEnd(t *testing.T, ns *harness.NS) string {
 // bandwidthIfbs lists the host's ifb devices with meshwire's prefix.
 func bandwidthIfbs(t *testing.T) map[string]string {
 	t.Helper()
-	links, err := netlink.LinkList()
+	links, err := netlinksafe.LinkList()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,7 +198,7 @@ func bandwidthRootTbf(t *testing.T, name string) *netlink.Tbf {
 	if err != nil {
 		t.Fatalf("link %s: %v", name, err)
 	}
-	qs, err := netlink.QdiscList(l)
+	qs, err := netlinksafe.QdiscList(l)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +219,7 @@ func bandwidthIfbOf(t *testing.T, host string) string {
 		t.Fatalf("link %s: %v", host, err)
 	}
 	for _, parent := range []uint32{netlink.MakeHandle(0xffff, 0), netlink.HANDLE_MIN_INGRESS} {
-		fs, err := netlink.FilterList(l, parent)
+		fs, err := netlinksafe.FilterList(l, parent)
 		if err != nil {
 			continue
 		}
@@ -496,7 +497,7 @@ func TestBandwidthCheckDetectsChanges(t *testing.T) {
 	}
 	t.Run("redirect removed", func(t *testing.T) {
 		l, _ := netlink.LinkByName(pod.host)
-		fs, err := netlink.FilterList(l, netlink.MakeHandle(0xffff, 0))
+		fs, err := netlinksafe.FilterList(l, netlink.MakeHandle(0xffff, 0))
 		if err != nil || len(fs) == 0 {
 			t.Fatalf("filters of %s: %v %v", pod.host, fs, err)
 		}

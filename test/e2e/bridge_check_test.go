@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
 	"github.com/meshwire/meshwire/internal/ipmasq"
@@ -65,7 +66,7 @@ func TestBridgeCheckDetects(t *testing.T) {
 				if kind == "bridge" {
 					err = netlink.LinkSetNoMaster(host)
 				} else {
-					addrs, _ := netlink.AddrList(host, netlink.FAMILY_V4)
+					addrs, _ := netlinksafe.AddrList(host, netlink.FAMILY_V4)
 					err = netlink.AddrDel(host, &addrs[0])
 				}
 				if err != nil {

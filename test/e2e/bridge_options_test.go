@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netlink/nl"
 	"golang.org/x/sys/unix"
@@ -18,7 +19,7 @@ import (
 // (P: PVID, U: untagged).
 func bridgePortVlans(t *testing.T, port string) []string {
 	t.Helper()
-	all, err := netlink.BridgeVlanList()
+	all, err := netlinksafe.BridgeVlanList()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +191,7 @@ func TestBridgeVlan(t *testing.T) {
 	if last := r.Interfaces[len(r.Interfaces)-1]; last.Name != gw {
 		t.Fatalf("result interfaces %+v lack the VLAN gateway %s", r.Interfaces, gw)
 	}
-	addrs, err := netlink.AddrList(bridgeHostLink(t, gw), netlink.FAMILY_V4)
+	addrs, err := netlinksafe.AddrList(bridgeHostLink(t, gw), netlink.FAMILY_V4)
 	if err != nil || len(addrs) != 1 || addrs[0].IPNet.String() != "198.18.23.1/24" {
 		t.Fatalf("VLAN gateway addresses %v (%v)", addrs, err)
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
 	"github.com/meshwire/meshwire/internal/ipmasq"
@@ -46,14 +47,14 @@ func newBridgeEnv(t *testing.T, extraPath ...string) *bridgeEnv {
 
 // bridgeRemoveLinks deletes the test bridge and its VLAN gateway links.
 func bridgeRemoveLinks(br string) {
-	links, _ := netlink.LinkList()
+	links, _ := netlinksafe.LinkList()
 	for _, l := range links {
 		n := l.Attrs().Name
 		if n == br || strings.HasPrefix(n, br+".") {
 			_ = netlink.LinkDel(l)
 		}
 	}
-	links, _ = netlink.LinkList()
+	links, _ = netlinksafe.LinkList()
 	for _, l := range links {
 		if strings.HasPrefix(l.Attrs().Name, "mwtb") {
 			if _, ok := l.(*netlink.Veth); ok && l.Attrs().MasterIndex == 0 && l.Attrs().ParentIndex != 0 {
@@ -488,7 +489,7 @@ func TestBridgeConcurrentAdd(t *testing.T) {
 			t.Fatalf("masquerade of pod %d left", i)
 		}
 	}
-	if l, _ := netlink.LinkList(); len(l) > 0 {
+	if l, _ := netlinksafe.LinkList(); len(l) > 0 {
 		for _, x := range l {
 			if x.Attrs().MasterIndex == br.Attrs().Index {
 				t.Fatalf("%s still has port %s", e.br, x.Attrs().Name)

@@ -19,6 +19,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/cni/pkg/version"
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -142,7 +143,7 @@ func (e *portmapEnv) waitBridgeReady(t *testing.T) {
 		if err != nil {
 			t.Fatalf("bridge %s: %v", e.br, err)
 		}
-		addrs, err := netlink.AddrList(l, netlink.FAMILY_V6)
+		addrs, err := netlinksafe.AddrList(l, netlink.FAMILY_V6)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
 	"github.com/meshwire/meshwire/internal/firewall"
@@ -377,7 +378,7 @@ var compat96 = netip.MustParsePrefix("::/96")
 
 // LocalAddrs lists the addresses of the current namespace.
 func LocalAddrs() ([]netip.Addr, error) {
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	addrs, err := netlinksafe.AddrList(nil, netlink.FAMILY_ALL)
 	if err != nil {
 		return nil, err
 	}
@@ -412,7 +413,7 @@ const Mangle = intercept.Mangle
 func routingOfMark(mark uint32) []intercept.Step {
 	var steps []intercept.Step
 	for _, f := range []intercept.Family{intercept.V4, intercept.V6} {
-		rules, err := netlink.RuleList(nlFamily(f))
+		rules, err := netlinksafe.RuleList(nlFamily(f))
 		if err != nil {
 			continue
 		}

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
@@ -36,7 +37,7 @@ var passthroughV6 = &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("::6"), Mask
 // findRules returns the policy routing rules "fwmark Mark lookup Table" of
 // the step's family.
 func findRules(s intercept.Step) ([]netlink.Rule, error) {
-	rules, err := netlink.RuleList(nlFamily(s.Family))
+	rules, err := netlinksafe.RuleList(nlFamily(s.Family))
 	if err != nil {
 		return nil, fmt.Errorf("list %s rules: %w", s.Family, err)
 	}
@@ -111,7 +112,7 @@ func MissingSteps(steps []intercept.Step) ([]intercept.Step, error) {
 			present = len(have) > 0
 		case intercept.StepLocalRoute:
 			want := localDefault(s, lo)
-			routes, err := netlink.RouteListFiltered(want.Family, &netlink.Route{Table: want.Table}, netlink.RT_FILTER_TABLE)
+			routes, err := netlinksafe.RouteListFiltered(want.Family, &netlink.Route{Table: want.Table}, netlink.RT_FILTER_TABLE)
 			if err != nil {
 				return fmt.Errorf("list routes of table %d: %w", s.Table, err)
 			}
@@ -121,7 +122,7 @@ func MissingSteps(steps []intercept.Step) ([]intercept.Step, error) {
 				}
 			}
 		case intercept.StepPassthroughAddr:
-			addrs, err := netlink.AddrList(lo, netlink.FAMILY_V6)
+			addrs, err := netlinksafe.AddrList(lo, netlink.FAMILY_V6)
 			if err != nil {
 				return err
 			}
