@@ -156,22 +156,65 @@ func TestLoopbackDelWithoutNetns(t *testing.T) {
 	})
 }
 
-// TestLoopbackNotALoopbackDevice: ADD on another interface is refused and
-// touches nothing.
-func TestLoopbackNotALoopbackDevice(t *testing.T) {
+// TestLoopbackIgnoresIfName: like the reference, the plugin works on lo
+// whatever CNI_IFNAME names. With CNI_IFNAME=eth0 and a real eth0 in the
+// namespace (a veth peer), ADD brings lo up and names lo in its result, CHECK
+// passes, and DEL takes lo down and leaves eth0 up.
+func TestLoopbackIgnoresIfName(t *testing.T) {
 	h := harness.New(t)
+	h.CheckNoLeaks()
 	ns := h.NewNS("lo")
-	if out, err := ns.Exec("ip", "link", "add", "dummy0", "type", "bridge"); err != nil {
-		t.Fatalf("add dummy: %v: %s", err, out)
+	peer := "mwtlo" + harness.RandomID()[:8]
+	if out, err := ns.Exec("ip", "link", "add", "eth0", "type", "veth", "peer", "name", peer); err != nil {
+		t.Fatalf("add veth: %v: %s", err, out)
 	}
-	a := h.Attach(h.Single("1.1.0", "lo-bad-if", loopbackConf), ns, "dummy0", nil)
-	_, err := a.Add()
-	assertCNIError(t, err, 4, "dummy0")
-	if ns.IsUp("dummy0") || ns.IsUp("lo") {
-		t.Fatal("failed ADD changed link state")
+	if out, err := ns.Exec("ip", "link", "set", "eth0", "up"); err != nil {
+		t.Fatalf("set eth0 up: %v: %s", err, out)
 	}
-	_, err = h.Attach(h.Single("1.1.0", "lo-bad-if", loopbackConf), ns, "eth7", nil).Add()
-	assertCNIError(t, err, 4, "eth7")
+	// A DEL on its own, as a runtime sends after a failed ADD.
+	if err := h.Attach(h.Single("1.1.0", "lo-eth0", loopbackConf), ns, "eth0", nil).Del(); err != nil {
+		t.Fatalf("DEL with CNI_IFNAME=eth0: %v", err)
+	}
+	if !ns.IsUp("eth0") {
+		t.Fatal("DEL with CNI_IFNAME=eth0 took the pod's eth0 down")
+	}
+	for _, v := range []string{"0.4.0", "1.1.0"} {
+		t.Run(v, func(t *testing.T) {
+			a := h.Attach(h.Single(v, "lo-eth0", loopbackConf), ns, "eth0", nil)
+			r, err := a.Add()
+			if err != nil {
+				t.Fatalf("ADD with CNI_IFNAME=eth0: %v", err)
+			}
+			res, err := current.NewResultFromResult(r)
+			if err != nil {
+				t.Fatalf("convert result: %v", err)
+			}
+			if !ns.IsUp("lo") {
+				t.Fatal("lo is down after ADD with CNI_IFNAME=eth0")
+			}
+			if len(res.Interfaces) != 1 || res.Interfaces[0].Name != "lo" || !hasIP(res, "127.0.0.1/8") {
+				t.Fatalf("result %+v, want lo with 127.0.0.1/8", res)
+			}
+			if err := a.Check(); err != nil {
+				t.Fatalf("CHECK with CNI_IFNAME=eth0: %v", err)
+			}
+			if err := a.Del(); err != nil {
+				t.Fatalf("DEL with CNI_IFNAME=eth0: %v", err)
+			}
+			if !ns.IsUp("eth0") {
+				t.Fatal("DEL with CNI_IFNAME=eth0 took the pod's eth0 down")
+			}
+			if ns.IsUp("lo") {
+				t.Fatal("lo is still up after DEL")
+			}
+		})
+	}
+	// An interface that does not exist changes nothing either.
+	a := h.Attach(h.Single("1.1.0", "lo-eth7", loopbackConf), ns, "eth7", nil)
+	a.MustAdd()
+	if !ns.IsUp("lo") {
+		t.Fatal("lo is down after ADD with CNI_IFNAME=eth7")
+	}
 }
 
 // TestLoopbackBadInput runs the binary the way a broken runtime would and

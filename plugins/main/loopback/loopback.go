@@ -18,6 +18,11 @@ import (
 
 const pluginType = "loopback"
 
+// loName is the device the plugin works on. Like the reference, it ignores
+// CNI_IFNAME: a runtime may pass the pod's interface name (eth0), and that
+// interface is not loopback's to touch.
+const loName = "lo"
+
 // config has no keys of its own: everything is in the shared base.
 type config struct {
 	pluginconf.Base
@@ -48,12 +53,12 @@ func cmdAdd(args *skel.CmdArgs) error {
 	}
 	var st loState
 	err = netns.Enter(args.Netns, func() error {
-		link, err := loopbackLink(args.IfName)
+		link, err := loopbackLink()
 		if err != nil {
 			return err
 		}
 		if err := netlink.LinkSetUp(link); err != nil {
-			return cnierr.Internal("set %s up: %v", args.IfName, err)
+			return cnierr.Internal("set %s up: %v", loName, err)
 		}
 		st, err = readState(link)
 		return err
@@ -65,14 +70,15 @@ func cmdAdd(args *skel.CmdArgs) error {
 }
 
 // buildResult returns prevResult untouched when chained (lo adds nothing a
-// runtime needs to know), and describes lo otherwise.
+// runtime needs to know), and describes lo otherwise, whatever CNI_IFNAME
+// named.
 func buildResult(prev *current.Result, args *skel.CmdArgs, st loState) types.Result {
 	if prev != nil {
 		return prev
 	}
 	r := &current.Result{
 		CNIVersion: current.ImplementedSpecVersion, // PrintResult converts to conf.CNIVersion
-		Interfaces: []*current.Interface{{Name: args.IfName, Mac: "00:00:00:00:00:00", Sandbox: args.Netns}},
+		Interfaces: []*current.Interface{{Name: loName, Mac: "00:00:00:00:00:00", Sandbox: args.Netns}},
 	}
 	for _, a := range []*net.IPNet{st.v4, st.v6} {
 		if a != nil {
@@ -87,7 +93,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 		return err
 	}
 	return netns.Enter(args.Netns, func() error {
-		link, err := loopbackLink(args.IfName)
+		link, err := loopbackLink()
 		if err != nil {
 			return err
 		}
@@ -95,7 +101,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 		if err != nil {
 			return err
 		}
-		return verify(args.IfName, st)
+		return verify(loName, st)
 	})
 }
 
@@ -118,16 +124,16 @@ func cmdDel(args *skel.CmdArgs) error {
 		return nil // the namespace is gone: so is its lo
 	}
 	err := netns.Enter(args.Netns, func() error {
-		link, err := netlinksafe.LinkByName(args.IfName)
+		link, err := netlinksafe.LinkByName(loName)
 		if err != nil {
 			var nf netlink.LinkNotFoundError
 			if errors.As(err, &nf) {
 				return nil
 			}
-			return cnierr.Internal("find %s: %v", args.IfName, err)
+			return cnierr.Internal("find %s: %v", loName, err)
 		}
 		if err := netlink.LinkSetDown(link); err != nil {
-			return cnierr.Internal("set %s down: %v", args.IfName, err)
+			return cnierr.Internal("set %s down: %v", loName, err)
 		}
 		return nil
 	})
@@ -153,13 +159,15 @@ func cmdStatus(args *skel.CmdArgs) error {
 	return err
 }
 
-func loopbackLink(name string) (netlink.Link, error) {
-	link, err := netlinksafe.LinkByName(name)
+// loopbackLink finds lo in the current namespace; every network namespace
+// has one.
+func loopbackLink() (netlink.Link, error) {
+	link, err := netlinksafe.LinkByName(loName)
 	if err != nil {
-		return nil, cnierr.InvalidEnv("CNI_IFNAME", "no interface %q in the namespace: %v", name, err)
+		return nil, cnierr.Internal("find %s: %v", loName, err)
 	}
 	if link.Attrs().Flags&net.FlagLoopback == 0 {
-		return nil, cnierr.InvalidEnv("CNI_IFNAME", "%q is not a loopback device", name)
+		return nil, cnierr.Internal("%s is not a loopback device", loName)
 	}
 	return link, nil
 }

@@ -29,11 +29,15 @@ func TestVerify(t *testing.T) {
 }
 
 func TestBuildResult(t *testing.T) {
-	args := &skel.CmdArgs{IfName: "lo", Netns: "/run/netns/x"}
+	// CNI_IFNAME is ignored: the result names lo, as the reference's does.
+	args := &skel.CmdArgs{IfName: "eth0", Netns: "/run/netns/x"}
 	v4 := &net.IPNet{IP: net.IPv4(127, 0, 0, 1), Mask: net.CIDRMask(8, 32)}
 	r := buildResult(nil, args, loState{up: true, v4: v4}).(*current.Result)
 	if r.CNIVersion != current.ImplementedSpecVersion || len(r.IPs) != 1 || *r.IPs[0].Interface != 0 || r.Interfaces[0].Sandbox != "/run/netns/x" {
 		t.Fatalf("own result: %+v", r)
+	}
+	if r.Interfaces[0].Name != "lo" {
+		t.Fatalf("result names %q, want lo", r.Interfaces[0].Name)
 	}
 	prev := &current.Result{CNIVersion: "1.1.0", Interfaces: []*current.Interface{{Name: "eth0"}}}
 	if got := buildResult(prev, args, loState{up: true, v4: v4}); got != prev {
