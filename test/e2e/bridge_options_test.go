@@ -216,6 +216,25 @@ func TestBridgeVlan(t *testing.T) {
 	if got := bridgePortVlans(t, bridgeHostVeth(keep)); strings.Join(got, ",") != "1,7PU" {
 		t.Fatalf("port VLANs with preserveDefaultVlan %v, want 1,7PU", got)
 	}
+	// As the reference: a trunk keeps VLAN 1 native even with
+	// preserveDefaultVlan explicitly false.
+	drop := e.h.Attach(e.list("1.1.0", "mwtb-trunk3", map[string]any{"ipam": nil, "vlanTrunk": []map[string]int{{"id": 5}}, "preserveDefaultVlan": false}), e.h.NewNS("br"), "eth0", nil)
+	drop.MustAdd()
+	if got := bridgePortVlans(t, bridgeHostVeth(drop)); strings.Join(got, ",") != "1PU,5" {
+		t.Fatalf("trunk port VLANs with preserveDefaultVlan false %v, want 1PU,5", got)
+	}
+
+	// A bridge made by someone else with another default PVID: the port
+	// loses that VLAN, as with the reference, not VLAN 1.
+	e2 := newBridgeEnv(t)
+	if out, err := harness.Run("ip", "link", "add", e2.br, "type", "bridge", "vlan_filtering", "1", "vlan_default_pvid", "10"); err != nil {
+		t.Fatalf("create %s: %v: %s", e2.br, err, out)
+	}
+	pvid10 := e2.h.Attach(e2.list("1.1.0", "mwtb-pvid10", map[string]any{"ipam": nil, "vlan": 100}), e2.h.NewNS("br"), "eth0", nil)
+	pvid10.MustAdd()
+	if got := bridgePortVlans(t, bridgeHostVeth(pvid10)); strings.Join(got, ",") != "100PU" {
+		t.Fatalf("port VLANs on a bridge with default PVID 10: %v, want only 100PU", got)
+	}
 }
 
 // TestBridgePromisc: promiscMode on the bridge.

@@ -275,32 +275,6 @@ func attachPort(c *config, br *netlink.Bridge, host netlink.Link) error {
 	return nil
 }
 
-func setPortVlans(host netlink.Link, vlan int, trunk []int, preserveDefault bool) error {
-	name := host.Attrs().Name
-	if (vlan != 0 || len(trunk) > 0) && !preserveDefault {
-		if err := netlink.BridgeVlanDel(host, 1, true, true, false, true); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
-			return cnierr.Internal("remove default VLAN from %s: %v", name, err)
-		}
-	}
-	if vlan != 0 {
-		if err := netlink.BridgeVlanAdd(host, uint16(vlan), true, true, false, true); err != nil {
-			return cnierr.Internal("VLAN %d on %s: %v", vlan, name, err)
-		}
-	}
-	for _, v := range trunk {
-		if err := netlink.BridgeVlanAdd(host, uint16(v), false, false, false, true); err != nil {
-			return cnierr.Internal("trunk VLAN %d on %s: %v", v, name, err)
-		}
-	}
-	if vlan == 0 && len(trunk) > 0 {
-		// As the reference: a trunk without vlan keeps VLAN 1 native.
-		if err := netlink.BridgeVlanAdd(host, 1, true, true, false, true); err != nil {
-			return cnierr.Internal("native VLAN 1 on %s: %v", name, err)
-		}
-	}
-	return nil
-}
-
 // ensureVlanGateway returns the bridge's gateway interface for the
 // configured VLAN, "<bridge>.<vlan>": the host end of a veth pair whose other
 // end is an untagged port of that VLAN. It is shared by the VLAN's pods and
