@@ -71,12 +71,20 @@ bench: deps build
 generate:
 	$(GO) generate ./...
 
+# Plugins installed under a second name too, PLUGIN:NAME: the name configs
+# written for the reference plugins give as "type" (a copy, executable like
+# the first).
+PLUGIN_ALIASES := veth:ptp
+
 install: build
 	install -d $(DESTDIR)$(CNI_BIN_DIR) $(DESTDIR)$(BINDIR)
 	@for f in $(BIN)/*; do \
 	  [ -f "$$f" ] || continue; n=$$(basename $$f); \
 	  case " $(COMMANDS) " in *" $$n "*) install -m 0755 $$f $(DESTDIR)$(BINDIR)/$$n ;; \
 	  *) install -m 0755 $$f $(DESTDIR)$(CNI_BIN_DIR)/$$n ;; esac; \
+	done
+	@for a in $(PLUGIN_ALIASES); do \
+	  install -m 0755 $(BIN)/$${a%%:*} $(DESTDIR)$(CNI_BIN_DIR)/$${a##*:}; \
 	done
 
 clean:

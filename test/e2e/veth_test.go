@@ -1,12 +1,18 @@
 package e2e
 
 import (
+	"bytes"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/version"
 	"github.com/vishvananda/netlink"
+
+	"github.com/meshwire/meshwire/test/harness"
 )
 
 // Addresses of the veth tests: 198.18.24.0/21 of the 198.18.16.0/20 range,
@@ -109,4 +115,77 @@ func TestVethConnectivity(t *testing.T) {
 		t.Fatal("masquerade left after DEL")
 	}
 	bridgeMustPing(t, nsA, out4)
+}
+
+// TestVethInstalledAsPtp: `make install` puts the plugin in the CNI bin
+// directory under the reference's name too, and a config written for the
+// reference ptp (`"type": "ptp"`, no meshwire key) runs through libcni with
+// that binary: ADD, connectivity, CHECK, DEL.
+func TestVethInstalledAsPtp(t *testing.T) {
+	bin := harness.BinDir(t)
+	root, err := harness.RepoRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dest := t.TempDir()
+	// -o build: install the binaries this test run uses, without a rebuild.
+	cmd := exec.Command("make", "--no-print-directory", "-o", "build", "install", "BIN="+bin, "DESTDIR="+dest)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("make install: %v\n%s", err, out)
+	}
+	cniDir := filepath.Join(dest, "opt", "cni", "bin")
+	want, err := os.ReadFile(filepath.Join(bin, "veth"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"veth", "ptp"} {
+		p := filepath.Join(cniDir, name)
+		fi, err := os.Stat(p)
+		if err != nil {
+			t.Fatalf("make install: %v", err)
+		}
+		if fi.Mode().Perm()&0o111 != 0o111 {
+			t.Fatalf("%s is not executable: %v", p, fi.Mode())
+		}
+		if got, err := os.ReadFile(p); err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("%s is not the veth plugin built in %s (%v)", p, bin, err)
+		}
+	}
+
+	// Only the installed directory holds a ptp: libcni runs that binary.
+	e := newBridgeEnv(t, cniDir)
+	ns := e.h.NewNS("veth")
+	list := e.h.ConfList(fmt.Sprintf(`{"cniVersion":"1.0.0","name":"mwtb-ptp","plugins":[{
+		"type":"ptp","ipMasq":true,"mtu":1400,
+		"ipam":{"type":"host-local","dataDir":%q,"ranges":[[{"subnet":"198.18.28.0/24"}],[{"subnet":"fd20:0:0:28::/64"}]],
+			"routes":[{"dst":"0.0.0.0/0"},{"dst":"::/0"}]},
+		"dns":{"nameservers":["198.18.28.1"]}}]}`, e.dataDir))
+	a := e.h.Attach(list, ns, "eth0", nil)
+	r := a.MustAdd()
+	if len(r.Interfaces) != 2 || r.Interfaces[1].Name != "eth0" || r.Interfaces[1].Sandbox != ns.Path {
+		t.Fatalf("result interfaces %+v, want the host veth and eth0 in the sandbox", r.Interfaces)
+	}
+	if len(r.DNS.Nameservers) != 1 || r.DNS.Nameservers[0] != "198.18.28.1" {
+		t.Fatalf("result DNS %+v, want the config's", r.DNS)
+	}
+	v4, v6 := bridgeIPs(t, r)
+	if v4 == nil || v6 == nil {
+		t.Fatalf("result %+v lacks an address of each family", r.IPs)
+	}
+	if l := ns.Link("eth0"); l.Attrs().MTU != 1400 {
+		t.Fatalf("eth0 MTU %d, want 1400", l.Attrs().MTU)
+	}
+	bridgeMustPing(t, ns, "198.18.28.1")
+	bridgeMustPing(t, ns, "fd20:0:0:28::1")
+	if err := a.Check(); err != nil {
+		t.Fatalf("CHECK: %v", err)
+	}
+	host := r.Interfaces[0].Name
+	if err := a.Del(); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	if bridgeHasHostLink(host) {
+		t.Fatalf("host veth %s left after DEL", host)
+	}
 }
