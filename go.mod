@@ -3,6 +3,7 @@ module github.com/meshwire/meshwire
 go 1.26.8
 
 require (
+	github.com/cilium/ebpf v0.20.0
 	github.com/containernetworking/cni v1.3.1
 	github.com/containernetworking/plugins v1.9.1
 	github.com/j-keck/arping v1.0.2

@@ -1,4 +1,5 @@
-// Package cli is the meshwire command line: add, check, del, ls, gc, demo.
+// Package cli is the meshwire command line: add, check, del, ls, gc, demo,
+// fastpath.
 package cli
 
 import (
@@ -37,6 +38,12 @@ commands:
   demo [--conf FILE] [--hold DURATION]
                  wire two namespaces with the default conflist, show what works, clean up
                  (after DURATION, or at once on Ctrl-C)
+  fastpath attach [--proxy-uid UID] [--outbound-port PORT] [--into-proxy]
+                 load the eBPF sockmap fast path and attach it at the cgroup v2 root
+  fastpath detach
+                 remove it (connections on it keep working until they close)
+  fastpath status [--json]
+                 whether it is attached, with its counters
   version        print the meshwire version
 
 global flags (anywhere on the line):
@@ -143,6 +150,8 @@ func run(e *env, args []string) error {
 		return e.gc(rest)
 	case "demo":
 		return e.demo(rest)
+	case "fastpath":
+		return e.fastpath(rest)
 	}
 	return usagef("unknown command %q", cmd)
 }

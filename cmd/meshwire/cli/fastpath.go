@@ -1,0 +1,166 @@
+package cli
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/meshwire/meshwire/ebpf/fastpath"
+)
+
+const fastpathUsage = `usage: meshwire fastpath attach [--proxy-uid UID] [--outbound-port PORT] [--into-proxy] [--pin-dir DIR]
+       meshwire fastpath detach [--pin-dir DIR]
+       meshwire fastpath status [--json] [--pin-dir DIR]`
+
+// fastpath runs `meshwire fastpath attach|detach|status`.
+func (e *env) fastpath(args []string) error {
+	if len(args) == 0 {
+		return usagef("fastpath: want attach, detach or status\n%s", fastpathUsage)
+	}
+	sub, rest := args[0], args[1:]
+	switch sub {
+	case "attach":
+		return e.fastpathAttach(rest)
+	case "detach":
+		return e.fastpathDetach(rest)
+	case "status":
+		return e.fastpathStatus(rest)
+	case "hold":
+		return fastpathHold(rest)
+	}
+	return usagef("fastpath: unknown subcommand %q (want attach, detach or status)", sub)
+}
+
+func (e *env) fastpathAttach(args []string) error {
+	cfg := fastpath.Defaults()
+	fs := e.flags("fastpath attach")
+	uid := fs.Uint("proxy-uid", uint(cfg.ProxyUID), "the sidecar's uid")
+	port := fs.Uint("outbound-port", uint(cfg.OutboundPort), "the sidecar's outbound capture port")
+	fs.BoolVar(&cfg.IntoProxy, "into-proxy", false, "also hand the app's bytes to the proxy (only for proxies that read with recv/readv, never splice)")
+	fs.StringVar(&cfg.PinDir, "pin-dir", cfg.PinDir, "bpffs directory for the pins")
+	if _, err := parse(fs, args, 0); err != nil {
+		return err
+	}
+	if *uid > 1<<31-2 {
+		return usagef("fastpath attach: --proxy-uid %d is not a uid", *uid)
+	}
+	if *port == 0 || *port > 65535 {
+		return usagef("fastpath attach: --outbound-port %d is not a TCP port (1-65535)", *port)
+	}
+	cfg.ProxyUID, cfg.OutboundPort = uint32(*uid), uint16(*port)
+	if os.Geteuid() != 0 {
+		return errors.New("fastpath attach: must run as root (it loads BPF programs and attaches them to the cgroup v2 root)")
+	}
+	already, err := fastpath.Attach(cfg)
+	if err != nil {
+		return fmt.Errorf("fastpath attach: %w (nothing was changed; pods keep working through the interception rules)", err)
+	}
+	if already {
+		fmt.Fprintf(e.out, "fast path already attached (%s)\n", cfg.PinDir)
+		return nil
+	}
+	fmt.Fprintf(e.out, "fast path attached (pinned in %s)\n", cfg.PinDir)
+	return nil
+}
+
+func (e *env) fastpathDetach(args []string) error {
+	fs := e.flags("fastpath detach")
+	dir := fs.String("pin-dir", fastpath.DefaultPinDir, "bpffs directory of the pins")
+	if _, err := parse(fs, args, 0); err != nil {
+		return err
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("fastpath detach: must run as root")
+	}
+	d, err := fastpath.Detach(*dir)
+	if err != nil {
+		return fmt.Errorf("fastpath detach: %w", err)
+	}
+	if !d.WasAttached {
+		fmt.Fprintln(e.out, "fast path not attached")
+		return nil
+	}
+	if d.Draining == nil {
+		fmt.Fprintln(e.out, "fast path detached")
+		return nil
+	}
+	pid, err := startHolder(d.Draining)
+	d.Draining.Close()
+	if err != nil {
+		return fmt.Errorf("fastpath detach: detached, but the %d sockets still on the fast path lose their unread bytes: %w", d.Live, err)
+	}
+	fmt.Fprintf(e.out, "fast path detached; %d sockets keep it until they close (held by pid %d)\n", d.Live, pid)
+	return nil
+}
+
+// startHolder runs `meshwire fastpath hold` in its own session with the
+// sockhash as its fd 3: it keeps the map until its last socket closes.
+func startHolder(socks *ebpf.Map) (int, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	f := os.NewFile(uintptr(socks.FD()), "sockhash")
+	cmd := exec.Command(exe, "fastpath", "hold", "--fd", "3")
+	cmd.ExtraFiles = []*os.File{f}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	pid := cmd.Process.Pid
+	_ = cmd.Process.Release()
+	return pid, nil
+}
+
+// fastpathHold is the holder's side (not listed in the usage).
+func fastpathHold(args []string) error {
+	if len(args) != 2 || args[0] != "--fd" {
+		return usagef("fastpath hold --fd N")
+	}
+	fd, err := strconv.Atoi(args[1])
+	if err != nil {
+		return usagef("fastpath hold: bad fd %q", args[1])
+	}
+	m, err := ebpf.NewMapFromFD(fd)
+	if err != nil {
+		return fmt.Errorf("fastpath hold: %w", err)
+	}
+	return fastpath.Hold(m, time.Second)
+}
+
+func (e *env) fastpathStatus(args []string) error {
+	fs := e.flags("fastpath status")
+	asJSON := fs.Bool("json", false, "print one JSON object")
+	dir := fs.String("pin-dir", fastpath.DefaultPinDir, "bpffs directory of the pins")
+	if _, err := parse(fs, args, 0); err != nil {
+		return err
+	}
+	st, err := fastpath.ReadStatus(*dir)
+	if err != nil {
+		return fmt.Errorf("fastpath status: %w", err)
+	}
+	if *asJSON {
+		return json.NewEncoder(e.out).Encode(st)
+	}
+	if !st.Attached {
+		fmt.Fprintf(e.out, "fast path: not attached (%s)\n", st.PinDir)
+		return nil
+	}
+	tw := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintf(tw, "fast path:\tattached (%s, cgroup %s)\n", st.PinDir, st.Cgroup)
+	fmt.Fprintf(tw, "proxy uid, outbound port:\t%d, %d (into proxy: %v)\n", st.ProxyUID, st.OutboundPort, st.IntoProxy)
+	fmt.Fprintf(tw, "sockets now / since attach:\t%d / %d\n", st.LiveSockets, st.Sockets)
+	fmt.Fprintf(tw, "connections paired:\t%d\n", st.Pairs)
+	fmt.Fprintf(tw, "messages, bytes redirected:\t%d, %d\n", st.RedirectedMessages, st.RedirectedBytes)
+	fmt.Fprintf(tw, "messages on TCP (fallbacks):\t%d (to the proxy, kept: %d)\n", st.Fallbacks, st.KeptForProxy)
+	fmt.Fprintf(tw, "ambiguous endpoints:\t%d\n", st.Ambiguous)
+	return tw.Flush()
+}

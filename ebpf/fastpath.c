@@ -1,0 +1,463 @@
+// SPDX-License-Identifier: (MIT OR GPL-2.0)
+//
+// meshwire's sockmap fast path: the bytes between an application and its
+// sidecar proxy in the same pod skip the TCP/IP stack and netfilter.
+//
+// sockops (attached at the cgroup v2 root) sees every TCP socket reach
+// ESTABLISHED and puts the two ends of each app <-> sidecar connection into
+// mw_socks, a sockhash keyed by (network namespace cookie, endpoint, role):
+//
+//   outbound: the app's socket (client, key = its local address) and the
+//             proxy's socket accepted on the outbound capture port (server,
+//             key = its remote address, which is the app's local address);
+//   inbound:  the proxy's passthrough socket bound to 127.0.0.6 / ::6
+//             (client, key = its local address) and the app's accepted
+//             socket (server, key = its remote address).
+//
+// When the server end is established the two ends are bound to each other
+// by socket cookie; an ambiguous endpoint (two live clients with one key in
+// one namespace) is never paired. sk_msg (attached to mw_socks) then hands
+// each message of a paired socket to its peer's receive queue with
+// bpf_msg_redirect_hash(BPF_F_INGRESS).
+//
+// A direction switches from TCP to the fast path only at a message boundary
+// where nothing of it is in flight or unread (sender: snd_una == write_seq;
+// receiver: copied_seq == rcv_nxt), and only into a receiver that has read
+// with recvmsg and never with tcp_read_sock (splice): fast-path bytes wait in
+// the receiver's psock queue, which splice never looks at. Once on the fast
+// path a direction stays there; turning the fast path off (draining) moves
+// new messages back to TCP, which keeps their order, since a receiver reads
+// its psock queue before its TCP queue.
+#include <linux/bpf.h>
+#include <linux/types.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_core_read.h>
+
+#define AF_INET 2
+#define AF_INET6 10
+
+// Kernel types, only the fields read here; CO-RE relocates their offsets
+// against the running kernel's BTF.
+typedef struct { __u32 val; } kuid_t;
+struct sock {
+	kuid_t sk_uid;
+} __attribute__((preserve_access_index));
+struct tcp_sock {
+	__u32 copied_seq;
+	__u32 rcv_nxt;
+	__u32 snd_una;
+	__u32 write_seq;
+} __attribute__((preserve_access_index));
+
+// Set by the loader before the programs are loaded.
+volatile const __u32 proxy_uid = 1337;
+volatile const __u16 outbound_port = 15001;
+// Also redirect into the proxy's sockets (the app -> sidecar direction).
+// Off by default: bytes the fast path hands over wait in the receiver's
+// psock queue, which splice() never reads, and many proxies copy with
+// splice (Go's io.Copy between two TCP connections does).
+volatile const __u8 into_proxy = 0;
+
+enum role { ROLE_CLIENT = 1, ROLE_SERVER = 2 };
+
+struct sock_key {
+	__u64 netns;
+	__u32 addr[4];   // IPv4 in addr[0]; network byte order
+	__u16 port;      // host byte order
+	__u8 family;     // AF_INET or AF_INET6 (v4-mapped IPv6 is AF_INET)
+	__u8 role;
+	__u32 pad;
+	__u64 client;    // the client end's socket cookie: keys are per connection
+};
+
+// The endpoint of a connection in a namespace: a sock_key without role and
+// client cookie.
+struct endpoint {
+	__u64 netns;
+	__u32 addr[4];
+	__u16 port;
+	__u8 family;
+	__u8 pad[5];
+};
+
+struct endpoint_use {
+	__u64 client;   // cookie of the client socket that holds it
+	__u64 sockets;  // live client sockets with this endpoint
+};
+
+enum state_flag {
+	F_FAST = 1 << 0,     // this direction sends on the fast path
+	F_CLIENT = 1 << 1,   // holds a reference in mw_endpoints
+};
+
+// Per socket of mw_socks, in its socket-local storage (freed with it).
+struct sock_state {
+	struct sock_key self; // its key in mw_socks and mw_readers
+	struct sock_key peer; // the other end's key
+	struct endpoint ep;
+	__u64 flags;          // enum state_flag, changed with atomic or only
+};
+
+// How far a socket of mw_socks has read its TCP stream, for its peer's
+// sk_msg program (which cannot reach the socket itself): its copied_seq
+// when it was established and each time it sent a message since. Kept in
+// mw_readers under its key.
+struct reader {
+	__u32 copied;
+	__u32 proxy;   // owned by the proxy's uid
+};
+
+enum counter {
+	C_SOCKETS,      // sockets put into mw_socks
+	C_PAIRS,        // connections whose two ends were bound
+	C_MESSAGES,     // messages redirected
+	C_BYTES,        // bytes redirected
+	C_FALLBACKS,    // messages of tracked sockets sent on TCP
+	C_AMBIGUOUS,    // client sockets that shared an endpoint with another
+	C_KEPT_FOR_PROXY, // of those, messages to the proxy (into_proxy off)
+	C_MAX,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKHASH);
+	__uint(max_entries, 65536);
+	__type(key, struct sock_key);
+	__type(value, __u64);
+} mw_socks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct sock_state);
+} mw_state SEC(".maps");
+
+// Network namespaces where a sidecar listens on the outbound capture port.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, __u8);
+} mw_sidecars SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct sock_key);
+	__type(value, struct reader);
+} mw_readers SEC(".maps");
+
+// Client endpoints in use; the entry goes when its last socket closes.
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct endpoint);
+	__type(value, struct endpoint_use);
+} mw_endpoints SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, C_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} mw_counters SEC(".maps");
+
+// mw_control[0]: written by the loader. draining != 0 stops new sockets
+// and new redirects; the rest records what attach was given, for status.
+struct control {
+	__u32 draining;
+	__u32 proxy_uid;
+	__u16 outbound_port;
+	__u8 into_proxy;
+	__u8 pad[5];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct control);
+} mw_control SEC(".maps");
+
+static __always_inline void count(__u32 c, __u64 n)
+{
+	__u64 *v = bpf_map_lookup_elem(&mw_counters, &c);
+	if (v)
+		*v += n;
+}
+
+static __always_inline int draining(void)
+{
+	__u32 zero = 0;
+	struct control *c = bpf_map_lookup_elem(&mw_control, &zero);
+	return c && c->draining;
+}
+
+static __always_inline void set_addr(struct endpoint *e, __u32 family, __u32 ip4, const __u32 *ip6)
+{
+	if (family == AF_INET) {
+		e->family = AF_INET;
+		e->addr[0] = ip4;
+		return;
+	}
+	if (ip6[0] == 0 && ip6[1] == 0 && ip6[2] == bpf_htonl(0xffff)) {
+		e->family = AF_INET;
+		e->addr[0] = ip6[3];
+		return;
+	}
+	e->family = AF_INET6;
+	e->addr[0] = ip6[0];
+	e->addr[1] = ip6[1];
+	e->addr[2] = ip6[2];
+	e->addr[3] = ip6[3];
+}
+
+// The sidecar's passthrough source address: 127.0.0.6 or ::6.
+static __always_inline int is_passthrough(const struct endpoint *e)
+{
+	if (e->family == AF_INET)
+		return e->addr[0] == bpf_htonl(0x7f000006);
+	return e->addr[0] == 0 && e->addr[1] == 0 && e->addr[2] == 0 && e->addr[3] == bpf_htonl(6);
+}
+
+static __always_inline int is_loopback(const struct endpoint *e)
+{
+	if (e->family == AF_INET)
+		return (bpf_ntohl(e->addr[0]) >> 24) == 127;
+	return e->addr[0] == 0 && e->addr[1] == 0 && e->addr[2] == 0 && e->addr[3] == bpf_htonl(1);
+}
+
+static __always_inline void local_endpoint(struct bpf_sock_ops *skops, struct endpoint *e)
+{
+	__u32 ip6[4] = {skops->local_ip6[0], skops->local_ip6[1], skops->local_ip6[2], skops->local_ip6[3]};
+	e->netns = bpf_get_netns_cookie(skops);
+	set_addr(e, skops->family, skops->local_ip4, ip6);
+	e->port = skops->local_port;
+}
+
+static __always_inline void remote_endpoint(struct bpf_sock_ops *skops, struct endpoint *e)
+{
+	__u32 ip6[4] = {skops->remote_ip6[0], skops->remote_ip6[1], skops->remote_ip6[2], skops->remote_ip6[3]};
+	e->netns = bpf_get_netns_cookie(skops);
+	set_addr(e, skops->family, skops->remote_ip4, ip6);
+	e->port = bpf_ntohl(skops->remote_port);
+}
+
+static __always_inline void key_of(struct sock_key *k, const struct endpoint *e, __u8 role, __u64 client)
+{
+	k->netns = e->netns;
+	k->addr[0] = e->addr[0];
+	k->addr[1] = e->addr[1];
+	k->addr[2] = e->addr[2];
+	k->addr[3] = e->addr[3];
+	k->port = e->port;
+	k->family = e->family;
+	k->role = role;
+	k->client = client;
+}
+
+// owned_by_proxy: the socket was created by the proxy's uid (an accepted
+// socket inherits its listener's), as iptables' owner match sees it.
+static __always_inline __u32 owned_by_proxy(struct bpf_sock *bsk)
+{
+	struct sock *sk = (struct sock *)bpf_skc_to_tcp_sock(bsk);
+	return sk && sk->sk_uid.val == proxy_uid;
+}
+
+static __always_inline void mark_sidecar(struct bpf_sock_ops *skops)
+{
+	__u64 ns = bpf_get_netns_cookie(skops);
+	__u8 one = 1;
+	bpf_map_update_elem(&mw_sidecars, &ns, &one, BPF_ANY);
+}
+
+// track records a socket just put into mw_socks: its key, a reader entry
+// with nothing read yet, and a callback when it closes.
+static __always_inline void track(struct bpf_sock_ops *skops, struct sock_state *st, const struct sock_key *k, __u32 proxy)
+{
+	// Nothing read yet: copied_seq == rcv_nxt on a socket just established.
+	struct reader r = {.copied = skops->rcv_nxt, .proxy = proxy};
+	st->self = *k;
+	bpf_map_update_elem(&mw_readers, k, &r, BPF_ANY);
+	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
+	count(C_SOCKETS, 1);
+}
+
+static __always_inline void client_established(struct bpf_sock_ops *skops)
+{
+	struct endpoint e = {}, remote = {};
+	local_endpoint(skops, &e);
+	struct bpf_sock *sk = skops->sk;
+	if (!sk)
+		return;
+	__u32 proxy = owned_by_proxy(sk);
+	if (is_passthrough(&e)) {
+		// The sidecar's connection to its application (inbound).
+		if (!proxy)
+			return;
+	} else {
+		// An application's outbound connection: only in a namespace
+		// with a sidecar, not the sidecar's own, not to loopback.
+		if (proxy || !bpf_map_lookup_elem(&mw_sidecars, &e.netns))
+			return;
+		remote_endpoint(skops, &remote);
+		if (is_loopback(&remote))
+			return;
+	}
+	struct sock_state *st = bpf_sk_storage_get(&mw_state, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st)
+		return;
+	__u64 cookie = bpf_get_socket_cookie(skops);
+	struct sock_key k = {};
+	key_of(&k, &e, ROLE_CLIENT, cookie);
+	if (bpf_sock_hash_update(skops, &mw_socks, &k, BPF_NOEXIST) != 0)
+		return;
+	track(skops, st, &k, proxy);
+	// The server end's key carries this socket's cookie: it exists once
+	// that end has paired with this socket, and names no other.
+	key_of(&st->peer, &e, ROLE_SERVER, cookie);
+	st->ep = e;
+	// Count the endpoint's users; the close callback gives it back.
+	struct endpoint_use use = {.client = cookie, .sockets = 1};
+	if (bpf_map_update_elem(&mw_endpoints, &e, &use, BPF_NOEXIST) != 0) {
+		struct endpoint_use *u = bpf_map_lookup_elem(&mw_endpoints, &e);
+		if (!u)
+			return;
+		__sync_fetch_and_add(&u->sockets, 1);
+		count(C_AMBIGUOUS, 1);
+	}
+	__sync_fetch_and_or(&st->flags, F_CLIENT);
+}
+
+static __always_inline void closed(struct bpf_sock_ops *skops)
+{
+	struct bpf_sock *sk = skops->sk;
+	if (!sk)
+		return;
+	struct sock_state *st = bpf_sk_storage_get(&mw_state, sk, 0, 0);
+	if (!st)
+		return;
+	bpf_map_delete_elem(&mw_readers, &st->self);
+	if (!(st->flags & F_CLIENT))
+		return;
+	__sync_fetch_and_and(&st->flags, ~(__u64)F_CLIENT);
+	struct endpoint e = st->ep;
+	struct endpoint_use *u = bpf_map_lookup_elem(&mw_endpoints, &e);
+	if (u && __sync_fetch_and_add(&u->sockets, -1) == 1)
+		bpf_map_delete_elem(&mw_endpoints, &e);
+}
+
+static __always_inline void server_established(struct bpf_sock_ops *skops)
+{
+	struct endpoint e = {};
+	remote_endpoint(skops, &e);
+	struct bpf_sock *sk = skops->sk;
+	if (!sk)
+		return;
+	__u32 proxy = owned_by_proxy(sk);
+	if (skops->local_port == outbound_port && proxy)
+		mark_sidecar(skops); // the sidecar accepted an app's connection
+	else if (!is_passthrough(&e) || proxy)
+		return;              // else only the app accepting its sidecar's
+
+	struct endpoint_use *u = bpf_map_lookup_elem(&mw_endpoints, &e);
+	if (!u)
+		return;
+	__u64 client = u->client;
+	if (u->sockets != 1)
+		return; // two clients share the endpoint: which one is ours?
+	struct sock_state *st = bpf_sk_storage_get(&mw_state, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st)
+		return;
+	struct sock_key k = {};
+	key_of(&k, &e, ROLE_SERVER, client);
+	if (bpf_sock_hash_update(skops, &mw_socks, &k, BPF_NOEXIST) != 0)
+		return;
+	track(skops, st, &k, proxy);
+	key_of(&st->peer, &e, ROLE_CLIENT, client);
+	st->ep = e;
+	count(C_PAIRS, 1);
+}
+
+SEC("sockops")
+int mw_sockops(struct bpf_sock_ops *skops)
+{
+	if (skops->op == BPF_SOCK_OPS_STATE_CB) {
+		if (skops->args[1] == BPF_TCP_CLOSE)
+			closed(skops);
+		return 1;
+	}
+	if (draining())
+		return 1;
+	switch (skops->op) {
+	case BPF_SOCK_OPS_TCP_LISTEN_CB:
+		if (skops->local_port == outbound_port)
+			mark_sidecar(skops);
+		break;
+	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
+		client_established(skops);
+		break;
+	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
+		server_established(skops);
+		break;
+	}
+	return 1;
+}
+
+// ready reports whether a direction still on TCP may switch to the fast
+// path: the receiver is one the fast path may feed, and it had read every
+// byte this socket ever sent on TCP when it last sent (or was established),
+// and this socket has written nothing since. Then no byte of this direction
+// is in flight or unread, and no later byte can overtake an earlier one.
+static __always_inline int ready(struct bpf_sock *me, const struct sock_key *peer)
+{
+	struct reader *r = bpf_map_lookup_elem(&mw_readers, peer);
+	if (!r)
+		return 0;
+	if (r->proxy && !into_proxy) {
+		count(C_KEPT_FOR_PROXY, 1);
+		return 0;
+	}
+	struct tcp_sock *tx = bpf_skc_to_tcp_sock(me);
+	return tx && tx->write_seq == r->copied;
+}
+
+// record publishes how far this socket has read, for its peer's ready().
+static __always_inline void record(struct bpf_sock *me, struct sock_state *st)
+{
+	struct reader *r = bpf_map_lookup_elem(&mw_readers, &st->self);
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(me);
+	if (r && tp)
+		r->copied = tp->copied_seq;
+}
+
+SEC("sk_msg")
+int mw_msg(struct sk_msg_md *msg)
+{
+	struct bpf_sock *me = msg->sk;
+	if (!me)
+		return SK_PASS;
+	struct sock_state *st = bpf_sk_storage_get(&mw_state, me, 0, 0);
+	if (!st)
+		return SK_PASS;
+	record(me, st);
+	if (draining())
+		return SK_PASS;
+	struct sock_key peer = st->peer;
+	if (!(st->flags & F_FAST)) {
+		if (!ready(me, &peer)) {
+			count(C_FALLBACKS, 1);
+			return SK_PASS;
+		}
+		__sync_fetch_and_or(&st->flags, F_FAST);
+	}
+	__u32 size = msg->size;
+	if (bpf_msg_redirect_hash(msg, &mw_socks, &peer, BPF_F_INGRESS) != SK_PASS)
+		return SK_PASS; // the peer has left the map (closed): TCP tells the sender
+	count(C_MESSAGES, 1);
+	count(C_BYTES, size);
+	return SK_PASS;
+}
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";

@@ -1,0 +1,466 @@
+// Package fastpath loads, attaches, pins, drains and reports meshwire's eBPF
+// sockmap fast path (the programs are in ../fastpath.c; see its header for how
+// connections are chosen and paired). `meshwire fastpath` drives it.
+//
+// Attach loads the programs, attaches sk_msg to the sockhash and sockops to
+// the cgroup v2 root, and pins the sockops link and the maps status and
+// detach need under PinDir, so that the fast path outlives the command.
+// Detach turns the programs into pass-through (draining), removes the
+// sockops attachment and every pin; sockets already on the fast path keep
+// it until they close, through a holder process that keeps the sockhash
+// (and with it their receive queues) alive: removing a socket from a
+// sockhash drops the bytes the fast path queued for it and it has not read.
+package fastpath
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+	"golang.org/x/sys/unix"
+
+	"github.com/meshwire/meshwire/internal/filelock"
+)
+
+// LayoutVersion names the layout of the pinned objects; a program or map
+// change that an older meshwire could not read bumps it.
+const LayoutVersion = "v1"
+
+// DefaultPinDir is where Attach pins, under bpffs.
+const DefaultPinDir = "/sys/fs/bpf/meshwire/" + LayoutVersion
+
+// bpffs is where bpffs is mounted when absent.
+const bpffs = "/sys/fs/bpf"
+
+// lockPath serializes attach and detach on the node.
+var lockPath = "/run/meshwire/fastpath.lock"
+
+// Names of the pinned objects, under the pin directory.
+const (
+	pinLink     = "sockops_link"
+	pinSocks    = "socks"
+	pinCounters = "counters"
+	pinControl  = "control"
+)
+
+// Config is what attach is given.
+type Config struct {
+	ProxyUID     uint32 // the sidecar's uid (iptables-init's --proxy-uid)
+	OutboundPort uint16 // the sidecar's outbound capture port
+	IntoProxy    bool   // also redirect the app's bytes into the proxy's sockets
+	PinDir       string // default DefaultPinDir
+	Cgroup       string // cgroup v2 directory; default: the cgroup2 mount
+}
+
+// Defaults are istio's: uid 1337, outbound capture on 15001.
+func Defaults() Config {
+	return Config{ProxyUID: 1337, OutboundPort: 15001, PinDir: DefaultPinDir}
+}
+
+func (c *Config) pinDir() string {
+	if c.PinDir == "" {
+		return DefaultPinDir
+	}
+	return c.PinDir
+}
+
+// Counters are totals since attach.
+type Counters struct {
+	Sockets            uint64 `json:"sockets"`
+	Pairs              uint64 `json:"pairs"`
+	RedirectedMessages uint64 `json:"redirected_messages"`
+	RedirectedBytes    uint64 `json:"redirected_bytes"`
+	Fallbacks          uint64 `json:"fallbacks"`
+	Ambiguous          uint64 `json:"ambiguous"`
+	KeptForProxy       uint64 `json:"kept_for_proxy"`
+}
+
+// counter indexes mw_counters, in the order of fastpath.c's enum counter.
+const (
+	cSockets = iota
+	cPairs
+	cMessages
+	cBytes
+	cFallbacks
+	cAmbiguous
+	cKeptForProxy
+	cMax
+)
+
+// Status is what status reports.
+type Status struct {
+	Attached     bool   `json:"attached"`
+	PinDir       string `json:"pin_dir"`
+	Cgroup       string `json:"cgroup,omitempty"`
+	ProxyUID     uint32 `json:"proxy_uid,omitempty"`
+	OutboundPort uint16 `json:"outbound_port,omitempty"`
+	IntoProxy    bool   `json:"into_proxy"`
+	LiveSockets  int    `json:"live_sockets"`
+	Counters
+}
+
+// ErrUnsupported wraps every failure that comes from what the kernel or the
+// node lacks (as opposed to a bad flag or a failing command).
+var ErrUnsupported = errors.New("the fast path cannot run here")
+
+func unsupported(format string, a ...any) error {
+	return fmt.Errorf("%w: %s", ErrUnsupported, fmt.Sprintf(format, a...))
+}
+
+// Attach attaches the fast path. It returns already == true, and changes
+// nothing, when it is attached at cfg.PinDir.
+func Attach(cfg Config) (already bool, err error) {
+	dir := cfg.pinDir()
+	l, err := filelock.Acquire(lockPath, 30*time.Second)
+	if err != nil {
+		return false, err
+	}
+	defer l.Release()
+	if err := Supported(); err != nil {
+		return false, err
+	}
+	if _, err := os.Stat(filepath.Join(dir, pinLink)); err == nil {
+		return true, nil
+	}
+	cg := cfg.Cgroup
+	if cg == "" {
+		if cg, err = Cgroup2Root(); err != nil {
+			return false, err
+		}
+	}
+	// Pins of a half-finished attach (killed between pins) go first.
+	if err := removePins(dir); err != nil {
+		return false, err
+	}
+	objs, err := load(cfg)
+	if err != nil {
+		return false, err
+	}
+	defer objs.Close()
+	if err := link.RawAttachProgram(link.RawAttachProgramOptions{
+		Target: objs.MwSocks.FD(), Program: objs.MwMsg, Attach: ebpf.AttachSkMsgVerdict,
+	}); err != nil {
+		return false, unsupported("attach sk_msg to the sockhash: %v", err)
+	}
+	ctl := bpfControl{ProxyUid: cfg.ProxyUID, OutboundPort: cfg.OutboundPort}
+	if cfg.IntoProxy {
+		ctl.IntoProxy = 1
+	}
+	if err := objs.MwControl.Put(uint32(0), ctl); err != nil {
+		return false, fmt.Errorf("write the fast path's control map: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return false, fmt.Errorf("create the pin directory: %w", err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			_ = removePins(dir)
+		}
+	}()
+	for name, m := range map[string]*ebpf.Map{pinSocks: objs.MwSocks, pinCounters: objs.MwCounters, pinControl: objs.MwControl} {
+		if err := m.Pin(filepath.Join(dir, name)); err != nil {
+			return false, fmt.Errorf("pin %s: %w", name, err)
+		}
+	}
+	sl, err := link.AttachCgroup(link.CgroupOptions{Path: cg, Attach: ebpf.AttachCGroupSockOps, Program: objs.MwSockops})
+	if err != nil {
+		return false, unsupported("attach sockops to the cgroup %s: %v", cg, err)
+	}
+	defer sl.Close()
+	// The link's pin is what "attached" means: it goes last.
+	if err := sl.Pin(filepath.Join(dir, pinLink)); err != nil {
+		return false, fmt.Errorf("pin the sockops link: %w", err)
+	}
+	done = true
+	return false, nil
+}
+
+// load loads the programs and maps with cfg's constants, naming what the
+// kernel lacks when it refuses them.
+func load(cfg Config) (*bpfObjects, error) {
+	spec, err := loadBpf()
+	if err != nil {
+		return nil, fmt.Errorf("read the fast path's BPF object: %w", err)
+	}
+	consts := map[string]any{"proxy_uid": cfg.ProxyUID, "outbound_port": cfg.OutboundPort, "into_proxy": boolByte(cfg.IntoProxy)}
+	for name, v := range consts {
+		if err := spec.Variables[name].Set(v); err != nil {
+			return nil, fmt.Errorf("set %s: %w", name, err)
+		}
+	}
+	var objs bpfObjects
+	if err := spec.LoadAndAssign(&objs, nil); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, unsupported("the kernel refused the fast path's programs (it needs sockops, sk_msg, sockhash, socket-local storage and bpf_skc_to_tcp_sock, Linux 5.15 or later): %v", firstLines(fmt.Sprintf("%+v", ve), 3))
+		}
+		if errors.Is(err, unix.EPERM) {
+			return nil, unsupported("loading BPF programs was refused (run as root: the fast path needs CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON): %v", err)
+		}
+		return nil, unsupported("load the fast path's programs: %v", err)
+	}
+	return &objs, nil
+}
+
+func boolByte(b bool) uint8 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+func firstLines(s string, n int) string {
+	lines := strings.Split(strings.TrimSpace(s), "\n")
+	if len(lines) > n {
+		lines = append(lines[:n], "...")
+	}
+	return strings.Join(lines, " | ")
+}
+
+// Supported checks what the fast path needs of the node before anything is
+// changed: kernel BTF (CO-RE), bpffs (mounted here when absent) and cgroup v2.
+func Supported() error {
+	if _, err := os.Stat("/sys/kernel/btf/vmlinux"); err != nil {
+		return unsupported("kernel BTF (/sys/kernel/btf/vmlinux) is missing: the programs read socket fields through CO-RE, which needs a kernel built with CONFIG_DEBUG_INFO_BTF")
+	}
+	if err := ensureBPFFS(); err != nil {
+		return err
+	}
+	if _, err := Cgroup2Root(); err != nil {
+		return err
+	}
+	return nil
+}
+
+func ensureBPFFS() error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(bpffs, &st); err == nil && st.Type == unix.BPF_FS_MAGIC {
+		return nil
+	}
+	if err := os.MkdirAll(bpffs, 0o755); err != nil {
+		return unsupported("create %s: %v", bpffs, err)
+	}
+	if err := unix.Mount("bpf", bpffs, "bpf", 0, "mode=0700"); err != nil {
+		return unsupported("mount bpffs on %s: %v", bpffs, err)
+	}
+	return nil
+}
+
+// Cgroup2Root is the cgroup v2 mount point, read from /proc/self/mountinfo
+// (on hybrid layouts it is not /sys/fs/cgroup).
+func Cgroup2Root() (string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return "", unsupported("read /proc/self/mountinfo: %v", err)
+	}
+	defer f.Close()
+	if p, ok := cgroup2FromMountinfo(f); ok {
+		return p, nil
+	}
+	return "", unsupported("no cgroup v2 mount in /proc/self/mountinfo: sockops programs attach to a cgroup v2")
+}
+
+// cgroup2FromMountinfo returns the mount point of the first cgroup2 mount.
+// A mountinfo line is: id parent major:minor root mountpoint options
+// [optional fields...] - fstype source superoptions.
+func cgroup2FromMountinfo(r io.Reader) (string, bool) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		if !ok {
+			continue
+		}
+		f, g := strings.Fields(pre), strings.Fields(post)
+		if len(f) < 5 || len(g) < 1 || g[0] != "cgroup2" {
+			continue
+		}
+		return unescapeMount(f[4]), true
+	}
+	return "", false
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) && isOctal(s[i+1]) && isOctal(s[i+2]) && isOctal(s[i+3]) {
+			b.WriteByte((s[i+1]-'0')<<6 | (s[i+2]-'0')<<3 | (s[i+3] - '0'))
+			i += 3
+			continue
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func isOctal(c byte) bool { return c >= '0' && c <= '7' }
+
+// removePins removes the pin directory and what is pinned in it (an unpin
+// is a file removal on bpffs), and the parent when it is left empty.
+func removePins(dir string) error {
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove the pins in %s: %w", dir, err)
+	}
+	_ = os.Remove(filepath.Dir(dir)) // only when empty
+	return nil
+}
+
+// ReadStatus reports whether the fast path is attached at dir, with its
+// counters.
+func ReadStatus(dir string) (Status, error) {
+	if dir == "" {
+		dir = DefaultPinDir
+	}
+	st := Status{PinDir: dir}
+	if _, err := os.Stat(filepath.Join(dir, pinLink)); err != nil {
+		return st, nil
+	}
+	st.Attached = true
+	if cg, err := Cgroup2Root(); err == nil {
+		st.Cgroup = cg
+	}
+	ctl, err := ebpf.LoadPinnedMap(filepath.Join(dir, pinControl), nil)
+	if err != nil {
+		return st, fmt.Errorf("open the pinned control map: %w", err)
+	}
+	defer ctl.Close()
+	var c bpfControl
+	if err := ctl.Lookup(uint32(0), &c); err != nil {
+		return st, fmt.Errorf("read the control map: %w", err)
+	}
+	st.ProxyUID, st.OutboundPort, st.IntoProxy = c.ProxyUid, c.OutboundPort, c.IntoProxy != 0
+	if st.Counters, err = readCounters(filepath.Join(dir, pinCounters)); err != nil {
+		return st, err
+	}
+	socks, err := ebpf.LoadPinnedMap(filepath.Join(dir, pinSocks), nil)
+	if err != nil {
+		return st, fmt.Errorf("open the pinned sockhash: %w", err)
+	}
+	defer socks.Close()
+	st.LiveSockets, err = CountSockets(socks)
+	return st, err
+}
+
+func readCounters(path string) (Counters, error) {
+	m, err := ebpf.LoadPinnedMap(path, nil)
+	if err != nil {
+		return Counters{}, fmt.Errorf("open the pinned counters: %w", err)
+	}
+	defer m.Close()
+	var sum [cMax]uint64
+	for i := range uint32(cMax) {
+		var perCPU []uint64
+		if err := m.Lookup(i, &perCPU); err != nil {
+			return Counters{}, fmt.Errorf("read counter %d: %w", i, err)
+		}
+		for _, v := range perCPU {
+			sum[i] += v
+		}
+	}
+	return Counters{
+		Sockets: sum[cSockets], Pairs: sum[cPairs], RedirectedMessages: sum[cMessages],
+		RedirectedBytes: sum[cBytes], Fallbacks: sum[cFallbacks], Ambiguous: sum[cAmbiguous],
+		KeptForProxy: sum[cKeptForProxy],
+	}, nil
+}
+
+// CountSockets counts the sockets in the sockhash.
+func CountSockets(socks *ebpf.Map) (int, error) {
+	var k bpfSockKey
+	var v uint64
+	n := 0
+	it := socks.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		return n, fmt.Errorf("walk the sockhash: %w", err)
+	}
+	return n, nil
+}
+
+// Detached is what Detach did.
+type Detached struct {
+	WasAttached bool
+	// Draining is the sockhash when sockets were still on the fast path:
+	// the caller keeps it open (Hold) until they have closed, and closes
+	// it. Nil when none were left.
+	Draining *ebpf.Map
+	Live     int
+}
+
+// Detach stops the fast path at dir: new messages go on TCP, no new socket
+// is taken, the sockops attachment and every pin are removed.
+func Detach(dir string) (Detached, error) {
+	if dir == "" {
+		dir = DefaultPinDir
+	}
+	l, err := filelock.Acquire(lockPath, 30*time.Second)
+	if err != nil {
+		return Detached{}, err
+	}
+	defer l.Release()
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return Detached{}, nil
+	}
+	d := Detached{WasAttached: true}
+	var socks *ebpf.Map
+	if ctl, err := ebpf.LoadPinnedMap(filepath.Join(dir, pinControl), nil); err == nil {
+		var c bpfControl
+		if ctl.Lookup(uint32(0), &c) == nil {
+			c.Draining = 1
+			err = ctl.Put(uint32(0), c)
+		}
+		ctl.Close()
+		if err != nil {
+			return d, fmt.Errorf("set the fast path draining: %w", err)
+		}
+		socks, _ = ebpf.LoadPinnedMap(filepath.Join(dir, pinSocks), nil)
+	}
+	// Removing the link's pin releases the sockops attachment (nothing
+	// else holds the link); removing the maps' pins leaves them to the
+	// programs that use them, and to us for the sockhash.
+	if err := removePins(dir); err != nil {
+		if socks != nil {
+			socks.Close()
+		}
+		return d, err
+	}
+	if socks == nil {
+		return d, nil
+	}
+	n, err := CountSockets(socks)
+	if err != nil || n == 0 {
+		socks.Close()
+		return d, err
+	}
+	d.Draining, d.Live = socks, n
+	return d, nil
+}
+
+// Hold keeps the sockhash open until every socket in it has closed (each
+// leaves it on close), polling every interval, then closes it.
+func Hold(socks *ebpf.Map, interval time.Duration) error {
+	defer socks.Close()
+	for {
+		n, err := CountSockets(socks)
+		if err != nil {
+			return err
+		}
+		if n == 0 {
+			return nil
+		}
+		time.Sleep(interval)
+	}
+}
