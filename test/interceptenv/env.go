@@ -427,14 +427,16 @@ type Proxy struct {
 type Record = proxylog.Record
 
 // StartProxy starts the test proxy in the pod as uid/gid 1337 (with
-// CAP_NET_ADMIN for TPROXY), forwarding captured DNS to the remote.
-func (e *Env) StartProxy(tproxy bool) *Proxy {
+// CAP_NET_ADMIN for TPROXY), forwarding captured DNS to the remote; extra
+// flags (-copy splice, -answer) are passed on.
+func (e *Env) StartProxy(tproxy bool, extra ...string) *Proxy {
 	e.T.Helper()
 	mode := "redirect"
 	if tproxy {
 		mode = "tproxy"
 	}
-	cmd := e.command(ProxyUID, ProxyUID, tproxy, "-mode", mode, "-dns-upstream", AP(RemoteV4, DNSPort).String())
+	args := append([]string{"-mode", mode, "-dns-upstream", AP(RemoteV4, DNSPort).String()}, extra...)
+	cmd := e.command(ProxyUID, ProxyUID, tproxy, args...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		e.T.Fatal(err)

@@ -11,7 +11,12 @@
 // Run it as the proxy's uid (1337), in the pod's network namespace; TPROXY
 // needs CAP_NET_ADMIN (an ambient capability) for IP_TRANSPARENT.
 //
-//	proxy [-mode redirect|tproxy] [-outbound 15001] [-inbound 15006] [-dns 15053 -dns-upstream ADDR:53]
+//	proxy [-mode redirect|tproxy] [-outbound 15001] [-inbound 15006] [-dns 15053 -dns-upstream ADDR:53] [-copy loop|splice] [-answer]
+//
+// -copy splice copies with io.Copy between the two TCP connections, which
+// Go turns into splice(2) (the receiver the sockmap fast path must not
+// starve); -answer echoes each captured connection's bytes back itself
+// instead of forwarding them (the app <-> sidecar hop alone).
 //	proxy dial ADDR MESSAGE   # one request as the current user: prints the reply
 package main
 
@@ -40,6 +45,9 @@ import (
 type Record = proxylog.Record
 
 var (
+	answer     bool // echo instead of forwarding
+	spliceCopy bool // copy with io.Copy (splice) instead of a read/write loop
+
 	outMu sync.Mutex
 	enc   = json.NewEncoder(os.Stdout)
 )
@@ -60,7 +68,16 @@ func main() {
 	inPort := flag.Int("inbound", 15006, "inbound capture port")
 	dnsPort := flag.Int("dns", 15053, "DNS capture port (0: none)")
 	upstream := flag.String("dns-upstream", "", "DNS server to forward captured queries to")
+	copyMode := flag.String("copy", "loop", "how bytes are copied: loop (read/write) or splice (io.Copy)")
+	flag.BoolVar(&answer, "answer", false, "echo captured connections back instead of forwarding them")
 	flag.Parse()
+	switch *copyMode {
+	case "loop":
+	case "splice":
+		spliceCopy = true
+	default:
+		fatal(fmt.Errorf("-copy %q: want loop or splice", *copyMode))
+	}
 	tproxy := *mode == "tproxy"
 
 	var lns []net.Listener
@@ -169,6 +186,10 @@ func handle(c *net.TCPConn, name string, tproxy bool) {
 		return
 	}
 	emit(rec)
+	if answer {
+		pipe(c, c)
+		return
+	}
 	d := net.Dialer{Timeout: 5 * time.Second}
 	if name == "inbound" {
 		// Connect to the app from the passthrough address, as a sidecar
@@ -188,12 +209,18 @@ func handle(c *net.TCPConn, name string, tproxy bool) {
 	pipe(c, up.(*net.TCPConn))
 }
 
-// pipe copies both ways until both sides are done, passing half-closes on.
+// pipe copies both ways until both sides are done, passing half-closes on
+// (with a == b, it echoes).
 func pipe(a, b *net.TCPConn) {
 	var wg sync.WaitGroup
 	wg.Add(2)
 	cp := func(dst, src *net.TCPConn) {
 		defer wg.Done()
+		if spliceCopy {
+			_, _ = io.Copy(dst, src)
+			_ = dst.CloseWrite()
+			return
+		}
 		buf := make([]byte, 64<<10)
 		for {
 			n, err := src.Read(buf)
@@ -207,6 +234,11 @@ func pipe(a, b *net.TCPConn) {
 			}
 		}
 		_ = dst.CloseWrite()
+	}
+	if a == b {
+		wg.Done()
+		cp(a, a)
+		return
 	}
 	go cp(a, b)
 	go cp(b, a)
