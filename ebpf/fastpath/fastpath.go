@@ -115,7 +115,8 @@ func unsupported(format string, a ...any) error {
 }
 
 // Attach attaches the fast path. It returns already == true, and changes
-// nothing, when it is attached at cfg.PinDir.
+// nothing, when it is attached at cfg.PinDir with the same settings; with
+// other settings it fails (detach first).
 func Attach(cfg Config) (already bool, err error) {
 	dir := cfg.pinDir()
 	l, err := filelock.Acquire(lockPath, 30*time.Second)
@@ -127,6 +128,14 @@ func Attach(cfg Config) (already bool, err error) {
 		return false, err
 	}
 	if _, err := os.Stat(filepath.Join(dir, pinLink)); err == nil {
+		st, err := ReadStatus(dir)
+		if err != nil {
+			return false, err
+		}
+		if st.ProxyUID != cfg.ProxyUID || st.OutboundPort != cfg.OutboundPort || st.IntoProxy != cfg.IntoProxy {
+			return false, fmt.Errorf("already attached with proxy uid %d, outbound port %d, into proxy %v: detach first to change them",
+				st.ProxyUID, st.OutboundPort, st.IntoProxy)
+		}
 		return true, nil
 	}
 	cg := cfg.Cgroup
@@ -148,6 +157,9 @@ func Attach(cfg Config) (already bool, err error) {
 		Target: objs.MwSocks.FD(), Program: objs.MwMsg, Attach: ebpf.AttachSkMsgVerdict,
 	}); err != nil {
 		return false, unsupported("attach sk_msg to the sockhash: %v", err)
+	}
+	if _, err := seedSidecars(objs.MwSidecars, cfg.OutboundPort); err != nil {
+		return false, err
 	}
 	ctl := bpfControl{ProxyUid: cfg.ProxyUID, OutboundPort: cfg.OutboundPort}
 	if cfg.IntoProxy {

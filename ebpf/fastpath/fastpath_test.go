@@ -1,0 +1,50 @@
+package fastpath
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestCgroup2FromMountinfo(t *testing.T) {
+	for _, tc := range []struct {
+		name, mountinfo, want string
+		ok                   bool
+	}{
+		{"hybrid layout", `25 30 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
+26 25 0:23 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:7 - cgroup2 cgroup2 rw,nsdelegate
+27 25 0:24 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,name=systemd`, "/sys/fs/cgroup/unified", true},
+		{"unified layout, optional fields", `35 24 0:30 / /sys/fs/cgroup rw,nosuid shared:9 master:1 - cgroup2 cgroup2 rw`, "/sys/fs/cgroup", true},
+		{"escaped space", `35 24 0:30 / /mnt/cg\040two rw - cgroup2 none rw`, "/mnt/cg two", true},
+		{"cgroup v1 only", `27 25 0:24 / /sys/fs/cgroup/cpu rw - cgroup cgroup rw,cpu`, "", false},
+		{"malformed lines", "garbage\n1 2 3 - cgroup2\n - \n", "", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, ok := cgroup2FromMountinfo(strings.NewReader(tc.mountinfo))
+			if got != tc.want || ok != tc.ok {
+				t.Fatalf("got %q, %v; want %q, %v", got, ok, tc.want, tc.ok)
+			}
+		})
+	}
+}
+
+// TestObjectMatchesLoader: the committed object has the programs, maps and
+// constants the loader uses (a stale `make generate` fails here).
+func TestObjectMatchesLoader(t *testing.T) {
+	spec, err := loadBpf()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{"proxy_uid", "outbound_port", "into_proxy"} {
+		if spec.Variables[v] == nil {
+			t.Errorf("constant %s missing from the object", v)
+		}
+	}
+	if m := spec.Maps["mw_counters"]; m == nil || m.MaxEntries != cMax {
+		t.Errorf("mw_counters has %v entries, the loader reads %d", m, cMax)
+	}
+	for _, p := range []string{"mw_sockops", "mw_msg"} {
+		if spec.Programs[p] == nil {
+			t.Errorf("program %s missing", p)
+		}
+	}
+}
