@@ -68,7 +68,11 @@ demo: build
 bench: deps build
 	MESHWIRE_BIN_DIR=$(BIN) $(GO) test -count=1 -run '^$$' -bench '$(BENCH)' -benchtime 1x -timeout 120m ./test/bench/...
 
+# bpf2go compiles ebpf/fastpath.c; clang and libbpf's headers are installed
+# when missing (the generated Go and object are committed: build needs neither).
 generate:
+	@command -v clang >/dev/null 2>&1 && test -f /usr/include/bpf/bpf_helpers.h || \
+	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends clang llvm libbpf-dev linux-libc-dev >/dev/null; }
 	$(GO) generate ./...
 
 # Plugins installed under a second name too, PLUGIN:NAME: the name configs

@@ -14,20 +14,28 @@
 //             (client, key = its local address) and the app's accepted
 //             socket (server, key = its remote address).
 //
-// When the server end is established the two ends are bound to each other
-// by socket cookie; an ambiguous endpoint (two live clients with one key in
-// one namespace) is never paired. sk_msg (attached to mw_socks) then hands
+// Keys carry the client socket's cookie, so each key names one connection:
+// the server end, when established, finds the client's cookie through
+// mw_endpoints (client endpoint -> cookie) and is keyed with it; an endpoint
+// two live client sockets share (connect() may reuse a local port toward
+// another destination) is never paired. sk_msg (attached to mw_socks) hands
 // each message of a paired socket to its peer's receive queue with
 // bpf_msg_redirect_hash(BPF_F_INGRESS).
 //
-// A direction switches from TCP to the fast path only at a message boundary
-// where nothing of it is in flight or unread (sender: snd_una == write_seq;
-// receiver: copied_seq == rcv_nxt), and only into a receiver that has read
-// with recvmsg and never with tcp_read_sock (splice): fast-path bytes wait in
-// the receiver's psock queue, which splice never looks at. Once on the fast
-// path a direction stays there; turning the fast path off (draining) moves
-// new messages back to TCP, which keeps their order, since a receiver reads
-// its psock queue before its TCP queue.
+// Order: a direction starts on TCP when its first message races the
+// pairing, and moves to the fast path only when its receiver had read every
+// byte the sender ever wrote on TCP (the receiver's copied_seq, published
+// when it was established and each time it sends, equals the sender's
+// write_seq); once on the fast path it stays there. Turning the fast path
+// off (draining) moves new messages back to TCP, which keeps their order: a
+// receiver reads its psock queue before its TCP queue.
+//
+// splice(): bytes handed over wait in the receiver's psock queue, which
+// splice() (tcp_read_sock) never reads, and this kernel offers no hook
+// (fentry) to tell a splicing reader from a recvmsg one. The proxy's sockets
+// are therefore fed only with into_proxy set (for proxies known to read with
+// recv/readv, as Envoy does); by default only the application's sockets
+// are, in the sidecar -> app direction.
 #include <linux/bpf.h>
 #include <linux/types.h>
 #include <bpf/bpf_helpers.h>
