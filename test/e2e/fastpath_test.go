@@ -401,15 +401,28 @@ func waitNoHolder(t *testing.T) {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		out, _ := exec.Command("pgrep", "-f", "fastpath hold").Output()
-		if len(bytes.TrimSpace(out)) == 0 {
+		pids := holderPids()
+		if len(pids) == 0 {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the detach holder (pid %s) is still running after its last socket closed", bytes.TrimSpace(out))
+			t.Fatalf("the detach holder (pids %v) is still running after its last socket closed", pids)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// holderPids lists the processes running `meshwire fastpath hold`.
+func holderPids() []string {
+	var pids []string
+	cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range cmdlines {
+		b, err := os.ReadFile(p)
+		if err == nil && bytes.Contains(b, []byte("fastpath\x00hold\x00")) {
+			pids = append(pids, filepath.Base(filepath.Dir(p)))
+		}
+	}
+	return pids
 }
 
 // TestFastpathConcurrent: 50 connections at once, every reply byte-exact,
