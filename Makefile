@@ -64,7 +64,9 @@ fuzz:
 demo: build
 	$(BIN)/meshwire demo
 
-# Benchmarks run side by side with Debian's reference plugins (/usr/lib/cni).
+# Benchmarks run side by side with the reference plugins v1.9.1 (built by the
+# benchmarks from the Go module proxy, once per run) and Debian's 1.1.1
+# (/usr/lib/cni, installed by test/deps.sh).
 bench: deps build
 	MESHWIRE_BIN_DIR=$(BIN) $(GO) test -count=1 -run '^$$' -bench '$(BENCH)' -benchtime 1x -timeout 120m ./test/bench/...
 
