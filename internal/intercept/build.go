@@ -80,7 +80,7 @@ func single(a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, a.BitLen()) 
 func Build(cfg Config, f Family) *RuleSet {
 	b := &builder{rs: &RuleSet{Family: f}, tables: map[string]*TableRules{}}
 	tproxy := cfg.Mode == ModeTProxy
-	lo := f.loopback()
+	lo := cfg.loopback(f)
 	passthrough := single(PassthroughSource(f))
 	inTable := NAT
 	if tproxy {
@@ -200,6 +200,9 @@ func Build(cfg Config, f Family) *RuleSet {
 		}
 		b.add(NAT, Rule{Chain: ChainOutput, Owners: []Owner{o}, Target: ret()})
 	}
+	for _, r := range groupRules(cfg.OutboundGroups, ChainOutput) {
+		b.add(NAT, r)
+	}
 	if cfg.RedirectDNS {
 		if cfg.CaptureAllDNS {
 			b.add(NAT, Rule{Chain: ChainOutput, Proto: "tcp", DPort: 53, Target: redirect(DNSCapturePort)})
@@ -241,6 +244,9 @@ func Build(cfg Config, f Family) *RuleSet {
 			for _, o := range owners(cfg) {
 				b.add(NAT, Rule{Chain: ChainOutputDNS, Proto: "udp", DPort: 53, Owners: []Owner{o}, Target: ret()})
 			}
+			for _, r := range groupRules(cfg.OutboundGroups, ChainOutputDNS) {
+				b.add(NAT, r)
+			}
 			b.add(Raw, Rule{Chain: "OUTPUT", Proto: "udp", Target: jump(ChainOutputDNS)})
 			b.add(Raw, Rule{Chain: "PREROUTING", Proto: "udp", Target: jump(ChainInboundDNS)})
 			for _, o := range owners(cfg) {
@@ -267,6 +273,25 @@ func Build(cfg Config, f Family) *RuleSet {
 		}
 	}
 	return b.rs
+}
+
+// groupRules are the rules of chain that leave alone the connections the
+// owner group filter does not capture (istio's handleCaptureByOwnerGroup):
+// one RETURN per excluded group, or one RETURN for sockets of none of the
+// groups captured.
+func groupRules(g GroupFilter, chain string) []Rule {
+	if !g.Only {
+		var out []Rule
+		for _, gid := range g.GIDs {
+			out = append(out, Rule{Chain: chain, Owners: []Owner{{ID: gid, GID: true}}, Target: ret()})
+		}
+		return out
+	}
+	var noneOf []Owner
+	for _, gid := range g.GIDs {
+		noneOf = append(noneOf, Owner{ID: gid, GID: true, Not: true})
+	}
+	return []Rule{{Chain: chain, Owners: noneOf, Target: ret()}}
 }
 
 // owners lists the proxy's uids then gids as owner matches.

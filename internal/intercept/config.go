@@ -48,6 +48,21 @@ type CIDRs struct {
 	Prefixes []netip.Prefix
 }
 
+// GroupFilter selects, by the group owning the socket, whose outbound
+// connections are captured (istio's ISTIO_OUTBOUND_OWNER_GROUPS and
+// ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE). The zero value captures every
+// group's.
+type GroupFilter struct {
+	// Only captures the connections of the GIDs' groups only (nobody's
+	// when GIDs is empty); otherwise every group's but theirs.
+	Only bool
+	GIDs []uint32
+}
+
+// MaxOnlyGroups is how many groups an Only filter may name: istio-iptables'
+// limit, as all of them go into one rule.
+const MaxOnlyGroups = 64
+
 // Config is the whole interception setup of one pod.
 type Config struct {
 	ProxyPort          uint16   // -p: outbound capture port
@@ -73,6 +88,9 @@ type Config struct {
 	CaptureAllDNS bool
 	DNSServers    []netip.Addr // from the pod's resolv.conf, when not CaptureAllDNS
 	DropInvalid   bool
+
+	OutboundGroups GroupFilter  // ISTIO_OUTBOUND_OWNER_GROUPS(_EXCLUDE)
+	IPv4Loopback   netip.Prefix // ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR; zero: 127.0.0.1/32
 }
 
 // Default returns istio-iptables' defaults: everything captured, REDIRECT.
@@ -91,9 +109,14 @@ func Default() Config {
 	}
 }
 
-func (f Family) loopback() netip.Prefix {
-	if f == V6 {
+// loopback is the destination range that counts as the pod's own loopback
+// in family f: ::1/128, or IPv4Loopback (127.0.0.1/32 unless set).
+func (c Config) loopback(f Family) netip.Prefix {
+	switch {
+	case f == V6:
 		return netip.MustParsePrefix("::1/128")
+	case c.IPv4Loopback.IsValid():
+		return c.IPv4Loopback
 	}
 	return netip.MustParsePrefix("127.0.0.1/32")
 }

@@ -60,6 +60,20 @@ func goldenCases() map[string]Config {
 	add("dns-capture-all", func(c *Config) { c.RedirectDNS = true; c.CaptureAllDNS = true })
 	add("dns-capture-all-tproxy", func(c *Config) { c.RedirectDNS = true; c.CaptureAllDNS = true; c.Mode = ModeTProxy })
 	add("drop-invalid", func(c *Config) { c.DropInvalid = true })
+	// ISTIO_OUTBOUND_OWNER_GROUPS=1000,202 (with DNS, whose nat chain
+	// filters the same groups), ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE=888,889,
+	// and ISTIO_OUTBOUND_OWNER_GROUPS="" (nobody's connections).
+	add("owner-groups", func(c *Config) {
+		c.OutboundGroups = GroupFilter{Only: true, GIDs: []uint32{1000, 202}}
+		c.RedirectDNS, c.CaptureAllDNS = true, true
+	})
+	add("owner-groups-exclude", func(c *Config) { c.OutboundGroups = GroupFilter{GIDs: []uint32{888, 889}} })
+	add("owner-groups-none", func(c *Config) { c.OutboundGroups = GroupFilter{Only: true} })
+	// ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR=127.0.0.0/8 (IPv6 keeps ::1/128).
+	add("loopback-cidr-tproxy", func(c *Config) {
+		c.Mode = ModeTProxy
+		c.IPv4Loopback = netip.MustParsePrefix("127.0.0.0/8")
+	})
 	return cases
 }
 
