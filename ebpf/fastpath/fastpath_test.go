@@ -48,3 +48,28 @@ func TestObjectMatchesLoader(t *testing.T) {
 		}
 	}
 }
+
+// FuzzCgroup2FromMountinfo: any text gives a mount point that is one of its
+// mountinfo fields (unescaped), never a panic.
+func FuzzCgroup2FromMountinfo(f *testing.F) {
+	f.Add("26 25 0:23 / /sys/fs/cgroup/unified rw shared:7 - cgroup2 cgroup2 rw\n")
+	f.Add(`35 24 0:30 / /mnt/cg\040two rw - cgroup2 none rw`)
+	f.Add(`1 2 3 4 \1\12\123\ - cgroup2`)
+	f.Add(" - cgroup2\n - \n")
+	f.Fuzz(func(t *testing.T, s string) {
+		got, ok := cgroup2FromMountinfo(strings.NewReader(s))
+		if !ok {
+			if got != "" {
+				t.Fatalf("not found but returned %q", got)
+			}
+			return
+		}
+		for _, line := range strings.Split(s, "\n") {
+			pre, _, found := strings.Cut(line, " - ")
+			if f := strings.Fields(pre); found && len(f) >= 5 && unescapeMount(f[4]) == got {
+				return
+			}
+		}
+		t.Fatalf("%q is no mount point of the input", got)
+	})
+}
