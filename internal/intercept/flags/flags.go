@@ -1,16 +1,14 @@
 // Package flags reads istio-iptables' command line (and the environment
-// variables named after its flags) into an interception Config and the
-// options around it, with the same defaults and meaning. iptables-init
-// parses its arguments with it, and the intercept CNI plugin its config
-// (whose keys are the same flag names).
+// variables named after its flags, and those it reads on their own) into an
+// interception Config and the options around it, with the same defaults and
+// meaning. iptables-init parses its arguments with it, and the intercept CNI
+// plugin its config (whose keys are the same flag names).
 package flags
 
 import (
 	"bytes"
 	"errors"
 	"fmt"
-	"net/netip"
-	"strconv"
 	"strings"
 	"time"
 
@@ -27,6 +25,8 @@ type Options struct {
 	DryRun        bool
 	CleanupOnly   bool
 	Reconcile     bool
+	ForceApply    bool // rewrite the rules even when they are in place
+	CNIMode       bool // lock xtables per pod namespace (see README)
 	RunValidation bool
 	SkipRuleApply bool
 	ProbePort     uint16
@@ -34,13 +34,17 @@ type Options struct {
 	Backend       firewall.Backend // zero: detect
 	NetNS         string
 	ResolvConf    string
-	Help          bool
-	Usage         string
+	Log           Log
+	// Notes say, one sentence each, what was asked for and has no effect;
+	// the command shows them as warnings.
+	Notes []string
+	Help  bool
+	Usage string
 }
 
 // UsageError is a bad command line: exit status 2, nothing changed.
 type UsageError struct {
-	Flag string // "--envoy-port (-p)", or "" for errors not about one flag
+	Flag string // "--envoy-port (-p)", an environment variable, or "" for errors not about one flag
 	Long string // the flag's long name ("envoy-port"), or ""
 	Msg  string
 }
@@ -56,18 +60,24 @@ func (e *UsageError) Error() string {
 type flagDef struct {
 	long, short, def, usage string
 	isBool                  bool
-	noEnv                   bool     // accepted for compatibility, ignored
-	envAliases              []string // other variables istio reads for it, after the flag's own
+	isList                  bool // may be repeated, each value kept (log_target)
+	noEnv                   bool // no environment variable sets it (as in istio)
+	// envAliases are other variables istio reads for it; as in istio, one
+	// that is set wins over the flag's own variable.
+	envAliases []string
+	// envFallbacks are variables istio documents for it without reading
+	// them; meshwire reads them when nothing else set the flag.
+	envFallbacks []string
 }
 
 var flagDefs = []flagDef{
 	{long: "envoy-port", short: "p", def: "15001", usage: "port the proxy listens on for outbound connections"},
 	{long: "inbound-capture-port", short: "z", def: "15006", usage: "port the proxy listens on for inbound connections"},
 	{long: "inbound-tunnel-port", short: "e", def: "15008", usage: "inbound port never captured (the proxy's tunnel)"},
-	{long: "proxy-uid", short: "u", def: "1337", usage: "comma-separated uids of the proxy: their connections are not captured"},
+	{long: "proxy-uid", short: "u", def: "", usage: "comma-separated uids of the proxy: their connections are not captured (default: the uid of user $ENVOY_USER, istio-proxy, else 1337)"},
 	{long: "proxy-gid", short: "g", def: "", usage: "comma-separated gids of the proxy (default: the uids)"},
-	{long: "istio-inbound-interception-mode", short: "m", def: "REDIRECT", usage: "REDIRECT or TPROXY"},
-	{long: "istio-inbound-tproxy-mark", short: "t", def: "1337", usage: "packet mark of TPROXY-diverted packets"},
+	{long: "istio-inbound-interception-mode", short: "m", def: "REDIRECT", envFallbacks: []string{"INBOUND_INTERCEPTION_MODE"}, usage: "REDIRECT or TPROXY"},
+	{long: "istio-inbound-tproxy-mark", short: "t", def: "1337", envFallbacks: []string{"INBOUND_TPROXY_MARK"}, usage: "packet mark of TPROXY-diverted packets"},
 	{long: "istio-inbound-tproxy-route-table", short: "r", def: "133", usage: "routing table TPROXY-marked packets are looked up in"},
 	{long: "istio-inbound-ports", short: "b", def: "", usage: `inbound ports to capture: "*" for all, a comma-separated list, or empty for none`},
 	{long: "istio-local-exclude-ports", short: "d", def: "", usage: `inbound ports not captured when -b is "*"`},
@@ -79,25 +89,35 @@ var flagDefs = []flagDef{
 	{long: "istio-exclude-interfaces", short: "c", def: "", usage: "comma-separated interfaces left alone entirely"},
 	{long: "redirect-dns", isBool: true, envAliases: []string{"ISTIO_META_DNS_CAPTURE"}, usage: "capture DNS (UDP and TCP port 53) to the proxy's DNS port 15053"},
 	{long: "capture-all-dns", isBool: true, usage: "with --redirect-dns: capture DNS to any server, not only the resolv.conf ones"},
-	{long: "drop-invalid", isBool: true, usage: "drop packets conntrack finds invalid"},
+	{long: "drop-invalid", isBool: true, envAliases: []string{"INVALID_DROP"}, usage: "drop packets conntrack finds invalid"},
 	{long: "dual-stack", isBool: true, envAliases: []string{"ISTIO_DUAL_STACK"}, usage: "program IPv6 rules as well (also done when the pod has a global IPv6 address)"},
 	{long: "dry-run", short: "n", isBool: true, usage: "print what would be applied and change nothing"},
 	{long: "cleanup-only", isBool: true, usage: "remove every interception rule, chain and route installed, then exit"},
 	{long: "reconcile", isBool: true, usage: "replace interception rules installed with other flags"},
+	{long: "force-apply", isBool: true, usage: "rewrite the rules even when they are already in place, replacing any others"},
 	{long: "run-validation", isBool: true, usage: "check that redirection works from inside the pod; exit 126 when it does not"},
 	{long: "skip-rule-apply", isBool: true, usage: "with --run-validation: validate only"},
 	{long: "iptables-probe-port", def: "15002", usage: "port run-validation connects to"},
 	{long: "probe-timeout", def: "5s", usage: "how long run-validation waits"},
+	{long: "native-nftables", isBool: true, usage: "program native nftables tables instead of iptables rules (same as --iptables-backend nftables)"},
+	{long: "force-iptables-binary", def: "", usage: "legacy or nft: the iptables variant to use (same as --iptables-backend)"},
 	{long: "iptables-backend", def: "", usage: "legacy, nft (iptables variants) or nftables (native tables); default: what the pod already uses"},
 	{long: "network-namespace", def: "", usage: "network namespace file to work in (default: the current one)"},
+	{long: "cni-mode", isBool: true, usage: "with --network-namespace from the host: take the xtables lock on that file, not the node's"},
 	{long: "resolv-conf", def: "/etc/resolv.conf", usage: "resolv.conf whose nameservers --redirect-dns captures"},
+	{long: "iptables-trace-logging", isBool: true, usage: "accepted for compatibility with older Istio releases (no effect)"},
 	{long: "restore-format", isBool: true, noEnv: true, usage: "accepted for compatibility (always on)"},
-	{long: "log_output_level", def: "", noEnv: true, usage: "accepted for compatibility (ignored)"},
-	{long: "log_as_json", isBool: true, noEnv: true, usage: "accepted for compatibility (ignored)"},
-	{long: "log_caller", def: "", noEnv: true, usage: "accepted for compatibility (ignored)"},
-	{long: "log_stacktrace_level", def: "", noEnv: true, usage: "accepted for compatibility (ignored)"},
-	{long: "log_target", def: "", noEnv: true, usage: "accepted for compatibility (ignored)"},
+	{long: "log_output_level", def: "default:info", noEnv: true, usage: "minimum level of the messages shown: [scope:]level,... with level debug, info, warn, error, fatal or none (scopes default and all apply)"},
+	{long: "log_as_json", isBool: true, noEnv: true, usage: "write messages as JSON lines"},
+	{long: "log_target", isList: true, noEnv: true, usage: "where messages go: stdout, stderr or a file (repeatable; default stderr)"},
+	{long: "log_caller", def: "", noEnv: true, usage: "accepted for compatibility (no effect)"},
+	{long: "log_stacktrace_level", def: "default:none", noEnv: true, usage: "accepted for compatibility (checked, no effect)"},
+	{long: "vklog", def: "0", noEnv: true, usage: "accepted for compatibility (klog verbosity; no effect)"},
 }
+
+// subcommand is the word Istio's injector puts before the flags (its image
+// runs `pilot-agent istio-iptables ...`); iptables-init skips it.
+const subcommand = "istio-iptables"
 
 // EnvName is the environment variable that sets a flag: its long name in
 // upper case with dashes as underscores (ENVOY_PORT, ISTIO_INBOUND_PORTS).
@@ -112,320 +132,132 @@ func flagName(d flagDef) string {
 	return "--" + d.long
 }
 
-// Parse reads the command line, then the environment for every flag the
-// command line did not set. Any error is a *UsageError naming the flag.
+func lookupDef(long string) flagDef {
+	for _, d := range flagDefs {
+		if d.long == long {
+			return d
+		}
+	}
+	panic("flags: no flag " + long)
+}
+
+// Parse reads the command line, then the environment getenv shows for every
+// flag the command line did not set (an empty variable counts as unset).
+// Any error is a *UsageError naming the flag.
 func Parse(args []string, getenv func(string) string) (Options, error) {
-	fs := pflag.NewFlagSet("iptables-init", pflag.ContinueOnError)
+	return ParseEnv(args, Env{LookupEnv: func(k string) (string, bool) {
+		v := getenv(k)
+		return v, v != ""
+	}})
+}
+
+// ParseEnv is Parse with the environment and the user and group databases
+// of env. Istio's rule holds: a flag beats its environment variables, which
+// beat the default.
+func ParseEnv(args []string, env Env) (Options, error) {
+	p := newParser(env)
+	if done, err := p.parseArgs(args); done || err != nil {
+		return p.o, err
+	}
+	steps := []func() error{p.applyEnv, p.ports, p.identity, p.inboundMode, p.selections,
+		p.switches, p.backend, p.logging, p.envOnly}
+	for _, step := range steps {
+		if err := step(); err != nil {
+			return p.o, err
+		}
+	}
+	return p.o, contradictions(p.o)
+}
+
+// parser is one Parse: the flag set, the values it holds and what it has
+// decided so far.
+type parser struct {
+	fs      *pflag.FlagSet
+	strs    map[string]*string
+	bools   map[string]*bool
+	lists   map[string]*[]string
+	fromEnv map[string]string // long name: the variable that set it
+	env     Env
+	o       Options
+}
+
+func newParser(env Env) *parser {
+	p := &parser{
+		fs:   pflag.NewFlagSet("iptables-init", pflag.ContinueOnError),
+		strs: map[string]*string{}, bools: map[string]*bool{}, lists: map[string]*[]string{},
+		fromEnv: map[string]string{}, env: env,
+	}
 	var usage bytes.Buffer
-	fs.SetOutput(&usage)
-	fs.SortFlags = false
-	strs := map[string]*string{}
-	bools := map[string]*bool{}
+	p.fs.SetOutput(&usage)
+	p.fs.SortFlags = false
 	for _, d := range flagDefs {
-		if d.isBool {
-			bools[d.long] = fs.BoolP(d.long, d.short, false, d.usage)
-		} else {
-			strs[d.long] = fs.StringP(d.long, d.short, d.def, d.usage)
-		}
-	}
-	help := fs.BoolP("help", "h", false, "show this help")
-	fs.PrintDefaults()
-	o := Options{Usage: "Usage: iptables-init [flags]\n\nEvery flag can also be set with the environment variable named after it\n(ENVOY_PORT, ISTIO_INBOUND_PORTS, ...); the command line wins.\n\n" + usage.String()}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			o.Help = true
-			return o, nil
-		}
-		return o, &UsageError{Msg: err.Error()}
-	}
-	if *help {
-		o.Help = true
-		return o, nil
-	}
-	if fs.NArg() > 0 {
-		return o, &UsageError{Msg: fmt.Sprintf("unexpected argument %q (iptables-init takes flags only)", fs.Arg(0))}
-	}
-	fromEnv := map[string]string{}
-	for _, d := range flagDefs {
-		if fs.Changed(d.long) || d.noEnv {
-			continue
-		}
-		env := EnvName(d.long)
-		v := getenv(env)
-		for _, alias := range d.envAliases {
-			if v == "" {
-				env, v = alias, getenv(alias)
-			}
-		}
-		if v == "" {
-			continue
-		}
-		if err := fs.Set(d.long, v); err != nil {
-			return o, &UsageError{Flag: flagName(d), Long: d.long, Msg: fmt.Sprintf("environment variable %s=%q: %v", env, v, err)}
-		}
-		fromEnv[d.long] = env
-	}
-	v := func(long string) string { return strings.TrimSpace(*strs[long]) }
-	b := func(long string) bool { return *bools[long] }
-	def := func(long string) flagDef {
-		for _, d := range flagDefs {
-			if d.long == long {
-				return d
-			}
-		}
-		panic(long)
-	}
-	bad := func(long, format string, a ...any) error {
-		name := flagName(def(long))
-		if env := fromEnv[long]; env != "" {
-			name += " (set by " + env + ")"
-		}
-		return &UsageError{Flag: name, Long: long, Msg: fmt.Sprintf(format, a...)}
-	}
-
-	c := intercept.Config{}
-	var err error
-	port := func(long string, zeroOK bool) uint16 {
-		if err != nil {
-			return 0
-		}
-		var p uint16
-		p, err = parsePort(v(long), zeroOK)
-		if err != nil {
-			err = bad(long, "%v", err)
-		}
-		return p
-	}
-	ports := func(long string) []uint16 {
-		if err != nil {
-			return nil
-		}
-		var ps []uint16
-		ps, err = parsePorts(v(long))
-		if err != nil {
-			err = bad(long, "%v", err)
-		}
-		return ps
-	}
-	c.ProxyPort = port("envoy-port", false)
-	c.InboundCapturePort = port("inbound-capture-port", false)
-	c.InboundTunnelPort = port("inbound-tunnel-port", true)
-	c.InboundPortsExclude = ports("istio-local-exclude-ports")
-	c.OutboundPorts = ports("istio-outbound-ports")
-	c.OutboundPortsExclude = ports("istio-local-outbound-ports-exclude")
-	o.ProbePort = port("iptables-probe-port", false)
-	if err != nil {
-		return o, err
-	}
-	if c.ProxyUIDs, err = parseIDs(v("proxy-uid")); err != nil {
-		return o, bad("proxy-uid", "%v", err)
-	}
-	if len(c.ProxyUIDs) == 0 {
-		return o, bad("proxy-uid", "at least one uid is needed")
-	}
-	c.ProxyGIDs = c.ProxyUIDs
-	if v("proxy-gid") != "" {
-		if c.ProxyGIDs, err = parseIDs(v("proxy-gid")); err != nil {
-			return o, bad("proxy-gid", "%v", err)
-		}
-	}
-	switch strings.ToUpper(v("istio-inbound-interception-mode")) {
-	case "REDIRECT", "":
-		c.Mode = intercept.ModeRedirect
-	case "TPROXY":
-		c.Mode = intercept.ModeTProxy
-	default:
-		return o, bad("istio-inbound-interception-mode", "%q is not a mode (want REDIRECT or TPROXY)", v("istio-inbound-interception-mode"))
-	}
-	mark, perr := strconv.ParseUint(v("istio-inbound-tproxy-mark"), 0, 32)
-	if perr != nil || mark == 0 {
-		return o, bad("istio-inbound-tproxy-mark", "%q is not a mark (want a number from 1 to 0xffffffff)", v("istio-inbound-tproxy-mark"))
-	}
-	c.TProxyMark = uint32(mark)
-	table, perr := strconv.ParseUint(v("istio-inbound-tproxy-route-table"), 10, 32)
-	if perr != nil || table == 0 || table >= 253 && table <= 255 {
-		return o, bad("istio-inbound-tproxy-route-table", "%q is not a usable routing table (want 1 to 4294967295, not 253-255: default, main, local)", v("istio-inbound-tproxy-route-table"))
-	}
-	c.TProxyRouteTable = uint32(table)
-
-	in := v("istio-inbound-ports")
-	if in == "*" {
-		c.InboundPorts.All = true
-	} else if c.InboundPorts.Ports, err = parsePorts(in); err != nil {
-		return o, bad("istio-inbound-ports", "%v", err)
-	}
-	if c.OutboundCIDRs, err = parseCIDRs(v("istio-service-cidr"), true); err != nil {
-		return o, bad("istio-service-cidr", "%v", err)
-	}
-	ex, err := parseCIDRs(v("istio-service-exclude-cidr"), false)
-	if err != nil {
-		return o, bad("istio-service-exclude-cidr", "%v", err)
-	}
-	c.OutboundCIDRsExclude = ex.Prefixes
-	if c.KubeVirtInterfaces, err = parseIfaces(v("kube-virt-interfaces")); err != nil {
-		return o, bad("kube-virt-interfaces", "%v", err)
-	}
-	if c.ExcludeInterfaces, err = parseIfaces(v("istio-exclude-interfaces")); err != nil {
-		return o, bad("istio-exclude-interfaces", "%v", err)
-	}
-	c.RedirectDNS = b("redirect-dns")
-	c.CaptureAllDNS = b("capture-all-dns")
-	c.DropInvalid = b("drop-invalid")
-	o.DualStack = b("dual-stack")
-	o.DryRun = b("dry-run")
-	o.CleanupOnly = b("cleanup-only")
-	o.Reconcile = b("reconcile")
-	o.RunValidation = b("run-validation")
-	o.SkipRuleApply = b("skip-rule-apply")
-	o.NetNS = v("network-namespace")
-	o.ResolvConf = v("resolv-conf")
-	if o.ProbeTimeout, err = time.ParseDuration(v("probe-timeout")); err != nil || o.ProbeTimeout <= 0 {
-		return o, bad("probe-timeout", "%q is not a positive duration (e.g. 5s)", v("probe-timeout"))
-	}
-	if s := v("iptables-backend"); s != "" {
-		switch strings.ToLower(s) {
-		case "legacy", "nft", "nftables", "iptables-legacy", "iptables-nft":
-			o.Backend, _ = firewall.Parse(s)
+		switch {
+		case d.isBool:
+			p.bools[d.long] = p.fs.BoolP(d.long, d.short, false, d.usage)
+		case d.isList:
+			p.lists[d.long] = p.fs.StringArrayP(d.long, d.short, nil, d.usage)
 		default:
-			return o, bad("iptables-backend", "%q is not a backend (want legacy, nft or nftables)", s)
+			p.strs[d.long] = p.fs.StringP(d.long, d.short, d.def, d.usage)
 		}
 	}
-	o.Config = c
-	return o, contradictions(o)
+	p.fs.BoolP("help", "h", false, "show this help")
+	p.fs.PrintDefaults()
+	p.o.Usage = usageHead + usage.String() + usageEnv
+	return p
 }
 
-// contradictions rejects flag combinations that cannot mean anything.
-func contradictions(o Options) error {
-	c := o.Config
-	bad := func(long, format string, a ...any) error {
-		for _, d := range flagDefs {
-			if d.long == long {
-				return &UsageError{Flag: flagName(d), Long: long, Msg: fmt.Sprintf(format, a...)}
-			}
+const usageHead = "Usage: iptables-init [istio-iptables] [flags]\n\n" +
+	"Every flag but --restore-format, --vklog and --log_* can also be set with\n" +
+	"the environment variable named after it (INBOUND_CAPTURE_PORT,\n" +
+	"ISTIO_INBOUND_PORTS, ...); the command line wins.\n\n"
+
+const usageEnv = `
+Environment variables without a flag (as istio-iptables reads them):
+  ISTIO_OUTBOUND_OWNER_GROUPS          groups (names or gids) whose outbound connections are captured, or "*" (default)
+  ISTIO_OUTBOUND_OWNER_GROUPS_EXCLUDE  with "*": groups whose outbound connections are not captured
+  ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR    the IPv4 range taken for loopback (default 127.0.0.1/32)
+  ENVOY_USER                           user whose uid is the default of --proxy-uid (default istio-proxy)
+  ISTIO_META_DNS_CAPTURE, ISTIO_DUAL_STACK, INVALID_DROP
+                                       set --redirect-dns, --dual-stack, --drop-invalid
+  INBOUND_INTERCEPTION_MODE, INBOUND_TPROXY_MARK
+                                       set -m and -t when nothing else does
+`
+
+// parseArgs reads the command line. done is set when there is nothing
+// more to do (help).
+func (p *parser) parseArgs(args []string) (done bool, err error) {
+	if len(args) > 0 && args[0] == subcommand {
+		args = args[1:]
+	}
+	if err := p.fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			p.o.Help = true
+			return true, nil
 		}
-		panic(long)
+		return true, &UsageError{Msg: err.Error()}
 	}
-	switch {
-	case c.InboundCapturePort == c.ProxyPort:
-		return bad("inbound-capture-port", "%d is also the outbound capture port (--envoy-port); the proxy needs two ports", c.ProxyPort)
-	case c.InboundTunnelPort != 0 && (c.InboundTunnelPort == c.ProxyPort || c.InboundTunnelPort == c.InboundCapturePort):
-		return bad("inbound-tunnel-port", "%d is also a capture port", c.InboundTunnelPort)
-	case o.RunValidation && (o.ProbePort == c.ProxyPort || o.ProbePort == c.InboundCapturePort):
-		return bad("iptables-probe-port", "%d is a capture port; the probe needs a port of its own", o.ProbePort)
-	case c.Mode == intercept.ModeTProxy && c.TProxyMark == intercept.OutboundMark:
-		return bad("istio-inbound-tproxy-mark", "%d is the mark of the proxy's own loopback connections in TPROXY mode; pick another", c.TProxyMark)
-	case o.CleanupOnly && o.Reconcile:
-		return bad("reconcile", "contradicts --cleanup-only (cleanup removes, reconcile installs)")
-	case o.CleanupOnly && o.RunValidation:
-		return bad("run-validation", "contradicts --cleanup-only (nothing would be left to validate)")
-	case o.SkipRuleApply && o.CleanupOnly:
-		return bad("skip-rule-apply", "contradicts --cleanup-only")
-	case o.SkipRuleApply && !o.RunValidation:
-		return bad("skip-rule-apply", "without --run-validation there is nothing left to do")
+	if h, _ := p.fs.GetBool("help"); h {
+		p.o.Help = true
+		return true, nil
 	}
-	for _, p := range c.OutboundPorts {
-		for _, q := range c.OutboundPortsExclude {
-			if p == q {
-				return bad("istio-local-outbound-ports-exclude", "port %d is also in --istio-outbound-ports (-q)", p)
-			}
-		}
+	if p.fs.NArg() > 0 {
+		return true, &UsageError{Msg: fmt.Sprintf("unexpected argument %q (iptables-init takes flags only)", p.fs.Arg(0))}
 	}
-	return nil
+	return false, nil
 }
 
-func splitList(s string) []string {
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
-}
+// str is a string flag's value, trimmed.
+func (p *parser) str(long string) string { return strings.TrimSpace(*p.strs[long]) }
 
-func parsePort(s string, zeroOK bool) (uint16, error) {
-	n, err := strconv.ParseUint(s, 10, 16)
-	if err != nil || (n == 0 && !zeroOK) {
-		lo := 1
-		if zeroOK {
-			lo = 0
-		}
-		return 0, fmt.Errorf("%q is not a port (want %d to 65535)", s, lo)
-	}
-	return uint16(n), nil
-}
+func (p *parser) bool(long string) bool { return *p.bools[long] }
 
-func parsePorts(s string) ([]uint16, error) {
-	var out []uint16
-	for _, f := range splitList(s) {
-		p, err := parsePort(f, false)
-		if err != nil {
-			return nil, err
-		}
-		if !containsPort(out, p) {
-			out = append(out, p)
-		}
+// bad is a usage error about a flag, naming the variable that set it.
+func (p *parser) bad(long, format string, a ...any) error {
+	name := flagName(lookupDef(long))
+	if env := p.fromEnv[long]; env != "" {
+		name += " (set by " + env + ")"
 	}
-	return out, nil
-}
-
-func containsPort(list []uint16, p uint16) bool {
-	for _, x := range list {
-		if x == p {
-			return true
-		}
-	}
-	return false
-}
-
-func parseIDs(s string) ([]uint32, error) {
-	var out []uint32
-	for _, f := range splitList(s) {
-		n, err := strconv.ParseUint(f, 10, 32)
-		if err != nil || n == 0xffffffff {
-			return nil, fmt.Errorf("%q is not a numeric id", f)
-		}
-		out = append(out, uint32(n))
-	}
-	return out, nil
-}
-
-func parseCIDRs(s string, allowAll bool) (intercept.CIDRs, error) {
-	var c intercept.CIDRs
-	items := splitList(s)
-	for _, f := range items {
-		if f == "*" {
-			if !allowAll || len(items) > 1 {
-				return c, fmt.Errorf(`"*" must stand alone`)
-			}
-			c.All = true
-			continue
-		}
-		p, err := netip.ParsePrefix(f)
-		if err != nil {
-			a, aerr := netip.ParseAddr(f)
-			if aerr != nil || a.Zone() != "" {
-				return c, fmt.Errorf("%q is not a CIDR or an address", f)
-			}
-			p = netip.PrefixFrom(a, a.BitLen())
-		}
-		p = netip.PrefixFrom(p.Addr().Unmap(), p.Bits()-(p.Addr().BitLen()-p.Addr().Unmap().BitLen())).Masked()
-		if !p.IsValid() {
-			return c, fmt.Errorf("%q is not a CIDR or an address", f)
-		}
-		c.Prefixes = append(c.Prefixes, p)
-	}
-	return c, nil
-}
-
-func parseIfaces(s string) ([]string, error) {
-	out := splitList(s)
-	for _, n := range out {
-		if len(n) > 15 || strings.ContainsAny(n, "/ \t\"'") || n == "." || n == ".." {
-			return nil, fmt.Errorf("%q is not an interface name", n)
-		}
-	}
-	return out, nil
+	return &UsageError{Flag: name, Long: long, Msg: fmt.Sprintf(format, a...)}
 }
 
 // IsBool reports whether long names a boolean flag.

@@ -66,7 +66,8 @@ func TestParseForms(t *testing.T) {
 		{"command line wins", []string{"-p", "16002"}, map[string]string{"ENVOY_PORT": "16001"}, func(o Options) bool { return o.Config.ProxyPort == 16002 }},
 		{"env bool", nil, map[string]string{"REDIRECT_DNS": "true", "CAPTURE_ALL_DNS": "1"}, func(o Options) bool { return o.Config.RedirectDNS && o.Config.CaptureAllDNS }},
 		{"istio env aliases", nil, map[string]string{"ISTIO_META_DNS_CAPTURE": "true", "ISTIO_DUAL_STACK": "true"}, func(o Options) bool { return o.Config.RedirectDNS && o.DualStack }},
-		{"own env before alias", nil, map[string]string{"REDIRECT_DNS": "false", "ISTIO_META_DNS_CAPTURE": "true"}, func(o Options) bool { return !o.Config.RedirectDNS }},
+		// istio binds the alias after the flag's own variable: it wins.
+		{"alias after own env", nil, map[string]string{"REDIRECT_DNS": "false", "ISTIO_META_DNS_CAPTURE": "true"}, func(o Options) bool { return o.Config.RedirectDNS }},
 		{"env list", nil, map[string]string{"ISTIO_INBOUND_PORTS": "80, 443", "ISTIO_SERVICE_CIDR": "10.0.0.0/8,fd70::/16"}, func(o Options) bool {
 			return reflect.DeepEqual(o.Config.InboundPorts.Ports, []uint16{80, 443}) && len(o.Config.OutboundCIDRs.Prefixes) == 2
 		}},
@@ -121,7 +122,7 @@ func TestParseErrors(t *testing.T) {
 		{[]string{"-p", "65536"}, nil, "--envoy-port"},
 		{[]string{"-z", "x"}, nil, "--inbound-capture-port"},
 		{[]string{"-e", "-1"}, nil, "--inbound-tunnel-port"},
-		{[]string{"-u", ""}, nil, "--proxy-uid"},
+		{[]string{"-u", ","}, nil, "--proxy-uid"},
 		{[]string{"-u", "istio"}, nil, "--proxy-uid"},
 		{[]string{"-g", "1,x"}, nil, "--proxy-gid"},
 		{[]string{"-m", "DNAT"}, nil, "--istio-inbound-interception-mode"},
