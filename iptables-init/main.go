@@ -5,8 +5,12 @@
 // nftables. It runs as an init container with NET_ADMIN.
 package main
 
-import "os"
+import (
+	"os"
+
+	"github.com/meshwire/meshwire/internal/intercept/flags"
+)
 
 func main() {
-	os.Exit(Run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
+	os.Exit(Run(os.Args[1:], flags.SystemEnv(), os.Stdout, os.Stderr))
 }

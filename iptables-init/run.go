@@ -24,24 +24,41 @@ const (
 
 // Run is the whole command: parse, then install, clean up or validate in
 // the pod's namespace. It returns the exit status.
-func Run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	o, err := flags.Parse(args, getenv)
-	if err != nil {
+func Run(args []string, env flags.Env, stdout, stderr io.Writer) int {
+	usage := func(err error) int {
 		fmt.Fprintf(stderr, "iptables-init: %v\nRun iptables-init --help for the flags. Nothing was changed.\n", err)
 		return ExitUsage
+	}
+	o, err := flags.ParseEnv(args, env)
+	if err != nil {
+		return usage(err)
 	}
 	if o.Help {
 		fmt.Fprintf(stdout, "%s\n\n%s", buildinfo.String("iptables-init"), o.Usage)
 		return ExitOK
 	}
+	rep, closeLogs, err := newReporter(o.Log, stdout, stderr)
+	if err != nil {
+		return usage(fmt.Errorf("--log_target: %w", err))
+	}
+	defer closeLogs()
+	for _, n := range o.Notes {
+		rep.warn("%s", n)
+	}
+	if o.CNIMode && o.NetNS != "" {
+		// As istio-iptables in CNI mode: the xtables lock is the pod's
+		// namespace file, not the node's /run/xtables.lock (iptables
+		// tools read XTABLES_LOCKFILE; only the legacy variant locks).
+		os.Setenv("XTABLES_LOCKFILE", o.NetNS)
+	}
 	code := ExitOK
 	work := func() error {
-		code = execute(context.Background(), o, stdout, stderr)
+		code = execute(context.Background(), o, stdout, rep)
 		return nil
 	}
 	if o.NetNS != "" {
 		if err := netns.Enter(o.NetNS, work); err != nil {
-			fmt.Fprintf(stderr, "iptables-init: --network-namespace: %v\n", err)
+			rep.errorf("--network-namespace: %v", err)
 			return ExitFailed
 		}
 	} else {
@@ -50,9 +67,9 @@ func Run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	return code
 }
 
-func execute(ctx context.Context, o flags.Options, stdout, stderr io.Writer) int {
+func execute(ctx context.Context, o flags.Options, stdout io.Writer, rep *reporter) int {
 	fail := func(format string, a ...any) int {
-		fmt.Fprintf(stderr, "iptables-init: "+format+"\n", a...)
+		rep.errorf(format, a...)
 		return ExitFailed
 	}
 	cfg := o.Config
@@ -70,58 +87,82 @@ func execute(ctx context.Context, o flags.Options, stdout, stderr io.Writer) int
 	ipv6 := install.WantIPv6(o.DualStack, addrs)
 
 	if o.CleanupOnly {
-		out, err := install.Cleanup(ctx, cfg, o.DryRun)
-		if o.DryRun {
-			fmt.Fprint(stdout, out)
-		}
-		if err != nil {
-			return fail("cleanup: %v", err)
-		}
-		if !o.DryRun {
-			fmt.Fprintln(stderr, "iptables-init: interception rules removed")
-		}
-		return ExitOK
+		return cleanup(ctx, cfg, o.DryRun, stdout, rep)
 	}
 	if !o.SkipRuleApply {
-		plan, err := install.Prepare(ctx, install.Request{Config: cfg, IPv6: ipv6, Backend: o.Backend, Reconcile: o.Reconcile})
-		if o.DryRun && plan != nil {
-			fmt.Fprint(stdout, plan.String())
-		}
-		if err != nil {
-			if errors.Is(err, install.ErrDifferent) {
-				return fail("%v. Nothing was changed.", err)
-			}
-			return fail("%v", err)
-		}
-		if o.DryRun {
-			return ExitOK
-		}
-		upToDate := plan.UpToDate()
-		// With the rules in place, Apply only makes sure the policy
-		// routing is there too.
-		if err := plan.Apply(ctx); err != nil {
-			return fail("%v", err)
-		}
-		if upToDate {
-			fmt.Fprintf(stderr, "iptables-init: rules already installed (%s), nothing to do\n", plan.Backend)
-		} else {
-			fams := "IPv4"
-			if ipv6 {
-				fams = "IPv4 and IPv6"
-			}
-			fmt.Fprintf(stderr, "iptables-init: %s interception installed for %s with %s\n", cfg.Mode, fams, plan.Backend)
+		if code := apply(ctx, o, cfg, ipv6, stdout, rep); code != ExitOK || o.DryRun {
+			return code
 		}
 	}
 	if o.RunValidation && !o.DryRun {
-		fams := []intercept.Family{intercept.V4}
-		if ipv6 {
-			fams = append(fams, intercept.V6)
-		}
-		if err := install.Validate(ctx, cfg, fams, o.ProbePort, o.ProbeTimeout); err != nil {
-			fmt.Fprintf(stderr, "iptables-init: validation failed: %v\n", err)
-			return ExitValidation
-		}
-		fmt.Fprintln(stderr, "iptables-init: validation passed: outbound connections reach the proxy")
+		return validate(ctx, o, cfg, ipv6, rep)
 	}
+	return ExitOK
+}
+
+// cleanup is --cleanup-only.
+func cleanup(ctx context.Context, cfg intercept.Config, dryRun bool, stdout io.Writer, rep *reporter) int {
+	out, err := install.Cleanup(ctx, cfg, dryRun)
+	if dryRun {
+		fmt.Fprint(stdout, out)
+	}
+	if err != nil {
+		rep.errorf("cleanup: %v", err)
+		return ExitFailed
+	}
+	if !dryRun {
+		rep.info("interception rules removed")
+	}
+	return ExitOK
+}
+
+// apply installs the rules (or, with --dry-run, prints what it would do).
+func apply(ctx context.Context, o flags.Options, cfg intercept.Config, ipv6 bool, stdout io.Writer, rep *reporter) int {
+	req := install.Request{Config: cfg, IPv6: ipv6, Backend: o.Backend, Reconcile: o.Reconcile, Force: o.ForceApply}
+	plan, err := install.Prepare(ctx, req)
+	if o.DryRun && plan != nil {
+		fmt.Fprint(stdout, plan.String())
+	}
+	if err != nil {
+		if errors.Is(err, install.ErrDifferent) {
+			rep.errorf("%v. Nothing was changed.", err)
+		} else {
+			rep.errorf("%v", err)
+		}
+		return ExitFailed
+	}
+	if o.DryRun {
+		return ExitOK
+	}
+	upToDate := plan.UpToDate()
+	// With the rules in place, Apply only makes sure the policy routing is
+	// there too.
+	if err := plan.Apply(ctx); err != nil {
+		rep.errorf("%v", err)
+		return ExitFailed
+	}
+	if upToDate {
+		rep.info("rules already installed (%s), nothing to do", plan.Backend)
+		return ExitOK
+	}
+	fams := "IPv4"
+	if ipv6 {
+		fams = "IPv4 and IPv6"
+	}
+	rep.info("%s interception installed for %s with %s", cfg.Mode, fams, plan.Backend)
+	return ExitOK
+}
+
+// validate is --run-validation.
+func validate(ctx context.Context, o flags.Options, cfg intercept.Config, ipv6 bool, rep *reporter) int {
+	fams := []intercept.Family{intercept.V4}
+	if ipv6 {
+		fams = append(fams, intercept.V6)
+	}
+	if err := install.Validate(ctx, cfg, fams, o.ProbePort, o.ProbeTimeout); err != nil {
+		rep.errorf("validation failed: %v", err)
+		return ExitValidation
+	}
+	rep.info("validation passed: outbound connections reach the proxy")
 	return ExitOK
 }

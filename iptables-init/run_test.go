@@ -2,11 +2,17 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/meshwire/meshwire/internal/intercept/flags"
 )
 
-func noEnv(string) string { return "" }
+var noEnv = flags.Env{}
 
 // TestRunBadFlagsExit2 checks the exit status and that a bad command line
 // stops before anything is touched (Run returns before entering a
@@ -22,5 +28,76 @@ func TestRunBadFlagsExit2(t *testing.T) {
 	out.Reset()
 	if code := Run([]string{"-h"}, noEnv, &out, &errb); code != ExitOK || !strings.Contains(out.String(), "--istio-inbound-interception-mode") {
 		t.Fatalf("help: exit %d, %q", code, out.String())
+	}
+	// A log file that cannot be opened is a bad command line too.
+	errb.Reset()
+	if code := Run([]string{"--log_target", "/nonexistent/dir/log", "--network-namespace", "/nonexistent"}, noEnv, &out, &errb); code != ExitUsage || !strings.Contains(errb.String(), "--log_target") {
+		t.Fatalf("bad log target: exit %d, %q", code, errb.String())
+	}
+}
+
+// TestReporter checks the --log_* flags: level filter, plain and JSON
+// lines in Istio's shape, every target.
+func TestReporter(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "init.log")
+	var out, errb bytes.Buffer
+	cases := []struct {
+		log        flags.Log
+		want       string // in each target
+		stdout     bool
+		stderr     bool
+		file       bool
+		suppressed bool
+	}{
+		{log: flags.Log{Level: flags.LevelInfo}, want: "iptables-init: hello 1\n", stderr: true},
+		{log: flags.Log{Level: flags.LevelWarn}, suppressed: true},
+		{log: flags.Log{Level: flags.LevelDebug, Targets: []string{"stdout", file}}, want: "iptables-init: hello 1\n", stdout: true, file: true},
+		{log: flags.Log{Level: flags.LevelInfo, JSON: true, Targets: []string{"stderr"}}, want: `{"level":"info","time":"2026-08-22T10:11:12.000013Z","msg":"hello 1"}` + "\n", stderr: true},
+	}
+	for i, tc := range cases {
+		out.Reset()
+		errb.Reset()
+		os.Remove(file)
+		r, closeAll, err := newReporter(tc.log, &out, &errb)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.now = func() time.Time { return time.Date(2026, 8, 22, 12, 11, 12, 13000, time.FixedZone("CEST", 7200)) }
+		r.info("hello %d", 1)
+		closeAll()
+		got, _ := os.ReadFile(file)
+		for _, w := range []struct {
+			name string
+			on   bool
+			text string
+		}{{"stdout", tc.stdout, out.String()}, {"stderr", tc.stderr, errb.String()}, {"file", tc.file, string(got)}} {
+			want := ""
+			if w.on && !tc.suppressed {
+				want = tc.want
+			}
+			if w.text != want {
+				t.Errorf("case %d: %s got %q, want %q", i, w.name, w.text, want)
+			}
+		}
+		if tc.log.JSON {
+			var line map[string]string
+			if err := json.Unmarshal(errb.Bytes(), &line); err != nil || line["level"] != "info" {
+				t.Errorf("case %d: not a JSON line: %q", i, errb.String())
+			}
+		}
+	}
+	// Warnings and errors pass an info filter; none shows nothing.
+	errb.Reset()
+	r, _, _ := newReporter(flags.Log{Level: flags.LevelError}, &out, &errb)
+	r.warn("w")
+	r.errorf("e")
+	if errb.String() != "iptables-init: e\n" {
+		t.Fatalf("error level: %q", errb.String())
+	}
+	errb.Reset()
+	r, _, _ = newReporter(flags.Log{Level: flags.LevelNone}, &out, &errb)
+	r.errorf("e")
+	if errb.Len() != 0 {
+		t.Fatalf("none: %q", errb.String())
 	}
 }

@@ -33,6 +33,10 @@ type Request struct {
 	Backend firewall.Backend
 	// Reconcile replaces rules installed with other settings.
 	Reconcile bool
+	// Force (istio's --force-apply) writes the rule set even when it is
+	// already installed as asked, and replaces other rules as Reconcile
+	// does: each table is rewritten in one transaction, never doubled.
+	Force bool
 }
 
 // Plan is what Apply will do; String shows it (dry run).
@@ -48,10 +52,15 @@ type Plan struct {
 	// Others are the backends other than Backend that hold meshwire's
 	// rules: reconciling removes them there.
 	Others []firewall.Backend
+	// Forced is set when the rules are rewritten whatever is installed.
+	Forced bool
 }
 
 // UpToDate reports whether everything is already installed as asked.
 func (p *Plan) UpToDate() bool {
+	if p.Forced {
+		return false
+	}
 	for _, s := range p.Status {
 		if s != intercept.Current {
 			return false
@@ -88,6 +97,7 @@ func Prepare(ctx context.Context, req Request) (*Plan, error) {
 		Sets:    map[intercept.Family]*intercept.RuleSet{},
 		Status:  map[intercept.Family]intercept.Status{},
 		Restore: map[intercept.Family]string{},
+		Forced:  req.Force,
 	}
 	// The family not in use gets an empty rule set: whatever was there
 	// before (a dual-stack run) is a difference to remove.
@@ -111,13 +121,13 @@ func Prepare(ctx context.Context, req Request) (*Plan, error) {
 				return nil, err
 			}
 			p.Status[f] = intercept.Compare(want, st)
-			if p.Status[f] != intercept.Current {
+			if p.Status[f] != intercept.Current || req.Force && !want.Empty() {
 				p.Restore[f] = intercept.Restore(want, st)
 			}
 		case firewall.NFTables:
 			listing := nftListing(ctx, f)
 			p.Status[f] = intercept.NftStatus(want, listing)
-			if p.Status[f] != intercept.Current {
+			if p.Status[f] != intercept.Current || req.Force && !want.Empty() {
 				nftSets = append(nftSets, want)
 			}
 		default:
@@ -150,7 +160,7 @@ func Prepare(ctx context.Context, req Request) (*Plan, error) {
 	for _, o := range p.Others {
 		diff = append(diff, o.String())
 	}
-	if len(diff) > 0 && !req.Reconcile {
+	if len(diff) > 0 && !req.Reconcile && !req.Force {
 		return p, fmt.Errorf("%w: %s; run with --reconcile to replace them, or --cleanup-only to remove them", ErrDifferent, strings.Join(diff, ", "))
 	}
 	return p, nil
