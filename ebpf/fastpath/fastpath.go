@@ -82,6 +82,24 @@ type Counters struct {
 	KeptForProxy       uint64 `json:"kept_for_proxy"`
 }
 
+// Sub returns c - o, counter by counter (what happened between two reads).
+func (c Counters) Sub(o Counters) Counters {
+	return Counters{
+		Sockets: c.Sockets - o.Sockets, Pairs: c.Pairs - o.Pairs,
+		RedirectedMessages: c.RedirectedMessages - o.RedirectedMessages, RedirectedBytes: c.RedirectedBytes - o.RedirectedBytes,
+		Fallbacks: c.Fallbacks - o.Fallbacks, Ambiguous: c.Ambiguous - o.Ambiguous, KeptForProxy: c.KeptForProxy - o.KeptForProxy,
+	}
+}
+
+// Add returns c + o, counter by counter.
+func (c Counters) Add(o Counters) Counters {
+	return Counters{
+		Sockets: c.Sockets + o.Sockets, Pairs: c.Pairs + o.Pairs,
+		RedirectedMessages: c.RedirectedMessages + o.RedirectedMessages, RedirectedBytes: c.RedirectedBytes + o.RedirectedBytes,
+		Fallbacks: c.Fallbacks + o.Fallbacks, Ambiguous: c.Ambiguous + o.Ambiguous, KeptForProxy: c.KeptForProxy + o.KeptForProxy,
+	}
+}
+
 // counter indexes mw_counters, in the order of fastpath.c's enum counter.
 const (
 	cSockets = iota

@@ -8,7 +8,7 @@ import (
 func TestCgroup2FromMountinfo(t *testing.T) {
 	for _, tc := range []struct {
 		name, mountinfo, want string
-		ok                   bool
+		ok                    bool
 	}{
 		{"hybrid layout", `25 30 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755
 26 25 0:23 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:7 - cgroup2 cgroup2 rw,nsdelegate

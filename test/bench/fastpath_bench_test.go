@@ -3,13 +3,11 @@ package bench
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"math"
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -17,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/test/harness"
 	ie "github.com/meshwire/meshwire/test/interceptenv"
 )
@@ -143,58 +142,25 @@ type fastpathBenchResult struct {
 	rtt64, rtt4k, conc harness.Samples
 	mbps               []float64       // bulk, one per run (whole path only)
 	run64, runConc     []time.Duration // each run's own median, in repetition order
-	ctr                fastpathBenchCounters
+	ctr                fastpath.Counters
 	runs               int
 }
 
-// fastpathBenchCounters mirrors the counters of `meshwire fastpath status
-// --json` (ebpf/fastpath.Status).
-type fastpathBenchCounters struct {
-	Sockets            uint64 `json:"sockets"`
-	Pairs              uint64 `json:"pairs"`
-	RedirectedMessages uint64 `json:"redirected_messages"`
-	RedirectedBytes    uint64 `json:"redirected_bytes"`
-	Fallbacks          uint64 `json:"fallbacks"`
-	Ambiguous          uint64 `json:"ambiguous"`
-	KeptForProxy       uint64 `json:"kept_for_proxy"`
-}
-
-func (c *fastpathBenchCounters) addDelta(before, after fastpathBenchCounters) {
-	c.Sockets += after.Sockets - before.Sockets
-	c.Pairs += after.Pairs - before.Pairs
-	c.RedirectedMessages += after.RedirectedMessages - before.RedirectedMessages
-	c.RedirectedBytes += after.RedirectedBytes - before.RedirectedBytes
-	c.Fallbacks += after.Fallbacks - before.Fallbacks
-	c.Ambiguous += after.Ambiguous - before.Ambiguous
-	c.KeptForProxy += after.KeptForProxy - before.KeptForProxy
-}
-
-type fastpathBenchState struct {
-	Attached  bool   `json:"attached"`
-	PinDir    string `json:"pin_dir"`
-	IntoProxy bool   `json:"into_proxy"`
-	fastpathBenchCounters
-}
-
-// fastpathBenchCmd runs the built `meshwire fastpath ARGS`.
+// fastpathBenchCmd runs the built `meshwire fastpath ARGS`; a non-zero exit
+// is an error.
 func fastpathBenchCmd(h *harness.H, args ...string) (string, error) {
-	cmd := exec.Command(filepath.Join(h.BinDir, "meshwire"), append([]string{"fastpath"}, args...)...)
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		return string(out), fmt.Errorf("meshwire fastpath %s: %v: %s", strings.Join(args, " "), err, out)
+	code, out, err := ie.Fastpath(h, args...)
+	if err == nil && code != 0 {
+		err = fmt.Errorf("meshwire fastpath %s: exit %d: %s", strings.Join(args, " "), code, out)
 	}
-	return string(out), nil
+	return out, err
 }
 
-func fastpathBenchStatus(b *testing.B, h *harness.H) fastpathBenchState {
+func fastpathBenchStatus(b *testing.B, h *harness.H) fastpath.Status {
 	b.Helper()
-	out, err := fastpathBenchCmd(h, "status", "--json")
+	st, err := ie.FastpathStatus(h)
 	if err != nil {
 		b.Fatal(err)
-	}
-	var st fastpathBenchState
-	if err := json.Unmarshal([]byte(out), &st); err != nil {
-		b.Fatalf("meshwire fastpath status --json: %v: %s", err, out)
 	}
 	return st
 }
@@ -222,13 +188,13 @@ func fastpathBenchRun(b *testing.B, h *harness.H, cfg fastpathBenchConfig, hop, 
 			b.Fatalf("%s: after attach, status says attached %v, into_proxy %v", cfg.name, st.Attached, st.IntoProxy)
 		}
 	}
-	counters := func() fastpathBenchCounters {
+	counters := func() fastpath.Counters {
 		if !cfg.fast {
-			return fastpathBenchCounters{}
+			return fastpath.Counters{}
 		}
-		return fastpathBenchStatus(b, h).fastpathBenchCounters
+		return fastpathBenchStatus(b, h).Counters
 	}
-	check := func(path string, before, after fastpathBenchCounters) {
+	check := func(path string, before, after fastpath.Counters) {
 		if cfg.fast && after.RedirectedMessages <= before.RedirectedMessages {
 			b.Fatalf("%s, %s: the fast path redirected nothing (redirected_messages %d before, %d after; counters after: %+v)",
 				cfg.name, path, before.RedirectedMessages, after.RedirectedMessages, after)
@@ -251,7 +217,7 @@ func fastpathBenchRun(b *testing.B, h *harness.H, cfg fastpathBenchConfig, hop, 
 	before := counters()
 	fastpathBenchRoundTrips(b, e, dst, hop)
 	after := counters()
-	hop.ctr.addDelta(before, after)
+	hop.ctr = hop.ctr.Add(after.Sub(before))
 	hop.runs++
 	check("hop", before, after)
 	e.StopProxy()
@@ -265,7 +231,7 @@ func fastpathBenchRun(b *testing.B, h *harness.H, cfg fastpathBenchConfig, hop, 
 	fastpathBenchRoundTrips(b, e, ie.AP(ie.RemoteV4, ie.RemotePort), whole)
 	whole.mbps = append(whole.mbps, fastpathBenchBulk(b, e))
 	after = counters()
-	whole.ctr.addDelta(before, after)
+	whole.ctr = whole.ctr.Add(after.Sub(before))
 	whole.runs++
 	check("whole path", before, after)
 	e.StopProxy()

@@ -3,14 +3,12 @@ package e2e
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -28,15 +26,11 @@ import (
 // code and output.
 func fastpathCmd(t *testing.T, h *harness.H, args ...string) (int, string) {
 	t.Helper()
-	cmd := exec.Command(filepath.Join(h.BinDir, "meshwire"), append([]string{"fastpath"}, args...)...)
-	out, err := cmd.CombinedOutput()
-	if ee, ok := err.(*exec.ExitError); ok {
-		return ee.ExitCode(), string(out)
-	}
+	code, out, err := ie.Fastpath(h, args...)
 	if err != nil {
 		t.Fatalf("run meshwire fastpath: %v", err)
 	}
-	return 0, string(out)
+	return code, out
 }
 
 // fastpathAttach attaches the fast path for the test and detaches it at
@@ -60,13 +54,9 @@ func fastpathDetach(t *testing.T, h *harness.H) string {
 
 func fastpathStatus(t *testing.T, h *harness.H) fastpath.Status {
 	t.Helper()
-	code, out := fastpathCmd(t, h, "status", "--json")
-	if code != 0 {
-		t.Fatalf("fastpath status: exit %d: %s", code, out)
-	}
-	var st fastpath.Status
-	if err := json.Unmarshal([]byte(out), &st); err != nil {
-		t.Fatalf("fastpath status --json: %v: %s", err, out)
+	st, err := ie.FastpathStatus(h)
+	if err != nil {
+		t.Fatal(err)
 	}
 	return st
 }

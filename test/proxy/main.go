@@ -17,6 +17,7 @@
 // Go turns into splice(2) (the receiver the sockmap fast path must not
 // starve); -answer echoes each captured connection's bytes back itself
 // instead of forwarding them (the app <-> sidecar hop alone).
+//
 //	proxy dial ADDR MESSAGE   # one request as the current user: prints the reply
 package main
 
