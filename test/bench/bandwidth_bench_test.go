@@ -20,18 +20,22 @@ import (
 )
 
 // BenchmarkBandwidth measures how accurately meshwire's bandwidth plugin
-// shapes a pod's traffic, side by side with the reference plugin in the same
-// run: iperf3 between the shaped pod and a second, unshaped pod (both on the
-// reference ptp), ingress (to the pod) and egress (from the pod) at 10 Mbit/s,
-// 100 Mbit/s and 1 Gbit/s, with the ratio achieved/configured; and the ping
-// round trip through the shaped link, idle and while iperf3 fills it.
+// shapes a pod's traffic, side by side with each peer's (reference v1.9.1,
+// Debian's 1.1.1) in the same run: iperf3 between the shaped pod and a
+// second, unshaped pod (both on v1.9.1's ptp and host-local, whichever
+// bandwidth plugin shapes), ingress (to the pod) and egress (from the pod)
+// at 10 Mbit/s, 100 Mbit/s and 1 Gbit/s, with the ratio
+// achieved/configured; and the ping round trip through the shaped link,
+// idle and while iperf3 fills it. For each scenario the implementations
+// take turns, rotating which goes first, each on a settled machine.
 //
-// Both plugins get the same config: rate R and a burst of R × 20 ms, and, to
-// show what a runtime's large burst does to the queue, 10 Mbit/s with the
-// burst containerd and CRI-O pass (2^32-1 bits). iperf3 runs
+// Every plugin gets the same config: rate R and a burst of R × 20 ms, and,
+// to show what a runtime's large burst does to the queue, 10 Mbit/s with
+// the burst containerd and CRI-O pass (2^32-1 bits). iperf3 runs
 // bandwidthBenchSeconds seconds and omits the first one (slow start and the
 // initial burst).
 func BenchmarkBandwidth(b *testing.B) {
+	ps := peers(b)
 	h := harness.New(b)
 	if _, err := exec.LookPath("iperf3"); err != nil {
 		b.Fatal("iperf3 is missing: run test/deps.sh (make bench does)")
@@ -45,49 +49,64 @@ func BenchmarkBandwidth(b *testing.B) {
 		scenarios = append(scenarios, scenario{bandwidthBenchRate(r), r, r / 50})
 	}
 	scenarios = append(scenarios, scenario{"10 Mbit/s, burst 2^32-1", 10_000_000, 1<<32 - 1})
-	impls := []string{"meshwire", "reference"}
+	impls := implsWith(impl{name: "meshwire", tag: "mw", dir: h.BinDir, meshwire: true}, ps)
+	base := ps[0].dir // the newest reference's ptp and host-local under every bandwidth plugin
 	paths := map[string]string{}
-	for _, impl := range impls {
-		paths[impl] = bandwidthBenchPath(b, h, impl == "meshwire")
+	for _, im := range impls {
+		paths[im.name] = bandwidthBenchPath(b, base, filepath.Join(im.dir, "bandwidth"))
 	}
 
 	thr := &harness.Table{
 		Title:  "bandwidth: achieved throughput (iperf3 TCP, Mbit/s, ratio achieved/configured)",
-		Header: []string{"direction", "configured", "meshwire", "meshwire ratio", "reference", "reference ratio"},
+		Header: []string{"direction", "configured"},
+	}
+	for _, im := range impls {
+		thr.Header = append(thr.Header, im.name, im.name+" ratio")
 	}
 	lat := &harness.Table{
-		Title:  "bandwidth: ping round trip through the shaped link (median of 20, ms)",
-		Header: []string{"configured", "link", "meshwire", "reference", "unshaped"},
+		Title:  "bandwidth: ping round trip through the shaped link (median of 20, ms; ratio = meshwire / peer)",
+		Header: []string{"configured", "link"},
+	}
+	for _, im := range impls {
+		lat.Header = append(lat.Header, im.name)
+	}
+	lat.Header = append(lat.Header, "unshaped")
+	for _, p := range ps {
+		lat.Header = append(lat.Header, "vs "+shortName(p))
 	}
 	for i := 0; i < b.N; i++ {
 		// Unshaped baseline.
-		base := newBandwidthBenchPods(b, h, paths["meshwire"], "", 0, 0)
-		baseIdle := bandwidthBenchPing(b, base, nil)
-		base.close()
+		settle(b, impls[0], "unshaped baseline")
+		basePods := newBandwidthBenchPods(b, h, paths["meshwire"], "", 0, 0)
+		baseIdle := bandwidthBenchPing(b, basePods, nil)
+		basePods.close()
 		type res struct {
 			in, out         float64
 			idle, inL, outL time.Duration
 		}
 		results := map[string]map[scenario]res{}
-		for _, impl := range impls {
-			results[impl] = map[scenario]res{}
-			for _, sc := range scenarios {
-				p := newBandwidthBenchPods(b, h, paths[impl], impl, sc.rate, sc.burst)
+		for _, im := range impls {
+			results[im.name] = map[scenario]res{}
+		}
+		for si, sc := range scenarios {
+			for _, im := range rotate(impls, si+i) {
+				settle(b, im, "bandwidth "+sc.label)
+				p := newBandwidthBenchPods(b, h, paths[im.name], im.tag, sc.rate, sc.burst)
 				var r res
 				r.idle = bandwidthBenchPing(b, p, nil)
 				r.in, r.inL = bandwidthBenchIperf(b, p.peer, p.pod, p.podIP, p)
 				r.out, r.outL = bandwidthBenchIperf(b, p.pod, p.peer, p.peerIP, p)
 				p.close()
-				results[impl][sc] = r
+				results[im.name][sc] = r
 			}
 		}
 		for _, dir := range []string{"ingress", "egress"} {
 			for _, sc := range scenarios {
 				cells := []string{dir, sc.label}
-				for _, impl := range impls {
-					got := results[impl][sc].in
+				for _, im := range impls {
+					got := results[im.name][sc].in
 					if dir == "egress" {
-						got = results[impl][sc].out
+						got = results[im.name][sc].out
 					}
 					cells = append(cells, fmt.Sprintf("%.1f", got/1e6), fmt.Sprintf("%.2f", got/float64(sc.rate)))
 				}
@@ -95,10 +114,31 @@ func BenchmarkBandwidth(b *testing.B) {
 			}
 		}
 		for _, sc := range scenarios {
-			m, r := results["meshwire"][sc], results["reference"][sc]
-			lat.Add(sc.label, "idle", harness.Ms(m.idle), harness.Ms(r.idle), harness.Ms(baseIdle))
-			lat.Add(sc.label, "ingress full", harness.Ms(m.inL), harness.Ms(r.inL), "")
-			lat.Add(sc.label, "egress full", harness.Ms(m.outL), harness.Ms(r.outL), "")
+			for _, link := range []string{"idle", "ingress full", "egress full"} {
+				get := func(name string) time.Duration {
+					r := results[name][sc]
+					switch link {
+					case "idle":
+						return r.idle
+					case "ingress full":
+						return r.inL
+					}
+					return r.outL
+				}
+				cells := []string{sc.label, link}
+				for _, im := range impls {
+					cells = append(cells, harness.Ms(get(im.name)))
+				}
+				if link == "idle" {
+					cells = append(cells, harness.Ms(baseIdle))
+				} else {
+					cells = append(cells, "")
+				}
+				for _, p := range ps {
+					cells = append(cells, harness.Ratio(get("meshwire"), get(p.name)))
+				}
+				lat.Add(cells...)
+			}
 		}
 	}
 	thr.Write(os.Stdout)
@@ -114,18 +154,18 @@ func bandwidthBenchRate(r uint64) string {
 	return fmt.Sprintf("%d Mbit/s", r/1_000_000)
 }
 
-// bandwidthBenchPath makes a CNI path with the reference plugins and either
-// meshwire's bandwidth or the reference one.
-func bandwidthBenchPath(b *testing.B, h *harness.H, meshwire bool) string {
+// bandwidthBenchPath makes a CNI path with the plugins of base and the
+// given bandwidth binary.
+func bandwidthBenchPath(b *testing.B, base, bandwidth string) string {
 	dir := b.TempDir()
-	entries, err := os.ReadDir(harness.ReferenceDir)
+	entries, err := os.ReadDir(base)
 	if err != nil {
 		b.Fatal(err)
 	}
 	for _, e := range entries {
-		src := filepath.Join(harness.ReferenceDir, e.Name())
-		if e.Name() == "bandwidth" && meshwire {
-			src = filepath.Join(h.BinDir, "bandwidth")
+		src := filepath.Join(base, e.Name())
+		if e.Name() == "bandwidth" {
+			src = bandwidth
 		}
 		if err := os.Symlink(src, filepath.Join(dir, e.Name())); err != nil {
 			b.Fatal(err)
@@ -145,7 +185,7 @@ type bandwidthBenchPods struct {
 // newBandwidthBenchPods attaches a pod shaped at rate with the given burst
 // (both directions; no bandwidth plugin when rate is 0) and an unshaped peer
 // to one ptp network.
-func newBandwidthBenchPods(b *testing.B, h *harness.H, path, impl string, rate, burst uint64) *bandwidthBenchPods {
+func newBandwidthBenchPods(b *testing.B, h *harness.H, path, tag string, rate, burst uint64) *bandwidthBenchPods {
 	p := &bandwidthBenchPods{b: b, cni: libcni.NewCNIConfigWithCacheDir([]string{path}, b.TempDir(), nil)}
 	ipam := fmt.Sprintf(`{"type":"host-local","ranges":[[{"subnet":"198.18.46.0/24"}]],"dataDir":%q}`, b.TempDir())
 	ptp := fmt.Sprintf(`{"type":"ptp","ipam":%s}`, ipam)
@@ -153,8 +193,8 @@ func newBandwidthBenchPods(b *testing.B, h *harness.H, path, impl string, rate, 
 	if rate > 0 {
 		shaped += fmt.Sprintf(`,{"type":"bandwidth","ingressRate":%d,"ingressBurst":%d,"egressRate":%d,"egressBurst":%d}`, rate, burst, rate, burst)
 	}
-	name := "bw-bench-" + impl
-	if impl == "" {
+	name := "bw-bench-" + tag
+	if tag == "" {
 		name = "bw-bench"
 	}
 	attach := func(plugins string) (*harness.NS, net.IP) {

@@ -33,47 +33,59 @@ func bridgeBenchConf(dataDir string) []byte {
 type bridgeBenchOps struct{ add, check, del harness.Samples }
 
 // bridgeBenchRounds is how many runs of 100 pods each implementation makes
-// per mode; their samples are pooled.
-const bridgeBenchRounds = 2
+// per mode; their samples are pooled. A multiple of the three
+// implementations, so that each goes first, second and last as often.
+const bridgeBenchRounds = 3
 
 // BenchmarkBridge runs a bridge + host-local conflist through libcni for 100
-// pods, one at a time and 20 at a time, with meshwire's plugins and with the
-// reference plugins from /usr/lib/cni in the same run, and reports ADD, CHECK
-// and DEL median and p95 with the ratios meshwire/reference. Each mode has
-// bridgeBenchRounds runs per implementation, alternating which goes first,
-// each on a settled machine.
+// pods, one at a time and 20 at a time, with meshwire's plugins and with
+// each peer's (reference v1.9.1, Debian's 1.1.1) in the same run, and
+// reports ADD, CHECK and DEL median and p95 with the ratios
+// meshwire/peer. Each mode has bridgeBenchRounds runs per implementation,
+// rotating which goes first, each on a settled machine.
 func BenchmarkBridge(b *testing.B) {
+	ps := peers(b)
 	h := harness.New(b)
-	impls := []struct{ name, dir string }{{"meshwire", h.BinDir}, {"reference", harness.ReferenceDir}}
+	impls := implsWith(impl{name: "meshwire", tag: "mw", dir: h.BinDir, meshwire: true}, ps)
 	modes := []int{1, bridgeBenchParallel}
 	res := map[string]map[int]*bridgeBenchOps{}
-	for _, impl := range impls {
-		res[impl.name] = map[int]*bridgeBenchOps{}
+	for _, im := range impls {
+		res[im.name] = map[int]*bridgeBenchOps{}
 		for _, par := range modes {
-			res[impl.name][par] = &bridgeBenchOps{}
+			res[im.name][par] = &bridgeBenchOps{}
 		}
 	}
 	for i := 0; i < b.N; i++ {
 		for _, par := range modes {
 			for round := 0; round < bridgeBenchRounds; round++ {
-				order := impls
-				if round%2 == 1 {
-					order = []struct{ name, dir string }{impls[1], impls[0]}
-				}
-				for _, impl := range order {
-					res[impl.name][par].pool(bridgeBenchRun(b, impl.dir, par))
+				for _, im := range rotate(impls, round) {
+					res[im.name][par].pool(bridgeBenchRun(b, im, par))
 				}
 			}
 		}
 	}
 	t := &harness.Table{
-		Title:  fmt.Sprintf("bridge + host-local: %d pods through libcni, %d runs per row (ms; ratio = meshwire / reference median)", bridgeBenchPods, bridgeBenchRounds*b.N),
-		Header: []string{"op", "concurrency", "meshwire median", "meshwire p95", "reference median", "reference p95", "ratio"},
+		Title:  fmt.Sprintf("bridge + host-local: %d pods through libcni, %d runs per cell (ms; ratio = meshwire / peer median)", bridgeBenchPods, bridgeBenchRounds*b.N),
+		Header: []string{"op", "concurrency"},
+	}
+	for _, im := range impls {
+		t.Header = append(t.Header, im.name+" median", im.name+" p95")
+	}
+	for _, p := range ps {
+		t.Header = append(t.Header, "vs "+shortName(p))
 	}
 	for _, op := range []string{"ADD", "CHECK", "DEL"} {
 		for _, par := range modes {
-			m, r := res["meshwire"][par].get(op), res["reference"][par].get(op)
-			t.Add(op, fmt.Sprint(par), harness.Ms(m.Median()), harness.Ms(m.P95()), harness.Ms(r.Median()), harness.Ms(r.P95()), harness.Ratio(m.Median(), r.Median()))
+			m := res["meshwire"][par].get(op)
+			cells := []string{op, fmt.Sprint(par)}
+			for _, im := range impls {
+				s := res[im.name][par].get(op)
+				cells = append(cells, harness.Ms(s.Median()), harness.Ms(s.P95()))
+			}
+			for _, p := range ps {
+				cells = append(cells, harness.Ratio(m.Median(), res[p.name][par].get(op).Median()))
+			}
+			t.Add(cells...)
 		}
 	}
 	t.Write(os.Stdout)
@@ -95,12 +107,12 @@ func (o *bridgeBenchOps) get(op string) harness.Samples {
 	return o.del
 }
 
-// bridgeBenchRun wires bridgeBenchPods namespaces with the plugins in dir,
+// bridgeBenchRun wires bridgeBenchPods namespaces with im's plugins,
 // par at a time, checks and removes them, timing each call. It removes its
 // namespaces and the bridge before it returns, and starts once the machine
 // has settled from whatever ran before.
-func bridgeBenchRun(b *testing.B, dir string, par int) *bridgeBenchOps {
-	cni := libcni.NewCNIConfigWithCacheDir([]string{dir}, b.TempDir(), nil)
+func bridgeBenchRun(b *testing.B, im impl, par int) *bridgeBenchOps {
+	cni := libcni.NewCNIConfigWithCacheDir([]string{im.dir}, b.TempDir(), nil)
 	list, err := libcni.ConfListFromBytes(bridgeBenchConf(b.TempDir()))
 	if err != nil {
 		b.Fatal(err)
@@ -130,9 +142,7 @@ func bridgeBenchRun(b *testing.B, dir string, par int) *bridgeBenchOps {
 		names = append(names, name)
 		rts[i] = &libcni.RuntimeConf{ContainerID: harness.RandomID(), NetNS: p, IfName: "eth0"}
 	}
-	if !harness.WaitIdle(30 * time.Second) {
-		b.Logf("the machine did not settle before the %s run (%d at a time)", dir, par)
-	}
+	settle(b, im, fmt.Sprintf("run (%d at a time)", par))
 	ops := &bridgeBenchOps{}
 	phase := func(s *harness.Samples, name string, fn func(context.Context, *libcni.NetworkConfigList, *libcni.RuntimeConf) error) {
 		var mu sync.Mutex
@@ -149,7 +159,7 @@ func bridgeBenchRun(b *testing.B, dir string, par int) *bridgeBenchOps {
 					d := time.Since(start)
 					cancel()
 					if err != nil {
-						b.Errorf("%s %s (%s): %v", name, rt.NetNS, dir, err)
+						b.Errorf("%s %s (%s): %v", name, rt.NetNS, im.name, err)
 					}
 					mu.Lock()
 					*s = append(*s, d)

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -21,9 +22,13 @@ import (
 // hostLocalBenchNet is the benchmark's network: a /16 of the range assigned
 // to host-local benchmarks.
 const (
-	hostLocalBenchNet     = "mwt-hl-bench"
-	hostLocalBenchSamples = 15 // reference cycles per size (about 1 s each at 50,000)
-	hostLocalBenchPerRef  = 3  // meshwire cycles per reference cycle: cheap, and a steadier median
+	hostLocalBenchNet = "mwt-hl-bench"
+	// Every implementation makes hostLocalBenchRounds rounds of
+	// hostLocalBenchPerRound cycles per size (a reference cycle takes about
+	// 1.6 s at 50,000). Rounds are a multiple of the three implementations,
+	// so that each goes first, second and last as often.
+	hostLocalBenchRounds   = 6
+	hostLocalBenchPerRound = 5
 )
 
 func hostLocalBenchConf(dataDir string) []byte {
@@ -83,9 +88,9 @@ func prefillReference(b *testing.B, dataDir string, n int) {
 	}
 }
 
-// hostLocalRun is one plugin binary with its own data directory.
+// hostLocalRun is one implementation's host-local with one data directory.
 type hostLocalRun struct {
-	name     string
+	impl     impl
 	path     string
 	conf     []byte
 	add, del harness.Samples
@@ -94,7 +99,7 @@ type hostLocalRun struct {
 // cycle runs one ADD and one DEL the way an interface plugin runs its IPAM
 // plugin (invoke, as ipam.ExecAdd does), timing each.
 func (r *hostLocalRun) cycle(b *testing.B, i int) {
-	args := &invoke.Args{ContainerID: fmt.Sprintf("bench%s%d", r.name, i), NetNS: "/var/run/netns/mwt-hl-none", IfName: "eth0", Path: filepath.Dir(r.path)}
+	args := &invoke.Args{ContainerID: fmt.Sprintf("bench%s%d", r.impl.tag, i), NetNS: "/var/run/netns/mwt-hl-none", IfName: "eth0", Path: filepath.Dir(r.path)}
 	ctx := context.Background()
 	err := r.add.Time(func() error {
 		args.Command = "ADD"
@@ -102,76 +107,103 @@ func (r *hostLocalRun) cycle(b *testing.B, i int) {
 		return err
 	})
 	if err != nil {
-		b.Fatalf("%s ADD: %v", r.name, err)
+		b.Fatalf("%s ADD: %v", r.impl.name, err)
 	}
 	err = r.del.Time(func() error {
 		args.Command = "DEL"
 		return invoke.ExecPluginWithoutResult(ctx, r.path, r.conf, args, nil)
 	})
 	if err != nil {
-		b.Fatalf("%s DEL: %v", r.name, err)
+		b.Fatalf("%s DEL: %v", r.impl.name, err)
 	}
 }
 
 // BenchmarkHostLocal: ADD and DEL median latency of meshwire's host-local
-// and the reference's, with 0, 10,000 and 50,000 addresses already
-// allocated in a /16, in the same run. meshwire's samples rotate over the
-// three sizes so that its own 50,000/0 ratio sees the same machine load;
-// the reference runs afterwards, one size at a time, so that neither
-// plugin's file system work (and the journal commits it causes) lands in
-// the other's samples.
+// and the peers' (reference v1.9.1, Debian's 1.1.1), with 0, 10,000 and
+// 50,000 addresses already allocated in a /16, in the same run. Every
+// implementation gets the same samples in the same shape: rounds of
+// hostLocalBenchPerRound cycles, each cycle rotating over the three sizes
+// (so that a ratio between sizes sees one machine load); in each round the
+// implementations take turns, one whole block each on a settled machine
+// (so that neither's file system work, and the journal commits it causes,
+// lands in the other's samples), and the round decides which goes first.
 func BenchmarkHostLocal(b *testing.B) {
-	bin := filepath.Join(harness.BinDir(b), "host-local")
-	ref := filepath.Join(harness.ReferenceDir, "host-local")
-	if _, err := os.Stat(ref); err != nil {
-		b.Fatalf("reference plugin: %v (install containernetworking-plugins)", err)
-	}
+	ps := peers(b)
+	harness.New(b) // root, and the node-wide lock: no other kernel test runs meanwhile
+	mw := impl{name: "meshwire", tag: "mw", dir: harness.BinDir(b), meshwire: true}
+	impls := implsWith(mw, ps)
 	sizes := []int{0, 10000, 50000}
 	for n := 0; n < b.N; n++ {
-		mw := make([]*hostLocalRun, len(sizes))
-		for i, size := range sizes {
-			dir := b.TempDir()
-			prefillMeshwire(b, dir, size)
-			mw[i] = &hostLocalRun{name: "meshwire", path: bin, conf: hostLocalBenchConf(dir)}
-			mw[i].cycle(b, -1) // the store's first open imports the directory once
-			mw[i].add, mw[i].del = nil, nil
+		runs := make([][]*hostLocalRun, len(impls)) // [impl][size]
+		for k, im := range impls {
+			for _, size := range sizes {
+				dir := b.TempDir()
+				if im.meshwire {
+					prefillMeshwire(b, dir, size)
+				} else {
+					prefillReference(b, dir, size)
+				}
+				r := &hostLocalRun{impl: im, path: filepath.Join(im.dir, "host-local"), conf: hostLocalBenchConf(dir)}
+				// meshwire's store imports the directory on its first open;
+				// the reference's first walk updates the files' atimes.
+				r.cycle(b, -1)
+				r.add, r.del = nil, nil
+				runs[k] = append(runs[k], r)
+			}
 		}
 		unix.Sync() // write the prefill back now, not during the samples
-		for i := 0; i < hostLocalBenchSamples*hostLocalBenchPerRef; i++ {
-			for _, r := range mw {
-				r.cycle(b, i)
+		for round := 0; round < hostLocalBenchRounds; round++ {
+			for _, im := range rotate(impls, round) {
+				k := slices.IndexFunc(impls, func(x impl) bool { return x.name == im.name })
+				unix.Sync()
+				settle(b, im, "host-local round")
+				for c := 0; c < hostLocalBenchPerRound; c++ {
+					for _, r := range runs[k] {
+						r.cycle(b, round*hostLocalBenchPerRound+c)
+					}
+				}
 			}
 		}
-		rf := make([]*hostLocalRun, len(sizes))
-		for i, size := range sizes {
-			dir := b.TempDir()
-			prefillReference(b, dir, size)
-			rf[i] = &hostLocalRun{name: "reference", path: ref, conf: hostLocalBenchConf(dir)}
-			rf[i].cycle(b, -1) // the first walk also updates the files' atimes
-			rf[i].add, rf[i].del = nil, nil
-			unix.Sync()
-			for k := 0; k < hostLocalBenchSamples; k++ {
-				rf[i].cycle(b, k)
+		for _, op := range []string{"ADD", "DEL"} {
+			table := harness.Table{
+				Title:  fmt.Sprintf("host-local: median latency (ms) of one %s, binary run as a runtime would, %d samples each", op, hostLocalBenchRounds*hostLocalBenchPerRound),
+				Header: []string{"allocated", "meshwire"},
 			}
+			for _, p := range ps {
+				table.Header = append(table.Header, p.name)
+			}
+			for _, p := range ps {
+				table.Header = append(table.Header, shortName(p)+" / meshwire")
+			}
+			for i, size := range sizes {
+				get := func(k int) time.Duration {
+					if op == "ADD" {
+						return runs[k][i].add.Median()
+					}
+					return runs[k][i].del.Median()
+				}
+				cells := []string{strconv.Itoa(size)}
+				for k := range impls {
+					cells = append(cells, harness.Ms(get(k)))
+				}
+				for k := 1; k < len(impls); k++ {
+					cells = append(cells, harness.Ratio(get(k), get(0)))
+				}
+				table.Add(cells...)
+			}
+			table.Write(os.Stdout)
 		}
-		table := harness.Table{
-			Title:  "host-local: median latency (ms) of one ADD / DEL, binary run as a runtime would",
-			Header: []string{"allocated", "meshwire ADD", "reference ADD", "reference/meshwire", "meshwire DEL", "reference DEL", "reference/meshwire"},
-		}
-		for i, size := range sizes {
-			m, r := mw[i], rf[i]
-			table.Add(strconv.Itoa(size),
-				harness.Ms(m.add.Median()), harness.Ms(r.add.Median()), harness.Ratio(r.add.Median(), m.add.Median()),
-				harness.Ms(m.del.Median()), harness.Ms(r.del.Median()), harness.Ratio(r.del.Median(), m.del.Median()))
-			b.ReportMetric(float64(m.add.Median().Microseconds())/1000, fmt.Sprintf("ms-mw-add-%d", size))
-			b.ReportMetric(float64(r.add.Median().Microseconds())/1000, fmt.Sprintf("ms-ref-add-%d", size))
-		}
-		table.Write(os.Stdout)
 		last := len(sizes) - 1
-		fmt.Fprintf(os.Stdout, "meshwire ADD at 50,000 / at 0: %s (target <= 1.5x); reference / meshwire ADD at 50,000: %s (target >= 20x)\n",
-			harness.Ratio(mw[last].add.Median(), mw[0].add.Median()), harness.Ratio(rf[last].add.Median(), mw[last].add.Median()))
-		b.ReportMetric(float64(mw[last].add.Median())/float64(mw[0].add.Median()), "mw-add-50k/0")
-		hostLocalBenchUpgrade(b, bin, sizes[last])
+		for k, im := range impls {
+			b.ReportMetric(float64(runs[k][last].add.Median().Microseconds())/1000, fmt.Sprintf("ms-%s-add-%d", im.tag, sizes[last]))
+		}
+		m := runs[0]
+		fmt.Fprintf(os.Stdout, "meshwire ADD at 50,000 / at 0: %s (target <= 1.5x)\n", harness.Ratio(m[last].add.Median(), m[0].add.Median()))
+		for k, p := range ps {
+			fmt.Fprintf(os.Stdout, "%s / meshwire ADD at 50,000: %s (target >= 20x)\n", p.name, harness.Ratio(runs[k+1][last].add.Median(), m[last].add.Median()))
+		}
+		b.ReportMetric(float64(m[last].add.Median())/float64(m[0].add.Median()), "mw-add-50k/0")
+		hostLocalBenchUpgrade(b, mw, sizes[last])
 	}
 }
 
@@ -179,15 +211,16 @@ func BenchmarkHostLocal(b *testing.B) {
 // its data directory holding the reference's files. The first command
 // imports them (once); later ADD and DEL cost what they cost on a node
 // that never ran the reference.
-func hostLocalBenchUpgrade(b *testing.B, bin string, size int) {
+func hostLocalBenchUpgrade(b *testing.B, mw impl, size int) {
 	dir := b.TempDir()
 	prefillReference(b, dir, size)
 	unix.Sync()
-	r := &hostLocalRun{name: "meshwire", path: bin, conf: hostLocalBenchConf(dir)}
+	settle(b, mw, "upgrade run")
+	r := &hostLocalRun{impl: mw, path: filepath.Join(mw.dir, "host-local"), conf: hostLocalBenchConf(dir)}
 	r.cycle(b, -1)
 	first := r.add[0]
 	r.add, r.del = nil, nil
-	for i := 0; i < hostLocalBenchSamples*hostLocalBenchPerRef; i++ {
+	for i := 0; i < hostLocalBenchRounds*hostLocalBenchPerRound; i++ {
 		r.cycle(b, i)
 	}
 	table := harness.Table{
