@@ -323,7 +323,17 @@ func Query(ns *harness.NS, dst netip.AddrPort, msg string) (string, error) {
 // container runs: started inside it) and returns its exit status and output.
 func (e *Env) IptablesInit(args ...string) (int, string) {
 	e.T.Helper()
+	return e.IptablesInitEnv(nil, args...)
+}
+
+// IptablesInitEnv is IptablesInit with variables ("NAME=value") added to
+// the test's environment, as a pod spec's env adds them.
+func (e *Env) IptablesInitEnv(env []string, args ...string) (int, string) {
+	e.T.Helper()
 	cmd := exec.Command(filepath.Join(e.H.BinDir, "iptables-init"), args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	var buf strings.Builder
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	err := e.Pod.Do(cmd.Run)
