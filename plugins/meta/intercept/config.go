@@ -32,32 +32,78 @@ var ruleKeys = []string{
 
 type config struct {
 	pluginconf.Base
+	// ExcludeNamespaces are Kubernetes namespaces never intercepted
+	// (default kube-system; [] excludes none).
+	ExcludeNamespaces *[]string `json:"excludeNamespaces"`
+	RuntimeConfig     struct {
+		PodAnnotations *map[string]string `json:"io.kubernetes.cri.pod-annotations"`
+	} `json:"runtimeConfig"`
 }
 
 // parseConfig decodes stdin and reads the interception settings from the
-// keys named after iptables-init's flags.
+// keys named after iptables-init's flags (what DEL, STATUS and GC need).
 func parseConfig(data []byte) (*config, flags.Options, error) {
-	var c config
-	if err := pluginconf.Decode(data, pluginType, &c); err != nil {
-		return nil, flags.Options{}, err
-	}
-	var raw map[string]json.RawMessage
-	if err := pluginconf.Unmarshal(data, &raw, ""); err != nil {
-		return nil, flags.Options{}, err
-	}
-	args, err := configArgs(raw)
+	c, args, err := decodeConfig(data)
 	if err != nil {
 		return nil, flags.Options{}, err
 	}
+	o, err := parseArgs(args, func(flag string) string { return flag })
+	return c, o, err
+}
+
+// parsePodConfig is parseConfig for one pod (ADD and CHECK): whether to
+// intercept it, and its annotations' settings on top of the config's.
+func parsePodConfig(data []byte, cniArgs string) (*config, flags.Options, decision, error) {
+	c, args, err := decodeConfig(data)
+	if err != nil {
+		return nil, flags.Options{}, decision{}, err
+	}
+	excluded := defaultExcludedNamespaces
+	if c.ExcludeNamespaces != nil {
+		excluded = *c.ExcludeNamespaces
+	}
+	d, err := decide(podFrom(c.RuntimeConfig.PodAnnotations, cniArgs), excluded)
+	if err != nil {
+		return nil, flags.Options{}, d, err
+	}
+	// A bad value is named after the annotation that set it, if one did.
+	o, err := parseArgs(append(args, d.Args...), func(flag string) string {
+		if ann, ok := annotationOf(flag, d.Args); ok {
+			return "annotation " + ann
+		}
+		return flag
+	})
+	return c, o, d, err
+}
+
+func decodeConfig(data []byte) (*config, []string, error) {
+	var c config
+	if err := pluginconf.Decode(data, pluginType, &c); err != nil {
+		return nil, nil, err
+	}
+	var raw map[string]json.RawMessage
+	if err := pluginconf.Unmarshal(data, &raw, ""); err != nil {
+		return nil, nil, err
+	}
+	args, err := configArgs(raw)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &c, args, nil
+}
+
+// parseArgs parses the flag line built from the config (and a pod's
+// annotations); a bad value is a config error naming what set it.
+func parseArgs(args []string, name func(flag string) string) (flags.Options, error) {
 	o, err := flags.Parse(args, func(string) string { return "" })
 	if err != nil {
 		var ue *flags.UsageError
 		if errors.As(err, &ue) && ue.Long != "" {
-			return nil, flags.Options{}, cnierr.Field(ue.Long, "%s", ue.Msg)
+			return flags.Options{}, cnierr.Field(name(ue.Long), "%s", ue.Msg)
 		}
-		return nil, flags.Options{}, cnierr.Config("%v", err)
+		return flags.Options{}, cnierr.Config("%v", err)
 	}
-	return &c, o, nil
+	return o, nil
 }
 
 // configArgs turns the config's flag-named keys into a command line. A

@@ -26,26 +26,30 @@ func request(o flags.Options, reconcile bool) (install.Request, error) {
 }
 
 // chained decodes the config of ADD and CHECK, which need a prevResult
-// (whose nameservers --redirect-dns captures).
-func chained(args *skel.CmdArgs) (*config, flags.Options, *current.Result, error) {
-	conf, o, err := parseConfig(args.StdinData)
+// (whose nameservers --redirect-dns captures), and decides for the pod.
+func chained(args *skel.CmdArgs) (*config, flags.Options, decision, *current.Result, error) {
+	conf, o, d, err := parsePodConfig(args.StdinData, args.Args)
 	if err != nil {
-		return nil, o, nil, err
+		return nil, o, d, nil, err
 	}
 	prev, err := conf.RequirePrevResult()
 	if err != nil {
-		return nil, o, nil, err
+		return nil, o, d, nil, err
 	}
 	if o.Config.RedirectDNS && !o.Config.CaptureAllDNS {
 		o.Config.DNSServers = dnsServers(prev)
 	}
-	return conf, o, prev, nil
+	return conf, o, d, prev, nil
 }
 
 func cmdAdd(args *skel.CmdArgs) error {
-	conf, o, prev, err := chained(args)
+	conf, o, d, prev, err := chained(args)
 	if err != nil {
 		return err
+	}
+	if !d.Intercept {
+		slog.Info("pod not intercepted", "why", d.Why)
+		return types.PrintResult(prev, conf.CNIVersion)
 	}
 	ctx := context.Background()
 	err = netns.Enter(args.Netns, func() error {
@@ -67,7 +71,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 			}
 			return err
 		}
-		slog.Info("interception rules installed", "mode", string(o.Config.Mode), "ipv6", req.IPv6, "backend", plan.Backend.String(), "alreadyInPlace", plan.UpToDate())
+		slog.Info("interception rules installed", "why", d.Why, "mode", string(o.Config.Mode), "ipv6", req.IPv6, "backend", plan.Backend.String(), "alreadyInPlace", plan.UpToDate())
 		return nil
 	})
 	if err != nil {
@@ -96,7 +100,7 @@ func cmdDel(args *skel.CmdArgs) error {
 }
 
 func cmdCheck(args *skel.CmdArgs) error {
-	_, o, _, err := chained(args)
+	_, o, d, _, err := chained(args)
 	if err != nil {
 		return err
 	}
@@ -106,6 +110,16 @@ func cmdCheck(args *skel.CmdArgs) error {
 			return err
 		}
 		plan, err := install.Prepare(context.Background(), req)
+		if !d.Intercept {
+			// ADD left this pod alone: there must be nothing.
+			switch {
+			case errors.Is(err, install.ErrDifferent) || (err == nil && plan.UpToDate()):
+				return cnierr.CheckFailed("interception rules in %s, which is not intercepted (%s)", args.Netns, d.Why)
+			case err != nil:
+				return cnierr.Wrap(err, "read the interception rules")
+			}
+			return nil
+		}
 		if errors.Is(err, install.ErrDifferent) {
 			return cnierr.CheckFailed("%v", err)
 		}

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/meshwire/meshwire/internal/cnierr"
+)
+
+// Per-pod interception on Kubernetes. containerd and CRI-O pass a pod's
+// annotations to plugins that declare the io.kubernetes.cri.pod-annotations
+// capability, and CNI_ARGS carries K8S_POD_NAMESPACE and K8S_POD_NAME: with
+// either, the plugin runs for a Kubernetes pod and intercepts it only when
+// it carries a sidecar. Without both (podman, `meshwire add`), every pod of
+// the network is intercepted, as before.
+
+const (
+	capPodAnnotations = "io.kubernetes.cri.pod-annotations"
+
+	// Istio's injector marks every pod it gave a sidecar with this one.
+	annIstioStatus = "sidecar.istio.io/status"
+	annIstioInject = "sidecar.istio.io/inject"
+	// annMeshwire is for meshes that are not Istio: "true" intercepts the
+	// pod, "false" never does.
+	annMeshwire = "intercept.meshwire.io/enabled"
+)
+
+// annotationFlags are the annotations Istio's injector turns into
+// istio-iptables flags, with the flag each one sets; a pod's value goes on
+// top of the plugin config's.
+var annotationFlags = []struct{ annotation, flag string }{
+	{"sidecar.istio.io/interceptionMode", "istio-inbound-interception-mode"},
+	{"traffic.sidecar.istio.io/includeOutboundIPRanges", "istio-service-cidr"},
+	{"traffic.sidecar.istio.io/excludeOutboundIPRanges", "istio-service-exclude-cidr"},
+	{"traffic.sidecar.istio.io/includeInboundPorts", "istio-inbound-ports"},
+	{"traffic.sidecar.istio.io/excludeInboundPorts", "istio-local-exclude-ports"},
+	{"traffic.sidecar.istio.io/includeOutboundPorts", "istio-outbound-ports"},
+	{"traffic.sidecar.istio.io/excludeOutboundPorts", "istio-local-outbound-ports-exclude"},
+	{"traffic.sidecar.istio.io/kubevirtInterfaces", "kube-virt-interfaces"},
+	{"traffic.sidecar.istio.io/excludeInterfaces", "istio-exclude-interfaces"},
+}
+
+// defaultExcludedNamespaces are never intercepted unless the config says
+// otherwise (excludeNamespaces).
+var defaultExcludedNamespaces = []string{"kube-system"}
+
+// pod is what the runtime told the plugin about the pod.
+type pod struct {
+	Kubernetes  bool              // annotations capability present, or K8S_POD_NAME given
+	Namespace   string            // K8S_POD_NAMESPACE
+	Name        string            // K8S_POD_NAME
+	Annotations map[string]string // nil: the runtime passed none
+}
+
+// podFrom reads the pod from the annotations capability (nil when absent)
+// and CNI_ARGS ("K=V;K=V").
+func podFrom(annotations *map[string]string, cniArgs string) pod {
+	p := pod{}
+	if annotations != nil {
+		p.Kubernetes = true
+		p.Annotations = *annotations
+	}
+	for _, kv := range strings.Split(cniArgs, ";") {
+		k, v, _ := strings.Cut(kv, "=")
+		switch k {
+		case "K8S_POD_NAMESPACE":
+			p.Namespace = v
+		case "K8S_POD_NAME":
+			p.Name = v
+			p.Kubernetes = p.Kubernetes || v != ""
+		}
+	}
+	return p
+}
+
+// decision is what the plugin does for one pod.
+type decision struct {
+	Intercept bool
+	Why       string   // for the log and CHECK's messages
+	Args      []string // flags from the pod's annotations
+}
+
+// decide chooses whether to intercept the pod, and with which of its
+// annotations' settings. A malformed meshwire annotation is a config error
+// naming it (the interception annotations are checked when parsed).
+func decide(p pod, excluded []string) (decision, error) {
+	if !p.Kubernetes {
+		return decision{Intercept: true, Why: "not a Kubernetes pod: every pod of the network"}, nil
+	}
+	if slices.Contains(excluded, p.Namespace) {
+		return decision{Why: fmt.Sprintf("namespace %q is excluded", p.Namespace)}, nil
+	}
+	if p.Annotations == nil {
+		return decision{Why: "the runtime passed no pod annotations (capability " + capPodAnnotations + "): no way to tell a sidecar"}, nil
+	}
+	a := p.Annotations
+	mw, set := a[annMeshwire]
+	if set && mw != "true" && mw != "false" {
+		return decision{}, cnierr.Field(annMeshwire, "annotation: want \"true\" or \"false\", got %q", mw)
+	}
+	switch {
+	case mw == "false":
+		return decision{Why: annMeshwire + " is false"}, nil
+	case a[annIstioInject] == "false":
+		return decision{Why: annIstioInject + " is false"}, nil
+	case mw == "true":
+		return decision{Intercept: true, Why: annMeshwire + " is true", Args: annotationArgs(a)}, nil
+	case a[annIstioStatus] != "":
+		return decision{Intercept: true, Why: "the pod has an Istio sidecar (" + annIstioStatus + ")", Args: annotationArgs(a)}, nil
+	}
+	return decision{Why: "no sidecar annotation"}, nil
+}
+
+func annotationArgs(a map[string]string) []string {
+	var args []string
+	for _, af := range annotationFlags {
+		if v, ok := a[af.annotation]; ok {
+			args = append(args, fmt.Sprintf("--%s=%s", af.flag, v))
+		}
+	}
+	return args
+}
+
+// annotationOf names the annotation that set flag, if one did.
+func annotationOf(flag string, args []string) (string, bool) {
+	for _, af := range annotationFlags {
+		if af.flag == flag && slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--"+flag+"=") }) {
+			return af.annotation, true
+		}
+	}
+	return "", false
+}

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/containernetworking/cni/pkg/types"
+)
+
+func TestDecide(t *testing.T) {
+	istio := map[string]string{annIstioStatus: `{"containers":["istio-proxy"]}`}
+	with := func(base map[string]string, kv ...string) map[string]string {
+		m := map[string]string{}
+		for k, v := range base {
+			m[k] = v
+		}
+		for i := 0; i+1 < len(kv); i += 2 {
+			m[kv[i]] = kv[i+1]
+		}
+		return m
+	}
+	ann := func(m map[string]string) *map[string]string { return &m }
+	for _, tc := range []struct {
+		name      string
+		ann       *map[string]string
+		cniArgs   string
+		excluded  []string
+		intercept bool
+		args      []string
+		err       string
+	}{
+		{name: "podman: no capability, no pod name", intercept: true},
+		{name: "podman with unrelated CNI_ARGS", cniArgs: "IgnoreUnknown=1;IP=10.0.0.5", intercept: true},
+		{name: "istio sidecar", ann: ann(istio), cniArgs: "K8S_POD_NAMESPACE=shop;K8S_POD_NAME=cart-1", intercept: true},
+		{name: "no sidecar", ann: ann(map[string]string{"app": "x"}), cniArgs: "K8S_POD_NAMESPACE=shop;K8S_POD_NAME=job-1"},
+		{name: "empty annotations", ann: ann(map[string]string{})},
+		{name: "inject false wins over the status", ann: ann(with(istio, annIstioInject, "false"))},
+		{name: "kube-system excluded by default", ann: ann(istio), cniArgs: "K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=dns"},
+		{name: "excluded list replaced", ann: ann(istio), cniArgs: "K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=x", excluded: []string{}, intercept: true},
+		{name: "own excluded namespace", ann: ann(istio), cniArgs: "K8S_POD_NAMESPACE=batch;K8S_POD_NAME=x", excluded: []string{"batch"}},
+		{name: "pod name without annotations: cannot tell, skip", cniArgs: "K8S_POD_NAMESPACE=shop;K8S_POD_NAME=x"},
+		{name: "meshwire annotation", ann: ann(map[string]string{annMeshwire: "true"}), intercept: true},
+		{name: "meshwire false wins", ann: ann(with(istio, annMeshwire, "false"))},
+		{name: "meshwire malformed", ann: ann(map[string]string{annMeshwire: "yes"}), err: annMeshwire},
+		{name: "per-pod settings", ann: ann(with(istio,
+			"sidecar.istio.io/interceptionMode", "TPROXY",
+			"traffic.sidecar.istio.io/excludeOutboundIPRanges", "10.96.0.1/32",
+			"traffic.sidecar.istio.io/excludeInboundPorts", "15020,15021",
+			"unrelated", "x")),
+			intercept: true,
+			args:      []string{"--istio-inbound-interception-mode=TPROXY", "--istio-service-exclude-cidr=10.96.0.1/32", "--istio-local-exclude-ports=15020,15021"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			excluded := tc.excluded
+			if excluded == nil {
+				excluded = defaultExcludedNamespaces
+			}
+			d, err := decide(podFrom(tc.ann, tc.cniArgs), excluded)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("err %v, want one naming %s", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d.Intercept != tc.intercept || !slices.Equal(d.Args, tc.args) || d.Why == "" {
+				t.Fatalf("got %+v, want intercept %v with args %q (and a reason)", d, tc.intercept, tc.args)
+			}
+		})
+	}
+}
+
+// TestParsePodConfig: the annotations' settings apply on top of the
+// config's, and a malformed one fails with code 7 naming the annotation.
+func TestParsePodConfig(t *testing.T) {
+	conf := func(annotations string) []byte {
+		return []byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"n","type":"intercept","istio-service-cidr":"*",
+			"runtimeConfig":{"io.kubernetes.cri.pod-annotations":{%q:"{}"%s}}}`, annIstioStatus, annotations))
+	}
+	_, o, d, err := parsePodConfig(conf(`,"sidecar.istio.io/interceptionMode":"TPROXY"`), "K8S_POD_NAMESPACE=a;K8S_POD_NAME=b")
+	if err != nil || !d.Intercept || o.Config.Mode != "TPROXY" || !o.Config.OutboundCIDRs.All {
+		t.Fatalf("got %+v %+v %v: want TPROXY from the annotation and * from the config", o.Config, d, err)
+	}
+	for _, tc := range []struct{ ann, name string }{
+		{`,"traffic.sidecar.istio.io/includeInboundPorts":"80,x"`, "traffic.sidecar.istio.io/includeInboundPorts"},
+		{`,"traffic.sidecar.istio.io/excludeOutboundIPRanges":"10.0.0.0/99"`, "traffic.sidecar.istio.io/excludeOutboundIPRanges"},
+		{`,"sidecar.istio.io/interceptionMode":"BOGUS"`, "sidecar.istio.io/interceptionMode"},
+	} {
+		_, _, _, err := parsePodConfig(conf(tc.ann), "K8S_POD_NAMESPACE=a;K8S_POD_NAME=b")
+		te, ok := err.(*types.Error)
+		if !ok || te.Code != 7 || !strings.Contains(te.Msg, "annotation "+tc.name) {
+			t.Errorf("%s: %v, want code 7 naming the annotation", tc.ann, err)
+		}
+	}
+	// A pod without a sidecar is not checked against its annotations.
+	_, _, d, err = parsePodConfig([]byte(`{"cniVersion":"1.1.0","name":"n","type":"intercept","runtimeConfig":{"io.kubernetes.cri.pod-annotations":{"traffic.sidecar.istio.io/includeInboundPorts":"x"}}}`), "")
+	if err != nil || d.Intercept {
+		t.Fatalf("no sidecar: %+v %v", d, err)
+	}
+}
