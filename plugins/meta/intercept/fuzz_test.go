@@ -7,14 +7,22 @@ import (
 )
 
 // FuzzParseConfig: any input gives a config or a CNI error of code 6 or 7,
-// never a panic.
+// never a panic, also with a pod's annotations.
 func FuzzParseConfig(f *testing.F) {
 	f.Add(string(conf(`"istio-service-cidr":"*","istio-inbound-ports":"*"`)))
 	f.Add(string(conf(`"istio-inbound-ports":[80,"443"],"proxy-gid":[1,2]`)))
 	f.Add(string(conf(`"istio-inbound-interception-mode":"TPROXY","istio-inbound-tproxy-mark":"0x10"`)))
 	f.Add(`{"type":"intercept","envoy-port":1e3}`)
 	f.Add(`[]`)
+	f.Add(`{"type":"intercept","runtimeConfig":{"io.kubernetes.cri.pod-annotations":{"sidecar.istio.io/status":"{}","traffic.sidecar.istio.io/includeInboundPorts":"80,x"}}}`)
+	f.Add(`{"type":"intercept","excludeNamespaces":["a"],"runtimeConfig":{"io.kubernetes.cri.pod-annotations":{"intercept.meshwire.io/enabled":"maybe"}}}`)
 	f.Fuzz(func(t *testing.T, data string) {
+		// The per-pod path obeys the same contract.
+		if _, _, _, err := parsePodConfig([]byte(data), "K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p"); err != nil {
+			if c := cnierr.Code(err); c != 6 && c != 7 {
+				t.Fatalf("per pod: code %d for %q: %v", c, data, err)
+			}
+		}
 		_, o, err := parseConfig([]byte(data))
 		if err != nil {
 			if c := cnierr.Code(err); c != 6 && c != 7 {
