@@ -25,7 +25,7 @@ COMMANDS  := meshwire iptables-init
 TEST_TIMEOUT ?= 60m
 BENCH ?= .
 
-.PHONY: all build test unit deps demo bench generate install clean fuzz vet
+.PHONY: all build test unit deps demo bench generate install clean fuzz vet image
 
 all: build
 
@@ -92,6 +92,14 @@ install: build
 	@for a in $(PLUGIN_ALIASES); do \
 	  install -m 0755 $(BIN)/$${a%%:*} $(DESTDIR)$(CNI_BIN_DIR)/$${a##*:}; \
 	done
+
+# The node image (conf/kubernetes/Containerfile), built with podman from a
+# root file system made of this machine's Debian packages: no registry.
+IMAGE ?= localhost/meshwire
+image: build
+	@command -v podman >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman >/dev/null; }
+	conf/kubernetes/rootfs.sh $(BIN) $(BIN)/image-rootfs
+	podman build --quiet -f conf/kubernetes/Containerfile -t $(IMAGE):$(VERSION) -t $(IMAGE):latest $(BIN)/image-rootfs
 
 clean:
 	rm -rf $(BIN)
