@@ -116,7 +116,6 @@ const (
 type Status struct {
 	Attached     bool   `json:"attached"`
 	PinDir       string `json:"pin_dir"`
-	Cgroup       string `json:"cgroup,omitempty"`
 	ProxyUID     uint32 `json:"proxy_uid,omitempty"`
 	OutboundPort uint16 `json:"outbound_port,omitempty"`
 	IntoProxy    bool   `json:"into_proxy"`
@@ -156,11 +155,9 @@ func Attach(cfg Config) (already bool, err error) {
 		}
 		return true, nil
 	}
-	cg := cfg.Cgroup
-	if cg == "" {
-		if cg, err = Cgroup2Root(); err != nil {
-			return false, err
-		}
+	cg, err := cgroupDir(cfg.Cgroup)
+	if err != nil {
+		return false, err
 	}
 	// Pins of a half-finished attach (killed between pins) go first.
 	if err := removePins(dir); err != nil {
@@ -284,6 +281,22 @@ func ensureBPFFS() error {
 	return nil
 }
 
+// cgroupDir is the cgroup v2 directory to attach at: dir (or dir/unified,
+// for a host's /sys/fs/cgroup mounted into a container on a hybrid
+// layout), or the cgroup2 mount when dir is empty.
+func cgroupDir(dir string) (string, error) {
+	if dir == "" {
+		return Cgroup2Root()
+	}
+	for _, d := range []string{dir, filepath.Join(dir, "unified")} {
+		var st unix.Statfs_t
+		if unix.Statfs(d, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+			return d, nil
+		}
+	}
+	return "", unsupported("%s is not a cgroup v2 directory (nor is %s/unified)", dir, dir)
+}
+
 // Cgroup2Root is the cgroup v2 mount point, read from /proc/self/mountinfo
 // (on hybrid layouts it is not /sys/fs/cgroup).
 func Cgroup2Root() (string, error) {
@@ -357,9 +370,6 @@ func ReadStatus(dir string) (Status, error) {
 		return st, nil
 	}
 	st.Attached = true
-	if cg, err := Cgroup2Root(); err == nil {
-		st.Cgroup = cg
-	}
 	ctl, err := ebpf.LoadPinnedMap(filepath.Join(dir, pinControl), nil)
 	if err != nil {
 		return st, fmt.Errorf("open the pinned control map: %w", err)

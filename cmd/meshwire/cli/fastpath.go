@@ -16,7 +16,7 @@ import (
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 )
 
-const fastpathUsage = `usage: meshwire fastpath attach [--proxy-uid UID] [--outbound-port PORT] [--into-proxy] [--pin-dir DIR]
+const fastpathUsage = `usage: meshwire fastpath attach [--proxy-uid UID] [--outbound-port PORT] [--into-proxy] [--pin-dir DIR] [--cgroup DIR]
        meshwire fastpath detach [--pin-dir DIR]
        meshwire fastpath status [--json] [--pin-dir DIR]`
 
@@ -46,6 +46,7 @@ func (e *env) fastpathAttach(args []string) error {
 	port := fs.Uint("outbound-port", uint(cfg.OutboundPort), "the sidecar's outbound capture port")
 	fs.BoolVar(&cfg.IntoProxy, "into-proxy", false, "also hand the app's bytes to the proxy (only for proxies that read with recv/readv, never splice)")
 	fs.StringVar(&cfg.PinDir, "pin-dir", cfg.PinDir, "bpffs directory for the pins")
+	fs.StringVar(&cfg.Cgroup, "cgroup", "", "cgroup v2 directory to attach at (default: the cgroup2 mount; DIR/unified on hybrid hosts)")
 	if _, err := parse(fs, args, 0); err != nil {
 		return err
 	}
@@ -155,7 +156,7 @@ func (e *env) fastpathStatus(args []string) error {
 		return nil
 	}
 	tw := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(tw, "fast path:\tattached (%s, cgroup %s)\n", st.PinDir, st.Cgroup)
+	fmt.Fprintf(tw, "fast path:\tattached (%s)\n", st.PinDir)
 	fmt.Fprintf(tw, "proxy uid, outbound port:\t%d, %d (into proxy: %v)\n", st.ProxyUID, st.OutboundPort, st.IntoProxy)
 	fmt.Fprintf(tw, "sockets now / since attach:\t%d / %d\n", st.LiveSockets, st.Sockets)
 	fmt.Fprintf(tw, "connections paired:\t%d\n", st.Pairs)
