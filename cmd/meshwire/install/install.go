@@ -1,0 +1,400 @@
+// Package install is `meshwire install`, the node installer a DaemonSet
+// runs with the host's CNI binary and config directories mounted: it copies
+// the plugins into the binary directory, then either writes meshwire's own
+// conflist or chains meshwire's plugins (intercept, and portmap and
+// bandwidth when the config has none) at the end of the node's primary
+// config, and keeps that change applied while another installer rewrites
+// the config, until it is told to stop (and, if asked, to remove it).
+//
+// The decisions are functions of plain values (Primary, Chain, Unchain,
+// EarlierConversion), table-tested without a node; the file system part is
+// small: atomic writes (temporary file, fsync, rename) and inotify.
+package install
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Options are the command line's.
+type Options struct {
+	BinDir, ConfDir string // the host's CNI directories
+	SourceDir       string // where the plugins to install are
+	Chain           bool   // chain into the primary config instead of writing OwnConflist
+	Once            bool   // apply once and return, instead of watching
+	CleanupOnExit   bool   // when ctx ends, take back the config change
+	DefaultConflist []byte // OwnConflist's contents (without Chain)
+	// Logf writes one line (no trailing newline needed).
+	Logf func(format string, a ...any)
+	// Resync is how often the watch re-checks everything (and retries a
+	// failure) even without an event; default 10s.
+	Resync time.Duration
+}
+
+// Installer does the work of Run; its steps are exported for tests.
+type Installer struct {
+	o        Options
+	binStamp map[string]stamp // what the installed binaries looked like
+	lastErr  string           // the error last logged, to log a repeat once
+	warned   string           // the shadowing file last warned about
+}
+
+// stamp identifies a file's version without reading it.
+type stamp struct {
+	ino, size int64
+	mtime     time.Time
+}
+
+// New checks o and returns an installer.
+func New(o Options) (*Installer, error) {
+	for _, d := range []struct{ flag, dir string }{{"--cni-bin-dir", o.BinDir}, {"--cni-conf-dir", o.ConfDir}, {"--source-dir", o.SourceDir}} {
+		if d.dir == "" {
+			return nil, fmt.Errorf("%s is empty", d.flag)
+		}
+		st, err := os.Stat(d.dir)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", d.flag, err)
+		}
+		if !st.IsDir() {
+			return nil, fmt.Errorf("%s: %s is not a directory", d.flag, d.dir)
+		}
+	}
+	if !o.Chain && len(o.DefaultConflist) == 0 {
+		return nil, errors.New("no conflist to write")
+	}
+	if o.Logf == nil {
+		o.Logf = func(string, ...any) {}
+	}
+	if o.Resync <= 0 {
+		o.Resync = 10 * time.Second
+	}
+	return &Installer{o: o}, nil
+}
+
+// Run installs, then, unless o.Once, keeps the config applied until ctx
+// ends, and then with o.CleanupOnExit takes it back. With o.Once, an error
+// (a config that is not JSON, no primary config to chain into) is returned;
+// while watching it is logged and retried at the next change or resync.
+func Run(ctx context.Context, o Options) error {
+	in, err := New(o)
+	if err != nil {
+		return err
+	}
+	if err := in.InstallBinaries(); err != nil {
+		return err
+	}
+	if o.Once {
+		return in.Apply()
+	}
+	in.Watch(ctx)
+	if !o.CleanupOnExit {
+		in.o.Logf("stopping; the plugins and the config stay in place")
+		return nil
+	}
+	return in.Cleanup()
+}
+
+// report logs err, once while it stays the same.
+func (in *Installer) report(err error) {
+	if err == nil {
+		if in.lastErr != "" {
+			in.o.Logf("config applied again")
+		}
+		in.lastErr = ""
+		return
+	}
+	if err.Error() != in.lastErr {
+		in.o.Logf("error: %v; retrying on the next change and every %s", err, in.o.Resync)
+	}
+	in.lastErr = err.Error()
+}
+
+// InstallBinaries copies Binaries from the source to the binary directory.
+func (in *Installer) InstallBinaries() error {
+	if gone, err := removeTemps(in.o.BinDir); err != nil {
+		return fmt.Errorf("%s: %w", in.o.BinDir, err)
+	} else if len(gone) > 0 {
+		in.o.Logf("removed temporary files of an earlier run from %s: %s", in.o.BinDir, strings.Join(gone, ", "))
+	}
+	stamps := map[string]stamp{}
+	unchanged := 0
+	for _, b := range Binaries() {
+		src := filepath.Join(in.o.SourceDir, b.Source)
+		changed, err := CopyBinary(src, in.o.BinDir, b.Name)
+		if err != nil {
+			return fmt.Errorf("install %s as %s: %w", src, filepath.Join(in.o.BinDir, b.Name), err)
+		}
+		if changed {
+			in.o.Logf("installed %s", filepath.Join(in.o.BinDir, b.Name))
+		} else {
+			unchanged++
+		}
+		if s, ok := stampOf(filepath.Join(in.o.BinDir, b.Name)); ok {
+			stamps[b.Name] = s
+		}
+	}
+	if unchanged > 0 {
+		in.o.Logf("%d plugins in %s already up to date", unchanged, in.o.BinDir)
+	}
+	in.binStamp = stamps
+	return nil
+}
+
+// binariesTouched reports whether an installed binary was replaced or
+// changed since InstallBinaries (another installer copied its own portmap
+// or bandwidth, say).
+func (in *Installer) binariesTouched() bool {
+	for name, was := range in.binStamp {
+		if now, ok := stampOf(filepath.Join(in.o.BinDir, name)); !ok || now != was {
+			return true
+		}
+	}
+	return false
+}
+
+func stampOf(path string) (stamp, bool) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return stamp{}, false
+	}
+	s := stamp{size: st.Size(), mtime: st.ModTime()}
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		s.ino = int64(sys.Ino)
+	}
+	return s, true
+}
+
+// confNames lists the config directory.
+func (in *Installer) confNames() ([]string, error) {
+	ents, err := os.ReadDir(in.o.ConfDir)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, e := range ents {
+		if e.IsDir() {
+			continue
+		}
+		names = append(names, e.Name())
+	}
+	sort.Strings(names)
+	return names, nil
+}
+
+// Apply makes the config directory what it should be: OwnConflist written,
+// or meshwire's plugins chained into the primary config.
+func (in *Installer) Apply() error {
+	dir := in.o.ConfDir
+	if gone, err := removeTemps(dir); err != nil {
+		return fmt.Errorf("%s: %w", dir, err)
+	} else if len(gone) > 0 {
+		in.o.Logf("removed temporary files of an earlier run from %s: %s", dir, strings.Join(gone, ", "))
+	}
+	names, err := in.confNames()
+	if err != nil {
+		return err
+	}
+	if !in.o.Chain {
+		return in.applyOwn(names)
+	}
+	return in.applyChain(names)
+}
+
+func (in *Installer) applyOwn(names []string) error {
+	dir := in.o.ConfDir
+	changed, err := WriteFile(dir, OwnConflist, in.o.DefaultConflist)
+	if err != nil {
+		return fmt.Errorf("write %s: %w", filepath.Join(dir, OwnConflist), err)
+	}
+	if changed {
+		in.o.Logf("wrote %s", filepath.Join(dir, OwnConflist))
+	}
+	if first := First(append(names, OwnConflist)); first != OwnConflist && first != in.warned {
+		in.o.Logf("warning: runtimes use %s, which sorts before %s", filepath.Join(dir, first), OwnConflist)
+		in.warned = first
+	}
+	return nil
+}
+
+func (in *Installer) applyChain(names []string) error {
+	dir := in.o.ConfDir
+	for _, n := range names {
+		if n == OwnConflist {
+			// Left by a run without --chain: it would shadow the
+			// config meshwire chains into.
+			if err := removeFile(dir, n); err != nil {
+				return fmt.Errorf("remove %s: %w", filepath.Join(dir, n), err)
+			}
+			in.o.Logf("removed %s (written by a run without --chain)", filepath.Join(dir, n))
+		}
+	}
+	primary := Primary(names)
+	if primary == "" {
+		return fmt.Errorf("no CNI config in %s to chain into yet", dir)
+	}
+	path := filepath.Join(dir, primary)
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err
+	}
+	e, err := Chain(data)
+	if err != nil {
+		return fmt.Errorf("%s: %w (left as it is)", path, err)
+	}
+	if !e.Converted {
+		if !e.Changed {
+			return nil
+		}
+		if _, err := WriteFile(dir, primary, e.Out); err != nil {
+			return fmt.Errorf("write %s: %w", path, err)
+		}
+		in.o.Logf("chained %s into %s", describeAdded(e), path)
+		return nil
+	}
+	// A single-plugin config: write the list under the .conflist name,
+	// then remove the old file, so that runtimes always find one of them.
+	target := ConflistName(primary)
+	tpath := filepath.Join(dir, target)
+	if old, err := os.ReadFile(tpath); err == nil {
+		if !EarlierConversion(old, data) {
+			return fmt.Errorf("%s: cannot convert it into %s, which exists and holds another network (left as they are)", path, tpath)
+		}
+	} else if !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	if _, err := WriteFile(dir, target, e.Out); err != nil {
+		return fmt.Errorf("write %s: %w", tpath, err)
+	}
+	if err := removeFile(dir, primary); err != nil {
+		return fmt.Errorf("remove %s (converted into %s): %w", path, tpath, err)
+	}
+	in.o.Logf("converted %s into %s and chained %s", path, tpath, describeAdded(e))
+	return nil
+}
+
+func describeAdded(e Edit) string {
+	if len(e.Added) == 0 {
+		return "nothing new (meshwire's plugins moved back to the end)"
+	}
+	return strings.Join(e.Added, ", ")
+}
+
+// Cleanup takes back the config change: OwnConflist removed, or meshwire's
+// plugins taken out of every config that has them (a config converted from
+// a single plugin stays a list, with that one plugin). The binaries stay:
+// pods still running may need them for DEL.
+func (in *Installer) Cleanup() error {
+	dir := in.o.ConfDir
+	if !in.o.Chain {
+		if _, err := os.Stat(filepath.Join(dir, OwnConflist)); errors.Is(err, os.ErrNotExist) {
+			return nil
+		}
+		if err := removeFile(dir, OwnConflist); err != nil {
+			return fmt.Errorf("remove %s: %w", filepath.Join(dir, OwnConflist), err)
+		}
+		in.o.Logf("removed %s", filepath.Join(dir, OwnConflist))
+		return nil
+	}
+	names, err := in.confNames()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, n := range names {
+		if !IsConfName(n) {
+			continue
+		}
+		path := filepath.Join(dir, n)
+		data, err := os.ReadFile(path)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !bytes.Contains(data, []byte(Marker)) {
+			continue
+		}
+		e, err := Unchain(data)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w (left as it is)", path, err))
+			continue
+		}
+		if !e.Changed {
+			continue
+		}
+		if _, err := WriteFile(dir, n, e.Out); err != nil {
+			errs = append(errs, fmt.Errorf("write %s: %w", path, err))
+			continue
+		}
+		in.o.Logf("removed %s from %s", strings.Join(e.Removed, ", "), path)
+	}
+	return errors.Join(errs...)
+}
+
+// Watch applies the config, then again whenever the config directory
+// changes, and every Resync, until ctx ends. It watches with inotify (see
+// watcher), set up before the first Apply so that no change goes unseen,
+// and falls back to the resync alone when inotify is not available.
+func (in *Installer) Watch(ctx context.Context) {
+	w, err := watchDir(in.o.ConfDir)
+	if err != nil {
+		in.o.Logf("cannot watch %s (%v); checking it every %s", in.o.ConfDir, err, in.o.Resync)
+	} else {
+		in.o.Logf("watching %s", in.o.ConfDir)
+	}
+	defer func() {
+		if w != nil {
+			w.Close()
+		}
+	}()
+	tick := time.NewTicker(in.o.Resync)
+	defer tick.Stop()
+	for {
+		in.report(in.Apply())
+		var events <-chan struct{}
+		if w != nil {
+			events = w.C
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case _, ok := <-events:
+			if !ok {
+				in.o.Logf("lost the watch on %s (%v); checking it every %s", in.o.ConfDir, w.Err(), in.o.Resync)
+				w.Close()
+				w = nil
+				continue
+			}
+			// Let a burst of writes (a writer that is not atomic, a
+			// temporary file then a rename) settle.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(settle):
+			}
+			w.Drain()
+		case <-tick.C:
+			if w == nil {
+				if w, err = watchDir(in.o.ConfDir); err == nil {
+					in.o.Logf("watching %s", in.o.ConfDir)
+				}
+			}
+			if in.binariesTouched() {
+				in.o.Logf("plugins in %s changed; installing again", in.o.BinDir)
+				if err := in.InstallBinaries(); err != nil {
+					in.o.Logf("error: %v", err)
+				}
+			}
+		}
+	}
+}
+
+// settle is how long an event waits for the writes after it.
+const settle = 100 * time.Millisecond
