@@ -1,5 +1,5 @@
 // Package cli is the meshwire command line: add, check, del, ls, gc, demo,
-// fastpath.
+// fastpath, install.
 package cli
 
 import (
@@ -44,6 +44,11 @@ commands:
                  remove it (connections on it keep working until they close)
   fastpath status [--json]
                  whether it is attached, with its counters
+  install --cni-bin-dir DIR --cni-conf-dir DIR [--chain] [--once] [--cleanup-on-exit]
+          [--source-dir DIR] [--fastpath]
+                 node installer (a DaemonSet's container): copy the plugins into the CNI bin
+                 dir, write meshwire's conflist or, with --chain, chain intercept into the
+                 node's primary config; keep it applied until SIGTERM (--once: apply, exit)
   version        print the meshwire version
 
 global flags (anywhere on the line):
@@ -152,6 +157,8 @@ func run(e *env, args []string) error {
 		return e.demo(rest)
 	case "fastpath":
 		return e.fastpath(rest)
+	case "install":
+		return e.install(rest)
 	}
 	return usagef("unknown command %q", cmd)
 }

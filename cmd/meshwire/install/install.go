@@ -45,6 +45,7 @@ type Installer struct {
 	binStamp map[string]stamp // what the installed binaries looked like
 	lastErr  string           // the error last logged, to log a repeat once
 	warned   string           // the shadowing file last warned about
+	applied  bool             // Apply succeeded once: say no more when nothing changes
 }
 
 // stamp identifies a file's version without reading it.
@@ -203,9 +204,21 @@ func (in *Installer) Apply() error {
 		return err
 	}
 	if !in.o.Chain {
-		return in.applyOwn(names)
+		err = in.applyOwn(names)
+	} else {
+		err = in.applyChain(names)
 	}
-	return in.applyChain(names)
+	if err == nil {
+		in.applied = true
+	}
+	return err
+}
+
+// upToDate logs, on the first Apply only, that nothing needed changing.
+func (in *Installer) upToDate(format string, a ...any) {
+	if !in.applied {
+		in.o.Logf(format, a...)
+	}
 }
 
 func (in *Installer) applyOwn(names []string) error {
@@ -216,6 +229,8 @@ func (in *Installer) applyOwn(names []string) error {
 	}
 	if changed {
 		in.o.Logf("wrote %s", filepath.Join(dir, OwnConflist))
+	} else {
+		in.upToDate("%s is up to date", filepath.Join(dir, OwnConflist))
 	}
 	if first := First(append(names, OwnConflist)); first != OwnConflist && first != in.warned {
 		in.o.Logf("warning: runtimes use %s, which sorts before %s", filepath.Join(dir, first), OwnConflist)
@@ -251,6 +266,7 @@ func (in *Installer) applyChain(names []string) error {
 	}
 	if !e.Converted {
 		if !e.Changed {
+			in.upToDate("%s already has meshwire's plugins", path)
 			return nil
 		}
 		if _, err := WriteFile(dir, primary, e.Out); err != nil {
