@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"strings"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -61,6 +62,8 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	}
 	hostName := host.Attrs().Name
 	u.Push(func() { _, _ = link.DeleteByName(hostName) })
+	// As the reference: the host end takes no router advertisements.
+	_, _ = sysctl.Sysctl("net/ipv6/conf/"+hostName+"/accept_ra", "0")
 	if err := attachPort(conf, br, host); err != nil {
 		return err
 	}
@@ -94,6 +97,10 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		steps.Mark("ipam wait")
 		result.IPs, result.Routes, result.DNS = ipamRes.IPs, ipamRes.Routes, ipamRes.DNS
 		gws := planGateways(result, conf.IsGateway, conf.IsDefaultGateway, idxContainer)
+		podSysctls := addressing.PodSysctls(args.IfName, result.IPs, addressing.IfaceSysctls{SetDAD: true, DAD: conf.EnableDAD, ArpNotify: true})
+		if err := addressing.ApplySysctls(ns.Handle, podSysctls); err != nil {
+			return cnierr.Internal("configure %s: %v", args.IfName, err)
+		}
 		if err := addressing.Configure(ns.NL, cont, result.IPs, result.Routes, addressing.Options{DAD: conf.EnableDAD}); err != nil {
 			return cnierr.Internal("configure %s: %v", args.IfName, err)
 		}
@@ -107,9 +114,21 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 				gwLink = vl
 				result.Interfaces = append(result.Interfaces, &current.Interface{Name: vl.Attrs().Name, Mac: vl.Attrs().HardwareAddr.String()})
 			}
+			added := false
 			for _, gw := range append(gws.v4, gws.v6...) {
-				if err := ensureAddr(gwLink, gw, conf.ForceAddress); err != nil {
+				a, err := ensureAddr(gwLink, gw, conf.ForceAddress)
+				if err != nil {
 					return err
+				}
+				added = added || a
+			}
+			if added {
+				// As the reference: a bridge that gets a gateway address
+				// keeps its MAC from then on (the one it had before this
+				// port joined), or it would take its lowest port's and
+				// change it, the pods' gateway MAC, as pods come and go.
+				if err := netlink.LinkSetHardwareAddr(gwLink, gwLink.Attrs().HardwareAddr); err != nil {
+					return cnierr.Internal("pin the MAC of %s: %v", gwLink.Attrs().Name, err)
 				}
 			}
 			if err := addressing.EnableForwarding(len(gws.v4) > 0, len(gws.v6) > 0); err != nil {
@@ -221,9 +240,14 @@ func ensureBridge(c *config) (*netlink.Bridge, error) {
 	if !ok {
 		return nil, cnierr.Field("bridge", "%q exists and is a %s, not a bridge", c.Bridge, l.Type())
 	}
+	// The routes of this bridge are the plugin's: no router advertisements
+	// (set on every ADD, as the reference does, also on a bridge made by
+	// someone else).
+	raKey := fmt.Sprintf("net/ipv6/conf/%s/accept_ra", c.Bridge)
+	if v, err := sysctl.Sysctl(raKey); err == nil && strings.TrimSpace(v) != "0" {
+		_, _ = sysctl.Sysctl(raKey, "0")
+	}
 	if created {
-		// The routes of this bridge are the plugin's: no router advertisements.
-		_, _ = sysctl.Sysctl(fmt.Sprintf("net/ipv6/conf/%s/accept_ra", c.Bridge), "0")
 		// Pin the MAC, or the bridge takes its lowest port's and changes as
 		// pods come and go.
 		_ = netlink.LinkSetHardwareAddr(br, br.HardwareAddr)
@@ -320,26 +344,27 @@ func ensureVlanGateway(c *config, br *netlink.Bridge) (netlink.Link, error) {
 	return gw, nil
 }
 
-// ensureAddr puts the gateway address on the bridge (or VLAN gateway).
-func ensureAddr(l netlink.Link, want net.IPNet, force bool) error {
+// ensureAddr puts the gateway address on the bridge (or VLAN gateway); it
+// reports whether it added it.
+func ensureAddr(l netlink.Link, want net.IPNet, force bool) (bool, error) {
 	fam := netlink.FAMILY_V6
 	if want.IP.To4() != nil {
 		fam = netlink.FAMILY_V4
 	}
 	addrs, err := netlinksafe.AddrList(l, fam)
 	if err != nil {
-		return cnierr.Internal("list addresses of %s: %v", l.Attrs().Name, err)
+		return false, cnierr.Internal("list addresses of %s: %v", l.Attrs().Name, err)
 	}
 	for _, a := range addrs {
 		switch judgeAddr(*a.IPNet, want, force) {
 		case addrHave:
-			return nil
+			return false, nil
 		case addrReplace:
 			if err := netlink.AddrDel(l, &a); err != nil && !errors.Is(err, unix.EADDRNOTAVAIL) {
-				return cnierr.Internal("remove %s from %s: %v", a.IPNet, l.Attrs().Name, err)
+				return false, cnierr.Internal("remove %s from %s: %v", a.IPNet, l.Attrs().Name, err)
 			}
 		case addrConflict:
-			return cnierr.Config("bridge %q already has address %s, which conflicts with gateway %s (set forceAddress to replace it)", l.Attrs().Name, a.IPNet, want.String())
+			return false, cnierr.Config("bridge %q already has address %s, which conflicts with gateway %s (set forceAddress to replace it)", l.Attrs().Name, a.IPNet, want.String())
 		}
 	}
 	ad := &netlink.Addr{IPNet: &want}
@@ -347,9 +372,9 @@ func ensureAddr(l netlink.Link, want net.IPNet, force bool) error {
 		ad.Flags = unix.IFA_F_NODAD
 	}
 	if err := netlink.AddrAdd(l, ad); err != nil && !errors.Is(err, unix.EEXIST) {
-		return cnierr.Internal("add %s to %s: %v", want.String(), l.Attrs().Name, err)
+		return false, cnierr.Internal("add %s to %s: %v", want.String(), l.Attrs().Name, err)
 	}
-	return nil
+	return true, nil
 }
 
 // noVlanFiltering is the error for vlan/vlanTrunk on a kernel built without

@@ -54,10 +54,12 @@ func hostAddrs(ips []*current.IPConfig) []net.IPNet {
 	return out
 }
 
+// hostRoutes have scope host, as the reference's (ip.AddHostRoute), so
+// that `ip route` shows the same on a node that ran either plugin.
 func hostRoutes(ips []*current.IPConfig, linkIndex int) []netlink.Route {
 	var out []netlink.Route
 	for _, ipc := range ips {
-		out = append(out, netlink.Route{LinkIndex: linkIndex, Dst: &net.IPNet{IP: ipc.Address.IP, Mask: hostMask(ipc.Address.IP)}, Scope: netlink.SCOPE_LINK})
+		out = append(out, netlink.Route{LinkIndex: linkIndex, Dst: &net.IPNet{IP: ipc.Address.IP, Mask: hostMask(ipc.Address.IP)}, Scope: netlink.SCOPE_HOST})
 	}
 	return out
 }

@@ -92,6 +92,9 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 			return cnierr.Internal("route %s on %s: %v", r.Dst, hostName, err)
 		}
 	}
+	if err := addressing.ApplySysctls(ns.Handle, addressing.PodSysctls(args.IfName, result.IPs, addressing.IfaceSysctls{})); err != nil {
+		return cnierr.Internal("configure %s: %v", args.IfName, err)
+	}
 	if err := addressing.Configure(ns.NL, cont, result.IPs, nil, addressing.Options{SkipRoutes: true, NoPrefixRoute: true}); err != nil {
 		return cnierr.Internal("configure %s: %v", args.IfName, err)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/vishvananda/netlink"
 
 	"github.com/meshwire/meshwire/internal/cnierr"
 )
@@ -48,6 +49,10 @@ func TestHostSide(t *testing.T) {
 	r := hostRoutes(ips, 9)
 	if len(r) != 2 || r[0].Dst.String() != "198.18.24.5/32" || r[1].Dst.String() != "fd20:0:0:24::5/128" {
 		t.Fatalf("host routes %v", r)
+	}
+	// Scope host, as the reference ptp's ip.AddHostRoute.
+	if r[0].Scope != netlink.SCOPE_HOST || r[1].Scope != netlink.SCOPE_HOST {
+		t.Fatalf("host routes %v: want scope host", r)
 	}
 }
 
