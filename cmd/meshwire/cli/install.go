@@ -47,16 +47,19 @@ func (e *env) install(args []string) error {
 	logger := log.New(e.errOut, "meshwire install: ", log.LstdFlags|log.Lmsgprefix)
 	o.Logf = logger.Printf
 
+	in, err := install.New(o)
+	if err != nil {
+		return fmt.Errorf("install: %w", err)
+	}
 	ctx, cancel := signalContext()
 	defer cancel()
 	attached := false
 	if *withFastpath {
-		var err error
 		if attached, err = attachFastpath(logger); err != nil {
 			return err
 		}
 	}
-	err := install.Run(ctx, o)
+	err = in.Run(ctx)
 	if err != nil {
 		err = fmt.Errorf("install: %w", err)
 	}

@@ -89,14 +89,19 @@ func Run(ctx context.Context, o Options) error {
 	if err != nil {
 		return err
 	}
+	return in.Run(ctx)
+}
+
+// Run is the package's Run with the options New checked.
+func (in *Installer) Run(ctx context.Context) error {
 	if err := in.InstallBinaries(); err != nil {
 		return err
 	}
-	if o.Once {
+	if in.o.Once {
 		return in.Apply()
 	}
 	in.Watch(ctx)
-	if !o.CleanupOnExit {
+	if !in.o.CleanupOnExit {
 		in.o.Logf("stopping; the plugins and the config stay in place")
 		return nil
 	}
