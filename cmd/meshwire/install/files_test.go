@@ -51,9 +51,13 @@ func TestCopyBinaryOverRunning(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.Process.Kill() == nil {
+			<-exited
+		}
+	})
 	oldIno := inode(t, dstPath)
 
 	// A new version: the same program with a few more bytes at the end
