@@ -15,6 +15,14 @@ declare -A need=(
   [iperf3]=iperf3
   [conntrack]=conntrack
   [/usr/lib/cni/bridge]=containernetworking-plugins
+  # containerd's CRI plugin runs pods as kubelet does (test/cri): runc (crun
+  # refuses the hybrid cgroup layout), podman and busybox-static make its
+  # image (the static build: Debian's busybox package has /bin/busybox too).
+  [containerd]=containerd
+  [ctr]=containerd
+  [/usr/sbin/runc]=runc
+  [podman]=podman
+  [/var/lib/dpkg/info/busybox-static.list]=busybox-static
 )
 
 missing=()
@@ -35,9 +43,9 @@ if ((${#missing[@]})); then
     exit 1
   fi
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
+  apt-get -o DPkg::Lock::Timeout=300 update -qq
   # shellcheck disable=SC2086
-  apt-get install -y -qq --no-install-recommends $pkgs >/dev/null
+  apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends $pkgs >/dev/null
 fi
 
 # bpffs is not mounted at boot on these machines; the eBPF fast path pins there.
