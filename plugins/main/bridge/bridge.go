@@ -335,7 +335,11 @@ func ensureVlanGateway(c *config, br *netlink.Bridge) (netlink.Link, error) {
 	if err != nil {
 		return nil, cnierr.Internal("find %s: %v", name, err)
 	}
-	_, _ = sysctl.Sysctl(fmt.Sprintf("net/ipv6/conf/%s/accept_ra", name), "0")
+	// No router advertisements on either end (the reference sets it on the
+	// port, meshwire on the gateway as well).
+	for _, n := range []string{portName, name} {
+		_, _ = sysctl.Sysctl(fmt.Sprintf("net/ipv6/conf/%s/accept_ra", n), "0")
+	}
 	for _, l := range []netlink.Link{port, gw} {
 		if err := netlink.LinkSetUp(l); err != nil {
 			return nil, cnierr.Internal("set %s up: %v", l.Attrs().Name, err)
