@@ -4,11 +4,12 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
 	vnetns "github.com/vishvananda/netns"
+
+	"github.com/meshwire/meshwire/internal/netns"
 )
 
 // Sysctl is one setting under /proc/sys of the pod's namespace.
@@ -68,36 +69,13 @@ func PodSysctls(ifName string, ips []*current.IPConfig, s IfaceSysctls) []Sysctl
 }
 
 // ApplySysctls writes list inside the namespace nsh, each key only when it
-// holds another value. /proc/sys/net shows the namespace of the thread
-// that opens it, so a locked thread enters the namespace for the writes
-// and leaves it; should it fail to leave, it is never handed back to the
-// Go scheduler (the runtime ends it with its goroutine).
+// holds another value (/proc/sys/net shows the namespace of the thread that
+// opens it: netns.Enter runs the writes on a thread inside it).
 func ApplySysctls(nsh vnetns.NsHandle, list []Sysctl) error {
 	if len(list) == 0 {
 		return nil
 	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		orig, err := vnetns.Get()
-		if err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("open the plugin's namespace: %w", err)
-			return
-		}
-		defer orig.Close()
-		if err := vnetns.Set(nsh); err != nil {
-			runtime.UnlockOSThread()
-			errc <- fmt.Errorf("enter the pod's namespace: %w", err)
-			return
-		}
-		err = writeSysctls(list)
-		if vnetns.Set(orig) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
+	return netns.Enter(fmt.Sprintf("/proc/self/fd/%d", int(nsh)), func() error { return writeSysctls(list) })
 }
 
 func writeSysctls(list []Sysctl) error {
