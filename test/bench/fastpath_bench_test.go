@@ -213,7 +213,7 @@ func fastpathBenchRun(b *testing.B, h *harness.H, cfg fastpathBenchConfig, hop, 
 		}
 		dst = ie.AP(ie.RemoteV4, ie.RemotePort)
 	}
-	fastpathBenchSettle(b, cfg.name+", hop")
+	waitSettled(b, cfg.name+", hop")
 	before := counters()
 	fastpathBenchRoundTrips(b, e, dst, hop)
 	after := counters()
@@ -226,7 +226,7 @@ func fastpathBenchRun(b *testing.B, h *harness.H, cfg fastpathBenchConfig, hop, 
 	if cfg.mode != "" {
 		e.StartProxy(cfg.mode == "TPROXY")
 	}
-	fastpathBenchSettle(b, cfg.name+", whole path")
+	waitSettled(b, cfg.name+", whole path")
 	before = counters()
 	fastpathBenchRoundTrips(b, e, ie.AP(ie.RemoteV4, ie.RemotePort), whole)
 	whole.mbps = append(whole.mbps, fastpathBenchBulk(b, e))
@@ -239,12 +239,6 @@ func fastpathBenchRun(b *testing.B, h *harness.H, cfg fastpathBenchConfig, hop, 
 		if code, out := e.IptablesInit("--cleanup-only"); code != 0 {
 			b.Fatalf("iptables-init --cleanup-only: exit %d: %s", code, out)
 		}
-	}
-}
-
-func fastpathBenchSettle(b *testing.B, what string) {
-	if !harness.WaitIdle(30 * time.Second) {
-		b.Logf("the machine did not settle before %s", what)
 	}
 }
 

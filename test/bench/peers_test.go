@@ -71,8 +71,11 @@ func rotate[T any](impls []T, round int) []T {
 func shortName(i impl) string { return strings.TrimPrefix(i.name, "reference ") }
 
 // settle waits for the machine to settle before a timed run of impl.
-func settle(b testing.TB, i impl, what string) {
+func settle(b testing.TB, i impl, what string) { waitSettled(b, i.name+"'s "+what) }
+
+// waitSettled waits (at most 30 s) for the machine to settle before what.
+func waitSettled(b testing.TB, what string) {
 	if !harness.WaitIdle(30 * time.Second) {
-		b.Logf("the machine did not settle before %s's %s", i.name, what)
+		b.Logf("the machine did not settle before %s", what)
 	}
 }
