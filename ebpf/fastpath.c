@@ -103,7 +103,6 @@ enum state_flag {
 struct sock_state {
 	struct sock_key self; // its key in mw_socks and mw_readers
 	struct sock_key peer; // the other end's key
-	struct endpoint ep;
 	__u64 flags;          // enum state_flag, changed with atomic or only
 };
 
@@ -273,6 +272,18 @@ static __always_inline __u32 owned_by_proxy(struct bpf_sock *bsk)
 	return sk && sk->sk_uid.val == proxy_uid;
 }
 
+// endpoint_of is key_of's inverse: the endpoint a key was made of.
+static __always_inline void endpoint_of(struct endpoint *e, const struct sock_key *k)
+{
+	e->netns = k->netns;
+	e->addr[0] = k->addr[0];
+	e->addr[1] = k->addr[1];
+	e->addr[2] = k->addr[2];
+	e->addr[3] = k->addr[3];
+	e->port = k->port;
+	e->family = k->family;
+}
+
 static __always_inline void mark_sidecar(struct bpf_sock_ops *skops)
 {
 	__u64 ns = bpf_get_netns_cookie(skops);
@@ -325,7 +336,6 @@ static __always_inline void client_established(struct bpf_sock_ops *skops)
 	// The server end's key carries this socket's cookie: it exists once
 	// that end has paired with this socket, and names no other.
 	key_of(&st->peer, &e, ROLE_SERVER, cookie);
-	st->ep = e;
 	// Count the endpoint's users; the close callback gives it back.
 	struct endpoint_use use = {.client = cookie, .sockets = 1};
 	if (bpf_map_update_elem(&mw_endpoints, &e, &use, BPF_NOEXIST) != 0) {
@@ -350,7 +360,9 @@ static __always_inline void closed(struct bpf_sock_ops *skops)
 	if (!(st->flags & F_CLIENT))
 		return;
 	__sync_fetch_and_and(&st->flags, ~(__u64)F_CLIENT);
-	struct endpoint e = st->ep;
+	// A client's own key holds its endpoint.
+	struct endpoint e = {};
+	endpoint_of(&e, &st->self);
 	struct endpoint_use *u = bpf_map_lookup_elem(&mw_endpoints, &e);
 	if (u && __sync_fetch_and_add(&u->sockets, -1) == 1)
 		bpf_map_delete_elem(&mw_endpoints, &e);
@@ -384,7 +396,6 @@ static __always_inline void server_established(struct bpf_sock_ops *skops)
 		return;
 	track(skops, st, &k, proxy);
 	key_of(&st->peer, &e, ROLE_CLIENT, client);
-	st->ep = e;
 	count(C_PAIRS, 1);
 }
 

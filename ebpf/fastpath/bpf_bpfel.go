@@ -58,7 +58,6 @@ type bpfSockState struct {
 	_     structs.HostLayout
 	Self  bpfSockKey
 	Peer  bpfSockKey
-	Ep    bpfEndpoint
 	Flags uint64
 }
 
