@@ -17,6 +17,20 @@ func envOf(m map[string]string) func(string) string {
 	return func(k string) string { return m[k] }
 }
 
+// wantUsageError fails t unless err is a usage error naming want.
+func wantUsageError(t *testing.T, err error, want string) {
+	t.Helper()
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	if _, ok := err.(*UsageError); !ok {
+		t.Fatalf("error %T is not a usage error", err)
+	}
+	if !strings.Contains(err.Error(), want) {
+		t.Fatalf("error %q does not name %s", err, want)
+	}
+}
+
 // istioInjected is the command line Istio's sidecar injector gives
 // istio-init.
 var istioInjected = []string{"-p", "15001", "-z", "15006", "-u", "1337", "-m", "REDIRECT", "-i", "*", "-x", "", "-b", "*", "-d", "15090,15021,15020", "--log_output_level=default:info"}
@@ -155,15 +169,7 @@ func TestParseErrors(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			_, err := Parse(tc.args, envOf(tc.env))
-			if err == nil {
-				t.Fatal("accepted")
-			}
-			if _, ok := err.(*UsageError); !ok {
-				t.Fatalf("error %T is not a usage error", err)
-			}
-			if !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("error %q does not name %s", err, tc.want)
-			}
+			wantUsageError(t, err, tc.want)
 		})
 	}
 }

@@ -242,15 +242,7 @@ func TestParseIstioErrors(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(strings.Join(tc.args, " ")+fmt.Sprint(tc.env), func(t *testing.T) {
 			_, err := ParseEnv(tc.args, fakeEnv(tc.env))
-			if err == nil {
-				t.Fatal("accepted")
-			}
-			if _, ok := err.(*UsageError); !ok {
-				t.Fatalf("error %T is not a usage error", err)
-			}
-			if !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("error %q does not name %s", err, tc.want)
-			}
+			wantUsageError(t, err, tc.want)
 		})
 	}
 }
