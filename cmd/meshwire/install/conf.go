@@ -15,7 +15,7 @@ import (
 // object it adds to another installer's config: it finds them again by it
 // (idempotence, re-applying, removal) and never touches an object without
 // it. The spec asks plugins to ignore keys they do not know; meshwire's
-// portmap, bandwidth and intercept do (pluginconf ignores unknown keys and
+// portmap, bandwidth and intercept do (cniplugin ignores unknown keys and
 // intercept only reads keys named after iptables-init's flags), which the
 // end-to-end test checks by running a chained config through the built
 // plugins.

@@ -18,8 +18,8 @@ import (
 	"github.com/containernetworking/cni/pkg/version"
 
 	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/cniplugin"
 	"github.com/meshwire/meshwire/internal/filelock"
-	"github.com/meshwire/meshwire/internal/pluginconf"
 )
 
 // DefaultDataDir is where allocations live unless "dataDir" says otherwise
@@ -103,7 +103,7 @@ func (a *argIP) UnmarshalText(b []byte) error {
 // Load decodes the plugin's stdin and CNI_ARGS.
 func Load(stdin []byte, cniArgs string) (*IPAM, error) {
 	var n rawNet
-	if err := pluginconf.Unmarshal(stdin, &n, ""); err != nil {
+	if err := cniplugin.Unmarshal(stdin, &n, ""); err != nil {
 		return nil, err
 	}
 	if n.Name == "" {

@@ -9,12 +9,12 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 
+	"github.com/meshwire/meshwire/internal/cniplugin"
 	"github.com/meshwire/meshwire/internal/hostlocal"
-	"github.com/meshwire/meshwire/internal/plugin"
 )
 
 func main() {
-	plugin.Main(plugin.Spec{
+	cniplugin.Main(cniplugin.Spec{
 		Name:     hostlocal.Type,
 		Versions: version.All,
 		Funcs:    skel.CNIFuncs{Add: add, Check: hostlocal.Check, Del: hostlocal.Del, GC: hostlocal.GC, Status: hostlocal.Status},

@@ -20,7 +20,7 @@ import (
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/ipmasq"
 	"github.com/meshwire/meshwire/internal/link"
-	"github.com/meshwire/meshwire/internal/vethplugin"
+	"github.com/meshwire/meshwire/internal/podveth"
 )
 
 // Indexes of the interfaces in the ADD result.
@@ -31,8 +31,8 @@ const (
 )
 
 // attachment is the shared view of this call.
-func attachment(c *config, args *skel.CmdArgs) *vethplugin.Attachment {
-	return vethplugin.NewAttachment(args, &c.Base, &c.Common, c.res)
+func attachment(c *config, args *skel.CmdArgs) *podveth.Attachment {
+	return podveth.NewAttachment(args, &c.Base, &c.Common, c.res)
 }
 
 func cmdAdd(args *skel.CmdArgs) (err error) {
@@ -42,7 +42,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	}
 	ctx := context.Background()
 	att := attachment(conf, args)
-	steps := vethplugin.NewSteps()
+	steps := podveth.NewSteps()
 	add, err := att.BeginAdd(ctx)
 	if err != nil {
 		return err
@@ -138,7 +138,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		steps.Mark("addresses")
 		var tail *os.File
 		if conf.IPMasq {
-			undoMasq, t, err := att.SetupMasq(ctx, vethplugin.IPNets(result.IPs))
+			undoMasq, t, err := att.SetupMasq(ctx, podveth.IPNets(result.IPs))
 			if err != nil {
 				return err
 			}
@@ -164,7 +164,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	if l, err := netlinksafe.LinkByName(conf.Bridge); err == nil {
 		result.Interfaces[idxBridge].Mac = l.Attrs().HardwareAddr.String()
 	}
-	if vethplugin.DNSSet(conf.DNS) {
+	if podveth.DNSSet(conf.DNS) {
 		result.DNS = conf.DNS
 	}
 	if err := types.PrintResult(result, conf.CNIVersion); err != nil {

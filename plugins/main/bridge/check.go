@@ -10,7 +10,7 @@ import (
 
 	"github.com/meshwire/meshwire/internal/addressing"
 	"github.com/meshwire/meshwire/internal/cnierr"
-	"github.com/meshwire/meshwire/internal/vethplugin"
+	"github.com/meshwire/meshwire/internal/podveth"
 )
 
 // findInterfaces picks the bridge and the container interface out of a
@@ -38,7 +38,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 }
 
 // checkOwn is the plugin's part of CHECK (IPAM checks its own meanwhile).
-func checkOwn(ctx context.Context, conf *config, att *vethplugin.Attachment, prev *current.Result, args *skel.CmdArgs) error {
+func checkOwn(ctx context.Context, conf *config, att *podveth.Attachment, prev *current.Result, args *skel.CmdArgs) error {
 	brIntf, contIntf, contIdx := findInterfaces(prev, conf.Bridge, args.IfName, args.Netns)
 	if brIntf == nil {
 		return cnierr.CheckFailed("prevResult has no interface for bridge %q", conf.Bridge)
@@ -60,12 +60,12 @@ func checkOwn(ctx context.Context, conf *config, att *vethplugin.Attachment, pre
 	if (br.Promisc != 0) != conf.PromiscMode {
 		return cnierr.CheckFailed("bridge %q promiscuous mode is %v, config says %v", conf.Bridge, br.Promisc != 0, conf.PromiscMode)
 	}
-	ns, err := vethplugin.OpenNS(args.Netns)
+	ns, err := podveth.OpenNS(args.Netns)
 	if err != nil {
 		return err
 	}
 	defer ns.Close()
-	cont, host, err := vethplugin.CheckVeth(ns, prev, contIntf)
+	cont, host, err := podveth.CheckVeth(ns, prev, contIntf)
 	if err != nil {
 		return err
 	}

@@ -3,12 +3,12 @@ package main
 import (
 	"testing"
 
-	"github.com/meshwire/meshwire/internal/vethconf/vethconftest"
+	"github.com/meshwire/meshwire/internal/podveth/podvethtest"
 )
 
 // TestConfExamples: every bridge plugin config in conf/bridge*.conflist is valid.
 func TestConfExamples(t *testing.T) {
-	confs, err := vethconftest.ExampleConfigs("../../../conf/bridge*.conflist", pluginType)
+	confs, err := podvethtest.ExampleConfigs("../../../conf/bridge*.conflist", pluginType)
 	if err != nil || len(confs) == 0 {
 		t.Fatalf("examples: %v (%d configs)", err, len(confs))
 	}

@@ -4,9 +4,9 @@ import (
 	"sort"
 
 	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/cniplugin"
 	"github.com/meshwire/meshwire/internal/link"
-	"github.com/meshwire/meshwire/internal/pluginconf"
-	"github.com/meshwire/meshwire/internal/vethconf"
+	"github.com/meshwire/meshwire/internal/podveth"
 )
 
 const (
@@ -15,10 +15,10 @@ const (
 )
 
 // config is the bridge plugin's config: the reference's keys plus the
-// shared veth keys (internal/vethconf).
+// shared veth keys (internal/podveth).
 type config struct {
-	pluginconf.Base
-	vethconf.Common
+	cniplugin.Base
+	podveth.Common
 	Bridge                    string       `json:"bridge"`
 	IsGateway                 bool         `json:"isGateway"`
 	IsDefaultGateway          bool         `json:"isDefaultGateway"`
@@ -35,7 +35,7 @@ type config struct {
 
 	// Derived by parseConfig.
 	vlans []int
-	res   vethconf.Resolved // what the shared keys resolve to
+	res   podveth.Resolved // what the shared keys resolve to
 }
 
 type vlanTrunk struct {
@@ -47,7 +47,7 @@ type vlanTrunk struct {
 // parseConfig decodes and validates stdin; envArgs is CNI_ARGS.
 func parseConfig(data []byte, envArgs string) (*config, error) {
 	c := &config{Bridge: defaultBridge}
-	if err := pluginconf.Decode(data, pluginType, c); err != nil {
+	if err := cniplugin.Decode(data, pluginType, c); err != nil {
 		return nil, err
 	}
 	if c.Bridge == "" {

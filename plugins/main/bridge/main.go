@@ -9,14 +9,14 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/version"
 
+	"github.com/meshwire/meshwire/internal/cniplugin"
 	"github.com/meshwire/meshwire/internal/detach"
-	"github.com/meshwire/meshwire/internal/plugin"
-	"github.com/meshwire/meshwire/internal/vethplugin"
+	"github.com/meshwire/meshwire/internal/podveth"
 )
 
 func main() {
-	detach.Run(vethplugin.Jobs) // when started as a detached child (announcements, link deletion)
-	plugin.Main(plugin.Spec{
+	detach.Run(podveth.Jobs) // when started as a detached child (announcements, link deletion)
+	cniplugin.Main(cniplugin.Spec{
 		Name:     pluginType,
 		Versions: version.All,
 		Funcs:    skel.CNIFuncs{Add: cmdAdd, Check: cmdCheck, Del: cmdDel, GC: cmdGC, Status: cmdStatus},

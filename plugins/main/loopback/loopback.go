@@ -12,8 +12,8 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/cniplugin"
 	"github.com/meshwire/meshwire/internal/netns"
-	"github.com/meshwire/meshwire/internal/pluginconf"
 )
 
 const pluginType = "loopback"
@@ -25,12 +25,12 @@ const loName = "lo"
 
 // config has no keys of its own: everything is in the shared base.
 type config struct {
-	pluginconf.Base
+	cniplugin.Base
 }
 
 func parseConfig(data []byte) (*config, error) {
 	var c config
-	if err := pluginconf.Decode(data, pluginType, &c); err != nil {
+	if err := cniplugin.Decode(data, pluginType, &c); err != nil {
 		return nil, err
 	}
 	return &c, nil

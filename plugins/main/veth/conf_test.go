@@ -3,12 +3,12 @@ package main
 import (
 	"testing"
 
-	"github.com/meshwire/meshwire/internal/vethconf/vethconftest"
+	"github.com/meshwire/meshwire/internal/podveth/podvethtest"
 )
 
 // TestConfExamples: every veth plugin config in conf/veth*.conflist is valid.
 func TestConfExamples(t *testing.T) {
-	confs, err := vethconftest.ExampleConfigs("../../../conf/veth*.conflist", pluginType)
+	confs, err := podvethtest.ExampleConfigs("../../../conf/veth*.conflist", pluginType)
 	if err != nil || len(confs) == 0 {
 		t.Fatalf("examples: %v (%d configs)", err, len(confs))
 	}

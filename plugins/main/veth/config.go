@@ -2,8 +2,8 @@ package main
 
 import (
 	"github.com/meshwire/meshwire/internal/cnierr"
-	"github.com/meshwire/meshwire/internal/pluginconf"
-	"github.com/meshwire/meshwire/internal/vethconf"
+	"github.com/meshwire/meshwire/internal/cniplugin"
+	"github.com/meshwire/meshwire/internal/podveth"
 )
 
 const pluginType = "veth"
@@ -13,20 +13,20 @@ const pluginType = "veth"
 const refType = "ptp"
 
 type config struct {
-	pluginconf.Base
-	vethconf.Common
+	cniplugin.Base
+	podveth.Common
 
-	res vethconf.Resolved // what the shared keys resolve to
+	res podveth.Resolved // what the shared keys resolve to
 }
 
 func parseConfig(data []byte, envArgs string) (*config, error) {
 	c := &config{}
-	if err := pluginconf.Decode(data, pluginType, c); err != nil {
+	if err := cniplugin.Decode(data, pluginType, c); err != nil {
 		if c.Type != refType {
 			return nil, err
 		}
 		// "ptp" is accepted as this plugin's type: decode again as ptp.
-		if err := pluginconf.Decode(data, refType, c); err != nil {
+		if err := cniplugin.Decode(data, refType, c); err != nil {
 			return nil, err
 		}
 	}

@@ -16,7 +16,7 @@ import (
 	"github.com/meshwire/meshwire/internal/addressing"
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/link"
-	"github.com/meshwire/meshwire/internal/vethplugin"
+	"github.com/meshwire/meshwire/internal/podveth"
 )
 
 // Indexes of the interfaces in the ADD result (as the reference ptp).
@@ -25,8 +25,8 @@ const (
 	idxContainer = 1
 )
 
-func attachment(c *config, args *skel.CmdArgs) *vethplugin.Attachment {
-	return vethplugin.NewAttachment(args, &c.Base, &c.Common, c.res)
+func attachment(c *config, args *skel.CmdArgs) *podveth.Attachment {
+	return podveth.NewAttachment(args, &c.Base, &c.Common, c.res)
 }
 
 func cmdAdd(args *skel.CmdArgs) (err error) {
@@ -105,7 +105,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	}
 	var tail *os.File
 	if conf.IPMasq {
-		undoMasq, t, err := att.SetupMasq(ctx, vethplugin.IPNets(result.IPs))
+		undoMasq, t, err := att.SetupMasq(ctx, podveth.IPNets(result.IPs))
 		if err != nil {
 			return err
 		}
@@ -119,7 +119,7 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		return err
 	}
 	ns.Announce(args.IfName, result.IPs, tail)
-	if vethplugin.DNSSet(conf.DNS) {
+	if podveth.DNSSet(conf.DNS) {
 		result.DNS = conf.DNS
 	}
 	if err := types.PrintResult(result, conf.CNIVersion); err != nil {
@@ -157,17 +157,17 @@ func cmdCheck(args *skel.CmdArgs) error {
 }
 
 // checkOwn is the plugin's part of CHECK (IPAM checks its own meanwhile).
-func checkOwn(ctx context.Context, att *vethplugin.Attachment, prev *current.Result, args *skel.CmdArgs) error {
-	idx := vethplugin.ContainerIndex(prev, args.IfName, args.Netns)
+func checkOwn(ctx context.Context, att *podveth.Attachment, prev *current.Result, args *skel.CmdArgs) error {
+	idx := podveth.ContainerIndex(prev, args.IfName, args.Netns)
 	if idx < 0 {
 		return cnierr.CheckFailed("prevResult has no interface %q in sandbox %s", args.IfName, args.Netns)
 	}
-	ns, err := vethplugin.OpenNS(args.Netns)
+	ns, err := podveth.OpenNS(args.Netns)
 	if err != nil {
 		return err
 	}
 	defer ns.Close()
-	cont, host, err := vethplugin.CheckVeth(ns, prev, prev.Interfaces[idx])
+	cont, host, err := podveth.CheckVeth(ns, prev, prev.Interfaces[idx])
 	if err != nil {
 		return err
 	}

@@ -8,7 +8,7 @@ import (
 	"strings"
 
 	"github.com/meshwire/meshwire/internal/cnierr"
-	"github.com/meshwire/meshwire/internal/pluginconf"
+	"github.com/meshwire/meshwire/internal/cniplugin"
 )
 
 const pluginType = "bandwidth"
@@ -40,7 +40,7 @@ func (r *rawEntry) empty() bool {
 }
 
 type config struct {
-	pluginconf.Base
+	cniplugin.Base
 	rawEntry
 	RuntimeConfig struct {
 		Bandwidth *rawEntry `json:"bandwidth,omitempty"`
@@ -96,7 +96,7 @@ func parseConfig(data []byte) (*config, Bandwidth, error) {
 // what ADD did whatever the limits say now, and must not fail over them.
 func decodeConfig(data []byte) (*config, error) {
 	var c config
-	if err := pluginconf.Decode(data, pluginType, &c); err != nil {
+	if err := cniplugin.Decode(data, pluginType, &c); err != nil {
 		return nil, err
 	}
 	return &c, nil

@@ -12,8 +12,8 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/cniplugin"
 	"github.com/meshwire/meshwire/internal/intercept/flags"
-	"github.com/meshwire/meshwire/internal/pluginconf"
 )
 
 const pluginType = "intercept"
@@ -31,7 +31,7 @@ var ruleKeys = []string{
 }
 
 type config struct {
-	pluginconf.Base
+	cniplugin.Base
 	// ExcludeNamespaces are Kubernetes namespaces never intercepted
 	// (default kube-system; [] excludes none).
 	ExcludeNamespaces *[]string `json:"excludeNamespaces"`
@@ -78,11 +78,11 @@ func parsePodConfig(data []byte, cniArgs string) (*config, flags.Options, decisi
 
 func decodeConfig(data []byte) (*config, []string, error) {
 	var c config
-	if err := pluginconf.Decode(data, pluginType, &c); err != nil {
+	if err := cniplugin.Decode(data, pluginType, &c); err != nil {
 		return nil, nil, err
 	}
 	var raw map[string]json.RawMessage
-	if err := pluginconf.Unmarshal(data, &raw, ""); err != nil {
+	if err := cniplugin.Unmarshal(data, &raw, ""); err != nil {
 		return nil, nil, err
 	}
 	args, err := configArgs(raw)

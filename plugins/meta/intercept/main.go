@@ -9,11 +9,11 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/version"
 
-	"github.com/meshwire/meshwire/internal/plugin"
+	"github.com/meshwire/meshwire/internal/cniplugin"
 )
 
 func main() {
-	plugin.Main(plugin.Spec{
+	cniplugin.Main(cniplugin.Spec{
 		Name:     pluginType,
 		Versions: version.VersionsStartingFrom("0.3.0"),
 		Funcs:    skel.CNIFuncs{Add: cmdAdd, Check: cmdCheck, Del: cmdDel, GC: cmdGC, Status: cmdStatus},

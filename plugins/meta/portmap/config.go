@@ -8,8 +8,8 @@ import (
 	"sync"
 
 	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/cniplugin"
 	"github.com/meshwire/meshwire/internal/firewall"
-	"github.com/meshwire/meshwire/internal/pluginconf"
 )
 
 const pluginType = "portmap"
@@ -30,7 +30,7 @@ type PortMapEntry struct {
 // rawConfig is the plugin config as the user (and the runtime) writes it:
 // every key of the reference portmap plugin.
 type rawConfig struct {
-	pluginconf.Base
+	cniplugin.Base
 	Backend              *string   `json:"backend,omitempty"`
 	SNAT                 *bool     `json:"snat,omitempty"`
 	MasqAll              bool      `json:"masqAll,omitempty"`
@@ -76,7 +76,7 @@ var chainName = lazyRegexp(`^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,27}$`)
 // auto-detection of the backend happens later, only when needed.
 func parseConfig(data []byte) (*config, error) {
 	var raw rawConfig
-	if err := pluginconf.Decode(data, pluginType, &raw); err != nil {
+	if err := cniplugin.Decode(data, pluginType, &raw); err != nil {
 		return nil, err
 	}
 	return validate(&raw)

@@ -1,11 +1,12 @@
-// Package plugin is the common main of every meshwire CNI plugin binary.
+// Package cniplugin is what every meshwire CNI plugin binary shares: its
+// main (Main, Run) and the decoding of its config (Base, Decode, Unmarshal).
 //
-// It puts the spec's checks in front of skel (a missing or unknown
+// Main puts the spec's checks in front of skel (a missing or unknown
 // CNI_COMMAND is code 4, never a silent exit 0), answers VERSION with the
 // supported spec versions plus the meshwire build, turns panics into CNI
 // errors, and, when asked by the config or the environment, logs every
 // command with its duration and outcome to a file (never to stdout).
-package plugin
+package cniplugin
 
 import (
 	"encoding/json"

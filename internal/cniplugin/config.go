@@ -1,12 +1,12 @@
-// Package pluginconf decodes meshwire plugin configs with errors that name
-// the field at fault.
+// Config decoding, with errors that name the field at fault.
 //
 // Every plugin config embeds Base: the spec's common keys plus meshwire's
 // optional "log" object. Decode turns undecodable input into code 6 and a
 // well-formed config with a bad value (wrong JSON type, wrong plugin type, bad
 // log settings, an unparsable prevResult) into code 7. Unknown keys are
 // ignored, as the spec asks: runtimes add keys of their own.
-package pluginconf
+
+package cniplugin
 
 import (
 	"encoding/json"

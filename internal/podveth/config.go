@@ -1,9 +1,9 @@
-// Package vethconf decodes and validates the config keys the veth-based
-// interface plugins (bridge, veth) share with each other and with the
-// reference plugins: mtu, ipMasq, ipMasqBackend, the container MAC from the
-// "mac" capability, args.cni.mac or CNI_ARGS MAC=, and meshwire's
-// hostVethPrefix.
-package vethconf
+package podveth
+
+// Common and Resolved are the config keys the veth-based interface plugins
+// (bridge, veth) share with each other and with the reference plugins: mtu,
+// ipMasq, ipMasqBackend, the container MAC from the "mac" capability,
+// args.cni.mac or CNI_ARGS MAC=, and meshwire's hostVethPrefix.
 
 import (
 	"net"

@@ -1,4 +1,4 @@
-package vethconf
+package podveth
 
 import (
 	"strings"

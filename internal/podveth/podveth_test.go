@@ -1,4 +1,4 @@
-package vethplugin
+package podveth
 
 import (
 	"errors"

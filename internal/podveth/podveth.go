@@ -1,9 +1,9 @@
-// Package vethplugin holds the steps of ADD, DEL, CHECK, STATUS and GC that
-// the veth-based interface plugins (bridge, veth) share: opening the pod's
-// namespace, announcing addresses, tearing an attachment down in parallel
-// (IPAM, links, masquerade), and the firewall and IPAM parts of CHECK,
-// STATUS and GC.
-package vethplugin
+// Package podveth is what the veth-based interface plugins (bridge, veth)
+// share: their common config keys, the pod's veth pair, and the steps of
+// ADD, DEL, CHECK, STATUS and GC around it (addresses announced, an
+// attachment torn down in parallel: IPAM, links, masquerade; the firewall
+// and IPAM parts of CHECK, STATUS and GC).
+package podveth
 
 import (
 	"context"
@@ -26,6 +26,7 @@ import (
 	"github.com/meshwire/meshwire/internal/addressing"
 	"github.com/meshwire/meshwire/internal/announce"
 	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/cniplugin"
 	"github.com/meshwire/meshwire/internal/detach"
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/hostlocal"
@@ -33,9 +34,7 @@ import (
 	"github.com/meshwire/meshwire/internal/ipmasq"
 	"github.com/meshwire/meshwire/internal/link"
 	"github.com/meshwire/meshwire/internal/netns"
-	"github.com/meshwire/meshwire/internal/pluginconf"
 	"github.com/meshwire/meshwire/internal/undo"
-	"github.com/meshwire/meshwire/internal/vethconf"
 )
 
 // NS is the pod's namespace, open for netlink requests from the host thread.
@@ -90,7 +89,7 @@ func (n *NS) StillThere(path string) error {
 }
 
 // Jobs are the detached jobs of the veth-based plugins; their main calls
-// detach.Run(vethplugin.Jobs) first.
+// detach.Run(podveth.Jobs) first.
 var Jobs = map[string]detach.Job{
 	announce.JobName:   announce.Job,
 	link.DeleteJobName: link.DeleteJob,
@@ -170,7 +169,7 @@ type Attachment struct {
 
 // NewAttachment is the shared view of one plugin call: base and common are
 // the decoded config's shared parts, r what common.Validate derived.
-func NewAttachment(args *skel.CmdArgs, base *pluginconf.Base, common *vethconf.Common, r vethconf.Resolved) *Attachment {
+func NewAttachment(args *skel.CmdArgs, base *cniplugin.Base, common *Common, r Resolved) *Attachment {
 	prev, err := base.PrevResultCurrent()
 	return &Attachment{
 		Args: args, Network: base.Name, IPAMType: base.IPAM.Type, IPMasq: common.IPMasq,

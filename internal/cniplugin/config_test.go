@@ -1,4 +1,4 @@
-package pluginconf
+package cniplugin
 
 import (
 	"errors"

@@ -1,6 +1,6 @@
-// Package vethconftest helps the veth-based plugins' tests: it is imported
+// Package podvethtest helps the veth-based plugins' tests: it is imported
 // by tests only, so the plugin binaries do not carry libcni.
-package vethconftest
+package podvethtest
 
 import (
 	"fmt"
