@@ -10,7 +10,7 @@ import "testing"
 func TestReferenceNames(t *testing.T) {
 	const cid = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
 	for _, c := range []struct {
-		net, id, ifname                                    string
+		net, id, ifname                                     string
 		chain, comment, dn, sn, nftComment, ifb, nftNetHash string
 	}{
 		{"mynet", "c1", "eth0", "CNI-f0bca4ac77cde1bf2f3da5df", "name: \"mynet\" id: \"c1\"", "CNI-DN-f0bca4ac77cde1bf2f3da", "CNI-SN-f0bca4ac77cde1bf2f3da", "d23676b4f2d9fe04-f4d01f2ef4b92245, net: mynet, if: eth0, id: c1", "bwpf0bca4ac77cd", "d23676b4f2d9fe04"},
