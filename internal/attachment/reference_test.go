@@ -41,6 +41,14 @@ func TestReferenceNames(t *testing.T) {
 	}
 }
 
+// TestReferenceIfbName: the value bandwidth's tests pinned before the name
+// moved here.
+func TestReferenceIfbName(t *testing.T) {
+	if got := (Reference{Network: "net", ContainerID: "c1"}).IfbName(); got != "bwp623e1c388032" {
+		t.Errorf("IfbName = %q, want bwp623e1c388032", got)
+	}
+}
+
 // TestReferencePortmapCommentCut: the reference cuts iptables comments
 // longer than 255 bytes to 253 and "...".
 func TestReferencePortmapCommentCut(t *testing.T) {
