@@ -66,12 +66,6 @@ func NotAvailable(format string, a ...any) *types.Error {
 	return newf(CodeNotAvailable, format, a...)
 }
 
-// LimitedConnectivity is the STATUS answer of a plugin that can serve ADD but
-// whose pods would not get full connectivity (code 51).
-func LimitedConnectivity(format string, a ...any) *types.Error {
-	return newf(CodeLimitedConnectivity, format, a...)
-}
-
 // Internal wraps an unexpected failure (code 999) keeping its message.
 func Internal(format string, a ...any) *types.Error {
 	return newf(CodeInternal, format, a...)

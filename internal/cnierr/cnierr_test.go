@@ -21,7 +21,6 @@ func TestCodesAndMessages(t *testing.T) {
 		{Config("a and b conflict"), 7, "invalid config: a and b conflict"},
 		{TryAgain("busy"), 11, "busy"},
 		{NotAvailable("no"), 50, "no"},
-		{LimitedConnectivity("meh"), 51, "meh"},
 		{CheckFailed("lo is down"), 999, "check failed: lo is down"},
 	}
 	for _, c := range cases {

@@ -23,6 +23,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -39,14 +40,10 @@ const (
 // holdJob is the built-in job of a child that only carries tails.
 const holdJob = "hold"
 
-// Start runs job with arg in a detached child and returns once it started.
-func Start(job, arg string, files ...*os.File) error {
-	return StartHolding(job, arg, files, nil)
-}
-
-// StartHolding is Start with tails: they are passed after files, and the
-// child closes them only once its job is done and this process has exited.
-// The caller closes its own copies after the call.
+// StartHolding runs job with arg in a detached child and returns once it
+// started. files are passed from descriptor 3 on; tails, when given, come
+// after them, and the child closes them only once its job is done and this
+// process has exited. The caller closes its own copies after the call.
 func StartHolding(job, arg string, files, tails []*os.File) error {
 	exe, err := os.Executable()
 	if err != nil {
@@ -93,11 +90,12 @@ var lifelines struct {
 // Hold hands tails to a detached child that does nothing else.
 func Hold(tails ...*os.File) error { return StartHolding(holdJob, "", nil, tails) }
 
-// Job is the work of a detached child; it gets the arg given to Start.
+// Job is the work of a detached child; it gets the arg given to StartHolding.
 type Job func(arg string) error
 
-// Run does the job when this process was started by Start, and exits;
-// otherwise it returns at once. Plugins call it first thing in main.
+// Run does the job when this process was started by StartHolding or Hold,
+// and exits; otherwise it returns at once. Plugins call it first thing in
+// main.
 func Run(jobs map[string]Job) {
 	v, ok := os.LookupEnv(envJob)
 	if !ok {
@@ -130,12 +128,9 @@ func dispatch(jobs map[string]Job, v string) error {
 	if v == holdJob+":" {
 		return nil
 	}
-	for i := 0; i < len(v); i++ {
-		if v[i] == ':' {
-			if job, ok := jobs[v[:i]]; ok {
-				return job(v[i+1:])
-			}
-			break
+	if name, arg, ok := strings.Cut(v, ":"); ok {
+		if job, ok := jobs[name]; ok {
+			return job(arg)
 		}
 	}
 	return fmt.Errorf("unknown detached job %q", v)

@@ -29,11 +29,6 @@ func Acquire(path string, timeout time.Duration) (*Lock, error) {
 	return acquire(path, timeout, unix.LOCK_EX)
 }
 
-// AcquireShared takes a shared lock: readers exclude writers, not each other.
-func AcquireShared(path string, timeout time.Duration) (*Lock, error) {
-	return acquire(path, timeout, unix.LOCK_SH)
-}
-
 func acquire(path string, timeout time.Duration, how int) (*Lock, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("lock %s: %w", path, err)

@@ -32,23 +32,6 @@ func TestTimeoutIsTryAgain(t *testing.T) {
 	l2.Release()
 }
 
-func TestSharedLocks(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "lock")
-	a, err := AcquireShared(p, time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := AcquireShared(p, 100*time.Millisecond)
-	if err != nil {
-		t.Fatalf("two readers: %v", err)
-	}
-	if _, err := Acquire(p, 50*time.Millisecond); cnierr.Code(err) != cnierr.CodeTryAgainLater {
-		t.Fatalf("writer got in beside readers: %v", err)
-	}
-	a.Release()
-	b.Release()
-}
-
 // TestMutualExclusion: the lock really excludes (a counter incremented
 // non-atomically under it never loses an update).
 func TestMutualExclusion(t *testing.T) {

@@ -16,6 +16,3 @@ func (s *Stack) Run() {
 	}
 	s.steps = nil
 }
-
-// Forget drops the recorded steps (the operation succeeded).
-func (s *Stack) Forget() { s.steps = nil }

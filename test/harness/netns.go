@@ -168,16 +168,6 @@ func (n *NS) IPTablesSave(tool, table string) string {
 	return strings.Join(lines, "\n")
 }
 
-// NftRuleset returns `nft list ruleset` inside the namespace.
-func (n *NS) NftRuleset() string {
-	n.h.T.Helper()
-	out, err := n.Exec("nft", "list", "ruleset")
-	if err != nil {
-		n.h.T.Fatalf("nft list ruleset in %s: %v: %s", n.Name, err, out)
-	}
-	return out
-}
-
 // NewOutside makes a namespace standing for a host elsewhere on the network,
 // linked to the host by a veth pair: the host end hostName (removed at
 // cleanup) gets hostAddrs, the far end eth0 gets farAddrs, all without

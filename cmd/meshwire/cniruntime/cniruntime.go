@@ -29,9 +29,9 @@ import (
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
-// LoopbackConflist is the network every pod gets on "lo" before its own
+// loopbackConflist is the network every pod gets on "lo" before its own
 // conflist, as container runtimes do.
-const LoopbackConflist = `{"cniVersion":"1.1.0","name":"meshwire-loopback","plugins":[{"type":"loopback"}]}`
+const loopbackConflist = `{"cniVersion":"1.1.0","name":"meshwire-loopback","plugins":[{"type":"loopback"}]}`
 
 // Attachment is one conflist run on one interface of a pod.
 type Attachment struct {
@@ -98,7 +98,7 @@ func Plan(conflist []byte, ifName string) ([]Attachment, error) {
 		return []Attachment{{Network: list.Name, IfName: "lo", Conflist: conflist}}, nil
 	}
 	return []Attachment{
-		{Network: "meshwire-loopback", IfName: "lo", Conflist: json.RawMessage(LoopbackConflist)},
+		{Network: "meshwire-loopback", IfName: "lo", Conflist: json.RawMessage(loopbackConflist)},
 		{Network: list.Name, IfName: ifName, Conflist: conflist},
 	}, nil
 }

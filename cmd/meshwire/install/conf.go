@@ -177,17 +177,6 @@ func Unchain(conf []byte) (Edit, error) {
 	return Edit{Out: out, Changed: !bytes.Equal(out, conf), Removed: removed}, nil
 }
 
-// IsList reports whether conf is a config list (has "plugins") rather than
-// a single plugin's config.
-func IsList(conf []byte) (bool, error) {
-	top, err := parseObject(conf, 0)
-	if err != nil {
-		return false, err
-	}
-	_, ok := top.get("plugins")
-	return ok, nil
-}
-
 // HasMarker reports whether any plugin of a config list carries Marker.
 // Input that does not parse has none.
 func HasMarker(conf []byte) bool {

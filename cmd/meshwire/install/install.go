@@ -80,19 +80,11 @@ func New(o Options) (*Installer, error) {
 	return &Installer{o: o}, nil
 }
 
-// Run installs, then, unless o.Once, keeps the config applied until ctx
-// ends, and then with o.CleanupOnExit takes it back. With o.Once, an error
-// (a config that is not JSON, no primary config to chain into) is returned;
-// while watching it is logged and retried at the next change or resync.
-func Run(ctx context.Context, o Options) error {
-	in, err := New(o)
-	if err != nil {
-		return err
-	}
-	return in.Run(ctx)
-}
-
-// Run is the package's Run with the options New checked.
+// Run installs, then, unless the options' Once, keeps the config applied
+// until ctx ends, and then with CleanupOnExit takes it back. With Once, an
+// error (a config that is not JSON, no primary config to chain into) is
+// returned; while watching it is logged and retried at the next change or
+// resync.
 func (in *Installer) Run(ctx context.Context) error {
 	if err := in.InstallBinaries(); err != nil {
 		return err

@@ -249,7 +249,7 @@ func TestApplyChainInvalid(t *testing.T) {
 		t.Fatal("files changed")
 	}
 	// Run with Once returns the error.
-	if err := Run(context.Background(), n.options()); err == nil {
+	if err := run(context.Background(), n.options()); err == nil {
 		t.Fatal("Run --once with an invalid primary config succeeded")
 	}
 
@@ -314,7 +314,7 @@ func TestWatch(t *testing.T) {
 	o.Once, o.CleanupOnExit, o.Resync = false, true, time.Hour // events only
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Run(ctx, o) }()
+	go func() { done <- run(ctx, o) }()
 	stopped := false
 	defer func() {
 		if !stopped {
@@ -348,4 +348,13 @@ func TestWatch(t *testing.T) {
 		t.Fatalf("after cleanup:\n%s", got)
 	}
 	t.Logf("log:\n%s", n.log)
+}
+
+// run is New and Run, as `meshwire install` does them.
+func run(ctx context.Context, o Options) error {
+	in, err := New(o)
+	if err != nil {
+		return err
+	}
+	return in.Run(ctx)
 }

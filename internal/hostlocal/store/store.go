@@ -456,16 +456,6 @@ func (t *Tx) ForEach(fn func(Allocation) error) error {
 	})
 }
 
-// Count is the number of allocations (O(n): for STATUS and tests).
-func (t *Tx) Count() int {
-	n := 0
-	c := t.ips.Cursor()
-	for k, _ := c.First(); k != nil; k, _ = c.Next() {
-		n++
-	}
-	return n
-}
-
 func lastReservedKey(rangeSet int) []byte {
 	return []byte("lastReserved." + strconv.Itoa(rangeSet))
 }

@@ -35,10 +35,6 @@ func (b *bits) UnmarshalJSON(data []byte) error {
 	return nil
 }
 
-func (r *rawEntry) empty() bool {
-	return r.IngressRate == nil && r.IngressBurst == nil && r.EgressRate == nil && r.EgressBurst == nil
-}
-
 type config struct {
 	cniplugin.Base
 	rawEntry
