@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"net"
+	"slices"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -11,6 +12,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
+	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/netns"
 )
@@ -37,7 +39,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	ifb, err := shape(conf.Name, args, dev, bw)
+	ifb, err := shape(idOf(conf.Name, args), dev, bw)
 	if err != nil {
 		return err
 	}
@@ -47,14 +49,19 @@ func cmdAdd(args *skel.CmdArgs) error {
 	return types.PrintResult(prev, conf.CNIVersion)
 }
 
+// idOf is the attachment a call is about.
+func idOf(network string, args *skel.CmdArgs) attachment.ID {
+	return attachment.ID{Network: network, ContainerID: args.ContainerID, IfName: args.IfName}
+}
+
 // shape installs both directions on the host end dev, undoing everything
 // on failure. It returns the ifb device when egress is shaped.
-func shape(network string, args *skel.CmdArgs, dev netlink.Link, bw Bandwidth) (ifb netlink.Link, err error) {
+func shape(id attachment.ID, dev netlink.Link, bw Bandwidth) (ifb netlink.Link, err error) {
 	tick := netlink.TickInUsec()
-	name := ifbName(network, args.ContainerID, args.IfName)
+	name := id.Ifb()
 	defer func() {
 		if err != nil {
-			if uerr := errors.Join(teardownIfb(name, dev), removeTbf(dev)); uerr != nil {
+			if uerr := errors.Join(teardownIfb(name, dev, id.Network), removeTbf(dev)); uerr != nil {
 				slog.Warn("undoing a failed ADD", "error", uerr)
 			}
 		}
@@ -69,9 +76,9 @@ func shape(network string, args *skel.CmdArgs, dev netlink.Link, bw Bandwidth) (
 		return nil, err
 	}
 	if !bw.Egress.Shaped() {
-		return nil, teardownIfb(name, dev)
+		return nil, teardownIfb(name, dev, id.Network)
 	}
-	info := ifbInfo{Net: networkTag(network), Dev: dev.Attrs().Index, ContainerID: args.ContainerID, IfName: args.IfName}
+	info := ifbInfo{Net: attachment.NetworkTag(id.Network), Dev: dev.Attrs().Index, ContainerID: id.ContainerID, IfName: id.IfName}
 	ifb, info, created, err := createIfb(name, dev.Attrs().MTU, info)
 	if err != nil {
 		return nil, err
@@ -119,10 +126,16 @@ func cmdDel(args *skel.CmdArgs) error {
 			return err
 		}
 	}
-	if err := teardownIfb(ifbName(conf.Name, args.ContainerID, args.IfName), dev); err != nil {
-		return err
+	// Both forms of the ifb's name (see attachment.IfbNames).
+	id := idOf(conf.Name, args)
+	for _, name := range id.IfbNames() {
+		if err := teardownIfb(name, dev, id.Network); err != nil {
+			return err
+		}
 	}
-	return deleteReferenceIfb(referenceIfbName(conf.Name, args.ContainerID))
+	// And the reference plugin's, for pods it set up before meshwire
+	// replaced it.
+	return deleteReferenceIfb(attachment.Reference{Network: id.Network, ContainerID: id.ContainerID}.IfbName())
 }
 
 func cmdCheck(args *skel.CmdArgs) error {
@@ -134,11 +147,26 @@ func cmdCheck(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	obs, err := observe(dev, ifbName(conf.Name, args.ContainerID, args.IfName))
+	obs, err := observeIfb(dev, idOf(conf.Name, args).IfbNames())
 	if err != nil {
 		return err
 	}
-	return verify(bw, dev.Attrs().MTU, netlink.TickInUsec(), networkTag(conf.Name), obs)
+	return verify(bw, dev.Attrs().MTU, netlink.TickInUsec(), attachment.NetworkTags(conf.Name), obs)
+}
+
+// observeIfb observes the attachment's shaping through the first of names
+// (the forms of its ifb's name) that exists, or the first when none does.
+func observeIfb(dev netlink.Link, names []string) (observed, error) {
+	first, err := observe(dev, names[0])
+	if err != nil || first.Ifb {
+		return first, err
+	}
+	for _, name := range names[1:] {
+		if o, err := observe(dev, name); err != nil || o.Ifb {
+			return o, err
+		}
+	}
+	return first, nil
 }
 
 // observed is what the kernel shows of one attachment's shaping.
@@ -188,7 +216,7 @@ func observe(dev netlink.Link, name string) (observed, error) {
 
 // verify is CHECK's decision: the kernel must show exactly the shaping the
 // config asks for.
-func verify(bw Bandwidth, mtu int, tick float64, netTag string, o observed) error {
+func verify(bw Bandwidth, mtu int, tick float64, netTags []string, o observed) error {
 	if bw.Ingress.Shaped() {
 		if o.RootTbf == nil {
 			return cnierr.CheckFailed("ingress: no meshwire tbf at the root of %s", o.Dev)
@@ -208,7 +236,7 @@ func verify(bw Bandwidth, mtu int, tick float64, netTag string, o observed) erro
 	switch info, ok := parseAlias(o.IfbAlias); {
 	case !o.Ifb:
 		return cnierr.CheckFailed("egress: ifb device %s is missing", o.IfbName)
-	case !ok || info.Net != netTag:
+	case !ok || !slices.Contains(netTags, info.Net):
 		return cnierr.CheckFailed("egress: %s does not belong to this network (alias %q)", o.IfbName, o.IfbAlias)
 	case !o.IfbUp:
 		return cnierr.CheckFailed("egress: %s is down", o.IfbName)
@@ -243,14 +271,14 @@ func cmdGC(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	valid := make([]attachmentID, 0, len(conf.ValidAttachments))
+	valid := make([]attachment.ID, 0, len(conf.ValidAttachments))
 	for _, a := range conf.ValidAttachments {
-		valid = append(valid, attachmentID{ContainerID: a.ContainerID, IfName: a.IfName})
+		valid = append(valid, attachment.ID{Network: conf.Name, ContainerID: a.ContainerID, IfName: a.IfName})
 	}
 	var errs []error
 	for _, name := range gcVictims(conf.Name, devs, valid) {
 		slog.Info("GC: removing stale ifb", "ifb", name)
-		if err := teardownIfb(name, nil); err != nil {
+		if err := teardownIfb(name, nil, conf.Name); err != nil {
 			errs = append(errs, err)
 		}
 	}

@@ -1,9 +1,11 @@
 package main
 
 import (
+	"slices"
 	"strings"
 	"testing"
 
+	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/cnierr"
 )
 
@@ -109,22 +111,25 @@ func TestTbfFor(t *testing.T) {
 }
 
 func TestIfbName(t *testing.T) {
-	a := ifbName("net", "c1", "eth0")
+	id := attachment.ID{Network: "net", ContainerID: "c1", IfName: "eth0"}
+	a := id.Ifb()
 	if len(a) != 15 || !strings.HasPrefix(a, "mwbw") {
 		t.Fatalf("%q: want 15 bytes starting mwbw", a)
 	}
-	for _, other := range []string{ifbName("net2", "c1", "eth0"), ifbName("net", "c2", "eth0"), ifbName("net", "c1", "eth1"), ifbName("ne", "tc1", "eth0")} {
-		if other == a {
+	for _, other := range []attachment.ID{{Network: "net", ContainerID: "c2", IfName: "eth0"}, {Network: "net", ContainerID: "c1", IfName: "eth1"}, {Network: "net", ContainerID: "c", IfName: "1eth0"}} {
+		if other.Ifb() == a {
 			t.Fatalf("%q is shared by two attachments", a)
 		}
 	}
-	if ifbName("net", "c1", "eth0") != a {
-		t.Fatal("not deterministic")
+	// The network is in the alias, not in the name; DEL, CHECK and GC also
+	// look for the older name, which held it.
+	if names := id.IfbNames(); len(names) != 2 || names[0] != a || names[1] != attachment.LegacyIfb("net", "c1", "eth0") {
+		t.Fatalf("IfbNames = %q", names)
 	}
 }
 
 func TestAlias(t *testing.T) {
-	in := ifbInfo{Net: networkTag("n"), Dev: 42, OwnsIngress: true, ContainerID: "abc", IfName: "eth0"}
+	in := ifbInfo{Net: attachment.NetworkTag("n"), Dev: 42, OwnsIngress: true, ContainerID: "abc", IfName: "eth0"}
 	out, ok := parseAlias(in.alias())
 	if !ok || out != in {
 		t.Fatalf("round trip: %+v -> %q -> %+v %v", in, in.alias(), out, ok)
@@ -142,29 +147,40 @@ func TestAlias(t *testing.T) {
 
 func TestGCVictims(t *testing.T) {
 	mine := func(net, id string) (string, string) {
-		return ifbName(net, id, "eth0"), ifbInfo{Net: networkTag(net), ContainerID: id, IfName: "eth0"}.alias()
+		return attachment.ID{Network: net, ContainerID: id, IfName: "eth0"}.Ifb(), ifbInfo{Net: attachment.NetworkTag(net), ContainerID: id, IfName: "eth0"}.alias()
+	}
+	// As meshwire named and tagged them before package attachment.
+	old := func(net, id string) (string, string) {
+		return attachment.LegacyIfb(net, id, "eth0"), ifbInfo{Net: attachment.LegacyBandwidthNetworkTag(net), ContainerID: id, IfName: "eth0"}.alias()
 	}
 	devs := map[string]string{}
 	for _, x := range []struct{ net, id string }{{"a", "keep"}, {"a", "stale"}, {"b", "other"}} {
 		n, al := mine(x.net, x.id)
 		devs[n] = al
 	}
+	for _, x := range []struct{ net, id string }{{"a", "keepold"}, {"a", "staleold"}, {"b", "otherold"}} {
+		n, al := old(x.net, x.id)
+		devs[n] = al
+	}
 	devs["mwbwforeign0000"] = "not ours"
 	devs["ifb0"] = ""
-	got := gcVictims("a", devs, []attachmentID{{"keep", "eth0"}, {"gone", "eth0"}})
+	valid := func(ids ...string) []attachment.ID {
+		var out []attachment.ID
+		for _, id := range ids {
+			out = append(out, attachment.ID{ContainerID: id, IfName: "eth0"})
+		}
+		return out
+	}
+	got := gcVictims("a", devs, valid("keep", "keepold", "gone"))
+	slices.Sort(got)
 	stale, _ := mine("a", "stale")
-	if len(got) != 1 || got[0] != stale {
-		t.Fatalf("GC victims %v, want exactly [%s]", got, stale)
+	staleOld, _ := old("a", "staleold")
+	want := []string{stale, staleOld}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("GC victims %v, want exactly %v", got, want)
 	}
-	if got := gcVictims("a", devs, []attachmentID{{"keep", "eth0"}, {"stale", "eth0"}}); len(got) != 0 {
+	if got := gcVictims("a", devs, valid("keep", "stale", "keepold", "staleold")); len(got) != 0 {
 		t.Fatalf("everything valid, yet GC removes %v", got)
-	}
-}
-
-func TestReferenceIfbName(t *testing.T) {
-	// The reference: utils.MustFormatHashWithPrefix(15, "bwp", network+containerID),
-	// i.e. "bwp" and the first 12 hex digits of sha512.
-	if got := referenceIfbName("net", "c1"); got != "bwp623e1c388032" {
-		t.Fatalf("got %q", got)
 	}
 }

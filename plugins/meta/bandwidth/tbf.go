@@ -1,12 +1,12 @@
 package main
 
 import (
-	"crypto/sha256"
-	"crypto/sha512"
-	"encoding/hex"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/meshwire/meshwire/internal/attachment"
 )
 
 // Queue sizing. A token bucket filter has two sizes: the bucket (burst: how
@@ -96,38 +96,11 @@ func tbfFor(l Limit, mtu int, tickInUsec float64) tbfParams {
 	}
 }
 
-// ifbPrefix starts the name of every ifb device meshwire's bandwidth plugin
-// creates; the rest is a hash of the network name, container id and
-// interface name, so that DEL and GC find it without state.
-const ifbPrefix = "mwbw"
-
-// ifbName is the ifb device of one attachment (15 bytes, the kernel's limit).
-func ifbName(network, containerID, ifName string) string {
-	sum := sha256.Sum256([]byte(network + "\x00" + containerID + "\x00" + ifName))
-	return ifbPrefix + hex.EncodeToString(sum[:])[:15-len(ifbPrefix)]
-}
-
-// referenceIfbName is the name the reference bandwidth plugin gives the ifb
-// of an attachment ("bwp" and sha512(network + container id) in hex, 15
-// bytes). DEL removes it too, so that pods set up by the reference plugin
-// before meshwire replaced it leave nothing behind.
-func referenceIfbName(network, containerID string) string {
-	sum := sha512.Sum512([]byte(network + containerID))
-	return ("bwp" + hex.EncodeToString(sum[:]))[:15]
-}
-
-// networkTag identifies a network in an ifb's alias, so that GC of one
-// network never removes the devices of another.
-func networkTag(network string) string {
-	sum := sha256.Sum256([]byte(network))
-	return hex.EncodeToString(sum[:])[:12]
-}
-
 // ifbInfo is what meshwire records in an ifb device's alias: whose it is and
 // what ADD did on the host end of the veth, so that DEL and GC can undo
 // exactly that even when the pod's namespace is gone.
 type ifbInfo struct {
-	Net         string // networkTag of the network
+	Net         string // attachment.NetworkTag of the network
 	Dev         int    // ifindex of the host end of the veth
 	OwnsIngress bool   // ADD created the ingress qdisc on Dev (else it was there)
 	ContainerID string
@@ -183,26 +156,25 @@ func parseAlias(s string) (ifbInfo, bool) {
 }
 
 // gcVictims returns the ifb devices GC removes: those of this network (by
-// alias) whose name is not the ifb of a valid attachment.
-func gcVictims(network string, devices map[string]string, valid []attachmentID) []string {
+// alias, in either form of its tag) whose name is not the ifb of a valid
+// attachment (in either form of the name).
+func gcVictims(network string, devices map[string]string, valid []attachment.ID) []string {
 	keep := map[string]bool{}
 	for _, a := range valid {
-		keep[ifbName(network, a.ContainerID, a.IfName)] = true
+		a.Network = network
+		for _, n := range a.IfbNames() {
+			keep[n] = true
+		}
 	}
-	tag := networkTag(network)
+	tags := attachment.NetworkTags(network)
 	var out []string
 	for name, alias := range devices {
-		if !strings.HasPrefix(name, ifbPrefix) || keep[name] {
+		if !strings.HasPrefix(name, attachment.IfbPrefix) || keep[name] {
 			continue
 		}
-		if info, ok := parseAlias(alias); ok && info.Net == tag {
+		if info, ok := parseAlias(alias); ok && slices.Contains(tags, info.Net) {
 			out = append(out, name)
 		}
 	}
 	return out
-}
-
-// attachmentID names one attachment, as in a GC valid list.
-type attachmentID struct {
-	ContainerID, IfName string
 }

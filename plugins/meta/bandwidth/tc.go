@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/cnierr"
 )
 
@@ -118,6 +120,9 @@ func gone(err error) bool {
 func createIfb(name string, mtu int, info ifbInfo) (netlink.Link, ifbInfo, bool, error) {
 	if l, err := netlinksafe.LinkByName(name); err == nil {
 		if old, ok := parseAlias(l.Attrs().Alias); ok {
+			if old.Net != info.Net {
+				return nil, info, false, cnierr.Internal("ifb %s exists and belongs to another network (alias %q)", name, l.Attrs().Alias)
+			}
 			return l, old, false, nil
 		}
 		return nil, info, false, cnierr.Internal("a device named %s exists and was not made by meshwire's bandwidth plugin", name)
@@ -259,10 +264,11 @@ func ifbDevices() (map[string]string, error) {
 	return out, nil
 }
 
-// teardownIfb undoes the egress part of one attachment: the redirect on the
-// host end (when dev is known) and the ifb device. A missing device is not
-// an error.
-func teardownIfb(name string, dev netlink.Link) error {
+// teardownIfb undoes the egress part of one attachment of network: the
+// redirect on the host end (when dev is known) and the ifb device. A
+// missing device is not an error, nor one of another network (the ifb's
+// name does not hold the network, its alias does), which is left alone.
+func teardownIfb(name string, dev netlink.Link, network string) error {
 	l, err := netlinksafe.LinkByName(name)
 	if err != nil {
 		if gone(err) {
@@ -274,6 +280,10 @@ func teardownIfb(name string, dev netlink.Link) error {
 	if !ok {
 		// Not ours after all: leave it, and let DEL succeed.
 		slog.Warn("not deleting a device meshwire did not make", "device", name, "type", l.Type(), "alias", l.Attrs().Alias)
+		return nil
+	}
+	if !slices.Contains(attachment.NetworkTags(network), info.Net) {
+		slog.Warn("not deleting the ifb of another network", "device", name, "alias", l.Attrs().Alias)
 		return nil
 	}
 	if dev == nil && info.Dev > 0 {

@@ -5,11 +5,14 @@ import (
 	"testing"
 
 	"github.com/vishvananda/netlink"
+
+	"github.com/meshwire/meshwire/internal/attachment"
 )
 
 func TestVerify(t *testing.T) {
 	const tick, mtu = 15.625, 1500
-	tag := networkTag("n")
+	tags := attachment.NetworkTags("n")
+	tag := tags[0]
 	bw := Bandwidth{Ingress: Limit{10_000_000, 100_000}, Egress: Limit{20_000_000, 200_000}}
 	tbf := func(l Limit) *netlink.Tbf {
 		p := tbfFor(l, mtu, tick)
@@ -33,7 +36,9 @@ func TestVerify(t *testing.T) {
 		{"no ingress tbf", bw, func(o *observed) { o.RootTbf = nil }, "ingress: no meshwire tbf"},
 		{"no ifb", bw, func(o *observed) { o.Ifb = false }, "missing"},
 		{"ifb down", bw, func(o *observed) { o.IfbUp = false }, "down"},
-		{"ifb of another network", bw, func(o *observed) { o.IfbAlias = ifbInfo{Net: networkTag("other")}.alias() }, "network"},
+		{"ifb of another network", bw, func(o *observed) { o.IfbAlias = ifbInfo{Net: attachment.NetworkTag("other")}.alias() }, "network"},
+		{"ifb of another network, older tag", bw, func(o *observed) { o.IfbAlias = ifbInfo{Net: attachment.LegacyBandwidthNetworkTag("other")}.alias() }, "network"},
+		{"ifb made by an older meshwire", bw, func(o *observed) { o.IfbAlias = ifbInfo{Net: tags[1]}.alias() }, ""},
 		{"no redirect", bw, func(o *observed) { o.Redirect = false }, "redirect"},
 		{"no ifb tbf", bw, func(o *observed) { o.IfbTbf = nil }, "egress: no meshwire tbf"},
 		{"ingress only", Bandwidth{Ingress: bw.Ingress}, func(o *observed) { *o = observed{Dev: "veth0", RootTbf: tbf(bw.Ingress)} }, ""},
@@ -45,7 +50,7 @@ func TestVerify(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			o := good()
 			c.change(&o)
-			err := verify(c.bw, mtu, tick, tag, o)
+			err := verify(c.bw, mtu, tick, tags, o)
 			if c.want == "" {
 				if err != nil {
 					t.Fatal(err)
