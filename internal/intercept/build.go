@@ -2,6 +2,7 @@ package intercept
 
 import (
 	"net/netip"
+	"slices"
 )
 
 // TableRules is what one table holds: meshwire's user chains (in the order
@@ -50,22 +51,13 @@ func (b *builder) add(table string, r Rule) {
 		t = &TableRules{Name: table}
 		b.tables[table] = t
 	}
-	if !IsBuiltin(r.Chain) && !contains(t.Chains, r.Chain) {
+	if !IsBuiltin(r.Chain) && !slices.Contains(t.Chains, r.Chain) {
 		t.Chains = append(t.Chains, r.Chain)
 	}
-	if r.Target.Kind == Jump && !contains(t.Chains, r.Target.Chain) {
+	if r.Target.Kind == Jump && !slices.Contains(t.Chains, r.Target.Chain) {
 		t.Chains = append(t.Chains, r.Target.Chain)
 	}
 	t.Rules = append(t.Rules, r)
-}
-
-func contains[T comparable](list []T, v T) bool {
-	for _, x := range list {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
 
 func jump(chain string) Target         { return Target{Kind: Jump, Chain: chain} }

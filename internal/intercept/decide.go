@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -14,10 +15,10 @@ import (
 // non-loopback interface, to the outbound capture port. It follows the
 // order of the ISTIO_OUTPUT chain.
 func (c Config) CapturedOutbound(dst netip.Addr, port uint16) bool {
-	if contains(c.OutboundPortsExclude, port) || dst.IsLoopback() {
+	if slices.Contains(c.OutboundPortsExclude, port) || dst.IsLoopback() {
 		return false
 	}
-	if c.RedirectDNS && port == 53 && (c.CaptureAllDNS || contains(c.DNSServers, dst)) {
+	if c.RedirectDNS && port == 53 && (c.CaptureAllDNS || slices.Contains(c.DNSServers, dst)) {
 		return false // to the DNS port instead
 	}
 	for _, p := range c.OutboundCIDRsExclude {
@@ -25,7 +26,7 @@ func (c Config) CapturedOutbound(dst netip.Addr, port uint16) bool {
 			return false
 		}
 	}
-	if contains(c.OutboundPorts, port) || c.OutboundCIDRs.All {
+	if slices.Contains(c.OutboundPorts, port) || c.OutboundCIDRs.All {
 		return true
 	}
 	for _, p := range c.OutboundCIDRs.Prefixes {
@@ -94,7 +95,7 @@ func TProxyMarks(text string) []uint32 {
 		if m == nil {
 			continue
 		}
-		if v, err := strconv.ParseUint(m[1], 0, 32); err == nil && v != 0 && !contains(out, uint32(v)) {
+		if v, err := strconv.ParseUint(m[1], 0, 32); err == nil && v != 0 && !slices.Contains(out, uint32(v)) {
 			out = append(out, uint32(v))
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 )
@@ -212,7 +213,7 @@ func Restore(desired *RuleSet, st *State) string {
 		fmt.Fprintf(&b, "*%s\n", name)
 		chains := append([]string(nil), want.Chains...)
 		for _, c := range have.Chains {
-			if !contains(chains, c) {
+			if !slices.Contains(chains, c) {
 				chains = append(chains, c)
 			}
 		}
@@ -231,7 +232,7 @@ func Restore(desired *RuleSet, st *State) string {
 			fmt.Fprintf(&b, "-A %s %s\n", r.Chain, strings.Join(args, " "))
 		}
 		for _, c := range have.Chains {
-			if !contains(want.Chains, c) {
+			if !slices.Contains(want.Chains, c) {
 				fmt.Fprintf(&b, "-X %s\n", c)
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -231,7 +232,7 @@ func TestBridgeVethVersion(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, v := range []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
-			if !contains(got, v) {
+			if !slices.Contains(got, v) {
 				t.Fatalf("%s VERSION %v lacks %s", p, got, v)
 			}
 		}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 
@@ -170,7 +171,7 @@ func TestBridgeOptions(t *testing.T) {
 		if found != 2 {
 			t.Fatalf("want a default route per family through the bridge, routes: %v", ns.Routes(netlink.FAMILY_ALL))
 		}
-		if !contains(ns.Addrs("eth0"), "fd20:0:0:23::2/64") {
+		if !slices.Contains(ns.Addrs("eth0"), "fd20:0:0:23::2/64") {
 			t.Fatalf("addresses %v", ns.Addrs("eth0"))
 		}
 	})

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -220,7 +221,7 @@ func TestBridgeEveryVersion(t *testing.T) {
 					t.Fatalf("container MAC %s in result, kernel says %s", cr.Interfaces[2].Mac, ns.Link("eth0").Attrs().HardwareAddr)
 				}
 			}
-			if !contains(ns.Addrs("eth0"), v4.String()+"/24") {
+			if !slices.Contains(ns.Addrs("eth0"), v4.String()+"/24") {
 				t.Fatalf("eth0 addresses %v lack %s/24", ns.Addrs("eth0"), v4)
 			}
 			if bridgeHostLink(t, hostName).Attrs().MasterIndex != bridgeHostLink(t, e.br).Attrs().Index {

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -610,7 +611,7 @@ func TestHostLocalUnderReferenceBridge(t *testing.T) {
 	if hostLocalAddrs(r1) != "198.18.15.2/24 fd10:0:0:15::2/64" || hostLocalAddrs(r2) != "198.18.15.3/24 fd10:0:0:15::3/64" {
 		t.Fatalf("addresses %s and %s", hostLocalAddrs(r1), hostLocalAddrs(r2))
 	}
-	if addrs := ns2.Addrs("eth0"); !contains(addrs, "198.18.15.3/24") {
+	if addrs := ns2.Addrs("eth0"); !slices.Contains(addrs, "198.18.15.3/24") {
 		t.Fatalf("ns2 eth0 has %v", addrs)
 	}
 	if _, err := os.Stat(filepath.Join(dataDir, "mwt-hl-bridge", store.DBName)); err != nil {
@@ -641,7 +642,7 @@ func TestHostLocalUnderReferencePtp(t *testing.T) {
 	if hostLocalAddrs(r) != "198.18.13.2/24" {
 		t.Fatalf("address %s", hostLocalAddrs(r))
 	}
-	if addrs := ns.Addrs("eth0"); !contains(addrs, "198.18.13.2/24") {
+	if addrs := ns.Addrs("eth0"); !slices.Contains(addrs, "198.18.13.2/24") {
 		t.Fatalf("eth0 has %v", addrs)
 	}
 	var dsts []string
@@ -651,7 +652,7 @@ func TestHostLocalUnderReferencePtp(t *testing.T) {
 		}
 	}
 	sort.Strings(dsts)
-	if !contains(dsts, "198.18.0.0/20") {
+	if !slices.Contains(dsts, "198.18.0.0/20") {
 		t.Fatalf("routes in the namespace %v lack the configured 198.18.0.0/20", dsts)
 	}
 	if err := a.Check(); err != nil {
@@ -672,7 +673,7 @@ func TestHostLocalUnderReferencePtp(t *testing.T) {
 	if r := a.MustAdd(); hostLocalAddrs(r) != "198.18.13.50/24" {
 		t.Fatalf("ADD with the ips capability got %s, want 198.18.13.50/24", hostLocalAddrs(r))
 	}
-	if addrs := a.NS.Addrs("eth0"); !contains(addrs, "198.18.13.50/24") {
+	if addrs := a.NS.Addrs("eth0"); !slices.Contains(addrs, "198.18.13.50/24") {
 		t.Fatalf("eth0 has %v", addrs)
 	}
 	if err := a.Del(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -41,7 +42,7 @@ func TestLoopbackEveryVersion(t *testing.T) {
 			if !ns.IsUp("lo") {
 				t.Fatal("lo is down after ADD")
 			}
-			if addrs := ns.Addrs("lo"); !contains(addrs, "127.0.0.1/8") {
+			if addrs := ns.Addrs("lo"); !slices.Contains(addrs, "127.0.0.1/8") {
 				t.Fatalf("lo addresses %v lack 127.0.0.1/8", addrs)
 			}
 			if _, err := probe.Ping(ns.Path, net.IPv4(127, 0, 0, 1), 2*time.Second); err != nil {
@@ -268,7 +269,7 @@ func TestLoopbackVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, v := range []string{"0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"} {
-		if !contains(got, v) {
+		if !slices.Contains(got, v) {
 			t.Fatalf("VERSION %v lacks %s", got, v)
 		}
 	}
@@ -307,19 +308,10 @@ func TestLoopbackLog(t *testing.T) {
 		}
 	}
 	for _, want := range []string{"ADD/start", "ADD/done", "DEL/done"} {
-		if !contains(seen, want) {
+		if !slices.Contains(seen, want) {
 			t.Fatalf("log %v lacks %s", seen, want)
 		}
 	}
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 func hasIP(r *current.Result, cidr string) bool {

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/containernetworking/cni/libcni"
@@ -47,7 +48,7 @@ func TestVethEveryVersion(t *testing.T) {
 					t.Fatalf("interfaces %+v, want host veth %s and eth0 in the sandbox", cr.Interfaces, hostName)
 				}
 			}
-			if !contains(ns.Addrs("eth0"), v4.String()+"/24") {
+			if !slices.Contains(ns.Addrs("eth0"), v4.String()+"/24") {
 				t.Fatalf("eth0 addresses %v lack %s/24", ns.Addrs("eth0"), v4)
 			}
 			host := bridgeHostLink(t, hostName)

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -68,7 +69,7 @@ func TestNSHelpers(t *testing.T) {
 	if out, err := ns.Exec("ip", "link", "set", "lo", "up"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	if !ns.IsUp("lo") || !contains(ns.Addrs("lo"), "127.0.0.1/8") {
+	if !ns.IsUp("lo") || !slices.Contains(ns.Addrs("lo"), "127.0.0.1/8") {
 		t.Fatalf("lo after up: %v", ns.Addrs("lo"))
 	}
 	if ns.HasLink("eth0") {
@@ -111,13 +112,4 @@ func TestSamples(t *testing.T) {
 	if empty.Median() != 0 {
 		t.Fatal("empty median")
 	}
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"os"
 	"os/user"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -146,7 +147,7 @@ func (p *parser) groups(name, list string) ([]uint32, error) {
 		if err != nil {
 			return nil, badEnv(name, list, "%v", err)
 		}
-		if !containsID(out, gid) {
+		if !slices.Contains(out, gid) {
 			out = append(out, gid)
 		}
 	}
@@ -172,15 +173,6 @@ func (p *parser) gid(g string) (uint32, error) {
 		return 0, fmt.Errorf("group %q has gid %q, not a number", g, s)
 	}
 	return uint32(n), nil
-}
-
-func containsID(list []uint32, id uint32) bool {
-	for _, x := range list {
-		if x == id {
-			return true
-		}
-	}
-	return false
 }
 
 // ipv4Loopback reads ISTIO_OUTBOUND_IPV4_LOOPBACK_CIDR with istio's checks:

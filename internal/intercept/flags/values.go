@@ -3,6 +3,7 @@ package flags
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -265,20 +266,11 @@ func parsePorts(s string) ([]uint16, error) {
 		if err != nil {
 			return nil, err
 		}
-		if !containsPort(out, p) {
+		if !slices.Contains(out, p) {
 			out = append(out, p)
 		}
 	}
 	return out, nil
-}
-
-func containsPort(list []uint16, p uint16) bool {
-	for _, x := range list {
-		if x == p {
-			return true
-		}
-	}
-	return false
 }
 
 func parseIDs(s string) ([]uint32, error) {

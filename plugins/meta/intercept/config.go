@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 
@@ -119,7 +120,7 @@ func configArgs(raw map[string]json.RawMessage) ([]string, error) {
 	sort.Strings(keys)
 	var args []string
 	for _, k := range keys {
-		if !contains(ruleKeys, k) {
+		if !slices.Contains(ruleKeys, k) {
 			return nil, cnierr.Field(k, "is an iptables-init command option, not a setting of the plugin")
 		}
 		v := bytes.TrimSpace(raw[k])
@@ -171,15 +172,6 @@ func scalar(v json.RawMessage) (string, error) {
 		return n.String(), nil
 	}
 	return "", fmt.Errorf("expected a string, a number or a list of them, got %s", v)
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // dnsServers are the nameservers --redirect-dns captures (when not all DNS
