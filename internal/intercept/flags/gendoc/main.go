@@ -1,0 +1,33 @@
+// Command gendoc rewrites the flag table of docs/iptables-init.md (the
+// file named by its argument) from iptables-init's flag definitions.
+// Run it with `go generate ./internal/intercept/flags`.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/meshwire/meshwire/internal/intercept/flags"
+)
+
+func main() {
+	if len(os.Args) != 2 {
+		fmt.Fprintln(os.Stderr, "usage: gendoc FILE.md")
+		os.Exit(2)
+	}
+	path := os.Args[1]
+	doc, err := os.ReadFile(path)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "gendoc:", err)
+		os.Exit(1)
+	}
+	out, err := flags.SpliceFlagTable(doc)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "gendoc: %s: %v\n", path, err)
+		os.Exit(1)
+	}
+	if err := os.WriteFile(path, out, 0o644); err != nil {
+		fmt.Fprintln(os.Stderr, "gendoc:", err)
+		os.Exit(1)
+	}
+}
