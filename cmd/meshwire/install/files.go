@@ -7,7 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-	"regexp"
+	"strings"
 	"syscall"
 )
 
@@ -43,7 +43,16 @@ const binMode = 0o755
 // one as a config or runs one as a plugin.
 const tempSuffix = ".meshwire-"
 
-var tempName = regexp.MustCompile(`^\..+\.meshwire-[0-9]+$`)
+// isTempName reports whether name is one of meshwire's temporary files:
+// "." + a name + tempSuffix + a number.
+func isTempName(name string) bool {
+	i := strings.LastIndex(name, tempSuffix)
+	if i < 2 || name[0] != '.' {
+		return false
+	}
+	num := name[i+len(tempSuffix):]
+	return num != "" && strings.Trim(num, "0123456789") == ""
+}
 
 // CopyBinary installs srcPath as dir/name, atomically: the new contents go
 // to a temporary file in dir, which is synced, made 0755 and renamed over
@@ -219,7 +228,7 @@ func removeTemps(dir string) ([]string, error) {
 	}
 	var gone []string
 	for _, e := range ents {
-		if e.Type().IsRegular() && tempName.MatchString(e.Name()) {
+		if e.Type().IsRegular() && isTempName(e.Name()) {
 			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
 				return gone, err
 			}

@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -166,5 +167,28 @@ func TestRemoveTemps(t *testing.T) {
 	ents, _ := os.ReadDir(dir)
 	if len(ents) != 3 {
 		t.Fatalf("%d files left, want 3", len(ents))
+	}
+}
+
+// oldTempName is the pattern isTempName replaced.
+var oldTempName = regexp.MustCompile(`^\..+\.meshwire-[0-9]+$`)
+
+func TestIsTempName(t *testing.T) {
+	for name, want := range map[string]bool{
+		".bridge.meshwire-123":           true,
+		".10-calico.conflist.meshwire-9": true,
+		".a.meshwire-1.meshwire-2":       true,
+		"..meshwire-1":                   false,
+		".meshwire-1":                    false,
+		"bridge.meshwire-1":              false,
+		".bridge.meshwire-":              false,
+		".bridge.meshwire-12a":           false,
+		".bridge.meshwire-1.conflist":    false,
+		".other":                         false,
+		"":                               false,
+	} {
+		if got := isTempName(name); got != want || oldTempName.MatchString(name) != want {
+			t.Errorf("isTempName(%q) = %v, want %v (the pattern it replaced: %v)", name, got, want, oldTempName.MatchString(name))
+		}
 	}
 }
