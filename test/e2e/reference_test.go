@@ -22,8 +22,8 @@ import (
 // These tests run the reference plugins (harness.ReferenceVersion, built
 // from the Go module proxy) and meshwire's side by side on the same config
 // and compare what the kernel ends up with: whatever meshwire does
-// differently on purpose is listed in the README's "Deliberate differences
-// from the reference plugins"; everything else must match.
+// differently on purpose is listed in docs/reference-differences.md;
+// everything else must match.
 
 // parityImpl is one implementation's harness: meshwire's binaries or the
 // reference's, each with its own libcni cache and IPAM store.
@@ -58,8 +58,8 @@ type parityCase struct {
 	// prepare runs before ADD: on the pod's namespace, and on the bridge
 	// name (both implementations get a fresh bridge of that name).
 	prepare func(t *testing.T, ns *harness.NS, br string)
-	// deliberate are facts where meshwire differs on purpose (the README's
-	// table says why), with meshwire's value.
+	// deliberate are facts where meshwire differs on purpose (the table in
+	// docs/reference-differences.md says why), with meshwire's value.
 	deliberate map[string]string
 }
 

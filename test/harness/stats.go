@@ -55,8 +55,8 @@ func Ratio(a, b time.Duration) string {
 	return fmt.Sprintf("%.2fx", float64(a)/float64(b))
 }
 
-// Table is a markdown table printed by benchmarks, ready to paste into the
-// README.
+// Table is a markdown table printed by benchmarks, ready to paste into
+// docs/performance.md.
 type Table struct {
 	Title  string
 	Header []string
