@@ -64,17 +64,7 @@ func resolveTool(name string) string {
 // single-binary iptables-restore of iptables < 1.8).
 func isNFTTool(base string) bool { return strings.Contains(base, "nft") }
 
-// Rule is one rule of an nf_tables chain as meshwire reads it back.
-type Rule struct {
-	Handle uint64
-	// Comment is the text of the rule's `-m comment` match (iptables-nft),
-	// or of its nftables comment.
-	Comment string
-	// Target is the xtables target's name ("MASQUERADE", "DNAT"), with
-	// native verdict statements named as iptables names them
-	// ("MASQUERADE" for masq); "" when the rule has none of these.
-	Target string
-}
+// Rule (rule.go) is one rule as meshwire reads it back.
 
 func famName(f Family) string {
 	if f == V6 {
@@ -507,12 +497,7 @@ const (
 	Bridge TableFamily = unix.NFPROTO_BRIDGE
 )
 
-func (f TableFamily) String() string {
-	if f == Bridge {
-		return "bridge"
-	}
-	return "inet"
-}
+func (f TableFamily) String() string { return f.Name() }
 
 // Tables lists the names of the native nftables tables of family fam.
 func (c *Conn) Tables(fam TableFamily) ([]string, error) {

@@ -1,0 +1,624 @@
+package firewall
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strconv"
+
+	"golang.org/x/sys/unix"
+)
+
+// Typed reads over netlink: tables, chains and rules of nf_tables decoded
+// into Table, Chain and Rule, for native nftables tables and for the
+// tables of an nf_tables-backed iptables alike. The decoder knows the
+// expressions meshwire's rules (and iptables-nft's encodings of them) are
+// made of: payload and meta loads compared with cmp (addresses, ports,
+// protocol, interfaces, marks), fib, the xtables matches and targets
+// iptables-nft uses, immediate verdicts and the nat, masq, redir and
+// tproxy statements. Anything else is named in Rule.Unknown.
+
+// Attributes x/sys/unix does not name.
+const (
+	nftaTableUserdata = 6  // NFTA_TABLE_USERDATA
+	nftaChainUserdata = 12 // NFTA_CHAIN_USERDATA
+	nftaTproxyRegPort = 3  // NFTA_TPROXY_REG_PORT
+	nftaNatRegAddrMin = unix.NFTA_NAT_REG_ADDR_MIN
+	udataComment      = 0 // NFTNL_UDATA_{TABLE,CHAIN,RULE}_COMMENT
+	nfDrop            = 0 // NF_DROP
+	nfAccept          = 1 // NF_ACCEPT
+)
+
+var hookNames = map[uint32]string{
+	unix.NF_INET_PRE_ROUTING: "prerouting", unix.NF_INET_LOCAL_IN: "input", unix.NF_INET_FORWARD: "forward",
+	unix.NF_INET_LOCAL_OUT: "output", unix.NF_INET_POST_ROUTING: "postrouting",
+}
+
+// get runs a non-dump request and passes the one answer's attributes to
+// each. ENOENT (no such object) is returned as is.
+func (c *Conn) get(msg int, family byte, attrs []attr, each func(obj []byte)) error {
+	req, seq := c.appendMsg(nil, nftType(msg), unix.NLM_F_REQUEST|unix.NLM_F_ACK, family, 0, attrs...)
+	if err := c.send(req); err != nil {
+		return err
+	}
+	return c.receive(func(s uint32) bool { return s == seq }, func(typ uint16, _ uint32, payload []byte) bool {
+		if typ == unix.NLMSG_ERROR {
+			return true // the acknowledgement, after the object
+		}
+		if len(payload) >= 4 {
+			each(payload[4:])
+		}
+		return false
+	})
+}
+
+// userdataComment reads the comment TLV of an object's userdata.
+func userdataComment(d []byte) string {
+	for len(d) >= 2 && len(d) >= 2+int(d[1]) {
+		if d[0] == udataComment {
+			return string(cstr(d[2 : 2+int(d[1])]))
+		}
+		d = d[2+int(d[1]):]
+	}
+	return ""
+}
+
+// ReadTable reads a table with its chains and their rules; nil when the
+// table is not there.
+func (c *Conn) ReadTable(fam TableFamily, name string) (*Table, error) {
+	t := &Table{Family: fam, Name: name}
+	err := c.get(unix.NFT_MSG_GETTABLE, byte(fam), []attr{strAttr(unix.NFTA_TABLE_NAME, name)}, func(obj []byte) {
+		eachAttr(obj, func(typ uint16, d []byte) {
+			if typ == nftaTableUserdata {
+				t.Comment = userdataComment(d)
+			}
+		})
+	})
+	if errors.Is(err, unix.ENOENT) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("nf_tables: read table %s %s: %w", fam.Name(), name, err)
+	}
+	var rules []Rule
+	err = c.dump(unix.NFT_MSG_GETCHAIN, byte(fam), []attr{strAttr(unix.NFTA_CHAIN_TABLE, name)},
+		func() { t.Chains = t.Chains[:0] },
+		func(obj []byte) {
+			if ch := decodeChain(fam, obj); ch.Table == name {
+				t.Chains = append(t.Chains, ch)
+			}
+		})
+	if err == nil {
+		rules, err = c.readRules(fam, name, "")
+	}
+	if errors.Is(err, unix.ENOENT) {
+		return nil, nil // removed meanwhile
+	}
+	if err != nil {
+		return nil, fmt.Errorf("nf_tables: read table %s %s: %w", fam.Name(), name, err)
+	}
+	for _, r := range rules {
+		if ch := t.Chain(r.Chain); ch != nil {
+			r.Position = len(ch.Rules) + 1
+			ch.Rules = append(ch.Rules, r)
+		}
+	}
+	return t, nil
+}
+
+// ReadChain reads one chain with its rules; nil when the chain (or its
+// table) is not there.
+func (c *Conn) ReadChain(fam TableFamily, table, chain string) (*Chain, error) {
+	var ch *Chain
+	err := c.get(unix.NFT_MSG_GETCHAIN, byte(fam), []attr{strAttr(unix.NFTA_CHAIN_TABLE, table), strAttr(unix.NFTA_CHAIN_NAME, chain)},
+		func(obj []byte) { ch = decodeChain(fam, obj) })
+	var rules []Rule
+	if err == nil {
+		rules, err = c.readRules(fam, table, chain)
+	}
+	if errors.Is(err, unix.ENOENT) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("nf_tables: read chain %s %s %s: %w", fam.Name(), table, chain, err)
+	}
+	if ch == nil {
+		return nil, nil
+	}
+	for i := range rules {
+		rules[i].Position = i + 1
+	}
+	ch.Rules = rules
+	return ch, nil
+}
+
+// readRules dumps the rules of a table, or of one of its chains.
+func (c *Conn) readRules(fam TableFamily, table, chain string) ([]Rule, error) {
+	attrs := []attr{strAttr(unix.NFTA_RULE_TABLE, table)}
+	if chain != "" {
+		attrs = append(attrs, strAttr(unix.NFTA_RULE_CHAIN, chain))
+	}
+	var rules []Rule
+	err := c.dump(unix.NFT_MSG_GETRULE, byte(fam), attrs,
+		func() { rules = rules[:0] },
+		func(obj []byte) { rules = append(rules, decodeRule(fam, obj)) })
+	return rules, err
+}
+
+func decodeChain(fam TableFamily, obj []byte) *Chain {
+	ch := &Chain{Family: fam}
+	eachAttr(obj, func(typ uint16, d []byte) {
+		switch typ {
+		case unix.NFTA_CHAIN_TABLE:
+			ch.Table = string(cstr(d))
+		case unix.NFTA_CHAIN_NAME:
+			ch.Name = string(cstr(d))
+		case nftaChainUserdata:
+			ch.Comment = userdataComment(d)
+		case unix.NFTA_CHAIN_HOOK:
+			eachAttr(d, func(t uint16, h []byte) {
+				if t == unix.NFTA_HOOK_HOOKNUM && len(h) == 4 {
+					ch.Hook = hookNames[binary.BigEndian.Uint32(h)]
+				}
+			})
+		}
+	})
+	return ch
+}
+
+// DeleteHandles removes rules read back, by handle, in one transaction.
+func (c *Conn) DeleteHandles(rules []Rule) error {
+	if len(rules) == 0 {
+		return nil
+	}
+	err := c.batch(func(b []byte) []byte {
+		for _, r := range rules {
+			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_DELRULE), unix.NLM_F_REQUEST, byte(r.Family), 0,
+				strAttr(unix.NFTA_RULE_TABLE, r.Table), strAttr(unix.NFTA_RULE_CHAIN, r.Chain),
+				attr{unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, r.Handle)})
+		}
+		return b
+	})
+	if err != nil {
+		return fmt.Errorf("nf_tables: delete %d rules: %w", len(rules), err)
+	}
+	c.committed = true
+	return nil
+}
+
+// decodeRule reads a rule's attributes into a Rule.
+func decodeRule(fam TableFamily, obj []byte) Rule {
+	r := Rule{Family: fam}
+	eachAttr(obj, func(typ uint16, d []byte) {
+		switch typ {
+		case unix.NFTA_RULE_TABLE:
+			r.Table = string(cstr(d))
+		case unix.NFTA_RULE_CHAIN:
+			r.Chain = string(cstr(d))
+		case unix.NFTA_RULE_HANDLE:
+			if len(d) == 8 {
+				r.Handle = binary.BigEndian.Uint64(d)
+			}
+		case unix.NFTA_RULE_USERDATA:
+			if cm := userdataComment(d); cm != "" {
+				r.Comment = cm
+			}
+		case unix.NFTA_RULE_EXPRESSIONS:
+			decodeExprs(d, &r)
+		}
+	})
+	return r
+}
+
+// reg is what an expression loaded into a register.
+type reg struct {
+	kind   string // "payload", "meta", "fib", "ct", "imm", "other"
+	base   uint32 // payload
+	offset uint32 // payload
+	key    uint32 // meta, ct
+	data   []byte // imm
+	mask   []byte // a bitwise applied to the load
+	xor    []byte
+}
+
+// decodeExprs reads a rule's expression list into r.
+func decodeExprs(list []byte, r *Rule) {
+	regs := map[uint32]*reg{}
+	eachAttr(list, func(_ uint16, elem []byte) {
+		var name, data []byte
+		eachAttr(elem, func(typ uint16, d []byte) {
+			switch typ {
+			case unix.NFTA_EXPR_NAME:
+				name = cstr(d)
+			case unix.NFTA_EXPR_DATA:
+				data = d
+			}
+		})
+		decodeExpr(string(name), data, r, regs)
+	})
+}
+
+// u32 reads a big-endian 32-bit attribute.
+func u32(d []byte) uint32 {
+	if len(d) < 4 {
+		return 0
+	}
+	return binary.BigEndian.Uint32(d)
+}
+
+// attrs indexes an expression's attributes by type.
+func attrsOf(data []byte) map[uint16][]byte {
+	m := map[uint16][]byte{}
+	eachAttr(data, func(typ uint16, d []byte) { m[typ] = d })
+	return m
+}
+
+// dataValue reads a nested NFTA_DATA_VALUE.
+func dataValue(d []byte) []byte {
+	var v []byte
+	eachAttr(d, func(typ uint16, x []byte) {
+		if typ == unix.NFTA_DATA_VALUE {
+			v = x
+		}
+	})
+	return v
+}
+
+func decodeExpr(name string, data []byte, r *Rule, regs map[uint32]*reg) {
+	a := attrsOf(data)
+	switch name {
+	case "payload":
+		if _, isSet := a[unix.NFTA_PAYLOAD_SREG]; isSet {
+			r.unknown("payload set")
+			return
+		}
+		regs[u32(a[unix.NFTA_PAYLOAD_DREG])] = &reg{kind: "payload", base: u32(a[unix.NFTA_PAYLOAD_BASE]), offset: u32(a[unix.NFTA_PAYLOAD_OFFSET])}
+	case "meta":
+		if d, ok := a[unix.NFTA_META_DREG]; ok {
+			regs[u32(d)] = &reg{kind: "meta", key: u32(a[unix.NFTA_META_KEY])}
+			return
+		}
+		src := regs[u32(a[unix.NFTA_META_SREG])]
+		if u32(a[unix.NFTA_META_KEY]) == unix.NFT_META_MARK && src != nil {
+			switch {
+			case src.kind == "imm":
+				r.SetMark = beUint(src.data)
+			case src.xor != nil:
+				r.SetMark = beUint(src.xor)
+			}
+			if r.Target == "" {
+				r.Target = "MARK"
+			}
+			return
+		}
+		r.unknown("meta set")
+	case "fib":
+		regs[u32(a[unix.NFTA_FIB_DREG])] = &reg{kind: "fib", key: u32(a[unix.NFTA_FIB_RESULT]), offset: u32(a[unix.NFTA_FIB_FLAGS])}
+	case "ct":
+		if d, ok := a[unix.NFTA_CT_DREG]; ok {
+			regs[u32(d)] = &reg{kind: "ct", key: u32(a[unix.NFTA_CT_KEY])}
+			return
+		}
+		if r.Target == "" {
+			r.Target = "CONNMARK"
+		}
+	case "bitwise":
+		src := regs[u32(a[unix.NFTA_BITWISE_SREG])]
+		if src == nil {
+			return
+		}
+		x := *src
+		x.mask, x.xor = dataValue(a[unix.NFTA_BITWISE_MASK]), dataValue(a[unix.NFTA_BITWISE_XOR])
+		regs[u32(a[unix.NFTA_BITWISE_DREG])] = &x
+	case "immediate":
+		dreg := u32(a[unix.NFTA_IMMEDIATE_DREG])
+		if dreg == unix.NFT_REG_VERDICT {
+			eachAttr(a[unix.NFTA_IMMEDIATE_DATA], func(typ uint16, d []byte) {
+				if typ == unix.NFTA_DATA_VERDICT {
+					decodeVerdict(d, r)
+				}
+			})
+			return
+		}
+		regs[dreg] = &reg{kind: "imm", data: dataValue(a[unix.NFTA_IMMEDIATE_DATA])}
+	case "cmp":
+		src := regs[u32(a[unix.NFTA_CMP_SREG])]
+		neq := u32(a[unix.NFTA_CMP_OP]) == unix.NFT_CMP_NEQ
+		if src == nil || (u32(a[unix.NFTA_CMP_OP]) != unix.NFT_CMP_EQ && !neq) {
+			r.unknown("cmp")
+			return
+		}
+		decodeCmp(src, dataValue(a[unix.NFTA_CMP_DATA]), neq, r)
+	case "nat":
+		if u32(a[unix.NFTA_NAT_TYPE]) == unix.NFT_NAT_DNAT {
+			r.Target = "DNAT"
+		} else {
+			r.Target = "SNAT"
+		}
+		var addr netip.Addr
+		if x := regs[u32(a[nftaNatRegAddrMin])]; x != nil && x.kind == "imm" {
+			addr, _ = netip.AddrFromSlice(x.data)
+		}
+		var port uint16
+		if x := regs[u32(a[unix.NFTA_NAT_REG_PROTO_MIN])]; x != nil && x.kind == "imm" {
+			port = uint16(beUint(x.data))
+		}
+		r.ToDest = netip.AddrPortFrom(addr, port)
+	case "masq":
+		r.Target = "MASQUERADE"
+	case "redir":
+		r.Target = "REDIRECT"
+		if x := regs[u32(a[unix.NFTA_REDIR_REG_PROTO_MIN])]; x != nil && x.kind == "imm" {
+			r.ToPort = uint16(beUint(x.data))
+		}
+	case "tproxy":
+		r.Target = "TPROXY"
+		if x := regs[u32(a[nftaTproxyRegPort])]; x != nil && x.kind == "imm" {
+			r.ToPort = uint16(beUint(x.data))
+		}
+	case "match":
+		decodeXTMatch(string(cstr(a[unix.NFTA_MATCH_NAME])), u32(a[unix.NFTA_MATCH_REV]), a[unix.NFTA_MATCH_INFO], r)
+	case "target":
+		decodeXTTarget(string(cstr(a[unix.NFTA_TARGET_NAME])), u32(a[unix.NFTA_TARGET_REV]), a[unix.NFTA_TARGET_INFO], r)
+	case "counter":
+	default:
+		r.unknown(name)
+	}
+}
+
+// beUint reads up to 4 bytes big-endian.
+func beUint(b []byte) uint32 {
+	var v uint32
+	for _, x := range b[:min(len(b), 4)] {
+		v = v<<8 | uint32(x)
+	}
+	return v
+}
+
+func decodeVerdict(d []byte, r *Rule) {
+	var code int32
+	var chain string
+	eachAttr(d, func(typ uint16, x []byte) {
+		switch typ {
+		case unix.NFTA_VERDICT_CODE:
+			code = int32(u32(x))
+		case unix.NFTA_VERDICT_CHAIN:
+			chain = string(cstr(x))
+		}
+	})
+	verdict := ""
+	switch code {
+	case unix.NFT_JUMP, unix.NFT_GOTO:
+		r.Jump, r.Goto = chain, code == unix.NFT_GOTO
+		return
+	case nfAccept:
+		verdict = "ACCEPT"
+	case nfDrop:
+		verdict = "DROP"
+	case unix.NFT_RETURN:
+		verdict = "RETURN"
+	default:
+		return
+	}
+	if r.Target == "" || r.Target == "MARK" {
+		r.Target = verdict
+	}
+}
+
+// addrFamily is the address family of a rule's network-header loads.
+func addrFamily(r *Rule) Family {
+	switch {
+	case r.IPFamily != 0:
+		return r.IPFamily
+	case r.Family == IP6:
+		return V6
+	}
+	return V4
+}
+
+func decodeCmp(src *reg, v []byte, neq bool, r *Rule) {
+	switch src.kind {
+	case "payload":
+		switch src.base {
+		case unix.NFT_PAYLOAD_NETWORK_HEADER:
+			f := addrFamily(r)
+			size, srcOff, dstOff := 4, uint32(12), uint32(16)
+			if f == V6 || (r.IPFamily == 0 && (src.offset == 8 || src.offset == 24)) {
+				f, size, srcOff, dstOff = V6, 16, 8, 24
+			}
+			if src.offset != srcOff && src.offset != dstOff {
+				r.unknown("payload network")
+				return
+			}
+			full := make([]byte, size)
+			copy(full, v)
+			bits := len(v) * 8
+			if src.mask != nil {
+				bits = 0
+				for _, m := range src.mask {
+					for m&0x80 != 0 {
+						bits++
+						m <<= 1
+					}
+				}
+			}
+			addr, _ := netip.AddrFromSlice(full)
+			p := netip.PrefixFrom(addr, bits).Masked()
+			if src.offset == srcOff {
+				r.Src, r.NotSrc = p, neq
+			} else {
+				r.Dst, r.NotDst = p, neq
+			}
+			if r.IPFamily == 0 && (r.Family == Inet || r.Family == Bridge) {
+				r.IPFamily = f
+			}
+		case unix.NFT_PAYLOAD_TRANSPORT_HEADER:
+			switch src.offset {
+			case 0:
+				r.SPort = uint16(beUint(v))
+			case 2:
+				r.DPort, r.NotDPort = uint16(beUint(v)), neq
+			default:
+				r.unknown("payload transport")
+			}
+		default:
+			r.unknown("payload")
+		}
+	case "meta":
+		switch src.key {
+		case unix.NFT_META_L4PROTO:
+			if len(v) > 0 {
+				r.Proto = protoName(v[0])
+			}
+		case unix.NFT_META_NFPROTO:
+			if len(v) > 0 {
+				switch v[0] {
+				case unix.NFPROTO_IPV4:
+					r.IPFamily = V4
+				case unix.NFPROTO_IPV6:
+					r.IPFamily = V6
+				}
+			}
+		case unix.NFT_META_IIFNAME:
+			r.In = string(cstr(v))
+		case unix.NFT_META_OIFNAME:
+			r.Out = string(cstr(v))
+		case unix.NFT_META_MARK:
+			r.HasMark, r.Mark, r.NotMark, r.MarkMask = true, nativeUint(v), neq, 0xffffffff
+			if src.mask != nil {
+				r.MarkMask = nativeUint(src.mask)
+			}
+		default:
+			r.unknown("meta " + strconv.Itoa(int(src.key)))
+		}
+	case "fib":
+		if src.key == unix.NFT_FIB_RESULT_ADDRTYPE && src.offset&unix.NFTA_FIB_F_DADDR != 0 && nativeUint(v) == unix.RTN_LOCAL && !neq {
+			r.DstLocal = true
+			return
+		}
+		r.unknown("fib")
+	default:
+		r.unknown(src.kind)
+	}
+}
+
+// nativeUint reads a 32-bit value in host byte order (meta mark, fib
+// results are in the host's order).
+func nativeUint(b []byte) uint32 {
+	if len(b) < 4 {
+		return 0
+	}
+	return binary.NativeEndian.Uint32(b)
+}
+
+func protoName(p byte) string {
+	switch p {
+	case unix.IPPROTO_TCP:
+		return "tcp"
+	case unix.IPPROTO_UDP:
+		return "udp"
+	case unix.IPPROTO_SCTP:
+		return "sctp"
+	case unix.IPPROTO_ICMP:
+		return "icmp"
+	case unix.IPPROTO_ICMPV6:
+		return "ipv6-icmp"
+	}
+	return strconv.Itoa(int(p))
+}
+
+// decodeXTMatch reads the xtables matches iptables-nft uses for meshwire's
+// rules (the info blobs are the kernel's structs, in host byte order).
+func decodeXTMatch(name string, rev uint32, info []byte, r *Rule) {
+	ne := binary.NativeEndian
+	switch name {
+	case "comment":
+		r.Comment = string(cstr(info))
+	case "tcp", "udp":
+		if len(info) >= 8 {
+			lo, hi := ne.Uint16(info[4:]), ne.Uint16(info[6:])
+			if lo == hi {
+				inv := info[8] // struct xt_udp's invflags
+				if name == "tcp" && len(info) >= 12 {
+					inv = info[11] // struct xt_tcp's
+				}
+				r.DPort, r.NotDPort = lo, inv&0x02 != 0
+			}
+			if sl, sh := ne.Uint16(info[0:]), ne.Uint16(info[2:]); sl == sh {
+				r.SPort = sl
+			}
+			if r.Proto == "" {
+				r.Proto = name
+			}
+		}
+	case "addrtype":
+		var dest uint16
+		var invDest bool
+		switch {
+		case rev == 1 && len(info) >= 8:
+			dest, invDest = ne.Uint16(info[2:]), ne.Uint32(info[4:])&0x2 != 0
+		case rev == 0 && len(info) >= 12:
+			dest, invDest = ne.Uint16(info[2:]), ne.Uint32(info[8:]) != 0
+		}
+		switch {
+		case dest == 1<<unix.RTN_LOCAL && !invDest:
+			r.DstLocal = true
+		case dest == 1<<unix.RTN_MULTICAST && invDest:
+			r.NotDstMulticast = true
+		default:
+			r.unknown("addrtype")
+		}
+	case "mark":
+		if len(info) >= 9 {
+			r.HasMark, r.Mark, r.MarkMask, r.NotMark = true, ne.Uint32(info), ne.Uint32(info[4:]), info[8] != 0
+		}
+	default:
+		r.unknown(name)
+	}
+}
+
+// decodeXTTarget reads an xtables target's name and the options the typed
+// fields hold.
+func decodeXTTarget(name string, rev uint32, info []byte, r *Rule) {
+	r.Target = name
+	ne := binary.NativeEndian
+	be := binary.BigEndian
+	switch name {
+	case "DNAT":
+		// rev 0: nf_nat_ipv4_multi_range_compat (rangesize, then flags,
+		// min_ip, max_ip, min port, max port); rev 1, 2: nf_nat_range(2)
+		// (flags, min_addr[16], max_addr[16], min_proto, ...).
+		if rev == 0 && len(info) >= 20 {
+			ip, _ := netip.AddrFromSlice(info[8:12])
+			r.ToDest = netip.AddrPortFrom(ip, be.Uint16(info[16:]))
+		} else if len(info) >= 38 {
+			raw := info[4:20]
+			var ip netip.Addr
+			if r.Family == IP || r.IPFamily == V4 {
+				ip, _ = netip.AddrFromSlice(raw[:4])
+			} else {
+				ip, _ = netip.AddrFromSlice(raw)
+			}
+			r.ToDest = netip.AddrPortFrom(ip, be.Uint16(info[36:]))
+		}
+	case "REDIRECT":
+		switch {
+		case r.Family == IP6 && len(info) >= 38:
+			r.ToPort = be.Uint16(info[36:])
+		case len(info) >= 18:
+			r.ToPort = be.Uint16(info[16:])
+		}
+	case "TPROXY":
+		switch {
+		case rev >= 1 && len(info) >= 26:
+			r.SetMark, r.ToPort = ne.Uint32(info[4:]), be.Uint16(info[24:])
+		case len(info) >= 14:
+			r.SetMark, r.ToPort = ne.Uint32(info[4:]), be.Uint16(info[12:])
+		}
+	case "MARK":
+		if len(info) >= 4 {
+			r.SetMark = ne.Uint32(info)
+		}
+	}
+}

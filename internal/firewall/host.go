@@ -1,0 +1,312 @@
+package firewall
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Interface is the firewall as ipmasq, portmap and intercept use it: one
+// backend, in the calling thread's network namespace. Host is the real one,
+// Fake an in-memory one for tests.
+//
+// Tables are named by family and name: an iptables table of family V4 is
+// (V4.Tables(), "nat"). Reads of a table or chain that is not there return
+// nil and no error.
+type Interface interface {
+	// Backend is the backend this firewall programs.
+	Backend() Backend
+
+	// ReadTable reads a table: its chains, in order, with their rules.
+	ReadTable(ctx context.Context, fam TableFamily, table string) (*Table, error)
+	// ReadChain reads one chain with its rules (much cheaper than a table
+	// on a busy node).
+	ReadChain(ctx context.Context, fam TableFamily, table, chain string) (*Chain, error)
+	// Tables lists the names of the native nftables tables of fam.
+	Tables(ctx context.Context, fam TableFamily) ([]string, error)
+
+	// Restore applies an iptables-restore --noflush payload to family f
+	// as one transaction (iptables backends). A busy xtables lock ends in
+	// CNI code 11.
+	Restore(ctx context.Context, f Family, payload string) error
+	// ApplyNft applies an nft script as one transaction.
+	ApplyNft(ctx context.Context, script string) error
+	// AppendRules appends rules over netlink in one transaction, encoded
+	// as iptables-nft encodes them (nf_tables-backed iptables only; a
+	// missing table or chain fails it, and the caller uses Restore).
+	AppendRules(ctx context.Context, rules []NewRule) error
+	// DeleteRules removes rules read back (by handle for nf_tables, by
+	// their iptables spec for legacy iptables) in one transaction per
+	// family; a rule already gone fails it with an error that
+	// errors.Is(err, ErrNotFound).
+	DeleteRules(ctx context.Context, rules []Rule) error
+	// DeleteTables deletes native nftables tables with everything in them
+	// in one transaction; a table not there is no error.
+	DeleteTables(ctx context.Context, fam TableFamily, names []string) error
+
+	// Release ends the firewall's use. When a netlink transaction removed
+	// something, it returns the netlink socket, whose last close waits for
+	// the kernel to free what was removed: the caller hands it to a
+	// process that outlives it (detach.StartHolding) and closes it.
+	// Otherwise nil.
+	Release() *os.File
+}
+
+// ErrNotFound is what a deletion of something that is not there fails with.
+var ErrNotFound = unix.ENOENT
+
+// DeleteMatching removes the rules of a chain that sel accepts, in one
+// transaction, and reports how many went. A concurrent removal of some of
+// them is tolerated: the chain is read again and what is left removed.
+func DeleteMatching(ctx context.Context, fw Interface, fam TableFamily, table, chain string, sel func(Rule) bool) (int, error) {
+	var err error
+	for attempt := 0; attempt < 3; attempt++ {
+		var c *Chain
+		if c, err = fw.ReadChain(ctx, fam, table, chain); err != nil || c == nil {
+			return 0, err
+		}
+		var del []Rule
+		for _, r := range c.Rules {
+			if sel(r) {
+				del = append(del, r)
+			}
+		}
+		if len(del) == 0 {
+			return 0, nil
+		}
+		if err = fw.DeleteRules(ctx, del); err == nil {
+			return len(del), nil
+		}
+		if !errors.Is(err, ErrNotFound) {
+			return 0, err
+		}
+	}
+	return 0, err
+}
+
+// Host is the real firewall: the backend's tools, and netlink for
+// everything that lives in nf_tables. It opens one netlink connection on
+// first use, in the namespace of the calling thread, which must not change
+// until Release.
+type Host struct {
+	b    Backend
+	conn *Conn
+}
+
+// New returns the firewall of backend b in the calling thread's network
+// namespace.
+func New(b Backend) *Host { return &Host{b: b} }
+
+func (h *Host) Backend() Backend { return h.b }
+
+// netlinkReads: the tables of fam live in nf_tables (and are read over
+// netlink) for native nftables, and for iptables tables of an
+// nf_tables-backed iptables.
+func (h *Host) netlinkReads(fam TableFamily) bool {
+	if fam == IP || fam == IP6 {
+		return h.b.Kind == NFTables || h.b.NFTablesBacked()
+	}
+	return true
+}
+
+func (h *Host) c() (*Conn, error) {
+	if h.conn == nil {
+		c, err := Open()
+		if err != nil {
+			return nil, err
+		}
+		h.conn = c
+	}
+	return h.conn, nil
+}
+
+func (h *Host) Release() *os.File {
+	if h.conn == nil {
+		return nil
+	}
+	f := h.conn.Release()
+	h.conn = nil
+	return f
+}
+
+func tableFamilyOf(fam TableFamily) (Family, error) {
+	switch fam {
+	case IP:
+		return V4, nil
+	case IP6:
+		return V6, nil
+	}
+	return 0, fmt.Errorf("%s tables are not iptables tables", fam.Name())
+}
+
+func (h *Host) ReadTable(ctx context.Context, fam TableFamily, table string) (*Table, error) {
+	if h.netlinkReads(fam) {
+		c, err := h.c()
+		if err != nil {
+			return nil, err
+		}
+		return c.ReadTable(fam, table)
+	}
+	f, err := tableFamilyOf(fam)
+	if err != nil {
+		return nil, err
+	}
+	out, err := retryDump(func() (string, error) { return h.b.Save(ctx, f, table) })
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range ParseIPTablesSave(f, table, out) {
+		if t.Name == table {
+			return t, nil
+		}
+	}
+	return nil, nil
+}
+
+func (h *Host) ReadChain(ctx context.Context, fam TableFamily, table, chain string) (*Chain, error) {
+	if h.netlinkReads(fam) {
+		c, err := h.c()
+		if err != nil {
+			return nil, err
+		}
+		return c.ReadChain(fam, table, chain)
+	}
+	f, err := tableFamilyOf(fam)
+	if err != nil {
+		return nil, err
+	}
+	out, err := retryDump(func() (string, error) { return h.b.ListChain(ctx, f, table, chain) })
+	if err != nil {
+		if noSuchChain(err) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	for _, t := range ParseIPTablesSave(f, table, out) {
+		if c := t.Chain(chain); c != nil {
+			return c, nil
+		}
+	}
+	return &Chain{Family: fam, Table: table, Name: chain, Hook: builtinHook(chain)}, nil
+}
+
+// noSuchChain: how iptables says the chain (or table) is not there.
+func noSuchChain(err error) bool {
+	s := err.Error()
+	return strings.Contains(s, "No chain/target/match by that name") || strings.Contains(s, "does not exist") ||
+		strings.Contains(s, "Table does not exist")
+}
+
+// retryDump repeats a read that iptables-nft abandons when the ruleset
+// changes under it ("results may be incomplete or inconsistent"), which
+// concurrent ADDs and DELs make common.
+func retryDump(fn func() (string, error)) (string, error) {
+	var out string
+	var err error
+	for i := 0; i < 8; i++ {
+		out, err = fn()
+		if err == nil || !strings.Contains(err.Error(), "incomplete or inconsistent") {
+			return out, err
+		}
+		time.Sleep(time.Duration(i+1) * 5 * time.Millisecond)
+	}
+	return out, err
+}
+
+func (h *Host) Tables(ctx context.Context, fam TableFamily) ([]string, error) {
+	c, err := h.c()
+	if err != nil {
+		return nil, err
+	}
+	return c.Tables(fam)
+}
+
+func (h *Host) Restore(ctx context.Context, f Family, payload string) error {
+	return h.b.Restore(ctx, f, payload)
+}
+
+func (h *Host) ApplyNft(ctx context.Context, script string) error { return NftApply(ctx, script) }
+
+func (h *Host) AppendRules(ctx context.Context, rules []NewRule) error {
+	if !h.b.NFTablesBacked() {
+		return fmt.Errorf("AppendRules needs an nf_tables-backed iptables, have %s", h.b)
+	}
+	c, err := h.c()
+	if err != nil {
+		return err
+	}
+	return c.AppendRules(rules)
+}
+
+func (h *Host) DeleteRules(ctx context.Context, rules []Rule) error {
+	if len(rules) == 0 {
+		return nil
+	}
+	if h.netlinkReads(rules[0].Family) {
+		c, err := h.c()
+		if err != nil {
+			return err
+		}
+		return c.DeleteHandles(rules)
+	}
+	for _, f := range []Family{V4, V6} {
+		payload, err := deletePayload(f, rules)
+		if err != nil {
+			return err
+		}
+		if payload == "" {
+			continue
+		}
+		if err := h.b.Restore(ctx, f, payload); err != nil {
+			if strings.Contains(err.Error(), "does a matching rule exist") || noSuchChain(err) {
+				return fmt.Errorf("%w: %v", ErrNotFound, err)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// deletePayload renders the removal of family f's rules as one
+// iptables-restore payload ("" when none is of f).
+func deletePayload(f Family, rules []Rule) (string, error) {
+	var b strings.Builder
+	table := ""
+	for _, r := range rules {
+		if r.Family != f.Tables() {
+			continue
+		}
+		spec, ok := r.IPTablesSpec()
+		if !ok {
+			return "", fmt.Errorf("rule %d of %s %s has no iptables form to delete it by", r.Position, r.Table, r.Chain)
+		}
+		if r.Table != table {
+			if table != "" {
+				b.WriteString("COMMIT\n")
+			}
+			table = r.Table
+			fmt.Fprintf(&b, "*%s\n", table)
+		}
+		fmt.Fprintf(&b, "-D %s %s\n", r.Chain, spec)
+	}
+	if table != "" {
+		b.WriteString("COMMIT\n")
+	}
+	return b.String(), nil
+}
+
+func (h *Host) DeleteTables(ctx context.Context, fam TableFamily, names []string) error {
+	if len(names) == 0 {
+		return nil
+	}
+	c, err := h.c()
+	if err != nil {
+		return err
+	}
+	return c.DeleteTables(fam, names)
+}

@@ -1,0 +1,497 @@
+package firewall
+
+import (
+	"fmt"
+	"net/netip"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// Typed rules: what meshwire reads back from the host, whatever the
+// backend. An iptables table of family V4 is the nf_tables table of
+// family IP with the same name (iptables-nft keeps it there; for
+// iptables-legacy the address is only a name), so every table is named by
+// a TableFamily and a name.
+
+// Native nftables table families, beside Inet and Bridge.
+const (
+	IP  TableFamily = unix.NFPROTO_IPV4
+	IP6 TableFamily = unix.NFPROTO_IPV6
+)
+
+// Tables is the table family that holds family f's iptables tables.
+func (f Family) Tables() TableFamily {
+	if f == V6 {
+		return IP6
+	}
+	return IP
+}
+
+// Name is the nft keyword of a table family.
+func (f TableFamily) Name() string {
+	switch f {
+	case IP:
+		return "ip"
+	case IP6:
+		return "ip6"
+	case Bridge:
+		return "bridge"
+	case Inet:
+		return "inet"
+	}
+	return fmt.Sprintf("family-%d", byte(f))
+}
+
+// ParseTableFamily reads an nft family keyword.
+func ParseTableFamily(s string) (TableFamily, error) {
+	switch s {
+	case "ip":
+		return IP, nil
+	case "ip6":
+		return IP6, nil
+	case "inet":
+		return Inet, nil
+	case "bridge":
+		return Bridge, nil
+	}
+	return 0, fmt.Errorf("unknown nftables family %q", s)
+}
+
+// Rule is one rule as read back: where it is, and what it matches and does,
+// as typed values. The match fields' zero values mean "not matched on".
+// Fields not listed here (a user's extra matches) do not break a read: their
+// names are in Unknown and the typed fields describe the rest.
+type Rule struct {
+	Family   TableFamily // the table's family (IP or IP6 for iptables)
+	Table    string
+	Chain    string
+	Handle   uint64 // nf_tables handle (0 when read from legacy iptables' text)
+	Position int    // 1-based position in the chain (iptables' rule number)
+	Comment  string // -m comment, or the nftables rule comment
+
+	// IPFamily is the address family the rule is limited to in an inet (or
+	// bridge) table (meta nfproto), or implied by its addresses; 0 is both.
+	IPFamily Family
+	Proto    string // "tcp", "udp", "sctp", "icmp", ... or a number
+	Src, Dst netip.Prefix
+	NotSrc   bool
+	NotDst   bool
+	SPort    uint16
+	DPort    uint16
+	NotDPort bool
+	In, Out  string // interface names
+	// Mark matches the packet mark: (mark & MarkMask) == Mark (or !=, with
+	// NotMark). MarkMask is 0xffffffff for an exact match. HasMark tells a
+	// match on mark 0 from no match.
+	HasMark  bool
+	Mark     uint32
+	MarkMask uint32
+	NotMark  bool
+	// DstLocal: -m addrtype --dst-type LOCAL, fib daddr type local.
+	DstLocal bool
+	// NotDstMulticast: -m addrtype ! --dst-type MULTICAST.
+	NotDstMulticast bool
+
+	// Target is what the rule does, as iptables names it: ACCEPT, DROP,
+	// RETURN, MASQUERADE, DNAT, SNAT, REDIRECT, TPROXY, MARK, CONNMARK, CT,
+	// ... ("" for a jump, or no verdict at all).
+	Target string
+	// Jump is the user chain the rule jumps (or, with Goto, goes) to.
+	Jump string
+	Goto bool
+	// ToDest is DNAT's --to-destination (nft: dnat to), port 0 when none.
+	ToDest netip.AddrPort
+	// ToPort is REDIRECT's --to-ports and TPROXY's --on-port.
+	ToPort uint16
+	// SetMark is MARK --set-xmark's or TPROXY --tproxy-mark's value (nft:
+	// meta mark set).
+	SetMark uint32
+
+	// Spec is the rule after "-A CHAIN " as iptables-save prints it, for
+	// rules read from text (legacy iptables, the Fake's iptables tables),
+	// or the rule's statement for the Fake's nftables tables; "" when read
+	// over netlink (see IPTablesSpec).
+	Spec string
+	// Unknown names the matches and statements the typed fields do not
+	// hold, separated by spaces ("" when they hold the whole rule). Rule
+	// stays comparable with ==.
+	Unknown string
+}
+
+func (r *Rule) unknown(what string) {
+	if r.Unknown != "" {
+		r.Unknown += " "
+	}
+	r.Unknown += what
+}
+
+// Chain is a chain as read back.
+type Chain struct {
+	Family  TableFamily
+	Table   string
+	Name    string
+	Comment string // nftables chain comment
+	// Hook is the netfilter hook of a base chain ("prerouting", ...);
+	// "" for a regular chain. iptables' built-in chains have theirs.
+	Hook  string
+	Rules []Rule
+}
+
+// Table is a table as read back: its chains in order, with their rules.
+type Table struct {
+	Family  TableFamily
+	Name    string
+	Comment string // nftables table comment
+	Chains  []*Chain
+}
+
+// Chain returns the named chain, or nil.
+func (t *Table) Chain(name string) *Chain {
+	if t == nil {
+		return nil
+	}
+	for _, c := range t.Chains {
+		if c.Name == name {
+			return c
+		}
+	}
+	return nil
+}
+
+// Rules returns every rule of the table, chain after chain.
+func (t *Table) Rules() []Rule {
+	var out []Rule
+	if t != nil {
+		for _, c := range t.Chains {
+			out = append(out, c.Rules...)
+		}
+	}
+	return out
+}
+
+// ---- iptables text ----
+
+// SplitArgs splits an iptables-save rule line into arguments the way
+// iptables-restore does: words separated by blanks, double quotes group,
+// a backslash escapes the next character inside quotes.
+func SplitArgs(line string) []string {
+	var out []string
+	var cur strings.Builder
+	in, quoted := false, false
+	for i := 0; i < len(line); i++ {
+		c := line[i]
+		switch {
+		case quoted && c == '\\' && i+1 < len(line):
+			i++
+			cur.WriteByte(line[i])
+		case c == '"':
+			quoted = !quoted
+			in = true
+		case !quoted && (c == ' ' || c == '\t'):
+			if in {
+				out = append(out, cur.String())
+				cur.Reset()
+				in = false
+			}
+		default:
+			cur.WriteByte(c)
+			in = true
+		}
+	}
+	if in {
+		out = append(out, cur.String())
+	}
+	return out
+}
+
+// QuoteArg quotes one argument for iptables-restore when it needs it.
+func QuoteArg(s string) string {
+	if s != "" && !strings.ContainsAny(s, " \t\"'\\") {
+		return s
+	}
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
+}
+
+// ParseIPTablesRule reads one rule line of `iptables -S` or iptables-save
+// ("-A CHAIN args...") into a Rule of the table of family f. Matches it
+// does not know are listed in Unknown; it fails only on a line that is not
+// a rule.
+func ParseIPTablesRule(f Family, table, line string) (Rule, error) {
+	args := SplitArgs(strings.TrimSpace(line))
+	if len(args) < 2 || args[0] != "-A" {
+		return Rule{}, fmt.Errorf("not an iptables rule: %q", line)
+	}
+	r := Rule{Family: f.Tables(), Table: table, Chain: args[1]}
+	_, rest, _ := strings.Cut(strings.TrimSpace(line), args[1])
+	r.Spec = strings.TrimSpace(rest)
+	parseIPTablesArgs(f, &r, args[2:])
+	return r, nil
+}
+
+func parseIPTablesArgs(f Family, r *Rule, a []string) {
+	not := false
+	next := func(i *int) string {
+		if *i+1 < len(a) {
+			*i++
+			return a[*i]
+		}
+		return ""
+	}
+	match := ""
+	for i := 0; i < len(a); i++ {
+		x := a[i]
+		if x == "!" {
+			not = true
+			continue
+		}
+		switch x {
+		case "-s", "--source":
+			r.Src, r.NotSrc = parsePrefix(f, next(&i)), not
+		case "-d", "--destination":
+			r.Dst, r.NotDst = parsePrefix(f, next(&i)), not
+		case "-p", "--protocol":
+			r.Proto = next(&i)
+		case "-i", "--in-interface":
+			r.In = next(&i)
+		case "-o", "--out-interface":
+			r.Out = next(&i)
+		case "-m", "--match":
+			match = next(&i)
+			switch match {
+			case "comment", "tcp", "udp", "sctp", "addrtype", "mark":
+			default:
+				r.unknown(match)
+			}
+		case "--comment":
+			r.Comment = next(&i)
+		case "--dport", "--destination-port":
+			if p, err := strconv.ParseUint(next(&i), 10, 16); err == nil {
+				r.DPort, r.NotDPort = uint16(p), not
+			}
+		case "--sport", "--source-port":
+			if p, err := strconv.ParseUint(next(&i), 10, 16); err == nil {
+				r.SPort = uint16(p)
+			}
+		case "--dst-type":
+			switch t := next(&i); {
+			case t == "LOCAL" && !not:
+				r.DstLocal = true
+			case t == "MULTICAST" && not:
+				r.NotDstMulticast = true
+			default:
+				r.unknown("addrtype")
+			}
+		case "--mark":
+			if match == "mark" {
+				v, m := parseMark(next(&i))
+				r.HasMark, r.Mark, r.MarkMask, r.NotMark = true, v, m, not
+			} else {
+				next(&i)
+			}
+		case "-j", "--jump", "-g", "--goto":
+			t := next(&i)
+			if isTargetName(t) {
+				r.Target = t
+			} else {
+				r.Jump, r.Goto = t, x == "-g" || x == "--goto"
+			}
+		case "--to-destination":
+			r.ToDest = parseAddrPort(next(&i))
+		case "--to-ports", "--on-port":
+			if p, err := strconv.ParseUint(strings.SplitN(next(&i), "-", 2)[0], 10, 16); err == nil {
+				r.ToPort = uint16(p)
+			}
+		case "--tproxy-mark", "--set-xmark", "--set-mark":
+			v, _ := parseMark(next(&i))
+			r.SetMark = v
+		}
+		not = false
+	}
+}
+
+// isTargetName tells a target from a user chain: targets are upper case
+// (iptables' convention, which meshwire's chain names also follow, so the
+// known ones are listed).
+func isTargetName(t string) bool {
+	switch t {
+	case "ACCEPT", "DROP", "RETURN", "REJECT", "QUEUE", "LOG", "MASQUERADE", "SNAT", "DNAT", "REDIRECT",
+		"TPROXY", "MARK", "CONNMARK", "CT", "NOTRACK", "TRACE", "CHECKSUM", "TCPMSS", "NFLOG", "NETMAP":
+		return true
+	}
+	return false
+}
+
+func parsePrefix(f Family, s string) netip.Prefix {
+	if p, err := netip.ParsePrefix(s); err == nil {
+		return p.Masked()
+	}
+	if a, err := netip.ParseAddr(s); err == nil {
+		return netip.PrefixFrom(a, a.BitLen())
+	}
+	return netip.Prefix{}
+}
+
+func parseAddrPort(s string) netip.AddrPort {
+	if ap, err := netip.ParseAddrPort(s); err == nil {
+		return ap
+	}
+	if a, err := netip.ParseAddr(strings.Trim(s, "[]")); err == nil {
+		return netip.AddrPortFrom(a, 0)
+	}
+	return netip.AddrPort{}
+}
+
+// parseMark reads "0x10/0x10" or "16": value and mask (0xffffffff when
+// none is given).
+func parseMark(s string) (uint32, uint32) {
+	v, m, ok := strings.Cut(s, "/")
+	val, _ := strconv.ParseUint(v, 0, 32)
+	mask := uint64(0xffffffff)
+	if ok {
+		mask, _ = strconv.ParseUint(m, 0, 32)
+	}
+	return uint32(val), uint32(mask)
+}
+
+// ParseIPTablesSave reads iptables-save output (or `iptables -S` of one
+// table, with table naming it) into typed tables of family f: each table's
+// chains in the order declared, with their rules in order.
+func ParseIPTablesSave(f Family, table, save string) []*Table {
+	var out []*Table
+	var cur *Table
+	get := func(name string) *Chain {
+		if c := cur.Chain(name); c != nil {
+			return c
+		}
+		c := &Chain{Family: f.Tables(), Table: cur.Name, Name: name, Hook: builtinHook(name)}
+		cur.Chains = append(cur.Chains, c)
+		return c
+	}
+	for _, line := range strings.Split(save, "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case strings.HasPrefix(line, "*"):
+			cur = &Table{Family: f.Tables(), Name: line[1:]}
+			out = append(out, cur)
+		case strings.HasPrefix(line, "-P ") || strings.HasPrefix(line, "-N ") || strings.HasPrefix(line, ":"):
+			if cur == nil {
+				cur = &Table{Family: f.Tables(), Name: table}
+				out = append(out, cur)
+			}
+			fields := strings.Fields(strings.TrimPrefix(line, ":"))
+			if fields[0] == "-P" || fields[0] == "-N" {
+				fields = fields[1:]
+			}
+			if len(fields) > 0 {
+				get(fields[0])
+			}
+		case strings.HasPrefix(line, "-A "):
+			if cur == nil {
+				cur = &Table{Family: f.Tables(), Name: table}
+				out = append(out, cur)
+			}
+			r, err := ParseIPTablesRule(f, cur.Name, line)
+			if err != nil {
+				continue
+			}
+			c := get(r.Chain)
+			r.Position = len(c.Rules) + 1
+			c.Rules = append(c.Rules, r)
+		}
+	}
+	return out
+}
+
+func builtinHook(chain string) string {
+	switch chain {
+	case "PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTROUTING":
+		return strings.ToLower(chain)
+	}
+	return ""
+}
+
+// IPTablesSpec renders the rule after "-A CHAIN " as iptables-save prints
+// it, for use in `-D CHAIN spec` lines: Spec when the rule was read from
+// text, else from the typed fields when they hold the whole rule (ok is
+// false when Unknown is not empty, or the rule is not an iptables one).
+func (r Rule) IPTablesSpec() (spec string, ok bool) {
+	if r.Spec != "" && (r.Family == IP || r.Family == IP6) {
+		return r.Spec, true
+	}
+	if r.Unknown != "" || (r.Family != IP && r.Family != IP6) {
+		return "", false
+	}
+	var a []string
+	neg := func(n bool) {
+		if n {
+			a = append(a, "!")
+		}
+	}
+	if r.Src.IsValid() {
+		neg(r.NotSrc)
+		a = append(a, "-s", r.Src.String())
+	}
+	if r.Dst.IsValid() {
+		neg(r.NotDst)
+		a = append(a, "-d", r.Dst.String())
+	}
+	if r.In != "" {
+		a = append(a, "-i", r.In)
+	}
+	if r.Out != "" {
+		a = append(a, "-o", r.Out)
+	}
+	if r.Proto != "" {
+		a = append(a, "-p", r.Proto)
+	}
+	if r.SPort != 0 || r.DPort != 0 {
+		a = append(a, "-m", r.Proto)
+		if r.SPort != 0 {
+			a = append(a, "--sport", strconv.Itoa(int(r.SPort)))
+		}
+		if r.DPort != 0 {
+			neg(r.NotDPort)
+			a = append(a, "--dport", strconv.Itoa(int(r.DPort)))
+		}
+	}
+	if r.DstLocal {
+		a = append(a, "-m", "addrtype", "--dst-type", "LOCAL")
+	}
+	if r.NotDstMulticast {
+		a = append(a, "-m", "addrtype", "!", "--dst-type", "MULTICAST")
+	}
+	if r.HasMark {
+		a = append(a, "-m", "mark")
+		neg(r.NotMark)
+		if r.MarkMask == 0xffffffff {
+			a = append(a, "--mark", fmt.Sprintf("%#x", r.Mark))
+		} else {
+			a = append(a, "--mark", fmt.Sprintf("%#x/%#x", r.Mark, r.MarkMask))
+		}
+	}
+	if r.Comment != "" {
+		a = append(a, "-m", "comment", "--comment", QuoteArg(r.Comment))
+	}
+	switch {
+	case r.Jump != "" && r.Goto:
+		a = append(a, "-g", r.Jump)
+	case r.Jump != "":
+		a = append(a, "-j", r.Jump)
+	case r.Target == "DNAT":
+		a = append(a, "-j", "DNAT", "--to-destination", addrPortText(r.ToDest))
+	case r.Target == "MASQUERADE" || r.Target == "ACCEPT" || r.Target == "DROP" || r.Target == "RETURN":
+		a = append(a, "-j", r.Target)
+	case r.Target != "":
+		return "", false // a target whose options the typed fields do not hold
+	}
+	return strings.Join(a, " "), true
+}
+
+func addrPortText(ap netip.AddrPort) string {
+	if ap.Port() == 0 {
+		return ap.Addr().String()
+	}
+	return ap.String()
+}
