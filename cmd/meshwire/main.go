@@ -1,5 +1,7 @@
-// Command meshwire wires named network namespaces with CNI conflists through
-// libcni, the way a container runtime does, and demonstrates the suite.
+// Command meshwire is the suite's command line: it wires named network
+// namespaces with CNI conflists through libcni, the way a container runtime
+// does (add, check, del, ls, gc), demonstrates the suite (demo), attaches
+// the eBPF fast path (fastpath) and installs meshwire on a node (install).
 package main
 
 import (

@@ -1,8 +1,9 @@
 // Package announce tells a pod's neighbours about its addresses right after
 // they are configured: a gratuitous ARP for IPv4 (j-keck/arping) and an
 // unsolicited neighbor advertisement for IPv6, so that caches holding the
-// previous owner of a recycled address are corrected at once. Call it from a
-// thread inside the pod's network namespace.
+// previous owner of a recycled address are corrected at once. Start hands
+// the work to a detached child (internal/detach) that enters the pod's
+// network namespace and runs Job; the plugin registers Job under JobName.
 package announce
 
 import (
@@ -15,8 +16,8 @@ import (
 	"golang.org/x/net/ipv6"
 )
 
-// Addresses announces every address of ips on the interface ifName.
-func Addresses(ifName string, ips []net.IP) error {
+// addresses announces every address of ips on the interface ifName.
+func addresses(ifName string, ips []net.IP) error {
 	iface, err := net.InterfaceByName(ifName)
 	if err != nil {
 		return fmt.Errorf("announce on %s: %w", ifName, err)
@@ -29,7 +30,7 @@ func Addresses(ifName string, ips []net.IP) error {
 			}
 			continue
 		}
-		if err := NeighborAdvertisement(iface, ip); err != nil {
+		if err := neighborAdvertisement(iface, ip); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -39,9 +40,9 @@ func Addresses(ifName string, ips []net.IP) error {
 // allNodes is ff02::1, where unsolicited advertisements go (RFC 4861 7.2.6).
 var allNodes = net.ParseIP("ff02::1")
 
-// NAMessage builds an unsolicited neighbor advertisement for target with the
+// naMessage builds an unsolicited neighbor advertisement for target with the
 // Override flag and the target link-layer address option.
-func NAMessage(target net.IP, mac net.HardwareAddr) ([]byte, error) {
+func naMessage(target net.IP, mac net.HardwareAddr) ([]byte, error) {
 	body := make([]byte, 4+16, 4+16+8)
 	body[0] = 0x20 // Override; not Solicited, not Router
 	copy(body[4:], target.To16())
@@ -57,9 +58,9 @@ func NAMessage(target net.IP, mac net.HardwareAddr) ([]byte, error) {
 	return m.Marshal(nil) // the kernel fills in the checksum of ICMPv6 sockets
 }
 
-// NeighborAdvertisement sends one unsolicited NA for target from iface.
-func NeighborAdvertisement(iface *net.Interface, target net.IP) error {
-	msg, err := NAMessage(target, iface.HardwareAddr)
+// neighborAdvertisement sends one unsolicited NA for target from iface.
+func neighborAdvertisement(iface *net.Interface, target net.IP) error {
+	msg, err := naMessage(target, iface.HardwareAddr)
 	if err != nil {
 		return err
 	}

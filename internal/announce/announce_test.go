@@ -8,7 +8,7 @@ import (
 
 func TestNAMessage(t *testing.T) {
 	mac, _ := net.ParseMAC("02:00:00:00:00:01")
-	b, err := NAMessage(net.ParseIP("fd20::5"), mac)
+	b, err := naMessage(net.ParseIP("fd20::5"), mac)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -21,12 +21,12 @@ func TestNAMessage(t *testing.T) {
 }
 
 func TestParseJobArg(t *testing.T) {
-	ifName, ips, err := ParseJobArg("eth0;198.18.16.5,fd20::5")
+	ifName, ips, err := parseJobArg("eth0;198.18.16.5,fd20::5")
 	if err != nil || ifName != "eth0" || len(ips) != 2 || !ips[1].Equal(net.ParseIP("fd20::5")) {
 		t.Fatalf("got %q %v %v", ifName, ips, err)
 	}
 	for _, bad := range []string{"", "eth0", ";1.2.3.4", "eth0;nonsense"} {
-		if _, _, err := ParseJobArg(bad); err == nil {
+		if _, _, err := parseJobArg(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
 	}

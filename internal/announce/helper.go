@@ -42,8 +42,8 @@ func Start(nsFD int, ifName string, ips []net.IP, tails ...*os.File) error {
 	return detach.StartHolding(JobName, ifName+";"+strings.Join(strs, ","), []*os.File{nsFile}, tails)
 }
 
-// ParseJobArg reads the job's argument: "ifname;ip,ip".
-func ParseJobArg(v string) (ifName string, ips []net.IP, err error) {
+// parseJobArg reads the job's argument: "ifname;ip,ip".
+func parseJobArg(v string) (ifName string, ips []net.IP, err error) {
 	ifName, list, ok := strings.Cut(v, ";")
 	if !ok || ifName == "" {
 		return "", nil, fmt.Errorf("malformed announce job %q", v)
@@ -61,7 +61,7 @@ func ParseJobArg(v string) (ifName string, ips []net.IP, err error) {
 // Job is the detached child's work: enter the namespace passed as fd 3 and
 // announce.
 func Job(arg string) error {
-	ifName, ips, err := ParseJobArg(arg)
+	ifName, ips, err := parseJobArg(arg)
 	if err != nil {
 		return err
 	}
@@ -69,5 +69,5 @@ func Job(arg string) error {
 	if err := unix.Setns(3, unix.CLONE_NEWNET); err != nil {
 		return err
 	}
-	return Addresses(ifName, ips)
+	return addresses(ifName, ips)
 }

@@ -1,8 +1,10 @@
-// Package filelock is the node-wide lock meshwire plugins take around shared
-// state (IPAM stores, bridge creation, firewall transactions): an flock(2) on
-// a file, so it dies with the process that holds it (a kill -9 never leaves
-// a stale lock), taken with a bound so that a stuck holder ends in CNI error
-// code 11 (try again later) instead of a hung runtime.
+// Package filelock is the lock that processes on a node take around what
+// they share: host-local's address store (AcquireQueued), portmap's
+// slow paths, the meshwire command's state directory and the eBPF fast
+// path's attach and detach (Acquire). It is an flock(2) on a file, so it
+// dies with the process that holds it (a kill -9 never leaves a stale
+// lock), taken with a bound so that a stuck holder ends in CNI error code 11
+// (try again later) instead of a hung runtime.
 package filelock
 
 import (

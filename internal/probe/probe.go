@@ -1,5 +1,9 @@
-// Package probe checks reachability from inside a network namespace: ICMP
-// echo (ping) without depending on the ping binary being installed.
+// Package probe opens sockets inside a network namespace to check
+// reachability from there: ICMP echo (Ping, without depending on the ping
+// binary being installed), and TCP or UDP listeners and connections (Listen,
+// Dial, or any socket through InNS). Importing it settles, in the host's
+// namespace, Go's once-per-process probe of the IP stack (see
+// PrimeIPStack).
 package probe
 
 import (
