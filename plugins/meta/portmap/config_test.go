@@ -9,6 +9,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/firewall"
 )
 
@@ -157,7 +158,7 @@ func TestPlan(t *testing.T) {
 	}
 	v4 := &net.IPNet{IP: net.ParseIP("198.18.48.5").To4(), Mask: net.CIDRMask(24, 32)}
 	v6 := &net.IPNet{IP: net.ParseIP("fd50:48::5"), Mask: net.CIDRMask(64, 128)}
-	a := attachment{ContainerID: "c", IfName: "eth0", Network: "n"}
+	a := attachment.ID{ContainerID: "c", IfName: "eth0", Network: "n"}
 	ps := plan(c, a, v4, v6)
 	if len(ps) != 2 || ps[0].Family != firewall.V4 || ps[1].Family != firewall.V6 {
 		t.Fatalf("plans %+v", ps)
@@ -204,20 +205,20 @@ func TestNeedsLocalnet(t *testing.T) {
 }
 
 func TestKeyAndTag(t *testing.T) {
-	a := attachment{ContainerID: "c1", IfName: "eth0", Network: "n1"}
-	b := attachment{ContainerID: "c1", IfName: "eth0", Network: "renamed"}
-	if a.key() != b.key() {
+	a := attachment.ID{ContainerID: "c1", IfName: "eth0", Network: "n1"}
+	b := attachment.ID{ContainerID: "c1", IfName: "eth0", Network: "renamed"}
+	if a.PortmapKey() != b.PortmapKey() {
 		t.Fatal("the key depends on the network name: a renamed network would leak")
 	}
-	if a.key() == (attachment{ContainerID: "c1", IfName: "eth1"}).key() || len(a.key()) != 16 {
+	if a.PortmapKey() == (attachment.ID{ContainerID: "c1", IfName: "eth1"}).PortmapKey() || len(a.PortmapKey()) != 16 {
 		t.Fatal("key must differ per interface and be 16 hex digits")
 	}
-	if got := tagNetwork(a.tag(255)); got != "n1" {
+	if got := tagNetwork(tag(a, 255)); got != "n1" {
 		t.Fatalf("tag network %q", got)
 	}
-	odd := attachment{ContainerID: strings.Repeat("x", 300), IfName: "eth0", Network: `we"ird name`}
-	tag := odd.tag(nftCommentMax)
-	if len(tag) > nftCommentMax || strings.Contains(tag, `"`) || tagNetwork(tag) != netTag(odd.Network) {
+	odd := attachment.ID{ContainerID: strings.Repeat("x", 300), IfName: "eth0", Network: `we"ird name`}
+	tag := tag(odd, nftCommentMax)
+	if len(tag) > nftCommentMax || strings.Contains(tag, `"`) || tagNetwork(tag) != attachment.NetworkTag(odd.Network) {
 		t.Fatalf("tag %q", tag)
 	}
 	if tagNetwork("something else") != "" {

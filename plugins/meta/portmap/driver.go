@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/filelock"
 	"github.com/meshwire/meshwire/internal/firewall"
@@ -97,12 +98,12 @@ func resolveBackend(ctx context.Context, c *config) resolved {
 type driver interface {
 	// add installs an attachment's plans (one transaction per family for
 	// iptables, one for both with nftables).
-	add(ctx context.Context, a attachment, plans []famPlan) error
+	add(ctx context.Context, a attachment.ID, plans []famPlan) error
 	// del removes the attachment in the given families. With wantUDP it
 	// returns the UDP host ports its rules mapped (for conntrack).
 	del(ctx context.Context, key string, fams []firewall.Family, wantUDP bool) (map[firewall.Family][]int, error)
 	// check verifies that the attachment's rules match the plans.
-	check(ctx context.Context, a attachment, plans []famPlan) error
+	check(ctx context.Context, a attachment.ID, plans []famPlan) error
 	// gc removes attachments of the network that are not in valid (keys).
 	gc(ctx context.Context, network string, valid map[string]bool) error
 }
@@ -156,7 +157,7 @@ func (d *iptDriver) restore(ctx context.Context, f firewall.Family, payload stri
 	return d.b.Restore(ctx, f, payload)
 }
 
-func (d *iptDriver) add(ctx context.Context, a attachment, plans []famPlan) error {
+func (d *iptDriver) add(ctx context.Context, a attachment.ID, plans []famPlan) error {
 	for _, p := range plans {
 		// A wrong hint costs one refused transaction, never a wrong rule.
 		err := firstTry(d.hint(p.Family), renderIPTAddNew(p), renderIPTAddFresh(p), func(payload string) error {
@@ -326,7 +327,7 @@ func (d *iptDriver) forgetBackendIfEmpty(ctx context.Context, f firewall.Family,
 	}
 }
 
-func (d *iptDriver) check(ctx context.Context, a attachment, plans []famPlan) error {
+func (d *iptDriver) check(ctx context.Context, a attachment.ID, plans []famPlan) error {
 	for _, p := range plans {
 		st, err := d.read(ctx, p.Family)
 		if err != nil {
@@ -376,7 +377,7 @@ func gcStale(keys []string, tagOf func(string) string, network string, valid map
 		if valid[k] {
 			continue
 		}
-		if tagNetwork(tagOf(k)) == netTag(network) {
+		if tagNetwork(tagOf(k)) == attachment.NetworkTag(network) {
 			out = append(out, k)
 		}
 	}
@@ -426,7 +427,7 @@ func missing(err error) bool {
 	return err != nil && strings.Contains(err.Error(), "No such file or directory")
 }
 
-func (d *nftDriver) add(ctx context.Context, a attachment, plans []famPlan) error {
+func (d *nftDriver) add(ctx context.Context, a attachment.ID, plans []famPlan) error {
 	if len(plans) == 0 {
 		return nil
 	}
@@ -549,12 +550,12 @@ func (d *nftDriver) remove(ctx context.Context, keys []string) error {
 	})
 }
 
-func (d *nftDriver) check(ctx context.Context, a attachment, plans []famPlan) error {
+func (d *nftDriver) check(ctx context.Context, a attachment.ID, plans []famPlan) error {
 	st, err := d.listEach(ctx, nil)
 	if err != nil {
 		return err
 	}
-	ch := nftAttChain(a.key())
+	ch := nftAttChain(a.PortmapKey())
 	c := st.chains[ch]
 	switch {
 	case len(plans) == 0:

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/meshwire/meshwire/internal/attachment"
 )
 
 // FuzzConfig feeds arbitrary stdin to the config parser and, when it is
@@ -29,7 +31,7 @@ func FuzzConfig(f *testing.F) {
 			}
 			return
 		}
-		a := attachment{ContainerID: "c", IfName: "eth0", Network: c.raw.Name}
+		a := attachment.ID{ContainerID: "c", IfName: "eth0", Network: c.raw.Name}
 		v4 := &net.IPNet{IP: net.ParseIP("198.18.48.5").To4(), Mask: net.CIDRMask(24, 32)}
 		v6 := &net.IPNet{IP: net.ParseIP("fd50:48::5"), Mask: net.CIDRMask(64, 128)}
 		plans := plan(c, a, v4, v6)

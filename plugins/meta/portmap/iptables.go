@@ -97,7 +97,7 @@ func iptRuleSpec(p famPlan, r rule) string {
 // iptAttachmentLines are the rules of the attachment chain, tag first.
 func iptAttachmentLines(p famPlan) []string {
 	ch := iptAttChain(p.Key)
-	lines := []string{fmt.Sprintf("-A %s -m comment --comment %s", ch, iptQuote(p.Att.tag(iptCommentMax)))}
+	lines := []string{fmt.Sprintf("-A %s -m comment --comment %s", ch, iptQuote(tag(p.Att, iptCommentMax)))}
 	for _, r := range p.Rules {
 		lines = append(lines, "-A "+ch+" "+iptRuleSpec(p, r))
 	}

@@ -1,61 +1,35 @@
 package main
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"net"
 	"strings"
 
 	current "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/firewall"
 )
 
-// attachment is one (container, interface) pair on the node. Its rules are
-// found by key, a hash of the container id and the interface name only: a
-// DEL after the network was renamed, or without portMappings and
-// prevResult, still finds them.
-type attachment struct {
-	ContainerID string
-	IfName      string
-	Network     string
-}
-
-// key is the attachment's identity in chain names: 16 hex digits of
-// sha256(containerID NUL ifname).
-func (a attachment) key() string { return attachmentKey(a.ContainerID, a.IfName) }
-
-func attachmentKey(containerID, ifName string) string {
-	sum := sha256.Sum256([]byte(containerID + "\x00" + ifName))
-	return hex.EncodeToString(sum[:8])
-}
+// An attachment is an attachment.ID: one (container, interface) pair on
+// the node. Its rules are found by its key (attachment.ID.PortmapKeys: the
+// current key and the older one), a hash of the container id and the
+// interface name only: a DEL after the network was renamed, or without
+// portMappings and prevResult, still finds them.
 
 // tagPrefix starts the comment that describes an attachment chain.
 const tagPrefix = "meshwire-portmap"
 
 // tag is the human-readable comment on the attachment's chain: which
-// network, interface and container it serves. GC uses the network part to
-// stay within its network; the container id is informational (truncated to
-// fit the backend's comment limit).
-func (a attachment) tag(limit int) string {
-	s := fmt.Sprintf("%s net=%s if=%s id=%s", tagPrefix, netTag(a.Network), a.IfName, a.ContainerID)
+// network (attachment.NetworkTag), interface and container it serves. GC
+// uses the network part to stay within its network; the container id is
+// informational (truncated to fit the backend's comment limit).
+func tag(a attachment.ID, limit int) string {
+	s := fmt.Sprintf("%s net=%s if=%s id=%s", tagPrefix, attachment.NetworkTag(a.Network), a.IfName, a.ContainerID)
 	if len(s) > limit {
 		s = s[:limit]
 	}
 	return s
-}
-
-var plainName = lazyRegexp(`^[A-Za-z0-9_.\-]{1,64}$`)
-
-// netTag is the network name as written in tags: itself when short and
-// plain, else a hash (comments must stay quotable and short).
-func netTag(name string) string {
-	if plainName().MatchString(name) {
-		return name
-	}
-	sum := sha256.Sum256([]byte(name))
-	return "sha256-" + hex.EncodeToString(sum[:8])
 }
 
 // tagNetwork returns the net= part of a tag, or "" when the comment is not
@@ -121,7 +95,7 @@ type rule struct {
 type famPlan struct {
 	Family firewall.Family
 	Key    string
-	Att    attachment
+	Att    attachment.ID
 	Conds  []string
 	// MarkBit is meshwire's masquerade mark bit, or -1 when nothing is
 	// marked (snat off) or marking is external.
@@ -135,7 +109,7 @@ type famPlan struct {
 // lists. A family is planned only when the container has an address in it
 // and at least one mapping applies to it (a hostIP of the other family does
 // not).
-func plan(c *config, a attachment, v4, v6 *net.IPNet) []famPlan {
+func plan(c *config, a attachment.ID, v4, v6 *net.IPNet) []famPlan {
 	var out []famPlan
 	for _, fam := range []struct {
 		f     firewall.Family
@@ -145,7 +119,7 @@ func plan(c *config, a attachment, v4, v6 *net.IPNet) []famPlan {
 		if fam.addr == nil {
 			continue
 		}
-		p := famPlan{Family: fam.f, Key: a.key(), Att: a, Conds: fam.conds, MarkBit: -1, ExternalMark: c.ExternalSetMarkChain}
+		p := famPlan{Family: fam.f, Key: a.PortmapKey(), Att: a, Conds: fam.conds, MarkBit: -1, ExternalMark: c.ExternalSetMarkChain}
 		if c.SNAT && c.ExternalSetMarkChain == "" {
 			p.MarkBit = c.MarkBit
 		}

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/firewall"
 )
 
@@ -87,8 +88,8 @@ func nftAttachmentLines(key string, plans []famPlan) []string {
 	return lines
 }
 
-func nftChainDecl(verb, key string, a attachment) string {
-	return fmt.Sprintf("%s chain %s %s { comment %s; }", verb, nftFQ, nftAttChain(key), nftQuote(a.tag(nftCommentMax)))
+func nftChainDecl(verb, key string, a attachment.ID) string {
+	return fmt.Sprintf("%s chain %s %s { comment %s; }", verb, nftFQ, nftAttChain(key), nftQuote(tag(a, nftCommentMax)))
 }
 
 func nftScript(lines []string) string { return strings.Join(lines, "\n") + "\n" }
@@ -96,8 +97,8 @@ func nftScript(lines []string) string { return strings.Join(lines, "\n") + "\n" 
 // renderNFTAddNew is the one-transaction ADD of an attachment the table does
 // not have yet, on a table that has the base (and the mark chains the plans
 // use). Both families go into the same transaction.
-func renderNFTAddNew(a attachment, plans []famPlan) string {
-	key := a.key()
+func renderNFTAddNew(a attachment.ID, plans []famPlan) string {
+	key := a.PortmapKey()
 	lines := []string{nftChainDecl("create", key, a)}
 	lines = append(lines, nftAttachmentLines(key, plans)...)
 	lines = append(lines, fmt.Sprintf("add rule %s %s jump %s", nftFQ, nftHostports, nftAttChain(key)))
@@ -107,7 +108,7 @@ func renderNFTAddNew(a attachment, plans []famPlan) string {
 // renderNFTAddFresh is the one-transaction ADD on a node without the
 // table: `create table` fails when it exists, which aborts the whole
 // transaction.
-func renderNFTAddFresh(a attachment, plans []famPlan) string {
+func renderNFTAddFresh(a attachment.ID, plans []famPlan) string {
 	script := renderNFTEnsure(parseNFTList(""), a, plans)
 	return strings.Replace(script, "add table ", "create table ", 1)
 }
@@ -206,7 +207,7 @@ func (st *nftState) markBits() []int {
 // table or chain that exists is a no-op; the hook chains are flushed and
 // refilled, so they never hold duplicates), the attachment chain is created
 // or flushed and filled, and the jump is added unless present.
-func renderNFTEnsure(st *nftState, a attachment, plans []famPlan) string {
+func renderNFTEnsure(st *nftState, a attachment.ID, plans []famPlan) string {
 	bits := map[int]bool{}
 	for _, b := range st.markBits() {
 		bits[b] = true
@@ -217,7 +218,7 @@ func renderNFTEnsure(st *nftState, a attachment, plans []famPlan) string {
 		}
 	}
 	lines := nftBaseLines(bits)
-	key := a.key()
+	key := a.PortmapKey()
 	ch := nftAttChain(key)
 	if st.chains[ch] != nil {
 		lines = append(lines, fmt.Sprintf("flush chain %s %s", nftFQ, ch))

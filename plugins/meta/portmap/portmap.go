@@ -15,14 +15,15 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/firewall"
 )
 
 const cmdTimeout = 60 * time.Second
 
-func newAttachment(args *skel.CmdArgs, c *config) attachment {
-	return attachment{ContainerID: args.ContainerID, IfName: args.IfName, Network: c.raw.Name}
+func newAttachment(args *skel.CmdArgs, c *config) attachment.ID {
+	return attachment.ID{ContainerID: args.ContainerID, IfName: args.IfName, Network: c.raw.Name}
 }
 
 // prepared is what ADD and CHECK work from: the config, prevResult, the
@@ -30,7 +31,7 @@ func newAttachment(args *skel.CmdArgs, c *config) attachment {
 type prepared struct {
 	c      *config
 	prev   *current.Result
-	a      attachment
+	a      attachment.ID
 	v4, v6 *net.IPNet
 	plans  []famPlan
 }
@@ -69,7 +70,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 
 // install programs the plans, then the host settings they need; a failure
 // undoes the rules.
-func install(ctx context.Context, c *config, a attachment, plans []famPlan, v4 *net.IPNet) error {
+func install(ctx context.Context, c *config, a attachment.ID, plans []famPlan, v4 *net.IPNet) error {
 	r := resolveBackend(ctx, c)
 	d := newDriver(r)
 	slog.Debug("backend", "backend", r.String(), "auto", r.auto)
@@ -78,7 +79,7 @@ func install(ctx context.Context, c *config, a attachment, plans []famPlan, v4 *
 		err = enableLocalnet(v4.IP)
 	}
 	if err != nil {
-		if _, derr := d.del(ctx, a.key(), families(plans), false); derr != nil {
+		if _, derr := d.del(ctx, a.PortmapKey(), families(plans), false); derr != nil {
 			slog.Warn("undo after a failed ADD", "error", derr)
 		}
 		return err
@@ -116,7 +117,7 @@ func cmdDel(args *skel.CmdArgs) error {
 	defer cancel()
 	fams := delFamilies(c, args.IfName)
 	d := newDriver(resolveBackend(ctx, c))
-	udp, err := d.del(ctx, a.key(), fams, len(c.Mappings) == 0)
+	udp, err := d.del(ctx, a.PortmapKey(), fams, len(c.Mappings) == 0)
 	if err != nil {
 		return err
 	}
@@ -169,7 +170,11 @@ func cmdGC(args *skel.CmdArgs) error {
 	}
 	valid := map[string]bool{}
 	for _, v := range c.raw.ValidAttachments {
-		valid[attachmentKey(v.ContainerID, v.IfName)] = true
+		// Both forms of the key: a valid attachment's chains stay whichever
+		// meshwire made them.
+		for _, k := range (attachment.ID{ContainerID: v.ContainerID, IfName: v.IfName}).PortmapKeys() {
+			valid[k] = true
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()

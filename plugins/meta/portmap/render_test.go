@@ -9,6 +9,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/firewall"
 )
 
@@ -34,7 +35,7 @@ var goldenCases = []struct {
 	{"nft-conditions", `"backend":"nftables","conditionsV4":["ip saddr != 198.18.49.0/24"],"conditionsV6":["ip6","saddr","!=","fd50:49::/64"],"runtimeConfig":{"portMappings":[{"hostPort":30080,"containerPort":80,"protocol":"tcp"}]}`},
 }
 
-var goldenAtt = attachment{ContainerID: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", IfName: "eth0", Network: "mwtp-golden"}
+var goldenAtt = attachment.ID{ContainerID: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", IfName: "eth0", Network: "mwtp-golden"}
 
 func goldenPlans(t *testing.T, conf string) (*config, []famPlan) {
 	t.Helper()
@@ -78,8 +79,8 @@ func TestGolden(t *testing.T) {
 				empty := parseNFTList("")
 				fmt.Fprintf(&b, "## nftables: ADD (first attachment, no table yet)\n%s\n", renderNFTAddFresh(goldenAtt, plans))
 				fmt.Fprintf(&b, "## nftables: ADD (slow path, empty table)\n%s\n", renderNFTEnsure(empty, goldenAtt, plans))
-				st := nftListing(goldenAtt.key(), plans)
-				fmt.Fprintf(&b, "## nftables: DEL of the last attachment\n%s\n", renderNFTRemove(st, []string{goldenAtt.key()}, true))
+				st := nftListing(goldenAtt.PortmapKey(), plans)
+				fmt.Fprintf(&b, "## nftables: DEL of the last attachment\n%s\n", renderNFTRemove(st, []string{goldenAtt.PortmapKey()}, true))
 			}
 			checkGolden(t, gc.name, b.String())
 		})
@@ -129,7 +130,7 @@ func simulateIPT(payload string) string {
 func nftListing(key string, plans []famPlan) *nftState {
 	st := &nftState{exists: true, chains: map[string]*nftChain{}}
 	st.chains[nftHostports] = &nftChain{rules: []nftRule{{expr: "jump " + nftAttChain(key), handle: 7}}}
-	st.chains[nftAttChain(key)] = &nftChain{comment: goldenAtt.tag(nftCommentMax)}
+	st.chains[nftAttChain(key)] = &nftChain{comment: tag(goldenAtt, nftCommentMax)}
 	st.chains[nftAnchor] = &nftChain{}
 	return st
 }
