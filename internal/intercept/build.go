@@ -40,9 +40,18 @@ func (rs *RuleSet) Empty() bool {
 	return true
 }
 
+// builder collects the rules of one family, table by table, and holds what
+// every step of Build needs to know about the config.
 type builder struct {
-	rs     *RuleSet
-	tables map[string]*TableRules
+	cfg    Config
+	f      Family
+	tproxy bool
+	// lo is the pod's loopback range of the family; passthrough the source
+	// address of the proxy's passthrough connections to the app.
+	lo, passthrough netip.Prefix
+	// inTable holds the inbound capture: nat for REDIRECT, mangle for TPROXY.
+	inTable string
+	tables  map[string]*TableRules
 }
 
 func (b *builder) add(table string, r Rule) {
@@ -68,34 +77,75 @@ func single(a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, a.BitLen()) 
 
 // Build renders cfg into the rule set of family f, rule for rule what
 // istio-iptables programs for the same flags (with the user chains only
-// created where they are used).
+// created where they are used). Each step appends its rules to the tables
+// in istio-iptables' order.
 func Build(cfg Config, f Family) *RuleSet {
-	b := &builder{rs: &RuleSet{Family: f}, tables: map[string]*TableRules{}}
-	tproxy := cfg.Mode == ModeTProxy
-	lo := cfg.loopback(f)
-	passthrough := single(PassthroughSource(f))
-	inTable := NAT
-	if tproxy {
-		inTable = Mangle
+	b := newBuilder(cfg, f)
+	b.excludedInterfaces()
+	b.dropInvalid()
+	b.kubeVirtInterfaces()
+	b.inbound()
+	if b.tproxy {
+		b.tproxyMarks()
 	}
+	b.outbound()
+	b.dnsUDP()
+	return b.ruleSet()
+}
 
-	// Interfaces left alone entirely.
-	for _, ifc := range cfg.ExcludeInterfaces {
+func newBuilder(cfg Config, f Family) *builder {
+	b := &builder{
+		cfg:         cfg,
+		f:           f,
+		tproxy:      cfg.Mode == ModeTProxy,
+		lo:          cfg.loopback(f),
+		passthrough: single(PassthroughSource(f)),
+		inTable:     NAT,
+		tables:      map[string]*TableRules{},
+	}
+	if b.tproxy {
+		b.inTable = Mangle
+	}
+	return b
+}
+
+// ruleSet lists the tables that got rules, in tableOrder.
+func (b *builder) ruleSet() *RuleSet {
+	rs := &RuleSet{Family: b.f}
+	for _, name := range tableOrder {
+		if t := b.tables[name]; t != nil {
+			rs.Tables = append(rs.Tables, t)
+		}
+	}
+	return rs
+}
+
+// excludedInterfaces leaves the excluded interfaces alone entirely.
+func (b *builder) excludedInterfaces() {
+	for _, ifc := range b.cfg.ExcludeInterfaces {
 		b.add(NAT, Rule{Chain: "PREROUTING", In: ifc, Target: ret()})
 		b.add(NAT, Rule{Chain: "OUTPUT", Out: ifc, Target: ret()})
-		if tproxy {
+		if b.tproxy {
 			b.add(Mangle, Rule{Chain: "PREROUTING", In: ifc, Target: ret()})
 			b.add(Mangle, Rule{Chain: "OUTPUT", Out: ifc, Target: ret()})
 		}
 	}
-	if cfg.DropInvalid {
+}
+
+// dropInvalid drops packets conntrack finds invalid, when asked.
+func (b *builder) dropInvalid() {
+	if b.cfg.DropInvalid {
 		b.add(Mangle, Rule{Chain: "PREROUTING", CTState: "INVALID", Target: Target{Kind: Drop}})
 	}
+}
 
-	// Traffic from virtual machines behind kube-virt interfaces is outbound
-	// traffic of the pod, never inbound: it skips the inbound capture.
+// kubeVirtInterfaces: traffic from virtual machines behind kube-virt
+// interfaces is outbound traffic of the pod, never inbound: it skips the
+// inbound capture.
+func (b *builder) kubeVirtInterfaces() {
+	cfg, f := b.cfg, b.f
 	for _, ifc := range cfg.KubeVirtInterfaces {
-		if tproxy && !cfg.InboundPorts.Empty() {
+		if b.tproxy && !cfg.InboundPorts.Empty() {
 			b.add(Mangle, Rule{Chain: "PREROUTING", In: ifc, Target: ret()})
 		}
 		for _, p := range f.prefixes(cfg.OutboundCIDRsExclude) {
@@ -110,77 +160,101 @@ func Build(cfg Config, f Family) *RuleSet {
 			b.add(NAT, Rule{Chain: "PREROUTING", In: ifc, Target: ret()})
 		}
 	}
+}
 
-	// Inbound.
+// inbound captures the inbound ports: REDIRECT to the inbound capture port,
+// or with TPROXY a mark and a divert to it.
+func (b *builder) inbound() {
+	cfg := b.cfg
 	b.add(NAT, Rule{Chain: ChainInRedirect, Proto: "tcp", Target: redirect(cfg.InboundCapturePort)})
-	if !cfg.InboundPorts.Empty() {
-		if tproxy {
-			b.add(Mangle, Rule{Chain: ChainDivert, Target: Target{Kind: SetMark, Mark: cfg.TProxyMark}})
-			b.add(Mangle, Rule{Chain: ChainDivert, Target: Target{Kind: Accept}})
-			b.add(Mangle, Rule{Chain: ChainTProxy, Dst: lo, NotDst: true, Proto: "tcp",
-				Target: Target{Kind: TProxy, Port: cfg.InboundCapturePort, Mark: cfg.TProxyMark}})
-		}
-		b.add(inTable, Rule{Chain: "PREROUTING", Proto: "tcp", Target: jump(ChainInbound)})
-		if tproxy {
-			// Packets already diverted, the proxy's passthrough connections
-			// to the app and any other loopback traffic but the proxy's own
-			// (marked OutboundMark in OUTPUT) are never captured again.
-			b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", Mark: cfg.TProxyMark, Target: ret()})
-			b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", In: "lo", Src: passthrough, Target: ret()})
-			b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", In: "lo", Mark: OutboundMark, NotMark: true, Target: ret()})
-			// Replies to connections the pod (or a VM behind a kube-virt
-			// interface, which the pod forwards) opened are routed as
-			// usual, never diverted to the proxy.
-			b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", CTState: "RELATED,ESTABLISHED", CTDir: "REPLY", Target: ret()})
-		}
-		if cfg.InboundTunnelPort != 0 {
-			b.add(inTable, Rule{Chain: ChainInbound, Proto: "tcp", DPort: cfg.InboundTunnelPort, Target: ret()})
-		}
-		capture := func(port uint16) {
-			if tproxy {
-				b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", DPort: port, CTState: "RELATED,ESTABLISHED", Target: jump(ChainDivert)})
-				b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", DPort: port, Target: jump(ChainTProxy)})
-			} else {
-				b.add(NAT, Rule{Chain: ChainInbound, Proto: "tcp", DPort: port, Target: jump(ChainInRedirect)})
-			}
-		}
-		if cfg.InboundPorts.All {
-			for _, p := range cfg.InboundPortsExclude {
-				b.add(inTable, Rule{Chain: ChainInbound, Proto: "tcp", DPort: p, Target: ret()})
-			}
-			capture(0)
-		} else {
-			for _, p := range cfg.InboundPorts.Ports {
-				capture(p)
-			}
-		}
+	if cfg.InboundPorts.Empty() {
+		return
 	}
-	if tproxy {
-		// The mark TPROXY set is kept on the connection, so that replies
-		// of the app to a connection the proxy made with the client's
-		// address route back to the proxy.
-		b.add(Mangle, Rule{Chain: "PREROUTING", Proto: "tcp", Mark: cfg.TProxyMark, Target: Target{Kind: ConnmarkSave}})
-		b.add(Mangle, Rule{Chain: "OUTPUT", Proto: "tcp", Out: "lo", Mark: cfg.TProxyMark, Target: ret()})
-		for _, o := range owners(cfg) {
-			b.add(Mangle, Rule{Chain: "OUTPUT", Dst: lo, NotDst: true, Proto: "tcp", Out: "lo", Owners: []Owner{o},
-				Target: Target{Kind: SetMark, Mark: OutboundMark}})
-		}
-		b.add(Mangle, Rule{Chain: "OUTPUT", Proto: "tcp", ConnMark: cfg.TProxyMark, Target: Target{Kind: ConnmarkRestore}})
+	if b.tproxy {
+		b.add(Mangle, Rule{Chain: ChainDivert, Target: Target{Kind: SetMark, Mark: cfg.TProxyMark}})
+		b.add(Mangle, Rule{Chain: ChainDivert, Target: Target{Kind: Accept}})
+		b.add(Mangle, Rule{Chain: ChainTProxy, Dst: b.lo, NotDst: true, Proto: "tcp",
+			Target: Target{Kind: TProxy, Port: cfg.InboundCapturePort, Mark: cfg.TProxyMark}})
 	}
+	b.add(b.inTable, Rule{Chain: "PREROUTING", Proto: "tcp", Target: jump(ChainInbound)})
+	if b.tproxy {
+		// Packets already diverted, the proxy's passthrough connections
+		// to the app and any other loopback traffic but the proxy's own
+		// (marked OutboundMark in OUTPUT) are never captured again.
+		b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", Mark: cfg.TProxyMark, Target: ret()})
+		b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", In: "lo", Src: b.passthrough, Target: ret()})
+		b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", In: "lo", Mark: OutboundMark, NotMark: true, Target: ret()})
+		// Replies to connections the pod (or a VM behind a kube-virt
+		// interface, which the pod forwards) opened are routed as
+		// usual, never diverted to the proxy.
+		b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", CTState: "RELATED,ESTABLISHED", CTDir: "REPLY", Target: ret()})
+	}
+	if cfg.InboundTunnelPort != 0 {
+		b.add(b.inTable, Rule{Chain: ChainInbound, Proto: "tcp", DPort: cfg.InboundTunnelPort, Target: ret()})
+	}
+	if cfg.InboundPorts.All {
+		for _, p := range cfg.InboundPortsExclude {
+			b.add(b.inTable, Rule{Chain: ChainInbound, Proto: "tcp", DPort: p, Target: ret()})
+		}
+		b.captureInbound(0)
+		return
+	}
+	for _, p := range cfg.InboundPorts.Ports {
+		b.captureInbound(p)
+	}
+}
 
-	// Outbound.
+// captureInbound sends inbound TCP to port (0: any port) to the proxy.
+func (b *builder) captureInbound(port uint16) {
+	if b.tproxy {
+		b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", DPort: port, CTState: "RELATED,ESTABLISHED", Target: jump(ChainDivert)})
+		b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", DPort: port, Target: jump(ChainTProxy)})
+		return
+	}
+	b.add(NAT, Rule{Chain: ChainInbound, Proto: "tcp", DPort: port, Target: jump(ChainInRedirect)})
+}
+
+// tproxyMarks keeps the mark TPROXY set on the connection, so that replies
+// of the app to a connection the proxy made with the client's address route
+// back to the proxy.
+func (b *builder) tproxyMarks() {
+	cfg := b.cfg
+	b.add(Mangle, Rule{Chain: "PREROUTING", Proto: "tcp", Mark: cfg.TProxyMark, Target: Target{Kind: ConnmarkSave}})
+	b.add(Mangle, Rule{Chain: "OUTPUT", Proto: "tcp", Out: "lo", Mark: cfg.TProxyMark, Target: ret()})
+	for _, o := range owners(cfg) {
+		b.add(Mangle, Rule{Chain: "OUTPUT", Dst: b.lo, NotDst: true, Proto: "tcp", Out: "lo", Owners: []Owner{o},
+			Target: Target{Kind: SetMark, Mark: OutboundMark}})
+	}
+	b.add(Mangle, Rule{Chain: "OUTPUT", Proto: "tcp", ConnMark: cfg.TProxyMark, Target: Target{Kind: ConnmarkRestore}})
+}
+
+// outbound captures the pod's outbound TCP: what is left alone (excluded
+// ports, the proxy's own connections, owner groups, loopback, excluded
+// ranges), DNS over TCP, then the captured ports and ranges.
+func (b *builder) outbound() {
+	cfg := b.cfg
 	b.add(NAT, Rule{Chain: ChainRedirect, Proto: "tcp", Target: redirect(cfg.ProxyPort)})
 	b.add(NAT, Rule{Chain: "OUTPUT", Proto: "tcp", Target: jump(ChainOutput)})
 	for _, p := range cfg.OutboundPortsExclude {
 		b.add(NAT, Rule{Chain: ChainOutput, Proto: "tcp", DPort: p, Target: ret()})
 	}
-	b.add(NAT, Rule{Chain: ChainOutput, Out: "lo", Src: passthrough, Target: ret()})
+	b.add(NAT, Rule{Chain: ChainOutput, Out: "lo", Src: b.passthrough, Target: ret()})
+	b.proxyOutbound()
+	for _, r := range groupRules(cfg.OutboundGroups, ChainOutput) {
+		b.add(NAT, r)
+	}
+	b.dnsTCP()
+	b.outboundDestinations()
+}
+
+// proxyOutbound: the proxy calling the pod's own address (a service VIP
+// that resolved to this pod) goes through the inbound side; its other
+// loopback traffic, and the app's, is left alone; none of its other
+// connections is captured.
+func (b *builder) proxyOutbound() {
+	cfg := b.cfg
 	for _, o := range owners(cfg) {
-		// The proxy calling the pod's own address (a service VIP that
-		// resolved to this pod) goes through the inbound side; its other
-		// loopback traffic, and the app's, is left alone; none of its
-		// other connections is captured.
-		self := Rule{Chain: ChainOutput, Out: "lo", Dst: lo, NotDst: true, Owners: []Owner{o}, Target: jump(ChainInRedirect)}
+		self := Rule{Chain: ChainOutput, Out: "lo", Dst: b.lo, NotDst: true, Owners: []Owner{o}, Target: jump(ChainInRedirect)}
 		other := Rule{Chain: ChainOutput, Out: "lo", Owners: []Owner{{ID: o.ID, GID: o.GID, Not: true}}, Target: ret()}
 		if cfg.RedirectDNS {
 			self.Proto, self.DPort, self.NotDPort = "tcp", 53, true
@@ -192,21 +266,27 @@ func Build(cfg Config, f Family) *RuleSet {
 		}
 		b.add(NAT, Rule{Chain: ChainOutput, Owners: []Owner{o}, Target: ret()})
 	}
-	for _, r := range groupRules(cfg.OutboundGroups, ChainOutput) {
-		b.add(NAT, r)
+}
+
+// dnsTCP sends DNS over TCP to the proxy's DNS port.
+func (b *builder) dnsTCP() {
+	if !b.cfg.RedirectDNS {
+		return
 	}
-	if cfg.RedirectDNS {
-		if cfg.CaptureAllDNS {
-			b.add(NAT, Rule{Chain: ChainOutput, Proto: "tcp", DPort: 53, Target: redirect(DNSCapturePort)})
-		} else {
-			for _, s := range cfg.DNSServers {
-				if f.has(s) {
-					b.add(NAT, Rule{Chain: ChainOutput, Dst: single(s), Proto: "tcp", DPort: 53, Target: redirect(DNSCapturePort)})
-				}
-			}
-		}
+	if b.cfg.CaptureAllDNS {
+		b.add(NAT, Rule{Chain: ChainOutput, Proto: "tcp", DPort: 53, Target: redirect(DNSCapturePort)})
+		return
 	}
-	b.add(NAT, Rule{Chain: ChainOutput, Dst: lo, Target: ret()})
+	for _, s := range b.dnsServers() {
+		b.add(NAT, Rule{Chain: ChainOutput, Dst: single(s), Proto: "tcp", DPort: 53, Target: redirect(DNSCapturePort)})
+	}
+}
+
+// outboundDestinations leaves loopback and the excluded ranges alone and
+// captures the outbound ports and ranges.
+func (b *builder) outboundDestinations() {
+	cfg, f := b.cfg, b.f
+	b.add(NAT, Rule{Chain: ChainOutput, Dst: b.lo, Target: ret()})
 	for _, p := range f.prefixes(cfg.OutboundCIDRsExclude) {
 		b.add(NAT, Rule{Chain: ChainOutput, Dst: p, Target: ret()})
 	}
@@ -221,50 +301,54 @@ func Build(cfg Config, f Family) *RuleSet {
 		}
 		b.add(NAT, Rule{Chain: ChainOutput, Target: ret()})
 	}
+}
 
-	// DNS over UDP: to the proxy's DNS port, with conntrack zones keeping
-	// the proxy's upstream queries apart from the app's.
-	if cfg.RedirectDNS {
-		var servers []netip.Addr
-		for _, s := range cfg.DNSServers {
-			if f.has(s) {
-				servers = append(servers, s)
-			}
-		}
-		if cfg.CaptureAllDNS || len(servers) > 0 {
-			b.add(NAT, Rule{Chain: "OUTPUT", Proto: "udp", Target: jump(ChainOutputDNS)})
-			for _, o := range owners(cfg) {
-				b.add(NAT, Rule{Chain: ChainOutputDNS, Proto: "udp", DPort: 53, Owners: []Owner{o}, Target: ret()})
-			}
-			for _, r := range groupRules(cfg.OutboundGroups, ChainOutputDNS) {
-				b.add(NAT, r)
-			}
-			b.add(Raw, Rule{Chain: "OUTPUT", Proto: "udp", Target: jump(ChainOutputDNS)})
-			b.add(Raw, Rule{Chain: "PREROUTING", Proto: "udp", Target: jump(ChainInboundDNS)})
-			for _, o := range owners(cfg) {
-				b.add(Raw, Rule{Chain: ChainOutputDNS, Proto: "udp", DPort: 53, Owners: []Owner{o}, Target: zone(1)})
-				b.add(Raw, Rule{Chain: ChainOutputDNS, Proto: "udp", SPort: DNSCapturePort, Owners: []Owner{o}, Target: zone(2)})
-			}
-			if cfg.CaptureAllDNS {
-				b.add(NAT, Rule{Chain: ChainOutputDNS, Proto: "udp", DPort: 53, Target: redirect(DNSCapturePort)})
-				b.add(Raw, Rule{Chain: ChainOutputDNS, Proto: "udp", DPort: 53, Target: zone(2)})
-				b.add(Raw, Rule{Chain: ChainInboundDNS, Proto: "udp", SPort: 53, Target: zone(1)})
-			} else {
-				for _, s := range servers {
-					b.add(NAT, Rule{Chain: ChainOutputDNS, Dst: single(s), Proto: "udp", DPort: 53, Target: redirect(DNSCapturePort)})
-					b.add(Raw, Rule{Chain: ChainOutputDNS, Dst: single(s), Proto: "udp", DPort: 53, Target: zone(2)})
-					b.add(Raw, Rule{Chain: ChainInboundDNS, Src: single(s), Proto: "udp", SPort: 53, Target: zone(1)})
-				}
-			}
+// dnsUDP sends DNS over UDP to the proxy's DNS port, with conntrack zones
+// keeping the proxy's upstream queries apart from the app's.
+func (b *builder) dnsUDP() {
+	cfg := b.cfg
+	if !cfg.RedirectDNS {
+		return
+	}
+	servers := b.dnsServers()
+	if !cfg.CaptureAllDNS && len(servers) == 0 {
+		return
+	}
+	b.add(NAT, Rule{Chain: "OUTPUT", Proto: "udp", Target: jump(ChainOutputDNS)})
+	for _, o := range owners(cfg) {
+		b.add(NAT, Rule{Chain: ChainOutputDNS, Proto: "udp", DPort: 53, Owners: []Owner{o}, Target: ret()})
+	}
+	for _, r := range groupRules(cfg.OutboundGroups, ChainOutputDNS) {
+		b.add(NAT, r)
+	}
+	b.add(Raw, Rule{Chain: "OUTPUT", Proto: "udp", Target: jump(ChainOutputDNS)})
+	b.add(Raw, Rule{Chain: "PREROUTING", Proto: "udp", Target: jump(ChainInboundDNS)})
+	for _, o := range owners(cfg) {
+		b.add(Raw, Rule{Chain: ChainOutputDNS, Proto: "udp", DPort: 53, Owners: []Owner{o}, Target: zone(1)})
+		b.add(Raw, Rule{Chain: ChainOutputDNS, Proto: "udp", SPort: DNSCapturePort, Owners: []Owner{o}, Target: zone(2)})
+	}
+	if cfg.CaptureAllDNS {
+		b.add(NAT, Rule{Chain: ChainOutputDNS, Proto: "udp", DPort: 53, Target: redirect(DNSCapturePort)})
+		b.add(Raw, Rule{Chain: ChainOutputDNS, Proto: "udp", DPort: 53, Target: zone(2)})
+		b.add(Raw, Rule{Chain: ChainInboundDNS, Proto: "udp", SPort: 53, Target: zone(1)})
+		return
+	}
+	for _, s := range servers {
+		b.add(NAT, Rule{Chain: ChainOutputDNS, Dst: single(s), Proto: "udp", DPort: 53, Target: redirect(DNSCapturePort)})
+		b.add(Raw, Rule{Chain: ChainOutputDNS, Dst: single(s), Proto: "udp", DPort: 53, Target: zone(2)})
+		b.add(Raw, Rule{Chain: ChainInboundDNS, Src: single(s), Proto: "udp", SPort: 53, Target: zone(1)})
+	}
+}
+
+// dnsServers are the configured DNS servers of the builder's family.
+func (b *builder) dnsServers() []netip.Addr {
+	var out []netip.Addr
+	for _, s := range b.cfg.DNSServers {
+		if b.f.has(s) {
+			out = append(out, s)
 		}
 	}
-
-	for _, name := range tableOrder {
-		if t := b.tables[name]; t != nil {
-			b.rs.Tables = append(b.rs.Tables, t)
-		}
-	}
-	return b.rs
+	return out
 }
 
 // groupRules are the rules of chain that leave alone the connections the
