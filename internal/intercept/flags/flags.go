@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,7 +27,7 @@ type Options struct {
 	CleanupOnly   bool
 	Reconcile     bool
 	ForceApply    bool // rewrite the rules even when they are in place
-	CNIMode       bool // lock xtables per pod namespace (see README)
+	CNIMode       bool // lock xtables per pod namespace (see docs/iptables-init.md)
 	RunValidation bool
 	SkipRuleApply bool
 	ProbePort     uint16
@@ -132,13 +133,21 @@ func flagName(d flagDef) string {
 	return "--" + d.long
 }
 
-func lookupDef(long string) flagDef {
-	for _, d := range flagDefs {
-		if d.long == long {
-			return d
-		}
+// findDef returns the flag long names.
+func findDef(long string) (flagDef, bool) {
+	i := slices.IndexFunc(flagDefs, func(d flagDef) bool { return d.long == long })
+	if i < 0 {
+		return flagDef{}, false
 	}
-	panic("flags: no flag " + long)
+	return flagDefs[i], true
+}
+
+func lookupDef(long string) flagDef {
+	d, ok := findDef(long)
+	if !ok {
+		panic("flags: no flag " + long)
+	}
+	return d
 }
 
 // Parse reads the command line, then the environment getenv shows for every
@@ -262,20 +271,12 @@ func (p *parser) bad(long, format string, a ...any) error {
 
 // IsBool reports whether long names a boolean flag.
 func IsBool(long string) bool {
-	for _, d := range flagDefs {
-		if d.long == long {
-			return d.isBool
-		}
-	}
-	return false
+	d, ok := findDef(long)
+	return ok && d.isBool
 }
 
 // Known reports whether long is the long name of a flag.
 func Known(long string) bool {
-	for _, d := range flagDefs {
-		if d.long == long {
-			return true
-		}
-	}
-	return false
+	_, ok := findDef(long)
+	return ok
 }
