@@ -1,15 +1,12 @@
 package intercept
 
 import (
-	"flag"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
-)
 
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+	"github.com/meshwire/meshwire/internal/golden"
+)
 
 // goldenCases are the flag combinations whose rendered rules are reviewed
 // as golden files.
@@ -96,24 +93,7 @@ func render(c Config) string {
 func TestGolden(t *testing.T) {
 	for name, c := range goldenCases() {
 		t.Run(name, func(t *testing.T) {
-			got := render(c)
-			path := filepath.Join("testdata", name+".golden")
-			if *update {
-				if err := os.MkdirAll("testdata", 0o755); err != nil {
-					t.Fatal(err)
-				}
-				if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				return
-			}
-			want, err := os.ReadFile(path)
-			if err != nil {
-				t.Fatalf("%v (run go test -update to create it)", err)
-			}
-			if got != string(want) {
-				t.Errorf("%s differs from the golden file; run `go test ./internal/intercept -update` and review the diff\n--- got\n%s", path, got)
-			}
+			golden.Check(t, name, render(c))
 		})
 	}
 }

@@ -1,19 +1,15 @@
 package main
 
 import (
-	"flag"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/golden")
 
 // goldenCases are the configs whose rendered rules are reviewed as golden
 // files: every option that changes a rule.
@@ -82,26 +78,8 @@ func TestGolden(t *testing.T) {
 				st := nftListing(goldenAtt.PortmapKey(), plans)
 				fmt.Fprintf(&b, "## nftables: DEL of the last attachment\n%s\n", renderNFTRemove(st, []string{goldenAtt.PortmapKey()}, true))
 			}
-			checkGolden(t, gc.name, b.String())
+			golden.Check(t, gc.name, b.String())
 		})
-	}
-}
-
-func checkGolden(t *testing.T, name, got string) {
-	t.Helper()
-	path := filepath.Join("testdata", "golden", name+".txt")
-	if *update {
-		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test -run TestGolden -update to create it)", err)
-	}
-	if string(want) != got {
-		t.Errorf("rendered rules differ from %s (review, then go test -run TestGolden -update):\n--- got\n%s\n--- want\n%s", path, got, want)
 	}
 }
 

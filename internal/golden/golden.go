@@ -1,0 +1,63 @@
+// Package golden compares what a test rendered (iptables-restore payloads,
+// nftables scripts) with a reviewed file, testdata/golden/<name>.golden in
+// the test's package, and rewrites the files instead when asked:
+//
+//	MESHWIRE_UPDATE_GOLDEN=1 go test ./internal/intercept ./internal/ipmasq ./plugins/meta/portmap
+//
+// An environment variable rather than a flag, so that one command line can
+// update the golden files of several packages (a -update flag is an error
+// in every package that does not define it). Review the diff before
+// committing.
+package golden
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// EnvUpdate set to 1 makes Check write the golden files instead of
+// comparing with them.
+const EnvUpdate = "MESHWIRE_UPDATE_GOLDEN"
+
+// Dir is where a package's golden files are, relative to its directory.
+var Dir = filepath.Join("testdata", "golden")
+
+// Path is the golden file of name.
+func Path(name string) string { return filepath.Join(Dir, name+".golden") }
+
+// Check fails t when got differs from the golden file of name, or writes
+// got there when EnvUpdate is 1.
+func Check(t testing.TB, name, got string) {
+	t.Helper()
+	path := Path(name)
+	if os.Getenv(EnvUpdate) == "1" {
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run the test with %s=1 to create it)", err, EnvUpdate)
+	}
+	if got != string(want) {
+		t.Errorf("%s differs from the golden file at %s; review, then rerun with %s=1 to accept\n--- got\n%s\n--- want\n%s",
+			path, firstDifference(got, string(want)), EnvUpdate, got, want)
+	}
+}
+
+// firstDifference names the first line where got and want differ.
+func firstDifference(got, want string) string {
+	g, w := strings.SplitAfter(got, "\n"), strings.SplitAfter(want, "\n")
+	i := 0
+	for i < len(g) && i < len(w) && g[i] == w[i] {
+		i++
+	}
+	return fmt.Sprintf("line %d", i+1)
+}
