@@ -1,0 +1,123 @@
+package refrules
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/meshwire/meshwire/internal/firewall"
+)
+
+// legacyChains returns the user chains of legacy iptables' nat table of
+// family f, read with one getsockopt (no tool started): the cheap check of
+// DEL on a node whose legacy nat table exists. A nat table that was never
+// loaded in this namespace holds nothing and is not loaded by the check
+// (reading it would instantiate it): nil, nil. The calling thread's
+// namespace is the one read.
+func legacyChains(f firewall.Family) (map[string]bool, error) {
+	names, level, domain := "/proc/thread-self/net/ip_tables_names", unix.IPPROTO_IP, unix.AF_INET
+	// struct ipt_entry: target_offset and next_offset follow struct ipt_ip
+	// (84 bytes) and nfcache.
+	offTarget := 88
+	if f == firewall.V6 {
+		names, level, domain = "/proc/thread-self/net/ip6_tables_names", unix.IPPROTO_IPV6, unix.AF_INET6
+		offTarget = 140 // struct ip6t_ip6 is 136 bytes
+	}
+	b, err := os.ReadFile(names)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil // no legacy iptables in this kernel
+	}
+	if err != nil {
+		return nil, err
+	}
+	if !hasLine(string(b), "nat") {
+		return nil, nil
+	}
+	fd, err := unix.Socket(domain, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
+	if err != nil {
+		return nil, fmt.Errorf("legacy iptables: %v", err)
+	}
+	defer unix.Close(fd)
+
+	// IPT_SO_GET_INFO (64) then IPT_SO_GET_ENTRIES (65); the ip6t_ ones
+	// have the same numbers and layouts where it matters here.
+	const soGetInfo, soGetEntries = 64, 65
+	var info [84]byte // struct ipt_getinfo
+	copy(info[:], "nat")
+	if err := getsockopt(fd, level, soGetInfo, info[:]); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil, nil
+		}
+		return nil, fmt.Errorf("legacy iptables nat info: %v", err)
+	}
+	size := binary.NativeEndian.Uint32(info[80:84])
+	// struct ipt_get_entries: name[32], size, then the entries at offset
+	// 40 (8-byte aligned for their counters).
+	const entriesOff = 40
+	buf := make([]byte, entriesOff+int(size))
+	copy(buf, "nat")
+	binary.NativeEndian.PutUint32(buf[32:36], size)
+	if err := getsockopt(fd, level, soGetEntries, buf); err != nil {
+		// EAGAIN: the table changed between the two calls.
+		return nil, fmt.Errorf("legacy iptables nat entries: %v", err)
+	}
+	return errorTargets(buf[entriesOff:], offTarget)
+}
+
+// errorTargets walks the entries of a table blob and returns the names
+// that ERROR targets carry: the heads of user chains (and the blob's
+// final "ERROR" entry, left out).
+func errorTargets(blob []byte, offTarget int) (map[string]bool, error) {
+	chains := map[string]bool{}
+	for off := 0; off < len(blob); {
+		if off+offTarget+4 > len(blob) {
+			return nil, fmt.Errorf("legacy iptables: truncated entry at %d", off)
+		}
+		tOff := int(binary.NativeEndian.Uint16(blob[off+offTarget:]))
+		next := int(binary.NativeEndian.Uint16(blob[off+offTarget+2:]))
+		if next <= 0 || off+next > len(blob) || tOff+32 > next {
+			return nil, fmt.Errorf("legacy iptables: bad entry at %d", off)
+		}
+		// struct xt_entry_target: u16 target_size, char name[29],
+		// u8 revision, then the target's data.
+		t := blob[off+tOff : off+next]
+		if cstring(t[2:31]) == "ERROR" {
+			if name := cstring(t[32:]); name != "" && name != "ERROR" {
+				chains[name] = true
+			}
+		}
+		off += next
+	}
+	return chains, nil
+}
+
+func getsockopt(fd, level, opt int, b []byte) error {
+	l := uint32(len(b))
+	_, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), uintptr(level), uintptr(opt), uintptr(unsafe.Pointer(&b[0])), uintptr(unsafe.Pointer(&l)), 0)
+	if e != 0 {
+		return e
+	}
+	return nil
+}
+
+func cstring(b []byte) string {
+	if i := bytes.IndexByte(b, 0); i >= 0 {
+		b = b[:i]
+	}
+	return string(b)
+}
+
+func hasLine(s, line string) bool {
+	for _, l := range strings.Split(s, "\n") {
+		if strings.TrimSpace(l) == line {
+			return true
+		}
+	}
+	return false
+}
