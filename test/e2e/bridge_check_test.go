@@ -12,7 +12,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
-	"github.com/meshwire/meshwire/internal/ipmasq"
+	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/test/harness"
 )
 
@@ -52,8 +52,8 @@ func TestBridgeCheckDetects(t *testing.T) {
 			})
 			t.Run("masquerade", func(t *testing.T) {
 				a, _ := attach()
-				m := ipmasq.Attachment{Network: list.Name, ContainerID: a.RT.ContainerID, IfName: "eth0"}
-				if out, err := harness.Run("nft", "delete", "table", "inet", m.Table()); err != nil {
+				m := attachment.ID{Network: list.Name, ContainerID: a.RT.ContainerID, IfName: "eth0"}
+				if out, err := harness.Run("nft", "delete", "table", "inet", m.MasqTable()); err != nil {
 					t.Fatalf("%v: %s", err, out)
 				}
 				if err := a.Check(); err == nil || !strings.Contains(err.Error(), "ipMasq") {

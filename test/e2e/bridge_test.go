@@ -19,8 +19,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
-	"github.com/meshwire/meshwire/internal/ipmasq"
-	"github.com/meshwire/meshwire/internal/link"
+	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/test/harness"
 )
 
@@ -124,7 +123,7 @@ func bridgeMustPing(t *testing.T, ns *harness.NS, ip string) {
 }
 
 func bridgeHostVeth(a *harness.Attachment) string {
-	return link.HostVethName("mwtb", a.RT.ContainerID, a.RT.IfName)
+	return attachment.ID{ContainerID: a.RT.ContainerID, IfName: a.RT.IfName}.HostVeth("mwtb")
 }
 
 func bridgeHostLink(t *testing.T, name string) netlink.Link {
@@ -251,13 +250,13 @@ func bridgeInternet(t *testing.T, h *harness.H) (v4, v6 string) {
 // attachment is on the host, in either backend.
 func bridgeMasqInstalled(t *testing.T, network string, a *harness.Attachment) bool {
 	t.Helper()
-	m := ipmasq.Attachment{Network: network, ContainerID: a.RT.ContainerID, IfName: a.RT.IfName}
+	m := attachment.ID{Network: network, ContainerID: a.RT.ContainerID, IfName: a.RT.IfName}
 	for _, tool := range []string{"iptables-save", "ip6tables-save", "iptables-legacy-save", "ip6tables-legacy-save"} {
 		out, err := exec.Command(tool, "-t", "nat").CombinedOutput()
 		if err != nil {
 			t.Fatalf("%s: %v: %s", tool, err, out)
 		}
-		if strings.Contains(string(out), m.Chain()) {
+		if strings.Contains(string(out), m.MasqTag()) {
 			return true
 		}
 	}
@@ -265,7 +264,7 @@ func bridgeMasqInstalled(t *testing.T, network string, a *harness.Attachment) bo
 	if err != nil {
 		t.Fatalf("nft: %v: %s", err, out)
 	}
-	return strings.Contains(string(out), m.Table())
+	return strings.Contains(string(out), m.MasqTable())
 }
 
 // bridgeMustNotPing fails when ip answers (used to prove masquerade is what
