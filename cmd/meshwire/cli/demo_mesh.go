@@ -161,6 +161,30 @@ func (s *sidecar) stop() {
 	_ = os.RemoveAll(s.dir)
 }
 
+// proxiedCall serves hello as name on addr's port in the namespace
+// serverNS and shows, as the step label, a call from clientNS to addr that
+// the sidecar's listener ("outbound" or "inbound") relays. It returns the
+// server for the caller to close (nil when it could not start; the step
+// then shows the failed call).
+func (d *demo) proxiedCall(side *sidecar, listener, label, clientNS, serverNS, name, addr string, port int) io.Closer {
+	var closer io.Closer
+	if srv, err := serveHello(serverNS, fmt.Sprintf(":%d", port), name); err == nil {
+		closer = srv
+	}
+	d.step(label, func() (string, error) {
+		reply, err := fetchHello(clientNS, addr)
+		if err != nil {
+			return "", err
+		}
+		r, err := side.conn(listener)
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("proxy log: %s from %s, original destination %s; reply %q", listener, r.Src, r.OrigDst, reply), nil
+	})
+	return closer
+}
+
 // meshSteps wires the mesh pod, starts its sidecar, and shows an outbound
 // call of the app to pod b and an inbound call from pod a to the app, both
 // through the proxy, with the original destinations the proxy read.
@@ -199,40 +223,18 @@ func (d *demo) meshSteps(conflist []byte, a, b *cniruntime.Record) {
 	fmt.Fprintf(d.e.out, "        sidecar: meshwire's test proxy as uid %d in %s (outbound :15001, inbound :15006)\n", demoProxyUID, demoMeshPod)
 
 	if dst := podAddress(d.rt, b, true); dst != nil {
-		srv, err := serveHello(b.NetNS, fmt.Sprintf(":%d", demoPodPort), b.Name)
-		if err == nil {
+		addr := net.JoinHostPort(dst.String(), strconv.Itoa(demoPodPort))
+		if srv := d.proxiedCall(side, "outbound", fmt.Sprintf("%s app -> %s goes through the sidecar", demoMeshPod, addr),
+			rec.NetNS, b.NetNS, b.Name, addr, demoPodPort); srv != nil {
 			defer srv.Close()
 		}
-		addr := net.JoinHostPort(dst.String(), strconv.Itoa(demoPodPort))
-		d.step(fmt.Sprintf("%s app -> %s goes through the sidecar", demoMeshPod, addr), func() (string, error) {
-			reply, err := fetchHello(rec.NetNS, addr)
-			if err != nil {
-				return "", err
-			}
-			r, err := side.conn("outbound")
-			if err != nil {
-				return "", err
-			}
-			return fmt.Sprintf("proxy log: outbound from %s, original destination %s; reply %q", r.Src, r.OrigDst, reply), nil
-		})
 	}
 	if dst := podAddress(d.rt, rec, true); dst != nil {
-		app, err := serveHello(rec.NetNS, fmt.Sprintf(":%d", demoMeshApp), demoMeshPod+" app")
-		if err == nil {
+		addr := net.JoinHostPort(dst.String(), strconv.Itoa(demoMeshApp))
+		if app := d.proxiedCall(side, "inbound", fmt.Sprintf("%s -> %s app at %s goes through the sidecar", a.Name, demoMeshPod, addr),
+			a.NetNS, rec.NetNS, demoMeshPod+" app", addr, demoMeshApp); app != nil {
 			defer app.Close()
 		}
-		addr := net.JoinHostPort(dst.String(), strconv.Itoa(demoMeshApp))
-		d.step(fmt.Sprintf("%s -> %s app at %s goes through the sidecar", a.Name, demoMeshPod, addr), func() (string, error) {
-			reply, err := fetchHello(a.NetNS, addr)
-			if err != nil {
-				return "", err
-			}
-			r, err := side.conn("inbound")
-			if err != nil {
-				return "", err
-			}
-			return fmt.Sprintf("proxy log: inbound from %s, original destination %s; reply %q", r.Src, r.OrigDst, reply), nil
-		})
 	}
 	d.fastpathCounters()
 	d.step(fmt.Sprintf("%s: CNI CHECK passes (interception rules in place)", demoMeshPod), func() (string, error) {
