@@ -133,6 +133,24 @@ func (c *Conn) ReadChain(fam TableFamily, table, chain string) (*Chain, error) {
 	return ch, nil
 }
 
+// HasTable tells whether a table is there (one request).
+func (c *Conn) HasTable(fam TableFamily, name string) (bool, error) {
+	err := c.get(unix.NFT_MSG_GETTABLE, byte(fam), []attr{strAttr(unix.NFTA_TABLE_NAME, name)}, func([]byte) {})
+	if errors.Is(err, unix.ENOENT) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// HasChain tells whether a chain is there (one request).
+func (c *Conn) HasChain(fam TableFamily, table, chain string) (bool, error) {
+	err := c.get(unix.NFT_MSG_GETCHAIN, byte(fam), []attr{strAttr(unix.NFTA_CHAIN_TABLE, table), strAttr(unix.NFTA_CHAIN_NAME, chain)}, func([]byte) {})
+	if errors.Is(err, unix.ENOENT) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
 // readRules dumps the rules of a table, or of one of its chains.
 func (c *Conn) readRules(fam TableFamily, table, chain string) ([]Rule, error) {
 	attrs := []attr{strAttr(unix.NFTA_RULE_TABLE, table)}

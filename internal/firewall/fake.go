@@ -35,6 +35,17 @@ type Fake struct {
 	mu     sync.Mutex
 	tables map[tableKey]*fakeTable
 	ops    []string
+	log    []Tx
+}
+
+// Tx is one write the Fake applied: its op (see Ops), the family of an
+// iptables-restore payload, and the payload or script (Restore, ApplyNft,
+// and the iptables-restore payload that DeleteRules sends for legacy
+// iptables; "" for netlink writes).
+type Tx struct {
+	Op     string
+	Family Family
+	Text   string
 }
 
 type tableKey struct {
@@ -64,6 +75,13 @@ func (f *Fake) Ops() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return slices.Clone(f.ops)
+}
+
+// Log lists the writes applied so far, with their payloads.
+func (f *Fake) Log() []Tx {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.log)
 }
 
 // nftBacked: reads of an iptables table show handles, not text.
@@ -116,6 +134,11 @@ func (t *fakeTable) addRule(c *Chain, r Rule, at int) error {
 
 // tx runs fn on a copy of the ruleset and keeps the copy when it succeeds.
 func (f *Fake) tx(op string, fn func(state map[tableKey]*fakeTable) error) error {
+	return f.txLog(Tx{Op: op}, fn)
+}
+
+func (f *Fake) txLog(x Tx, fn func(state map[tableKey]*fakeTable) error) error {
+	op := x.Op
 	if f.Fail != nil {
 		if err := f.Fail(op); err != nil {
 			return err
@@ -132,6 +155,7 @@ func (f *Fake) tx(op string, fn func(state map[tableKey]*fakeTable) error) error
 	}
 	f.tables = state
 	f.ops = append(f.ops, op)
+	f.log = append(f.log, x)
 	return nil
 }
 
@@ -167,6 +191,18 @@ func (f *Fake) ReadChain(_ context.Context, fam TableFamily, table, chain string
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return f.read(tableKey{fam, table}).Chain(chain), nil
+}
+
+func (f *Fake) HasTable(_ context.Context, fam TableFamily, table string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.tables[tableKey{fam, table}] != nil, nil
+}
+
+func (f *Fake) HasChain(_ context.Context, fam TableFamily, table, chain string) (bool, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.tables[tableKey{fam, table}].chainOrNil(chain) != nil, nil
 }
 
 func (f *Fake) Tables(_ context.Context, fam TableFamily) ([]string, error) {
@@ -249,7 +285,7 @@ func (f *Fake) Dump() string {
 // ---- writes ----
 
 func (f *Fake) ApplyNft(_ context.Context, script string) error {
-	return f.tx("nft", func(state map[tableKey]*fakeTable) error { return applyNftScript(state, script) })
+	return f.txLog(Tx{Op: "nft", Text: script}, func(state map[tableKey]*fakeTable) error { return applyNftScript(state, script) })
 }
 
 func (f *Fake) AppendRules(_ context.Context, rules []NewRule) error {
@@ -283,7 +319,26 @@ func decodeNewRule(nr NewRule) Rule {
 	return r
 }
 
-func (f *Fake) DeleteRules(_ context.Context, rules []Rule) error {
+func (f *Fake) DeleteRules(ctx context.Context, rules []Rule) error {
+	if len(rules) > 0 && (rules[0].Family == IP || rules[0].Family == IP6) && !f.nftBacked() {
+		// Legacy iptables: the payload Host sends.
+		for _, fam := range []Family{V4, V6} {
+			payload, err := deletePayload(fam, rules)
+			if err != nil || payload == "" {
+				if err != nil {
+					return err
+				}
+				continue
+			}
+			err = f.txLog(Tx{Op: "delete-rules", Family: fam, Text: payload}, func(state map[tableKey]*fakeTable) error {
+				return applyRestore(state, fam, payload)
+			})
+			if err != nil {
+				return fmt.Errorf("%w: %v", ErrNotFound, err)
+			}
+		}
+		return nil
+	}
 	return f.tx("delete-rules", func(state map[tableKey]*fakeTable) error {
 		for _, r := range rules {
 			t := state[tableKey{r.Family, r.Table}]
@@ -340,7 +395,7 @@ func (f *Fake) Restore(_ context.Context, fam Family, payload string) error {
 	if f.b.Kind != IPTables {
 		return fmt.Errorf("Restore needs an iptables backend, have %s", f.b)
 	}
-	return f.tx("restore v"+strconv.Itoa(int(fam)), func(state map[tableKey]*fakeTable) error {
+	return f.txLog(Tx{Op: "restore v" + strconv.Itoa(int(fam)), Family: fam, Text: payload}, func(state map[tableKey]*fakeTable) error {
 		return applyRestore(state, fam, payload)
 	})
 }

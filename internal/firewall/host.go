@@ -29,6 +29,11 @@ type Interface interface {
 	ReadChain(ctx context.Context, fam TableFamily, table, chain string) (*Chain, error)
 	// Tables lists the names of the native nftables tables of fam.
 	Tables(ctx context.Context, fam TableFamily) ([]string, error)
+	// HasTable and HasChain tell whether a table or chain is there, as
+	// cheaply as the backend allows (one netlink request; for legacy
+	// iptables, /proc/net/ip{,6}_tables_names before any tool).
+	HasTable(ctx context.Context, fam TableFamily, table string) (bool, error)
+	HasChain(ctx context.Context, fam TableFamily, table, chain string) (bool, error)
 
 	// Restore applies an iptables-restore --noflush payload to family f
 	// as one transaction (iptables backends). A busy xtables lock ends in
@@ -134,6 +139,14 @@ func (h *Host) Release() *os.File {
 	return f
 }
 
+// Close ends the firewall's use, waiting here for the kernel when a
+// removal was committed (Release without a process to hand the wait to).
+func (h *Host) Close() {
+	if f := h.Release(); f != nil {
+		_ = f.Close()
+	}
+}
+
 func tableFamilyOf(fam TableFamily) (Family, error) {
 	switch fam {
 	case IP:
@@ -224,6 +237,52 @@ func (h *Host) Tables(ctx context.Context, fam TableFamily) ([]string, error) {
 		return nil, err
 	}
 	return c.Tables(fam)
+}
+
+func (h *Host) HasTable(ctx context.Context, fam TableFamily, table string) (bool, error) {
+	if h.netlinkReads(fam) {
+		c, err := h.c()
+		if err != nil {
+			return false, err
+		}
+		return c.HasTable(fam, table)
+	}
+	return legacyTableLoaded(fam, table), nil
+}
+
+func (h *Host) HasChain(ctx context.Context, fam TableFamily, table, chain string) (bool, error) {
+	if h.netlinkReads(fam) {
+		c, err := h.c()
+		if err != nil {
+			return false, err
+		}
+		return c.HasChain(fam, table, chain)
+	}
+	if !legacyTableLoaded(fam, table) {
+		return false, nil
+	}
+	ch, err := h.ReadChain(ctx, fam, table, chain)
+	return ch != nil, err
+}
+
+// legacyTableLoaded: the kernel lists the legacy iptables tables that were
+// ever used in the namespace; one not listed holds nothing. Unreadable
+// (no legacy iptables in the kernel) reads as not loaded.
+func legacyTableLoaded(fam TableFamily, table string) bool {
+	p := "/proc/net/ip_tables_names"
+	if fam == IP6 {
+		p = "/proc/net/ip6_tables_names"
+	}
+	data, err := os.ReadFile(p)
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		if strings.TrimSpace(l) == table {
+			return true
+		}
+	}
+	return false
 }
 
 func (h *Host) Restore(ctx context.Context, f Family, payload string) error {

@@ -68,3 +68,13 @@ func Remember(b Backend) {
 		}
 	}
 }
+
+// NewHost is New of the backend Resolve picks: the firewall of the host
+// network namespace as a plugin configured with configured uses it.
+func NewHost(ctx context.Context, configured string) (*Host, error) {
+	b, err := Resolve(ctx, configured)
+	if err != nil {
+		return nil, err
+	}
+	return New(b), nil
+}

@@ -1,68 +1,37 @@
 // Package ipmasq sets up and removes the source NAT (masquerade) of a pod's
-// addresses for the interface plugins' ipMasq option, through the shared
-// firewall backends: one iptables-restore transaction per address family, or
-// one nft transaction.
+// addresses for the interface plugins' ipMasq option. It decides what the
+// rules are and hands them to a firewall.Interface (the plugin resolves the
+// backend and opens it): a call goes down once, plugin -> ipmasq ->
+// firewall -> kernel.
 //
-// Everything installed for one attachment is named after two hashes, so that
-// DEL and GC find exactly what is theirs: the network's (8 hex digits of
-// sha256(network name)) and the attachment's (sha256(containerID "/" ifName),
-// the same hash that names the pod's host veth). With iptables that is one
+// Everything installed for one attachment is named by package attachment,
+// so that DEL and GC find exactly what is theirs. With iptables that is one
 // MASQUERADE rule per pod address in the nat table's POSTROUTING, whose
-// comment starts with the tag MW-<net>-<att> and names the network,
-// container and interface; with nftables it is a table inet
-// meshwire_masq_<net>_<att> holding its own postrouting NAT chain, so DEL is
-// one idempotent "add table; delete table" transaction.
+// comment starts with the attachment's tag (attachment.ID.MasqTag) and names
+// the network, container and interface: appended over netlink on an
+// nf_tables-backed iptables once the nat table exists, else with one
+// iptables-restore transaction per address family. With nftables it is a
+// table inet (attachment.ID.MasqTable) holding its own postrouting NAT
+// chain, so DEL is one idempotent table deletion.
 package ipmasq
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
-	"slices"
 	"strings"
 
+	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/firewall"
 )
-
-// Attachment identifies one pod interface on one network.
-type Attachment struct {
-	Network     string
-	ContainerID string
-	IfName      string
-}
-
-// NetHash is the network's part of the names.
-func NetHash(network string) string {
-	s := sha256.Sum256([]byte(network))
-	return hex.EncodeToString(s[:])[:8]
-}
-
-// AttHash is the attachment's part of the names (the container id hash).
-func AttHash(containerID, ifName string) string {
-	s := sha256.Sum256([]byte(containerID + "/" + ifName))
-	return hex.EncodeToString(s[:])[:15]
-}
-
-// Chain is the attachment's tag in iptables: the first word of its rules'
-// comment (the name of a chain in earlier designs, and of the same shape).
-func (a Attachment) Chain() string { return chainPrefix(a.Network) + AttHash(a.ContainerID, a.IfName) }
-
-// Table is the nftables table of an attachment.
-func (a Attachment) Table() string { return tablePrefix(a.Network) + AttHash(a.ContainerID, a.IfName) }
-
-func chainPrefix(network string) string { return "MW-" + NetHash(network) + "-" }
-func tablePrefix(network string) string { return "meshwire_masq_" + NetHash(network) + "_" }
 
 // comment describes the attachment in the rules, within nftables' 128
 // bytes (the network name is limited by the CNI spec to letters, digits,
 // '_', '.' and '-'; long names and ids are shortened: the hash identifies).
-func (a Attachment) comment() string {
-	return fmt.Sprintf(commentPrefix+"%s net=%s id=%s if=%s", a.Chain(), sanitize(a.Network, 32), sanitize(a.ContainerID, 24), sanitize(a.IfName, 15))
+func comment(a attachment.ID) string {
+	return fmt.Sprintf(commentPrefix+"%s net=%s id=%s if=%s", a.MasqTag(), sanitize(a.Network, 32), sanitize(a.ContainerID, 24), sanitize(a.IfName, 15))
 }
 
 // commentPrefix starts the comment of every masquerade rule.
@@ -105,23 +74,23 @@ func subnet(a net.IPNet) string {
 
 // ipRule is the masquerade rule of one address: leaving the pod's subnet,
 // not to multicast.
-func ipRule(a Attachment, ad net.IPNet) string {
-	return fmt.Sprintf("POSTROUTING -s %s ! -d %s -m addrtype ! --dst-type MULTICAST -m comment --comment \"%s\" -j MASQUERADE", host(ad.IP), subnet(ad), a.comment())
+func ipRule(a attachment.ID, ad net.IPNet) string {
+	return fmt.Sprintf("POSTROUTING -s %s ! -d %s -m addrtype ! --dst-type MULTICAST -m comment --comment \"%s\" -j MASQUERADE", host(ad.IP), subnet(ad), comment(a))
 }
 
 // IPTablesAdd renders the iptables-restore payload that masquerades addrs
 // (all of one family) of attachment a: one rule per address in the nat
 // table's POSTROUTING (iptables-nft reads the whole table on every change, so
 // fewer rules per pod make every pod's ADD and DEL cheaper).
-func IPTablesAdd(a Attachment, addrs []net.IPNet) string { return ipPayload("-A", a, addrs) }
+func IPTablesAdd(a attachment.ID, addrs []net.IPNet) string { return ipPayload("-A", a, addrs) }
 
 // IPTablesDelGuess renders the removal of what IPTablesAdd installed for
 // addrs, without reading the ruleset first: it fails (as a whole) when the
 // rules are not exactly there, and the caller then falls back to IPTablesDel
 // on the saved ruleset.
-func IPTablesDelGuess(a Attachment, addrs []net.IPNet) string { return ipPayload("-D", a, addrs) }
+func IPTablesDelGuess(a attachment.ID, addrs []net.IPNet) string { return ipPayload("-D", a, addrs) }
 
-func ipPayload(op string, a Attachment, addrs []net.IPNet) string {
+func ipPayload(op string, a attachment.ID, addrs []net.IPNet) string {
 	var b strings.Builder
 	b.WriteString("*nat\n")
 	for _, ad := range addrs {
@@ -131,59 +100,13 @@ func ipPayload(op string, a Attachment, addrs []net.IPNet) string {
 	return b.String()
 }
 
-// tagOf returns the attachment tag (Chain) in a saved rule's meshwire-masq
-// comment, or "".
-func tagOf(line string) string {
-	const marker = `--comment "` + commentPrefix
-	i := strings.Index(line, marker)
-	if i < 0 {
-		return ""
-	}
-	rest := line[i+len(marker):]
-	if j := strings.IndexAny(rest, ` "`); j >= 0 {
-		rest = rest[:j]
-	}
-	return rest
-}
-
-// IPTablesDel renders the removal of every rule whose tag is in tags, found
-// in save, the iptables-save output of the nat table. It returns "" when
-// none is there.
-func IPTablesDel(save string, tags map[string]bool) string {
-	var dels []string
-	for _, line := range strings.Split(save, "\n") {
-		line = strings.TrimSpace(line)
-		if strings.HasPrefix(line, "-A ") && tags[tagOf(line)] {
-			dels = append(dels, "-D "+strings.TrimPrefix(line, "-A "))
-		}
-	}
-	if len(dels) == 0 {
-		return ""
-	}
-	return "*nat\n" + strings.Join(dels, "\n") + "\nCOMMIT\n"
-}
-
-// IPTablesTags lists the attachment tags of network found in save.
-func IPTablesTags(save, network string) []string {
-	p := chainPrefix(network)
-	seen := map[string]bool{}
-	var out []string
-	for _, line := range strings.Split(save, "\n") {
-		if t := tagOf(line); strings.HasPrefix(t, p) && !seen[t] {
-			seen[t] = true
-			out = append(out, t)
-		}
-	}
-	return out
-}
-
 // NftAdd renders the nft script that (re)creates the attachment's table.
-func NftAdd(a Attachment, addrs []net.IPNet) string {
-	t := a.Table()
+func NftAdd(a attachment.ID, addrs []net.IPNet) string {
+	t := a.MasqTable()
 	v4, v6 := split(addrs)
 	var b strings.Builder
 	fmt.Fprintf(&b, "add table inet %s\ndelete table inet %s\n", t, t)
-	fmt.Fprintf(&b, "table inet %s {\n\tcomment \"%s\"\n\tchain postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n", t, a.comment())
+	fmt.Fprintf(&b, "table inet %s {\n\tcomment \"%s\"\n\tchain postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n", t, comment(a))
 	for _, ad := range v4 {
 		fmt.Fprintf(&b, "\t\tip saddr %s ip daddr != %s ip daddr != 224.0.0.0/4 masquerade\n", ad.IP, subnet(ad))
 	}
@@ -194,49 +117,61 @@ func NftAdd(a Attachment, addrs []net.IPNet) string {
 	return b.String()
 }
 
-// Setup installs masquerading of addrs for attachment a. On iptables-nft
-// the rules are appended over netlink, and the returned file, when not nil,
-// is the netlink socket, whose last close can wait for the kernel (see
-// firewall.Conn.Release): the caller hands it to a detached process or
-// closes it.
-func Setup(ctx context.Context, b firewall.Backend, a Attachment, addrs []net.IPNet) (*os.File, error) {
+// The chain of the nat table that holds the masquerade rules.
+const natTable, natChain = "nat", "POSTROUTING"
+
+// families pairs each address family with its addresses.
+func families(addrs []net.IPNet) []struct {
+	f     firewall.Family
+	addrs []net.IPNet
+} {
+	v4, v6 := split(addrs)
+	return []struct {
+		f     firewall.Family
+		addrs []net.IPNet
+	}{{firewall.V4, v4}, {firewall.V6, v6}}
+}
+
+// Setup installs masquerading of addrs for attachment a. On an
+// nf_tables-backed iptables the rules are appended over netlink (see
+// firewall.Interface.Release for the socket that leaves behind).
+func Setup(ctx context.Context, fw firewall.Interface, a attachment.ID, addrs []net.IPNet) error {
 	if len(addrs) == 0 {
-		return nil, nil
+		return nil
 	}
+	b := fw.Backend()
 	if b.Kind == firewall.NFTables {
-		if err := firewall.NftApply(ctx, NftAdd(a, addrs)); err != nil {
-			return nil, fmt.Errorf("ipMasq (nftables): %w", err)
+		if err := fw.ApplyNft(ctx, NftAdd(a, addrs)); err != nil {
+			return fmt.Errorf("ipMasq (nftables): %w", err)
 		}
-		return nil, nil
+		return nil
 	}
 	if b.NFTablesBacked() {
-		tail, err := appendRules(a, addrs)
+		rules, err := netlinkRules(a, addrs)
 		if err == nil {
-			return tail, nil
+			err = fw.AppendRules(ctx, rules)
+		}
+		if err == nil {
+			return nil
 		}
 		// The usual reason: iptables-nft has not made the nat table yet.
 		slog.Debug("ipMasq over netlink not done, using the tools", "error", err)
 	}
-	v4, v6 := split(addrs)
-	for _, fam := range []struct {
-		f     firewall.Family
-		addrs []net.IPNet
-	}{{firewall.V4, v4}, {firewall.V6, v6}} {
+	for _, fam := range families(addrs) {
 		if len(fam.addrs) == 0 {
 			continue
 		}
-		if err := b.Restore(ctx, fam.f, IPTablesAdd(a, fam.addrs)); err != nil {
-			return nil, fmt.Errorf("ipMasq (%s, IPv%d): %w", b, fam.f, err)
+		if err := fw.Restore(ctx, fam.f, IPTablesAdd(a, fam.addrs)); err != nil {
+			return fmt.Errorf("ipMasq (%s, IPv%d): %w", b, fam.f, err)
 		}
 	}
-	return nil, nil
+	return nil
 }
 
-// appendRules appends the rules IPTablesAdd describes over netlink, all in
-// one transaction, encoded as iptables-nft encodes them; see Setup for the
-// file returned.
-func appendRules(a Attachment, addrs []net.IPNet) (*os.File, error) {
-	cm, err := firewall.Comment(a.comment())
+// netlinkRules encodes the rules IPTablesAdd describes as iptables-nft
+// encodes them.
+func netlinkRules(a attachment.ID, addrs []net.IPNet) ([]firewall.NewRule, error) {
+	cm, err := firewall.Comment(comment(a))
 	if err != nil {
 		return nil, err
 	}
@@ -251,80 +186,46 @@ func appendRules(a Attachment, addrs []net.IPNet) (*os.File, error) {
 		exprs = append(exprs, firewall.NotMulticastDst(), cm, firewall.Counter(), firewall.Masquerade(f))
 		rules = append(rules, firewall.NewRule{Family: f, Table: natTable, Chain: natChain, Exprs: exprs})
 	}
-	c, err := firewall.Open()
-	if err != nil {
-		return nil, err
-	}
-	err = c.AppendRules(rules)
-	tail := c.Release()
-	if err != nil && tail != nil {
-		tail.Close()
-		tail = nil
-	}
-	return tail, err
+	return rules, nil
 }
 
 // Teardown removes what Setup installed for a. Native nftables tables and
-// the rules of iptables-nft are removed over netlink, without starting a
-// tool, from both families whatever addrs says; the returned file, when not
-// nil, is the netlink socket whose last close waits for the kernel to free
-// the removed rules (see firewall.Conn.Release): the caller hands it to a
-// detached process or closes it. For iptables-legacy, addrs, when known
-// (from prevResult), let the common case go in one transaction per family;
-// without them (or when they do not match) the ruleset is read to find the
-// attachment's rules by name. Nothing there is not an error.
-func Teardown(ctx context.Context, b firewall.Backend, a Attachment, addrs []net.IPNet) (*os.File, error) {
-	if b.Kind == firewall.NFTables || b.NFTablesBacked() {
-		c, err := firewall.Open()
-		if err == nil {
-			if b.Kind == firewall.NFTables {
-				err = c.DeleteTables(firewall.Inet, []string{a.Table()})
-			} else {
-				err = deleteTags(c, func(tag string) bool { return tag == a.Chain() })
-			}
-			tail := c.Release()
-			if err == nil {
-				return tail, nil
-			}
-			if tail != nil {
-				_ = tail.Close()
-			}
+// the rules of an nf_tables-backed iptables are found and removed over
+// netlink, in both families whatever addrs says. For legacy iptables,
+// addrs, when known (from prevResult), let the common case go in one
+// transaction per family without reading anything; without them (or when
+// they do not match) the chain is read to find the attachment's rules by
+// their tag. Nothing there is not an error.
+func Teardown(ctx context.Context, fw firewall.Interface, a attachment.ID, addrs []net.IPNet) error {
+	b := fw.Backend()
+	if b.Kind == firewall.NFTables {
+		if err := fw.DeleteTables(ctx, firewall.Inet, []string{a.MasqTable()}); err != nil {
+			return fmt.Errorf("ipMasq teardown (nftables): %w", err)
 		}
-		if b.Kind == firewall.NFTables {
-			return nil, fmt.Errorf("ipMasq teardown (nftables): %w", err)
-		}
-		slog.Info("ipMasq teardown over netlink failed, using the tools", "error", err)
+		return nil
 	}
-	v4, v6 := split(addrs)
+	tag := a.MasqTag()
 	var errs []error
-	for _, fam := range []struct {
-		f     firewall.Family
-		addrs []net.IPNet
-	}{{firewall.V4, v4}, {firewall.V6, v6}} {
-		if len(fam.addrs) > 0 || len(addrs) == 0 {
-			errs = append(errs, removeRules(ctx, b, fam.f, map[string]bool{a.Chain(): true}, IPTablesDelGuess(a, fam.addrs), len(fam.addrs) > 0))
+	for _, fam := range families(addrs) {
+		if !b.NFTablesBacked() {
+			if len(fam.addrs) == 0 && len(addrs) > 0 {
+				continue
+			}
+			if len(fam.addrs) > 0 && fw.Restore(ctx, fam.f, IPTablesDelGuess(a, fam.addrs)) == nil {
+				continue
+			}
 		}
-	}
-	return nil, errors.Join(errs...)
-}
-
-// The chain of the nat table that holds the masquerade rules.
-const natTable, natChain = "nat", "POSTROUTING"
-
-// deleteTags removes, over c, the iptables-nft masquerade rules of both
-// families whose tag sel accepts.
-func deleteTags(c *firewall.Conn, sel func(tag string) bool) error {
-	var errs []error
-	for _, f := range []firewall.Family{firewall.V4, firewall.V6} {
-		if _, err := c.DeleteTagged(f, natTable, natChain, func(cm string) bool { return sel(commentTag(cm)) }); err != nil {
-			errs = append(errs, fmt.Errorf("IPv%d: %w", f, err))
+		if _, err := firewall.DeleteMatching(ctx, fw, fam.f.Tables(), natTable, natChain, func(r firewall.Rule) bool {
+			return commentTag(r.Comment) == tag
+		}); err != nil {
+			errs = append(errs, fmt.Errorf("ipMasq teardown (%s, IPv%d): %w", b, fam.f, err))
 		}
 	}
 	return errors.Join(errs...)
 }
 
-// commentTag returns the attachment tag (Chain) of a meshwire-masq comment
-// text, or "".
+// commentTag returns the attachment tag (MasqTag) of a meshwire-masq
+// comment text, or "".
 func commentTag(c string) string {
 	rest, ok := strings.CutPrefix(c, commentPrefix)
 	if !ok {
@@ -336,77 +237,36 @@ func commentTag(c string) string {
 	return rest
 }
 
-func removeRules(ctx context.Context, b firewall.Backend, f firewall.Family, chains map[string]bool, guess string, tryGuess bool) error {
-	if tryGuess {
-		if err := b.Restore(ctx, f, guess); err == nil {
-			return nil
-		}
-	}
-	save, err := b.Save(ctx, f, "nat")
-	if err != nil {
-		return fmt.Errorf("ipMasq teardown (%s, IPv%d): %w", b, f, err)
-	}
-	payload := IPTablesDel(save, chains)
-	if payload == "" {
-		return nil
-	}
-	if err := b.Restore(ctx, f, payload); err != nil {
-		return fmt.Errorf("ipMasq teardown (%s, IPv%d): %w", b, f, err)
-	}
-	return nil
-}
-
 // GC removes the masquerading of every attachment of network that is not in
-// valid, on backend b.
-func GC(ctx context.Context, b firewall.Backend, network string, valid []Attachment) error {
+// valid.
+func GC(ctx context.Context, fw firewall.Interface, network string, valid []attachment.ID) error {
 	keep := map[string]bool{}
 	for _, v := range valid {
 		v.Network = network
-		keep[v.Chain()] = true
-		keep[v.Table()] = true
+		keep[v.MasqTag()] = true
+		keep[v.MasqTable()] = true
 	}
-	if b.Kind == firewall.NFTables || b.NFTablesBacked() {
-		c, err := firewall.Open()
+	b := fw.Backend()
+	if b.Kind == firewall.NFTables {
+		tables, err := fw.Tables(ctx, firewall.Inet)
 		if err != nil {
 			return fmt.Errorf("ipMasq GC (%s): %w", b, err)
 		}
-		defer c.Close()
-		if b.Kind == firewall.NFTables {
-			tables, err := c.Tables(firewall.Inet)
-			if err != nil {
-				return fmt.Errorf("ipMasq GC (%s): %w", b, err)
+		var stale []string
+		for _, t := range tables {
+			if strings.HasPrefix(t, attachment.MasqTablePrefix(network)) && !keep[t] {
+				stale = append(stale, t)
 			}
-			var stale []string
-			for _, t := range tables {
-				if strings.HasPrefix(t, tablePrefix(network)) && !keep[t] {
-					stale = append(stale, t)
-				}
-			}
-			return c.DeleteTables(firewall.Inet, stale)
 		}
-		p := chainPrefix(network)
-		if err := deleteTags(c, func(t string) bool { return strings.HasPrefix(t, p) && !keep[t] }); err != nil {
-			return fmt.Errorf("ipMasq GC (%s): %w", b, err)
-		}
-		return nil
+		return fw.DeleteTables(ctx, firewall.Inet, stale)
 	}
+	p := attachment.MasqTagPrefix(network)
 	var errs []error
 	for _, f := range []firewall.Family{firewall.V4, firewall.V6} {
-		save, err := b.Save(ctx, f, "nat")
-		if err != nil {
-			errs = append(errs, fmt.Errorf("ipMasq GC (%s, IPv%d): %w", b, f, err))
-			continue
-		}
-		stale := map[string]bool{}
-		for _, c := range IPTablesTags(save, network) {
-			if !keep[c] {
-				stale[c] = true
-			}
-		}
-		if len(stale) == 0 {
-			continue
-		}
-		if err := b.Restore(ctx, f, IPTablesDel(save, stale)); err != nil {
+		if _, err := firewall.DeleteMatching(ctx, fw, f.Tables(), natTable, natChain, func(r firewall.Rule) bool {
+			t := commentTag(r.Comment)
+			return strings.HasPrefix(t, p) && !keep[t]
+		}); err != nil {
 			errs = append(errs, fmt.Errorf("ipMasq GC (%s, IPv%d): %w", b, f, err))
 		}
 	}
@@ -415,71 +275,30 @@ func GC(ctx context.Context, b firewall.Backend, network string, valid []Attachm
 
 // Present reports whether the attachment's masquerading is installed for
 // every family of addrs (CHECK).
-func Present(ctx context.Context, b firewall.Backend, a Attachment, addrs []net.IPNet) (bool, error) {
-	if b.Kind == firewall.NFTables {
-		c, err := firewall.Open()
-		if err != nil {
-			return false, err
-		}
-		defer c.Close()
-		tables, err := c.Tables(firewall.Inet)
-		if err != nil {
-			return false, err
-		}
-		return slices.Contains(tables, a.Table()), nil
+func Present(ctx context.Context, fw firewall.Interface, a attachment.ID, addrs []net.IPNet) (bool, error) {
+	if fw.Backend().Kind == firewall.NFTables {
+		return fw.HasTable(ctx, firewall.Inet, a.MasqTable())
 	}
-	v4, v6 := split(addrs)
-	for _, fam := range []struct {
-		f firewall.Family
-		n int
-	}{{firewall.V4, len(v4)}, {firewall.V6, len(v6)}} {
-		if fam.n == 0 {
+	tag := a.MasqTag()
+	for _, fam := range families(addrs) {
+		if len(fam.addrs) == 0 {
 			continue
 		}
-		found, err := countRules(ctx, b, fam.f, a.Chain())
+		c, err := fw.ReadChain(ctx, fam.f.Tables(), natTable, natChain)
 		if err != nil {
 			return false, err
 		}
-		if found < fam.n {
-			return false, nil
-		}
-	}
-	return true, nil
-}
-
-// countRules counts the MASQUERADE rules tagged tag in family f.
-func countRules(ctx context.Context, b firewall.Backend, f firewall.Family, tag string) (int, error) {
-	found := 0
-	if b.NFTablesBacked() {
-		rules, err := readRules(f)
-		if err == nil {
-			for _, r := range rules {
+		found := 0
+		if c != nil {
+			for _, r := range c.Rules {
 				if commentTag(r.Comment) == tag && r.Target == "MASQUERADE" {
 					found++
 				}
 			}
-			return found, nil
 		}
-		slog.Info("reading masquerade rules over netlink failed, using the tools", "error", err)
-	}
-	save, err := b.Save(ctx, f, natTable)
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(save, "\n") {
-		if tagOf(line) == tag && strings.HasSuffix(strings.TrimSpace(line), "-j MASQUERADE") {
-			found++
+		if found < len(fam.addrs) {
+			return false, nil
 		}
 	}
-	return found, nil
-}
-
-// readRules reads the nat POSTROUTING rules of family f over netlink.
-func readRules(f firewall.Family) ([]firewall.Rule, error) {
-	c, err := firewall.Open()
-	if err != nil {
-		return nil, err
-	}
-	defer c.Close()
-	return c.ChainRules(f, natTable, natChain)
+	return true, nil
 }

@@ -1,12 +1,16 @@
 package ipmasq
 
 import (
+	"context"
 	"flag"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/meshwire/meshwire/internal/attachment"
+	"github.com/meshwire/meshwire/internal/firewall"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
@@ -37,7 +41,7 @@ func cidr(s string) net.IPNet {
 	return *n
 }
 
-var att = Attachment{Network: "mwtb-net", ContainerID: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", IfName: "eth0"}
+var att = attachment.ID{Network: "mwtb-net", ContainerID: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", IfName: "eth0"}
 
 func TestRenderGolden(t *testing.T) {
 	v4 := []net.IPNet{cidr("198.18.16.5/24")}
@@ -48,46 +52,54 @@ func TestRenderGolden(t *testing.T) {
 	golden(t, "nft-add-dual", NftAdd(att, append(v4, v6...)))
 }
 
-// TestIPTablesDelFromSave: the removal found in a saved ruleset names
-// exactly the attachment's rules, and nothing of another attachment or of
-// other software.
+// TestIPTablesDelFromSave: on legacy iptables, a Teardown that does not
+// know the addresses reads the chain and removes exactly the attachment's
+// rules, and nothing of another attachment or of other software, in one
+// transaction (the golden payload); the guessed removal is the same.
 func TestIPTablesDelFromSave(t *testing.T) {
-	other := Attachment{Network: "mwtb-net", ContainerID: "ffff", IfName: "eth0"}
-	body := func(p string) string { return strings.TrimSuffix(strings.TrimPrefix(p, "*nat\n"), "COMMIT\n") }
-	save := "*nat\n:PREROUTING ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\n:CNI-abc - [0:0]\n" +
-		body(IPTablesAdd(att, []net.IPNet{cidr("198.18.16.5/24"), cidr("198.18.17.5/24")})) +
-		body(IPTablesAdd(other, []net.IPNet{cidr("198.18.16.6/24")})) +
-		"-A POSTROUTING -s 10.0.0.0/8 -m comment --comment \"meshwire-masqx\" -j CNI-abc\nCOMMIT\n"
-	got := IPTablesDel(save, map[string]bool{att.Chain(): true})
+	ctx := context.Background()
+	other := attachment.ID{Network: "mwtb-net", ContainerID: "ffff", IfName: "eth0"}
+	addrs := []net.IPNet{cidr("198.18.16.5/24"), cidr("198.18.17.5/24")}
+	fw := firewall.NewFake(firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantLegacy})
+	must(t, fw.Restore(ctx, firewall.V4, "*nat\n:CNI-abc - [0:0]\nCOMMIT\n"))
+	must(t, Setup(ctx, fw, att, addrs))
+	must(t, Setup(ctx, fw, other, []net.IPNet{cidr("198.18.16.6/24")}))
+	must(t, fw.Restore(ctx, firewall.V4, "*nat\n-A POSTROUTING -s 10.0.0.0/8 -m comment --comment \"meshwire-masqx\" -j CNI-abc\nCOMMIT\n"))
+	must(t, Teardown(ctx, fw, att, nil))
+	log := fw.Log()
+	got := log[len(log)-1].Text
 	golden(t, "iptables-del-from-save", got)
-	if strings.Contains(got, other.Chain()) || strings.Contains(got, "CNI-abc") {
-		t.Fatalf("removal touches what is not the attachment's:\n%s", got)
-	}
 	if strings.Count(got, "-D ") != 2 {
 		t.Fatalf("removal must name both addresses' rules:\n%s", got)
 	}
-	if IPTablesDel(save, map[string]bool{"MW-00000000-000000000000000": true}) != "" {
-		t.Fatal("removal of an absent attachment is not empty")
-	}
-	if tags := IPTablesTags(save, "mwtb-net"); len(tags) != 2 {
-		t.Fatalf("tags of the network: %v, want 2", tags)
-	}
-	if len(IPTablesTags(save, "another-net")) != 0 {
-		t.Fatal("tags of another network found")
-	}
-	// The guessed removal is the saved rules with -D: what ADD wrote.
-	if g := IPTablesDelGuess(att, []net.IPNet{cidr("198.18.16.5/24"), cidr("198.18.17.5/24")}); g != got {
+	if g := IPTablesDelGuess(att, addrs); g != got {
 		t.Fatalf("guess\n%s\ndiffers from the removal found in the ruleset\n%s", g, got)
+	}
+	post := fw.Table(firewall.IP, "nat").Chain("POSTROUTING")
+	if len(post.Rules) != 2 || commentTag(post.Rules[0].Comment) != other.MasqTag() || post.Rules[1].Jump != "CNI-abc" {
+		t.Fatalf("Teardown touched what is not the attachment's:\n%s", fw.Dump())
+	}
+	n := len(fw.Ops())
+	must(t, Teardown(ctx, fw, att, nil))
+	if len(fw.Ops()) != n {
+		t.Fatalf("a second Teardown wrote: %v", fw.Ops()[n:])
+	}
+}
+
+func must(t *testing.T, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
 	}
 }
 
 // TestCommentTag: the tag read back from a rule's comment is the
 // attachment's, and other comments have none.
 func TestCommentTag(t *testing.T) {
-	if got := commentTag(att.comment()); got != att.Chain() {
-		t.Fatalf("tag of %q = %q, want %q", att.comment(), got, att.Chain())
+	if got := commentTag(comment(att)); got != att.MasqTag() {
+		t.Fatalf("tag of %q = %q, want %q", comment(att), got, att.MasqTag())
 	}
-	for _, c := range []string{"", "meshwire-masqx", "kube masquerade", "meshwire-portmap " + att.Chain()} {
+	for _, c := range []string{"", "meshwire-masqx", "kube masquerade", "meshwire-portmap " + att.MasqTag()} {
 		if got := commentTag(c); got != "" {
 			t.Fatalf("tag of %q = %q, want none", c, got)
 		}
@@ -95,20 +107,20 @@ func TestCommentTag(t *testing.T) {
 }
 
 func TestNames(t *testing.T) {
-	if n := len(att.Chain()); n != 27 {
-		t.Fatalf("tag %q is %d bytes", att.Chain(), n)
+	if n := len(att.MasqTag()); n != 27 {
+		t.Fatalf("tag %q is %d bytes", att.MasqTag(), n)
 	}
-	if att.Chain() == (Attachment{Network: "other", ContainerID: att.ContainerID, IfName: "eth0"}).Chain() {
-		t.Fatal("two networks share a chain name")
+	if att.MasqTag() == (attachment.ID{Network: "other", ContainerID: att.ContainerID, IfName: "eth0"}).MasqTag() {
+		t.Fatal("two networks share a tag")
 	}
-	if att.Chain() == (Attachment{Network: att.Network, ContainerID: att.ContainerID, IfName: "eth1"}).Chain() {
-		t.Fatal("two interfaces share a chain name")
+	if att.MasqTag() == (attachment.ID{Network: att.Network, ContainerID: att.ContainerID, IfName: "eth1"}).MasqTag() {
+		t.Fatal("two interfaces share a tag")
 	}
-	if c := att.comment(); len(c) > 127 {
+	if c := comment(att); len(c) > 127 {
 		t.Fatalf("comment %q longer than nftables allows", c)
 	}
-	long := Attachment{Network: strings.Repeat("n", 200), ContainerID: strings.Repeat("c", 200), IfName: "eth0\"x"}
-	if c := long.comment(); len(c) > 127 || strings.Contains(c, `"`) {
+	long := attachment.ID{Network: strings.Repeat("n", 200), ContainerID: strings.Repeat("c", 200), IfName: "eth0\"x"}
+	if c := comment(long); len(c) > 127 || strings.Contains(c, `"`) {
 		t.Fatalf("comment %q is too long or holds a quote", c)
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/netns"
 )
@@ -26,19 +27,24 @@ func TestSetupOverNetlinkIsTheIPTablesRuleset(t *testing.T) {
 	b := firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantNFT}
 	ctx := context.Background()
 	addrs := []net.IPNet{cidr("198.18.16.5/24"), cidr("198.18.17.5/20"), cidr("fd20:0:0:16::5/64")}
-	other := Attachment{Network: att.Network, ContainerID: "ffff", IfName: "eth0"}
+	other := attachment.ID{Network: att.Network, ContainerID: "ffff", IfName: "eth0"}
 	err = netns.Enter(p, func() error {
 		// The first Setup finds no nat table and uses the tools, which
 		// make it; the second goes over netlink.
-		tail, err := Setup(ctx, b, other, []net.IPNet{cidr("198.18.16.6/24"), cidr("fd20:0:0:16::6/64")})
-		if err != nil || tail != nil {
+		fw := firewall.New(b)
+		err := Setup(ctx, fw, other, []net.IPNet{cidr("198.18.16.6/24"), cidr("fd20:0:0:16::6/64")})
+		if tail := fw.Release(); err != nil || tail != nil {
 			return fmt.Errorf("first Setup: %v, %v (want the tools, no socket)", tail, err)
 		}
-		tail, err = Setup(ctx, b, att, addrs)
+		fw = firewall.New(b)
+		err = Setup(ctx, fw, att, addrs)
+		tail := fw.Release()
 		if err != nil || tail == nil {
 			return fmt.Errorf("Setup over netlink: %v, %v", tail, err)
 		}
 		tail.Close()
+		fw = firewall.New(b)
+		defer fw.Release()
 		v4, v6 := split(addrs)
 		for _, fam := range []struct {
 			f     firewall.Family
@@ -53,20 +59,16 @@ func TestSetupOverNetlinkIsTheIPTablesRuleset(t *testing.T) {
 				return fmt.Errorf("IPv%d: iptables-save\n%s\ndoes not hold\n%s", fam.f, save, want)
 			}
 		}
-		if ok, err := Present(ctx, b, att, addrs); !ok || err != nil {
+		if ok, err := Present(ctx, fw, att, addrs); !ok || err != nil {
 			return fmt.Errorf("Present = %v, %v", ok, err)
 		}
-		tail, err = Teardown(ctx, b, att, nil)
-		if tail != nil {
-			tail.Close()
-		}
-		if err != nil {
+		if err := Teardown(ctx, fw, att, nil); err != nil {
 			return err
 		}
-		if ok, _ := Present(ctx, b, att, addrs[:1]); ok {
+		if ok, _ := Present(ctx, fw, att, addrs[:1]); ok {
 			return fmt.Errorf("rules left after Teardown")
 		}
-		if ok, _ := Present(ctx, b, other, []net.IPNet{cidr("198.18.16.6/24"), cidr("fd20:0:0:16::6/64")}); !ok {
+		if ok, _ := Present(ctx, fw, other, []net.IPNet{cidr("198.18.16.6/24"), cidr("fd20:0:0:16::6/64")}); !ok {
 			return fmt.Errorf("Teardown removed another attachment's rules")
 		}
 		return nil

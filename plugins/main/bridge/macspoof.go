@@ -9,22 +9,21 @@ import (
 
 	"github.com/containernetworking/cni/pkg/skel"
 
+	attid "github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/firewall"
-	"github.com/meshwire/meshwire/internal/ipmasq"
 )
 
 // macspoofchk: frames entering the bridge from the pod's port must carry the
 // pod's MAC. Each attachment gets its own nftables table in the bridge
-// family, named from the network and container id hashes like the
-// masquerade tables, so DEL is one idempotent transaction (over netlink).
+// family (attid.ID.MacSpoofTable), so DEL is one idempotent
+// transaction (over netlink). The tables are native nftables whatever
+// firewall backend ipMasq uses.
 
-func macSpoofPrefix(network string) string {
-	return "meshwire_macspoof_" + ipmasq.NetHash(network) + "_"
-}
+var macSpoofBackend = firewall.Backend{Kind: firewall.NFTables}
 
-func macSpoofTable(network, containerID, ifName string) string {
-	return macSpoofPrefix(network) + ipmasq.AttHash(containerID, ifName)
+func macSpoofID(c *config, args *skel.CmdArgs) attid.ID {
+	return attid.ID{Network: c.Name, ContainerID: args.ContainerID, IfName: args.IfName}
 }
 
 // macSpoofScript renders the table for one attachment.
@@ -41,8 +40,11 @@ table bridge %[1]s {
 }
 
 func macSpoofSetup(ctx context.Context, c *config, args *skel.CmdArgs, hostIf string, mac net.HardwareAddr) error {
-	t := macSpoofTable(c.Name, args.ContainerID, args.IfName)
-	if err := firewall.NftApply(ctx, macSpoofScript(t, hostIf, mac)); err != nil {
+	return macSpoofInstall(ctx, firewall.New(macSpoofBackend), macSpoofID(c, args), hostIf, mac)
+}
+
+func macSpoofInstall(ctx context.Context, fw firewall.Interface, a attid.ID, hostIf string, mac net.HardwareAddr) error {
+	if err := fw.ApplyNft(ctx, macSpoofScript(a.MacSpoofTable(), hostIf, mac)); err != nil {
 		return cnierr.Internal("macspoofchk: %v", err)
 	}
 	return nil
@@ -50,41 +52,45 @@ func macSpoofSetup(ctx context.Context, c *config, args *skel.CmdArgs, hostIf st
 
 // macSpoofTeardown removes the attachment's table over netlink; the
 // returned file is the socket whose close waits for the kernel (see
-// firewall.Conn.Release).
+// firewall.Interface.Release).
 func macSpoofTeardown(c *config, args *skel.CmdArgs) (*os.File, error) {
-	conn, err := firewall.Open()
-	if err != nil {
-		return nil, cnierr.Internal("macspoofchk teardown: %v", err)
-	}
-	err = conn.DeleteTables(firewall.Bridge, []string{macSpoofTable(c.Name, args.ContainerID, args.IfName)})
-	tail := conn.Release()
-	if err != nil {
-		return tail, cnierr.Internal("macspoofchk teardown: %v", err)
-	}
-	return tail, nil
+	fw := firewall.New(macSpoofBackend)
+	err := macSpoofRemove(context.Background(), fw, macSpoofID(c, args))
+	return fw.Release(), err
 }
 
-func macSpoofGC(network string, valid []ipmasq.Attachment) error {
-	conn, err := firewall.Open()
-	if err != nil {
-		return cnierr.Internal("macspoofchk GC: %v", err)
+func macSpoofRemove(ctx context.Context, fw firewall.Interface, a attid.ID) error {
+	if err := fw.DeleteTables(ctx, firewall.Bridge, []string{a.MacSpoofTable()}); err != nil {
+		return cnierr.Internal("macspoofchk teardown: %v", err)
 	}
-	defer conn.Close()
-	tables, err := conn.Tables(firewall.Bridge)
+	return nil
+}
+
+func macSpoofGC(network string, valid []attid.ID) error {
+	fw := firewall.New(macSpoofBackend)
+	defer fw.Close()
+	return macSpoofCollect(context.Background(), fw, network, valid)
+}
+
+// macSpoofCollect removes the tables of network's attachments not in valid.
+func macSpoofCollect(ctx context.Context, fw firewall.Interface, network string, valid []attid.ID) error {
+	tables, err := fw.Tables(ctx, firewall.Bridge)
 	if err != nil {
 		return cnierr.Internal("macspoofchk GC: %v", err)
 	}
 	keep := map[string]bool{}
 	for _, v := range valid {
-		keep[macSpoofTable(network, v.ContainerID, v.IfName)] = true
+		v.Network = network
+		keep[v.MacSpoofTable()] = true
 	}
+	prefix := attid.MacSpoofTablePrefix(network)
 	var stale []string
 	for _, t := range tables {
-		if strings.HasPrefix(t, macSpoofPrefix(network)) && !keep[t] {
+		if strings.HasPrefix(t, prefix) && !keep[t] {
 			stale = append(stale, t)
 		}
 	}
-	if err := conn.DeleteTables(firewall.Bridge, stale); err != nil {
+	if err := fw.DeleteTables(ctx, firewall.Bridge, stale); err != nil {
 		return cnierr.Internal("macspoofchk GC: %v", err)
 	}
 	return nil
