@@ -3,9 +3,7 @@ package main
 import (
 	"fmt"
 	"net"
-	"regexp"
 	"strings"
-	"sync"
 
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/cniplugin"
@@ -69,8 +67,19 @@ type config struct {
 	Mappings             []mapping
 }
 
-// chainName is what iptables accepts as a chain name.
-var chainName = lazyRegexp(`^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,27}$`)
+// validChainName: what iptables accepts as a chain name (at most 28
+// letters, digits, '_', '.' or '-', not starting with '.' or '-').
+func validChainName(s string) bool {
+	if len(s) == 0 || len(s) > 28 || s[0] == '.' || s[0] == '-' {
+		return false
+	}
+	for _, c := range []byte(s) {
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '.' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
 
 // parseConfig decodes and validates stdin. It does not look at the host:
 // auto-detection of the backend happens later, only when needed.
@@ -98,7 +107,7 @@ func validate(raw *rawConfig) (*config, error) {
 	}
 	if raw.ExternalSetMarkChain != nil {
 		name := *raw.ExternalSetMarkChain
-		if !chainName().MatchString(name) {
+		if !validChainName(name) {
 			return nil, cnierr.Field("externalSetMarkChain", "%q is not a valid iptables chain name (letters, digits, '_', '.', '-'; at most 28 characters)", name)
 		}
 		c.ExternalSetMarkChain = name
@@ -223,11 +232,4 @@ func (c *config) chooseBackend(raw *rawConfig) error {
 		}
 	}
 	return nil
-}
-
-// lazyRegexp compiles a pattern on first use: compiling the package's
-// patterns at start-up cost every call half a millisecond, while most calls
-// use none or few of them.
-func lazyRegexp(pattern string) func() *regexp.Regexp {
-	return sync.OnceValue(func() *regexp.Regexp { return regexp.MustCompile(pattern) })
 }

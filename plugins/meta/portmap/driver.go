@@ -8,7 +8,6 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/meshwire/meshwire/internal/attachment"
@@ -17,9 +16,8 @@ import (
 	"github.com/meshwire/meshwire/internal/firewall"
 )
 
-// stateDir holds the node-wide lock of the slow paths and the backend that
-// auto-detection picked (so that every later command uses the same one
-// without detecting again, which reads every ruleset of the node).
+// stateDir holds the node-wide lock of the slow paths and the hints that
+// say which ADD transaction to try first.
 var stateDir = "/run/meshwire/portmap"
 
 const lockTimeout = 10 * time.Second
@@ -38,144 +36,49 @@ func locked(fn func() error) error {
 	return fn()
 }
 
-func backendCachePath() string { return filepath.Join(stateDir, "backend") }
-
-// readBackendCache returns the backend a previous ADD detected, if any.
-func readBackendCache() (firewall.Backend, bool) {
-	b, err := os.ReadFile(backendCachePath())
-	if err != nil {
-		return firewall.Backend{}, false
-	}
-	be, err := firewall.Parse(strings.TrimSpace(string(b)))
-	return be, err == nil
-}
-
-func writeBackendCache(b firewall.Backend) {
-	if err := os.MkdirAll(stateDir, 0o755); err != nil {
-		slog.Warn("cannot remember the detected backend", "error", err)
-		return
-	}
-	tmp := backendCachePath() + ".tmp"
-	if err := os.WriteFile(tmp, []byte(b.String()+"\n"), 0o644); err == nil {
-		err = os.Rename(tmp, backendCachePath())
-		if err != nil {
-			slog.Warn("cannot remember the detected backend", "error", err)
-		}
-	}
-}
-
-func removeBackendCache() { _ = os.Remove(backendCachePath()) }
-
-// resolved is the backend a command works with.
-type resolved struct {
-	firewall.Backend
-	auto bool // chosen by detection, not by the config
-}
-
-// resolveBackend applies the config: a configured backend is used as is; a
-// backend implied by options (externalSetMarkChain, conditions) is used
-// with the detected iptables variant; otherwise the remembered detection,
-// else a fresh firewall.Detect.
-func resolveBackend(ctx context.Context, c *config) resolved {
+// resolveBackend applies the config on top of the firewall's one
+// resolver: a configured backend is used as is; a backend implied by
+// options (externalSetMarkChain, conditions) is used with the node's
+// iptables variant when the node's backend is of that kind; otherwise the
+// node's backend (firewall.Resolve: its cached detection, else Detect).
+func resolveBackend(ctx context.Context, c *config) (firewall.Backend, error) {
 	if c.Backend != nil {
-		return resolved{Backend: *c.Backend}
+		return *c.Backend, nil
 	}
-	det, ok := readBackendCache()
-	if !ok {
-		det = firewall.Detect(ctx)
-	}
+	det, err := firewall.Resolve(ctx, "")
 	switch {
-	case c.Implied == "":
-		return resolved{Backend: det, auto: true}
-	case c.Implied == det.Kind:
-		return resolved{Backend: det}
+	case err != nil:
+		return firewall.Backend{}, cnierr.Wrap(err, "resolve the firewall backend")
+	case c.Implied == "" || c.Implied == det.Kind:
+		return det, nil
 	default:
-		return resolved{Backend: firewall.Backend{Kind: c.Implied}}
+		return firewall.Backend{Kind: c.Implied}, nil
 	}
 }
 
-// driver programs one backend.
+// driver programs one backend through the firewall front door.
 type driver interface {
 	// add installs an attachment's plans (one transaction per family for
 	// iptables, one for both with nftables).
 	add(ctx context.Context, a attachment.ID, plans []famPlan) error
-	// del removes the attachment in the given families. With wantUDP it
-	// returns the UDP host ports its rules mapped (for conntrack).
-	del(ctx context.Context, key string, fams []firewall.Family, wantUDP bool) (map[firewall.Family][]int, error)
+	// del removes the attachment, found by any of its keys (the current
+	// one first), in the given families. With wantUDP it returns the UDP
+	// host ports its rules mapped (for conntrack).
+	del(ctx context.Context, keys []string, fams []firewall.Family, wantUDP bool) (map[firewall.Family][]int, error)
 	// check verifies that the attachment's rules match the plans.
 	check(ctx context.Context, a attachment.ID, plans []famPlan) error
 	// gc removes attachments of the network that are not in valid (keys).
 	gc(ctx context.Context, network string, valid map[string]bool) error
 }
 
-func newDriver(r resolved) driver {
-	if r.Kind == firewall.NFTables {
-		return &nftDriver{auto: r.auto}
+func newDriver(fw firewall.Interface) driver {
+	if fw.Backend().Kind == firewall.NFTables {
+		return &nftDriver{fw: fw}
 	}
-	return &iptDriver{b: r.Backend, auto: r.auto}
+	return &iptDriver{fw: fw}
 }
 
 func isTryAgain(err error) bool { return cnierr.Code(err) == cnierr.CodeTryAgainLater }
-
-// ---- iptables ----
-
-type iptDriver struct {
-	b    firewall.Backend
-	auto bool
-}
-
-// retryDump repeats a read that iptables-nft abandons when the ruleset
-// changes under it ("results may be incomplete or inconsistent"), which
-// concurrent ADDs and DELs make common.
-func retryDump(fn func() (string, error)) (string, error) {
-	var out string
-	var err error
-	for i := 0; i < 8; i++ {
-		out, err = fn()
-		if err == nil || !strings.Contains(err.Error(), "incomplete or inconsistent") {
-			return out, err
-		}
-		time.Sleep(time.Duration(i+1) * 5 * time.Millisecond)
-	}
-	return out, err
-}
-
-func (d *iptDriver) listChain(ctx context.Context, f firewall.Family, chain string) (string, error) {
-	return retryDump(func() (string, error) { return d.b.ListChain(ctx, f, "nat", chain) })
-}
-
-func (d *iptDriver) read(ctx context.Context, f firewall.Family) (*iptState, error) {
-	out, err := retryDump(func() (string, error) { return d.b.Save(ctx, f, "nat") })
-	if err != nil {
-		return nil, cnierr.Wrap(err, "read the %s nat table (IPv%d)", d.b, f)
-	}
-	return parseIPTSave(out), nil
-}
-
-func (d *iptDriver) restore(ctx context.Context, f firewall.Family, payload string) error {
-	slog.Debug("iptables-restore", "backend", d.b.String(), "family", int(f), "payload", payload)
-	return d.b.Restore(ctx, f, payload)
-}
-
-func (d *iptDriver) add(ctx context.Context, a attachment.ID, plans []famPlan) error {
-	for _, p := range plans {
-		// A wrong hint costs one refused transaction, never a wrong rule.
-		err := firstTry(d.hint(p.Family), renderIPTAddNew(p), renderIPTAddFresh(p), func(payload string) error {
-			return d.restore(ctx, p.Family, payload)
-		})
-		if err == nil {
-			continue
-		}
-		if isTryAgain(err) {
-			return err
-		}
-		slog.Debug("single-transaction ADD refused; reading the table", "family", int(p.Family), "error", err)
-		if err := d.ensure(ctx, p); err != nil {
-			return err
-		}
-	}
-	return nil
-}
 
 // The base hint is a file per backend (and family, for iptables) that
 // exists while the base chains are believed to be there.
@@ -201,10 +104,6 @@ func (h baseHint) set(present bool) {
 	}
 }
 
-func (d *iptDriver) hint(f firewall.Family) baseHint {
-	return baseHint(fmt.Sprintf("%s-v%d", d.b, f))
-}
-
 // firstTry applies the first of two alternative transactions that
 // succeeds: the single-transaction ADD onto an existing base, or the one
 // that creates the base too; the hint picks which to try first.
@@ -225,150 +124,6 @@ func firstTry(hint baseHint, onBase, fresh string, apply func(string) error) err
 	return err
 }
 
-// ensure is the slow path of ADD, under the node lock.
-func (d *iptDriver) ensure(ctx context.Context, p famPlan) error {
-	return locked(func() error {
-		st, err := d.read(ctx, p.Family)
-		if err != nil {
-			return err
-		}
-		if err := d.restore(ctx, p.Family, renderIPTEnsure(st, p)); err != nil {
-			return cnierr.Wrap(err, "install the port mappings (IPv%d, %s)", p.Family, d.b)
-		}
-		d.hint(p.Family).set(true)
-		if d.auto {
-			writeBackendCache(d.b)
-		}
-		return nil
-	})
-}
-
-func (d *iptDriver) del(ctx context.Context, key string, fams []firewall.Family, wantUDP bool) (map[firewall.Family][]int, error) {
-	udp := map[firewall.Family][]int{}
-	for _, f := range fams {
-		if wantUDP {
-			if out, err := d.listChain(ctx, f, iptAttChain(key)); err == nil {
-				udp[f] = iptUDPPorts(strings.Split(out, "\n"))
-			}
-		}
-		err := d.restore(ctx, f, renderIPTDel(key))
-		switch {
-		case err == nil:
-			d.maybeTeardown(ctx, f)
-		case isTryAgain(err):
-			return nil, err
-		default:
-			// Not (entirely) there: remove whatever is, as the table shows it.
-			if err := d.remove(ctx, f, []string{key}); err != nil {
-				return nil, err
-			}
-		}
-	}
-	return udp, nil
-}
-
-// remove deletes attachments as the table shows them (and the base when
-// nothing is left), under the node lock.
-func (d *iptDriver) remove(ctx context.Context, f firewall.Family, keys []string) error {
-	return locked(func() error {
-		// With the base: refused as a whole if an ADD (which takes no lock)
-		// added an attachment since the read; then again without it.
-		var err error
-		for _, teardown := range []bool{true, false} {
-			var st *iptState
-			if st, err = d.read(ctx, f); err != nil {
-				return err
-			}
-			payload := renderIPTRemove(st, keys, teardown)
-			if payload == "" {
-				return nil
-			}
-			if err = d.restore(ctx, f, payload); err == nil {
-				empty := teardown && remaining(st.attachments(), keys) == 0
-				if empty {
-					d.hint(f).set(false)
-				}
-				d.forgetBackendIfEmpty(ctx, f, empty)
-				return nil
-			}
-			if isTryAgain(err) {
-				break
-			}
-		}
-		return cnierr.Wrap(err, "remove port mappings (IPv%d, %s)", f, d.b)
-	})
-}
-
-// maybeTeardown removes the base when the top chain is empty. The probe
-// reads one chain; the teardown itself runs under the node lock and is
-// refused by the kernel if an attachment was added meanwhile.
-func (d *iptDriver) maybeTeardown(ctx context.Context, f firewall.Family) {
-	out, err := d.listChain(ctx, f, iptTop)
-	if err != nil || strings.Contains(out, "-A ") {
-		return
-	}
-	if err := d.remove(ctx, f, nil); err != nil {
-		slog.Info("base chains kept", "family", int(f), "reason", err)
-	}
-}
-
-// forgetBackendIfEmpty drops the remembered detection once neither family
-// has meshwire port mappings left in this backend.
-func (d *iptDriver) forgetBackendIfEmpty(ctx context.Context, f firewall.Family, empty bool) {
-	if !d.auto || !empty {
-		return
-	}
-	other := firewall.V6
-	if f == firewall.V6 {
-		other = firewall.V4
-	}
-	if _, err := d.listChain(ctx, other, iptTop); err != nil {
-		removeBackendCache()
-	}
-}
-
-func (d *iptDriver) check(ctx context.Context, a attachment.ID, plans []famPlan) error {
-	for _, p := range plans {
-		st, err := d.read(ctx, p.Family)
-		if err != nil {
-			return err
-		}
-		ch := iptAttChain(p.Key)
-		switch {
-		case !st.chains[ch]:
-			return cnierr.CheckFailed("IPv%d: chain %s of this attachment is missing (%s)", p.Family, ch, d.b)
-		case len(st.jumpsTo(iptTop, ch)) != 1:
-			return cnierr.CheckFailed("IPv%d: %s has %d jumps to %s, want 1", p.Family, iptTop, len(st.jumpsTo(iptTop, ch)), ch)
-		case len(st.jumpsTo("PREROUTING", iptTop)) == 0 || len(st.jumpsTo("OUTPUT", iptTop)) == 0:
-			return cnierr.CheckFailed("IPv%d: PREROUTING or OUTPUT does not jump to %s", p.Family, iptTop)
-		case p.MarkBit >= 0 && (!st.chains[iptMarkChain(p.MarkBit)] || len(st.jumpsTo("POSTROUTING", iptMasq)) == 0):
-			return cnierr.CheckFailed("IPv%d: the masquerade chains for mark bit %d are missing", p.Family, p.MarkBit)
-		}
-		if got, want := iptSigs(st.rules[ch]), planSigs(p); !slices.Equal(got, want) {
-			return cnierr.CheckFailed("IPv%d: port mappings in %s are %v, want %v", p.Family, ch, got, want)
-		}
-	}
-	return nil
-}
-
-func (d *iptDriver) gc(ctx context.Context, network string, valid map[string]bool) error {
-	for _, f := range []firewall.Family{firewall.V4, firewall.V6} {
-		st, err := d.read(ctx, f)
-		if err != nil {
-			return err
-		}
-		stale := gcStale(st.attachments(), st.tag, network, valid)
-		if len(stale) == 0 && (len(st.attachments()) > 0 || !st.hasBase()) {
-			continue
-		}
-		slog.Info("gc", "family", int(f), "stale", stale)
-		if err := d.remove(ctx, f, stale); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
 // gcStale picks the attachments of network that are not valid. Chains
 // without a tag, or tagged with another network, are not ours to judge.
 func gcStale(keys []string, tagOf func(string) string, network string, valid map[string]bool) []string {
@@ -384,47 +139,222 @@ func gcStale(keys []string, tagOf func(string) string, network string, valid map
 	return out
 }
 
+// checkedKey is the key whose chain CHECK compares: the current key's,
+// else the first older key's that the table has (an attachment made by an
+// earlier meshwire), else the current key (reported missing).
+func checkedKey(st *firewall.Table, prefix string, a attachment.ID) string {
+	if k := presentKeys(st, prefix, a.PortmapKeys()); len(k) > 0 {
+		return k[0]
+	}
+	return a.PortmapKey()
+}
+
+// ---- iptables ----
+
+type iptDriver struct{ fw firewall.Interface }
+
+func (d *iptDriver) b() firewall.Backend { return d.fw.Backend() }
+
+// read reads the nat table of family f.
+func (d *iptDriver) read(ctx context.Context, f firewall.Family) (*firewall.Table, error) {
+	t, err := d.fw.ReadTable(ctx, f.Tables(), "nat")
+	if err != nil {
+		return nil, cnierr.Wrap(err, "read the %s nat table (IPv%d)", d.b(), f)
+	}
+	return t, nil
+}
+
+// chain reads one chain of the nat table of family f (nil: not there).
+func (d *iptDriver) chain(ctx context.Context, f firewall.Family, name string) (*firewall.Chain, error) {
+	return d.fw.ReadChain(ctx, f.Tables(), "nat", name)
+}
+
+func (d *iptDriver) restore(ctx context.Context, f firewall.Family, payload string) error {
+	slog.Debug("iptables-restore", "backend", d.b().String(), "family", int(f), "payload", payload)
+	return d.fw.Restore(ctx, f, payload)
+}
+
+func (d *iptDriver) hint(f firewall.Family) baseHint {
+	return baseHint(fmt.Sprintf("%s-v%d", d.b(), f))
+}
+
+func (d *iptDriver) add(ctx context.Context, a attachment.ID, plans []famPlan) error {
+	for _, p := range plans {
+		// A wrong hint costs one refused transaction, never a wrong rule.
+		err := firstTry(d.hint(p.Family), renderIPTAddNew(p), renderIPTAddFresh(p), func(payload string) error {
+			return d.restore(ctx, p.Family, payload)
+		})
+		if err == nil {
+			continue
+		}
+		if isTryAgain(err) {
+			return err
+		}
+		slog.Debug("single-transaction ADD refused; reading the table", "family", int(p.Family), "error", err)
+		if err := d.ensure(ctx, p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ensure is the slow path of ADD, under the node lock.
+func (d *iptDriver) ensure(ctx context.Context, p famPlan) error {
+	return locked(func() error {
+		st, err := d.read(ctx, p.Family)
+		if err != nil {
+			return err
+		}
+		if err := d.restore(ctx, p.Family, renderIPTEnsure(st, p)); err != nil {
+			return cnierr.Wrap(err, "install the port mappings (IPv%d, %s)", p.Family, d.b())
+		}
+		d.hint(p.Family).set(true)
+		return nil
+	})
+}
+
+func (d *iptDriver) del(ctx context.Context, keys []string, fams []firewall.Family, wantUDP bool) (map[firewall.Family][]int, error) {
+	udp := map[firewall.Family][]int{}
+	for _, f := range fams {
+		if wantUDP {
+			// The attachment's chain, under the first key that has one.
+			for _, k := range keys {
+				if c, err := d.chain(ctx, f, iptAttChain(k)); err == nil && c != nil {
+					udp[f] = udpPortsOf(c.Rules)[f]
+					break
+				}
+			}
+		}
+		err := d.restore(ctx, f, renderIPTDel(keys[0]))
+		switch {
+		case err == nil:
+			d.maybeTeardown(ctx, f)
+		case isTryAgain(err):
+			return nil, err
+		default:
+			// Not (entirely) there, or made under an older key: remove
+			// whatever is, as the table shows it.
+			if err := d.remove(ctx, f, keys); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return udp, nil
+}
+
+// remove deletes attachments as the table shows them (and the base when
+// nothing is left), under the node lock.
+func (d *iptDriver) remove(ctx context.Context, f firewall.Family, keys []string) error {
+	return locked(func() error {
+		// With the base: refused as a whole if an ADD (which takes no lock)
+		// added an attachment since the read; then again without it.
+		var err error
+		for _, teardown := range []bool{true, false} {
+			var st *firewall.Table
+			if st, err = d.read(ctx, f); err != nil {
+				return err
+			}
+			payload := renderIPTRemove(st, keys, teardown)
+			if payload == "" {
+				return nil
+			}
+			if err = d.restore(ctx, f, payload); err == nil {
+				if teardown && remaining(attachmentKeys(st, iptPrefix), keys) == 0 {
+					d.hint(f).set(false)
+				}
+				return nil
+			}
+			if isTryAgain(err) {
+				break
+			}
+		}
+		return cnierr.Wrap(err, "remove port mappings (IPv%d, %s)", f, d.b())
+	})
+}
+
+// maybeTeardown removes the base when the top chain is empty. The probe
+// reads one chain; the teardown itself runs under the node lock and is
+// refused by the kernel if an attachment was added meanwhile.
+func (d *iptDriver) maybeTeardown(ctx context.Context, f firewall.Family) {
+	top, err := d.chain(ctx, f, iptTop)
+	if err != nil || top == nil || len(top.Rules) > 0 {
+		return
+	}
+	if err := d.remove(ctx, f, nil); err != nil {
+		slog.Info("base chains kept", "family", int(f), "reason", err)
+	}
+}
+
+func (d *iptDriver) check(ctx context.Context, a attachment.ID, plans []famPlan) error {
+	for _, p := range plans {
+		st, err := d.read(ctx, p.Family)
+		if err != nil {
+			return err
+		}
+		ch := iptAttChain(checkedKey(st, iptPrefix, a))
+		switch {
+		case st.Chain(ch) == nil:
+			return cnierr.CheckFailed("IPv%d: chain %s of this attachment is missing (%s)", p.Family, ch, d.b())
+		case len(jumps(st, iptTop, ch)) != 1:
+			return cnierr.CheckFailed("IPv%d: %s has %d jumps to %s, want 1", p.Family, iptTop, len(jumps(st, iptTop, ch)), ch)
+		case len(jumps(st, "PREROUTING", iptTop)) == 0 || len(jumps(st, "OUTPUT", iptTop)) == 0:
+			return cnierr.CheckFailed("IPv%d: PREROUTING or OUTPUT does not jump to %s", p.Family, iptTop)
+		case p.MarkBit >= 0 && (st.Chain(iptMarkChain(p.MarkBit)) == nil || len(jumps(st, "POSTROUTING", iptMasq)) == 0):
+			return cnierr.CheckFailed("IPv%d: the masquerade chains for mark bit %d are missing", p.Family, p.MarkBit)
+		}
+		if got, want := mappingSigs(rulesOf(st, ch)), planSigs(p); !slices.Equal(got, want) {
+			return cnierr.CheckFailed("IPv%d: port mappings in %s are %v, want %v", p.Family, ch, got, want)
+		}
+	}
+	return nil
+}
+
+func (d *iptDriver) gc(ctx context.Context, network string, valid map[string]bool) error {
+	for _, f := range []firewall.Family{firewall.V4, firewall.V6} {
+		st, err := d.read(ctx, f)
+		if err != nil {
+			return err
+		}
+		keys := attachmentKeys(st, iptPrefix)
+		stale := gcStale(keys, func(k string) string { return iptTag(st, k) }, network, valid)
+		if len(stale) == 0 && (len(keys) > 0 || !iptHasBase(st)) {
+			continue
+		}
+		slog.Info("gc", "family", int(f), "stale", stale)
+		if err := d.remove(ctx, f, stale); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // ---- nftables ----
 
-type nftDriver struct{ auto bool }
+type nftDriver struct{ fw firewall.Interface }
 
 const nftHint = baseHint("nftables")
 
 func (d *nftDriver) apply(ctx context.Context, script string) error {
 	slog.Debug("nft -f", "script", script)
-	return firewall.NftApply(ctx, script)
+	return d.fw.ApplyNft(ctx, script)
 }
 
-// listEach reads the table (or, with chains, just those chains, one nft
-// run each). A missing table or chain reads as empty.
-func (d *nftDriver) listEach(ctx context.Context, chains []string) (*nftState, error) {
-	var all strings.Builder
-	if len(chains) == 0 {
-		out, err := firewall.Nft(ctx, "-a", "list", "table", "inet", nftTable)
-		if err != nil {
-			if missing(err) {
-				return parseNFTList(""), nil
-			}
-			return nil, cnierr.Wrap(err, "list nftables table %s", nftFQ)
-		}
-		return parseNFTList(out), nil
+// read reads the table (nil: not there).
+func (d *nftDriver) read(ctx context.Context) (*firewall.Table, error) {
+	t, err := d.fw.ReadTable(ctx, firewall.Inet, nftTable)
+	if err != nil {
+		return nil, cnierr.Wrap(err, "read nftables table %s", nftFQ)
 	}
-	for _, c := range chains {
-		out, err := firewall.Nft(ctx, "-a", "list", "chain", "inet", nftTable, c)
-		if err != nil {
-			if missing(err) {
-				continue
-			}
-			return nil, cnierr.Wrap(err, "list nftables chain %s %s", nftFQ, c)
-		}
-		all.WriteString(out)
-		all.WriteString("\n")
-	}
-	return parseNFTList(all.String()), nil
+	return t, nil
 }
 
-func missing(err error) bool {
-	return err != nil && strings.Contains(err.Error(), "No such file or directory")
+// chain reads one chain of the table (nil: no table or no chain).
+func (d *nftDriver) chain(ctx context.Context, name string) (*firewall.Chain, error) {
+	c, err := d.fw.ReadChain(ctx, firewall.Inet, nftTable, name)
+	if err != nil {
+		return nil, cnierr.Wrap(err, "read nftables chain %s %s", nftFQ, name)
+	}
+	return c, nil
 }
 
 func (d *nftDriver) add(ctx context.Context, a attachment.ID, plans []famPlan) error {
@@ -439,7 +369,7 @@ func (d *nftDriver) add(ctx context.Context, a attachment.ID, plans []famPlan) e
 	}
 	slog.Debug("single-transaction ADD refused; reading the table", "error", err)
 	return locked(func() error {
-		st, err := d.listEach(ctx, nil)
+		st, err := d.read(ctx)
 		if err != nil {
 			return err
 		}
@@ -447,37 +377,42 @@ func (d *nftDriver) add(ctx context.Context, a attachment.ID, plans []famPlan) e
 			return cnierr.Wrap(err, "install the port mappings (nftables)")
 		}
 		nftHint.set(true)
-		if d.auto {
-			writeBackendCache(firewall.Backend{Kind: firewall.NFTables})
-		}
 		return nil
 	})
 }
 
-func (d *nftDriver) del(ctx context.Context, key string, _ []firewall.Family, wantUDP bool) (map[firewall.Family][]int, error) {
-	ch := nftAttChain(key)
-	chains := []string{nftHostports}
-	if wantUDP {
-		chains = append(chains, ch)
+func (d *nftDriver) del(ctx context.Context, keys []string, _ []firewall.Family, wantUDP bool) (map[firewall.Family][]int, error) {
+	udp := map[firewall.Family][]int{}
+	hp, err := d.chain(ctx, nftHostports)
+	if err != nil || hp == nil {
+		return udp, err // no table: nothing of anyone's is left
 	}
-	st, err := d.listEach(ctx, chains)
-	if err != nil {
-		return nil, err
+	chains := []*firewall.Chain{hp}
+	var present []string
+	mine := 0
+	for _, k := range keys {
+		ch := nftAttChain(k)
+		n := len(jumpsIn(hp.Rules, ch))
+		if n == 0 {
+			continue
+		}
+		present, mine = append(present, k), mine+n
+		// The jump exists, so the chain does (the kernel refuses jumps to
+		// missing chains); it is read only for its UDP ports.
+		c := &firewall.Chain{Name: ch}
+		if wantUDP {
+			if read, err := d.chain(ctx, ch); err == nil && read != nil {
+				c = read
+				mergePorts(udp, udpPortsOf(c.Rules))
+			}
+		}
+		chains = append(chains, c)
 	}
-	udp := nftUDPPorts(st.chains[ch])
-	hp := st.chains[nftHostports]
-	mine := len(st.jumps(nftHostports, ch))
-	if hp == nil || mine == 0 {
-		return udp, nil // no table, or this attachment is not in it (already deleted)
+	if len(present) == 0 {
+		return udp, nil // this attachment is not in the table (already deleted)
 	}
-	// The jump exists, so the chain does (the kernel refuses jumps to
-	// missing chains).
-	if st.chains[ch] == nil {
-		st.chains[ch] = &nftChain{}
-	}
-	st.exists = true
-	teardown := len(hp.rules) == mine
-	err = d.apply(ctx, renderNFTRemove(st, []string{key}, teardown))
+	teardown := len(hp.Rules) == mine
+	err = d.apply(ctx, renderNFTRemove(tableOf(nftTable, chains...), present, teardown))
 	switch {
 	case err == nil && teardown:
 		d.forget()
@@ -491,8 +426,8 @@ func (d *nftDriver) del(ctx context.Context, key string, _ []firewall.Family, wa
 		return nil, err
 	}
 	// A concurrent change (or a teardown the anchor refused): redo under
-	// the lock from a full listing.
-	return udp, d.remove(ctx, []string{key})
+	// the lock from a full read.
+	return udp, d.remove(ctx, keys)
 }
 
 // tryTeardown deletes the table if no attachment chain is left: one
@@ -508,30 +443,24 @@ func (d *nftDriver) tryTeardown(ctx context.Context) {
 	})
 }
 
-// forget drops the hint and the remembered detection once the table is
-// gone.
-func (d *nftDriver) forget() {
-	nftHint.set(false)
-	if d.auto {
-		removeBackendCache()
-	}
-}
+// forget drops the hint once the table is gone.
+func (d *nftDriver) forget() { nftHint.set(false) }
 
 func (d *nftDriver) remove(ctx context.Context, keys []string) error {
 	return locked(func() error {
 		var err error
 		for _, teardown := range []bool{true, false} {
-			var st *nftState
-			if st, err = d.listEach(ctx, nil); err != nil {
+			var st *firewall.Table
+			if st, err = d.read(ctx); err != nil {
 				return err
 			}
 			var present []string
 			for _, k := range keys {
-				if st.chains[nftAttChain(k)] != nil || len(st.jumps(nftHostports, nftAttChain(k))) > 0 {
+				if st.Chain(nftAttChain(k)) != nil || len(jumps(st, nftHostports, nftAttChain(k))) > 0 {
 					present = append(present, k)
 				}
 			}
-			teardown = teardown && remaining(st.attachments(), present) == 0
+			teardown = teardown && remaining(attachmentKeys(st, nftPrefix), present) == 0
 			script := renderNFTRemove(st, present, teardown)
 			if script == "" {
 				return nil
@@ -551,20 +480,21 @@ func (d *nftDriver) remove(ctx context.Context, keys []string) error {
 }
 
 func (d *nftDriver) check(ctx context.Context, a attachment.ID, plans []famPlan) error {
-	st, err := d.listEach(ctx, nil)
+	if len(plans) == 0 {
+		return nil
+	}
+	st, err := d.read(ctx)
 	if err != nil {
 		return err
 	}
-	ch := nftAttChain(a.PortmapKey())
-	c := st.chains[ch]
+	ch := nftAttChain(checkedKey(st, nftPrefix, a))
+	c := st.Chain(ch)
 	switch {
-	case len(plans) == 0:
-		return nil
 	case c == nil:
 		return cnierr.CheckFailed("nftables chain %s of this attachment is missing", ch)
-	case len(st.jumps(nftHostports, ch)) != 1:
-		return cnierr.CheckFailed("nftables chain %s has %d jumps to %s, want 1", nftHostports, len(st.jumps(nftHostports, ch)), ch)
-	case len(st.jumps("prerouting", nftHostports)) == 0 || len(st.jumps("output", nftHostports)) == 0:
+	case len(jumps(st, nftHostports, ch)) != 1:
+		return cnierr.CheckFailed("nftables chain %s has %d jumps to %s, want 1", nftHostports, len(jumps(st, nftHostports, ch)), ch)
+	case len(jumps(st, "prerouting", nftHostports)) == 0 || len(jumps(st, "output", nftHostports)) == 0:
 		return cnierr.CheckFailed("nftables prerouting or output does not jump to %s", nftHostports)
 	}
 	var want []string
@@ -572,25 +502,26 @@ func (d *nftDriver) check(ctx context.Context, a attachment.ID, plans []famPlan)
 		want = append(want, planSigs(p)...)
 	}
 	sort.Strings(want)
-	if got := nftSigs(c); !slices.Equal(got, want) {
+	if got := mappingSigs(c.Rules); !slices.Equal(got, want) {
 		return cnierr.CheckFailed("port mappings in nftables chain %s are %v, want %v", ch, got, want)
 	}
 	return nil
 }
 
 func (d *nftDriver) gc(ctx context.Context, network string, valid map[string]bool) error {
-	st, err := d.listEach(ctx, nil)
-	if err != nil || !st.exists {
+	st, err := d.read(ctx)
+	if err != nil || st == nil {
 		return err
 	}
 	tagOf := func(k string) string {
-		if c := st.chains[nftAttChain(k)]; c != nil {
-			return c.comment
+		if c := st.Chain(nftAttChain(k)); c != nil {
+			return c.Comment
 		}
 		return ""
 	}
-	stale := gcStale(st.attachments(), tagOf, network, valid)
-	if len(stale) == 0 && len(st.attachments()) > 0 {
+	keys := attachmentKeys(st, nftPrefix)
+	stale := gcStale(keys, tagOf, network, valid)
+	if len(stale) == 0 && len(keys) > 0 {
 		return nil
 	}
 	slog.Info("gc", "stale", stale)

@@ -3,9 +3,11 @@ package main
 import (
 	"fmt"
 	"net"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/meshwire/meshwire/internal/firewall"
 )
 
 // iptables layout (nat table, one per address family):
@@ -34,19 +36,12 @@ const (
 	iptMasqNote   = "meshwire portmap: masquerade marked connections"
 )
 
-var iptAttChainRE = lazyRegexp(`^MWHP-[0-9a-f]{16}$`)
-
 func iptAttChain(key string) string { return iptPrefix + key }
 func iptMarkChain(bit int) string   { return fmt.Sprintf("%s%d", iptMarkPrefx, bit) }
 func markValue(bit int) string      { return fmt.Sprintf("%#x/%#x", uint32(1)<<bit, uint32(1)<<bit) }
 
 // iptQuote quotes one argument for iptables-restore.
-func iptQuote(s string) string {
-	if s != "" && !strings.ContainsAny(s, " \t\"'\\") {
-		return s
-	}
-	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
-}
+func iptQuote(s string) string { return firewall.QuoteArg(s) }
 
 func iptArgs(args []string) string {
 	q := make([]string, len(args))
@@ -126,158 +121,122 @@ func renderIPTDel(key string) string {
 	return iptPayload([]string{"-D " + iptTop + " -j " + ch, "-F " + ch, "-X " + ch})
 }
 
-// iptState is what iptables-save shows of the nat table.
-type iptState struct {
-	chains map[string]bool
-	rules  map[string][]string // chain -> rule specs, as saved
-}
+// The renderers below work from the nat table of one family as read back
+// (nil: no table, or none read).
 
-// parseIPTSave reads `iptables-save -t nat` output.
-func parseIPTSave(out string) *iptState {
-	st := &iptState{chains: map[string]bool{}, rules: map[string][]string{}}
-	inNat := false
-	for _, line := range strings.Split(out, "\n") {
-		line = strings.TrimSpace(line)
-		switch {
-		case strings.HasPrefix(line, "*"):
-			inNat = line == "*nat"
-		case !inNat:
-		case strings.HasPrefix(line, ":"):
-			if f := strings.Fields(line[1:]); len(f) > 0 {
-				st.chains[f[0]] = true
-			}
-		case strings.HasPrefix(line, "-A "):
-			f := strings.SplitN(line[3:], " ", 2)
-			spec := ""
-			if len(f) == 2 {
-				spec = f[1]
-			}
-			st.rules[f[0]] = append(st.rules[f[0]], spec)
-		}
-	}
-	return st
-}
-
-// jumpsTo returns the specs of the rules of chain that jump to target.
-func (st *iptState) jumpsTo(chain, target string) []string {
-	var out []string
-	for _, r := range st.rules[chain] {
-		if strings.HasSuffix(r, "-j "+target) {
-			out = append(out, r)
-		}
-	}
-	return out
-}
-
-// attachments lists the keys of the attachment chains present.
-func (st *iptState) attachments() []string {
-	var keys []string
-	for ch := range st.chains {
-		if iptAttChainRE().MatchString(ch) {
-			keys = append(keys, strings.TrimPrefix(ch, iptPrefix))
-		}
-	}
-	sort.Strings(keys)
-	return keys
-}
-
-// tag returns the tag comment of an attachment chain.
-func (st *iptState) tag(key string) string {
-	for _, r := range st.rules[iptAttChain(key)] {
-		if c := iptComment(r); strings.HasPrefix(c, tagPrefix) {
-			return c
+// iptTag returns the tag comment of an attachment chain.
+func iptTag(st *firewall.Table, key string) string {
+	for _, r := range rulesOf(st, iptAttChain(key)) {
+		if strings.HasPrefix(r.Comment, tagPrefix) {
+			return r.Comment
 		}
 	}
 	return ""
 }
 
-var iptCommentRE = lazyRegexp(`--comment ("(?:[^"\\]|\\.)*"|\S+)`)
-
-func iptComment(spec string) string {
-	m := iptCommentRE().FindStringSubmatch(spec)
-	if m == nil {
-		return ""
+// iptDecl declares a chain in an iptables-restore payload: ":C - [0:0]"
+// creates it or flushes it if present; "-N C" (fresh) fails when it exists.
+func iptDecl(chain string, fresh bool) string {
+	if fresh {
+		return "-N " + chain
 	}
-	c := m[1]
-	if strings.HasPrefix(c, `"`) {
-		c = strings.NewReplacer(`\"`, `"`, `\\`, `\`).Replace(c[1 : len(c)-1])
-	}
-	return c
+	return ":" + chain + " - [0:0]"
 }
 
 // renderIPTAddFresh is the one-transaction ADD on a table without any
 // meshwire portmap chain (the first attachment on the node, or the first
 // after the last one left): base and attachment together. Chains are
 // created with -N, so it fails as a whole when any of them exists.
-func renderIPTAddFresh(p famPlan) string {
-	return iptDeclRE().ReplaceAllString(renderIPTEnsure(parseIPTSave(""), p), "-N $1")
-}
-
-var iptDeclRE = lazyRegexp(`(?m)^:(\S+) - \[0:0\]$`)
+func renderIPTAddFresh(p famPlan) string { return iptPayload(iptEnsureLines(nil, p, true)) }
 
 // renderIPTEnsure is the slow-path ADD: it creates whatever base piece the
 // table lacks, (re)fills the attachment chain and adds the jump unless it is
 // there. st is the table as read under the node lock.
-func renderIPTEnsure(st *iptState, p famPlan) string {
-	lines := iptBaseLines(st, p.MarkBit)
+func renderIPTEnsure(st *firewall.Table, p famPlan) string { return iptPayload(iptEnsureLines(st, p, false)) }
+
+func iptEnsureLines(st *firewall.Table, p famPlan, fresh bool) []string {
+	lines := iptBaseLines(st, p.MarkBit, fresh)
 	ch := iptAttChain(p.Key)
-	lines = append(lines, ":"+ch+" - [0:0]") // create, or flush if present
+	lines = append(lines, iptDecl(ch, fresh)) // create, or flush if present
 	lines = append(lines, iptAttachmentLines(p)...)
-	if len(st.jumpsTo(iptTop, ch)) == 0 {
+	if len(jumps(st, iptTop, ch)) == 0 {
 		lines = append(lines, fmt.Sprintf("-A %s -j %s", iptTop, ch))
 	}
-	return iptPayload(lines)
+	return lines
 }
 
 // iptBaseLines creates the missing base chains and jumps. markBit < 0 means
 // the attachment needs no marking chain.
-func iptBaseLines(st *iptState, markBit int) []string {
+func iptBaseLines(st *firewall.Table, markBit int, fresh bool) []string {
 	var lines []string
-	if !st.chains[iptTop] {
-		lines = append(lines, ":"+iptTop+" - [0:0]")
+	if st.Chain(iptTop) == nil {
+		lines = append(lines, iptDecl(iptTop, fresh))
 	}
 	for _, hook := range []string{"PREROUTING", "OUTPUT"} {
-		if len(st.jumpsTo(hook, iptTop)) == 0 {
+		if len(jumps(st, hook, iptTop)) == 0 {
 			lines = append(lines, fmt.Sprintf("-A %s -m addrtype --dst-type LOCAL -m comment --comment %s -j %s", hook, iptQuote(iptBaseNote), iptTop))
 		}
 	}
 	if markBit < 0 {
 		return lines
 	}
-	if !st.chains[iptMasq] {
-		lines = append(lines, ":"+iptMasq+" - [0:0]")
+	if st.Chain(iptMasq) == nil {
+		lines = append(lines, iptDecl(iptMasq, fresh))
 	}
-	if len(st.jumpsTo("POSTROUTING", iptMasq)) == 0 {
+	if len(jumps(st, "POSTROUTING", iptMasq)) == 0 {
 		lines = append(lines, fmt.Sprintf("-I POSTROUTING 1 -m comment --comment %s -j %s", iptQuote(iptMasqNote), iptMasq))
 	}
 	mark := iptMarkChain(markBit)
-	if !st.chains[mark] {
-		lines = append(lines, ":"+mark+" - [0:0]", fmt.Sprintf("-A %s -j MARK --set-xmark %s", mark, markValue(markBit)))
+	if st.Chain(mark) == nil {
+		lines = append(lines, iptDecl(mark, fresh), fmt.Sprintf("-A %s -j MARK --set-xmark %s", mark, markValue(markBit)))
 	}
-	masq := fmt.Sprintf("-m mark --mark %s -j MASQUERADE", markValue(markBit))
-	if !contains(st.rules[iptMasq], masq) {
-		lines = append(lines, fmt.Sprintf("-A %s %s", iptMasq, masq))
+	if !slices.ContainsFunc(rulesOf(st, iptMasq), masqueradesBit(markBit)) {
+		lines = append(lines, fmt.Sprintf("-A %s -m mark --mark %s -j MASQUERADE", iptMasq, markValue(markBit)))
 	}
 	return lines
+}
+
+// masqueradesBit: the rule of MWHP-MASQ for a mark bit
+// (-m mark --mark bit/bit -j MASQUERADE).
+func masqueradesBit(bit int) func(firewall.Rule) bool {
+	v := uint32(1) << bit
+	return func(r firewall.Rule) bool {
+		return r.Target == "MASQUERADE" && r.HasMark && !r.NotMark && r.Mark == v && r.MarkMask == v &&
+			r.Unknown == "" && !r.Src.IsValid() && !r.Dst.IsValid() && r.Proto == ""
+	}
+}
+
+// iptDelete is the line that removes a rule read back, in an
+// iptables-restore payload. A rule the typed fields do not wholly describe
+// (never one of meshwire's) gets none: the transaction then fails on the
+// chain it leaves behind, which changes nothing.
+func iptDelete(r firewall.Rule) []string {
+	spec, ok := r.IPTablesSpec()
+	if !ok {
+		return nil
+	}
+	return []string{fmt.Sprintf("-D %s %s", r.Chain, spec)}
 }
 
 // renderIPTRemove removes the given attachments (jump, rules, chain) as the
 // table shows them and, with teardown, the base when nothing else is left
 // in it. It returns "" when there is nothing to do.
-func renderIPTRemove(st *iptState, keys []string, teardown bool) string {
+func renderIPTRemove(st *firewall.Table, keys []string, teardown bool) string {
 	var lines []string
 	for _, k := range keys {
 		ch := iptAttChain(k)
-		for hook := range st.rules {
-			for _, r := range st.jumpsTo(hook, ch) {
-				lines = append(lines, fmt.Sprintf("-D %s %s", hook, r))
+		if st != nil {
+			for _, c := range st.Chains {
+				for _, r := range jumpsIn(c.Rules, ch) {
+					lines = append(lines, iptDelete(r)...)
+				}
 			}
 		}
-		if st.chains[ch] {
+		if st.Chain(ch) != nil {
 			lines = append(lines, "-F "+ch, "-X "+ch)
 		}
 	}
-	if teardown && remaining(st.attachments(), keys) == 0 {
+	if teardown && remaining(attachmentKeys(st, iptPrefix), keys) == 0 {
 		lines = append(lines, iptTeardownLines(st)...)
 	}
 	if len(lines) == 0 {
@@ -289,118 +248,29 @@ func renderIPTRemove(st *iptState, keys []string, teardown bool) string {
 // iptTeardownLines removes the base. `-X` of a chain that still has rules
 // or references fails, which aborts the whole transaction: an attachment
 // added concurrently keeps the base alive.
-func iptTeardownLines(st *iptState) []string {
+func iptTeardownLines(st *firewall.Table) []string {
 	var lines []string
 	for _, hook := range []string{"PREROUTING", "OUTPUT"} {
-		for _, r := range st.jumpsTo(hook, iptTop) {
-			lines = append(lines, fmt.Sprintf("-D %s %s", hook, r))
+		for _, r := range jumps(st, hook, iptTop) {
+			lines = append(lines, iptDelete(r)...)
 		}
 	}
-	for _, r := range st.jumpsTo("POSTROUTING", iptMasq) {
-		lines = append(lines, fmt.Sprintf("-D POSTROUTING %s", r))
+	for _, r := range jumps(st, "POSTROUTING", iptMasq) {
+		lines = append(lines, iptDelete(r)...)
 	}
-	if st.chains[iptTop] {
+	if st.Chain(iptTop) != nil {
 		lines = append(lines, "-X "+iptTop)
 	}
-	var marks []string
-	for ch := range st.chains {
-		if strings.HasPrefix(ch, iptMarkPrefx) {
-			marks = append(marks, ch)
-		}
-	}
-	sort.Strings(marks)
-	for _, ch := range marks {
+	for _, ch := range sortedChains(st, iptMarkPrefx) {
 		lines = append(lines, "-F "+ch, "-X "+ch)
 	}
-	if st.chains[iptMasq] {
+	if st.Chain(iptMasq) != nil {
 		lines = append(lines, "-F "+iptMasq, "-X "+iptMasq)
 	}
 	return lines
 }
 
 // iptHasBase reports whether any base piece is present.
-func (st *iptState) hasBase() bool {
-	if st.chains[iptTop] || st.chains[iptMasq] {
-		return true
-	}
-	for ch := range st.chains {
-		if strings.HasPrefix(ch, iptMarkPrefx) {
-			return true
-		}
-	}
-	return false
-}
-
-// dnatRE picks the parts of a saved DNAT rule CHECK compares.
-var (
-	iptDportRE = lazyRegexp(`-p (\w+) .*--dport (\d+)`)
-	iptDstRE   = lazyRegexp(`-d (\S+)`)
-	iptToRE    = lazyRegexp(`--to-destination (\S+)`)
-)
-
-// mappingSig is a comparable description of one DNAT rule: what CHECK
-// compares between the plan and the table.
-func mappingSig(proto string, port int, hostIP string, to string) string {
-	if hostIP == "" {
-		hostIP = "*"
-	}
-	return fmt.Sprintf("%s/%d@%s->%s", proto, port, hostIP, to)
-}
-
-func planSigs(p famPlan) []string {
-	var out []string
-	for _, r := range p.Rules {
-		if r.Action != actDNAT {
-			continue
-		}
-		h := ""
-		if r.HostIP != nil {
-			h = r.HostIP.String()
-		}
-		out = append(out, mappingSig(r.Proto, r.HostPort, h, ipPort(r.To, r.ToPort)))
-	}
-	sort.Strings(out)
-	return out
-}
-
-// iptSigs reads the DNAT rules of an attachment chain back.
-func iptSigs(specs []string) []string {
-	var out []string
-	for _, s := range specs {
-		to := iptToRE().FindStringSubmatch(s)
-		dp := iptDportRE().FindStringSubmatch(s)
-		if to == nil || dp == nil {
-			continue
-		}
-		port, _ := strconv.Atoi(dp[2])
-		h := ""
-		if d := iptDstRE().FindStringSubmatch(s); d != nil {
-			h = strings.TrimSuffix(strings.TrimSuffix(d[1], "/32"), "/128")
-		}
-		out = append(out, mappingSig(dp[1], port, h, to[1]))
-	}
-	sort.Strings(out)
-	return out
-}
-
-// iptUDPPorts lists the UDP host ports of an attachment chain's DNAT rules.
-func iptUDPPorts(specs []string) []int {
-	var out []int
-	for _, s := range specs {
-		dp := iptDportRE().FindStringSubmatch(s)
-		if dp != nil && dp[1] == "udp" && iptToRE().MatchString(s) {
-			port, _ := strconv.Atoi(dp[2])
-			out = append(out, port)
-		}
-	}
-	return out
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
+func iptHasBase(st *firewall.Table) bool {
+	return st.Chain(iptTop) != nil || st.Chain(iptMasq) != nil || len(sortedChains(st, iptMarkPrefx)) > 0
 }

@@ -38,8 +38,6 @@ const (
 	nftCommentMax = 127
 )
 
-var nftAttChainRE = lazyRegexp(`^pm-[0-9a-f]{16}$`)
-
 func nftAttChain(key string) string { return nftPrefix + key }
 func nftMarkChain(bit int) string   { return fmt.Sprintf("%s%d", nftMarkPrefix, bit) }
 
@@ -109,93 +107,17 @@ func renderNFTAddNew(a attachment.ID, plans []famPlan) string {
 // table: `create table` fails when it exists, which aborts the whole
 // transaction.
 func renderNFTAddFresh(a attachment.ID, plans []famPlan) string {
-	script := renderNFTEnsure(parseNFTList(""), a, plans)
-	return strings.Replace(script, "add table ", "create table ", 1)
+	return nftScript(nftEnsureLines(nil, a, plans, "create"))
 }
 
-// nftState is what `nft -a list table inet meshwire_portmap` shows.
-type nftState struct {
-	exists bool
-	chains map[string]*nftChain
-}
+// The renderers below work from the table inet meshwire_portmap as read
+// back (nil: no table), or from the few chains of it a fast path read.
 
-type nftChain struct {
-	comment string
-	rules   []nftRule
-}
-
-type nftRule struct {
-	expr   string
-	handle int
-}
-
-var (
-	nftChainRE   = lazyRegexp(`^chain (\S+) \{`)
-	nftHandleRE  = lazyRegexp(`^(.*?)\s*# handle (\d+)$`)
-	nftCommentRE = lazyRegexp(`^comment "(.*)"$`)
-)
-
-// parseNFTList reads `nft -a list table|chain ...` output (several listings
-// may be concatenated).
-func parseNFTList(out string) *nftState {
-	st := &nftState{chains: map[string]*nftChain{}}
-	var cur *nftChain
-	for _, line := range strings.Split(out, "\n") {
-		line = strings.TrimSpace(line)
-		switch {
-		case strings.HasPrefix(line, "table inet "+nftTable+" "):
-			st.exists = true
-		case nftChainRE().MatchString(line):
-			name := nftChainRE().FindStringSubmatch(line)[1]
-			cur = st.chains[name]
-			if cur == nil {
-				cur = &nftChain{}
-				st.chains[name] = cur
-			}
-		case line == "}":
-			cur = nil
-		case cur == nil:
-		case nftCommentRE().MatchString(line):
-			cur.comment = nftCommentRE().FindStringSubmatch(line)[1]
-		case strings.HasPrefix(line, "type "):
-		default:
-			if m := nftHandleRE().FindStringSubmatch(line); m != nil {
-				h, _ := strconv.Atoi(m[2])
-				cur.rules = append(cur.rules, nftRule{expr: m[1], handle: h})
-			}
-		}
-	}
-	return st
-}
-
-func (st *nftState) attachments() []string {
-	var keys []string
-	for name := range st.chains {
-		if nftAttChainRE().MatchString(name) {
-			keys = append(keys, strings.TrimPrefix(name, nftPrefix))
-		}
-	}
-	sort.Strings(keys)
-	return keys
-}
-
-// jumps returns the handles of the rules of chain that jump to target.
-func (st *nftState) jumps(chain, target string) []int {
-	var out []int
-	if c := st.chains[chain]; c != nil {
-		for _, r := range c.rules {
-			if r.expr == "jump "+target || strings.HasSuffix(r.expr, " jump "+target) {
-				out = append(out, r.handle)
-			}
-		}
-	}
-	return out
-}
-
-func (st *nftState) markBits() []int {
+// nftMarkBits lists the mark bits whose mark chain is in the table.
+func nftMarkBits(st *firewall.Table) []int {
 	var bits []int
-	for name := range st.chains {
-		if b, err := strconv.Atoi(strings.TrimPrefix(name, nftMarkPrefix)); err == nil && strings.HasPrefix(name, nftMarkPrefix) {
+	for _, name := range sortedChains(st, nftMarkPrefix) {
+		if b, err := strconv.Atoi(strings.TrimPrefix(name, nftMarkPrefix)); err == nil {
 			bits = append(bits, b)
 		}
 	}
@@ -207,9 +129,13 @@ func (st *nftState) markBits() []int {
 // table or chain that exists is a no-op; the hook chains are flushed and
 // refilled, so they never hold duplicates), the attachment chain is created
 // or flushed and filled, and the jump is added unless present.
-func renderNFTEnsure(st *nftState, a attachment.ID, plans []famPlan) string {
+func renderNFTEnsure(st *firewall.Table, a attachment.ID, plans []famPlan) string {
+	return nftScript(nftEnsureLines(st, a, plans, "add"))
+}
+
+func nftEnsureLines(st *firewall.Table, a attachment.ID, plans []famPlan, tableVerb string) []string {
 	bits := map[int]bool{}
-	for _, b := range st.markBits() {
+	for _, b := range nftMarkBits(st) {
 		bits[b] = true
 	}
 	for _, p := range plans {
@@ -217,24 +143,24 @@ func renderNFTEnsure(st *nftState, a attachment.ID, plans []famPlan) string {
 			bits[p.MarkBit] = true
 		}
 	}
-	lines := nftBaseLines(bits)
+	lines := nftBaseLines(bits, tableVerb)
 	key := a.PortmapKey()
 	ch := nftAttChain(key)
-	if st.chains[ch] != nil {
+	if st.Chain(ch) != nil {
 		lines = append(lines, fmt.Sprintf("flush chain %s %s", nftFQ, ch))
 	} else {
 		lines = append(lines, nftChainDecl("add", key, a))
 	}
 	lines = append(lines, nftAttachmentLines(key, plans)...)
-	if len(st.jumps(nftHostports, ch)) == 0 {
+	if len(jumps(st, nftHostports, ch)) == 0 {
 		lines = append(lines, fmt.Sprintf("add rule %s %s jump %s", nftFQ, nftHostports, ch))
 	}
-	return nftScript(lines)
+	return lines
 }
 
-func nftBaseLines(bits map[int]bool) []string {
+func nftBaseLines(bits map[int]bool, tableVerb string) []string {
 	lines := []string{
-		fmt.Sprintf("add table %s { comment %s; }", nftFQ, nftQuote("meshwire portmap: host ports of pods")),
+		fmt.Sprintf("%s table %s { comment %s; }", tableVerb, nftFQ, nftQuote("meshwire portmap: host ports of pods")),
 		fmt.Sprintf("add chain %s %s", nftFQ, nftHostports),
 		fmt.Sprintf("add chain %s %s { comment %s; }", nftFQ, nftAnchor, nftQuote("every attachment chain refers to this chain: it keeps the table while attachments exist")),
 		fmt.Sprintf("add chain %s prerouting { type nat hook prerouting priority dstnat; policy accept; }", nftFQ),
@@ -263,20 +189,21 @@ func nftBaseLines(bits map[int]bool) []string {
 	return lines
 }
 
-// renderNFTRemove removes the given attachments as the listing shows them;
-// with teardown it also removes the table, guarded by the anchor.
-func renderNFTRemove(st *nftState, keys []string, teardown bool) string {
+// renderNFTRemove removes the given attachments as the table (or the
+// chains read of it) shows them; with teardown it also removes the table,
+// guarded by the anchor.
+func renderNFTRemove(st *firewall.Table, keys []string, teardown bool) string {
 	var lines []string
 	for _, k := range keys {
 		ch := nftAttChain(k)
-		for _, h := range st.jumps(nftHostports, ch) {
-			lines = append(lines, fmt.Sprintf("delete rule %s %s handle %d", nftFQ, nftHostports, h))
+		for _, r := range jumps(st, nftHostports, ch) {
+			lines = append(lines, fmt.Sprintf("delete rule %s %s handle %d", nftFQ, nftHostports, r.Handle))
 		}
-		if st.chains[ch] != nil {
+		if st.Chain(ch) != nil {
 			lines = append(lines, fmt.Sprintf("delete chain %s %s", nftFQ, ch))
 		}
 	}
-	if teardown && st.exists {
+	if teardown && st != nil {
 		lines = append(lines, nftTeardownLines()...)
 	}
 	if len(lines) == 0 {
@@ -292,71 +219,4 @@ func nftTeardownLines() []string {
 		fmt.Sprintf("delete chain %s %s", nftFQ, nftAnchor),
 		fmt.Sprintf("delete table %s", nftFQ),
 	}
-}
-
-// remaining counts attachments that stay after removing keys.
-func remaining(all, removed []string) int {
-	gone := map[string]bool{}
-	for _, k := range removed {
-		gone[k] = true
-	}
-	n := 0
-	for _, k := range all {
-		if !gone[k] {
-			n++
-		}
-	}
-	return n
-}
-
-var (
-	nftDportRE = lazyRegexp(`\b(tcp|udp|sctp) dport (\d+)`)
-	nftDaddrRE = lazyRegexp(`\bip6? daddr (\S+)`)
-	nftToRE    = lazyRegexp(`\bdnat ip6? to (\S+)`)
-)
-
-// nftSigs reads the DNAT rules of an attachment chain back (both families).
-func nftSigs(c *nftChain) []string {
-	var out []string
-	if c == nil {
-		return nil
-	}
-	for _, r := range c.rules {
-		to := nftToRE().FindStringSubmatch(r.expr)
-		dp := nftDportRE().FindStringSubmatch(r.expr)
-		if to == nil || dp == nil {
-			continue
-		}
-		port, _ := strconv.Atoi(dp[2])
-		h := ""
-		if d := nftDaddrRE().FindStringSubmatch(r.expr); d != nil {
-			h = d[1]
-		}
-		out = append(out, mappingSig(dp[1], port, h, to[1]))
-	}
-	sort.Strings(out)
-	return out
-}
-
-// nftUDPPorts lists the UDP host ports of an attachment chain's DNAT rules
-// per family.
-func nftUDPPorts(c *nftChain) map[firewall.Family][]int {
-	out := map[firewall.Family][]int{}
-	if c == nil {
-		return out
-	}
-	for _, r := range c.rules {
-		dp := nftDportRE().FindStringSubmatch(r.expr)
-		to := nftToRE().FindStringSubmatch(r.expr)
-		if dp == nil || to == nil || dp[1] != "udp" {
-			continue
-		}
-		port, _ := strconv.Atoi(dp[2])
-		f := firewall.V4
-		if strings.Contains(r.expr, "dnat ip6 ") {
-			f = firewall.V6
-		}
-		out[f] = append(out[f], port)
-	}
-	return out
 }

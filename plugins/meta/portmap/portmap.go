@@ -59,7 +59,8 @@ func cmdAdd(args *skel.CmdArgs) error {
 	if len(p.plans) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 		defer cancel()
-		if err := install(ctx, p.c, p.a, p.plans, p.v4); err != nil {
+		err := withDriver(ctx, p.c, func(d driver) error { return install(ctx, d, p.c, p.a, p.plans, p.v4) })
+		if err != nil {
 			return err
 		}
 	} else {
@@ -68,18 +69,34 @@ func cmdAdd(args *skel.CmdArgs) error {
 	return types.PrintResult(p.prev, p.c.raw.CNIVersion)
 }
 
+// withDriver runs fn with the driver of the backend c resolves to, on the
+// firewall front door of the host network namespace.
+func withDriver(ctx context.Context, c *config, fn func(driver) error) error {
+	b, err := resolveBackend(ctx, c)
+	if err != nil {
+		return err
+	}
+	slog.Debug("backend", "backend", b.String(), "configured", c.Backend != nil, "implied", c.Implied)
+	fw := firewall.New(b)
+	defer func() {
+		// portmap commits through the tools, never over netlink: nothing
+		// to hand on, but close it if there is.
+		if f := fw.Release(); f != nil {
+			f.Close()
+		}
+	}()
+	return fn(newDriver(fw))
+}
+
 // install programs the plans, then the host settings they need; a failure
 // undoes the rules.
-func install(ctx context.Context, c *config, a attachment.ID, plans []famPlan, v4 *net.IPNet) error {
-	r := resolveBackend(ctx, c)
-	d := newDriver(r)
-	slog.Debug("backend", "backend", r.String(), "auto", r.auto)
+func install(ctx context.Context, d driver, c *config, a attachment.ID, plans []famPlan, v4 *net.IPNet) error {
 	err := d.add(ctx, a, plans)
 	if err == nil && v4 != nil && planned(plans, firewall.V4) && needsLocalnet(c) {
 		err = enableLocalnet(v4.IP)
 	}
 	if err != nil {
-		if _, derr := d.del(ctx, a.PortmapKey(), families(plans), false); derr != nil {
+		if _, derr := d.del(ctx, []string{a.PortmapKey()}, families(plans), false); derr != nil {
 			slog.Warn("undo after a failed ADD", "error", derr)
 		}
 		return err
@@ -116,8 +133,12 @@ func cmdDel(args *skel.CmdArgs) error {
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()
 	fams := delFamilies(c, args.IfName)
-	d := newDriver(resolveBackend(ctx, c))
-	udp, err := d.del(ctx, a.PortmapKey(), fams, len(c.Mappings) == 0)
+	var udp map[firewall.Family][]int
+	err = withDriver(ctx, c, func(d driver) error {
+		var err error
+		udp, err = d.del(ctx, a.PortmapKeys(), fams, len(c.Mappings) == 0)
+		return err
+	})
 	if err != nil {
 		return err
 	}
@@ -160,7 +181,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()
-	return newDriver(resolveBackend(ctx, p.c)).check(ctx, p.a, p.plans)
+	return withDriver(ctx, p.c, func(d driver) error { return d.check(ctx, p.a, p.plans) })
 }
 
 func cmdGC(args *skel.CmdArgs) error {
@@ -178,7 +199,7 @@ func cmdGC(args *skel.CmdArgs) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()
-	return newDriver(resolveBackend(ctx, c)).gc(ctx, c.raw.Name, valid)
+	return withDriver(ctx, c, func(d driver) error { return d.gc(ctx, c.raw.Name, valid) })
 }
 
 func cmdStatus(args *skel.CmdArgs) error {
@@ -188,7 +209,11 @@ func cmdStatus(args *skel.CmdArgs) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()
-	return resolveBackend(ctx, c).Available(ctx)
+	b, err := resolveBackend(ctx, c)
+	if err != nil {
+		return err
+	}
+	return b.Available(ctx)
 }
 
 // enableLocalnet sets route_localnet on the host interface that routes to

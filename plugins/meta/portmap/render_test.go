@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"strings"
@@ -61,10 +62,10 @@ func TestGolden(t *testing.T) {
 			if kind == firewall.IPTables {
 				for _, p := range plans {
 					fmt.Fprintf(&b, "## iptables IPv%d: ADD (new attachment)\n%s\n", p.Family, renderIPTAddNew(p))
-					empty := parseIPTSave("")
+					var empty *firewall.Table // no nat table read
 					fmt.Fprintf(&b, "## iptables IPv%d: ADD (first attachment, no meshwire chain yet)\n%s\n", p.Family, renderIPTAddFresh(p))
 					fmt.Fprintf(&b, "## iptables IPv%d: ADD (slow path, empty table)\n%s\n", p.Family, renderIPTEnsure(empty, p))
-					applied := parseIPTSave(simulateIPT(renderIPTEnsure(empty, p)))
+					applied := applyIPT(t, p, renderIPTEnsure(empty, p))
 					fmt.Fprintf(&b, "## iptables IPv%d: ADD (slow path, repeated)\n%s\n", p.Family, renderIPTEnsure(applied, p))
 					fmt.Fprintf(&b, "## iptables IPv%d: DEL\n%s\n", p.Family, renderIPTDel(p.Key))
 					fmt.Fprintf(&b, "## iptables IPv%d: remove the last attachment and the base\n%s\n", p.Family, renderIPTRemove(applied, []string{p.Key}, true))
@@ -72,7 +73,7 @@ func TestGolden(t *testing.T) {
 			}
 			if kind == firewall.NFTables || c.Backend == nil && c.Implied == "" {
 				fmt.Fprintf(&b, "## nftables: ADD (new attachment)\n%s\n", renderNFTAddNew(goldenAtt, plans))
-				empty := parseNFTList("")
+				var empty *firewall.Table // no table
 				fmt.Fprintf(&b, "## nftables: ADD (first attachment, no table yet)\n%s\n", renderNFTAddFresh(goldenAtt, plans))
 				fmt.Fprintf(&b, "## nftables: ADD (slow path, empty table)\n%s\n", renderNFTEnsure(empty, goldenAtt, plans))
 				st := nftListing(goldenAtt.PortmapKey(), plans)
@@ -83,32 +84,29 @@ func TestGolden(t *testing.T) {
 	}
 }
 
-// simulateIPT turns an iptables-restore payload of -N/:/-A/-I lines into
-// iptables-save output, enough for the renderers' state parser.
-func simulateIPT(payload string) string {
-	var out []string
-	out = append(out, "*nat")
-	for _, l := range strings.Split(payload, "\n") {
-		switch {
-		case strings.HasPrefix(l, ":"):
-			out = append(out, l)
-		case strings.HasPrefix(l, "-N "):
-			out = append(out, ":"+strings.TrimPrefix(l, "-N ")+" - [0:0]")
-		case strings.HasPrefix(l, "-A "):
-			out = append(out, l)
-		case strings.HasPrefix(l, "-I "):
-			f := strings.SplitN(l, " ", 4)
-			out = append(out, "-A "+f[1]+" "+f[3])
+// applyIPT is the nat table of p's family after payload, as an
+// nf_tables-backed iptables reads it back (typed rules, no text: the
+// removal then renders its -D lines from the typed fields). The node has
+// the external marking chain p uses, if any.
+func applyIPT(t *testing.T, p famPlan, payload string) *firewall.Table {
+	t.Helper()
+	f := p.Family
+	fake := firewall.NewFake(firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantNFT})
+	if p.ExternalMark != "" {
+		if err := fake.Restore(context.Background(), f, iptPayload([]string{iptDecl(p.ExternalMark, true)})); err != nil {
+			t.Fatal(err)
 		}
 	}
-	return strings.Join(append(out, "COMMIT"), "\n")
+	if err := fake.Restore(context.Background(), f, payload); err != nil {
+		t.Fatalf("restore:\n%s\n%v", payload, err)
+	}
+	return fake.Table(f.Tables(), "nat")
 }
 
-// nftListing is what `nft -a list table` shows after the attachment's ADD.
-func nftListing(key string, plans []famPlan) *nftState {
-	st := &nftState{exists: true, chains: map[string]*nftChain{}}
-	st.chains[nftHostports] = &nftChain{rules: []nftRule{{expr: "jump " + nftAttChain(key), handle: 7}}}
-	st.chains[nftAttChain(key)] = &nftChain{comment: tag(goldenAtt, nftCommentMax)}
-	st.chains[nftAnchor] = &nftChain{}
-	return st
+// nftListing is the table as read back after the attachment's ADD.
+func nftListing(key string, plans []famPlan) *firewall.Table {
+	return tableOf(nftTable,
+		&firewall.Chain{Name: nftHostports, Rules: []firewall.Rule{{Chain: nftHostports, Jump: nftAttChain(key), Handle: 7}}},
+		&firewall.Chain{Name: nftAttChain(key), Comment: tag(goldenAtt, nftCommentMax)},
+		&firewall.Chain{Name: nftAnchor})
 }

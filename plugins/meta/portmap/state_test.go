@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net/netip"
 	"strings"
 	"testing"
 
@@ -40,19 +41,26 @@ COMMIT
 COMMIT
 `
 
-func TestParseIPTSave(t *testing.T) {
-	st := parseIPTSave(sampleSave)
-	if got := strings.Join(st.attachments(), ","); got != "ec43057c07aaa51f,f61abc13cde44594" {
+// TestIPTState: what portmap makes of the nat table as read back (here
+// from legacy iptables' text, which the firewall front door parses).
+func TestIPTState(t *testing.T) {
+	var st *firewall.Table
+	for _, tb := range firewall.ParseIPTablesSave(firewall.V4, "nat", sampleSave) {
+		if tb.Name == "nat" {
+			st = tb
+		}
+	}
+	if got := strings.Join(attachmentKeys(st, iptPrefix), ","); got != "ec43057c07aaa51f,f61abc13cde44594" {
 		t.Fatalf("attachments %s (only nat-table chains count)", got)
 	}
-	if tagNetwork(st.tag("ec43057c07aaa51f")) != "n1" || tagNetwork(st.tag("f61abc13cde44594")) != "n2" {
-		t.Fatalf("tags %q %q", st.tag("ec43057c07aaa51f"), st.tag("f61abc13cde44594"))
+	if tagNetwork(iptTag(st, "ec43057c07aaa51f")) != "n1" || tagNetwork(iptTag(st, "f61abc13cde44594")) != "n2" {
+		t.Fatalf("tags %q %q", iptTag(st, "ec43057c07aaa51f"), iptTag(st, "f61abc13cde44594"))
 	}
-	sigs := iptSigs(st.rules["MWHP-ec43057c07aaa51f"])
+	sigs := mappingSigs(rulesOf(st, "MWHP-ec43057c07aaa51f"))
 	if strings.Join(sigs, " ") != "tcp/30080@*->198.18.48.5:80 udp/30081@198.18.48.1->198.18.48.5:81" {
 		t.Fatalf("sigs %v", sigs)
 	}
-	if p := iptUDPPorts(st.rules["MWHP-ec43057c07aaa51f"]); len(p) != 1 || p[0] != 30081 {
+	if p := udpPortsOf(rulesOf(st, "MWHP-ec43057c07aaa51f"))[firewall.V4]; len(p) != 1 || p[0] != 30081 {
 		t.Fatalf("udp ports %v", p)
 	}
 	// Removing one attachment keeps the base; removing both tears it down,
@@ -61,83 +69,87 @@ func TestParseIPTSave(t *testing.T) {
 	if strings.Contains(one, "-X "+iptTop) || !strings.Contains(one, "-X MWHP-ec43057c07aaa51f") {
 		t.Fatalf("remove one:\n%s", one)
 	}
-	both := renderIPTRemove(st, st.attachments(), true)
+	both := renderIPTRemove(st, attachmentKeys(st, iptPrefix), true)
 	for _, want := range []string{"-X " + iptTop, "-X " + iptMasq, "-X MWHP-MARK-13", "-D PREROUTING -m addrtype"} {
 		if !strings.Contains(both, want) {
 			t.Fatalf("remove all lacks %q:\n%s", want, both)
 		}
 	}
-	if keep := renderIPTRemove(st, st.attachments(), false); strings.Contains(keep, "-X "+iptTop) || !strings.Contains(keep, "-X MWHP-f61abc13cde44594") {
+	if keep := renderIPTRemove(st, attachmentKeys(st, iptPrefix), false); strings.Contains(keep, "-X "+iptTop) || !strings.Contains(keep, "-X MWHP-f61abc13cde44594") {
 		t.Fatalf("remove all without teardown:\n%s", keep)
 	}
 	if strings.Contains(one+both, "KUBE") {
 		t.Fatal("touched another owner's rules")
 	}
-	if renderIPTRemove(parseIPTSave(""), []string{"ec43057c07aaa51f"}, true) != "" {
+	if renderIPTRemove(nil, []string{"ec43057c07aaa51f"}, true) != "" {
 		t.Fatal("removal from an empty table is not a no-op")
 	}
 }
 
-const sampleNFT = `table inet meshwire_portmap { # handle 3
-	comment "meshwire portmap: host ports of pods"
-	chain hostports { # handle 1
-		jump pm-ec43057c07aaa51f # handle 21
-		jump pm-f61abc13cde44594 # handle 55
-	}
-
-	chain anchor { # handle 2
-		comment "every attachment chain refers to this chain: it keeps the table while attachments exist"
-	}
-
-	chain prerouting { # handle 3
-		type nat hook prerouting priority dstnat; policy accept;
-		fib daddr type local jump hostports # handle 32
-	}
-
-	chain output { # handle 4
-		type nat hook output priority -100; policy accept;
-		fib daddr type local jump hostports # handle 33
-	}
-
-	chain mark-13 { # handle 9
-		meta mark set meta mark | 0x00002000 # handle 35
-	}
-
-	chain pm-ec43057c07aaa51f { # handle 11
-		comment "meshwire-portmap net=n1 if=eth0 id=c1"
-		jump anchor # handle 36
-		ip saddr 198.18.48.0/24 tcp dport 30080 jump mark-13 # handle 37
-		meta nfproto ipv4 tcp dport 30080 dnat ip to 198.18.48.5:80 # handle 39
-		ip daddr 198.18.48.1 udp dport 30081 dnat ip to 198.18.48.5:81 # handle 42
-		meta nfproto ipv6 udp dport 30080 dnat ip6 to [fd50:48::5]:80 # handle 44
-	}
-
-	chain pm-f61abc13cde44594 { # handle 45
-		comment "meshwire-portmap net=n2 if=eth0 id=c2"
-		jump anchor # handle 46
-	}
+// sampleNFT is the table inet meshwire_portmap with two attachments, as
+// read back:
+//
+//	chain hostports {
+//		jump pm-ec43057c07aaa51f # handle 21
+//		jump pm-f61abc13cde44594 # handle 55
+//	}
+//	chain anchor { comment "every attachment chain refers to ..." }
+//	chain prerouting { type nat hook prerouting priority dstnat; fib daddr type local jump hostports # handle 32 }
+//	chain output { type nat hook output priority -100; fib daddr type local jump hostports # handle 33 }
+//	chain mark-13 { meta mark set meta mark | 0x00002000 # handle 35 }
+//	chain pm-ec43057c07aaa51f {
+//		comment "meshwire-portmap net=n1 if=eth0 id=c1"
+//		jump anchor # handle 36
+//		ip saddr 198.18.48.0/24 tcp dport 30080 jump mark-13 # handle 37
+//		meta nfproto ipv4 tcp dport 30080 dnat ip to 198.18.48.5:80 # handle 39
+//		ip daddr 198.18.48.1 udp dport 30081 dnat ip to 198.18.48.5:81 # handle 42
+//		meta nfproto ipv6 udp dport 30080 dnat ip6 to [fd50:48::5]:80 # handle 44
+//	}
+//	chain pm-f61abc13cde44594 { comment "meshwire-portmap net=n2 if=eth0 id=c2"; jump anchor # handle 46 }
+func sampleNFT() *firewall.Table {
+	att := "pm-ec43057c07aaa51f"
+	ap := netip.MustParseAddrPort
+	return tableOf(nftTable,
+		&firewall.Chain{Name: nftHostports, Rules: []firewall.Rule{
+			{Chain: nftHostports, Handle: 21, Jump: att},
+			{Chain: nftHostports, Handle: 55, Jump: "pm-f61abc13cde44594"},
+		}},
+		&firewall.Chain{Name: nftAnchor, Comment: "every attachment chain refers to this chain: it keeps the table while attachments exist"},
+		&firewall.Chain{Name: "prerouting", Hook: "prerouting", Rules: []firewall.Rule{{Chain: "prerouting", Handle: 32, DstLocal: true, Jump: nftHostports}}},
+		&firewall.Chain{Name: "output", Hook: "output", Rules: []firewall.Rule{{Chain: "output", Handle: 33, DstLocal: true, Jump: nftHostports}}},
+		&firewall.Chain{Name: "mark-13", Rules: []firewall.Rule{{Chain: "mark-13", Handle: 35, Target: "MARK", SetMark: 0x2000}}},
+		&firewall.Chain{Name: att, Comment: "meshwire-portmap net=n1 if=eth0 id=c1", Rules: []firewall.Rule{
+			{Chain: att, Handle: 36, Jump: nftAnchor},
+			{Chain: att, Handle: 37, IPFamily: firewall.V4, Src: netip.MustParsePrefix("198.18.48.0/24"), Proto: "tcp", DPort: 30080, Jump: "mark-13"},
+			{Chain: att, Handle: 39, IPFamily: firewall.V4, Proto: "tcp", DPort: 30080, Target: "DNAT", ToDest: ap("198.18.48.5:80")},
+			{Chain: att, Handle: 42, IPFamily: firewall.V4, Dst: netip.MustParsePrefix("198.18.48.1/32"), Proto: "udp", DPort: 30081, Target: "DNAT", ToDest: ap("198.18.48.5:81")},
+			{Chain: att, Handle: 44, IPFamily: firewall.V6, Proto: "udp", DPort: 30080, Target: "DNAT", ToDest: ap("[fd50:48::5]:80")},
+		}},
+		&firewall.Chain{Name: "pm-f61abc13cde44594", Comment: "meshwire-portmap net=n2 if=eth0 id=c2", Rules: []firewall.Rule{
+			{Chain: "pm-f61abc13cde44594", Handle: 46, Jump: nftAnchor},
+		}},
+	)
 }
-`
 
-func TestParseNFTList(t *testing.T) {
-	st := parseNFTList(sampleNFT)
-	if !st.exists || strings.Join(st.attachments(), ",") != "ec43057c07aaa51f,f61abc13cde44594" {
-		t.Fatalf("exists %v attachments %v", st.exists, st.attachments())
+func TestNFTState(t *testing.T) {
+	st := sampleNFT()
+	if got := strings.Join(attachmentKeys(st, nftPrefix), ","); got != "ec43057c07aaa51f,f61abc13cde44594" {
+		t.Fatalf("attachments %v", got)
 	}
-	if h := st.jumps(nftHostports, "pm-f61abc13cde44594"); len(h) != 1 || h[0] != 55 {
+	if h := jumps(st, nftHostports, "pm-f61abc13cde44594"); len(h) != 1 || h[0].Handle != 55 {
 		t.Fatalf("jump handles %v", h)
 	}
-	if len(st.jumps("prerouting", nftHostports)) != 1 || len(st.markBits()) != 1 || st.markBits()[0] != 13 {
+	if len(jumps(st, "prerouting", nftHostports)) != 1 || len(nftMarkBits(st)) != 1 || nftMarkBits(st)[0] != 13 {
 		t.Fatal("base not recognized")
 	}
-	c := st.chains["pm-ec43057c07aaa51f"]
-	if tagNetwork(c.comment) != "n1" {
-		t.Fatalf("comment %q", c.comment)
+	c := st.Chain("pm-ec43057c07aaa51f")
+	if tagNetwork(c.Comment) != "n1" {
+		t.Fatalf("comment %q", c.Comment)
 	}
-	if got := strings.Join(nftSigs(c), " "); got != "tcp/30080@*->198.18.48.5:80 udp/30080@*->[fd50:48::5]:80 udp/30081@198.18.48.1->198.18.48.5:81" {
+	if got := strings.Join(mappingSigs(c.Rules), " "); got != "tcp/30080@*->198.18.48.5:80 udp/30080@*->[fd50:48::5]:80 udp/30081@198.18.48.1->198.18.48.5:81" {
 		t.Fatalf("sigs %s", got)
 	}
-	udp := nftUDPPorts(c)
+	udp := udpPortsOf(c.Rules)
 	if len(udp[firewall.V4]) != 1 || udp[firewall.V4][0] != 30081 || len(udp[firewall.V6]) != 1 {
 		t.Fatalf("udp %v", udp)
 	}
@@ -145,7 +157,7 @@ func TestParseNFTList(t *testing.T) {
 	if script != "delete rule inet meshwire_portmap hostports handle 55\ndelete chain inet meshwire_portmap pm-f61abc13cde44594\n" {
 		t.Fatalf("remove script:\n%s", script)
 	}
-	if parseNFTList("").exists || renderNFTRemove(parseNFTList(""), nil, true) != "" {
+	if renderNFTRemove(nil, nil, true) != "" {
 		t.Fatal("empty listing")
 	}
 }
