@@ -2,35 +2,14 @@ package ipmasq
 
 import (
 	"context"
-	"flag"
 	"net"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/golden"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
-
-func golden(t *testing.T, name, got string) {
-	t.Helper()
-	p := filepath.Join("testdata", name+".golden")
-	if *update {
-		if err := os.WriteFile(p, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatalf("%v (run go test -update to create it)", err)
-	}
-	if string(want) != got {
-		t.Errorf("%s differs from %s:\n--- got\n%s--- want\n%s", name, p, got, want)
-	}
-}
 
 func cidr(s string) net.IPNet {
 	ip, n, err := net.ParseCIDR(s)
@@ -46,10 +25,10 @@ var att = attachment.ID{Network: "mwtb-net", ContainerID: "0123456789abcdef01234
 func TestRenderGolden(t *testing.T) {
 	v4 := []net.IPNet{cidr("198.18.16.5/24")}
 	v6 := []net.IPNet{cidr("fd20:0:0:16::5/64")}
-	golden(t, "iptables-add-v4", IPTablesAdd(att, v4))
-	golden(t, "iptables-add-v6", IPTablesAdd(att, v6))
-	golden(t, "iptables-del-guess-v4", IPTablesDelGuess(att, v4))
-	golden(t, "nft-add-dual", NftAdd(att, append(v4, v6...)))
+	golden.Check(t, "iptables-add-v4", IPTablesAdd(att, v4))
+	golden.Check(t, "iptables-add-v6", IPTablesAdd(att, v6))
+	golden.Check(t, "iptables-del-guess-v4", IPTablesDelGuess(att, v4))
+	golden.Check(t, "nft-add-dual", NftAdd(att, append(v4, v6...)))
 }
 
 // TestIPTablesDelFromSave: on legacy iptables, a Teardown that does not
@@ -68,7 +47,7 @@ func TestIPTablesDelFromSave(t *testing.T) {
 	must(t, Teardown(ctx, fw, att, nil))
 	log := fw.Log()
 	got := log[len(log)-1].Text
-	golden(t, "iptables-del-from-save", got)
+	golden.Check(t, "iptables-del-from-save", got)
 	if strings.Count(got, "-D ") != 2 {
 		t.Fatalf("removal must name both addresses' rules:\n%s", got)
 	}
