@@ -328,8 +328,10 @@ func portmapAssertClean(t *testing.T, when string, atts ...*harness.Attachment) 
 	t.Helper()
 	rules := portmapRules(t)
 	for _, a := range atts {
-		if strings.Contains(rules, portmapKey(a)) {
-			t.Fatalf("%s: rules of attachment %s remain:\n%s", when, portmapKey(a), rules)
+		for _, k := range []string{portmapKey(a), portmapOlderKey(a)} {
+			if strings.Contains(rules, k) {
+				t.Fatalf("%s: rules of attachment %s remain:\n%s", when, k, rules)
+			}
 		}
 	}
 	if rules != "" && !pmAttachmentRE.MatchString(rules) {
@@ -340,8 +342,15 @@ func portmapAssertClean(t *testing.T, when string, atts ...*harness.Attachment) 
 var pmAttachmentRE = regexp.MustCompile(`(MWHP|pm)-[0-9a-f]{16}`)
 
 // portmapKey is the attachment key the plugin puts in chain names: 16 hex
-// digits of sha256(container id NUL ifname).
+// digits of sha256(container id "/" ifname).
 func portmapKey(a *harness.Attachment) string {
+	sum := sha256.Sum256([]byte(a.RT.ContainerID + "/" + a.RT.IfName))
+	return hex.EncodeToString(sum[:8])
+}
+
+// portmapOlderKey is the key an older meshwire put in chain names: 16 hex
+// digits of sha256(container id NUL ifname).
+func portmapOlderKey(a *harness.Attachment) string {
 	sum := sha256.Sum256([]byte(a.RT.ContainerID + "\x00" + a.RT.IfName))
 	return hex.EncodeToString(sum[:8])
 }
