@@ -299,11 +299,12 @@ func decodeExpr(name string, data []byte, r *Rule, regs map[uint32]*reg) {
 		}
 		src := regs[u32(a[unix.NFTA_META_SREG])]
 		if u32(a[unix.NFTA_META_KEY]) == unix.NFT_META_MARK && src != nil {
+			// The mark is in host byte order, like meta mark's load.
 			switch {
 			case src.kind == "imm":
-				r.SetMark = beUint(src.data)
+				r.SetMark = nativeUint(src.data)
 			case src.xor != nil:
-				r.SetMark = beUint(src.xor)
+				r.SetMark = nativeUint(src.xor)
 			}
 			if r.Target == "" {
 				r.Target = "MARK"
