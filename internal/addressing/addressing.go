@@ -17,6 +17,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/utils/sysctl"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/meshwire/meshwire/internal/netns"
 )
 
 // Options tune Configure.
@@ -103,7 +105,7 @@ func Routes(ips []*current.IPConfig, routes []*types.Route, linkIndex int) []net
 
 // Configure adds the addresses, brings the link up and adds the routes.
 // Existing identical addresses and routes are accepted (a retried ADD).
-func Configure(h *netlink.Handle, link netlink.Link, ips []*current.IPConfig, routes []*types.Route, opt Options) error {
+func Configure(h netns.Netlink, link netlink.Link, ips []*current.IPConfig, routes []*types.Route, opt Options) error {
 	name := link.Attrs().Name
 	hasV6 := false
 	for _, ip := range ips {
@@ -135,7 +137,7 @@ func Configure(h *netlink.Handle, link netlink.Link, ips []*current.IPConfig, ro
 
 // Settle waits until no IPv6 address of link is tentative (DAD finished), at
 // most timeout. A failed DAD (a duplicate) is an error.
-func Settle(h *netlink.Handle, link netlink.Link, timeout time.Duration) error {
+func Settle(h netns.Netlink, link netlink.Link, timeout time.Duration) error {
 	deadline := time.Now().Add(timeout)
 	for {
 		addrs, err := h.AddrList(link, netlink.FAMILY_V6)
@@ -163,7 +165,7 @@ func Settle(h *netlink.Handle, link netlink.Link, timeout time.Duration) error {
 
 // Verify checks that link carries every address of ips and that every
 // route of routes exists (CHECK).
-func Verify(h *netlink.Handle, link netlink.Link, ips []*current.IPConfig, routes []*types.Route) error {
+func Verify(h netns.Netlink, link netlink.Link, ips []*current.IPConfig, routes []*types.Route) error {
 	name := link.Attrs().Name
 	addrs, err := h.AddrList(link, netlink.FAMILY_ALL)
 	if err != nil {

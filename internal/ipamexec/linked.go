@@ -34,7 +34,9 @@ const EnvExecOnly = "MESHWIRE_IPAM_EXEC"
 
 var linked *Linked
 
-// Link registers the IPAM plugin compiled into this binary.
+// Link registers the IPAM plugin compiled into this binary; the plugin's
+// main calls it (see hostlocal.Linked), so that what runs in-process is
+// visible where the binary starts.
 func Link(l Linked) { linked = &l }
 
 // linkedFor returns the linked plugin when the binary at path, found on

@@ -136,7 +136,7 @@ func IsNotFound(err error) bool {
 
 // HostPeerIndex returns the host-side ifindex of the veth named ifName inside
 // the namespace reached by h (IFLA_LINK of a veth is its peer's index).
-func HostPeerIndex(h *netlink.Handle, ifName string) (int, error) {
+func HostPeerIndex(h netns.Netlink, ifName string) (int, error) {
 	l, err := h.LinkByName(ifName)
 	if err != nil {
 		return 0, err

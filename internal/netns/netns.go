@@ -1,6 +1,9 @@
-// Package netns creates, finds and removes named network namespaces, laid out
-// like iproute2's (`ip netns`): a bind mount of the namespace at
-// /run/netns/NAME, so that `ip netns exec NAME ...` works on them too.
+// Package netns is meshwire's one place for network namespaces: it
+// creates, finds and removes named ones, laid out like iproute2's (`ip
+// netns`: a bind mount of the namespace at /run/netns/NAME, so that `ip
+// netns exec NAME ...` works on them too), opens a plugin's CNI_NETNS for
+// netlink from the host thread with dumps that survive interruption (Open,
+// NS, Netlink), and runs code inside one (Enter).
 package netns
 
 import (

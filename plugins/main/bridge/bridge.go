@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/containernetworking/plugins/pkg/utils/sysctl"
@@ -17,8 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/meshwire/meshwire/internal/addressing"
+	attid "github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/cnierr"
-	"github.com/meshwire/meshwire/internal/ipmasq"
 	"github.com/meshwire/meshwire/internal/link"
 	"github.com/meshwire/meshwire/internal/podveth"
 )
@@ -35,40 +34,35 @@ func attachment(c *config, args *skel.CmdArgs) *podveth.Attachment {
 	return podveth.NewAttachment(args, &c.Base, &c.Common, c.res)
 }
 
+// cmdAdd runs the steps of a veth-based plugin's ADD in their shared order
+// (see internal/podveth, add.go), with the bridge's own work in between.
 func cmdAdd(args *skel.CmdArgs) (err error) {
 	conf, err := parseConfig(args.StdinData, args.Args)
 	if err != nil {
 		return err
 	}
 	ctx := context.Background()
-	att := attachment(conf, args)
-	steps := podveth.NewSteps()
-	add, err := att.BeginAdd(ctx)
+	add, err := attachment(conf, args).BeginAdd(ctx)
 	if err != nil {
 		return err
 	}
 	defer func() { add.End(err) }()
-	ns, u, ipam := add.NS, &add.Undo, add.IPAM
 
-	steps.Mark("start")
 	br, err := ensureBridge(conf)
 	if err != nil {
 		return err
 	}
-	steps.Mark("bridge")
-	host, cont, err := att.CreateVeth(ns, conf.MTU)
+	add.Steps.Mark("bridge")
+
+	host, cont, err := add.CreateVeth(conf.MTU)
 	if err != nil {
 		return err
 	}
 	hostName := host.Attrs().Name
-	u.Push(func() { _, _ = link.DeleteByName(hostName) })
-	// As the reference: the host end takes no router advertisements.
-	_, _ = sysctl.Sysctl("net/ipv6/conf/"+hostName+"/accept_ra", "0")
 	if err := attachPort(conf, br, host); err != nil {
 		return err
 	}
-	steps.Mark("veth")
-
+	add.Steps.Mark("port")
 	result := &current.Result{
 		CNIVersion: current.ImplementedSpecVersion,
 		Interfaces: []*current.Interface{
@@ -82,81 +76,40 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 		if err := macSpoofSetup(ctx, conf, args, hostName, cont.Attrs().HardwareAddr); err != nil {
 			return err
 		}
-		u.Push(func() {
+		add.Undo.Push(func() {
 			if tail, _ := macSpoofTeardown(conf, args); tail != nil {
 				_ = tail.Close()
 			}
 		})
 	}
 
-	if ipam != nil {
-		ipamRes, err := ipam.Wait()
+	if add.IPAM == nil {
+		if !conf.DisableContainerInterface {
+			if err := add.NS.NL.LinkSetUp(cont); err != nil {
+				return cnierr.Internal("set %s up: %v", args.IfName, err)
+			}
+		}
+	} else {
+		ipamRes, err := add.WaitIPAM()
 		if err != nil {
 			return err
 		}
-		steps.Mark("ipam wait")
 		result.IPs, result.Routes, result.DNS = ipamRes.IPs, ipamRes.Routes, ipamRes.DNS
 		gws := planGateways(result, conf.IsGateway, conf.IsDefaultGateway, idxContainer)
-		podSysctls := addressing.PodSysctls(args.IfName, result.IPs, addressing.IfaceSysctls{SetDAD: true, DAD: conf.EnableDAD, ArpNotify: true})
-		if err := addressing.ApplySysctls(ns.Handle, podSysctls); err != nil {
-			return cnierr.Internal("configure %s: %v", args.IfName, err)
-		}
-		if err := addressing.Configure(ns.NL, cont, result.IPs, result.Routes, addressing.Options{DAD: conf.EnableDAD}); err != nil {
-			return cnierr.Internal("configure %s: %v", args.IfName, err)
-		}
 		if conf.IsGateway {
-			gwLink := netlink.Link(br)
-			if conf.Vlan != 0 && len(gws.v4)+len(gws.v6) > 0 {
-				vl, err := ensureVlanGateway(conf, br)
-				if err != nil {
-					return err
-				}
-				gwLink = vl
-				result.Interfaces = append(result.Interfaces, &current.Interface{Name: vl.Attrs().Name, Mac: vl.Attrs().HardwareAddr.String()})
-			}
-			added := false
-			for _, gw := range append(gws.v4, gws.v6...) {
-				a, err := ensureAddr(gwLink, gw, conf.ForceAddress)
-				if err != nil {
-					return err
-				}
-				added = added || a
-			}
-			if added {
-				// As the reference: a bridge that gets a gateway address
-				// keeps its MAC from then on (the one it had before this
-				// port joined), or it would take its lowest port's and
-				// change it, the pods' gateway MAC, as pods come and go.
-				if err := netlink.LinkSetHardwareAddr(gwLink, gwLink.Attrs().HardwareAddr); err != nil {
-					return cnierr.Internal("pin the MAC of %s: %v", gwLink.Attrs().Name, err)
-				}
-			}
-			if err := addressing.EnableForwarding(len(gws.v4) > 0, len(gws.v6) > 0); err != nil {
-				return cnierr.Internal("%v", err)
-			}
-		}
-		steps.Mark("addresses")
-		var tail *os.File
-		if conf.IPMasq {
-			undoMasq, t, err := att.SetupMasq(ctx, podveth.IPNets(result.IPs))
-			if err != nil {
+			if err := setupGateways(conf, br, gws, result); err != nil {
 				return err
 			}
-			u.Push(undoMasq)
-			tail = t
 		}
-		steps.Mark("masquerade")
-		ns.Announce(args.IfName, result.IPs, tail)
-		steps.Mark("announce")
-	} else if !conf.DisableContainerInterface {
-		if err := ns.NL.LinkSetUp(cont); err != nil {
-			return cnierr.Internal("set %s up: %v", args.IfName, err)
+		sys := addressing.IfaceSysctls{SetDAD: true, DAD: conf.EnableDAD, ArpNotify: true}
+		if err := add.ConfigurePod(cont, result.IPs, result.Routes, sys, addressing.Options{DAD: conf.EnableDAD}); err != nil {
+			return err
+		}
+		if err := add.Masquerade(ctx, result.IPs); err != nil {
+			return err
 		}
 	}
 
-	if err := ns.StillThere(args.Netns); err != nil {
-		return err
-	}
 	// MACs last: the bridge takes one when its first port joins.
 	if l, err := netlinksafe.LinkByName(hostName); err == nil {
 		result.Interfaces[idxHost].Mac = l.Attrs().HardwareAddr.String()
@@ -164,11 +117,40 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	if l, err := netlinksafe.LinkByName(conf.Bridge); err == nil {
 		result.Interfaces[idxBridge].Mac = l.Attrs().HardwareAddr.String()
 	}
-	if podveth.DNSSet(conf.DNS) {
-		result.DNS = conf.DNS
+	return add.Finish(result, conf.DNS, conf.CNIVersion)
+}
+
+// setupGateways puts the gateway addresses on the bridge, or on the VLAN's
+// gateway interface (which then joins the result), and turns forwarding on.
+func setupGateways(conf *config, br *netlink.Bridge, gws gateways, result *current.Result) error {
+	gwLink := netlink.Link(br)
+	if conf.Vlan != 0 && len(gws.v4)+len(gws.v6) > 0 {
+		vl, err := ensureVlanGateway(conf, br)
+		if err != nil {
+			return err
+		}
+		gwLink = vl
+		result.Interfaces = append(result.Interfaces, &current.Interface{Name: vl.Attrs().Name, Mac: vl.Attrs().HardwareAddr.String()})
 	}
-	if err := types.PrintResult(result, conf.CNIVersion); err != nil {
-		return cnierr.Internal("print result: %v", err)
+	added := false
+	for _, gw := range append(gws.v4, gws.v6...) {
+		a, err := ensureAddr(gwLink, gw, conf.ForceAddress)
+		if err != nil {
+			return err
+		}
+		added = added || a
+	}
+	if added {
+		// As the reference: a bridge that gets a gateway address keeps its
+		// MAC from then on (the one it had before this port joined), or it
+		// would take its lowest port's and change it, the pods' gateway
+		// MAC, as pods come and go.
+		if err := netlink.LinkSetHardwareAddr(gwLink, gwLink.Attrs().HardwareAddr); err != nil {
+			return cnierr.Internal("pin the MAC of %s: %v", gwLink.Attrs().Name, err)
+		}
+	}
+	if err := addressing.EnableForwarding(len(gws.v4) > 0, len(gws.v6) > 0); err != nil {
+		return cnierr.Internal("%v", err)
 	}
 	return nil
 }
@@ -200,9 +182,9 @@ func cmdGC(args *skel.CmdArgs) error {
 		return err
 	}
 	ctx := context.Background()
-	var extra func([]ipmasq.Attachment) error
+	var extra func([]attid.ID) error
 	if conf.MacSpoofChk {
-		extra = func(valid []ipmasq.Attachment) error { return macSpoofGC(conf.Name, valid) }
+		extra = func(valid []attid.ID) error { return macSpoofGC(conf.Name, valid) }
 	}
 	return attachment(conf, args).GC(ctx, conf.ValidAttachments, extra)
 }

@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshwire/meshwire/internal/addressing"
 	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/internal/podveth"
 )
 
@@ -60,7 +61,7 @@ func checkOwn(ctx context.Context, conf *config, att *podveth.Attachment, prev *
 	if (br.Promisc != 0) != conf.PromiscMode {
 		return cnierr.CheckFailed("bridge %q promiscuous mode is %v, config says %v", conf.Bridge, br.Promisc != 0, conf.PromiscMode)
 	}
-	ns, err := podveth.OpenNS(args.Netns)
+	ns, err := netns.Open(args.Netns)
 	if err != nil {
 		return err
 	}

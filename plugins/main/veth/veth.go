@@ -3,19 +3,16 @@ package main
 import (
 	"context"
 	"errors"
-	"os"
 
 	"github.com/containernetworking/cni/pkg/skel"
-	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
-	"github.com/containernetworking/plugins/pkg/utils/sysctl"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/meshwire/meshwire/internal/addressing"
 	"github.com/meshwire/meshwire/internal/cnierr"
-	"github.com/meshwire/meshwire/internal/link"
+	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/internal/podveth"
 )
 
@@ -29,32 +26,31 @@ func attachment(c *config, args *skel.CmdArgs) *podveth.Attachment {
 	return podveth.NewAttachment(args, &c.Base, &c.Common, c.res)
 }
 
+// cmdAdd runs the steps of a veth-based plugin's ADD in their shared order
+// (see internal/podveth, add.go), with the veth plugin's own work in
+// between.
 func cmdAdd(args *skel.CmdArgs) (err error) {
 	conf, err := parseConfig(args.StdinData, args.Args)
 	if err != nil {
 		return err
 	}
 	ctx := context.Background()
-	att := attachment(conf, args)
-	add, err := att.BeginAdd(ctx)
+	add, err := attachment(conf, args).BeginAdd(ctx)
 	if err != nil {
 		return err
 	}
 	defer func() { add.End(err) }()
-	ns, u, ipam := add.NS, &add.Undo, add.IPAM
 
-	host, cont, err := att.CreateVeth(ns, conf.MTU)
+	host, cont, err := add.CreateVeth(conf.MTU)
 	if err != nil {
 		return err
 	}
 	hostName := host.Attrs().Name
-	u.Push(func() { _, _ = link.DeleteByName(hostName) })
-	_, _ = sysctl.Sysctl("net/ipv6/conf/"+hostName+"/accept_ra", "0")
 	if err := netlink.LinkSetUp(host); err != nil {
 		return cnierr.Internal("set %s up: %v", hostName, err)
 	}
 
-	ipamRes, err := ipam.Wait()
+	ipamRes, err := add.WaitIPAM()
 	if err != nil {
 		return err
 	}
@@ -73,12 +69,29 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 	if err != nil {
 		return cnierr.Internal("%v", err)
 	}
-	v4, v6 := families(result.IPs)
+	// Host end first: the pod's routes point at its gateway address.
+	if err := setupHost(host, result.IPs); err != nil {
+		return err
+	}
+	opt := addressing.Options{SkipRoutes: true, NoPrefixRoute: true}
+	if err := add.ConfigurePod(cont, result.IPs, nil, addressing.IfaceSysctls{}, opt, croutes...); err != nil {
+		return err
+	}
+	if err := add.Masquerade(ctx, result.IPs); err != nil {
+		return err
+	}
+	return add.Finish(result, conf.DNS, conf.CNIVersion)
+}
+
+// setupHost turns forwarding on and gives the host end the pod's gateway
+// addresses and the routes to the pod.
+func setupHost(host netlink.Link, ips []*current.IPConfig) error {
+	hostName := host.Attrs().Name
+	v4, v6 := families(ips)
 	if err := addressing.EnableForwarding(v4, v6); err != nil {
 		return cnierr.Internal("%v", err)
 	}
-	// Host end first: the pod's routes point at its gateway address.
-	for _, a := range hostAddrs(result.IPs) {
+	for _, a := range hostAddrs(ips) {
 		ad := &netlink.Addr{IPNet: &a}
 		if a.IP.To4() == nil {
 			ad.Flags = unix.IFA_F_NODAD
@@ -87,43 +100,10 @@ func cmdAdd(args *skel.CmdArgs) (err error) {
 			return cnierr.Internal("add %s to %s: %v", a.String(), hostName, err)
 		}
 	}
-	for _, r := range hostRoutes(result.IPs, host.Attrs().Index) {
+	for _, r := range hostRoutes(ips, host.Attrs().Index) {
 		if err := netlink.RouteAdd(&r); err != nil && !errors.Is(err, unix.EEXIST) {
 			return cnierr.Internal("route %s on %s: %v", r.Dst, hostName, err)
 		}
-	}
-	if err := addressing.ApplySysctls(ns.Handle, addressing.PodSysctls(args.IfName, result.IPs, addressing.IfaceSysctls{})); err != nil {
-		return cnierr.Internal("configure %s: %v", args.IfName, err)
-	}
-	if err := addressing.Configure(ns.NL, cont, result.IPs, nil, addressing.Options{SkipRoutes: true, NoPrefixRoute: true}); err != nil {
-		return cnierr.Internal("configure %s: %v", args.IfName, err)
-	}
-	for _, r := range croutes {
-		if err := ns.NL.RouteAdd(&r); err != nil && !errors.Is(err, unix.EEXIST) {
-			return cnierr.Internal("route %s via %v in the pod: %v", r.Dst, r.Gw, err)
-		}
-	}
-	var tail *os.File
-	if conf.IPMasq {
-		undoMasq, t, err := att.SetupMasq(ctx, podveth.IPNets(result.IPs))
-		if err != nil {
-			return err
-		}
-		u.Push(undoMasq)
-		tail = t
-	}
-	if err := ns.StillThere(args.Netns); err != nil {
-		if tail != nil {
-			_ = tail.Close()
-		}
-		return err
-	}
-	ns.Announce(args.IfName, result.IPs, tail)
-	if podveth.DNSSet(conf.DNS) {
-		result.DNS = conf.DNS
-	}
-	if err := types.PrintResult(result, conf.CNIVersion); err != nil {
-		return cnierr.Internal("print result: %v", err)
 	}
 	return nil
 }
@@ -162,7 +142,7 @@ func checkOwn(ctx context.Context, att *podveth.Attachment, prev *current.Result
 	if idx < 0 {
 		return cnierr.CheckFailed("prevResult has no interface %q in sandbox %s", args.IfName, args.Netns)
 	}
-	ns, err := podveth.OpenNS(args.Netns)
+	ns, err := netns.Open(args.Netns)
 	if err != nil {
 		return err
 	}
