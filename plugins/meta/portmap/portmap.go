@@ -18,6 +18,7 @@ import (
 	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/refrules"
 )
 
 const cmdTimeout = 60 * time.Second
@@ -142,6 +143,12 @@ func cmdDel(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	if len(c.Mappings) > 0 {
+		// What the reference portmap set up before an in-place upgrade.
+		if err := refrules.DelPortmap(ctx, attachment.Reference{Network: c.raw.Name, ContainerID: args.ContainerID}); err != nil {
+			return cnierr.Wrap(err, "the reference's port mappings")
+		}
+	}
 	for _, f := range fams {
 		ports := udp[f]
 		if len(c.Mappings) > 0 {
@@ -199,7 +206,10 @@ func cmdGC(args *skel.CmdArgs) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()
-	return withDriver(ctx, c, func(d driver) error { return d.gc(ctx, c.raw.Name, valid) })
+	if err := withDriver(ctx, c, func(d driver) error { return d.gc(ctx, c.raw.Name, valid) }); err != nil {
+		return err
+	}
+	return cnierr.Wrap(refrules.GCPortmap(ctx, c.raw.Name, c.raw.ValidAttachments), "the reference's port mappings")
 }
 
 func cmdStatus(args *skel.CmdArgs) error {
