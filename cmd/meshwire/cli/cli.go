@@ -19,10 +19,10 @@ import (
 
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/vishvananda/netlink"
-	vnetns "github.com/vishvananda/netns"
 
 	"github.com/meshwire/meshwire/cmd/meshwire/cniruntime"
 	"github.com/meshwire/meshwire/internal/buildinfo"
+	"github.com/meshwire/meshwire/internal/netns"
 )
 
 const usage = `usage: meshwire COMMAND [flags]
@@ -394,23 +394,18 @@ func writeTable(w io.Writer, recs []*cniruntime.Record) {
 // addresses lists "ifname=addr" for every address inside the namespace, or
 // a note when the namespace is gone.
 func addresses(path string) []string {
-	h, err := vnetns.GetFromPath(path)
+	ns, err := netns.Open(path)
 	if err != nil {
 		return []string{"(namespace missing)"}
 	}
-	defer h.Close()
-	nl, err := netlink.NewHandleAt(h)
-	if err != nil {
-		return []string{"(" + err.Error() + ")"}
-	}
-	defer nl.Close()
-	links, err := nl.LinkList()
+	defer ns.Close()
+	links, err := ns.NL.LinkList()
 	if err != nil {
 		return []string{"(" + err.Error() + ")"}
 	}
 	var out []string
 	for _, l := range links {
-		addrs, _ := nl.AddrList(l, netlink.FAMILY_ALL)
+		addrs, _ := ns.NL.AddrList(l, netlink.FAMILY_ALL)
 		for _, a := range addrs {
 			if a.IP.IsLinkLocalUnicast() {
 				continue
