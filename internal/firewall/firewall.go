@@ -73,6 +73,8 @@ const (
 	V6 Family = 6
 )
 
+func (f Family) String() string { return fmt.Sprintf("IPv%d", int(f)) }
+
 // tool returns the binary name for an iptables tool ("restore", "save").
 func (b Backend) tool(f Family, what string) string {
 	base := "iptables"

@@ -148,13 +148,13 @@ func (b *builder) kubeVirtInterfaces() {
 		if b.tproxy && !cfg.InboundPorts.Empty() {
 			b.add(Mangle, Rule{Chain: "PREROUTING", In: ifc, Target: ret()})
 		}
-		for _, p := range f.prefixes(cfg.OutboundCIDRsExclude) {
+		for _, p := range prefixesOf(f, cfg.OutboundCIDRsExclude) {
 			b.add(NAT, Rule{Chain: "PREROUTING", In: ifc, Dst: p, Target: ret()})
 		}
 		if cfg.OutboundCIDRs.All {
 			b.add(NAT, Rule{Chain: "PREROUTING", In: ifc, Target: jump(ChainRedirect)})
 		} else {
-			for _, p := range f.prefixes(cfg.OutboundCIDRs.Prefixes) {
+			for _, p := range prefixesOf(f, cfg.OutboundCIDRs.Prefixes) {
 				b.add(NAT, Rule{Chain: "PREROUTING", In: ifc, Dst: p, Target: jump(ChainRedirect)})
 			}
 			b.add(NAT, Rule{Chain: "PREROUTING", In: ifc, Target: ret()})
@@ -287,7 +287,7 @@ func (b *builder) dnsTCP() {
 func (b *builder) outboundDestinations() {
 	cfg, f := b.cfg, b.f
 	b.add(NAT, Rule{Chain: ChainOutput, Dst: b.lo, Target: ret()})
-	for _, p := range f.prefixes(cfg.OutboundCIDRsExclude) {
+	for _, p := range prefixesOf(f, cfg.OutboundCIDRsExclude) {
 		b.add(NAT, Rule{Chain: ChainOutput, Dst: p, Target: ret()})
 	}
 	for _, p := range cfg.OutboundPorts {
@@ -296,7 +296,7 @@ func (b *builder) outboundDestinations() {
 	if cfg.OutboundCIDRs.All {
 		b.add(NAT, Rule{Chain: ChainOutput, Target: jump(ChainRedirect)})
 	} else if len(cfg.OutboundCIDRs.Prefixes) > 0 {
-		for _, p := range f.prefixes(cfg.OutboundCIDRs.Prefixes) {
+		for _, p := range prefixesOf(f, cfg.OutboundCIDRs.Prefixes) {
 			b.add(NAT, Rule{Chain: ChainOutput, Dst: p, Target: jump(ChainRedirect)})
 		}
 		b.add(NAT, Rule{Chain: ChainOutput, Target: ret()})
@@ -344,7 +344,7 @@ func (b *builder) dnsUDP() {
 func (b *builder) dnsServers() []netip.Addr {
 	var out []netip.Addr
 	for _, s := range b.cfg.DNSServers {
-		if b.f.has(s) {
+		if hasAddr(b.f, s) {
 			out = append(out, s)
 		}
 	}

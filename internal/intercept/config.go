@@ -131,12 +131,14 @@ func PassthroughSource(f Family) netip.Addr {
 	return netip.MustParseAddr("127.0.0.6")
 }
 
-func (f Family) has(a netip.Addr) bool { return a.Is4() == (f == V4) }
+// hasAddr reports whether a is of family f.
+func hasAddr(f Family, a netip.Addr) bool { return a.Is4() == (f == V4) }
 
-func (f Family) prefixes(ps []netip.Prefix) []netip.Prefix {
+// prefixesOf keeps the prefixes of family f.
+func prefixesOf(f Family, ps []netip.Prefix) []netip.Prefix {
 	var out []netip.Prefix
 	for _, p := range ps {
-		if f.has(p.Addr()) {
+		if hasAddr(f, p.Addr()) {
 			out = append(out, p)
 		}
 	}

@@ -49,7 +49,7 @@ var probeCandidates = map[Family][]netip.Addr{
 // of family f whose connections on port the rules capture.
 func ProbeTarget(c Config, f Family, port uint16) (netip.Addr, error) {
 	cands := append([]netip.Addr(nil), probeCandidates[f]...)
-	for _, p := range f.prefixes(c.OutboundCIDRs.Prefixes) {
+	for _, p := range prefixesOf(f, c.OutboundCIDRs.Prefixes) {
 		a := p.Masked().Addr().Next()
 		if a.IsValid() && p.Contains(a) && !a.IsLoopback() {
 			cands = append([]netip.Addr{a}, cands...)

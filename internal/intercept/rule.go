@@ -4,17 +4,17 @@ import (
 	"fmt"
 	"net/netip"
 	"strings"
+
+	"github.com/meshwire/meshwire/internal/firewall"
 )
 
-// Family is an address family: 4 or 6.
-type Family int
+// Family is an address family: 4 or 6 (firewall's, defined once).
+type Family = firewall.Family
 
 const (
-	V4 Family = 4
-	V6 Family = 6
+	V4 = firewall.V4
+	V6 = firewall.V6
 )
-
-func (f Family) String() string { return fmt.Sprintf("IPv%d", int(f)) }
 
 // Table names, as iptables spells them.
 const (

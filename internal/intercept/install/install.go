@@ -76,13 +76,6 @@ func families(ipv6 bool) []intercept.Family {
 	return []intercept.Family{intercept.V4}
 }
 
-func fwFamily(f intercept.Family) firewall.Family {
-	if f == intercept.V6 {
-		return firewall.V6
-	}
-	return firewall.V4
-}
-
 // Prepare reads the installed state and plans the change. It fails with
 // ErrDifferent (wrapped, with details) when other rules of meshwire's or
 // istio-iptables' are there and req.Reconcile is false.
@@ -226,7 +219,7 @@ func (p *Plan) Apply(ctx context.Context) error {
 		if p.Restore[f] == "" {
 			continue
 		}
-		if err := p.Backend.Restore(ctx, fwFamily(f), p.Restore[f]); err != nil {
+		if err := p.Backend.Restore(ctx, f, p.Restore[f]); err != nil {
 			return fmt.Errorf("apply %s rules: %w", f, err)
 		}
 	}
@@ -340,7 +333,7 @@ func cleanBackend(ctx context.Context, b firewall.Backend) error {
 		if err != nil || st.Empty() {
 			continue
 		}
-		if err := b.Restore(ctx, fwFamily(f), intercept.Restore(&intercept.RuleSet{Family: f}, st)); err != nil {
+		if err := b.Restore(ctx, f, intercept.Restore(&intercept.RuleSet{Family: f}, st)); err != nil {
 			return fmt.Errorf("remove %s rules from %s: %w", f, b, err)
 		}
 	}
@@ -353,7 +346,7 @@ func holdsRules(ctx context.Context, b firewall.Backend) (bool, error) {
 }
 
 func iptablesState(ctx context.Context, b firewall.Backend, f intercept.Family) (*intercept.State, error) {
-	save, err := b.Save(ctx, fwFamily(f), "")
+	save, err := b.Save(ctx, f, "")
 	if err != nil {
 		return nil, err
 	}
@@ -408,7 +401,7 @@ func installedText(ctx context.Context, b firewall.Backend) string {
 	for _, f := range []intercept.Family{intercept.V4, intercept.V6} {
 		if b.Kind == firewall.NFTables {
 			out.WriteString(nftListing(ctx, f))
-		} else if save, err := b.Save(ctx, fwFamily(f), Mangle); err == nil {
+		} else if save, err := b.Save(ctx, f, Mangle); err == nil {
 			out.WriteString(save)
 		}
 	}
