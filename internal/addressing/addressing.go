@@ -1,8 +1,12 @@
 // Package addressing puts an IPAM result on a pod's interface (addresses,
-// routes) and verifies it later (CHECK). It works through a netlink handle
-// bound to the pod's namespace, so the calling thread never has to switch
-// namespaces, and it adds IPv6 addresses without duplicate address detection
-// unless asked (DAD would keep them tentative, and ADD waiting, for seconds).
+// routes, and first the sysctls the reference plugins set) and verifies it
+// later (CHECK). Addresses and routes go through a netlink handle bound to
+// the pod's namespace (netns.Netlink), so the calling thread never switches
+// namespaces; only the sysctls, which /proc/sys shows for the namespace of
+// the thread that opens them, are written from a thread inside it
+// (netns.Enter). IPv6 addresses are added without duplicate address
+// detection unless asked (DAD would keep them tentative, and ADD waiting,
+// for seconds).
 package addressing
 
 import (
