@@ -6,8 +6,6 @@
 package link
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -19,33 +17,22 @@ import (
 	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
+	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
-// DefaultHostPrefix starts the host end's name, as with the reference plugins.
-const DefaultHostPrefix = "veth"
-
-// MaxPrefixLen leaves at least 4 hex digits of hash in a 15-byte name.
-const MaxPrefixLen = 11
-
-// IFNameSize is the kernel's limit on interface names, without the NUL.
-const IFNameSize = 15
-
-// HostVethName is the host end's name for one attachment: prefix followed by
-// as many hex digits of sha256(containerID "/" ifName) as fit in 15 bytes.
-func HostVethName(prefix, containerID, ifName string) string {
-	if prefix == "" {
-		prefix = DefaultHostPrefix
-	}
-	sum := sha256.Sum256([]byte(containerID + "/" + ifName))
-	h := hex.EncodeToString(sum[:])
-	n := IFNameSize - len(prefix)
-	if n < 4 {
-		n = 4
-	}
-	return prefix + h[:n]
-}
+// The host end's name is attachment.ID.HostVeth: these are its limits, as
+// the configs validated here see them.
+const (
+	// DefaultHostPrefix starts the host end's name when none is configured,
+	// as with the reference plugins.
+	DefaultHostPrefix = attachment.DefaultVethPrefix
+	// MaxPrefixLen leaves at least 4 hex digits of hash in a 15-byte name.
+	MaxPrefixLen = attachment.MaxVethPrefixLen
+	// IFNameSize is the kernel's limit on interface names, without the NUL.
+	IFNameSize = attachment.IFNameSize
+)
 
 // ValidPrefix reports whether prefix can start host veth names.
 func ValidPrefix(prefix string) error {
@@ -153,7 +140,7 @@ func HostPeerIndex(h netns.Netlink, ifName string) (int, error) {
 // FindHostVeth returns the host end of the pod's veth ifName inside the
 // namespace at netnsPath, whatever plugin made the pair (meshwire's bridge
 // and veth, the reference bridge and ptp). hints (e.g. prevResult's host
-// interfaces, or HostVethName) are tried first; a host link is accepted only
+// interfaces, or attachment.ID.HostVeth) are tried first; a host link is accepted only
 // when both sides agree: it is a veth whose index is the pod end's peer
 // index and whose own peer index is the pod end's index, so an unrelated
 // host link that happens to carry the same index is never taken.

@@ -3,32 +3,8 @@ package link
 import (
 	"github.com/vishvananda/netlink"
 
-	"strings"
 	"testing"
 )
-
-func TestHostVethName(t *testing.T) {
-	id := strings.Repeat("a", 64)
-	a := HostVethName("veth", id, "eth0")
-	if a != HostVethName("veth", id, "eth0") {
-		t.Fatal("not deterministic")
-	}
-	if len(a) != IFNameSize || !strings.HasPrefix(a, "veth") {
-		t.Fatalf("%q: want 15 bytes starting with veth", a)
-	}
-	if a == HostVethName("veth", id, "eth1") || a == HostVethName("veth", strings.Repeat("b", 64), "eth0") {
-		t.Fatal("different attachments share a name")
-	}
-	if got := HostVethName("", id, "eth0"); got != a {
-		t.Fatalf("empty prefix gives %q, want the default %q", got, a)
-	}
-	if got := HostVethName("mwtb", id, "eth0"); len(got) != IFNameSize || !strings.HasPrefix(got, "mwtb") {
-		t.Fatalf("%q", got)
-	}
-	if got := HostVethName("abcdefghijk", id, "eth0"); len(got) != IFNameSize {
-		t.Fatalf("%q: longest prefix must still fit", got)
-	}
-}
 
 func TestValidNames(t *testing.T) {
 	for _, ok := range []string{"eth0", "net1", "a", "fifteen-chars-x"} {

@@ -216,7 +216,7 @@ func (a *Attachment) setupMasq(ctx context.Context, addrs []net.IPNet) (func(), 
 	if err != nil {
 		return nil, nil, cnierr.Wrap(err, "ipMasq")
 	}
-	m := a.Masq()
+	m := a.ID()
 	if err := ipmasq.Setup(ctx, fw, m, addrs); err != nil {
 		fw.Close()
 		return nil, nil, cnierr.Wrap(err, "ipMasq")

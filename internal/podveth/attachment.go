@@ -9,7 +9,6 @@ import (
 
 	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/cniplugin"
-	"github.com/meshwire/meshwire/internal/link"
 )
 
 // Attachment is one pod interface as the shared steps see it.
@@ -35,14 +34,14 @@ func NewAttachment(args *skel.CmdArgs, base *cniplugin.Base, common *Common, r R
 	}
 }
 
-// Masq is the masquerade identity of the attachment.
-func (a *Attachment) Masq() attachment.ID {
+// ID is the attachment's identity, which names what it has on the host.
+func (a *Attachment) ID() attachment.ID {
 	return attachment.ID{Network: a.Network, ContainerID: a.Args.ContainerID, IfName: a.Args.IfName}
 }
 
 // HostVeth is the host end's name.
 func (a *Attachment) HostVeth() string {
-	return link.HostVethName(a.HostPrefix, a.Args.ContainerID, a.Args.IfName)
+	return a.ID().HostVeth(a.HostPrefix)
 }
 
 // IPNets lists the addresses of ips.

@@ -48,7 +48,7 @@ func (a *Attachment) checkMasq(ctx context.Context, addrs []net.IPNet) error {
 	}
 	defer fw.Close()
 	b := fw.Backend()
-	m := a.Masq()
+	m := a.ID()
 	ok, err := ipmasq.Present(ctx, fw, m, addrs)
 	if err != nil {
 		return cnierr.CheckFailed("ipMasq: %v", err)

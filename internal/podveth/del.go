@@ -72,7 +72,7 @@ func (a *Attachment) removeMasq(ctx context.Context) (tail *os.File, err error) 
 		if err != nil {
 			return err
 		}
-		err = ipmasq.Teardown(ctx, fw, a.Masq(), addrs)
+		err = ipmasq.Teardown(ctx, fw, a.ID(), addrs)
 		tail = fw.Release()
 		return err
 	})

@@ -290,7 +290,9 @@ func ensureVlanGateway(c *config, br *netlink.Bridge) (netlink.Link, error) {
 	if l, err := netlinksafe.LinkByName(name); err == nil {
 		return l, nil
 	}
-	portName := link.HostVethName(c.res.Prefix, c.Bridge, name)
+	// Its host end is named as a pod's would be, the bridge standing for
+	// the container.
+	portName := attid.ID{ContainerID: c.Bridge, IfName: name}.HostVeth(c.res.Prefix)
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = portName
 	attrs.MTU = br.MTU
