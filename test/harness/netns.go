@@ -9,7 +9,6 @@ import (
 
 	"github.com/containernetworking/plugins/pkg/ns"
 	"github.com/vishvananda/netlink"
-	vnetns "github.com/vishvananda/netns"
 	"golang.org/x/sys/unix"
 
 	"github.com/meshwire/meshwire/internal/netns"
@@ -20,7 +19,7 @@ type NS struct {
 	Name string
 	Path string
 	h    *H
-	nl   *netlink.Handle
+	open *netns.NS // opened by Netlink
 }
 
 // NewNS creates a namespace named mwt-<prefix>-<random> and removes it at
@@ -34,8 +33,8 @@ func (h *H) NewNS(prefix string) *NS {
 	}
 	n := &NS{Name: name, Path: p, h: h}
 	h.T.Cleanup(func() {
-		if n.nl != nil {
-			n.nl.Close()
+		if n.open != nil {
+			n.open.Close()
 		}
 		if err := netns.Delete(name); err != nil {
 			h.T.Errorf("delete netns %s: %v", name, err)
@@ -44,21 +43,18 @@ func (h *H) NewNS(prefix string) *NS {
 	return n
 }
 
-// Netlink returns a netlink handle that operates inside the namespace.
-func (n *NS) Netlink() *netlink.Handle {
+// Netlink returns a netlink handle that operates inside the namespace, the
+// plugins' own kind (netns.Open: dumps retried when interrupted).
+func (n *NS) Netlink() *netns.Netlink {
 	n.h.T.Helper()
-	if n.nl == nil {
-		nsh, err := vnetns.GetFromPath(n.Path)
-		if err != nil {
-			n.h.T.Fatalf("open %s: %v", n.Path, err)
-		}
-		defer nsh.Close()
-		n.nl, err = netlink.NewHandleAt(nsh)
+	if n.open == nil {
+		o, err := netns.Open(n.Path)
 		if err != nil {
 			n.h.T.Fatalf("netlink handle in %s: %v", n.Name, err)
 		}
+		n.open = o
 	}
-	return n.nl
+	return &n.open.NL
 }
 
 // Do runs fn with the calling goroutine's thread inside the namespace.

@@ -26,6 +26,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/internal/probe"
 	"github.com/meshwire/meshwire/internal/proxylog"
 	"github.com/meshwire/meshwire/test/harness"
@@ -115,7 +116,7 @@ func New(t testing.TB, h *harness.H) *Env {
 }
 
 // setupLink puts addresses (without DAD) on a link and brings it and lo up.
-func (e *Env) setupLink(nl *netlink.Handle, name string, addrs ...string) {
+func (e *Env) setupLink(nl *netns.Netlink, name string, addrs ...string) {
 	t := e.T
 	t.Helper()
 	l, err := nl.LinkByName(name)
