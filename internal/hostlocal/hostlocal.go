@@ -2,7 +2,8 @@
 // from configured ranges and keeps them in a crash-safe store on the node
 // (subpackages config and store). The host-local plugin binary runs it, and
 // so do the bridge and veth plugins, in-process, when the host-local on
-// CNI_PATH is the binary built with them.
+// CNI_PATH is the binary built with them (their main registers Linked with
+// ipamexec).
 package hostlocal
 
 import (
