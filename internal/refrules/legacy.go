@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"unsafe"
 
@@ -29,15 +28,9 @@ func legacyChains(f firewall.Family) (map[string]bool, error) {
 		names, level, domain = "/proc/thread-self/net/ip6_tables_names", unix.IPPROTO_IPV6, unix.AF_INET6
 		offTarget = 140 // struct ip6t_ip6 is 136 bytes
 	}
-	b, err := os.ReadFile(names)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil // no legacy iptables in this kernel
-	}
-	if err != nil {
+	loaded, err := listsNat(names)
+	if err != nil || !loaded {
 		return nil, err
-	}
-	if !hasLine(string(b), "nat") {
-		return nil, nil
 	}
 	fd, err := unix.Socket(domain, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.IPPROTO_RAW)
 	if err != nil {
@@ -95,6 +88,28 @@ func errorTargets(blob []byte, offTarget int) (map[string]bool, error) {
 		off += next
 	}
 	return chains, nil
+}
+
+// listsNat reads a proc file of table names (one open, one read: this is
+// on every DEL's path) and tells whether it lists nat.
+func listsNat(path string) (bool, error) {
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
+	if errors.Is(err, unix.ENOENT) {
+		return false, nil // no legacy iptables in this kernel
+	}
+	if err != nil {
+		return false, fmt.Errorf("open %s: %v", path, err)
+	}
+	defer unix.Close(fd)
+	var buf [256]byte
+	n, err := unix.Read(fd, buf[:])
+	if err != nil {
+		return false, fmt.Errorf("read %s: %v", path, err)
+	}
+	// Built-in tables are few ("filter", "nat", "mangle", "raw",
+	// "security"); a list that fills the buffer ends in a cut name, which
+	// the line test skips.
+	return hasLine(string(buf[:n]), "nat"), nil
 }
 
 func getsockopt(fd, level, opt int, b []byte) error {

@@ -37,8 +37,8 @@
 // reference, so it first asks cheaply whether anything of the attachment
 // is there and stops when not: per family, one getsockopt on the legacy
 // nat table (none when legacy iptables was never used) and one netlink
-// get of the chain for iptables-nft, one netlink dump of the table names
-// for nftables. Everything runs in the calling thread's network namespace.
+// get of the chain for iptables-nft, one netlink get of the table for
+// nftables. Everything runs in the calling thread's network namespace.
 package refrules
 
 import (
@@ -142,11 +142,11 @@ func (n *node) iptForms() []iptForm {
 		{n.nft, func(ctx context.Context, f firewall.Family, chains ...string) (map[string]bool, error) {
 			has := map[string]bool{}
 			for _, c := range chains {
-				ch, err := n.nft.ReadChain(ctx, f.Tables(), "nat", c)
+				ok, err := n.nft.HasChain(ctx, f.Tables(), "nat", c)
 				if err != nil {
 					return nil, absent(err)
 				}
-				has[c] = ch != nil
+				has[c] = ok
 			}
 			return has, nil
 		}},
@@ -299,8 +299,7 @@ func plainUnquote(s string) (string, error) {
 // dropMasqNft removes the rules of masq_checks whose comment sel accepts;
 // when no other rule is left, the whole table goes.
 func (n *node) dropMasqNft(ctx context.Context, sel func(comment string) bool) error {
-	tables, err := n.nft.Tables(ctx, firewall.Inet)
-	if err != nil || !slices.Contains(tables, attachment.RefMasqTable) {
+	if ok, err := n.nft.HasTable(ctx, firewall.Inet, attachment.RefMasqTable); err != nil || !ok {
 		return absent(err)
 	}
 	return n.dropNftRules(ctx, firewall.Inet, attachment.RefMasqTable, []string{attachment.RefMasqNftChain}, sel)
@@ -421,8 +420,7 @@ func (n *node) gcPortmap(ctx context.Context, network string, valid []types.GCAt
 // dropHostportNft removes the rules of table cni_hostport of fam whose
 // comment sel accepts, or the table once nothing else is in its chains.
 func (n *node) dropHostportNft(ctx context.Context, fam firewall.TableFamily, sel func(string) bool) error {
-	tables, err := n.nft.Tables(ctx, fam)
-	if err != nil || !slices.Contains(tables, attachment.RefHostportTable) {
+	if ok, err := n.nft.HasTable(ctx, fam, attachment.RefHostportTable); err != nil || !ok {
 		return absent(err)
 	}
 	return n.dropNftRules(ctx, fam, attachment.RefHostportTable, attachment.RefHostportNftChains, sel)
