@@ -7,6 +7,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/meshwire/meshwire/internal/attachment"
+	"github.com/meshwire/meshwire/test/harness"
 )
 
 // Objects named as meshwire named them before package attachment (its
@@ -105,5 +106,87 @@ func TestBandwidthOlderNames(t *testing.T) {
 	}
 	if _, ok := bandwidthIfbs(t)[older[valid]]; ok {
 		t.Fatalf("DEL (config without limits) left %s", older[valid])
+	}
+}
+
+// portmapAge renames the attachment's chains to the older key
+// (attachment.LegacyPortmapKey), as an older meshwire made them: jumps
+// follow a renamed chain, and nothing else in them held the key.
+func portmapAge(t *testing.T, backend string, a *harness.Attachment) {
+	t.Helper()
+	cur, old := portmapKey(a), portmapOlderKey(a)
+	if old != attachment.LegacyPortmapKey(a.RT.ContainerID, a.RT.IfName) {
+		t.Fatalf("older key %s, attachment.LegacyPortmapKey says %s", old, attachment.LegacyPortmapKey(a.RT.ContainerID, a.RT.IfName))
+	}
+	var cmds [][]string
+	switch backend {
+	case "nftables":
+		cmds = [][]string{{"nft", "rename", "chain", "inet", "meshwire_portmap", "pm-" + cur, "pm-" + old}}
+	case "iptables", "iptables-legacy":
+		suffix := strings.TrimPrefix(backend, "iptables")
+		for _, tool := range []string{"iptables" + suffix, "ip6tables" + suffix} {
+			cmds = append(cmds, []string{tool, "-w", "-t", "nat", "-E", "MWHP-" + cur, "MWHP-" + old})
+		}
+	default:
+		t.Fatalf("backend %q", backend)
+	}
+	for _, c := range cmds {
+		if out, err := harness.Run(c[0], c[1:]...); err != nil {
+			t.Fatalf("%v: %v: %s", c, err, out)
+		}
+	}
+	if rules := portmapRules(t); strings.Contains(rules, cur) || !strings.Contains(rules, old) {
+		t.Fatalf("after renaming %s to %s:\n%s", cur, old, rules)
+	}
+}
+
+// TestPortmapOlderKeys: chains keyed as an older meshwire keyed them still
+// map their ports, pass CHECK, are removed by DEL, and by GC when stale,
+// and kept by GC while valid, with every backend.
+func TestPortmapOlderKeys(t *testing.T) {
+	for i, backend := range []string{"iptables", "nftables", "iptables-legacy"} {
+		t.Run(backend, func(t *testing.T) {
+			e := newPortmapEnv(t)
+			list := e.list("1.1.0", "mwtp-older-"+backend, pmKeys(backend))
+			port := 30500 + 10*i
+			deleted := e.pod(t, list, pmPort{port, 80, "tcp", ""})
+			valid := e.pod(t, list, pmPort{port + 1, 80, "tcp", ""})
+			stale := e.pod(t, list, pmPort{port + 2, 80, "tcp", ""})
+			for _, p := range []*pmPod{deleted, valid, stale} {
+				portmapAge(t, backend, p.att)
+			}
+			got, err := portmapTCP(e.outside, pmHost4, port)
+			portmapMustReach(t, "chain with the older key", got, err, pmClient4)
+
+			if err := deleted.att.Check(); err != nil {
+				t.Fatalf("CHECK of chains with the older key: %v", err)
+			}
+			if err := deleted.att.Del(); err != nil {
+				t.Fatalf("DEL: %v", err)
+			}
+			if rules := portmapRules(t); strings.Contains(rules, portmapOlderKey(deleted.att)) {
+				t.Fatalf("DEL left the chains with the older key %s:\n%s", portmapOlderKey(deleted.att), rules)
+			}
+			got, err = portmapTCP(e.outside, pmHost4, port)
+			portmapMustNotReach(t, "deleted attachment", got, err)
+
+			if err := e.h.GC(list, valid.att.GCAttachment()); err != nil {
+				t.Fatalf("GC: %v", err)
+			}
+			rules := portmapRules(t)
+			if strings.Contains(rules, portmapOlderKey(stale.att)) {
+				t.Fatalf("GC left the stale attachment's chains (older key %s):\n%s", portmapOlderKey(stale.att), rules)
+			}
+			if !strings.Contains(rules, portmapOlderKey(valid.att)) {
+				t.Fatalf("GC removed the valid attachment's chains (older key %s):\n%s", portmapOlderKey(valid.att), rules)
+			}
+			got, err = portmapTCP(e.outside, pmHost4, port+1)
+			portmapMustReach(t, "valid attachment after GC", got, err, pmClient4)
+
+			if err := valid.att.Del(); err != nil {
+				t.Fatalf("DEL: %v", err)
+			}
+			portmapAssertClean(t, "after DEL of every attachment", deleted.att, valid.att, stale.att)
+		})
 	}
 }
