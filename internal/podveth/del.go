@@ -11,6 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/meshwire/meshwire/internal/addressing"
+	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/detach"
 	"github.com/meshwire/meshwire/internal/firewall"
@@ -18,6 +19,7 @@ import (
 	"github.com/meshwire/meshwire/internal/ipmasq"
 	"github.com/meshwire/meshwire/internal/link"
 	"github.com/meshwire/meshwire/internal/netns"
+	"github.com/meshwire/meshwire/internal/refrules"
 )
 
 // Del tears the attachment down: IPAM DEL, in parallel with the masquerade
@@ -76,6 +78,12 @@ func (a *Attachment) removeMasq(ctx context.Context) (tail *os.File, err error) 
 		tail = fw.Release()
 		return err
 	})
+	// What the reference's ipMasq set up before an in-place upgrade.
+	if rerr := timed("reference masquerade del", func() error {
+		return refrules.DelMasq(ctx, attachment.Reference{Network: a.Network, ContainerID: a.Args.ContainerID, IfName: a.Args.IfName})
+	}); rerr != nil {
+		return tail, cnierr.Wrap(rerr, "the reference's ipMasq teardown")
+	}
 	return tail, cnierr.Wrap(err, "ipMasq teardown")
 }
 

@@ -10,6 +10,7 @@ import (
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/ipamexec"
 	"github.com/meshwire/meshwire/internal/ipmasq"
+	"github.com/meshwire/meshwire/internal/refrules"
 )
 
 // Status is STATUS: the firewall backend must be usable when ipMasq is on,
@@ -45,6 +46,7 @@ func (a *Attachment) GC(ctx context.Context, valid []types.GCAttachment, extra f
 			fw.Close()
 		}
 		errs = append(errs, cnierr.Wrap(err, "ipMasq GC"))
+		errs = append(errs, cnierr.Wrap(refrules.GCMasq(ctx, a.Network, valid), "the reference's ipMasq GC"))
 	}
 	if extra != nil {
 		errs = append(errs, extra(keep))
