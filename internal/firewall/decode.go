@@ -8,10 +8,12 @@ import (
 	"strconv"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/meshwire/meshwire/internal/nftnl"
 )
 
-// Typed reads over netlink: tables, chains and rules of nf_tables decoded
-// into Table, Chain and Rule, for native nftables tables and for the
+// Typed reads over netlink (internal/nftnl): tables, chains and rules of
+// nf_tables decoded into Table, Chain and Rule, for native nftables tables and for the
 // tables of an nf_tables-backed iptables alike. The decoder knows the
 // expressions meshwire's rules (and iptables-nft's encodings of them) are
 // made of: payload and meta loads compared with cmp (addresses, ports,
@@ -25,7 +27,6 @@ const (
 	nftaChainUserdata = 12 // NFTA_CHAIN_USERDATA
 	nftaTproxyRegPort = 3  // NFTA_TPROXY_REG_PORT
 	nftaNatRegAddrMin = unix.NFTA_NAT_REG_ADDR_MIN
-	udataComment      = 0 // NFTNL_UDATA_{TABLE,CHAIN,RULE}_COMMENT
 	nfDrop            = 0 // NF_DROP
 	nfAccept          = 1 // NF_ACCEPT
 )
@@ -35,43 +36,14 @@ var hookNames = map[uint32]string{
 	unix.NF_INET_LOCAL_OUT: "output", unix.NF_INET_POST_ROUTING: "postrouting",
 }
 
-// get runs a non-dump request and passes the one answer's attributes to
-// each. ENOENT (no such object) is returned as is.
-func (c *Conn) get(msg int, family byte, attrs []attr, each func(obj []byte)) error {
-	req, seq := c.appendMsg(nil, nftType(msg), unix.NLM_F_REQUEST|unix.NLM_F_ACK, family, 0, attrs...)
-	if err := c.send(req); err != nil {
-		return err
-	}
-	return c.receive(func(s uint32) bool { return s == seq }, func(typ uint16, _ uint32, payload []byte) bool {
-		if typ == unix.NLMSG_ERROR {
-			return true // the acknowledgement, after the object
-		}
-		if len(payload) >= 4 {
-			each(payload[4:])
-		}
-		return false
-	})
-}
-
-// userdataComment reads the comment TLV of an object's userdata.
-func userdataComment(d []byte) string {
-	for len(d) >= 2 && len(d) >= 2+int(d[1]) {
-		if d[0] == udataComment {
-			return string(cstr(d[2 : 2+int(d[1])]))
-		}
-		d = d[2+int(d[1]):]
-	}
-	return ""
-}
-
-// ReadTable reads a table with its chains and their rules; nil when the
+// readTable reads a table with its chains and their rules; nil when the
 // table is not there.
-func (c *Conn) ReadTable(fam TableFamily, name string) (*Table, error) {
+func readTable(c *nftnl.Conn, fam TableFamily, name string) (*Table, error) {
 	t := &Table{Family: fam, Name: name}
-	err := c.get(unix.NFT_MSG_GETTABLE, byte(fam), []attr{strAttr(unix.NFTA_TABLE_NAME, name)}, func(obj []byte) {
-		eachAttr(obj, func(typ uint16, d []byte) {
+	err := c.Get(unix.NFT_MSG_GETTABLE, nftnl.Family(fam), []nftnl.Attr{nftnl.StrAttr(unix.NFTA_TABLE_NAME, name)}, func(obj []byte) {
+		nftnl.EachAttr(obj, func(typ uint16, d []byte) {
 			if typ == nftaTableUserdata {
-				t.Comment = userdataComment(d)
+				t.Comment = nftnl.UserdataComment(d)
 			}
 		})
 	})
@@ -82,7 +54,7 @@ func (c *Conn) ReadTable(fam TableFamily, name string) (*Table, error) {
 		return nil, fmt.Errorf("nf_tables: read table %s %s: %w", fam.Name(), name, err)
 	}
 	var rules []Rule
-	err = c.dump(unix.NFT_MSG_GETCHAIN, byte(fam), []attr{strAttr(unix.NFTA_CHAIN_TABLE, name)},
+	err = c.Dump(unix.NFT_MSG_GETCHAIN, nftnl.Family(fam), []nftnl.Attr{nftnl.StrAttr(unix.NFTA_CHAIN_TABLE, name)},
 		func() { t.Chains = t.Chains[:0] },
 		func(obj []byte) {
 			if ch := decodeChain(fam, obj); ch.Table == name {
@@ -90,7 +62,7 @@ func (c *Conn) ReadTable(fam TableFamily, name string) (*Table, error) {
 			}
 		})
 	if err == nil {
-		rules, err = c.readRules(fam, name, "")
+		rules, err = readRules(c, fam, name, "")
 	}
 	if errors.Is(err, unix.ENOENT) {
 		return nil, nil // removed meanwhile
@@ -107,15 +79,15 @@ func (c *Conn) ReadTable(fam TableFamily, name string) (*Table, error) {
 	return t, nil
 }
 
-// ReadChain reads one chain with its rules; nil when the chain (or its
+// readChain reads one chain with its rules; nil when the chain (or its
 // table) is not there.
-func (c *Conn) ReadChain(fam TableFamily, table, chain string) (*Chain, error) {
+func readChain(c *nftnl.Conn, fam TableFamily, table, chain string) (*Chain, error) {
 	var ch *Chain
-	err := c.get(unix.NFT_MSG_GETCHAIN, byte(fam), []attr{strAttr(unix.NFTA_CHAIN_TABLE, table), strAttr(unix.NFTA_CHAIN_NAME, chain)},
+	err := c.Get(unix.NFT_MSG_GETCHAIN, nftnl.Family(fam), []nftnl.Attr{nftnl.StrAttr(unix.NFTA_CHAIN_TABLE, table), nftnl.StrAttr(unix.NFTA_CHAIN_NAME, chain)},
 		func(obj []byte) { ch = decodeChain(fam, obj) })
 	var rules []Rule
 	if err == nil {
-		rules, err = c.readRules(fam, table, chain)
+		rules, err = readRules(c, fam, table, chain)
 	}
 	if errors.Is(err, unix.ENOENT) {
 		return nil, nil
@@ -133,18 +105,18 @@ func (c *Conn) ReadChain(fam TableFamily, table, chain string) (*Chain, error) {
 	return ch, nil
 }
 
-// HasTable tells whether a table is there (one request).
-func (c *Conn) HasTable(fam TableFamily, name string) (bool, error) {
-	err := c.get(unix.NFT_MSG_GETTABLE, byte(fam), []attr{strAttr(unix.NFTA_TABLE_NAME, name)}, func([]byte) {})
+// hasTable tells whether a table is there (one request).
+func hasTable(c *nftnl.Conn, fam TableFamily, name string) (bool, error) {
+	err := c.Get(unix.NFT_MSG_GETTABLE, nftnl.Family(fam), []nftnl.Attr{nftnl.StrAttr(unix.NFTA_TABLE_NAME, name)}, func([]byte) {})
 	if errors.Is(err, unix.ENOENT) {
 		return false, nil
 	}
 	return err == nil, err
 }
 
-// HasChain tells whether a chain is there (one request).
-func (c *Conn) HasChain(fam TableFamily, table, chain string) (bool, error) {
-	err := c.get(unix.NFT_MSG_GETCHAIN, byte(fam), []attr{strAttr(unix.NFTA_CHAIN_TABLE, table), strAttr(unix.NFTA_CHAIN_NAME, chain)}, func([]byte) {})
+// hasChain tells whether a chain is there (one request).
+func hasChain(c *nftnl.Conn, fam TableFamily, table, chain string) (bool, error) {
+	err := c.Get(unix.NFT_MSG_GETCHAIN, nftnl.Family(fam), []nftnl.Attr{nftnl.StrAttr(unix.NFTA_CHAIN_TABLE, table), nftnl.StrAttr(unix.NFTA_CHAIN_NAME, chain)}, func([]byte) {})
 	if errors.Is(err, unix.ENOENT) {
 		return false, nil
 	}
@@ -152,13 +124,13 @@ func (c *Conn) HasChain(fam TableFamily, table, chain string) (bool, error) {
 }
 
 // readRules dumps the rules of a table, or of one of its chains.
-func (c *Conn) readRules(fam TableFamily, table, chain string) ([]Rule, error) {
-	attrs := []attr{strAttr(unix.NFTA_RULE_TABLE, table)}
+func readRules(c *nftnl.Conn, fam TableFamily, table, chain string) ([]Rule, error) {
+	attrs := []nftnl.Attr{nftnl.StrAttr(unix.NFTA_RULE_TABLE, table)}
 	if chain != "" {
-		attrs = append(attrs, strAttr(unix.NFTA_RULE_CHAIN, chain))
+		attrs = append(attrs, nftnl.StrAttr(unix.NFTA_RULE_CHAIN, chain))
 	}
 	var rules []Rule
-	err := c.dump(unix.NFT_MSG_GETRULE, byte(fam), attrs,
+	err := c.Dump(unix.NFT_MSG_GETRULE, nftnl.Family(fam), attrs,
 		func() { rules = rules[:0] },
 		func(obj []byte) { rules = append(rules, decodeRule(fam, obj)) })
 	return rules, err
@@ -166,16 +138,16 @@ func (c *Conn) readRules(fam TableFamily, table, chain string) ([]Rule, error) {
 
 func decodeChain(fam TableFamily, obj []byte) *Chain {
 	ch := &Chain{Family: fam}
-	eachAttr(obj, func(typ uint16, d []byte) {
+	nftnl.EachAttr(obj, func(typ uint16, d []byte) {
 		switch typ {
 		case unix.NFTA_CHAIN_TABLE:
-			ch.Table = string(cstr(d))
+			ch.Table = string(nftnl.CStr(d))
 		case unix.NFTA_CHAIN_NAME:
-			ch.Name = string(cstr(d))
+			ch.Name = string(nftnl.CStr(d))
 		case nftaChainUserdata:
-			ch.Comment = userdataComment(d)
+			ch.Comment = nftnl.UserdataComment(d)
 		case unix.NFTA_CHAIN_HOOK:
-			eachAttr(d, func(t uint16, h []byte) {
+			nftnl.EachAttr(d, func(t uint16, h []byte) {
 				if t == unix.NFTA_HOOK_HOOKNUM && len(h) == 4 {
 					ch.Hook = hookNames[binary.BigEndian.Uint32(h)]
 				}
@@ -185,41 +157,30 @@ func decodeChain(fam TableFamily, obj []byte) *Chain {
 	return ch
 }
 
-// DeleteHandles removes rules read back, by handle, in one transaction.
-func (c *Conn) DeleteHandles(rules []Rule) error {
-	if len(rules) == 0 {
-		return nil
+// deleteHandles removes rules read back, by handle, in one transaction.
+func deleteHandles(c *nftnl.Conn, rules []Rule) error {
+	ids := make([]nftnl.RuleID, len(rules))
+	for i, r := range rules {
+		ids[i] = nftnl.RuleID{Family: nftnl.Family(r.Family), Table: r.Table, Chain: r.Chain, Handle: r.Handle}
 	}
-	err := c.batch(func(b []byte) []byte {
-		for _, r := range rules {
-			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_DELRULE), unix.NLM_F_REQUEST, byte(r.Family), 0,
-				strAttr(unix.NFTA_RULE_TABLE, r.Table), strAttr(unix.NFTA_RULE_CHAIN, r.Chain),
-				attr{unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, r.Handle)})
-		}
-		return b
-	})
-	if err != nil {
-		return fmt.Errorf("nf_tables: delete %d rules: %w", len(rules), err)
-	}
-	c.committed = true
-	return nil
+	return c.DeleteRules(ids)
 }
 
 // decodeRule reads a rule's attributes into a Rule.
 func decodeRule(fam TableFamily, obj []byte) Rule {
 	r := Rule{Family: fam}
-	eachAttr(obj, func(typ uint16, d []byte) {
+	nftnl.EachAttr(obj, func(typ uint16, d []byte) {
 		switch typ {
 		case unix.NFTA_RULE_TABLE:
-			r.Table = string(cstr(d))
+			r.Table = string(nftnl.CStr(d))
 		case unix.NFTA_RULE_CHAIN:
-			r.Chain = string(cstr(d))
+			r.Chain = string(nftnl.CStr(d))
 		case unix.NFTA_RULE_HANDLE:
 			if len(d) == 8 {
 				r.Handle = binary.BigEndian.Uint64(d)
 			}
 		case unix.NFTA_RULE_USERDATA:
-			if cm := userdataComment(d); cm != "" {
+			if cm := nftnl.UserdataComment(d); cm != "" {
 				r.Comment = cm
 			}
 		case unix.NFTA_RULE_EXPRESSIONS:
@@ -243,18 +204,7 @@ type reg struct {
 // decodeExprs reads a rule's expression list into r.
 func decodeExprs(list []byte, r *Rule) {
 	regs := map[uint32]*reg{}
-	eachAttr(list, func(_ uint16, elem []byte) {
-		var name, data []byte
-		eachAttr(elem, func(typ uint16, d []byte) {
-			switch typ {
-			case unix.NFTA_EXPR_NAME:
-				name = cstr(d)
-			case unix.NFTA_EXPR_DATA:
-				data = d
-			}
-		})
-		decodeExpr(string(name), data, r, regs)
-	})
+	nftnl.EachExpr(list, func(name string, data []byte) { decodeExpr(name, data, r, regs) })
 }
 
 // u32 reads a big-endian 32-bit attribute.
@@ -268,14 +218,14 @@ func u32(d []byte) uint32 {
 // attrs indexes an expression's attributes by type.
 func attrsOf(data []byte) map[uint16][]byte {
 	m := map[uint16][]byte{}
-	eachAttr(data, func(typ uint16, d []byte) { m[typ] = d })
+	nftnl.EachAttr(data, func(typ uint16, d []byte) { m[typ] = d })
 	return m
 }
 
 // dataValue reads a nested NFTA_DATA_VALUE.
 func dataValue(d []byte) []byte {
 	var v []byte
-	eachAttr(d, func(typ uint16, x []byte) {
+	nftnl.EachAttr(d, func(typ uint16, x []byte) {
 		if typ == unix.NFTA_DATA_VALUE {
 			v = x
 		}
@@ -333,7 +283,7 @@ func decodeExpr(name string, data []byte, r *Rule, regs map[uint32]*reg) {
 	case "immediate":
 		dreg := u32(a[unix.NFTA_IMMEDIATE_DREG])
 		if dreg == unix.NFT_REG_VERDICT {
-			eachAttr(a[unix.NFTA_IMMEDIATE_DATA], func(typ uint16, d []byte) {
+			nftnl.EachAttr(a[unix.NFTA_IMMEDIATE_DATA], func(typ uint16, d []byte) {
 				if typ == unix.NFTA_DATA_VERDICT {
 					decodeVerdict(d, r)
 				}
@@ -377,9 +327,9 @@ func decodeExpr(name string, data []byte, r *Rule, regs map[uint32]*reg) {
 			r.ToPort = uint16(beUint(x.data))
 		}
 	case "match":
-		decodeXTMatch(string(cstr(a[unix.NFTA_MATCH_NAME])), u32(a[unix.NFTA_MATCH_REV]), a[unix.NFTA_MATCH_INFO], r)
+		decodeXTMatch(string(nftnl.CStr(a[unix.NFTA_MATCH_NAME])), u32(a[unix.NFTA_MATCH_REV]), a[unix.NFTA_MATCH_INFO], r)
 	case "target":
-		decodeXTTarget(string(cstr(a[unix.NFTA_TARGET_NAME])), u32(a[unix.NFTA_TARGET_REV]), a[unix.NFTA_TARGET_INFO], r)
+		decodeXTTarget(string(nftnl.CStr(a[unix.NFTA_TARGET_NAME])), u32(a[unix.NFTA_TARGET_REV]), a[unix.NFTA_TARGET_INFO], r)
 	case "counter":
 	default:
 		r.unknown(name)
@@ -398,12 +348,12 @@ func beUint(b []byte) uint32 {
 func decodeVerdict(d []byte, r *Rule) {
 	var code int32
 	var chain string
-	eachAttr(d, func(typ uint16, x []byte) {
+	nftnl.EachAttr(d, func(typ uint16, x []byte) {
 		switch typ {
 		case unix.NFTA_VERDICT_CODE:
 			code = int32(u32(x))
 		case unix.NFTA_VERDICT_CHAIN:
-			chain = string(cstr(x))
+			chain = string(nftnl.CStr(x))
 		}
 	})
 	verdict := ""
@@ -500,9 +450,9 @@ func decodeCmp(src *reg, v []byte, neq bool, r *Rule) {
 				}
 			}
 		case unix.NFT_META_IIFNAME:
-			r.In = string(cstr(v))
+			r.In = string(nftnl.CStr(v))
 		case unix.NFT_META_OIFNAME:
-			r.Out = string(cstr(v))
+			r.Out = string(nftnl.CStr(v))
 		case unix.NFT_META_MARK:
 			r.HasMark, r.Mark, r.NotMark, r.MarkMask = true, nativeUint(v), neq, 0xffffffff
 			if src.mask != nil {
@@ -553,7 +503,7 @@ func decodeXTMatch(name string, rev uint32, info []byte, r *Rule) {
 	ne := binary.NativeEndian
 	switch name {
 	case "comment":
-		r.Comment = string(cstr(info))
+		r.Comment = string(nftnl.CStr(info))
 	case "tcp", "udp":
 		if len(info) >= 8 {
 			lo, hi := ne.Uint16(info[4:]), ne.Uint16(info[6:])

@@ -288,17 +288,23 @@ func (f *Fake) ApplyNft(_ context.Context, script string) error {
 	return f.txLog(Tx{Op: "nft", Text: script}, func(state map[tableKey]*fakeTable) error { return applyNftScript(state, script) })
 }
 
-func (f *Fake) AppendRules(_ context.Context, rules []NewRule) error {
+func (f *Fake) AppendRules(_ context.Context, rules []Rule) error {
 	if !f.nftBacked() {
 		return fmt.Errorf("AppendRules needs an nf_tables-backed iptables, have %s", f.b)
 	}
+	encoded, err := encodeRules(rules)
+	if err != nil {
+		return err
+	}
 	return f.tx("append", func(state map[tableKey]*fakeTable) error {
-		for _, nr := range rules {
-			t := state[tableKey{nr.Family.Tables(), nr.Table}]
+		for _, nr := range encoded {
+			fam := TableFamily(nr.Family)
+			t := state[tableKey{fam, nr.Table}]
 			if t == nil || t.chain(nr.Chain) == nil {
-				return fmt.Errorf("append to %s %s %s: %w", nr.Family.Tables().Name(), nr.Table, nr.Chain, unix.ENOENT)
+				return fmt.Errorf("append to %s %s %s: %w", fam.Name(), nr.Table, nr.Chain, unix.ENOENT)
 			}
-			r := decodeNewRule(nr)
+			// Kept as a netlink read of the encoded rule gives it back.
+			r := decodeAppended(nr)
 			r.Spec, _ = r.IPTablesSpec()
 			if err := t.addRule(t.chain(nr.Chain), r, -1); err != nil {
 				return err
@@ -306,17 +312,6 @@ func (f *Fake) AppendRules(_ context.Context, rules []NewRule) error {
 		}
 		return nil
 	})
-}
-
-// decodeNewRule reads a rule to append the way a netlink read would.
-func decodeNewRule(nr NewRule) Rule {
-	var list []byte
-	for _, e := range nr.Exprs {
-		list = appendAttr(list, nest(unix.NFTA_LIST_ELEM, strAttr(unix.NFTA_EXPR_NAME, e.name), nest(unix.NFTA_EXPR_DATA, e.data...)))
-	}
-	r := Rule{Family: nr.Family.Tables(), Table: nr.Table, Chain: nr.Chain}
-	decodeExprs(list, &r)
-	return r
 }
 
 func (f *Fake) DeleteRules(ctx context.Context, rules []Rule) error {

@@ -3,7 +3,6 @@ package firewall
 import (
 	"context"
 	"errors"
-	"net"
 	"net/netip"
 	"strings"
 	"testing"
@@ -119,16 +118,17 @@ add rule inet t1 postrouting fib daddr type local jump pm-1
 	}
 }
 
-// TestFakeAppend: rules appended as netlink expressions read back as the
-// same typed values as their iptables-restore form.
+// TestFakeAppend: rules appended as typed values read back (through their
+// netlink encoding) as the same typed values as their iptables-restore
+// form.
 func TestFakeAppend(t *testing.T) {
 	ctx := context.Background()
 	f := NewFake(Backend{Kind: IPTables, Variant: VariantNFT})
-	_, sub, _ := net.ParseCIDR("10.1.0.0/24")
-	cm, _ := Comment("meshwire-masq MW-1 net=n")
-	exprs := append(AddrMatch(V4, false, false, net.IPNet{IP: net.ParseIP("10.1.0.2").To4(), Mask: net.CIDRMask(32, 32)}), AddrMatch(V4, true, true, *sub)...)
-	exprs = append(exprs, NotMulticastDst(), cm, Counter(), Masquerade(V4))
-	nr := []NewRule{{Family: V4, Table: "nat", Chain: "POSTROUTING", Exprs: exprs}}
+	nr := []Rule{{
+		Family: IP, Table: "nat", Chain: "POSTROUTING",
+		Src: netip.MustParsePrefix("10.1.0.2/32"), Dst: netip.MustParsePrefix("10.1.0.0/24"), NotDst: true,
+		NotDstMulticast: true, Comment: "meshwire-masq MW-1 net=n", Target: "MASQUERADE",
+	}}
 	if err := f.AppendRules(ctx, nr); err == nil {
 		t.Fatal("append to a missing table accepted")
 	}

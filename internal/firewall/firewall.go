@@ -2,9 +2,9 @@
 // atomic transaction at a time: `iptables-restore --noflush` per address
 // family for iptables (legacy or nf_tables variant), `nft -f -` for native
 // nftables. Rules that live in nf_tables are also read, appended and removed
-// over netlink (Conn), which is much cheaper than starting a tool. Rule
-// generation lives with each feature; this package only detects the
-// backend, applies, reads back and removes.
+// over netlink (internal/nftnl), which is much cheaper than starting a
+// tool. Rule generation lives with each feature; this package only detects
+// the backend, applies, reads back and removes.
 package firewall
 
 import (

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/meshwire/meshwire/internal/nftnl"
 )
 
 // Interface is the firewall as ipmasq, portmap and intercept use it: one
@@ -41,10 +43,13 @@ type Interface interface {
 	Restore(ctx context.Context, f Family, payload string) error
 	// ApplyNft applies an nft script as one transaction.
 	ApplyNft(ctx context.Context, script string) error
-	// AppendRules appends rules over netlink in one transaction, encoded
-	// as iptables-nft encodes them (nf_tables-backed iptables only; a
-	// missing table or chain fails it, and the caller uses Restore).
-	AppendRules(ctx context.Context, rules []NewRule) error
+	// AppendRules appends rules, given as typed values, over netlink in
+	// one transaction, encoded as iptables-nft encodes them
+	// (nf_tables-backed iptables only; a missing table or chain fails it,
+	// and the caller uses Restore). Only the fields of meshwire's
+	// masquerade rules are encodable (see encode.go): Src, NotSrc, Dst,
+	// NotDst, NotDstMulticast, Comment, Target MASQUERADE.
+	AppendRules(ctx context.Context, rules []Rule) error
 	// DeleteRules removes rules read back (by handle for nf_tables, by
 	// their iptables spec for legacy iptables) in one transaction per
 	// family; a rule already gone fails it with an error that
@@ -100,7 +105,7 @@ func DeleteMatching(ctx context.Context, fw Interface, fam TableFamily, table, c
 // until Release.
 type Host struct {
 	b    Backend
-	conn *Conn
+	conn *nftnl.Conn
 }
 
 // New returns the firewall of backend b in the calling thread's network
@@ -119,9 +124,9 @@ func (h *Host) netlinkReads(fam TableFamily) bool {
 	return true
 }
 
-func (h *Host) c() (*Conn, error) {
+func (h *Host) c() (*nftnl.Conn, error) {
 	if h.conn == nil {
-		c, err := Open()
+		c, err := nftnl.Open()
 		if err != nil {
 			return nil, err
 		}
@@ -163,7 +168,7 @@ func (h *Host) ReadTable(ctx context.Context, fam TableFamily, table string) (*T
 		if err != nil {
 			return nil, err
 		}
-		return c.ReadTable(fam, table)
+		return readTable(c, fam, table)
 	}
 	f, err := tableFamilyOf(fam)
 	if err != nil {
@@ -187,7 +192,7 @@ func (h *Host) ReadChain(ctx context.Context, fam TableFamily, table, chain stri
 		if err != nil {
 			return nil, err
 		}
-		return c.ReadChain(fam, table, chain)
+		return readChain(c, fam, table, chain)
 	}
 	f, err := tableFamilyOf(fam)
 	if err != nil {
@@ -236,7 +241,7 @@ func (h *Host) Tables(ctx context.Context, fam TableFamily) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return c.Tables(fam)
+	return c.Tables(nftnl.Family(fam))
 }
 
 func (h *Host) HasTable(ctx context.Context, fam TableFamily, table string) (bool, error) {
@@ -245,7 +250,7 @@ func (h *Host) HasTable(ctx context.Context, fam TableFamily, table string) (boo
 		if err != nil {
 			return false, err
 		}
-		return c.HasTable(fam, table)
+		return hasTable(c, fam, table)
 	}
 	return legacyTableLoaded(fam, table), nil
 }
@@ -256,7 +261,7 @@ func (h *Host) HasChain(ctx context.Context, fam TableFamily, table, chain strin
 		if err != nil {
 			return false, err
 		}
-		return c.HasChain(fam, table, chain)
+		return hasChain(c, fam, table, chain)
 	}
 	if !legacyTableLoaded(fam, table) {
 		return false, nil
@@ -291,15 +296,19 @@ func (h *Host) Restore(ctx context.Context, f Family, payload string) error {
 
 func (h *Host) ApplyNft(ctx context.Context, script string) error { return NftApply(ctx, script) }
 
-func (h *Host) AppendRules(ctx context.Context, rules []NewRule) error {
+func (h *Host) AppendRules(ctx context.Context, rules []Rule) error {
 	if !h.b.NFTablesBacked() {
 		return fmt.Errorf("AppendRules needs an nf_tables-backed iptables, have %s", h.b)
+	}
+	encoded, err := encodeRules(rules)
+	if err != nil {
+		return err
 	}
 	c, err := h.c()
 	if err != nil {
 		return err
 	}
-	return c.AppendRules(rules)
+	return c.AppendRules(encoded)
 }
 
 func (h *Host) DeleteRules(ctx context.Context, rules []Rule) error {
@@ -311,7 +320,7 @@ func (h *Host) DeleteRules(ctx context.Context, rules []Rule) error {
 		if err != nil {
 			return err
 		}
-		return c.DeleteHandles(rules)
+		return deleteHandles(c, rules)
 	}
 	for _, f := range []Family{V4, V6} {
 		payload, err := deletePayload(f, rules)
@@ -367,5 +376,5 @@ func (h *Host) DeleteTables(ctx context.Context, fam TableFamily, names []string
 	if err != nil {
 		return err
 	}
-	return c.DeleteTables(fam, names)
+	return c.DeleteTables(nftnl.Family(fam), names)
 }

@@ -15,11 +15,17 @@ import (
 // iptables-legacy the address is only a name), so every table is named by
 // a TableFamily and a name.
 
-// Native nftables table families, beside Inet and Bridge.
+// TableFamily is the family of an nf_tables table (NFPROTO_*).
+type TableFamily byte
+
 const (
-	IP  TableFamily = unix.NFPROTO_IPV4
-	IP6 TableFamily = unix.NFPROTO_IPV6
+	IP     TableFamily = unix.NFPROTO_IPV4
+	IP6    TableFamily = unix.NFPROTO_IPV6
+	Inet   TableFamily = unix.NFPROTO_INET
+	Bridge TableFamily = unix.NFPROTO_BRIDGE
 )
+
+func (f TableFamily) String() string { return f.Name() }
 
 // Tables is the table family that holds family f's iptables tables.
 func (f Family) Tables() TableFamily {

@@ -21,6 +21,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/netip"
 	"strings"
 
 	"github.com/meshwire/meshwire/internal/attachment"
@@ -147,10 +148,7 @@ func Setup(ctx context.Context, fw firewall.Interface, a attachment.ID, addrs []
 		return nil
 	}
 	if b.NFTablesBacked() {
-		rules, err := netlinkRules(a, addrs)
-		if err == nil {
-			err = fw.AppendRules(ctx, rules)
-		}
+		err := fw.AppendRules(ctx, masqRules(a, addrs))
 		if err == nil {
 			return nil
 		}
@@ -168,25 +166,33 @@ func Setup(ctx context.Context, fw firewall.Interface, a attachment.ID, addrs []
 	return nil
 }
 
-// netlinkRules encodes the rules IPTablesAdd describes as iptables-nft
-// encodes them.
-func netlinkRules(a attachment.ID, addrs []net.IPNet) ([]firewall.NewRule, error) {
-	cm, err := firewall.Comment(comment(a))
-	if err != nil {
-		return nil, err
-	}
-	var rules []firewall.NewRule
+// masqRules are the rules IPTablesAdd describes, as typed values (the
+// firewall encodes them as iptables-nft encodes those lines).
+func masqRules(a attachment.ID, addrs []net.IPNet) []firewall.Rule {
+	cm := comment(a)
+	rules := make([]firewall.Rule, 0, len(addrs))
 	for _, ad := range addrs {
-		f, hostNet := firewall.V4, net.IPNet{IP: ad.IP.To4(), Mask: net.CIDRMask(32, 32)}
-		if hostNet.IP == nil {
-			f, hostNet = firewall.V6, net.IPNet{IP: ad.IP, Mask: net.CIDRMask(128, 128)}
+		f, bits := firewall.V4, 32
+		ip, ok := netip.AddrFromSlice(ad.IP.To4())
+		if !ok {
+			f, bits = firewall.V6, 128
+			ip, _ = netip.AddrFromSlice(ad.IP.To16())
 		}
-		sub := net.IPNet{IP: ad.IP.Mask(ad.Mask), Mask: ad.Mask}
-		exprs := append(firewall.AddrMatch(f, false, false, hostNet), firewall.AddrMatch(f, true, true, sub)...)
-		exprs = append(exprs, firewall.NotMulticastDst(), cm, firewall.Counter(), firewall.Masquerade(f))
-		rules = append(rules, firewall.NewRule{Family: f, Table: natTable, Chain: natChain, Exprs: exprs})
+		ones, _ := ad.Mask.Size()
+		if f == firewall.V4 && len(ad.Mask) == net.IPv6len {
+			ones -= 96
+		}
+		rules = append(rules, firewall.Rule{
+			Family: f.Tables(), Table: natTable, Chain: natChain,
+			Src:             netip.PrefixFrom(ip, bits),
+			Dst:             netip.PrefixFrom(ip, ones).Masked(),
+			NotDst:          true,
+			NotDstMulticast: true,
+			Comment:         cm,
+			Target:          "MASQUERADE",
+		})
 	}
-	return rules, nil
+	return rules
 }
 
 // Teardown removes what Setup installed for a. Native nftables tables and

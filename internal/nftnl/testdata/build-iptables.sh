@@ -3,8 +3,8 @@
 # a prefix that TestCodecRulesReadByIPTablesVersions tests when
 # MESHWIRE_IPTABLES_NFT names it:
 #
-#   internal/firewall/testdata/build-iptables.sh trixie 1.8.11-2 /opt/codec-iptables-1.8.11
-#   MESHWIRE_IPTABLES_NFT=/opt/codec-iptables-1.8.11 go test -run TestCodecRulesReadByIPTablesVersions ./internal/firewall/
+#   internal/nftnl/testdata/build-iptables.sh trixie 1.8.11-2 /opt/codec-iptables-1.8.11
+#   MESHWIRE_IPTABLES_NFT=/opt/codec-iptables-1.8.11 go test -run TestCodecRulesReadByIPTablesVersions ./internal/nftnl/
 #
 # Debian 13's 1.8.11 asks for libnftnl >= 1.2.6 but builds and runs with
 # Debian 12's 1.2.4 (the only libnftnl whose package is reachable here).

@@ -1,4 +1,4 @@
-package firewall
+package nftnl
 
 import (
 	"bytes"
@@ -7,77 +7,36 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// Reading, writing and removing rules over netlink, in the calling thread's
-// network namespace. A firewall tool costs a process start and, for
-// iptables-nft, a read of the whole table plus a generation-checked commit
-// that is retried from scratch whenever another writer committed first:
-// with 20 pods set up or torn down at once, most of the firewall work went
-// there. A rule appended or removed by handle needs none of that.
+// Family is an nf_tables table family (NFPROTO_*), the family of every
+// message about a table and what is in it. iptables-nft keeps the IPv4
+// tables in IP and the IPv6 ones in IP6.
+type Family byte
 
-// NFTablesBacked reports whether b's iptables rules live in nf_tables (the
-// iptables-nft variant, or a default `iptables` that is iptables-nft), so
-// that they can be read and removed with ChainRules and DeleteRules.
-func (b Backend) NFTablesBacked() bool {
-	switch {
-	case b.Kind != IPTables:
-		return false
-	case b.Variant == VariantNFT:
-		return true
-	case b.Variant == VariantLegacy:
-		return false
-	}
-	return defaultIsNFT()
-}
+const (
+	IP     Family = unix.NFPROTO_IPV4
+	IP6    Family = unix.NFPROTO_IPV6
+	Inet   Family = unix.NFPROTO_INET
+	Bridge Family = unix.NFPROTO_BRIDGE
+)
 
-// defaultIsNFT: both families' default tools are iptables-nft. Debian
-// switches iptables and ip6tables as separate alternatives; when only one of
-// them is the nft variant, the tools are used for both (rules written over
-// netlink for one family would be invisible to the other's tools).
-var defaultIsNFT = sync.OnceValue(func() bool {
-	return isNFTTool(resolveTool("iptables-restore")) && isNFTTool(resolveTool("ip6tables-restore"))
-})
-
-// resolveTool follows a tool's symlinks (Debian's alternatives) to the
-// binary that implements it; "" when it is not installed.
-func resolveTool(name string) string {
-	p, err := exec.LookPath(name)
-	if err != nil {
-		return ""
-	}
-	if r, err := filepath.EvalSymlinks(p); err == nil {
-		p = r
-	}
-	return filepath.Base(p)
-}
-
-// isNFTTool tells an iptables-nft binary (xtables-nft-multi,
-// iptables-nft-restore) from a legacy one (xtables-legacy-multi, the
-// single-binary iptables-restore of iptables < 1.8).
-func isNFTTool(base string) bool { return strings.Contains(base, "nft") }
-
-// Rule (rule.go) is one rule as meshwire reads it back.
-
-func famName(f Family) string {
-	if f == V6 {
+func (f Family) String() string {
+	switch f {
+	case IP:
+		return "ip"
+	case IP6:
 		return "ip6"
+	case Inet:
+		return "inet"
+	case Bridge:
+		return "bridge"
 	}
-	return "ip"
-}
-
-func nfproto(f Family) byte {
-	if f == V6 {
-		return unix.NFPROTO_IPV6
-	}
-	return unix.NFPROTO_IPV4
+	return fmt.Sprintf("family-%d", byte(f))
 }
 
 // Conn is a netlink connection to nf_tables in the calling thread's network
@@ -146,19 +105,20 @@ func (c *Conn) Release() *os.File {
 	return dup
 }
 
-// attr is one netlink attribute to send.
-type attr struct {
-	typ  uint16
-	data []byte
+// Attr is one netlink attribute to send.
+type Attr struct {
+	Type uint16
+	Data []byte
 }
 
-func strAttr(typ uint16, s string) attr { return attr{typ, append([]byte(s), 0)} }
+// StrAttr is a string attribute (NUL-terminated, as nf_tables wants).
+func StrAttr(typ uint16, s string) Attr { return Attr{typ, append([]byte(s), 0)} }
 
 func align4(n int) int { return (n + 3) &^ 3 }
 
 // appendMsg appends one nf_tables message to b and returns it with the
 // sequence number used.
-func (c *Conn) appendMsg(b []byte, typ uint16, flags uint16, family byte, resID uint16, attrs ...attr) ([]byte, uint32) {
+func (c *Conn) appendMsg(b []byte, typ uint16, flags uint16, family Family, resID uint16, attrs ...Attr) ([]byte, uint32) {
 	c.seq++
 	start := len(b)
 	b = binary.NativeEndian.AppendUint32(b, 0) // length, set below
@@ -166,7 +126,7 @@ func (c *Conn) appendMsg(b []byte, typ uint16, flags uint16, family byte, resID 
 	b = binary.NativeEndian.AppendUint16(b, flags)
 	b = binary.NativeEndian.AppendUint32(b, c.seq)
 	b = binary.NativeEndian.AppendUint32(b, 0)
-	b = append(b, family, unix.NFNETLINK_V0)
+	b = append(b, byte(family), unix.NFNETLINK_V0)
 	b = binary.BigEndian.AppendUint16(b, resID)
 	for _, a := range attrs {
 		b = appendAttr(b, a)
@@ -226,9 +186,10 @@ func (c *Conn) receive(seqs func(uint32) bool, fn func(typ uint16, seq uint32, p
 	}
 }
 
-// eachAttr calls fn with the type (flags masked) and data of each attribute
-// in b.
-func eachAttr(b []byte, fn func(typ uint16, data []byte)) {
+// EachAttr calls fn with the type (flags masked) and data of each attribute
+// in b (a message's payload after its nfgenmsg, or a nested attribute's
+// data); it stops at the first malformed one.
+func EachAttr(b []byte, fn func(typ uint16, data []byte)) {
 	for len(b) >= 4 {
 		l := int(binary.NativeEndian.Uint16(b[0:2]))
 		if l < 4 || l > len(b) {
@@ -239,8 +200,8 @@ func eachAttr(b []byte, fn func(typ uint16, data []byte)) {
 	}
 }
 
-// cstr is a NUL-terminated attribute's text, without copying.
-func cstr(b []byte) []byte {
+// CStr is a NUL-terminated attribute's text, without copying.
+func CStr(b []byte) []byte {
 	if i := bytes.IndexByte(b, 0); i >= 0 {
 		return b[:i]
 	}
@@ -257,7 +218,7 @@ func (c *Conn) generation() (uint32, error) {
 	found := false
 	err := c.receive(func(s uint32) bool { return s == seq }, func(typ uint16, _ uint32, payload []byte) bool {
 		if typ == nftType(unix.NFT_MSG_NEWGEN) && len(payload) >= 4 {
-			eachAttr(payload[4:], func(t uint16, d []byte) {
+			EachAttr(payload[4:], func(t uint16, d []byte) {
 				if t == unix.NFTA_GEN_ID && len(d) == 4 {
 					gen, found = binary.BigEndian.Uint32(d), true
 				}
@@ -278,12 +239,13 @@ func (c *Conn) generation() (uint32, error) {
 // keep changing (iptables-nft retries without a bound).
 const dumpPatience = 2 * time.Second
 
-// dump runs an nf_tables dump request and passes each object's attributes
-// to each, after begin. A dump spans several reads, and a commit in between
+// Dump runs an nf_tables dump request (msg is an NFT_MSG_GET* type) and
+// passes each object's attributes to each, after begin; each's argument is
+// only valid during the call. A dump spans several reads, and a commit in between
 // shifts the kernel's position in the list it walks, so that objects are
 // skipped: the dump counts only when the ruleset's generation is the same
 // before and after it, and is read again (begin is called again) otherwise.
-func (c *Conn) dump(msg int, family byte, attrs []attr, begin func(), each func(obj []byte)) error {
+func (c *Conn) Dump(msg int, family Family, attrs []Attr, begin func(), each func(obj []byte)) error {
 	start := time.Now()
 	for attempt := 1; ; attempt++ {
 		before, err := c.generation()
@@ -366,148 +328,95 @@ func (c *Conn) batch(build func(b []byte) []byte) error {
 	})
 }
 
-// ChainRules returns the rules of chain in the iptables-nft table of family
-// f (table "nat" is `ip nat` for V4, `ip6 nat` for V6). A table or chain that
-// is not there has no rules.
-func (c *Conn) ChainRules(f Family, table, chain string) ([]Rule, error) {
-	var rules []Rule
-	err := c.dump(unix.NFT_MSG_GETRULE, nfproto(f), []attr{strAttr(unix.NFTA_RULE_TABLE, table), strAttr(unix.NFTA_RULE_CHAIN, chain)},
-		func() { rules = rules[:0] },
-		func(obj []byte) { rules = append(rules, parseRule(obj)) })
-	if errors.Is(err, unix.ENOENT) {
-		return nil, nil
+// Get runs a non-dump request (msg is an NFT_MSG_GET* type) and passes the
+// one answer's attributes to each (only valid during the call). A missing
+// object is ENOENT, returned as is.
+func (c *Conn) Get(msg int, family Family, attrs []Attr, each func(obj []byte)) error {
+	req, seq := c.appendMsg(nil, nftType(msg), unix.NLM_F_REQUEST|unix.NLM_F_ACK, family, 0, attrs...)
+	if err := c.send(req); err != nil {
+		return err
 	}
-	if err != nil {
-		return nil, fmt.Errorf("nf_tables: read %s %s %s: %w", famName(f), table, chain, err)
-	}
-	return rules, nil
+	return c.receive(func(s uint32) bool { return s == seq }, func(typ uint16, _ uint32, payload []byte) bool {
+		if typ == unix.NLMSG_ERROR {
+			return true // the acknowledgement, after the object
+		}
+		if len(payload) >= 4 {
+			each(payload[4:])
+		}
+		return false
+	})
 }
 
-// parseRule reads what Rule holds from a rule's attributes: its handle, its
-// comment (the rule's userdata, or a comment match) and its target (an
-// xtables target's name, or MASQUERADE for a native masq).
-func parseRule(b []byte) Rule {
-	var r Rule
-	eachAttr(b, func(typ uint16, d []byte) {
-		switch typ {
-		case unix.NFTA_RULE_HANDLE:
-			if len(d) == 8 {
-				r.Handle = binary.BigEndian.Uint64(d)
-			}
-		case unix.NFTA_RULE_USERDATA:
-			// TLVs of one byte type and one byte length; type 0 is the comment.
-			for len(d) >= 2 && len(d) >= 2+int(d[1]) {
-				if d[0] == 0 {
-					r.Comment = string(cstr(d[2 : 2+int(d[1])]))
-				}
-				d = d[2+int(d[1]):]
-			}
-		case unix.NFTA_RULE_EXPRESSIONS:
-			eachAttr(d, func(_ uint16, elem []byte) { parseExpr(elem, &r) })
+// UserdataComment reads the comment of a table's, chain's or rule's
+// userdata (libnftnl's TLVs: one byte of type, one of length; type 0 is the
+// comment); "" when there is none.
+func UserdataComment(d []byte) string {
+	for len(d) >= 2 && len(d) >= 2+int(d[1]) {
+		if d[0] == 0 {
+			return string(CStr(d[2 : 2+int(d[1])]))
 		}
-	})
-	return r
+		d = d[2+int(d[1]):]
+	}
+	return ""
 }
 
-func parseExpr(elem []byte, r *Rule) {
-	var name, data []byte
-	eachAttr(elem, func(typ uint16, d []byte) {
-		switch typ {
-		case unix.NFTA_EXPR_NAME:
-			name = cstr(d)
-		case unix.NFTA_EXPR_DATA:
-			data = d
-		}
-	})
-	switch string(name) {
-	case "masq":
-		r.Target = "MASQUERADE"
-	case "match", "target":
-		var xname, info []byte
-		eachAttr(data, func(typ uint16, d []byte) {
+// EachExpr calls fn with the name and data of each expression of a rule's
+// expression list (an NFTA_RULE_EXPRESSIONS attribute's data).
+func EachExpr(list []byte, fn func(name string, data []byte)) {
+	EachAttr(list, func(_ uint16, elem []byte) {
+		var name, data []byte
+		EachAttr(elem, func(typ uint16, d []byte) {
 			switch typ {
-			case unix.NFTA_MATCH_NAME: // NFTA_TARGET_NAME
-				xname = cstr(d)
-			case unix.NFTA_MATCH_INFO: // NFTA_TARGET_INFO
-				info = d
+			case unix.NFTA_EXPR_NAME:
+				name = CStr(d)
+			case unix.NFTA_EXPR_DATA:
+				data = d
 			}
 		})
-		if string(name) == "target" {
-			r.Target = string(xname)
-		} else if string(xname) == "comment" {
-			r.Comment = string(cstr(info))
-		}
-	}
+		fn(string(name), data)
+	})
 }
 
-// DeleteRules removes the rules with the given handles from chain in one
-// transaction. A rule already gone (another DEL of the same attachment got
-// there first) makes the transaction fail as a whole.
-func (c *Conn) DeleteRules(f Family, table, chain string, handles []uint64) error {
-	if len(handles) == 0 {
+// RuleID names a rule: its table's family and name, its chain and its
+// handle.
+type RuleID struct {
+	Family Family
+	Table  string
+	Chain  string
+	Handle uint64
+}
+
+// DeleteRules removes rules by handle, from any chains, in one transaction.
+// A rule already gone (another DEL of the same attachment got there first)
+// fails the transaction as a whole, with ENOENT.
+func (c *Conn) DeleteRules(rules []RuleID) error {
+	if len(rules) == 0 {
 		return nil
 	}
 	err := c.batch(func(b []byte) []byte {
-		for _, h := range handles {
-			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_DELRULE), unix.NLM_F_REQUEST, nfproto(f), 0,
-				strAttr(unix.NFTA_RULE_TABLE, table), strAttr(unix.NFTA_RULE_CHAIN, chain),
-				attr{unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, h)})
+		for _, r := range rules {
+			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_DELRULE), unix.NLM_F_REQUEST, r.Family, 0,
+				StrAttr(unix.NFTA_RULE_TABLE, r.Table), StrAttr(unix.NFTA_RULE_CHAIN, r.Chain),
+				Attr{unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, r.Handle)})
 		}
 		return b
 	})
 	if err != nil {
-		return fmt.Errorf("nf_tables: delete %d rules from %s %s %s: %w", len(handles), famName(f), table, chain, err)
+		return fmt.Errorf("nf_tables: delete %d rules: %w", len(rules), err)
 	}
 	c.committed = true
 	return nil
 }
 
-// DeleteTagged removes every rule of chain whose comment sel accepts, in
-// one transaction, and reports how many went. A concurrent removal of the
-// same rules is tolerated: the chain is read again and what is left removed.
-func (c *Conn) DeleteTagged(f Family, table, chain string, sel func(comment string) bool) (int, error) {
-	var err error
-	for attempt := 0; attempt < 3; attempt++ {
-		var rules []Rule
-		rules, err = c.ChainRules(f, table, chain)
-		if err != nil {
-			return 0, err
-		}
-		var handles []uint64
-		for _, r := range rules {
-			if sel(r.Comment) {
-				handles = append(handles, r.Handle)
-			}
-		}
-		if err = c.DeleteRules(f, table, chain, handles); err == nil {
-			return len(handles), nil
-		}
-		if !errors.Is(err, unix.ENOENT) {
-			return 0, err // not a rule another process removed first
-		}
-	}
-	return 0, err
-}
-
-// TableFamily is the family of a native nftables table.
-type TableFamily byte
-
-const (
-	Inet   TableFamily = unix.NFPROTO_INET
-	Bridge TableFamily = unix.NFPROTO_BRIDGE
-)
-
-func (f TableFamily) String() string { return f.Name() }
-
-// Tables lists the names of the native nftables tables of family fam.
-func (c *Conn) Tables(fam TableFamily) ([]string, error) {
+// Tables lists the names of the tables of family fam.
+func (c *Conn) Tables(fam Family) ([]string, error) {
 	var names []string
-	err := c.dump(unix.NFT_MSG_GETTABLE, byte(fam), nil,
+	err := c.Dump(unix.NFT_MSG_GETTABLE, fam, nil,
 		func() { names = names[:0] },
 		func(obj []byte) {
-			eachAttr(obj, func(typ uint16, d []byte) {
+			EachAttr(obj, func(typ uint16, d []byte) {
 				if typ == unix.NFTA_TABLE_NAME {
-					names = append(names, string(cstr(d)))
+					names = append(names, string(CStr(d)))
 				}
 			})
 		})
@@ -520,16 +429,16 @@ func (c *Conn) Tables(fam TableFamily) ([]string, error) {
 // DeleteTables deletes the tables of family fam named, with everything in
 // them, in one transaction; a table that is not there is no error (it is
 // added and deleted, as `nft 'add table …; delete table …'` does).
-func (c *Conn) DeleteTables(fam TableFamily, names []string) error {
+func (c *Conn) DeleteTables(fam Family, names []string) error {
 	if len(names) == 0 {
 		return nil
 	}
 	err := c.batch(func(b []byte) []byte {
 		for _, n := range names {
-			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_NEWTABLE), unix.NLM_F_REQUEST|unix.NLM_F_CREATE, byte(fam), 0,
-				strAttr(unix.NFTA_TABLE_NAME, n), attr{unix.NFTA_TABLE_FLAGS, []byte{0, 0, 0, 0}})
-			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_DELTABLE), unix.NLM_F_REQUEST, byte(fam), 0,
-				strAttr(unix.NFTA_TABLE_NAME, n))
+			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_NEWTABLE), unix.NLM_F_REQUEST|unix.NLM_F_CREATE, fam, 0,
+				StrAttr(unix.NFTA_TABLE_NAME, n), Attr{unix.NFTA_TABLE_FLAGS, []byte{0, 0, 0, 0}})
+			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_DELTABLE), unix.NLM_F_REQUEST, fam, 0,
+				StrAttr(unix.NFTA_TABLE_NAME, n))
 		}
 		return b
 	})

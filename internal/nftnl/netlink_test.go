@@ -1,13 +1,13 @@
-package firewall
+package nftnl
 
 import (
 	"bytes"
-	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -31,70 +31,168 @@ func inNewNS(t *testing.T, fn func() error) {
 	}
 }
 
-func TestIsNFTTool(t *testing.T) {
-	for base, want := range map[string]bool{
-		"xtables-nft-multi": true, "iptables-nft-restore": true,
-		"xtables-legacy-multi": false, "iptables-restore": false, "": false,
-	} {
-		if got := isNFTTool(base); got != want {
-			t.Errorf("isNFTTool(%q) = %v, want %v", base, got, want)
-		}
-	}
+// rule is what the tests and the benchmark read of a rule: its handle,
+// its comment (userdata, or a comment match) and its target (an xtables
+// target's name, or MASQUERADE for a native masq); the benchmark's library
+// side reads the same (libRule). Typed rules are internal/firewall's.
+type rule struct {
+	Handle          uint64
+	Comment, Target string
 }
 
-// TestTaggedRulesOverNetlink: rules written by iptables-nft are read back
-// with their comments and targets, and DeleteTagged removes exactly the
-// selected ones, in both families; a missing table has no rules.
-func TestTaggedRulesOverNetlink(t *testing.T) {
-	b := Backend{Kind: IPTables, Variant: VariantNFT}
-	if !b.NFTablesBacked() || (Backend{Kind: IPTables, Variant: VariantLegacy}).NFTablesBacked() || (Backend{Kind: NFTables}).NFTablesBacked() {
-		t.Fatal("NFTablesBacked misclassifies the explicit backends")
+func readRule(obj []byte) rule {
+	var r rule
+	EachAttr(obj, func(typ uint16, d []byte) {
+		switch typ {
+		case unix.NFTA_RULE_HANDLE:
+			if len(d) == 8 {
+				r.Handle = binary.BigEndian.Uint64(d)
+			}
+		case unix.NFTA_RULE_USERDATA:
+			r.Comment = UserdataComment(d)
+		case unix.NFTA_RULE_EXPRESSIONS:
+			EachExpr(d, func(name string, data []byte) {
+				switch name {
+				case "masq":
+					r.Target = "MASQUERADE"
+				case "match", "target":
+					var xname, info []byte
+					EachAttr(data, func(typ uint16, d []byte) {
+						switch typ {
+						case unix.NFTA_MATCH_NAME: // NFTA_TARGET_NAME
+							xname = CStr(d)
+						case unix.NFTA_MATCH_INFO: // NFTA_TARGET_INFO
+							info = d
+						}
+					})
+					if name == "target" {
+						r.Target = string(xname)
+					} else if string(xname) == "comment" {
+						r.Comment = string(CStr(info))
+					}
+				}
+			})
+		}
+	})
+	return r
+}
+
+// chainRules reads the rules of a chain; a missing table or chain has none.
+func chainRules(c *Conn, f Family, table, chain string) ([]rule, error) {
+	var rules []rule
+	err := c.Dump(unix.NFT_MSG_GETRULE, f, []Attr{StrAttr(unix.NFTA_RULE_TABLE, table), StrAttr(unix.NFTA_RULE_CHAIN, chain)},
+		func() { rules = rules[:0] },
+		func(obj []byte) { rules = append(rules, readRule(obj)) })
+	if errors.Is(err, unix.ENOENT) {
+		return nil, nil
 	}
-	ctx := context.Background()
+	return rules, err
+}
+
+// ruleIDs names rules of one chain by handle.
+func ruleIDs(f Family, table, chain string, handles ...uint64) []RuleID {
+	ids := make([]RuleID, len(handles))
+	for i, h := range handles {
+		ids[i] = RuleID{Family: f, Table: table, Chain: chain, Handle: h}
+	}
+	return ids
+}
+
+// deleteTagged removes the rules of a chain whose comment sel accepts, in
+// one transaction, as internal/firewall's DeleteMatching does.
+func deleteTagged(c *Conn, f Family, table, chain string, sel func(comment string) bool) (int, error) {
+	rules, err := chainRules(c, f, table, chain)
+	if err != nil {
+		return 0, err
+	}
+	var ids []RuleID
+	for _, r := range rules {
+		if sel(r.Comment) {
+			ids = append(ids, RuleID{Family: f, Table: table, Chain: chain, Handle: r.Handle})
+		}
+	}
+	return len(ids), c.DeleteRules(ids)
+}
+
+// iptablesNFT runs an iptables-nft tool of family f ("restore", "save", ""
+// for iptables-nft itself).
+func iptablesNFT(f Family, what, stdin string, args ...string) (string, error) {
+	tool := "iptables-nft"
+	if f == IP6 {
+		tool = "ip6tables-nft"
+	}
+	if what != "" {
+		tool += "-" + what
+	}
+	return run(stdin, tool, args...)
+}
+
+// restore applies an iptables-restore payload with iptables-nft.
+func restore(f Family, payload string) error {
+	_, err := iptablesNFT(f, "restore", payload, "--noflush")
+	return err
+}
+
+func run(stdin, tool string, args ...string) (string, error) {
+	cmd := exec.Command(tool, args...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return "", fmt.Errorf("%s %s: %v: %s", tool, strings.Join(args, " "), err, errb.String())
+	}
+	return out.String(), nil
+}
+
+// TestTaggedRulesOverNetlink: rules written by iptables-nft are dumped
+// with their handles, comments and targets, and removed by handle exactly
+// as selected (none when one of them is gone), in both families; a missing
+// table has no rules.
+func TestTaggedRulesOverNetlink(t *testing.T) {
 	inNewNS(t, func() error {
 		c, err := Open()
 		if err != nil {
 			return err
 		}
 		defer c.Close()
-		for _, f := range []Family{V4, V6} {
-			rules, err := c.ChainRules(f, "nat", "POSTROUTING")
+		for _, f := range []Family{IP, IP6} {
+			rules, err := chainRules(c, f, "nat", "POSTROUTING")
 			if err != nil || len(rules) != 0 {
-				return fmt.Errorf("IPv%d: missing table read as %v, %v; want no rules", f, rules, err)
+				return fmt.Errorf("%s: missing table read as %v, %v; want no rules", f, rules, err)
 			}
-			src := map[Family]string{V4: "198.18.80.5/32", V6: "fdf0:6d77::5/128"}[f]
+			src := map[Family]string{IP: "198.18.80.5/32", IP6: "fdf0:6d77::5/128"}[f]
 			payload := "*nat\n" +
 				"-A POSTROUTING -s " + src + " -m comment --comment \"mw-test A one\" -j MASQUERADE\n" +
 				"-A POSTROUTING -m comment --comment \"somebody else\" -j ACCEPT\n" +
 				"-A POSTROUTING -s " + src + " -m comment --comment \"mw-test A two\" -j MASQUERADE\n" +
 				"COMMIT\n"
-			if err := b.Restore(ctx, f, payload); err != nil {
+			if err := restore(f, payload); err != nil {
 				return err
 			}
-			rules, err = c.ChainRules(f, "nat", "POSTROUTING")
+			rules, err = chainRules(c, f, "nat", "POSTROUTING")
 			if err != nil {
 				return err
 			}
 			if len(rules) != 3 || rules[0].Comment != "mw-test A one" || rules[0].Target != "MASQUERADE" || rules[1].Comment != "somebody else" || rules[1].Target != "" {
-				return fmt.Errorf("IPv%d: rules read back %+v", f, rules)
+				return fmt.Errorf("%s: rules read back %+v", f, rules)
 			}
 			// A handle already gone fails the whole transaction.
-			if err := c.DeleteRules(f, "nat", "POSTROUTING", []uint64{rules[0].Handle, 1 << 40}); err == nil {
-				return fmt.Errorf("IPv%d: deleting a missing handle succeeded", f)
+			if err := c.DeleteRules(ruleIDs(f, "nat", "POSTROUTING", rules[0].Handle, 1<<40)); err == nil {
+				return fmt.Errorf("%s: deleting a missing handle succeeded", f)
 			}
-			n, err := c.DeleteTagged(f, "nat", "POSTROUTING", func(c string) bool { return strings.HasPrefix(c, "mw-test A ") })
+			n, err := deleteTagged(c, f, "nat", "POSTROUTING", func(c string) bool { return strings.HasPrefix(c, "mw-test A ") })
 			if err != nil || n != 2 {
-				return fmt.Errorf("IPv%d: DeleteTagged = %d, %v; want 2", f, n, err)
+				return fmt.Errorf("%s: deleteTagged = %d, %v; want 2", f, n, err)
 			}
-			save, err := b.Save(ctx, f, "nat")
+			save, err := iptablesNFT(f, "save", "", "-t", "nat")
 			if err != nil {
 				return err
 			}
 			if strings.Contains(save, "mw-test") || !strings.Contains(save, "somebody else") {
-				return fmt.Errorf("IPv%d: after DeleteTagged:\n%s", f, save)
+				return fmt.Errorf("%s: after deleteTagged:\n%s", f, save)
 			}
-			if n, err := c.DeleteTagged(f, "nat", "POSTROUTING", func(string) bool { return false }); err != nil || n != 0 {
-				return fmt.Errorf("IPv%d: DeleteTagged of nothing = %d, %v", f, n, err)
+			if n, err := deleteTagged(c, f, "nat", "POSTROUTING", func(string) bool { return false }); err != nil || n != 0 {
+				return fmt.Errorf("%s: deleteTagged of nothing = %d, %v", f, n, err)
 			}
 		}
 		return nil
@@ -104,7 +202,6 @@ func TestTaggedRulesOverNetlink(t *testing.T) {
 // TestNftTablesOverNetlink: inet tables are listed and deleted, and deleting
 // one that is not there is no error.
 func TestNftTablesOverNetlink(t *testing.T) {
-	ctx := context.Background()
 	inNewNS(t, func() error {
 		c, err := Open()
 		if err != nil {
@@ -114,14 +211,14 @@ func TestNftTablesOverNetlink(t *testing.T) {
 		if err := c.DeleteTables(Inet, []string{"mwt_absent"}); err != nil {
 			return fmt.Errorf("deleting an absent table: %v", err)
 		}
-		if err := NftApply(ctx, "table ip mwt_n {\n\tchain c {\n\t\ttype nat hook postrouting priority srcnat;\n\t\tip saddr 198.18.80.5 masquerade comment \"native one\"\n\t}\n}\n"); err != nil {
+		if _, err := run("table ip mwt_n {\n\tchain c {\n\t\ttype nat hook postrouting priority srcnat;\n\t\tip saddr 198.18.80.5 masquerade comment \"native one\"\n\t}\n}\n", "nft", "-f", "-"); err != nil {
 			return err
 		}
-		native, err := c.ChainRules(V4, "mwt_n", "c")
+		native, err := chainRules(c, IP, "mwt_n", "c")
 		if err != nil || len(native) != 1 || native[0].Comment != "native one" || native[0].Target != "MASQUERADE" {
 			return fmt.Errorf("native rule read back as %+v, %v", native, err)
 		}
-		if err := NftApply(ctx, "table inet mwt_a {\n\tchain c {\n\t\ttype nat hook postrouting priority srcnat;\n\t}\n}\ntable inet mwt_b {\n}\ntable ip mwt_c {\n}\n"); err != nil {
+		if _, err := run("table inet mwt_a {\n\tchain c {\n\t\ttype nat hook postrouting priority srcnat;\n\t}\n}\ntable inet mwt_b {\n}\ntable ip mwt_c {\n}\n", "nft", "-f", "-"); err != nil {
 			return err
 		}
 		names, err := c.Tables(Inet)
@@ -134,7 +231,7 @@ func TestNftTablesOverNetlink(t *testing.T) {
 		if err := c.DeleteTables(Inet, []string{"mwt_a", "mwt_absent"}); err != nil {
 			return err
 		}
-		out, err := Nft(ctx, "list", "tables")
+		out, err := run("", "nft", "list", "tables")
 		if err != nil {
 			return err
 		}
@@ -185,7 +282,7 @@ func taggedRules(n int, prefix string) error {
 		fmt.Fprintf(&payload, "-A POSTROUTING -s %s.%d/32 -m comment --comment \"r%d\" -j MASQUERADE\n", prefix, i%250+1, i)
 	}
 	payload.WriteString("COMMIT\n")
-	return Backend{Kind: IPTables, Variant: VariantNFT}.Restore(context.Background(), V4, payload.String())
+	return restore(IP, payload.String())
 }
 
 // TestChainRulesConsistentUnderChurn: a dump spans several reads, and rules
@@ -212,7 +309,7 @@ func TestChainRulesConsistentUnderChurn(t *testing.T) {
 			defer writer.Close()
 			for i := 0; i < n-1; i++ {
 				tag := fmt.Sprintf("r%d", i)
-				if _, err := writer.DeleteTagged(V4, "nat", "POSTROUTING", func(c string) bool { return c == tag }); err != nil {
+				if _, err := deleteTagged(writer, IP, "nat", "POSTROUTING", func(c string) bool { return c == tag }); err != nil {
 					done <- err
 					return
 				}
@@ -228,7 +325,7 @@ func TestChainRulesConsistentUnderChurn(t *testing.T) {
 				return err
 			default:
 			}
-			rules, err := reader.ChainRules(V4, "nat", "POSTROUTING")
+			rules, err := chainRules(reader, IP, "nat", "POSTROUTING")
 			if err != nil {
 				return err
 			}
@@ -247,19 +344,19 @@ func TestChainRulesConsistentUnderChurn(t *testing.T) {
 	})
 }
 
-// FuzzParseRule: the rule parser reads kernel messages; whatever the bytes,
-// it must not panic, and a handle it reports comes from a well-formed
-// attribute.
+// FuzzParseRule: the parsers of kernel messages (EachAttr, EachExpr,
+// UserdataComment, CStr, as readRule puts them together) must not panic
+// whatever the bytes, and report nothing that is not in the message.
 func FuzzParseRule(f *testing.F) {
 	c := &Conn{}
 	msg, _ := c.appendMsg(nil, nftType(unix.NFT_MSG_NEWRULE), 0, unix.NFPROTO_IPV4, 0,
-		attr{unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, 42)},
-		attr{unix.NFTA_RULE_USERDATA, append([]byte{0, 4}, "hi\x00\x00"...)})
+		Attr{unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, 42)},
+		Attr{unix.NFTA_RULE_USERDATA, append([]byte{0, 4}, "hi\x00\x00"...)})
 	f.Add(msg[unix.NLMSG_HDRLEN+4:])
 	f.Add([]byte{})
 	f.Add([]byte{8, 0, 7, 0, 1, 2})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		r := parseRule(b)
+		r := readRule(b)
 		// Nothing is invented: a handle, comment and target all come from
 		// bytes of the message.
 		if r.Handle != 0 && !bytes.Contains(b, binary.BigEndian.AppendUint64(nil, r.Handle)) {
@@ -276,11 +373,36 @@ func FuzzParseRule(f *testing.F) {
 func TestParseRuleBuilt(t *testing.T) {
 	c := &Conn{}
 	msg, _ := c.appendMsg(nil, nftType(unix.NFT_MSG_NEWRULE), 0, unix.NFPROTO_IPV4, 0,
-		attr{unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, 42)},
-		attr{unix.NFTA_RULE_USERDATA, append([]byte{0, 4}, "hi\x00\x00"...)})
-	r := parseRule(msg[unix.NLMSG_HDRLEN+4:])
+		Attr{unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, 42)},
+		Attr{unix.NFTA_RULE_USERDATA, append([]byte{0, 4}, "hi\x00\x00"...)})
+	r := readRule(msg[unix.NLMSG_HDRLEN+4:])
 	if r.Handle != 42 || r.Comment != "hi" {
 		t.Fatalf("parsed %+v", r)
+	}
+}
+
+// TestEncodeExprs: EachExpr reads back the expressions EncodeExprs wrote,
+// in order.
+func TestEncodeExprs(t *testing.T) {
+	cm, err := Comment("hello")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	EachExpr(EncodeExprs([]Expr{NotMulticastDst(), cm, Counter(), Masquerade(IP6)}), func(name string, data []byte) {
+		var x string
+		EachAttr(data, func(typ uint16, d []byte) {
+			if typ == unix.NFTA_MATCH_NAME { // NFTA_TARGET_NAME
+				x = "/" + string(CStr(d))
+			}
+		})
+		names = append(names, name+x)
+	})
+	if got := strings.Join(names, " "); got != "match/addrtype match/comment counter target/MASQUERADE" {
+		t.Fatalf("read back %q", got)
+	}
+	if _, err := Comment(strings.Repeat("x", 256)); err == nil {
+		t.Fatal("a comment of 256 bytes was encoded")
 	}
 }
 
@@ -288,10 +410,10 @@ func TestParseRuleBuilt(t *testing.T) {
 // kernel reports them.
 func rawExprs(c *Conn, f Family, table, chain string) ([][]byte, error) {
 	var out [][]byte
-	err := c.dump(unix.NFT_MSG_GETRULE, nfproto(f), []attr{strAttr(unix.NFTA_RULE_TABLE, table), strAttr(unix.NFTA_RULE_CHAIN, chain)},
+	err := c.Dump(unix.NFT_MSG_GETRULE, f, []Attr{StrAttr(unix.NFTA_RULE_TABLE, table), StrAttr(unix.NFTA_RULE_CHAIN, chain)},
 		func() { out = out[:0] },
 		func(obj []byte) {
-			eachAttr(obj, func(typ uint16, d []byte) {
+			EachAttr(obj, func(typ uint16, d []byte) {
 				if typ == unix.NFTA_RULE_EXPRESSIONS {
 					out = append(out, append([]byte(nil), d...))
 				}
@@ -305,26 +427,24 @@ func rawExprs(c *Conn, f Family, table, chain string) ([][]byte, error) {
 // the same line, and iptables-save prints the two alike; for byte-aligned
 // and unaligned prefixes, in both families.
 func TestAppendedRulesAreIPTablesRules(t *testing.T) {
-	b := Backend{Kind: IPTables, Variant: VariantNFT}
 	cases := []struct {
 		f        Family
 		src, dst string
 	}{
-		{V4, "198.18.16.5/32", "198.18.16.0/24"},
-		{V4, "198.18.16.5/32", "198.18.16.0/20"},
-		{V4, "198.18.16.5/32", "198.18.0.0/16"},
-		{V4, "198.18.16.5/32", "198.18.16.4/30"},
-		{V6, "fd20::5/128", "fd20::/64"},
-		{V6, "fd20::5/128", "fd20::/60"},
-		{V6, "fd20::5/128", "fd20:0:0:ab80::/57"},
+		{IP, "198.18.16.5/32", "198.18.16.0/24"},
+		{IP, "198.18.16.5/32", "198.18.16.0/20"},
+		{IP, "198.18.16.5/32", "198.18.0.0/16"},
+		{IP, "198.18.16.5/32", "198.18.16.4/30"},
+		{IP6, "fd20::5/128", "fd20::/64"},
+		{IP6, "fd20::5/128", "fd20::/60"},
+		{IP6, "fd20::5/128", "fd20:0:0:ab80::/57"},
 	}
-	ctx := context.Background()
 	for _, tc := range cases {
 		t.Run(fmt.Sprintf("%s-%s", tc.src, tc.dst), func(t *testing.T) {
 			inNewNS(t, func() error {
 				const comment = "mw-test rule"
 				line := fmt.Sprintf("-A POSTROUTING -s %s ! -d %s -m addrtype ! --dst-type MULTICAST -m comment --comment \"%s\" -j MASQUERADE", tc.src, tc.dst, comment)
-				if err := b.Restore(ctx, tc.f, "*nat\n"+line+"\nCOMMIT\n"); err != nil {
+				if err := restore(tc.f, "*nat\n"+line+"\nCOMMIT\n"); err != nil {
 					return err
 				}
 				_, src, _ := net.ParseCIDR(tc.src)
@@ -353,7 +473,7 @@ func TestAppendedRulesAreIPTablesRules(t *testing.T) {
 				if !bytes.Equal(raw[0], raw[1]) {
 					return fmt.Errorf("expressions differ:\niptables-nft %x\nnetlink      %x", raw[0], raw[1])
 				}
-				save, err := b.Save(ctx, tc.f, "nat")
+				save, err := iptablesNFT(tc.f, "save", "", "-t", "nat")
 				if err != nil {
 					return err
 				}
@@ -375,7 +495,7 @@ func TestAppendToMissingChain(t *testing.T) {
 			return err
 		}
 		defer c.Close()
-		err = c.AppendRules([]NewRule{{Family: V4, Table: "nat", Chain: "POSTROUTING", Exprs: []Expr{Counter()}}})
+		err = c.AppendRules([]NewRule{{Family: IP, Table: "nat", Chain: "POSTROUTING", Exprs: []Expr{Counter()}}})
 		if !errors.Is(err, unix.ENOENT) {
 			return fmt.Errorf("append to a missing table: %v, want ENOENT", err)
 		}
@@ -399,29 +519,29 @@ func TestBatchOutcome(t *testing.T) {
 			return err
 		}
 		defer c.Close()
-		rules, err := c.ChainRules(V4, "nat", "POSTROUTING")
+		rules, err := chainRules(c, IP, "nat", "POSTROUTING")
 		if err != nil || len(rules) != n {
 			return fmt.Errorf("read %d rules, %v; want %d", len(rules), err, n)
 		}
 		start := time.Now()
-		err = c.DeleteRules(V4, "nat", "POSTROUTING", []uint64{rules[0].Handle, 1 << 40, rules[1].Handle})
+		err = c.DeleteRules(ruleIDs(IP, "nat", "POSTROUTING", rules[0].Handle, 1<<40, rules[1].Handle))
 		if !errors.Is(err, unix.ENOENT) {
 			return fmt.Errorf("removal with a missing handle in the middle: %v, want ENOENT", err)
 		}
 		if d := time.Since(start); d > connTimeout/2 {
 			return fmt.Errorf("the failure took %v to be reported", d)
 		}
-		if again, err := c.ChainRules(V4, "nat", "POSTROUTING"); err != nil || len(again) != n {
+		if again, err := chainRules(c, IP, "nat", "POSTROUTING"); err != nil || len(again) != n {
 			return fmt.Errorf("a failed transaction changed the chain: %d rules, %v", len(again), err)
 		}
 		if err := c.batch(func(b []byte) []byte { return b }); err == nil {
 			return fmt.Errorf("an empty transaction was sent")
 		}
-		removed, err := c.DeleteTagged(V4, "nat", "POSTROUTING", func(string) bool { return true })
+		removed, err := deleteTagged(c, IP, "nat", "POSTROUTING", func(string) bool { return true })
 		if err != nil || removed != n {
 			return fmt.Errorf("removing %d rules in one transaction: %d removed, %v", n, removed, err)
 		}
-		if again, err := c.ChainRules(V4, "nat", "POSTROUTING"); err != nil || len(again) != 0 {
+		if again, err := chainRules(c, IP, "nat", "POSTROUTING"); err != nil || len(again) != 0 {
 			return fmt.Errorf("after removing all: %d rules, %v", len(again), err)
 		}
 		return nil

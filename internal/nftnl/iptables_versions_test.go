@@ -1,4 +1,4 @@
-package firewall
+package nftnl
 
 import (
 	"bytes"
@@ -68,7 +68,7 @@ func (in iptablesInstall) run(stdin string, tool string, args ...string) (string
 
 func (in iptablesInstall) tool(f Family, what string) string {
 	base := "iptables-nft"
-	if f == V6 {
+	if f == IP6 {
 		base = "ip6tables-nft"
 	}
 	if what != "" {
@@ -110,15 +110,15 @@ func (c codecCase) exprs(comment string) ([]Expr, error) {
 }
 
 var codecCases = []codecCase{
-	{f: V4, src: "198.18.16.5/32", dst: "198.18.16.0/24"},
-	{f: V4, src: "198.18.16.5/32", dst: "198.18.0.0/15"},
-	{f: V4, src: "198.18.16.5/32", dst: "198.18.16.4/30"},
-	{f: V4, src: "198.18.16.0/20", dst: "198.18.0.0/16", notSrc: true},
-	{f: V4, src: "198.18.16.5/32", dst: "0.0.0.0/1"},
-	{f: V6, src: "fd20::5/128", dst: "fd20::/64"},
-	{f: V6, src: "fd20::5/128", dst: "fd20::/60"},
-	{f: V6, src: "fd20::5/128", dst: "fd20:0:0:ab80::/57"},
-	{f: V6, src: "fd20:0:0:16::/64", dst: "fd00::/8", notSrc: true},
+	{f: IP, src: "198.18.16.5/32", dst: "198.18.16.0/24"},
+	{f: IP, src: "198.18.16.5/32", dst: "198.18.0.0/15"},
+	{f: IP, src: "198.18.16.5/32", dst: "198.18.16.4/30"},
+	{f: IP, src: "198.18.16.0/20", dst: "198.18.0.0/16", notSrc: true},
+	{f: IP, src: "198.18.16.5/32", dst: "0.0.0.0/1"},
+	{f: IP6, src: "fd20::5/128", dst: "fd20::/64"},
+	{f: IP6, src: "fd20::5/128", dst: "fd20::/60"},
+	{f: IP6, src: "fd20::5/128", dst: "fd20:0:0:ab80::/57"},
+	{f: IP6, src: "fd20:0:0:16::/64", dst: "fd00::/8", notSrc: true},
 }
 
 // TestCodecRulesReadByIPTablesVersions: rules appended over netlink read
@@ -133,7 +133,7 @@ func TestCodecRulesReadByIPTablesVersions(t *testing.T) {
 			}
 			t.Logf("%s: %s", in.name, strings.TrimSpace(version))
 			inNewNS(t, func() error {
-				for _, f := range []Family{V4, V6} {
+				for _, f := range []Family{IP, IP6} {
 					// iptables-nft makes the nat table and its chains (with
 					// a rule: it makes built-in chains when they are used).
 					for _, op := range []string{"-A", "-D"} {
@@ -159,20 +159,20 @@ func TestCodecRulesReadByIPTablesVersions(t *testing.T) {
 					}
 					want[cc.f] = append(want[cc.f], cc.line(comment))
 				}
-				for _, f := range []Family{V4, V6} {
+				for _, f := range []Family{IP, IP6} {
 					listed, err := in.run("", in.tool(f, ""), "-t", "nat", "-S", "POSTROUTING")
 					if err != nil {
 						return err
 					}
 					if got, w := ruleLines(listed), strings.Join(want[f], "\n"); got != w {
-						return fmt.Errorf("IPv%d: %s -S prints\n%s\nwant\n%s", f, in.tool(f, ""), got, w)
+						return fmt.Errorf("%s: %s -S prints\n%s\nwant\n%s", f, in.tool(f, ""), got, w)
 					}
 					saved, err := in.run("", in.tool(f, "save"), "-t", "nat")
 					if err != nil {
 						return err
 					}
 					if got, w := ruleLines(saved), strings.Join(want[f], "\n"); got != w {
-						return fmt.Errorf("IPv%d: %s prints\n%s\nwant\n%s", f, in.tool(f, "save"), got, w)
+						return fmt.Errorf("%s: %s prints\n%s\nwant\n%s", f, in.tool(f, "save"), got, w)
 					}
 				}
 				// For the record: does this version write the same
@@ -183,18 +183,18 @@ func TestCodecRulesReadByIPTablesVersions(t *testing.T) {
 						return err
 					}
 				}
-				for _, f := range []Family{V4, V6} {
+				for _, f := range []Family{IP, IP6} {
 					raw, err := rawExprs(c, f, "nat", "POSTROUTING")
 					if err != nil {
 						return err
 					}
 					k := len(want[f])
 					if len(raw) != 2*k {
-						return fmt.Errorf("IPv%d: %d rules, want %d", f, len(raw), 2*k)
+						return fmt.Errorf("%s: %d rules, want %d", f, len(raw), 2*k)
 					}
 					for j := range k {
 						if !bytes.Equal(raw[j], raw[k+j]) {
-							t.Logf("IPv%d: %s encodes %q otherwise than the codec", f, in.name, want[f][j])
+							t.Logf("%s: %s encodes %q otherwise than the codec", f, in.name, want[f][j])
 						}
 					}
 				}

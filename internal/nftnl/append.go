@@ -1,4 +1,4 @@
-package firewall
+package nftnl
 
 import (
 	"encoding/binary"
@@ -13,19 +13,19 @@ import (
 // iptables-restore line (the tests compare the two byte for byte, and
 // iptables-save prints both the same way), so that iptables-nft, and the
 // people reading its output, see an ordinary rule. Only the few shapes
-// meshwire writes are covered: address matches, xtables matches and
-// targets, and a counter.
+// meshwire writes are covered: address matches, the comment and addrtype
+// matches, the MASQUERADE target, and a counter.
 
 // Expr is one expression of a rule written over netlink.
 type Expr struct {
 	name string
-	data []attr
+	data []Attr
 }
 
 func be32(v uint32) []byte { return binary.BigEndian.AppendUint32(nil, v) }
 
 // nested encodes attributes as the payload of a nested attribute.
-func nested(attrs ...attr) []byte {
+func nested(attrs ...Attr) []byte {
 	var b []byte
 	for _, a := range attrs {
 		b = appendAttr(b, a)
@@ -33,18 +33,18 @@ func nested(attrs ...attr) []byte {
 	return b
 }
 
-func appendAttr(b []byte, a attr) []byte {
-	b = binary.NativeEndian.AppendUint16(b, uint16(4+len(a.data)))
-	b = binary.NativeEndian.AppendUint16(b, a.typ)
-	b = append(b, a.data...)
+func appendAttr(b []byte, a Attr) []byte {
+	b = binary.NativeEndian.AppendUint16(b, uint16(4+len(a.Data)))
+	b = binary.NativeEndian.AppendUint16(b, a.Type)
+	b = append(b, a.Data...)
 	for len(b)%4 != 0 {
 		b = append(b, 0)
 	}
 	return b
 }
 
-func nest(typ uint16, attrs ...attr) attr {
-	return attr{typ | unix.NLA_F_NESTED, nested(attrs...)}
+func nest(typ uint16, attrs ...Attr) Attr {
+	return Attr{typ | unix.NLA_F_NESTED, nested(attrs...)}
 }
 
 // AddrMatch matches the source (or destination) address of the packet
@@ -54,7 +54,7 @@ func nest(typ uint16, attrs ...attr) attr {
 func AddrMatch(f Family, dst, invert bool, n net.IPNet) []Expr {
 	ip, mask := n.IP.To4(), []byte(n.Mask)
 	offset := uint32(12) // IPv4 saddr
-	if f == V6 {
+	if f == IP6 {
 		ip, offset = n.IP.To16(), 8
 	}
 	if dst {
@@ -83,42 +83,42 @@ func AddrMatch(f Family, dst, invert bool, n net.IPNet) []Expr {
 	if invert {
 		op = unix.NFT_CMP_NEQ
 	}
-	exprs := []Expr{{"payload", []attr{
+	exprs := []Expr{{"payload", []Attr{
 		{unix.NFTA_PAYLOAD_DREG, be32(unix.NFT_REG_1)},
 		{unix.NFTA_PAYLOAD_BASE, be32(unix.NFT_PAYLOAD_NETWORK_HEADER)},
 		{unix.NFTA_PAYLOAD_OFFSET, be32(offset)},
 		{unix.NFTA_PAYLOAD_LEN, be32(uint32(length))},
 	}}}
 	if bitwise {
-		exprs = append(exprs, Expr{"bitwise", []attr{
+		exprs = append(exprs, Expr{"bitwise", []Attr{
 			{unix.NFTA_BITWISE_SREG, be32(unix.NFT_REG_1)},
 			{unix.NFTA_BITWISE_DREG, be32(unix.NFT_REG_1)},
 			{unix.NFTA_BITWISE_LEN, be32(uint32(length))},
-			nest(unix.NFTA_BITWISE_MASK, attr{unix.NFTA_DATA_VALUE, mask[:length]}),
-			nest(unix.NFTA_BITWISE_XOR, attr{unix.NFTA_DATA_VALUE, make([]byte, length)}),
+			nest(unix.NFTA_BITWISE_MASK, Attr{unix.NFTA_DATA_VALUE, mask[:length]}),
+			nest(unix.NFTA_BITWISE_XOR, Attr{unix.NFTA_DATA_VALUE, make([]byte, length)}),
 		}})
 	}
-	return append(exprs, Expr{"cmp", []attr{
+	return append(exprs, Expr{"cmp", []Attr{
 		{unix.NFTA_CMP_SREG, be32(unix.NFT_REG_1)},
 		{unix.NFTA_CMP_OP, be32(op)},
-		nest(unix.NFTA_CMP_DATA, attr{unix.NFTA_DATA_VALUE, value}),
+		nest(unix.NFTA_CMP_DATA, Attr{unix.NFTA_DATA_VALUE, value}),
 	}})
 }
 
-// XTMatch is an xtables match (`-m name`) with its revision and info blob.
-func XTMatch(name string, rev uint32, info []byte) Expr {
-	return Expr{"match", []attr{strAttr(unix.NFTA_MATCH_NAME, name), {unix.NFTA_MATCH_REV, be32(rev)}, {unix.NFTA_MATCH_INFO, info}}}
+// xtMatch is an xtables match (`-m name`) with its revision and info blob.
+func xtMatch(name string, rev uint32, info []byte) Expr {
+	return Expr{"match", []Attr{StrAttr(unix.NFTA_MATCH_NAME, name), {unix.NFTA_MATCH_REV, be32(rev)}, {unix.NFTA_MATCH_INFO, info}}}
 }
 
-// XTTarget is an xtables target (`-j name`) with its revision and info blob.
-func XTTarget(name string, rev uint32, info []byte) Expr {
-	return Expr{"target", []attr{strAttr(unix.NFTA_TARGET_NAME, name), {unix.NFTA_TARGET_REV, be32(rev)}, {unix.NFTA_TARGET_INFO, info}}}
+// xtTarget is an xtables target (`-j name`) with its revision and info blob.
+func xtTarget(name string, rev uint32, info []byte) Expr {
+	return Expr{"target", []Attr{StrAttr(unix.NFTA_TARGET_NAME, name), {unix.NFTA_TARGET_REV, be32(rev)}, {unix.NFTA_TARGET_INFO, info}}}
 }
 
 // Counter is the packet and byte counter iptables-nft puts in every rule.
 func Counter() Expr { return Expr{name: "counter"} }
 
-// Comment is `-m comment --comment text`.
+// Comment is `-m comment --comment text` (at most 255 bytes).
 func Comment(text string) (Expr, error) {
 	const size = 256 // XT_MAX_COMMENT_LEN, with the NUL
 	if len(text) >= size {
@@ -126,7 +126,7 @@ func Comment(text string) (Expr, error) {
 	}
 	info := make([]byte, size)
 	copy(info, text)
-	return XTMatch("comment", 0, info), nil
+	return xtMatch("comment", 0, info), nil
 }
 
 // NotMulticastDst is `-m addrtype ! --dst-type MULTICAST` (revision 1:
@@ -135,27 +135,38 @@ func NotMulticastDst() Expr {
 	info := make([]byte, 8)
 	binary.NativeEndian.PutUint16(info[2:], 1<<unix.RTN_MULTICAST)
 	binary.NativeEndian.PutUint32(info[4:], 0x2) // XT_ADDRTYPE_INVERT_DEST
-	return XTMatch("addrtype", 1, info)
+	return xtMatch("addrtype", 1, info)
 }
 
 // Masquerade is `-j MASQUERADE`: for IPv4 its info is
 // nf_nat_ipv4_multi_range_compat with one empty range (24 bytes aligned),
 // for IPv6 an empty nf_nat_range (40 bytes).
 func Masquerade(f Family) Expr {
-	if f == V6 {
-		return XTTarget("MASQUERADE", 0, make([]byte, 40))
+	if f == IP6 {
+		return xtTarget("MASQUERADE", 0, make([]byte, 40))
 	}
 	info := make([]byte, 24)
 	binary.NativeEndian.PutUint32(info, 1) // rangesize
-	return XTTarget("MASQUERADE", 0, info)
+	return xtTarget("MASQUERADE", 0, info)
 }
 
-// NewRule is a rule to append: its family, table, chain and expressions.
+// NewRule is a rule to append: its family (IP or IP6 for iptables-nft),
+// table, chain and expressions.
 type NewRule struct {
 	Family Family
 	Table  string
 	Chain  string
 	Exprs  []Expr
+}
+
+// EncodeExprs encodes expressions as the NFTA_RULE_EXPRESSIONS list that
+// AppendRules sends (and a read of the rule returns).
+func EncodeExprs(exprs []Expr) []byte {
+	var list []byte
+	for _, e := range exprs {
+		list = appendAttr(list, nest(unix.NFTA_LIST_ELEM, StrAttr(unix.NFTA_EXPR_NAME, e.name), nest(unix.NFTA_EXPR_DATA, e.data...)))
+	}
+	return list
 }
 
 // AppendRules appends rules to their chains in one transaction. A table or
@@ -164,13 +175,9 @@ type NewRule struct {
 func (c *Conn) AppendRules(rules []NewRule) error {
 	err := c.batch(func(b []byte) []byte {
 		for _, r := range rules {
-			var list []byte
-			for _, e := range r.Exprs {
-				list = appendAttr(list, nest(unix.NFTA_LIST_ELEM, strAttr(unix.NFTA_EXPR_NAME, e.name), nest(unix.NFTA_EXPR_DATA, e.data...)))
-			}
-			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_NEWRULE), unix.NLM_F_REQUEST|unix.NLM_F_CREATE|unix.NLM_F_APPEND, nfproto(r.Family), 0,
-				strAttr(unix.NFTA_RULE_TABLE, r.Table), strAttr(unix.NFTA_RULE_CHAIN, r.Chain),
-				attr{unix.NFTA_RULE_EXPRESSIONS | unix.NLA_F_NESTED, list})
+			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_NEWRULE), unix.NLM_F_REQUEST|unix.NLM_F_CREATE|unix.NLM_F_APPEND, r.Family, 0,
+				StrAttr(unix.NFTA_RULE_TABLE, r.Table), StrAttr(unix.NFTA_RULE_CHAIN, r.Chain),
+				Attr{unix.NFTA_RULE_EXPRESSIONS | unix.NLA_F_NESTED, EncodeExprs(r.Exprs)})
 		}
 		return b
 	})
