@@ -41,7 +41,7 @@ func (a *Attachment) Del(ctx context.Context, extra func() (tail *os.File, err e
 	}
 	run(1, "firewall and veth del", func() error {
 		// The firewall removals go first, so that their tails (see
-		// firewall.Conn.Release) ride with the child that deletes the veth.
+		// firewall.Interface.Release) ride with the child that deletes the veth.
 		var tails []*os.File
 		keep := func(tail *os.File, err error) error {
 			if tail != nil {
