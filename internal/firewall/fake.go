@@ -187,6 +187,18 @@ func (f *Fake) ReadTable(_ context.Context, fam TableFamily, table string) (*Tab
 	return f.read(tableKey{fam, table}), nil
 }
 
+func (f *Fake) ReadTables(_ context.Context, fam TableFamily, names []string) ([]*Table, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []*Table
+	for _, n := range names {
+		if t := f.read(tableKey{fam, n}); t != nil {
+			out = append(out, t)
+		}
+	}
+	return out, nil
+}
+
 func (f *Fake) ReadChain(_ context.Context, fam TableFamily, table, chain string) (*Chain, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

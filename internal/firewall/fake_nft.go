@@ -276,6 +276,13 @@ func applyNftStmt(state map[tableKey]*fakeTable, st nftStmt) error {
 }
 
 func applyTableBlock(t *fakeTable, fam TableFamily, table string, block []nftStmt) error {
+	// nft declares a block's chains before it adds their rules, so that a
+	// rule may jump to a chain defined further down.
+	for _, st := range block {
+		if w := st.words; len(w) == 2 && w[0].s == "chain" && t.chain(w[1].s) == nil {
+			t.chains = append(t.chains, &Chain{Family: fam, Table: table, Name: w[1].s})
+		}
+	}
 	for _, st := range block {
 		w := st.words
 		switch {

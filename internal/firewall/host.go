@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,6 +27,10 @@ type Interface interface {
 
 	// ReadTable reads a table: its chains, in order, with their rules.
 	ReadTable(ctx context.Context, fam TableFamily, table string) (*Table, error)
+	// ReadTables reads several tables of fam, leaving out those not there:
+	// for legacy iptables with one iptables-save, and none at all when
+	// the namespace never loaded any of them.
+	ReadTables(ctx context.Context, fam TableFamily, names []string) ([]*Table, error)
 	// ReadChain reads one chain with its rules (much cheaper than a table
 	// on a busy node).
 	ReadChain(ctx context.Context, fam TableFamily, table, chain string) (*Chain, error)
@@ -33,7 +38,7 @@ type Interface interface {
 	Tables(ctx context.Context, fam TableFamily) ([]string, error)
 	// HasTable and HasChain tell whether a table or chain is there, as
 	// cheaply as the backend allows (one netlink request; for legacy
-	// iptables, /proc/net/ip{,6}_tables_names before any tool).
+	// iptables, /proc/thread-self/net/ip{,6}_tables_names before any tool).
 	HasTable(ctx context.Context, fam TableFamily, table string) (bool, error)
 	HasChain(ctx context.Context, fam TableFamily, table, chain string) (bool, error)
 
@@ -186,6 +191,49 @@ func (h *Host) ReadTable(ctx context.Context, fam TableFamily, table string) (*T
 	return nil, nil
 }
 
+func (h *Host) ReadTables(ctx context.Context, fam TableFamily, names []string) ([]*Table, error) {
+	var out []*Table
+	if h.netlinkReads(fam) {
+		for _, n := range names {
+			t, err := h.ReadTable(ctx, fam, n)
+			if err != nil {
+				return nil, err
+			}
+			if t != nil {
+				out = append(out, t)
+			}
+		}
+		return out, nil
+	}
+	f, err := tableFamilyOf(fam)
+	if err != nil {
+		return nil, err
+	}
+	var loaded []string
+	for _, n := range names {
+		if legacyTableLoaded(fam, n) {
+			loaded = append(loaded, n)
+		}
+	}
+	table := "" // every table loaded, in one run
+	switch len(loaded) {
+	case 0:
+		return nil, nil
+	case 1:
+		table = loaded[0]
+	}
+	save, err := retryDump(func() (string, error) { return h.b.Save(ctx, f, table) })
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range ParseIPTablesSave(f, table, save) {
+		if slices.Contains(loaded, t.Name) {
+			out = append(out, t)
+		}
+	}
+	return out, nil
+}
+
 func (h *Host) ReadChain(ctx context.Context, fam TableFamily, table, chain string) (*Chain, error) {
 	if h.netlinkReads(fam) {
 		c, err := h.c()
@@ -272,11 +320,13 @@ func (h *Host) HasChain(ctx context.Context, fam TableFamily, table, chain strin
 
 // legacyTableLoaded: the kernel lists the legacy iptables tables that were
 // ever used in the namespace; one not listed holds nothing. Unreadable
-// (no legacy iptables in the kernel) reads as not loaded.
+// (no legacy iptables in the kernel) reads as not loaded. The namespace is
+// the calling thread's (/proc/net is the thread group leader's, another
+// one inside netns.Enter).
 func legacyTableLoaded(fam TableFamily, table string) bool {
-	p := "/proc/net/ip_tables_names"
+	p := "/proc/thread-self/net/ip_tables_names"
 	if fam == IP6 {
-		p = "/proc/net/ip6_tables_names"
+		p = "/proc/thread-self/net/ip6_tables_names"
 	}
 	data, err := os.ReadFile(p)
 	if err != nil {
