@@ -102,7 +102,7 @@ func execute(ctx context.Context, o flags.Options, stdout io.Writer, rep *report
 
 // cleanup is --cleanup-only.
 func cleanup(ctx context.Context, cfg intercept.Config, dryRun bool, stdout io.Writer, rep *reporter) int {
-	out, err := install.Cleanup(ctx, cfg, dryRun)
+	out, err := install.Cleanup(ctx, install.Request{Config: cfg}, dryRun)
 	if dryRun {
 		fmt.Fprint(stdout, out)
 	}

@@ -4,10 +4,10 @@ import (
 	"bufio"
 	"fmt"
 	"net/netip"
-	"regexp"
 	"slices"
-	"strconv"
 	"strings"
+
+	"github.com/meshwire/meshwire/internal/firewall"
 )
 
 // CapturedOutbound tells whether the rules of cfg send an application's
@@ -80,23 +80,16 @@ func ParseResolvConf(text string) []netip.Addr {
 	return out
 }
 
-var tproxyMarkRE = regexp.MustCompile(`(?:--tproxy-mark|meta mark set) (0x[0-9a-f]+)(?:/0xffffffff)?(?: tproxy| |$)`)
-
-// TProxyMarks finds the marks TPROXY rules set in iptables-save output or
-// an nft listing (so that cleanup finds policy routing installed with
-// other flags).
-func TProxyMarks(text string) []uint32 {
+// TProxyMarks lists the marks the TPROXY rules of tables read back set
+// (iptables' mangle tables, or meshwire's nftables tables), so that
+// cleanup finds policy routing installed with other flags.
+func TProxyMarks(tables ...*firewall.Table) []uint32 {
 	var out []uint32
-	for _, line := range strings.Split(text, "\n") {
-		if !strings.Contains(line, "TPROXY") && !strings.Contains(line, "tproxy") {
-			continue
-		}
-		m := tproxyMarkRE.FindStringSubmatch(line)
-		if m == nil {
-			continue
-		}
-		if v, err := strconv.ParseUint(m[1], 0, 32); err == nil && v != 0 && !slices.Contains(out, uint32(v)) {
-			out = append(out, uint32(v))
+	for _, t := range tables {
+		for _, r := range t.Rules() {
+			if r.Target == "TPROXY" && r.SetMark != 0 && !slices.Contains(out, r.SetMark) {
+				out = append(out, r.SetMark)
+			}
 		}
 	}
 	return out

@@ -1,12 +1,21 @@
 package intercept
 
 import (
+	"context"
+	"fmt"
 	"net/netip"
 	"reflect"
-	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/meshwire/meshwire/internal/firewall"
 )
+
+// stateOf reads the state of iptables-save output, as install reads it
+// from legacy iptables.
+func stateOf(save string) *State {
+	return ReadState(firewall.ParseIPTablesSave(V4, "", save)...)
+}
 
 // saveOf turns a rendered fresh payload into what iptables-save would show
 // for it (the built-in chain headers added, comments quoted as iptables-save
@@ -41,22 +50,22 @@ func TestCompareAndRestore(t *testing.T) {
 	foreign := ":FOREIGN - [0:0]\n-A OUTPUT -p udp -j FOREIGN\n-A FOREIGN -j RETURN\n"
 	installedA := saveOf(Restore(a, &State{}), foreign)
 
-	st := ParseSave(installedA)
+	st := stateOf(installedA)
 	if got := Compare(a, st); got != Current {
 		t.Fatalf("A installed, compare with A: %v", got)
 	}
 	if got := Compare(b, st); got != Different {
 		t.Fatalf("A installed, compare with B: %v", got)
 	}
-	if got := Compare(a, ParseSave(strings.Replace(installedA, "-A ISTIO_OUTPUT -j ISTIO_REDIRECT\n", "", 1))); got != Different {
+	if got := Compare(a, stateOf(strings.Replace(installedA, "-A ISTIO_OUTPUT -j ISTIO_REDIRECT\n", "", 1))); got != Different {
 		t.Fatalf("A with a rule missing, compare with A: %v", got)
 	}
-	if got := Compare(a, ParseSave("*nat\n"+foreign+"COMMIT\n")); got != Absent {
+	if got := Compare(a, stateOf("*nat\n"+foreign+"COMMIT\n")); got != Absent {
 		t.Fatalf("nothing installed: %v", got)
 	}
-	for _, line := range st.Tables[NAT].Builtin {
-		if strings.Contains(line, "FOREIGN") {
-			t.Fatalf("foreign rule taken as meshwire's: %s", line)
+	for _, r := range st.Tables[NAT].Builtin {
+		if strings.Contains(r.Spec, "FOREIGN") {
+			t.Fatalf("foreign rule taken as meshwire's: %s", r.Spec)
 		}
 	}
 
@@ -91,7 +100,7 @@ func TestCompareAndRestore(t *testing.T) {
 }
 
 // An istio-iptables install (untagged jumps) is found and replaced.
-func TestParseSaveIstio(t *testing.T) {
+func TestReadStateIstio(t *testing.T) {
 	save := `*nat
 :PREROUTING ACCEPT [0:0]
 :OUTPUT ACCEPT [0:0]
@@ -102,7 +111,7 @@ func TestParseSaveIstio(t *testing.T) {
 -A OUTPUT -p udp -j KUBE-SOMETHING
 COMMIT
 `
-	st := ParseSave(save)
+	st := stateOf(save)
 	if got := st.Tables[NAT].Builtin; len(got) != 2 {
 		t.Fatalf("istio's jumps: %v", got)
 	}
@@ -111,20 +120,40 @@ COMMIT
 	}
 }
 
+// nftFake is a native nftables firewall holding the rule sets as Nft
+// writes them.
+func nftFake(t *testing.T, sets ...*RuleSet) *firewall.Fake {
+	t.Helper()
+	fw := firewall.NewFake(firewall.Backend{Kind: firewall.NFTables})
+	if err := fw.ApplyNft(context.Background(), Nft(sets...)); err != nil {
+		t.Fatal(err)
+	}
+	return fw
+}
+
 func TestNftStatus(t *testing.T) {
 	a := Build(Default(), V4)
-	listing := strings.SplitN(Nft(a), "delete table ip "+NftTable+"\n", 2)[1]
-	if NftStatus(a, listing) != Current || NftStatus(a, "") != Absent {
+	fw := nftFake(t, a)
+	table := fw.Table(firewall.IP, NftTable)
+	if NftStatus(a, table) != Current || NftStatus(a, nil) != Absent {
 		t.Fatal("nft status")
 	}
 	// A chain emptied behind meshwire's back is noticed.
-	flushed := regexp.MustCompile(`(?m)^\t\tjump nat_ISTIO_REDIRECT\n`).ReplaceAllString(listing, "")
-	if flushed == listing || NftStatus(a, flushed) != Different {
+	var handle uint64
+	for _, r := range table.Chain("nat_ISTIO_OUTPUT").Rules {
+		if r.Jump == "nat_ISTIO_REDIRECT" {
+			handle = r.Handle
+		}
+	}
+	if err := fw.ApplyNft(context.Background(), fmt.Sprintf("delete rule ip %s nat_ISTIO_OUTPUT handle %d", NftTable, handle)); handle == 0 || err != nil {
+		t.Fatalf("remove the jump to nat_ISTIO_REDIRECT (handle %d): %v", handle, err)
+	}
+	if NftStatus(a, fw.Table(firewall.IP, NftTable)) != Different {
 		t.Fatal("nft status with a rule missing")
 	}
 	tp := Default()
 	tp.Mode = ModeTProxy
-	if NftStatus(Build(tp, V4), listing) != Different || NftStatus(&RuleSet{Family: V4}, listing) != Different {
+	if NftStatus(Build(tp, V4), table) != Different || NftStatus(&RuleSet{Family: V4}, table) != Different {
 		t.Fatal("nft status with other rules")
 	}
 }
@@ -215,19 +244,29 @@ func TestRouting(t *testing.T) {
 }
 
 func TestTProxyMarks(t *testing.T) {
+	ctx := context.Background()
 	c := Default()
 	c.Mode = ModeTProxy
 	c.TProxyMark = 0x64
 	rs := Build(c, V4)
-	save := saveOf(Restore(rs, &State{}), "")
-	if got := TProxyMarks(save); !reflect.DeepEqual(got, []uint32{0x64}) {
-		t.Fatalf("iptables: %v", got)
+	for _, v := range []firewall.Variant{firewall.VariantLegacy, firewall.VariantNFT} {
+		fw := firewall.NewFake(firewall.Backend{Kind: firewall.IPTables, Variant: v})
+		if err := fw.Restore(ctx, V4, Restore(rs, &State{})); err != nil {
+			t.Fatal(err)
+		}
+		if got := TProxyMarks(fw.Table(firewall.IP, Mangle)); !reflect.DeepEqual(got, []uint32{0x64}) {
+			t.Fatalf("iptables-%s: %v", v, got)
+		}
 	}
-	listing := "\t\tip daddr != 127.0.0.1 meta l4proto tcp meta mark set 0x00000064 tproxy to :15006 accept\n"
-	if got := TProxyMarks(listing); !reflect.DeepEqual(got, []uint32{0x64}) {
+	if got := TProxyMarks(nftFake(t, rs).Table(firewall.IP, NftTable)); !reflect.DeepEqual(got, []uint32{0x64}) {
 		t.Fatalf("nft: %v", got)
 	}
-	if got := TProxyMarks(saveOf(Restore(Build(Default(), V4), &State{}), "")); len(got) != 0 {
+	redirect := Build(Default(), V4)
+	fw := firewall.NewFake(firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantLegacy})
+	if err := fw.Restore(ctx, V4, Restore(redirect, &State{})); err != nil {
+		t.Fatal(err)
+	}
+	if got := TProxyMarks(fw.Table(firewall.IP, Mangle), fw.Table(firewall.IP, NAT)); len(got) != 0 {
 		t.Fatalf("REDIRECT: %v", got)
 	}
 }

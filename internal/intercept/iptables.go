@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
+
+	"github.com/meshwire/meshwire/internal/firewall"
 )
 
 // Fingerprint identifies a rule set: the first 8 hex digits of the SHA-256
@@ -28,14 +31,17 @@ func (rs *RuleSet) Fingerprint() string {
 // TagFor is the rule comment for a rule set fingerprint.
 func TagFor(fingerprint string) string { return Tag + ":" + fingerprint }
 
-// TableState is what an iptables-save shows of meshwire's rules in a table.
+// TableState is meshwire's part of one iptables table, as read back.
 type TableState struct {
-	Chains  []string       // own user chains present
-	Builtin []string       // own rules in built-in chains, as "-A CHAIN ..." lines
+	Chains []string // own user chains present
+	// Builtin are meshwire's rules in built-in chains: those carrying the
+	// Tag comment, and any that jumps into an own chain (so that a rule
+	// set left by istio-iptables is found too).
+	Builtin []firewall.Rule
 	Rules   map[string]int // number of rules in each own chain
 }
 
-// State is meshwire's part of one family's iptables-save output.
+// State is meshwire's part of one family's iptables tables.
 type State struct {
 	Tables map[string]*TableState
 }
@@ -50,51 +56,35 @@ func (s *State) Empty() bool {
 	return true
 }
 
-// ParseSave finds meshwire's chains and rules in iptables-save output: the
-// user chains of OwnChains, the rules in built-in chains that carry the Tag
-// comment, and any rule that jumps into one of the own chains (so that a rule
-// set left by istio-iptables is found too).
-func ParseSave(save string) *State {
+// ReadState finds meshwire's chains and rules in iptables tables read
+// back through the firewall (nil tables, those not there, are skipped):
+// the user chains of OwnChains, and the rules of built-in chains that
+// carry the Tag comment or jump into an own chain.
+func ReadState(tables ...*firewall.Table) *State {
 	s := &State{Tables: map[string]*TableState{}}
-	var cur *TableState
-	for _, line := range strings.Split(save, "\n") {
-		line = strings.TrimSpace(line)
-		switch {
-		case strings.HasPrefix(line, "*"):
-			cur = &TableState{Rules: map[string]int{}}
-			s.Tables[line[1:]] = cur
-		case cur == nil:
-		case strings.HasPrefix(line, ":"):
-			name := strings.Fields(line[1:])[0]
-			if IsOwnChain(name) {
-				cur.Chains = append(cur.Chains, name)
-			}
-		case strings.HasPrefix(line, "-A "):
-			f := strings.Fields(line)
-			if len(f) < 2 {
+	for _, t := range tables {
+		if t == nil {
+			continue
+		}
+		ts := &TableState{Rules: map[string]int{}}
+		s.Tables[t.Name] = ts
+		for _, c := range t.Chains {
+			if IsOwnChain(c.Name) {
+				ts.Chains = append(ts.Chains, c.Name)
+				ts.Rules[c.Name] = len(c.Rules)
 				continue
 			}
-			if IsOwnChain(f[1]) {
-				cur.Rules[f[1]]++
-			}
-			if !IsBuiltin(f[1]) {
+			if !IsBuiltin(c.Name) {
 				continue
 			}
-			if strings.Contains(line, Tag) || jumpsToOwn(f) {
-				cur.Builtin = append(cur.Builtin, line)
+			for _, r := range c.Rules {
+				if strings.Contains(r.Comment, Tag) || IsOwnChain(r.Jump) {
+					ts.Builtin = append(ts.Builtin, r)
+				}
 			}
 		}
 	}
 	return s
-}
-
-func jumpsToOwn(fields []string) bool {
-	for i := 0; i+1 < len(fields); i++ {
-		if (fields[i] == "-j" || fields[i] == "-g") && IsOwnChain(fields[i+1]) {
-			return true
-		}
-	}
-	return false
 }
 
 // Status is how the installed rules relate to a desired rule set.
@@ -155,8 +145,8 @@ func Compare(desired *RuleSet, st *State) Status {
 				return Different
 			}
 		}
-		for _, line := range have.Builtin {
-			if !strings.Contains(line, tag+" ") && !strings.HasSuffix(line, tag) && !strings.Contains(line, `"`+tag+`"`) {
+		for _, r := range have.Builtin {
+			if r.Comment != tag {
 				return Different
 			}
 		}
@@ -220,8 +210,8 @@ func Restore(desired *RuleSet, st *State) string {
 		for _, c := range chains {
 			fmt.Fprintf(&b, ":%s - [0:0]\n", c)
 		}
-		for _, line := range have.Builtin {
-			fmt.Fprintf(&b, "-D%s\n", strings.TrimPrefix(line, "-A"))
+		for _, d := range deletions(have.Builtin) {
+			fmt.Fprintf(&b, "-D %s %s\n", d[0], d[1])
 		}
 		for _, r := range want.Rules {
 			args := r.IPTables()
@@ -239,6 +229,39 @@ func Restore(desired *RuleSet, st *State) string {
 		b.WriteString("COMMIT\n")
 	}
 	return b.String()
+}
+
+// deletions renders how the payload removes meshwire's rules from
+// built-in chains, as the arguments after "-D CHAIN": the rule as
+// iptables-save printed it when it was read from text (legacy iptables),
+// else its position (read over netlink, where the typed fields cannot
+// render matches such as owner or conntrack). Positions count in the
+// state read, so they go first, last rule first, and the rules named by
+// their text after them. Only meshwire writes a pod's interception rules,
+// so the positions read are those the transaction finds.
+func deletions(rules []firewall.Rule) [][2]string {
+	var byPos, bySpec []firewall.Rule
+	for _, r := range rules {
+		if r.Spec != "" {
+			bySpec = append(bySpec, r)
+		} else {
+			byPos = append(byPos, r)
+		}
+	}
+	slices.SortStableFunc(byPos, func(a, b firewall.Rule) int {
+		if a.Chain != b.Chain {
+			return strings.Compare(a.Chain, b.Chain)
+		}
+		return b.Position - a.Position
+	})
+	var out [][2]string
+	for _, r := range byPos {
+		out = append(out, [2]string{r.Chain, strconv.Itoa(r.Position)})
+	}
+	for _, r := range bySpec {
+		out = append(out, [2]string{r.Chain, r.Spec})
+	}
+	return out
 }
 
 func targetStart(args []string) int {

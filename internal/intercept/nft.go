@@ -2,8 +2,10 @@ package intercept
 
 import (
 	"fmt"
-	"regexp"
+	"slices"
 	"strings"
+
+	"github.com/meshwire/meshwire/internal/firewall"
 )
 
 // NftTable is the name of meshwire's native nftables table, one per family
@@ -44,16 +46,7 @@ func Nft(sets ...*RuleSet) string {
 		}
 		fmt.Fprintf(&b, "table %s %s {\n\tcomment %q\n", fam, NftTable, TagFor(rs.Fingerprint()))
 		for _, t := range rs.Tables {
-			var chains []string
-			for _, c := range []string{"PREROUTING", "OUTPUT"} {
-				for _, r := range t.Rules {
-					if r.Chain == c {
-						chains = append(chains, c)
-						break
-					}
-				}
-			}
-			chains = append(chains, t.Chains...)
+			chains := nftChains(t)
 			for _, c := range chains {
 				fmt.Fprintf(&b, "\tchain %s {\n", nftChain(t.Name, c))
 				if hook, ok := baseChains[t.Name+"/"+c]; ok {
@@ -81,37 +74,53 @@ func Nft(sets ...*RuleSet) string {
 	return b.String()
 }
 
-var nftCommentRE = regexp.MustCompile(`comment "(` + regexp.QuoteMeta(Tag) + `:[0-9a-f]+)"`)
+// nftChains lists the chains Nft writes for a table: the built-in ones
+// that get rules, then meshwire's own.
+func nftChains(t *TableRules) []string {
+	var chains []string
+	for _, c := range []string{"PREROUTING", "OUTPUT"} {
+		if slices.ContainsFunc(t.Rules, func(r Rule) bool { return r.Chain == c }) {
+			chains = append(chains, c)
+		}
+	}
+	return append(chains, t.Chains...)
+}
 
-// NftStatus compares `nft list table <family> meshwire_intercept` output
-// (empty when the table does not exist) with the desired rule set.
-func NftStatus(desired *RuleSet, listing string) Status {
-	if strings.TrimSpace(listing) == "" {
+// NftStatus compares meshwire's nftables table of the rule set's family, as
+// read back through the firewall (nil when it is not there), with the
+// desired rule set: the table's comment names the fingerprint of the rule
+// set written, and each chain must hold the rules Nft writes into it (so
+// that a chain emptied behind meshwire's back is noticed).
+func NftStatus(desired *RuleSet, t *firewall.Table) Status {
+	if t == nil {
 		if desired.Empty() {
 			return Current
 		}
 		return Absent
 	}
-	m := nftCommentRE.FindStringSubmatch(listing)
-	if m != nil && !desired.Empty() && m[1] == TagFor(desired.Fingerprint()) && nftRuleCount(listing) == nftRuleCount(Nft(desired)) {
-		return Current
+	if desired.Empty() || t.Comment != TagFor(desired.Fingerprint()) {
+		return Different
 	}
-	return Different
-}
-
-// nftRuleCount counts the rules in the chains of a listing or script.
-func nftRuleCount(text string) int {
-	n, depth := 0, 0
-	for _, line := range strings.Split(text, "\n") {
-		l := strings.TrimSpace(line)
-		switch {
-		case strings.HasSuffix(l, "{"):
-			depth++
-		case l == "}":
-			depth--
-		case depth == 2 && l != "" && !strings.HasPrefix(l, "type ") && !strings.HasPrefix(l, "comment "):
-			n++
+	want := map[string]int{}
+	for _, tr := range desired.Tables {
+		for _, c := range nftChains(tr) {
+			want[nftChain(tr.Name, c)] = 0
+		}
+		for _, r := range tr.Rules {
+			n := 1
+			if r.Target.Kind == TProxy {
+				n = 2 // and its drop
+			}
+			want[nftChain(tr.Name, r.Chain)] += n
 		}
 	}
-	return n
+	if len(t.Chains) != len(want) {
+		return Different
+	}
+	for _, c := range t.Chains {
+		if n, ok := want[c.Name]; !ok || n != len(c.Rules) {
+			return Different
+		}
+	}
+	return Current
 }

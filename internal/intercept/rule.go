@@ -3,6 +3,7 @@ package intercept
 import (
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/meshwire/meshwire/internal/firewall"
@@ -45,14 +46,7 @@ const (
 var OwnChains = []string{ChainInbound, ChainRedirect, ChainInRedirect, ChainOutput, ChainDivert, ChainTProxy, ChainOutputDNS, ChainInboundDNS}
 
 // IsOwnChain reports whether name is one of OwnChains.
-func IsOwnChain(name string) bool {
-	for _, c := range OwnChains {
-		if c == name {
-			return true
-		}
-	}
-	return false
-}
+func IsOwnChain(name string) bool { return slices.Contains(OwnChains, name) }
 
 // IsBuiltin reports whether a chain is one of the kernel's built-in chains.
 func IsBuiltin(chain string) bool {

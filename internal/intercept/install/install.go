@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
@@ -37,6 +38,35 @@ type Request struct {
 	// already installed as asked, and replaces other rules as Reconcile
 	// does: each table is rewritten in one transaction, never doubled.
 	Force bool
+
+	// Firewall opens the firewall of a backend in the namespace, or
+	// returns nil when that backend is not installed. Nil means the real
+	// one (firewall.New; a backend other than the one installed to counts
+	// when its tools are in PATH). Tests pass Fakes.
+	Firewall func(firewall.Backend) firewall.Interface
+	// Routing applies and removes the policy routing; nil means netlink,
+	// in the calling thread's namespace.
+	Routing Routing
+}
+
+// open returns the firewall of b; nil when b is not installed (only asked
+// for backends other than the one installed to: for that one, the tools'
+// own errors tell).
+func (r *Request) open(b firewall.Backend, installTo bool) firewall.Interface {
+	if r.Firewall != nil {
+		return r.Firewall(b)
+	}
+	if !installTo && !toolsPresent(b) {
+		return nil
+	}
+	return firewall.New(b)
+}
+
+func (r *Request) routing() Routing {
+	if r.Routing != nil {
+		return r.Routing
+	}
+	return netlinkRouting{}
 }
 
 // Plan is what Apply will do; String shows it (dry run).
@@ -54,6 +84,10 @@ type Plan struct {
 	Others []firewall.Backend
 	// Forced is set when the rules are rewritten whatever is installed.
 	Forced bool
+
+	fw      firewall.Interface
+	others  []*holding
+	routing Routing
 }
 
 // UpToDate reports whether everything is already installed as asked.
@@ -76,6 +110,10 @@ func families(ipv6 bool) []intercept.Family {
 	return []intercept.Family{intercept.V4}
 }
 
+// bothFamilies: rules of the family not in use are removed, so both are
+// always read.
+var bothFamilies = []intercept.Family{intercept.V4, intercept.V6}
+
 // Prepare reads the installed state and plans the change. It fails with
 // ErrDifferent (wrapped, with details) when other rules of meshwire's or
 // istio-iptables' are there and req.Reconcile is false.
@@ -91,61 +129,73 @@ func Prepare(ctx context.Context, req Request) (*Plan, error) {
 		Status:  map[intercept.Family]intercept.Status{},
 		Restore: map[intercept.Family]string{},
 		Forced:  req.Force,
+		routing: req.routing(),
 	}
+	if b.Kind != firewall.IPTables && b.Kind != firewall.NFTables {
+		return nil, fmt.Errorf("unknown firewall backend %q", b.Kind)
+	}
+	if p.fw = req.open(b, true); p.fw == nil {
+		return nil, fmt.Errorf("firewall backend %s is not installed", b)
+	}
+	// Reads only: release the netlink socket now, Apply opens another.
+	defer release(p.fw)
 	// The family not in use gets an empty rule set: whatever was there
 	// before (a dual-stack run) is a difference to remove.
-	for _, f := range []intercept.Family{intercept.V4, intercept.V6} {
+	for _, f := range bothFamilies {
 		if f == intercept.V6 && !req.IPv6 {
 			p.Sets[f] = &intercept.RuleSet{Family: f}
 		} else {
 			p.Sets[f] = intercept.Build(req.Config, f)
 		}
 	}
+	have := read(ctx, b, p.fw)
 	var nftSets []*intercept.RuleSet
-	for _, f := range []intercept.Family{intercept.V4, intercept.V6} {
+	for _, f := range bothFamilies {
 		want := p.Sets[f]
-		switch b.Kind {
-		case firewall.IPTables:
-			st, err := iptablesState(ctx, b, f)
-			if err != nil {
-				if f == intercept.V6 && !req.IPv6 {
-					continue // no ip6tables and no wish for it
-				}
-				return nil, err
+		if err := have.errs[f]; err != nil {
+			if f == intercept.V6 && !req.IPv6 {
+				continue // nothing to read there, and no wish for it
 			}
+			return nil, err
+		}
+		if b.Kind == firewall.IPTables {
+			st := have.ipt[f]
 			p.Status[f] = intercept.Compare(want, st)
 			if p.Status[f] != intercept.Current || req.Force && !want.Empty() {
 				p.Restore[f] = intercept.Restore(want, st)
 			}
-		case firewall.NFTables:
-			listing := nftListing(ctx, f)
-			p.Status[f] = intercept.NftStatus(want, listing)
-			if p.Status[f] != intercept.Current || req.Force && !want.Empty() {
-				nftSets = append(nftSets, want)
-			}
-		default:
-			return nil, fmt.Errorf("unknown firewall backend %q", b.Kind)
+			continue
+		}
+		p.Status[f] = intercept.NftStatus(want, have.nft[f])
+		if p.Status[f] != intercept.Current || req.Force && !want.Empty() {
+			nftSets = append(nftSets, want)
 		}
 	}
 	if len(nftSets) > 0 {
 		p.Nft = intercept.Nft(nftSets...)
 	}
-	for _, o := range allBackends() {
+	for _, o := range allBackends {
 		if o == b {
 			continue
 		}
-		if has, _ := holdsRules(ctx, o); has {
-			p.Others = append(p.Others, o)
+		fw := req.open(o, false)
+		if fw == nil {
+			continue
 		}
+		if h := read(ctx, o, fw); !h.empty() {
+			p.Others = append(p.Others, o)
+			p.others = append(p.others, h)
+		}
+		release(fw)
 	}
 	p.Add = intercept.Routing(req.Config, req.IPv6)
 	for _, s := range intercept.Routing(withMode(req.Config, intercept.ModeTProxy), true) {
-		if !hasStep(p.Add, s) {
+		if !slices.Contains(p.Add, s) {
 			p.Remove = append(p.Remove, s)
 		}
 	}
 	var diff []string
-	for _, f := range []intercept.Family{intercept.V4, intercept.V6} {
+	for _, f := range bothFamilies {
 		if p.Status[f] == intercept.Different {
 			diff = append(diff, fmt.Sprintf("%s (%s)", f, b))
 		}
@@ -164,13 +214,13 @@ func withMode(c intercept.Config, m intercept.Mode) intercept.Config {
 	return c
 }
 
-func hasStep(steps []intercept.Step, s intercept.Step) bool {
-	for _, x := range steps {
-		if x == s {
-			return true
-		}
+// release ends a firewall's use; a socket whose close waits for the
+// kernel to free what was removed is closed here (a pod's interception
+// rules are few).
+func release(fw firewall.Interface) {
+	if f := fw.Release(); f != nil {
+		_ = f.Close()
 	}
-	return false
 }
 
 // String renders the plan as what would be run (the dry-run output).
@@ -180,16 +230,9 @@ func (p *Plan) String() string {
 	for _, s := range p.Add {
 		fmt.Fprintf(&b, "# %s\n", s)
 	}
-	for _, f := range []intercept.Family{intercept.V4, intercept.V6} {
+	for _, f := range bothFamilies {
 		if p.Restore[f] != "" {
-			tool := "iptables"
-			if f == intercept.V6 {
-				tool = "ip6tables"
-			}
-			if p.Backend.Variant != firewall.VariantDefault {
-				tool += "-" + string(p.Backend.Variant)
-			}
-			fmt.Fprintf(&b, "# %s-restore --noflush\n%s", tool, p.Restore[f])
+			fmt.Fprintf(&b, "# %s --noflush\n%s", restoreTool(p.Backend, f), p.Restore[f])
 		}
 	}
 	if p.Nft != "" {
@@ -207,60 +250,82 @@ func (p *Plan) String() string {
 	return b.String()
 }
 
+// restoreTool names the iptables-restore of a backend and family.
+func restoreTool(b firewall.Backend, f intercept.Family) string {
+	tool := "iptables"
+	if f == intercept.V6 {
+		tool = "ip6tables"
+	}
+	if b.Variant != firewall.VariantDefault {
+		tool += "-" + string(b.Variant)
+	}
+	return tool + "-restore"
+}
+
 // Apply makes the change: routing first (so that marked packets have
 // somewhere to go the moment TPROXY rules exist), then the firewall
 // transaction(s), then the removal of what the new rule set no longer
 // needs.
 func (p *Plan) Apply(ctx context.Context) error {
-	if err := ApplySteps(p.Add); err != nil {
+	defer release(p.fw)
+	if err := p.routing.Apply(p.Add); err != nil {
 		return err
 	}
-	for _, f := range []intercept.Family{intercept.V4, intercept.V6} {
+	for _, f := range bothFamilies {
 		if p.Restore[f] == "" {
 			continue
 		}
-		if err := p.Backend.Restore(ctx, f, p.Restore[f]); err != nil {
+		if err := p.fw.Restore(ctx, f, p.Restore[f]); err != nil {
 			return fmt.Errorf("apply %s rules: %w", f, err)
 		}
 	}
 	if p.Nft != "" {
-		if err := firewall.NftApply(ctx, p.Nft); err != nil {
+		if err := p.fw.ApplyNft(ctx, p.Nft); err != nil {
 			return fmt.Errorf("apply nftables rules: %w", err)
 		}
 	}
-	for _, o := range p.Others {
-		if err := cleanBackend(ctx, o); err != nil {
+	for _, h := range p.others {
+		err := h.remove(ctx)
+		release(h.fw)
+		if err != nil {
 			return err
 		}
 	}
-	return RemoveSteps(p.Remove)
+	return p.routing.Remove(p.Remove)
 }
 
 // Cleanup removes everything meshwire (or istio-iptables) installed for
 // interception in every backend present, and the policy routing and
-// passthrough address of cfg's mark and table. It returns what it removed,
-// as the plan it ran (or, with dryRun, would run).
-func Cleanup(ctx context.Context, cfg intercept.Config, dryRun bool) (string, error) {
+// passthrough address of req.Config's mark and table. It returns what it
+// removed, as the plan it ran (or, with dryRun, would run). Of req, only
+// Config, Firewall and Routing count.
+func Cleanup(ctx context.Context, req Request, dryRun bool) (string, error) {
 	var out strings.Builder
+	routing := req.routing()
 	// The policy routing to remove: that of the given flags, and that of
 	// any TPROXY mark the installed rules use (installed with other -t/-r).
-	steps := intercept.Routing(withMode(cfg, intercept.ModeTProxy), true)
-	for _, b := range allBackends() {
-		for _, mark := range intercept.TProxyMarks(installedText(ctx, b)) {
-			steps = appendNew(steps, routingOfMark(mark)...)
+	steps := intercept.Routing(withMode(req.Config, intercept.ModeTProxy), true)
+	var held []*holding
+	for _, b := range allBackends {
+		fw := req.open(b, false)
+		if fw == nil {
+			continue
 		}
+		defer release(fw)
+		h := read(ctx, b, fw)
+		for _, mark := range h.marks() {
+			steps = appendNew(steps, routing.OfMark(mark)...)
+		}
+		held = append(held, h)
 	}
-	for _, b := range allBackends() {
-		script, err := cleanupScript(ctx, b)
-		if err != nil {
-			return out.String(), err
-		}
+	for _, h := range held {
+		script := h.script()
 		if script == "" {
 			continue
 		}
-		fmt.Fprintf(&out, "# %s\n%s", b, script)
+		fmt.Fprintf(&out, "# %s\n%s", h.b, script)
 		if !dryRun {
-			if err := cleanBackend(ctx, b); err != nil {
+			if err := h.remove(ctx); err != nil {
 				return out.String(), err
 			}
 		}
@@ -269,96 +334,122 @@ func Cleanup(ctx context.Context, cfg intercept.Config, dryRun bool) (string, er
 		fmt.Fprintf(&out, "# remove if present: %s\n", s)
 	}
 	if !dryRun {
-		if err := RemoveSteps(steps); err != nil {
+		if err := routing.Remove(steps); err != nil {
 			return out.String(), err
 		}
 	}
 	return out.String(), nil
 }
 
-// allBackends lists the backends whose tools are installed.
-func allBackends() []firewall.Backend {
-	var out []firewall.Backend
-	for _, b := range []firewall.Backend{
-		{Kind: firewall.IPTables, Variant: firewall.VariantLegacy},
-		{Kind: firewall.IPTables, Variant: firewall.VariantNFT},
-		{Kind: firewall.NFTables},
-	} {
-		if toolsPresent(b) {
-			out = append(out, b)
-		}
-	}
-	return out
+// allBackends are the backends meshwire's rules may be in.
+var allBackends = []firewall.Backend{
+	{Kind: firewall.IPTables, Variant: firewall.VariantLegacy},
+	{Kind: firewall.IPTables, Variant: firewall.VariantNFT},
+	{Kind: firewall.NFTables},
 }
 
-func cleanupScript(ctx context.Context, b firewall.Backend) (string, error) {
-	var out strings.Builder
-	if b.Kind == firewall.NFTables {
-		var sets []*intercept.RuleSet
-		for _, f := range []intercept.Family{intercept.V4, intercept.V6} {
-			if nftListing(ctx, f) != "" {
-				sets = append(sets, &intercept.RuleSet{Family: f})
+// iptablesTables are the iptables tables interception rules live in.
+var iptablesTables = []string{intercept.Raw, intercept.Mangle, intercept.NAT}
+
+// holding is what one backend holds of meshwire's interception rules in
+// the namespace, read back once through its firewall.
+type holding struct {
+	b  firewall.Backend
+	fw firewall.Interface
+	// ipt is meshwire's part of each family's iptables tables, with the
+	// tables themselves (iptables backends).
+	ipt    map[intercept.Family]*intercept.State
+	tables map[intercept.Family][]*firewall.Table
+	// nft is meshwire's table of each family, nil when absent (nftables).
+	nft map[intercept.Family]*firewall.Table
+	// errs are the families that could not be read (no ip6tables, say).
+	errs map[intercept.Family]error
+}
+
+func read(ctx context.Context, b firewall.Backend, fw firewall.Interface) *holding {
+	h := &holding{b: b, fw: fw,
+		ipt: map[intercept.Family]*intercept.State{}, tables: map[intercept.Family][]*firewall.Table{},
+		nft: map[intercept.Family]*firewall.Table{}, errs: map[intercept.Family]error{}}
+	for _, f := range bothFamilies {
+		if b.Kind == firewall.NFTables {
+			t, err := fw.ReadTable(ctx, f.Tables(), intercept.NftTable)
+			if err != nil {
+				h.errs[f] = fmt.Errorf("read %s table %s: %w", f.Tables().Name(), intercept.NftTable, err)
 			}
-		}
-		if len(sets) > 0 {
-			out.WriteString(intercept.Nft(sets...))
-		}
-		return out.String(), nil
-	}
-	for _, f := range []intercept.Family{intercept.V4, intercept.V6} {
-		st, err := iptablesState(ctx, b, f)
-		if err != nil {
+			h.nft[f] = t
 			continue
 		}
-		if !st.Empty() {
-			out.WriteString(intercept.Restore(&intercept.RuleSet{Family: f}, st))
+		tables, err := fw.ReadTables(ctx, f.Tables(), iptablesTables)
+		if err != nil {
+			h.errs[f] = fmt.Errorf("read %s's %s tables: %w", b, f, err)
+			continue
 		}
+		h.tables[f] = tables
+		h.ipt[f] = intercept.ReadState(tables...)
 	}
-	return out.String(), nil
+	return h
 }
 
-func cleanBackend(ctx context.Context, b firewall.Backend) error {
-	if b.Kind == firewall.NFTables {
-		script, _ := cleanupScript(ctx, b)
-		if script == "" {
-			return nil
-		}
-		if err := firewall.NftApply(ctx, script); err != nil {
-			return fmt.Errorf("remove nftables rules: %w", err)
-		}
-		return nil
+// empty reports whether nothing of meshwire's was found.
+func (h *holding) empty() bool { return h.script() == "" }
+
+// marks lists the marks the TPROXY rules found set.
+func (h *holding) marks() []uint32 {
+	var tables []*firewall.Table
+	for _, f := range bothFamilies {
+		tables = append(append(tables, h.tables[f]...), h.nft[f])
 	}
-	for _, f := range []intercept.Family{intercept.V4, intercept.V6} {
-		st, err := iptablesState(ctx, b, f)
-		if err != nil || st.Empty() {
+	return intercept.TProxyMarks(tables...)
+}
+
+// removal renders the transactions that remove what was found: an
+// iptables-restore payload per family, or one nftables script.
+func (h *holding) removal() (map[intercept.Family]string, string) {
+	payloads := map[intercept.Family]string{}
+	var sets []*intercept.RuleSet
+	for _, f := range bothFamilies {
+		if st := h.ipt[f]; st != nil && !st.Empty() {
+			payloads[f] = intercept.Restore(&intercept.RuleSet{Family: f}, st)
+		}
+		if h.nft[f] != nil {
+			sets = append(sets, &intercept.RuleSet{Family: f})
+		}
+	}
+	if len(sets) == 0 {
+		return payloads, ""
+	}
+	return payloads, intercept.Nft(sets...)
+}
+
+// script is the removal as text (dry runs), "" when there is nothing.
+func (h *holding) script() string {
+	payloads, nft := h.removal()
+	var b strings.Builder
+	for _, f := range bothFamilies {
+		b.WriteString(payloads[f])
+	}
+	b.WriteString(nft)
+	return b.String()
+}
+
+// remove removes what was found, one transaction per family (iptables)
+// or one in all (nftables).
+func (h *holding) remove(ctx context.Context) error {
+	payloads, nft := h.removal()
+	for _, f := range bothFamilies {
+		if payloads[f] == "" {
 			continue
 		}
-		if err := b.Restore(ctx, f, intercept.Restore(&intercept.RuleSet{Family: f}, st)); err != nil {
-			return fmt.Errorf("remove %s rules from %s: %w", f, b, err)
+		if err := h.fw.Restore(ctx, f, payloads[f]); err != nil {
+			return fmt.Errorf("remove %s rules from %s: %w", f, h.b, err)
+		}
+	}
+	if nft != "" {
+		if err := h.fw.ApplyNft(ctx, nft); err != nil {
+			return fmt.Errorf("remove nftables rules: %w", err)
 		}
 	}
 	return nil
-}
-
-func holdsRules(ctx context.Context, b firewall.Backend) (bool, error) {
-	s, err := cleanupScript(ctx, b)
-	return s != "", err
-}
-
-func iptablesState(ctx context.Context, b firewall.Backend, f intercept.Family) (*intercept.State, error) {
-	save, err := b.Save(ctx, f, "")
-	if err != nil {
-		return nil, err
-	}
-	return intercept.ParseSave(save), nil
-}
-
-func nftListing(ctx context.Context, f intercept.Family) string {
-	out, err := firewall.Nft(ctx, "list", "table", intercept.NftFamily(f), intercept.NftTable)
-	if err != nil {
-		return ""
-	}
-	return out
 }
 
 // WantIPv6 is the decision to program IPv6 rules: asked for (--dual-stack)
@@ -394,46 +485,9 @@ func LocalAddrs() ([]netip.Addr, error) {
 	return out, nil
 }
 
-// installedText is everything a backend shows in the namespace (both
-// families), for scanning.
-func installedText(ctx context.Context, b firewall.Backend) string {
-	var out strings.Builder
-	for _, f := range []intercept.Family{intercept.V4, intercept.V6} {
-		if b.Kind == firewall.NFTables {
-			out.WriteString(nftListing(ctx, f))
-		} else if save, err := b.Save(ctx, f, Mangle); err == nil {
-			out.WriteString(save)
-		}
-	}
-	return out.String()
-}
-
-// Mangle is the table TPROXY rules live in.
-const Mangle = intercept.Mangle
-
-// routingOfMark lists the policy rules of a mark (whatever their table)
-// and the local default routes of those tables, for both families.
-func routingOfMark(mark uint32) []intercept.Step {
-	var steps []intercept.Step
-	for _, f := range []intercept.Family{intercept.V4, intercept.V6} {
-		rules, err := netlinksafe.RuleList(nlFamily(f))
-		if err != nil {
-			continue
-		}
-		for _, r := range rules {
-			if r.Mark == mark && r.Table > 0 {
-				steps = append(steps,
-					intercept.Step{Kind: intercept.StepRule, Family: f, Mark: mark, Table: uint32(r.Table)},
-					intercept.Step{Kind: intercept.StepLocalRoute, Family: f, Table: uint32(r.Table)})
-			}
-		}
-	}
-	return steps
-}
-
 func appendNew(steps []intercept.Step, more ...intercept.Step) []intercept.Step {
 	for _, s := range more {
-		if !hasStep(steps, s) {
+		if !slices.Contains(steps, s) {
 			steps = append(steps, s)
 		}
 	}

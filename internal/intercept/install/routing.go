@@ -1,12 +1,10 @@
 package install
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"net"
 	"os/exec"
-	"strings"
 	"syscall"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
@@ -16,6 +14,41 @@ import (
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/intercept"
 )
+
+// Routing is the policy routing of the namespace that TPROXY needs.
+type Routing interface {
+	// Apply ensures each step is in place (see ApplySteps).
+	Apply(steps []intercept.Step) error
+	// Remove removes each step that is present (see RemoveSteps).
+	Remove(steps []intercept.Step) error
+	// OfMark lists the policy rules of a mark, whatever their table, and
+	// the local default routes of those tables, for both families.
+	OfMark(mark uint32) []intercept.Step
+}
+
+// netlinkRouting is the calling thread's namespace's routing.
+type netlinkRouting struct{}
+
+func (netlinkRouting) Apply(steps []intercept.Step) error  { return ApplySteps(steps) }
+func (netlinkRouting) Remove(steps []intercept.Step) error { return RemoveSteps(steps) }
+
+func (netlinkRouting) OfMark(mark uint32) []intercept.Step {
+	var steps []intercept.Step
+	for _, f := range []intercept.Family{intercept.V4, intercept.V6} {
+		rules, err := netlinksafe.RuleList(nlFamily(f))
+		if err != nil {
+			continue
+		}
+		for _, r := range rules {
+			if r.Mark == mark && r.Table > 0 {
+				steps = append(steps,
+					intercept.Step{Kind: intercept.StepRule, Family: f, Mark: mark, Table: uint32(r.Table)},
+					intercept.Step{Kind: intercept.StepLocalRoute, Family: f, Table: uint32(r.Table)})
+			}
+		}
+	}
+	return steps
+}
 
 func nlFamily(f intercept.Family) int {
 	if f == intercept.V6 {
@@ -185,14 +218,14 @@ func toolsPresent(b firewall.Backend) bool {
 	return err == nil
 }
 
-// resolveVariant tells which variant the distribution's plain `iptables` is.
+// resolveVariant tells which variant a plain `iptables` backend is, as
+// the firewall decides it (both families' tools nf_tables-backed: nft).
 func resolveVariant(b firewall.Backend) firewall.Variant {
 	if b.Kind != firewall.IPTables || b.Variant != firewall.VariantDefault {
 		return b.Variant
 	}
-	out, err := exec.CommandContext(context.Background(), "iptables", "--version").Output()
-	if err == nil && strings.Contains(string(out), "legacy") {
-		return firewall.VariantLegacy
+	if b.NFTablesBacked() {
+		return firewall.VariantNFT
 	}
-	return firewall.VariantNFT
+	return firewall.VariantLegacy
 }

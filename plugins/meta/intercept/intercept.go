@@ -66,7 +66,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 		// Apply also restores policy routing that went missing; with the
 		// rules in place it changes nothing else.
 		if err := plan.Apply(ctx); err != nil {
-			if _, uerr := install.Cleanup(ctx, o.Config, false); uerr != nil {
+			if _, uerr := install.Cleanup(ctx, install.Request{Config: o.Config}, false); uerr != nil {
 				slog.Warn("undoing a failed ADD", "error", uerr)
 			}
 			return err
@@ -89,7 +89,7 @@ func cmdDel(args *skel.CmdArgs) error {
 		return nil // the rules lived in the namespace, gone with it
 	}
 	err = netns.Enter(args.Netns, func() error {
-		_, err := install.Cleanup(context.Background(), o.Config, false)
+		_, err := install.Cleanup(context.Background(), install.Request{Config: o.Config}, false)
 		return err
 	})
 	if netns.IsGone(err) {
