@@ -79,13 +79,7 @@ func withDriver(ctx context.Context, c *config, fn func(driver) error) error {
 	}
 	slog.Debug("backend", "backend", b.String(), "configured", c.Backend != nil, "implied", c.Implied)
 	fw := firewall.New(b)
-	defer func() {
-		// portmap commits through the tools, never over netlink: nothing
-		// to hand on, but close it if there is.
-		if f := fw.Release(); f != nil {
-			f.Close()
-		}
-	}()
+	defer fw.Close() // portmap reads over netlink and commits through the tools: nothing to hand on
 	return fn(newDriver(fw))
 }
 
