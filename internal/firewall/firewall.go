@@ -15,7 +15,10 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/nftnl"
 )
 
 // Kind is the firewall API in use.
@@ -180,15 +183,27 @@ func run(ctx context.Context, name, stdin string, args ...string) (string, error
 // uses, so meshwire's rules land where the rest of the node's rules are:
 // iptables-legacy if legacy tables hold rules, else iptables-nft if its
 // tables hold rules, else nftables if native nftables tables exist, else
-// iptables through the distribution's default `iptables`.
+// iptables through the distribution's default `iptables`. A tool's
+// backend counts only when its tools are installed. What lives in
+// nf_tables is looked up over netlink (the tools only when that fails),
+// and a legacy family whose namespace never loaded a table is not read:
+// in a fresh pod namespace, detection runs no tool at all.
 func Detect(ctx context.Context) Backend {
-	if hasRules(ctx, Backend{Kind: IPTables, Variant: VariantLegacy}) {
-		return Backend{Kind: IPTables, Variant: VariantLegacy}
+	legacy := Backend{Kind: IPTables, Variant: VariantLegacy}
+	if hasRules(ctx, legacy) {
+		return legacy
 	}
-	if hasRules(ctx, Backend{Kind: IPTables, Variant: VariantNFT}) {
-		return Backend{Kind: IPTables, Variant: VariantNFT}
+	nft := Backend{Kind: IPTables, Variant: VariantNFT}
+	rules, native, err := lookInNFTables(nft)
+	if err != nil {
+		rules = hasRules(ctx, nft)
+		out, err := Nft(ctx, "list", "tables")
+		native = err == nil && hasNativeTables(out)
 	}
-	if out, err := Nft(ctx, "list", "tables"); err == nil && hasNativeTables(out) {
+	if rules {
+		return nft
+	}
+	if native {
 		return Backend{Kind: NFTables}
 	}
 	if _, err := exec.LookPath("iptables-restore"); err != nil {
@@ -204,12 +219,55 @@ func hasRules(ctx context.Context, b Backend) bool {
 		if _, err := exec.LookPath(b.tool(f, "save")); err != nil {
 			continue
 		}
+		if b.Variant == VariantLegacy && !legacyTablesLoaded(f.Tables()) {
+			continue // iptables-save would list no table
+		}
 		out, err := b.Save(ctx, f, "")
 		if err == nil && CountRules(out) > 0 {
 			return true
 		}
 	}
 	return false
+}
+
+// lookInNFTables tells, over netlink, what iptables-nft-save and `nft list
+// tables` would: whether the iptables tables of b (iptables-nft) hold rules,
+// for the families whose iptables-nft-save is installed, and whether there
+// are native tables (when nft is installed).
+func lookInNFTables(b Backend) (rules, native bool, err error) {
+	c, err := nftnl.Open()
+	if err != nil {
+		return false, false, err
+	}
+	defer c.Close()
+	_, nftErr := exec.LookPath("nft")
+	for _, fam := range []TableFamily{IP, IP6, Inet, unix.NFPROTO_ARP, Bridge, unix.NFPROTO_NETDEV} {
+		names, err := c.Tables(nftnl.Family(fam))
+		if err != nil {
+			return false, false, err
+		}
+		_, toolErr := exec.LookPath(b.tool(V4, "save"))
+		if fam == IP6 {
+			_, toolErr = exec.LookPath(b.tool(V6, "save"))
+		}
+		for _, n := range names {
+			if (fam != IP && fam != IP6) || !iptablesNFTTables[n] {
+				native = native || nftErr == nil
+				continue
+			}
+			if rules || toolErr != nil {
+				continue
+			}
+			count := 0
+			err := c.Dump(unix.NFT_MSG_GETRULE, nftnl.Family(fam), []nftnl.Attr{nftnl.StrAttr(unix.NFTA_RULE_TABLE, n)},
+				func() { count = 0 }, func([]byte) { count++ })
+			if err != nil {
+				return false, false, err
+			}
+			rules = count > 0
+		}
+	}
+	return rules, native, nil
 }
 
 // CountRules counts the rules ("-A" lines) in iptables-save output.

@@ -324,20 +324,24 @@ func (h *Host) HasChain(ctx context.Context, fam TableFamily, table, chain strin
 // the calling thread's (/proc/net is the thread group leader's, another
 // one inside netns.Enter).
 func legacyTableLoaded(fam TableFamily, table string) bool {
+	return slices.Contains(legacyTables(fam), table)
+}
+
+// legacyTablesLoaded: the namespace loaded a legacy iptables table of fam.
+func legacyTablesLoaded(fam TableFamily) bool { return len(legacyTables(fam)) > 0 }
+
+// legacyTables lists the legacy iptables tables of fam the calling
+// thread's namespace loaded (what iptables-legacy-save lists).
+func legacyTables(fam TableFamily) []string {
 	p := "/proc/thread-self/net/ip_tables_names"
 	if fam == IP6 {
 		p = "/proc/thread-self/net/ip6_tables_names"
 	}
 	data, err := os.ReadFile(p)
 	if err != nil {
-		return false
+		return nil
 	}
-	for _, l := range strings.Split(string(data), "\n") {
-		if strings.TrimSpace(l) == table {
-			return true
-		}
-	}
-	return false
+	return strings.Fields(string(data))
 }
 
 func (h *Host) Restore(ctx context.Context, f Family, payload string) error {
