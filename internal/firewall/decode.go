@@ -204,7 +204,7 @@ type reg struct {
 // decodeExprs reads a rule's expression list into r.
 func decodeExprs(list []byte, r *Rule) {
 	regs := map[uint32]*reg{}
-	nftnl.EachExpr(list, func(name string, data []byte) { decodeExpr(name, data, r, regs) })
+	nftnl.EachExpr(list, func(name, data []byte) { decodeExpr(string(name), data, r, regs) })
 }
 
 // u32 reads a big-endian 32-bit attribute.

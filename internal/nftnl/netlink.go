@@ -361,8 +361,10 @@ func UserdataComment(d []byte) string {
 }
 
 // EachExpr calls fn with the name and data of each expression of a rule's
-// expression list (an NFTA_RULE_EXPRESSIONS attribute's data).
-func EachExpr(list []byte, fn func(name string, data []byte)) {
+// expression list (an NFTA_RULE_EXPRESSIONS attribute's data), both only
+// valid during the call (the name is not copied: a dump of a long chain
+// then allocates nothing per expression).
+func EachExpr(list []byte, fn func(name, data []byte)) {
 	EachAttr(list, func(_ uint16, elem []byte) {
 		var name, data []byte
 		EachAttr(elem, func(typ uint16, d []byte) {
@@ -373,7 +375,7 @@ func EachExpr(list []byte, fn func(name string, data []byte)) {
 				data = d
 			}
 		})
-		fn(string(name), data)
+		fn(name, data)
 	})
 }
 

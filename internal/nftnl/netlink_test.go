@@ -51,8 +51,8 @@ func readRule(obj []byte) rule {
 		case unix.NFTA_RULE_USERDATA:
 			r.Comment = UserdataComment(d)
 		case unix.NFTA_RULE_EXPRESSIONS:
-			EachExpr(d, func(name string, data []byte) {
-				switch name {
+			EachExpr(d, func(name, data []byte) {
+				switch string(name) {
 				case "masq":
 					r.Target = "MASQUERADE"
 				case "match", "target":
@@ -65,7 +65,7 @@ func readRule(obj []byte) rule {
 							info = d
 						}
 					})
-					if name == "target" {
+					if string(name) == "target" {
 						r.Target = string(xname)
 					} else if string(xname) == "comment" {
 						r.Comment = string(CStr(info))
@@ -389,14 +389,14 @@ func TestEncodeExprs(t *testing.T) {
 		t.Fatal(err)
 	}
 	var names []string
-	EachExpr(EncodeExprs([]Expr{NotMulticastDst(), cm, Counter(), Masquerade(IP6)}), func(name string, data []byte) {
+	EachExpr(EncodeExprs([]Expr{NotMulticastDst(), cm, Counter(), Masquerade(IP6)}), func(name, data []byte) {
 		var x string
 		EachAttr(data, func(typ uint16, d []byte) {
 			if typ == unix.NFTA_MATCH_NAME { // NFTA_TARGET_NAME
 				x = "/" + string(CStr(d))
 			}
 		})
-		names = append(names, name+x)
+		names = append(names, string(name)+x)
 	})
 	if got := strings.Join(names, " "); got != "match/addrtype match/comment counter target/MASQUERADE" {
 		t.Fatalf("read back %q", got)
