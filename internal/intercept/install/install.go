@@ -1,9 +1,12 @@
 // Package install applies meshwire's interception rule model (package
 // intercept) to the network namespace the calling thread is in: it reads
-// what is installed, plans the one transaction per family (or the one
-// nftables transaction) that turns it into the desired rule set, and applies
-// it together with the TPROXY policy routing (through netlink). Both the
-// iptables-init command and the intercept CNI plugin use it.
+// what is installed as typed rules through the firewall front door
+// (firewall.Interface: netlink for nf_tables, legacy iptables' text only
+// for the tables the namespace loaded), plans the one transaction per
+// family (or the one nftables transaction) that turns it into the desired
+// rule set, and applies it together with the TPROXY policy routing
+// (through netlink). Both the iptables-init command and the intercept CNI
+// plugin use it; tests give it firewall.Fakes (Request.Firewall).
 package install
 
 import (
