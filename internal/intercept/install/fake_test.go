@@ -377,3 +377,44 @@ func TestPlanString(t *testing.T) {
 		}
 	}
 }
+
+// counting counts a Fake's reads: what a real firewall does as netlink
+// dumps, or for legacy iptables as one iptables-save per read.
+type counting struct {
+	*firewall.Fake
+	reads *int
+}
+
+func (c counting) ReadTable(ctx context.Context, fam firewall.TableFamily, table string) (*firewall.Table, error) {
+	*c.reads++
+	return c.Fake.ReadTable(ctx, fam, table)
+}
+
+func (c counting) ReadTables(ctx context.Context, fam firewall.TableFamily, names []string) ([]*firewall.Table, error) {
+	*c.reads++
+	return c.Fake.ReadTables(ctx, fam, names)
+}
+
+// TestReadsOncePerFamily: Prepare and Cleanup read each backend once per
+// family (for legacy iptables, one iptables-save each), Apply not at all.
+func TestReadsOncePerFamily(t *testing.T) {
+	ctx := context.Background()
+	p := newPod(allBackends...)
+	reads := 0
+	req := p.req(tproxy(0x539, 133), iptNFT, true)
+	req.Firewall = func(b firewall.Backend) firewall.Interface { return counting{p.fakes[b], &reads} }
+	plan, err := Prepare(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if reads != 2*len(allBackends) {
+		t.Fatalf("Prepare read %d times", reads)
+	}
+	reads = 0
+	if err := plan.Apply(ctx); err != nil || reads != 0 {
+		t.Fatalf("Apply read %d times (%v)", reads, err)
+	}
+	if _, err := Cleanup(ctx, req, false); err != nil || reads != 2*len(allBackends) {
+		t.Fatalf("Cleanup read %d times (%v)", reads, err)
+	}
+}
