@@ -69,14 +69,14 @@ func (a *Attachment) removeMasq(ctx context.Context) (tail *os.File, err error) 
 	if a.Prev != nil {
 		addrs = IPNets(addressing.IPsFor(a.Prev.IPs, ContainerIndex(a.Prev, a.Args.IfName, "")))
 	}
-	_ = timed("masquerade del", func() error {
-		fw, err := firewall.NewHost(ctx, a.Backend)
-		if err != nil {
-			return err
+	err = timed("masquerade del", func() error {
+		fw, ferr := firewall.NewHost(ctx, a.Backend)
+		if ferr != nil {
+			return ferr
 		}
-		err = ipmasq.Teardown(ctx, fw, a.ID(), addrs)
+		ferr = ipmasq.Teardown(ctx, fw, a.ID(), addrs)
 		tail = fw.Release()
-		return err
+		return ferr
 	})
 	// What the reference's ipMasq set up before an in-place upgrade.
 	if rerr := timed("reference masquerade del", func() error {
