@@ -16,9 +16,11 @@ DESTDIR   ?=
 CNI_BIN_DIR ?= /opt/cni/bin
 BINDIR    ?= /usr/local/bin
 
-# Every main package that ships (the test/ tree holds test-only programs).
+# Every main package that ships (the test/ tree holds test-only programs;
+# internal/ holds development tools such as the docs generator, run by
+# `go generate`, never installed).
 MAINS     = $(shell $(GO) list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' ./...)
-SHIPPED   = $(filter-out $(PKG)/test/%,$(MAINS))
+SHIPPED   = $(filter-out $(PKG)/test/% $(PKG)/internal/%,$(MAINS))
 TESTBINS  = $(filter $(PKG)/test/%,$(MAINS))
 COMMANDS  := meshwire iptables-init
 
