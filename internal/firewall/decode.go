@@ -123,6 +123,39 @@ func hasChain(c *nftnl.Conn, fam TableFamily, table, chain string) (bool, error)
 	return err == nil, err
 }
 
+// chainNames lists the chains of a table with one chain dump (the kernel
+// dumps the family's chains; those of other tables are skipped); none when
+// the table is not there.
+func chainNames(c *nftnl.Conn, fam TableFamily, table string) ([]string, error) {
+	var names []string
+	err := c.Dump(unix.NFT_MSG_GETCHAIN, nftnl.Family(fam), []nftnl.Attr{nftnl.StrAttr(unix.NFTA_CHAIN_TABLE, table)},
+		func() { names = names[:0] },
+		func(obj []byte) {
+			var t, n []byte
+			nftnl.EachAttr(obj, func(typ uint16, d []byte) {
+				switch typ {
+				case unix.NFTA_CHAIN_TABLE:
+					t = nftnl.CStr(d)
+				case unix.NFTA_CHAIN_NAME:
+					n = nftnl.CStr(d)
+				}
+			})
+			if string(t) == table {
+				names = append(names, string(n))
+			}
+		})
+	if errors.Is(err, unix.ENOENT) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("nf_tables: list chains of %s %s: %w", fam.Name(), table, err)
+	}
+	if len(names) == 0 {
+		return nil, nil
+	}
+	return names, nil
+}
+
 // readRules dumps the rules of a table, or of one of its chains.
 func readRules(c *nftnl.Conn, fam TableFamily, table, chain string) ([]Rule, error) {
 	attrs := []nftnl.Attr{nftnl.StrAttr(unix.NFTA_RULE_TABLE, table)}

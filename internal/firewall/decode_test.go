@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/meshwire/meshwire/internal/netns"
@@ -103,6 +104,16 @@ table ip mwt {
 					}
 				}
 			}
+			names, err := h.ChainNames(ctx, c.fam, c.table)
+			fakeNames, _ := c.fake.ChainNames(ctx, c.fam, c.table)
+			for _, n := range fakeNames {
+				if !slices.Contains(names, n) && (want.Chain(n).Hook == "" || len(want.Chain(n).Rules) > 0) {
+					return fmt.Errorf("ChainNames %s %s = %v, %v; the Fake has %v", c.fam.Name(), c.table, names, err, fakeNames)
+				}
+			}
+			if c.table == "mwt" && !slices.Equal(names, fakeNames) {
+				return fmt.Errorf("ChainNames %s %s = %v, the Fake has %v", c.fam.Name(), c.table, names, fakeNames)
+			}
 			one, err := h.ReadChain(ctx, c.fam, c.table, want.Chains[0].Name)
 			if err != nil || one == nil || len(one.Rules) != len(want.Chains[0].Rules) {
 				return fmt.Errorf("ReadChain: %+v, %v", one, err)
@@ -113,6 +124,9 @@ table ip mwt {
 		}
 		if c, err := h.ReadChain(ctx, IP, "nat", "ABSENT"); c != nil || err != nil {
 			return fmt.Errorf("ReadChain of an absent chain = %+v, %v", c, err)
+		}
+		if names, err := h.ChainNames(ctx, Inet, "absent"); names != nil || err != nil {
+			return fmt.Errorf("ChainNames of an absent table = %v, %v", names, err)
 		}
 		if ok, err := h.HasTable(ctx, Inet, "absent"); ok || err != nil {
 			return fmt.Errorf("HasTable of an absent table = %v, %v", ok, err)

@@ -217,6 +217,28 @@ func (f *Fake) HasChain(_ context.Context, fam TableFamily, table, chain string)
 	return f.tables[tableKey{fam, table}].chainOrNil(chain) != nil, nil
 }
 
+func (f *Fake) ChainNames(_ context.Context, fam TableFamily, table string) ([]string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t := f.tables[tableKey{fam, table}]
+	if t == nil {
+		return nil, nil
+	}
+	// As the kernel keeps them: legacy iptables' built-in chains (first,
+	// in hook order) and user chains in iptables' order (by name);
+	// nf_tables' chains in the order they were made.
+	var names, user []string
+	for _, c := range t.chains {
+		if t.iptables && !f.nftBacked() && c.Hook == "" {
+			user = append(user, c.Name)
+		} else {
+			names = append(names, c.Name)
+		}
+	}
+	slices.Sort(user)
+	return append(names, user...), nil
+}
+
 func (f *Fake) Tables(_ context.Context, fam TableFamily) ([]string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

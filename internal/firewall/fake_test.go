@@ -156,3 +156,39 @@ func TestFakeAppend(t *testing.T) {
 		t.Fatalf("got %+v\nwant %+v", got, want)
 	}
 }
+
+// TestFakeChainNames: the Fake lists a table's chains in the kernel's
+// order (legacy iptables: built-in chains, then user chains by name;
+// nf_tables: as made), and none for a table that is not there.
+func TestFakeChainNames(t *testing.T) {
+	ctx := context.Background()
+	payload := "*nat\n:ZZ - [0:0]\n:AA - [0:0]\nCOMMIT\n"
+	for _, c := range []struct {
+		b    Backend
+		want string
+	}{
+		{Backend{Kind: IPTables, Variant: VariantLegacy}, "PREROUTING INPUT OUTPUT POSTROUTING AA ZZ"},
+		{Backend{Kind: IPTables, Variant: VariantNFT}, "PREROUTING INPUT OUTPUT POSTROUTING ZZ AA"},
+	} {
+		f := NewFake(c.b)
+		if got, err := f.ChainNames(ctx, IP, "nat"); got != nil || err != nil {
+			t.Fatalf("%s before: %v, %v", c.b, got, err)
+		}
+		if err := f.Restore(ctx, V4, payload); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := f.ChainNames(ctx, IP, "nat"); strings.Join(got, " ") != c.want {
+			t.Errorf("%s: %v, want %s", c.b, got, c.want)
+		}
+		if got, _ := f.ChainNames(ctx, IP6, "nat"); got != nil {
+			t.Errorf("%s IPv6: %v", c.b, got)
+		}
+	}
+	f := NewFake(Backend{Kind: NFTables})
+	if err := f.ApplyNft(ctx, "table inet t {\n\tchain b {\n\t}\n\tchain a {\n\t}\n}\n"); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := f.ChainNames(ctx, Inet, "t"); strings.Join(got, " ") != "b a" {
+		t.Errorf("nftables: %v", got)
+	}
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -37,10 +38,18 @@ type Interface interface {
 	// Tables lists the names of the native nftables tables of fam.
 	Tables(ctx context.Context, fam TableFamily) ([]string, error)
 	// HasTable and HasChain tell whether a table or chain is there, as
-	// cheaply as the backend allows (one netlink request; for legacy
-	// iptables, /proc/thread-self/net/ip{,6}_tables_names before any tool).
+	// cheaply as the backend allows, with no tool run (one netlink
+	// request; for legacy iptables, /proc/thread-self/net/ip{,6}_tables_names
+	// and, for a chain of a loaded table, one getsockopt).
 	HasTable(ctx context.Context, fam TableFamily, table string) (bool, error)
 	HasChain(ctx context.Context, fam TableFamily, table, chain string) (bool, error)
+	// ChainNames lists the chains of a table, with no tool run: for
+	// nf_tables one netlink chain dump; for legacy iptables the built-in
+	// chains (in hook order) and the user chains, with one getsockopt,
+	// and none without instantiating a table the namespace never loaded.
+	// A table that is not there has none (nil, no error; HasTable tells
+	// it from an empty one).
+	ChainNames(ctx context.Context, fam TableFamily, table string) ([]string, error)
 
 	// Restore applies an iptables-restore --noflush payload to family f
 	// as one transaction (iptables backends). A busy xtables lock ends in
@@ -311,11 +320,31 @@ func (h *Host) HasChain(ctx context.Context, fam TableFamily, table, chain strin
 		}
 		return hasChain(c, fam, table, chain)
 	}
-	if !legacyTableLoaded(fam, table) {
-		return false, nil
+	names, err := h.ChainNames(ctx, fam, table)
+	return slices.Contains(names, chain), err
+}
+
+func (h *Host) ChainNames(ctx context.Context, fam TableFamily, table string) ([]string, error) {
+	if h.netlinkReads(fam) {
+		c, err := h.c()
+		if err != nil {
+			return nil, err
+		}
+		return chainNames(c, fam, table)
 	}
-	ch, err := h.ReadChain(ctx, fam, table, chain)
-	return ch != nil, err
+	f, err := tableFamilyOf(fam)
+	if err != nil {
+		return nil, err
+	}
+	user, err := legacyChains(f, table)
+	if err != nil || user == nil {
+		return nil, err
+	}
+	var names []string
+	for _, c := range builtinChains[table] {
+		names = append(names, c)
+	}
+	return append(names, slices.Sorted(maps.Keys(user))...), nil
 }
 
 // legacyTableLoaded: the kernel lists the legacy iptables tables that were

@@ -93,16 +93,12 @@ func GCPortmap(ctx context.Context, network string, valid []types.GCAttachment) 
 // native tables, both over one netlink connection).
 type node struct {
 	legacy, nft firewall.Interface
-	// legacyChains lists the user chains of legacy iptables' nat table
-	// (nil when it was never loaded): the cheap check.
-	legacyChains func(firewall.Family) (map[string]bool, error)
 }
 
 func hostNode() *node {
 	return &node{
-		legacy:       firewall.New(firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantLegacy}),
-		nft:          firewall.New(firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantNFT}),
-		legacyChains: legacyChains,
+		legacy: firewall.New(firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantLegacy}),
+		nft:    firewall.New(firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantNFT}),
 	}
 }
 
@@ -119,38 +115,34 @@ func (n *node) release() {
 
 var families = []firewall.Family{firewall.V4, firewall.V6}
 
-// iptForm is one iptables variant with its cheap check.
-type iptForm struct {
-	fw firewall.Interface
-	// has returns which of chains the nat table of family f holds.
-	has func(ctx context.Context, f firewall.Family, chains ...string) (map[string]bool, error)
-}
+// iptForms are the iptables variants, legacy first.
+func (n *node) iptForms() []firewall.Interface { return []firewall.Interface{n.legacy, n.nft} }
 
-func (n *node) iptForms() []iptForm {
-	return []iptForm{
-		{n.legacy, func(_ context.Context, f firewall.Family, chains ...string) (map[string]bool, error) {
-			all, err := n.legacyChains(f)
-			if err != nil || all == nil {
-				return nil, err
-			}
-			has := map[string]bool{}
-			for _, c := range chains {
-				has[c] = all[c]
-			}
-			return has, nil
-		}},
-		{n.nft, func(ctx context.Context, f firewall.Family, chains ...string) (map[string]bool, error) {
-			has := map[string]bool{}
-			for _, c := range chains {
-				ok, err := n.nft.HasChain(ctx, f.Tables(), "nat", c)
-				if err != nil {
-					return nil, absent(err)
-				}
-				has[c] = ok
-			}
-			return has, nil
-		}},
+// hasChains is the cheap check: which of chains the nat table of family f
+// holds. Legacy iptables lists every chain of the table for the price of
+// one (ChainNames: one getsockopt, nothing when nat was never loaded);
+// nf_tables answers each chain with one request, which costs the same
+// however many chains the node has (HasChain).
+func hasChains(ctx context.Context, fw firewall.Interface, f firewall.Family, chains ...string) (map[string]bool, error) {
+	has := map[string]bool{}
+	if !fw.Backend().NFTablesBacked() {
+		all, err := fw.ChainNames(ctx, f.Tables(), "nat")
+		if err != nil || all == nil {
+			return nil, err
+		}
+		for _, c := range chains {
+			has[c] = slices.Contains(all, c)
+		}
+		return has, nil
 	}
+	for _, c := range chains {
+		ok, err := fw.HasChain(ctx, f.Tables(), "nat", c)
+		if err != nil {
+			return nil, absent(err)
+		}
+		has[c] = ok
+	}
+	return has, nil
 }
 
 // absent turns "this kernel has no nf_tables" into nothing to do.
@@ -162,18 +154,13 @@ func absent(err error) error {
 }
 
 // legacyHasPrefix reports whether legacy iptables' nat table of family f
-// has a user chain whose name starts with prefix (GC's cheap check).
-func (n *node) legacyHasPrefix(f firewall.Family, prefix string) (bool, error) {
-	all, err := n.legacyChains(f)
+// has a chain whose name starts with prefix (GC's cheap check).
+func (n *node) legacyHasPrefix(ctx context.Context, f firewall.Family, prefix string) (bool, error) {
+	all, err := n.legacy.ChainNames(ctx, f.Tables(), "nat")
 	if err != nil {
 		return false, err
 	}
-	for c := range all {
-		if strings.HasPrefix(c, prefix) {
-			return true, nil
-		}
-	}
-	return false, nil
+	return slices.ContainsFunc(all, func(c string) bool { return strings.HasPrefix(c, prefix) }), nil
 }
 
 // dropChains removes user chains of the nat table of family f, with every
@@ -212,11 +199,11 @@ func dropChains(ctx context.Context, fw firewall.Interface, f firewall.Family, e
 func (n *node) delMasq(ctx context.Context, r attachment.Reference) error {
 	var errs []error
 	chain := r.MasqChain()
-	for _, form := range n.iptForms() {
+	for _, fw := range n.iptForms() {
 		for _, f := range families {
-			has, err := form.has(ctx, f, chain)
+			has, err := hasChains(ctx, fw, f, chain)
 			if err == nil && has[chain] {
-				err = dropChains(ctx, form.fw, f, []string{attachment.RefMasqEntryChain}, []string{chain})
+				err = dropChains(ctx, fw, f, []string{attachment.RefMasqEntryChain}, []string{chain})
 			}
 			errs = append(errs, err)
 		}
@@ -237,20 +224,20 @@ func (n *node) gcMasq(ctx context.Context, network string, valid []types.GCAttac
 		comments[attachment.Reference{Network: network, ContainerID: a.ContainerID, IfName: a.IfName}.MasqNftComment()] = true
 	}
 	var errs []error
-	for i, form := range n.iptForms() {
+	for _, fw := range n.iptForms() {
 		for _, f := range families {
-			if i == 0 {
-				if ok, err := n.legacyHasPrefix(f, "CNI-"); err != nil || !ok {
+			if fw == n.legacy {
+				if ok, err := n.legacyHasPrefix(ctx, f, "CNI-"); err != nil || !ok {
 					errs = append(errs, err)
 					continue
 				}
 			}
-			stale, err := staleJumps(ctx, form.fw, f, attachment.RefMasqEntryChain, func(r firewall.Rule) (string, bool) {
+			stale, err := staleJumps(ctx, fw, f, attachment.RefMasqEntryChain, func(r firewall.Rule) (string, bool) {
 				id, ok := idFromComment(r.Comment, "name: "+strconv.Quote(network)+" id: ", strconv.Unquote)
 				return id, ok && r.Jump == attachment.Reference{Network: network, ContainerID: id}.MasqChain()
 			}, ids)
 			if err == nil {
-				err = dropChains(ctx, form.fw, f, []string{attachment.RefMasqEntryChain}, stale)
+				err = dropChains(ctx, fw, f, []string{attachment.RefMasqEntryChain}, stale)
 			}
 			errs = append(errs, err)
 		}
@@ -351,9 +338,9 @@ var hostportEntries = []string{attachment.RefHostportDNAT, attachment.RefHostpor
 func (n *node) delPortmap(ctx context.Context, r attachment.Reference) error {
 	var errs []error
 	dn, sn := r.PortmapDNATChain(), r.PortmapSNATChain()
-	for _, form := range n.iptForms() {
+	for _, fw := range n.iptForms() {
 		for _, f := range families {
-			has, err := form.has(ctx, f, dn, sn)
+			has, err := hasChains(ctx, fw, f, dn, sn)
 			if err != nil {
 				errs = append(errs, err)
 				continue
@@ -367,11 +354,11 @@ func (n *node) delPortmap(ctx context.Context, r attachment.Reference) error {
 			if len(drop) == 0 {
 				continue
 			}
-			if err := dropChains(ctx, form.fw, f, hostportEntries, drop); err != nil {
+			if err := dropChains(ctx, fw, f, hostportEntries, drop); err != nil {
 				errs = append(errs, err)
 				continue
 			}
-			_ = dropHostportBase(ctx, form.fw, f) // best effort
+			_ = dropHostportBase(ctx, fw, f) // best effort
 		}
 	}
 	comment := r.PortmapNftComment()
@@ -389,26 +376,26 @@ func (n *node) gcPortmap(ctx context.Context, network string, valid []types.GCAt
 		ids[a.ContainerID] = true
 	}
 	var errs []error
-	for i, form := range n.iptForms() {
+	for _, fw := range n.iptForms() {
 		for _, f := range families {
-			if i == 0 {
-				if ok, err := n.legacyHasPrefix(f, "CNI-HOSTPORT-"); err != nil || !ok {
+			if fw == n.legacy {
+				if ok, err := n.legacyHasPrefix(ctx, f, "CNI-HOSTPORT-"); err != nil || !ok {
 					errs = append(errs, err)
 					continue
 				}
 			}
-			stale, err := staleJumps(ctx, form.fw, f, attachment.RefHostportDNAT, func(r firewall.Rule) (string, bool) {
+			stale, err := staleJumps(ctx, fw, f, attachment.RefHostportDNAT, func(r firewall.Rule) (string, bool) {
 				id, ok := idFromComment(r.Comment, `dnat name: "`+network+`" id: `, plainUnquote)
 				return id, ok && r.Jump == attachment.Reference{Network: network, ContainerID: id}.PortmapDNATChain()
 			}, ids)
 			if err == nil {
-				err = dropChains(ctx, form.fw, f, hostportEntries, stale)
+				err = dropChains(ctx, fw, f, hostportEntries, stale)
 			}
 			if err != nil {
 				errs = append(errs, err)
 				continue
 			}
-			_ = dropHostportBase(ctx, form.fw, f)
+			_ = dropHostportBase(ctx, fw, f)
 		}
 	}
 	for _, fam := range []firewall.TableFamily{firewall.IP, firewall.IP6} {

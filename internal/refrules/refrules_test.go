@@ -45,19 +45,7 @@ type fakeNode struct {
 func newFakeNode() *fakeNode {
 	legacy := firewall.NewFake(firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantLegacy})
 	nft := firewall.NewFake(firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantNFT})
-	n := &node{legacy: legacy, nft: nft, legacyChains: func(f firewall.Family) (map[string]bool, error) {
-		t := legacy.Table(f.Tables(), "nat")
-		if t == nil {
-			return nil, nil
-		}
-		m := map[string]bool{}
-		for _, c := range t.Chains {
-			if c.Hook == "" {
-				m[c.Name] = true
-			}
-		}
-		return m, nil
-	}}
+	n := &node{legacy: legacy, nft: nft}
 	return &fakeNode{node: n, legacy: legacy, nft: nft}
 }
 

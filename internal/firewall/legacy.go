@@ -1,4 +1,4 @@
-package refrules
+package firewall
 
 import (
 	"bytes"
@@ -9,26 +9,24 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/meshwire/meshwire/internal/firewall"
 )
 
-// legacyChains returns the user chains of legacy iptables' nat table of
+// legacyChains returns the user chains of legacy iptables' table of
 // family f, read with one getsockopt (no tool started): the cheap check of
 // DEL on a node whose legacy nat table exists. A nat table that was never
 // loaded in this namespace holds nothing and is not loaded by the check
 // (reading it would instantiate it): nil, nil. The calling thread's
 // namespace is the one read.
-func legacyChains(f firewall.Family) (map[string]bool, error) {
+func legacyChains(f Family, table string) (map[string]bool, error) {
 	names, level, domain := "/proc/thread-self/net/ip_tables_names", unix.IPPROTO_IP, unix.AF_INET
 	// struct ipt_entry: target_offset and next_offset follow struct ipt_ip
 	// (84 bytes) and nfcache.
 	offTarget := 88
-	if f == firewall.V6 {
+	if f == V6 {
 		names, level, domain = "/proc/thread-self/net/ip6_tables_names", unix.IPPROTO_IPV6, unix.AF_INET6
 		offTarget = 140 // struct ip6t_ip6 is 136 bytes
 	}
-	loaded, err := listsNat(names)
+	loaded, err := listsTable(names, table)
 	if err != nil || !loaded {
 		return nil, err
 	}
@@ -42,7 +40,7 @@ func legacyChains(f firewall.Family) (map[string]bool, error) {
 	// have the same numbers and layouts where it matters here.
 	const soGetInfo, soGetEntries = 64, 65
 	var info [84]byte // struct ipt_getinfo
-	copy(info[:], "nat")
+	copy(info[:], table)
 	if err := getsockopt(fd, level, soGetInfo, info[:]); err != nil {
 		if errors.Is(err, unix.ENOENT) {
 			return nil, nil
@@ -54,7 +52,7 @@ func legacyChains(f firewall.Family) (map[string]bool, error) {
 	// 40 (8-byte aligned for their counters).
 	const entriesOff = 40
 	buf := make([]byte, entriesOff+int(size))
-	copy(buf, "nat")
+	copy(buf, table)
 	binary.NativeEndian.PutUint32(buf[32:36], size)
 	if err := getsockopt(fd, level, soGetEntries, buf); err != nil {
 		// EAGAIN: the table changed between the two calls.
@@ -90,9 +88,9 @@ func errorTargets(blob []byte, offTarget int) (map[string]bool, error) {
 	return chains, nil
 }
 
-// listsNat reads a proc file of table names (one open, one read: this is
-// on every DEL's path) and tells whether it lists nat.
-func listsNat(path string) (bool, error) {
+// listsTable reads a proc file of table names (one open, one read: this is
+// on every DEL's path) and tells whether it lists table.
+func listsTable(path, table string) (bool, error) {
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 	if errors.Is(err, unix.ENOENT) {
 		return false, nil // no legacy iptables in this kernel
@@ -109,7 +107,7 @@ func listsNat(path string) (bool, error) {
 	// Built-in tables are few ("filter", "nat", "mangle", "raw",
 	// "security"); a list that fills the buffer ends in a cut name, which
 	// the line test skips.
-	return hasLine(string(buf[:n]), "nat"), nil
+	return hasLine(string(buf[:n]), table), nil
 }
 
 func getsockopt(fd, level, opt int, b []byte) error {

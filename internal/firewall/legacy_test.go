@@ -1,4 +1,4 @@
-package refrules
+package firewall
 
 import (
 	"fmt"
@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/meshwire/meshwire/internal/filelock"
-	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
@@ -24,7 +23,7 @@ func kernelNS(t *testing.T, fn func(name string) error) {
 		t.Fatal(err)
 	}
 	defer l.Release()
-	name := fmt.Sprintf("mwt-refrules-%d", os.Getpid())
+	name := fmt.Sprintf("mwt-fwlegacy-%d", os.Getpid())
 	p, err := netns.Create(name)
 	if err != nil {
 		t.Fatal(err)
@@ -40,8 +39,8 @@ func kernelNS(t *testing.T, fn func(name string) error) {
 // used reads as empty without loading it.
 func TestLegacyChains(t *testing.T) {
 	kernelNS(t, func(name string) error {
-		for _, f := range []firewall.Family{firewall.V4, firewall.V6} {
-			got, err := legacyChains(f)
+		for _, f := range []Family{V4, V6} {
+			got, err := legacyChains(f, "nat")
 			if err != nil || got != nil {
 				return fmt.Errorf("IPv%d before any use: %v, %v", f, got, err)
 			}
@@ -64,14 +63,14 @@ func TestLegacyChains(t *testing.T) {
 				return err
 			}
 		}
-		v4, err := legacyChains(firewall.V4)
+		v4, err := legacyChains(V4, "nat")
 		if err != nil {
 			return err
 		}
 		if len(v4) != 2 || !v4["CNI-f0bca4ac77cde1bf2f3da5df"] || !v4["CNI-HOSTPORT-DNAT"] {
 			return fmt.Errorf("IPv4 chains %v", v4)
 		}
-		v6, err := legacyChains(firewall.V6)
+		v6, err := legacyChains(V6, "nat")
 		if err != nil {
 			return err
 		}
