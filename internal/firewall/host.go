@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -218,9 +217,13 @@ func (h *Host) ReadTables(ctx context.Context, fam TableFamily, names []string) 
 	if err != nil {
 		return nil, err
 	}
+	have, err := legacyTables(fam)
+	if err != nil {
+		return nil, err
+	}
 	var loaded []string
 	for _, n := range names {
-		if legacyTableLoaded(fam, n) {
+		if slices.Contains(have, n) {
 			loaded = append(loaded, n)
 		}
 	}
@@ -309,7 +312,7 @@ func (h *Host) HasTable(ctx context.Context, fam TableFamily, table string) (boo
 		}
 		return hasTable(c, fam, table)
 	}
-	return legacyTableLoaded(fam, table), nil
+	return legacyTableLoaded(fam, table)
 }
 
 func (h *Host) HasChain(ctx context.Context, fam TableFamily, table, chain string) (bool, error) {
@@ -336,41 +339,7 @@ func (h *Host) ChainNames(ctx context.Context, fam TableFamily, table string) ([
 	if err != nil {
 		return nil, err
 	}
-	user, err := legacyChains(f, table)
-	if err != nil || user == nil {
-		return nil, err
-	}
-	var names []string
-	for _, c := range builtinChains[table] {
-		names = append(names, c)
-	}
-	return append(names, slices.Sorted(maps.Keys(user))...), nil
-}
-
-// legacyTableLoaded: the kernel lists the legacy iptables tables that were
-// ever used in the namespace; one not listed holds nothing. Unreadable
-// (no legacy iptables in the kernel) reads as not loaded. The namespace is
-// the calling thread's (/proc/net is the thread group leader's, another
-// one inside netns.Enter).
-func legacyTableLoaded(fam TableFamily, table string) bool {
-	return slices.Contains(legacyTables(fam), table)
-}
-
-// legacyTablesLoaded: the namespace loaded a legacy iptables table of fam.
-func legacyTablesLoaded(fam TableFamily) bool { return len(legacyTables(fam)) > 0 }
-
-// legacyTables lists the legacy iptables tables of fam the calling
-// thread's namespace loaded (what iptables-legacy-save lists).
-func legacyTables(fam TableFamily) []string {
-	p := "/proc/thread-self/net/ip_tables_names"
-	if fam == IP6 {
-		p = "/proc/thread-self/net/ip6_tables_names"
-	}
-	data, err := os.ReadFile(p)
-	if err != nil {
-		return nil
-	}
-	return strings.Fields(string(data))
+	return legacyChainNames(f, table)
 }
 
 func (h *Host) Restore(ctx context.Context, f Family, payload string) error {

@@ -1,9 +1,11 @@
 package firewall
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"testing"
 	"time"
 
@@ -34,15 +36,19 @@ func kernelNS(t *testing.T, fn func(name string) error) {
 	}
 }
 
-// TestLegacyChains: the getsockopt read sees the user chains iptables-legacy
+// TestLegacyChains: the getsockopt read sees the chains iptables-legacy
 // made, of both families, and a namespace whose legacy nat table was never
-// used reads as empty without loading it.
+// used reads as empty without loading it; Host.ChainNames and HasChain of
+// legacy iptables answer the same with no tool at hand.
 func TestLegacyChains(t *testing.T) {
 	kernelNS(t, func(name string) error {
 		for _, f := range []Family{V4, V6} {
-			got, err := legacyChains(f, "nat")
+			got, err := legacyChainNames(f, "nat")
 			if err != nil || got != nil {
 				return fmt.Errorf("IPv%d before any use: %v, %v", f, got, err)
+			}
+			if loaded, err := legacyTableLoaded(f.Tables(), "nat"); loaded || err != nil {
+				return fmt.Errorf("IPv%d: reading instantiated nat (%v)", f, err)
 			}
 		}
 		ipt := func(tool string, args ...string) error {
@@ -63,19 +69,40 @@ func TestLegacyChains(t *testing.T) {
 				return err
 			}
 		}
-		v4, err := legacyChains(V4, "nat")
-		if err != nil {
-			return err
+		builtin := []string{"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"}
+		want := map[Family][]string{
+			V4: append(slices.Clone(builtin), "CNI-HOSTPORT-DNAT", "CNI-f0bca4ac77cde1bf2f3da5df"),
+			V6: append(slices.Clone(builtin), "CNI-DN-f0bca4ac77cde1bf2f3da"),
 		}
-		if len(v4) != 2 || !v4["CNI-f0bca4ac77cde1bf2f3da5df"] || !v4["CNI-HOSTPORT-DNAT"] {
-			return fmt.Errorf("IPv4 chains %v", v4)
-		}
-		v6, err := legacyChains(V6, "nat")
-		if err != nil {
-			return err
-		}
-		if len(v6) != 1 || !v6["CNI-DN-f0bca4ac77cde1bf2f3da"] {
-			return fmt.Errorf("IPv6 chains %v", v6)
+		// No tool from here on.
+		path := os.Getenv("PATH")
+		defer os.Setenv("PATH", path)
+		os.Setenv("PATH", "/nonexistent")
+		ctx := context.Background()
+		h := New(Backend{Kind: IPTables, Variant: VariantLegacy})
+		defer h.Close()
+		for _, f := range []Family{V4, V6} {
+			got, err := legacyChainNames(f, "nat")
+			if err != nil || !slices.Equal(got, want[f]) {
+				return fmt.Errorf("IPv%d chains %v, %v; want %v", f, got, err, want[f])
+			}
+			if got, err := h.ChainNames(ctx, f.Tables(), "nat"); err != nil || !slices.Equal(got, want[f]) {
+				return fmt.Errorf("Host.ChainNames IPv%d: %v, %v", f, got, err)
+			}
+			for _, c := range want[f] {
+				if ok, err := h.HasChain(ctx, f.Tables(), "nat", c); !ok || err != nil {
+					return fmt.Errorf("HasChain IPv%d %s = %v, %v", f, c, ok, err)
+				}
+			}
+			if ok, err := h.HasChain(ctx, f.Tables(), "nat", "CNI-ABSENT"); ok || err != nil {
+				return fmt.Errorf("HasChain IPv%d of an absent chain = %v, %v", f, ok, err)
+			}
+			if got, err := h.ChainNames(ctx, f.Tables(), "mangle"); got != nil || err != nil {
+				return fmt.Errorf("ChainNames IPv%d of an unloaded table = %v, %v", f, got, err)
+			}
+			if loaded, _ := legacyTableLoaded(f.Tables(), "mangle"); loaded {
+				return fmt.Errorf("IPv%d: reading instantiated mangle", f)
+			}
 		}
 		return nil
 	})
