@@ -387,7 +387,7 @@ func ParseIPTablesSave(f Family, table, save string) []*Table {
 				out = append(out, cur)
 			}
 			fields := strings.Fields(strings.TrimPrefix(line, ":"))
-			if fields[0] == "-P" || fields[0] == "-N" {
+			if len(fields) > 0 && (fields[0] == "-P" || fields[0] == "-N") {
 				fields = fields[1:]
 			}
 			if len(fields) > 0 {

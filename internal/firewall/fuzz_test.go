@@ -1,0 +1,160 @@
+package firewall
+
+import (
+	"bytes"
+	"encoding/binary"
+	"strings"
+	"testing"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/meshwire/meshwire/internal/nftnl"
+)
+
+// Fuzz targets of the parsers that read the host's state: iptables text
+// (legacy iptables' reads), nf_tables rules over netlink, and legacy
+// iptables' table blob. Whatever the input, none may panic or report what
+// is not in it. The seeds under testdata/fuzz are real: iptables-save
+// output and rule lines of both variants, rules as the kernel dumps them
+// (iptables-nft's and native nftables', every family) and legacy nat
+// blobs of both families, plus what fuzzing found.
+//
+//	go test -run '^$' -fuzz FuzzDecodeRule -fuzztime 60s ./internal/firewall/
+
+// FuzzParseIPTablesRule: a rule line reads into a rule of the chain it
+// names; when the typed fields hold the whole rule, the spec rendered from
+// them reads back to the same rule (what DeleteRules and a caller's -D
+// lines rely on).
+func FuzzParseIPTablesRule(f *testing.F) {
+	f.Add(`-A POSTROUTING -s 10.1.0.2/32 ! -d 10.1.0.0/24 -m comment --comment "name: \"x\" id: \"y\"" -j MASQUERADE`)
+	f.Add(`-A MWT -p tcp -m tcp ! --dport 22 -m mark --mark 0x10/0x10 -g CNI-X`)
+	f.Add(`-A OUTPUT`)
+	f.Fuzz(func(t *testing.T, line string) {
+		for _, fam := range []Family{V4, V6} {
+			r, err := ParseIPTablesRule(fam, "nat", line)
+			if err != nil {
+				continue
+			}
+			if r.Family != fam.Tables() || r.Table != "nat" || r.Chain == "" || !strings.Contains(line, r.Chain) {
+				t.Fatalf("rule %+v of %q", r, line)
+			}
+			if r.Comment != "" && !strings.Contains(strings.ReplaceAll(line, `\`, ""), strings.ReplaceAll(r.Comment, `\`, "")) {
+				t.Fatalf("comment %q is not in %q", r.Comment, line)
+			}
+			if r.Unknown != "" || strings.ContainsAny(r.Chain, " \t\"\\") {
+				continue
+			}
+			typed := r
+			typed.Spec = ""
+			spec, ok := typed.IPTablesSpec()
+			if !ok {
+				continue
+			}
+			back, err := ParseIPTablesRule(fam, "nat", "-A "+r.Chain+" "+spec)
+			if err != nil {
+				t.Fatalf("%q rendered as %q, which does not read: %v", line, spec, err)
+			}
+			back.Spec = ""
+			if back != typed {
+				t.Fatalf("%q rendered as %q reads back differently:\n got %+v\nwant %+v", line, spec, back, typed)
+			}
+		}
+	})
+}
+
+// FuzzParseIPTablesSave: any text reads into tables whose rules sit in the
+// chain and table they are listed under, numbered in order.
+func FuzzParseIPTablesSave(f *testing.F) {
+	f.Add("*nat\n:PREROUTING ACCEPT [0:0]\n:CNI-X - [0:0]\n-A PREROUTING -j CNI-X\nCOMMIT\n")
+	f.Add("-P OUTPUT ACCEPT\n-N X\n-A X -j RETURN\n")
+	f.Fuzz(func(t *testing.T, save string) {
+		for _, fam := range []Family{V4, V6} {
+			for _, tb := range ParseIPTablesSave(fam, "nat", save) {
+				if tb.Family != fam.Tables() {
+					t.Fatalf("table %s of family %s", tb.Name, tb.Family)
+				}
+				for _, c := range tb.Chains {
+					if c.Table != tb.Name || c.Family != tb.Family {
+						t.Fatalf("chain %+v in table %s", c, tb.Name)
+					}
+					for i, r := range c.Rules {
+						if r.Chain != c.Name || r.Table != tb.Name || r.Position != i+1 {
+							t.Fatalf("rule %+v at %d of chain %s of %s", r, i+1, c.Name, tb.Name)
+						}
+					}
+				}
+			}
+		}
+	})
+}
+
+// FuzzDecodeRule: a rule's netlink attributes (as a dump passes them)
+// decode, in every family, into a rule whose names, comment and handle
+// come from the message.
+func FuzzDecodeRule(f *testing.F) {
+	f.Add([]byte{})
+	cm, _ := nftnl.Comment("hi")
+	exprs := nftnl.EncodeExprs([]nftnl.Expr{nftnl.NotMulticastDst(), cm, nftnl.Counter(), nftnl.Masquerade(nftnl.Family(IP))})
+	var obj []byte
+	for _, a := range []nftnl.Attr{
+		nftnl.StrAttr(unix.NFTA_RULE_TABLE, "nat"), nftnl.StrAttr(unix.NFTA_RULE_CHAIN, "POSTROUTING"),
+		{Type: unix.NFTA_RULE_HANDLE, Data: binary.BigEndian.AppendUint64(nil, 42)},
+		{Type: unix.NFTA_RULE_EXPRESSIONS | unix.NLA_F_NESTED, Data: exprs},
+	} {
+		obj = binary.NativeEndian.AppendUint16(obj, uint16(4+len(a.Data)))
+		obj = binary.NativeEndian.AppendUint16(obj, a.Type)
+		obj = append(obj, a.Data...)
+		obj = append(obj, make([]byte, (4-len(a.Data)%4)%4)...)
+	}
+	f.Add(obj)
+	f.Fuzz(func(t *testing.T, obj []byte) {
+		for _, fam := range []TableFamily{IP, IP6, Inet, Bridge} {
+			r := decodeRule(fam, obj)
+			if r.Family != fam {
+				t.Fatalf("family %s, want %s", r.Family, fam)
+			}
+			if r.Handle != 0 && !bytes.Contains(obj, binary.BigEndian.AppendUint64(nil, r.Handle)) {
+				t.Fatalf("handle %d is not in the message", r.Handle)
+			}
+			for _, s := range []string{r.Table, r.Chain, r.Comment, r.Jump, r.In, r.Out} {
+				if s != "" && !bytes.Contains(obj, []byte(s)) {
+					t.Fatalf("%q is not in the message", s)
+				}
+			}
+		}
+	})
+}
+
+// FuzzErrorTargets: any bytes given as a legacy table blob either fail or
+// give chain names taken from the blob.
+func FuzzErrorTargets(f *testing.F) {
+	// One user chain X and the final ERROR entry, as IPv4 lays them out.
+	var blob []byte
+	for _, name := range []string{"X", "ERROR"} {
+		e := make([]byte, 88+4)
+		binary.NativeEndian.PutUint16(e[88:], 112)     // target_offset
+		binary.NativeEndian.PutUint16(e[90:], 112+64) // next_offset
+		e = append(e, make([]byte, 20)...)
+		tgt := make([]byte, 64)
+		binary.NativeEndian.PutUint16(tgt, 64)
+		copy(tgt[2:], "ERROR")
+		copy(tgt[32:], name)
+		blob = append(blob, append(e, tgt...)...)
+	}
+	f.Add(blob, false)
+	f.Fuzz(func(t *testing.T, blob []byte, v6 bool) {
+		off := 88
+		if v6 {
+			off = 140
+		}
+		names, err := errorTargets(nil, blob, off)
+		if err != nil {
+			return
+		}
+		for _, n := range names {
+			if n == "" || n == "ERROR" || !bytes.Contains(blob, []byte(n)) {
+				t.Fatalf("chain %q from the blob", n)
+			}
+		}
+	})
+}
