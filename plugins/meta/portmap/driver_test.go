@@ -23,8 +23,7 @@ import (
 var fakeBackends = []firewall.Backend{
 	{Kind: firewall.IPTables, Variant: firewall.VariantLegacy},
 	{Kind: firewall.IPTables, Variant: firewall.VariantNFT},
-	// nftables joins once the Fake deletes a chain that still has rules,
-	// as the kernel does (portmap's nftables DEL relies on it).
+	{Kind: firewall.NFTables},
 }
 
 // fakeNode is one node's firewall and portmap state directory.
