@@ -152,7 +152,9 @@ func renderIPTAddFresh(p famPlan) string { return iptPayload(iptEnsureLines(nil,
 // renderIPTEnsure is the slow-path ADD: it creates whatever base piece the
 // table lacks, (re)fills the attachment chain and adds the jump unless it is
 // there. st is the table as read under the node lock.
-func renderIPTEnsure(st *firewall.Table, p famPlan) string { return iptPayload(iptEnsureLines(st, p, false)) }
+func renderIPTEnsure(st *firewall.Table, p famPlan) string {
+	return iptPayload(iptEnsureLines(st, p, false))
+}
 
 func iptEnsureLines(st *firewall.Table, p famPlan, fresh bool) []string {
 	lines := iptBaseLines(st, p.MarkBit, fresh)
