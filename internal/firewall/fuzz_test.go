@@ -3,8 +3,10 @@ package firewall
 import (
 	"bytes"
 	"encoding/binary"
+	"slices"
 	"strings"
 	"testing"
+	"unicode"
 
 	"golang.org/x/sys/unix"
 
@@ -35,13 +37,14 @@ func FuzzParseIPTablesRule(f *testing.F) {
 			if err != nil {
 				continue
 			}
-			if r.Family != fam.Tables() || r.Table != "nat" || r.Chain == "" || !strings.Contains(line, r.Chain) {
+			args := SplitArgs(strings.TrimSpace(line))
+			if r.Family != fam.Tables() || r.Table != "nat" || r.Chain == "" || !slices.Contains(args, r.Chain) {
 				t.Fatalf("rule %+v of %q", r, line)
 			}
-			if r.Comment != "" && !strings.Contains(strings.ReplaceAll(line, `\`, ""), strings.ReplaceAll(r.Comment, `\`, "")) {
+			if r.Comment != "" && !slices.Contains(args, r.Comment) {
 				t.Fatalf("comment %q is not in %q", r.Comment, line)
 			}
-			if r.Unknown != "" || strings.ContainsAny(r.Chain, " \t\"\\") {
+			if r.Unknown != "" || strings.ContainsFunc(r.Chain, func(c rune) bool { return unicode.IsSpace(c) || c == '"' || c == '\\' }) {
 				continue
 			}
 			typed := r
@@ -132,7 +135,7 @@ func FuzzErrorTargets(f *testing.F) {
 	var blob []byte
 	for _, name := range []string{"X", "ERROR"} {
 		e := make([]byte, 88+4)
-		binary.NativeEndian.PutUint16(e[88:], 112)     // target_offset
+		binary.NativeEndian.PutUint16(e[88:], 112)    // target_offset
 		binary.NativeEndian.PutUint16(e[90:], 112+64) // next_offset
 		e = append(e, make([]byte, 20)...)
 		tgt := make([]byte, 64)
@@ -157,4 +160,25 @@ func FuzzErrorTargets(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestParseIPTablesRuleSpec: Spec is the text after the chain, however the
+// chain is named or quoted.
+func TestParseIPTablesRuleSpec(t *testing.T) {
+	for line, want := range map[string]string{
+		"-A A -j ACCEPT":                      "-j ACCEPT",
+		`-A "X Y"   -s 10.0.0.1/32 -j RETURN`: "-s 10.0.0.1/32 -j RETURN",
+		"  -A\tPOSTROUTING\t-j MASQUERADE  ":  "-j MASQUERADE",
+		"-A OUTPUT":                           "",
+	} {
+		r, err := ParseIPTablesRule(V4, "nat", line)
+		if err != nil || r.Spec != want {
+			t.Errorf("%q: spec %q, %v; want %q", line, r.Spec, err, want)
+		}
+	}
+	for _, line := range []string{`-A ""`, "-A", "-N X"} {
+		if _, err := ParseIPTablesRule(V4, "nat", line); err == nil {
+			t.Errorf("%q read as a rule", line)
+		}
+	}
 }

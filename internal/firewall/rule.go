@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"unicode"
 
 	"golang.org/x/sys/unix"
 )
@@ -214,7 +215,7 @@ func SplitArgs(line string) []string {
 
 // QuoteArg quotes one argument for iptables-restore when it needs it.
 func QuoteArg(s string) string {
-	if s != "" && !strings.ContainsAny(s, " \t\"'\\") {
+	if s != "" && !strings.ContainsAny(s, "\"'\\") && !strings.ContainsFunc(s, unicode.IsSpace) {
 		return s
 	}
 	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
@@ -225,15 +226,32 @@ func QuoteArg(s string) string {
 // does not know are listed in Unknown; it fails only on a line that is not
 // a rule.
 func ParseIPTablesRule(f Family, table, line string) (Rule, error) {
-	args := SplitArgs(strings.TrimSpace(line))
-	if len(args) < 2 || args[0] != "-A" {
+	text := strings.TrimSpace(line)
+	args := SplitArgs(text)
+	if len(args) < 2 || args[0] != "-A" || args[1] == "" {
 		return Rule{}, fmt.Errorf("not an iptables rule: %q", line)
 	}
 	r := Rule{Family: f.Tables(), Table: table, Chain: args[1]}
-	_, rest, _ := strings.Cut(strings.TrimSpace(line), args[1])
-	r.Spec = strings.TrimSpace(rest)
+	r.Spec = strings.TrimSpace(skipArg(skipArg(text)))
 	parseIPTablesArgs(f, &r, args[2:])
 	return r, nil
+}
+
+// skipArg returns s after its first argument, as SplitArgs reads them.
+func skipArg(s string) string {
+	s = strings.TrimLeft(s, " \t")
+	quoted := false
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case quoted && c == '\\' && i+1 < len(s):
+			i++
+		case c == '"':
+			quoted = !quoted
+		case !quoted && (c == ' ' || c == '\t'):
+			return s[i:]
+		}
+	}
+	return ""
 }
 
 func parseIPTablesArgs(f Family, r *Rule, a []string) {
@@ -254,15 +272,31 @@ func parseIPTablesArgs(f Family, r *Rule, a []string) {
 		}
 		switch x {
 		case "-s", "--source":
-			r.Src, r.NotSrc = parsePrefix(f, next(&i)), not
+			if p := parsePrefix(f, next(&i)); p.IsValid() {
+				r.Src, r.NotSrc = p, not
+			} else {
+				r.unknown(x)
+			}
 		case "-d", "--destination":
-			r.Dst, r.NotDst = parsePrefix(f, next(&i)), not
-		case "-p", "--protocol":
-			r.Proto = next(&i)
-		case "-i", "--in-interface":
-			r.In = next(&i)
-		case "-o", "--out-interface":
-			r.Out = next(&i)
+			if p := parsePrefix(f, next(&i)); p.IsValid() {
+				r.Dst, r.NotDst = p, not
+			} else {
+				r.unknown(x)
+			}
+		case "-p", "--protocol", "-i", "--in-interface", "-o", "--out-interface":
+			v := next(&i)
+			if not {
+				r.unknown("!" + x) // no typed field holds the negation
+				break
+			}
+			switch x {
+			case "-p", "--protocol":
+				r.Proto = v
+			case "-i", "--in-interface":
+				r.In = v
+			default:
+				r.Out = v
+			}
 		case "-m", "--match":
 			match = next(&i)
 			switch match {
@@ -273,12 +307,16 @@ func parseIPTablesArgs(f Family, r *Rule, a []string) {
 		case "--comment":
 			r.Comment = next(&i)
 		case "--dport", "--destination-port":
-			if p, err := strconv.ParseUint(next(&i), 10, 16); err == nil {
+			if p, err := strconv.ParseUint(next(&i), 10, 16); err == nil && p != 0 {
 				r.DPort, r.NotDPort = uint16(p), not
+			} else {
+				r.unknown(x) // a range, a service name
 			}
 		case "--sport", "--source-port":
-			if p, err := strconv.ParseUint(next(&i), 10, 16); err == nil {
+			if p, err := strconv.ParseUint(next(&i), 10, 16); err == nil && p != 0 && !not {
 				r.SPort = uint16(p)
+			} else {
+				r.unknown(x)
 			}
 		case "--dst-type":
 			switch t := next(&i); {
@@ -290,28 +328,35 @@ func parseIPTablesArgs(f Family, r *Rule, a []string) {
 				r.unknown("addrtype")
 			}
 		case "--mark":
-			if match == "mark" {
-				v, m := parseMark(next(&i))
+			if v, m, ok := parseMark(next(&i)); ok && match == "mark" {
 				r.HasMark, r.Mark, r.MarkMask, r.NotMark = true, v, m, not
-			} else {
-				next(&i)
+			} else if match == "mark" {
+				r.unknown(x)
 			}
 		case "-j", "--jump", "-g", "--goto":
 			t := next(&i)
-			if isTargetName(t) {
+			switch {
+			case t == "" || r.Target != "" || r.Jump != "":
+				r.unknown(x) // none, or a second one
+			case isTargetName(t):
 				r.Target = t
-			} else {
+			default:
 				r.Jump, r.Goto = t, x == "-g" || x == "--goto"
 			}
 		case "--to-destination":
-			r.ToDest = parseAddrPort(next(&i))
+			if r.ToDest = parseAddrPort(next(&i)); !r.ToDest.IsValid() {
+				r.unknown(x)
+			}
 		case "--to-ports", "--on-port":
 			if p, err := strconv.ParseUint(strings.SplitN(next(&i), "-", 2)[0], 10, 16); err == nil {
 				r.ToPort = uint16(p)
 			}
 		case "--tproxy-mark", "--set-xmark", "--set-mark":
-			v, _ := parseMark(next(&i))
+			v, _, ok := parseMark(next(&i))
 			r.SetMark = v
+			if !ok {
+				r.unknown(x)
+			}
 		}
 		not = false
 	}
@@ -350,15 +395,15 @@ func parseAddrPort(s string) netip.AddrPort {
 }
 
 // parseMark reads "0x10/0x10" or "16": value and mask (0xffffffff when
-// none is given).
-func parseMark(s string) (uint32, uint32) {
-	v, m, ok := strings.Cut(s, "/")
-	val, _ := strconv.ParseUint(v, 0, 32)
-	mask := uint64(0xffffffff)
-	if ok {
-		mask, _ = strconv.ParseUint(m, 0, 32)
+// none is given); ok is false when s is neither.
+func parseMark(s string) (val, mask uint32, ok bool) {
+	v, m, hasMask := strings.Cut(s, "/")
+	x, err := strconv.ParseUint(v, 0, 32)
+	y := uint64(0xffffffff)
+	if err == nil && hasMask {
+		y, err = strconv.ParseUint(m, 0, 32)
 	}
-	return uint32(val), uint32(mask)
+	return uint32(x), uint32(y), err == nil
 }
 
 // ParseIPTablesSave reads iptables-save output (or `iptables -S` of one
@@ -429,6 +474,9 @@ func (r Rule) IPTablesSpec() (spec string, ok bool) {
 	if r.Unknown != "" || (r.Family != IP && r.Family != IP6) {
 		return "", false
 	}
+	if r.ToPort != 0 || r.SetMark != 0 || (r.ToDest.IsValid() && r.Target != "DNAT") || (r.Jump != "" && r.Target != "") {
+		return "", false // options of a target rendered below only by name
+	}
 	var a []string
 	neg := func(n bool) {
 		if n {
@@ -444,15 +492,18 @@ func (r Rule) IPTablesSpec() (spec string, ok bool) {
 		a = append(a, "-d", r.Dst.String())
 	}
 	if r.In != "" {
-		a = append(a, "-i", r.In)
+		a = append(a, "-i", QuoteArg(r.In))
 	}
 	if r.Out != "" {
-		a = append(a, "-o", r.Out)
+		a = append(a, "-o", QuoteArg(r.Out))
 	}
 	if r.Proto != "" {
-		a = append(a, "-p", r.Proto)
+		a = append(a, "-p", QuoteArg(r.Proto))
 	}
 	if r.SPort != 0 || r.DPort != 0 {
+		if r.Proto != "tcp" && r.Proto != "udp" && r.Proto != "sctp" {
+			return "", false // a port match needs the protocol's module
+		}
 		a = append(a, "-m", r.Proto)
 		if r.SPort != 0 {
 			a = append(a, "--sport", strconv.Itoa(int(r.SPort)))
@@ -482,10 +533,10 @@ func (r Rule) IPTablesSpec() (spec string, ok bool) {
 	}
 	switch {
 	case r.Jump != "" && r.Goto:
-		a = append(a, "-g", r.Jump)
+		a = append(a, "-g", QuoteArg(r.Jump))
 	case r.Jump != "":
-		a = append(a, "-j", r.Jump)
-	case r.Target == "DNAT":
+		a = append(a, "-j", QuoteArg(r.Jump))
+	case r.Target == "DNAT" && r.ToDest.Addr().IsValid():
 		a = append(a, "-j", "DNAT", "--to-destination", addrPortText(r.ToDest))
 	case r.Target == "MASQUERADE" || r.Target == "ACCEPT" || r.Target == "DROP" || r.Target == "RETURN":
 		a = append(a, "-j", r.Target)
