@@ -538,21 +538,38 @@ func decodeXTMatch(name string, rev uint32, info []byte, r *Rule) {
 	case "comment":
 		r.Comment = string(nftnl.CStr(info))
 	case "tcp", "udp":
-		if len(info) >= 8 {
-			lo, hi := ne.Uint16(info[4:]), ne.Uint16(info[6:])
-			if lo == hi {
-				inv := info[8] // struct xt_udp's invflags
-				if name == "tcp" && len(info) >= 12 {
-					inv = info[11] // struct xt_tcp's
-				}
-				r.DPort, r.NotDPort = lo, inv&0x02 != 0
-			}
-			if sl, sh := ne.Uint16(info[0:]), ne.Uint16(info[2:]); sl == sh {
-				r.SPort = sl
-			}
-			if r.Proto == "" {
-				r.Proto = name
-			}
+		// struct xt_udp: spts[2], dpts[2], invflags; struct xt_tcp:
+		// spts[2], dpts[2], option, flg_mask, flg_cmp, invflags.
+		invAt := 8
+		if name == "tcp" {
+			invAt = 11
+		}
+		if len(info) <= invAt {
+			r.unknown(name)
+			return
+		}
+		inv := info[invAt]
+		if name == "tcp" && (info[8] != 0 || info[9] != 0) {
+			r.unknown("tcp flags") // --tcp-option, --tcp-flags
+		}
+		// A range of one port is typed; 0:65535 is no match; other
+		// ranges and a negated source port are not held by the fields.
+		switch sl, sh := ne.Uint16(info[0:]), ne.Uint16(info[2:]); {
+		case sl == 0 && sh == 0xffff && inv&0x01 == 0:
+		case sl == sh && sl != 0 && inv&0x01 == 0:
+			r.SPort = sl
+		default:
+			r.unknown(name + " sport")
+		}
+		switch lo, hi := ne.Uint16(info[4:]), ne.Uint16(info[6:]); {
+		case lo == 0 && hi == 0xffff && inv&0x02 == 0:
+		case lo == hi && lo != 0:
+			r.DPort, r.NotDPort = lo, inv&0x02 != 0
+		default:
+			r.unknown(name + " dport")
+		}
+		if r.Proto == "" {
+			r.Proto = name
 		}
 	case "addrtype":
 		var dest uint16

@@ -98,18 +98,30 @@ func FuzzDecodeRule(f *testing.F) {
 	f.Add([]byte{})
 	cm, _ := nftnl.Comment("hi")
 	exprs := nftnl.EncodeExprs([]nftnl.Expr{nftnl.NotMulticastDst(), cm, nftnl.Counter(), nftnl.Masquerade(nftnl.Family(IP))})
-	var obj []byte
-	for _, a := range []nftnl.Attr{
-		nftnl.StrAttr(unix.NFTA_RULE_TABLE, "nat"), nftnl.StrAttr(unix.NFTA_RULE_CHAIN, "POSTROUTING"),
-		{Type: unix.NFTA_RULE_HANDLE, Data: binary.BigEndian.AppendUint64(nil, 42)},
-		{Type: unix.NFTA_RULE_EXPRESSIONS | unix.NLA_F_NESTED, Data: exprs},
+	f.Add(ruleAttrs(exprs))
+	// The xtables matches and targets decoded, with info blobs of the
+	// sizes the kernel's structs have (and one byte short of them).
+	for _, x := range []struct {
+		kind, name string
+		rev        uint32
+		size       int
+	}{
+		{"match", "tcp", 0, 12}, {"match", "udp", 0, 10}, {"match", "tcp", 0, 8}, {"match", "udp", 0, 8},
+		{"match", "addrtype", 1, 8}, {"match", "addrtype", 0, 12}, {"match", "mark", 1, 12}, {"match", "comment", 0, 256},
+		{"target", "DNAT", 0, 20}, {"target", "DNAT", 2, 52}, {"target", "REDIRECT", 0, 20}, {"target", "TPROXY", 1, 28},
+		{"target", "TPROXY", 0, 16}, {"target", "MARK", 2, 8},
 	} {
-		obj = binary.NativeEndian.AppendUint16(obj, uint16(4+len(a.Data)))
-		obj = binary.NativeEndian.AppendUint16(obj, a.Type)
-		obj = append(obj, a.Data...)
-		obj = append(obj, make([]byte, (4-len(a.Data)%4)%4)...)
+		for _, size := range []int{x.size, x.size - 1} {
+			info := bytes.Repeat([]byte{1}, size) // port ranges of one port
+			nameT, revT, infoT := uint16(unix.NFTA_MATCH_NAME), uint16(unix.NFTA_MATCH_REV), uint16(unix.NFTA_MATCH_INFO)
+			if x.kind == "target" {
+				nameT, revT, infoT = unix.NFTA_TARGET_NAME, unix.NFTA_TARGET_REV, unix.NFTA_TARGET_INFO
+			}
+			data := appendAttrs(nil, nftnl.StrAttr(nameT, x.name), nftnl.Attr{Type: revT, Data: binary.BigEndian.AppendUint32(nil, x.rev)}, nftnl.Attr{Type: infoT, Data: info})
+			elem := appendAttrs(nil, nftnl.StrAttr(unix.NFTA_EXPR_NAME, x.kind), nftnl.Attr{Type: unix.NFTA_EXPR_DATA | unix.NLA_F_NESTED, Data: data})
+			f.Add(ruleAttrs(appendAttrs(nil, nftnl.Attr{Type: unix.NFTA_LIST_ELEM | unix.NLA_F_NESTED, Data: elem})))
+		}
 	}
-	f.Add(obj)
 	f.Fuzz(func(t *testing.T, obj []byte) {
 		for _, fam := range []TableFamily{IP, IP6, Inet, Bridge} {
 			r := decodeRule(fam, obj)
@@ -126,6 +138,25 @@ func FuzzDecodeRule(f *testing.F) {
 			}
 		}
 	})
+}
+
+// appendAttrs appends netlink attributes (4-byte aligned) to b.
+func appendAttrs(b []byte, attrs ...nftnl.Attr) []byte {
+	for _, a := range attrs {
+		b = binary.NativeEndian.AppendUint16(b, uint16(4+len(a.Data)))
+		b = binary.NativeEndian.AppendUint16(b, a.Type)
+		b = append(b, a.Data...)
+		b = append(b, make([]byte, (4-len(a.Data)%4)%4)...)
+	}
+	return b
+}
+
+// ruleAttrs is a rule of nat POSTROUTING, handle 42, with the expression
+// list exprs, as a dump passes it.
+func ruleAttrs(exprs []byte) []byte {
+	return appendAttrs(nil, nftnl.StrAttr(unix.NFTA_RULE_TABLE, "nat"), nftnl.StrAttr(unix.NFTA_RULE_CHAIN, "POSTROUTING"),
+		nftnl.Attr{Type: unix.NFTA_RULE_HANDLE, Data: binary.BigEndian.AppendUint64(nil, 42)},
+		nftnl.Attr{Type: unix.NFTA_RULE_EXPRESSIONS | unix.NLA_F_NESTED, Data: exprs})
 }
 
 // FuzzErrorTargets: any bytes given as a legacy table blob either fail or
