@@ -69,19 +69,24 @@ func (a *Attachment) removeMasq(ctx context.Context) (tail *os.File, err error) 
 	if a.Prev != nil {
 		addrs = IPNets(addressing.IPsFor(a.Prev.IPs, ContainerIndex(a.Prev, a.Args.IfName, "")))
 	}
+	var fw *firewall.Host
 	err = timed("masquerade del", func() error {
-		fw, ferr := firewall.NewHost(ctx, a.Backend)
-		if ferr != nil {
+		var ferr error
+		if fw, ferr = firewall.NewHost(ctx, a.Backend); ferr != nil {
 			return ferr
 		}
-		ferr = ipmasq.Teardown(ctx, fw, a.ID(), addrs)
-		tail = fw.Release()
-		return ferr
+		return ipmasq.Teardown(ctx, fw, a.ID(), addrs)
 	})
-	// What the reference's ipMasq set up before an in-place upgrade.
-	if rerr := timed("reference masquerade del", func() error {
-		return refrules.DelMasq(ctx, attachment.Reference{Network: a.Network, ContainerID: a.Args.ContainerID, IfName: a.Args.IfName})
-	}); rerr != nil {
+	if fw == nil {
+		fw = firewall.New(firewall.Backend{}) // the reference's forms need none
+	}
+	// What the reference's ipMasq set up before an in-place upgrade, on the
+	// same netlink connection: one socket, handed on with the others.
+	rerr := timed("reference masquerade del", func() error {
+		return refrules.DelMasq(ctx, fw, attachment.Reference{Network: a.Network, ContainerID: a.Args.ContainerID, IfName: a.Args.IfName})
+	})
+	tail = fw.Release()
+	if rerr != nil {
 		return tail, cnierr.Wrap(rerr, "the reference's ipMasq teardown")
 	}
 	return tail, cnierr.Wrap(err, "ipMasq teardown")

@@ -43,10 +43,12 @@ func (a *Attachment) GC(ctx context.Context, valid []types.GCAttachment, extra f
 		fw, err := firewall.NewHost(ctx, a.Backend)
 		if err == nil {
 			err = ipmasq.GC(ctx, fw, a.Network, keep)
-			fw.Close()
+		} else {
+			fw = firewall.New(firewall.Backend{}) // the reference's forms need none
 		}
 		errs = append(errs, cnierr.Wrap(err, "ipMasq GC"))
-		errs = append(errs, cnierr.Wrap(refrules.GCMasq(ctx, a.Network, valid), "the reference's ipMasq GC"))
+		errs = append(errs, cnierr.Wrap(refrules.GCMasq(ctx, fw, a.Network, valid), "the reference's ipMasq GC"))
+		fw.Close()
 	}
 	if extra != nil {
 		errs = append(errs, extra(keep))

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/meshwire/meshwire/internal/attachment"
+	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
@@ -38,12 +39,16 @@ func BenchmarkDelNothingThere(b *testing.B) {
 		label := map[bool]string{false: "fresh namespace", true: "nat tables of every form"}[withNat]
 		for _, fn := range []struct {
 			name string
-			del  func(context.Context, attachment.Reference) error
+			del  func(context.Context, *firewall.Host, attachment.Reference) error
 		}{{"DelMasq", DelMasq}, {"DelPortmap", DelPortmap}} {
 			b.Run(fn.name+"/"+label, func(b *testing.B) {
 				err := netns.Enter(p, func() error {
 					for i := 0; i < b.N; i++ {
-						if err := fn.del(context.Background(), r); err != nil {
+						// As a plugin's DEL: the firewall it already has, closed once.
+						fw := firewall.New(firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantNFT})
+						err := fn.del(context.Background(), fw, r)
+						fw.Close()
+						if err != nil {
 							return err
 						}
 					}

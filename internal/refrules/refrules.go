@@ -56,36 +56,33 @@ import (
 	"github.com/meshwire/meshwire/internal/firewall"
 )
 
+// Each function works through fw's siblings (firewall.Host.Sibling), one
+// per form the reference may have written, so that the caller's one netlink
+// connection serves meshwire's own rules and the reference's: the caller's
+// Release then hands over (or closes) that one socket.
+
 // DelMasq removes what the reference's ipMasq (bridge, ptp) set up for
 // one attachment, in every form.
-func DelMasq(ctx context.Context, r attachment.Reference) error {
-	n := hostNode()
-	defer n.release()
-	return n.delMasq(ctx, r)
+func DelMasq(ctx context.Context, fw *firewall.Host, r attachment.Reference) error {
+	return hostNode(fw).delMasq(ctx, r)
 }
 
 // GCMasq removes the reference's ipMasq objects of network whose
 // attachment is not in valid.
-func GCMasq(ctx context.Context, network string, valid []types.GCAttachment) error {
-	n := hostNode()
-	defer n.release()
-	return n.gcMasq(ctx, network, valid)
+func GCMasq(ctx context.Context, fw *firewall.Host, network string, valid []types.GCAttachment) error {
+	return hostNode(fw).gcMasq(ctx, network, valid)
 }
 
 // DelPortmap removes what the reference's portmap set up for one
 // attachment (network and container id), in every form.
-func DelPortmap(ctx context.Context, r attachment.Reference) error {
-	n := hostNode()
-	defer n.release()
-	return n.delPortmap(ctx, r)
+func DelPortmap(ctx context.Context, fw *firewall.Host, r attachment.Reference) error {
+	return hostNode(fw).delPortmap(ctx, r)
 }
 
 // GCPortmap removes the reference's iptables portmap chains of network
 // whose attachment is not in valid (see the package doc for nftables).
-func GCPortmap(ctx context.Context, network string, valid []types.GCAttachment) error {
-	n := hostNode()
-	defer n.release()
-	return n.gcPortmap(ctx, network, valid)
+func GCPortmap(ctx context.Context, fw *firewall.Host, network string, valid []types.GCAttachment) error {
+	return hostNode(fw).gcPortmap(ctx, network, valid)
 }
 
 // node is the host's firewall in the forms the reference may have
@@ -95,21 +92,10 @@ type node struct {
 	legacy, nft firewall.Interface
 }
 
-func hostNode() *node {
+func hostNode(fw *firewall.Host) *node {
 	return &node{
-		legacy: firewall.New(firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantLegacy}),
-		nft:    firewall.New(firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantNFT}),
-	}
-}
-
-// release closes the netlink connection; when it removed something, the
-// close waits for the kernel to free it (only on nodes with reference
-// objects to remove).
-func (n *node) release() {
-	for _, fw := range []firewall.Interface{n.legacy, n.nft} {
-		if f := fw.Release(); f != nil {
-			f.Close()
-		}
+		legacy: fw.Sibling(firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantLegacy}),
+		nft:    fw.Sibling(firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantNFT}),
 	}
 }
 

@@ -60,7 +60,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 	if len(p.plans) > 0 {
 		ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 		defer cancel()
-		err := withDriver(ctx, p.c, func(d driver) error { return install(ctx, d, p.c, p.a, p.plans, p.v4) })
+		err := withDriver(ctx, p.c, func(d driver, _ *firewall.Host) error { return install(ctx, d, p.c, p.a, p.plans, p.v4) })
 		if err != nil {
 			return err
 		}
@@ -72,7 +72,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 
 // withDriver runs fn with the driver of the backend c resolves to, on the
 // firewall front door of the host network namespace.
-func withDriver(ctx context.Context, c *config, fn func(driver) error) error {
+func withDriver(ctx context.Context, c *config, fn func(driver, *firewall.Host) error) error {
 	b, err := resolveBackend(ctx, c)
 	if err != nil {
 		return err
@@ -80,7 +80,7 @@ func withDriver(ctx context.Context, c *config, fn func(driver) error) error {
 	slog.Debug("backend", "backend", b.String(), "configured", c.Backend != nil, "implied", c.Implied)
 	fw := firewall.New(b)
 	defer fw.Close() // portmap reads over netlink and commits through the tools: nothing to hand on
-	return fn(newDriver(fw))
+	return fn(newDriver(fw), fw)
 }
 
 // install programs the plans, then the host settings they need; a failure
@@ -129,19 +129,17 @@ func cmdDel(args *skel.CmdArgs) error {
 	defer cancel()
 	fams := delFamilies(c, args.IfName)
 	var udp map[firewall.Family][]int
-	err = withDriver(ctx, c, func(d driver) error {
+	err = withDriver(ctx, c, func(d driver, fw *firewall.Host) error {
 		var err error
-		udp, err = d.del(ctx, a.PortmapKeys(), fams, len(c.Mappings) == 0)
-		return err
+		if udp, err = d.del(ctx, a.PortmapKeys(), fams, len(c.Mappings) == 0); err != nil || len(c.Mappings) == 0 {
+			return err
+		}
+		// What the reference portmap set up before an in-place upgrade (its
+		// DEL acts only with mappings), on the same netlink connection.
+		return cnierr.Wrap(refrules.DelPortmap(ctx, fw, attachment.Reference{Network: c.raw.Name, ContainerID: args.ContainerID}), "the reference's port mappings")
 	})
 	if err != nil {
 		return err
-	}
-	if len(c.Mappings) > 0 {
-		// What the reference portmap set up before an in-place upgrade.
-		if err := refrules.DelPortmap(ctx, attachment.Reference{Network: c.raw.Name, ContainerID: args.ContainerID}); err != nil {
-			return cnierr.Wrap(err, "the reference's port mappings")
-		}
 	}
 	for _, f := range fams {
 		ports := udp[f]
@@ -182,7 +180,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()
-	return withDriver(ctx, p.c, func(d driver) error { return d.check(ctx, p.a, p.plans) })
+	return withDriver(ctx, p.c, func(d driver, _ *firewall.Host) error { return d.check(ctx, p.a, p.plans) })
 }
 
 func cmdGC(args *skel.CmdArgs) error {
@@ -200,10 +198,12 @@ func cmdGC(args *skel.CmdArgs) error {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()
-	if err := withDriver(ctx, c, func(d driver) error { return d.gc(ctx, c.raw.Name, valid) }); err != nil {
-		return err
-	}
-	return cnierr.Wrap(refrules.GCPortmap(ctx, c.raw.Name, c.raw.ValidAttachments), "the reference's port mappings")
+	return withDriver(ctx, c, func(d driver, fw *firewall.Host) error {
+		if err := d.gc(ctx, c.raw.Name, valid); err != nil {
+			return err
+		}
+		return cnierr.Wrap(refrules.GCPortmap(ctx, fw, c.raw.Name, c.raw.ValidAttachments), "the reference's port mappings")
+	})
 }
 
 func cmdStatus(args *skel.CmdArgs) error {
