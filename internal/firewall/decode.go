@@ -163,10 +163,28 @@ func readRules(c *nftnl.Conn, fam TableFamily, table, chain string) ([]Rule, err
 		attrs = append(attrs, nftnl.StrAttr(unix.NFTA_RULE_CHAIN, chain))
 	}
 	var rules []Rule
+	names := strs{}
 	err := c.Dump(unix.NFT_MSG_GETRULE, nftnl.Family(fam), attrs,
 		func() { rules = rules[:0] },
-		func(obj []byte) { rules = append(rules, decodeRule(fam, obj)) })
+		func(obj []byte) { rules = append(rules, decodeRule(fam, obj, names)) })
 	return rules, err
+}
+
+// strs hands out one string per distinct text within a dump: the rules of
+// a chain all name the same table and chain, and a busy node's nat
+// POSTROUTING holds a rule per pod.
+type strs map[string]string
+
+func (m strs) of(b []byte) string {
+	if m == nil {
+		return string(b)
+	}
+	if s, ok := m[string(b)]; ok {
+		return s
+	}
+	s := string(b)
+	m[s] = s
+	return s
 }
 
 func decodeChain(fam TableFamily, obj []byte) *Chain {
@@ -199,15 +217,21 @@ func deleteHandles(c *nftnl.Conn, rules []Rule) error {
 	return c.DeleteRules(ids)
 }
 
-// decodeRule reads a rule's attributes into a Rule.
-func decodeRule(fam TableFamily, obj []byte) Rule {
+// decodeRule reads a rule's attributes into a Rule, taking the table's and
+// chain's names from names (nil: a string each).
+//
+// It allocates only the strings it returns that names does not hold (a
+// comment, mostly): a CHECK or DEL reads every pod's rule of a chain, so
+// expressions are decoded into fixed arrays (exprAttrs, regs), not maps.
+// `go test -run '^$' -bench ReadChain ./internal/firewall/` measures it.
+func decodeRule(fam TableFamily, obj []byte, names strs) Rule {
 	r := Rule{Family: fam}
 	nftnl.EachAttr(obj, func(typ uint16, d []byte) {
 		switch typ {
 		case unix.NFTA_RULE_TABLE:
-			r.Table = string(nftnl.CStr(d))
+			r.Table = names.of(nftnl.CStr(d))
 		case unix.NFTA_RULE_CHAIN:
-			r.Chain = string(nftnl.CStr(d))
+			r.Chain = names.of(nftnl.CStr(d))
 		case unix.NFTA_RULE_HANDLE:
 			if len(d) == 8 {
 				r.Handle = binary.BigEndian.Uint64(d)
@@ -223,9 +247,25 @@ func decodeRule(fam TableFamily, obj []byte) Rule {
 	return r
 }
 
+// regKind is what loaded a register.
+type regKind uint8
+
+const (
+	regNone regKind = iota
+	regPayload
+	regMeta
+	regFib
+	regCt
+	regImm
+)
+
+func (k regKind) String() string {
+	return [...]string{"none", "payload", "meta", "fib", "ct", "imm"}[k]
+}
+
 // reg is what an expression loaded into a register.
 type reg struct {
-	kind   string // "payload", "meta", "fib", "ct", "imm", "other"
+	kind   regKind
 	base   uint32 // payload
 	offset uint32 // payload
 	key    uint32 // meta, ct
@@ -234,10 +274,38 @@ type reg struct {
 	xor    []byte
 }
 
+// regs are a rule's registers, by number (NFT_REG_VERDICT 0, NFT_REG_1 to
+// NFT_REG_4, NFT_REG32_00 (8) to NFT_REG32_15 (23)).
+type regs [unix.NFT_REG32_15 + 1]reg
+
+// at is register n (nil for a number no register has).
+func (rs *regs) at(n uint32) *reg {
+	if n >= uint32(len(rs)) {
+		return nil
+	}
+	return &rs[n]
+}
+
+// loaded is register n when an expression loaded it, else nil.
+func (rs *regs) loaded(n uint32) *reg {
+	if x := rs.at(n); x != nil && x.kind != regNone {
+		return x
+	}
+	return nil
+}
+
+// set loads register n (a number no register has is ignored: what reads
+// it then finds nothing).
+func (rs *regs) set(n uint32, x reg) {
+	if p := rs.at(n); p != nil {
+		*p = x
+	}
+}
+
 // decodeExprs reads a rule's expression list into r.
 func decodeExprs(list []byte, r *Rule) {
-	regs := map[uint32]*reg{}
-	nftnl.EachExpr(list, func(name, data []byte) { decodeExpr(string(name), data, r, regs) })
+	var rs regs
+	nftnl.EachExpr(list, func(name, data []byte) { decodeExpr(name, data, r, &rs) })
 }
 
 // u32 reads a big-endian 32-bit attribute.
@@ -248,11 +316,17 @@ func u32(d []byte) uint32 {
 	return binary.BigEndian.Uint32(d)
 }
 
-// attrs indexes an expression's attributes by type.
-func attrsOf(data []byte) map[uint16][]byte {
-	m := map[uint16][]byte{}
-	nftnl.EachAttr(data, func(typ uint16, d []byte) { m[typ] = d })
-	return m
+// exprAttrs are an expression's attributes by type (nil: absent). Every
+// expression the decoder knows numbers its attributes below 16.
+type exprAttrs [16][]byte
+
+func attrsOf(data []byte) (a exprAttrs) {
+	nftnl.EachAttr(data, func(typ uint16, d []byte) {
+		if int(typ) < len(a) {
+			a[typ] = d
+		}
+	})
+	return a
 }
 
 // dataValue reads a nested NFTA_DATA_VALUE.
@@ -266,25 +340,25 @@ func dataValue(d []byte) []byte {
 	return v
 }
 
-func decodeExpr(name string, data []byte, r *Rule, regs map[uint32]*reg) {
+func decodeExpr(name, data []byte, r *Rule, regs *regs) {
 	a := attrsOf(data)
-	switch name {
+	switch string(name) {
 	case "payload":
-		if _, isSet := a[unix.NFTA_PAYLOAD_SREG]; isSet {
+		if a[unix.NFTA_PAYLOAD_SREG] != nil {
 			r.unknown("payload set")
 			return
 		}
-		regs[u32(a[unix.NFTA_PAYLOAD_DREG])] = &reg{kind: "payload", base: u32(a[unix.NFTA_PAYLOAD_BASE]), offset: u32(a[unix.NFTA_PAYLOAD_OFFSET])}
+		regs.set(u32(a[unix.NFTA_PAYLOAD_DREG]), reg{kind: regPayload, base: u32(a[unix.NFTA_PAYLOAD_BASE]), offset: u32(a[unix.NFTA_PAYLOAD_OFFSET])})
 	case "meta":
-		if d, ok := a[unix.NFTA_META_DREG]; ok {
-			regs[u32(d)] = &reg{kind: "meta", key: u32(a[unix.NFTA_META_KEY])}
+		if d := a[unix.NFTA_META_DREG]; d != nil {
+			regs.set(u32(d), reg{kind: regMeta, key: u32(a[unix.NFTA_META_KEY])})
 			return
 		}
-		src := regs[u32(a[unix.NFTA_META_SREG])]
+		src := regs.loaded(u32(a[unix.NFTA_META_SREG]))
 		if u32(a[unix.NFTA_META_KEY]) == unix.NFT_META_MARK && src != nil {
 			// The mark is in host byte order, like meta mark's load.
 			switch {
-			case src.kind == "imm":
+			case src.kind == regImm:
 				r.SetMark = nativeUint(src.data)
 			case src.xor != nil:
 				r.SetMark = nativeUint(src.xor)
@@ -296,23 +370,23 @@ func decodeExpr(name string, data []byte, r *Rule, regs map[uint32]*reg) {
 		}
 		r.unknown("meta set")
 	case "fib":
-		regs[u32(a[unix.NFTA_FIB_DREG])] = &reg{kind: "fib", key: u32(a[unix.NFTA_FIB_RESULT]), offset: u32(a[unix.NFTA_FIB_FLAGS])}
+		regs.set(u32(a[unix.NFTA_FIB_DREG]), reg{kind: regFib, key: u32(a[unix.NFTA_FIB_RESULT]), offset: u32(a[unix.NFTA_FIB_FLAGS])})
 	case "ct":
-		if d, ok := a[unix.NFTA_CT_DREG]; ok {
-			regs[u32(d)] = &reg{kind: "ct", key: u32(a[unix.NFTA_CT_KEY])}
+		if d := a[unix.NFTA_CT_DREG]; d != nil {
+			regs.set(u32(d), reg{kind: regCt, key: u32(a[unix.NFTA_CT_KEY])})
 			return
 		}
 		if r.Target == "" {
 			r.Target = "CONNMARK"
 		}
 	case "bitwise":
-		src := regs[u32(a[unix.NFTA_BITWISE_SREG])]
+		src := regs.loaded(u32(a[unix.NFTA_BITWISE_SREG]))
 		if src == nil {
 			return
 		}
 		x := *src
 		x.mask, x.xor = dataValue(a[unix.NFTA_BITWISE_MASK]), dataValue(a[unix.NFTA_BITWISE_XOR])
-		regs[u32(a[unix.NFTA_BITWISE_DREG])] = &x
+		regs.set(u32(a[unix.NFTA_BITWISE_DREG]), x)
 	case "immediate":
 		dreg := u32(a[unix.NFTA_IMMEDIATE_DREG])
 		if dreg == unix.NFT_REG_VERDICT {
@@ -323,9 +397,9 @@ func decodeExpr(name string, data []byte, r *Rule, regs map[uint32]*reg) {
 			})
 			return
 		}
-		regs[dreg] = &reg{kind: "imm", data: dataValue(a[unix.NFTA_IMMEDIATE_DATA])}
+		regs.set(dreg, reg{kind: regImm, data: dataValue(a[unix.NFTA_IMMEDIATE_DATA])})
 	case "cmp":
-		src := regs[u32(a[unix.NFTA_CMP_SREG])]
+		src := regs.loaded(u32(a[unix.NFTA_CMP_SREG]))
 		neq := u32(a[unix.NFTA_CMP_OP]) == unix.NFT_CMP_NEQ
 		if src == nil || (u32(a[unix.NFTA_CMP_OP]) != unix.NFT_CMP_EQ && !neq) {
 			r.unknown("cmp")
@@ -339,11 +413,11 @@ func decodeExpr(name string, data []byte, r *Rule, regs map[uint32]*reg) {
 			r.Target = "SNAT"
 		}
 		var addr netip.Addr
-		if x := regs[u32(a[nftaNatRegAddrMin])]; x != nil && x.kind == "imm" {
+		if x := regs.loaded(u32(a[nftaNatRegAddrMin])); x != nil && x.kind == regImm {
 			addr, _ = netip.AddrFromSlice(x.data)
 		}
 		var port uint16
-		if x := regs[u32(a[unix.NFTA_NAT_REG_PROTO_MIN])]; x != nil && x.kind == "imm" {
+		if x := regs.loaded(u32(a[unix.NFTA_NAT_REG_PROTO_MIN])); x != nil && x.kind == regImm {
 			port = uint16(beUint(x.data))
 		}
 		r.ToDest = netip.AddrPortFrom(addr, port)
@@ -351,22 +425,33 @@ func decodeExpr(name string, data []byte, r *Rule, regs map[uint32]*reg) {
 		r.Target = "MASQUERADE"
 	case "redir":
 		r.Target = "REDIRECT"
-		if x := regs[u32(a[unix.NFTA_REDIR_REG_PROTO_MIN])]; x != nil && x.kind == "imm" {
+		if x := regs.loaded(u32(a[unix.NFTA_REDIR_REG_PROTO_MIN])); x != nil && x.kind == regImm {
 			r.ToPort = uint16(beUint(x.data))
 		}
 	case "tproxy":
 		r.Target = "TPROXY"
-		if x := regs[u32(a[nftaTproxyRegPort])]; x != nil && x.kind == "imm" {
+		if x := regs.loaded(u32(a[nftaTproxyRegPort])); x != nil && x.kind == regImm {
 			r.ToPort = uint16(beUint(x.data))
 		}
 	case "match":
-		decodeXTMatch(string(nftnl.CStr(a[unix.NFTA_MATCH_NAME])), u32(a[unix.NFTA_MATCH_REV]), a[unix.NFTA_MATCH_INFO], r)
+		decodeXTMatch(nftnl.CStr(a[unix.NFTA_MATCH_NAME]), u32(a[unix.NFTA_MATCH_REV]), a[unix.NFTA_MATCH_INFO], r)
 	case "target":
-		decodeXTTarget(string(nftnl.CStr(a[unix.NFTA_TARGET_NAME])), u32(a[unix.NFTA_TARGET_REV]), a[unix.NFTA_TARGET_INFO], r)
+		decodeXTTarget(nftnl.CStr(a[unix.NFTA_TARGET_NAME]), u32(a[unix.NFTA_TARGET_REV]), a[unix.NFTA_TARGET_INFO], r)
 	case "counter":
 	default:
-		r.unknown(name)
+		r.unknown(string(name))
 	}
+}
+
+// targetName is an xtables target's name, without an allocation for the
+// targets meshwire's rules use.
+func targetName(b []byte) string {
+	for _, t := range [...]string{"MASQUERADE", "DNAT", "SNAT", "REDIRECT", "TPROXY", "MARK", "CONNMARK", "ACCEPT", "DROP", "RETURN"} {
+		if t == string(b) {
+			return t
+		}
+	}
+	return string(b)
 }
 
 // beUint reads up to 4 bytes big-endian.
@@ -421,7 +506,7 @@ func addrFamily(r *Rule) Family {
 
 func decodeCmp(src *reg, v []byte, neq bool, r *Rule) {
 	switch src.kind {
-	case "payload":
+	case regPayload:
 		switch src.base {
 		case unix.NFT_PAYLOAD_NETWORK_HEADER:
 			f := addrFamily(r)
@@ -467,7 +552,7 @@ func decodeCmp(src *reg, v []byte, neq bool, r *Rule) {
 		default:
 			r.unknown("payload")
 		}
-	case "meta":
+	case regMeta:
 		switch src.key {
 		case unix.NFT_META_L4PROTO:
 			if len(v) > 0 {
@@ -494,14 +579,14 @@ func decodeCmp(src *reg, v []byte, neq bool, r *Rule) {
 		default:
 			r.unknown("meta " + strconv.Itoa(int(src.key)))
 		}
-	case "fib":
+	case regFib:
 		if src.key == unix.NFT_FIB_RESULT_ADDRTYPE && src.offset&unix.NFTA_FIB_F_DADDR != 0 && nativeUint(v) == unix.RTN_LOCAL && !neq {
 			r.DstLocal = true
 			return
 		}
 		r.unknown("fib")
 	default:
-		r.unknown(src.kind)
+		r.unknown(src.kind.String())
 	}
 }
 
@@ -532,17 +617,17 @@ func protoName(p byte) string {
 
 // decodeXTMatch reads the xtables matches iptables-nft uses for meshwire's
 // rules (the info blobs are the kernel's structs, in host byte order).
-func decodeXTMatch(name string, rev uint32, info []byte, r *Rule) {
+func decodeXTMatch(nameB []byte, rev uint32, info []byte, r *Rule) {
 	ne := binary.NativeEndian
-	switch name {
+	switch string(nameB) {
 	case "comment":
 		r.Comment = string(nftnl.CStr(info))
 	case "tcp", "udp":
 		// struct xt_udp: spts[2], dpts[2], invflags; struct xt_tcp:
 		// spts[2], dpts[2], option, flg_mask, flg_cmp, invflags.
-		invAt := 8
-		if name == "tcp" {
-			invAt = 11
+		name, invAt := "udp", 8
+		if string(nameB) == "tcp" {
+			name, invAt = "tcp", 11
 		}
 		if len(info) <= invAt {
 			r.unknown(name)
@@ -593,17 +678,17 @@ func decodeXTMatch(name string, rev uint32, info []byte, r *Rule) {
 			r.HasMark, r.Mark, r.MarkMask, r.NotMark = true, ne.Uint32(info), ne.Uint32(info[4:]), info[8] != 0
 		}
 	default:
-		r.unknown(name)
+		r.unknown(string(nameB))
 	}
 }
 
 // decodeXTTarget reads an xtables target's name and the options the typed
 // fields hold.
-func decodeXTTarget(name string, rev uint32, info []byte, r *Rule) {
-	r.Target = name
+func decodeXTTarget(nameB []byte, rev uint32, info []byte, r *Rule) {
+	r.Target = targetName(nameB)
 	ne := binary.NativeEndian
 	be := binary.BigEndian
-	switch name {
+	switch r.Target {
 	case "DNAT":
 		// rev 0: nf_nat_ipv4_multi_range_compat (rangesize, then flags,
 		// min_ip, max_ip, min port, max port); rev 1, 2: nf_nat_range(2)

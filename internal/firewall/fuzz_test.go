@@ -124,7 +124,7 @@ func FuzzDecodeRule(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, obj []byte) {
 		for _, fam := range []TableFamily{IP, IP6, Inet, Bridge} {
-			r := decodeRule(fam, obj)
+			r := decodeRule(fam, obj, nil)
 			if r.Family != fam {
 				t.Fatalf("family %s, want %s", r.Family, fam)
 			}
