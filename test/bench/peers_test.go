@@ -48,10 +48,21 @@ func peers(b testing.TB) []impl {
 	if _, err := os.Stat(filepath.Join(harness.ReferenceDir, "bridge")); err != nil {
 		b.Fatalf("Debian's reference plugins: %v (install containernetworking-plugins; make bench runs test/deps.sh)", err)
 	}
-	return []impl{
+	ps := []impl{
 		{name: "reference " + harness.ReferenceVersion, tag: "v191", dir: refDir},
 		{name: "Debian " + debianVersion(), tag: "deb", dir: harness.ReferenceDir},
 	}
+	if dir := os.Getenv("MESHWIRE_BENCH_BASELINE"); dir != "" {
+		// An earlier meshwire build (make build BIN=dir), to compare a
+		// change with what it changes in the same run.
+		for _, p := range []string{"bridge", "portmap", "host-local"} {
+			if _, err := os.Stat(filepath.Join(dir, p)); err != nil {
+				b.Fatalf("MESHWIRE_BENCH_BASELINE: %v", err)
+			}
+		}
+		ps = append(ps, impl{name: "baseline", tag: "base", dir: dir, meshwire: true})
+	}
+	return ps
 }
 
 // implsWith returns meshwire (first) and the peers.
