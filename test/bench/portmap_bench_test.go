@@ -76,7 +76,11 @@ func BenchmarkPortmap(b *testing.B) {
 	h := harness.New(b)
 	impls := []pmBenchImpl{{impl{name: "meshwire", tag: "mw", dir: h.BinDir, meshwire: true}, `,"backend":"iptables"`, b.TempDir()}}
 	for _, p := range ps {
-		impls = append(impls, pmBenchImpl{p, "", b.TempDir()})
+		keys := ""
+		if p.meshwire { // MESHWIRE_BENCH_BASELINE: configured as meshwire is
+			keys = impls[0].portmapKeys
+		}
+		impls = append(impls, pmBenchImpl{p, keys, b.TempDir()})
 	}
 	// meshwire's nftables backend is measured in the same run for its own
 	// 1,000/0 ratio, after the others in every round.
