@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -49,31 +50,56 @@ func BenchmarkIntercept(b *testing.B) {
 
 func interceptBenchApply(b *testing.B, h *harness.H) {
 	e := ie.New(b, h)
+	base, withBase := baseline(b)
 	tab := &harness.Table{
 		Title:  fmt.Sprintf("iptables-init: time to apply istio's default rule set (IPv4 + IPv6, median / p95 of %d, ms)", interceptBenchApplies),
 		Header: []string{"backend", "fresh install", "re-run (no-op)", "one iptables exec per rule", "fresh / per-rule"},
 	}
+	if withBase {
+		tab.Header = append(tab.Header, "baseline fresh", "baseline re-run", "fresh / baseline")
+	}
+	mw := filepath.Join(h.BinDir, "iptables-init")
 	for _, backend := range []string{"nft", "legacy", "nftables"} {
 		args := append([]string{"--iptables-backend", backend}, interceptBenchFlags...)
-		var fresh, rerun, perRule harness.Samples
-		for i := 0; i < interceptBenchApplies; i++ {
-			if err := fresh.Time(func() error { return interceptBenchRun(e, args...) }); err != nil {
+		var fresh, rerun, perRule, baseFresh, baseRerun harness.Samples
+		// install times a fresh install and a re-run of bin, and cleans up.
+		install := func(bin string, fresh, rerun *harness.Samples) {
+			if err := fresh.Time(func() error { return interceptBenchExec(e, bin, args...) }); err != nil {
 				b.Fatal(err)
 			}
-			if err := rerun.Time(func() error { return interceptBenchRun(e, args...) }); err != nil {
+			if err := rerun.Time(func() error { return interceptBenchExec(e, bin, args...) }); err != nil {
 				b.Fatal(err)
-			}
-			if backend != "nftables" {
-				payload := interceptBenchPayload(b, e, backend)
-				if err := interceptBenchRun(e, "--cleanup-only"); err != nil {
-					b.Fatal(err)
-				}
-				if err := perRule.Time(func() error { return interceptBenchPerRule(e, backend, payload) }); err != nil {
-					b.Fatal(err)
-				}
 			}
 			if err := interceptBenchRun(e, "--cleanup-only"); err != nil {
 				b.Fatal(err)
+			}
+		}
+		// The per-rule installer re-creates what iptables-init installs.
+		var payload map[string]string
+		if backend != "nftables" {
+			if err := interceptBenchRun(e, args...); err != nil {
+				b.Fatal(err)
+			}
+			payload = interceptBenchPayload(b, e, backend)
+			if err := interceptBenchRun(e, "--cleanup-only"); err != nil {
+				b.Fatal(err)
+			}
+		}
+		for i := 0; i < interceptBenchApplies; i++ {
+			if withBase && i%2 == 1 {
+				install(filepath.Join(base.dir, "iptables-init"), &baseFresh, &baseRerun)
+			}
+			install(mw, &fresh, &rerun)
+			if withBase && i%2 == 0 {
+				install(filepath.Join(base.dir, "iptables-init"), &baseFresh, &baseRerun)
+			}
+			if payload != nil {
+				if err := perRule.Time(func() error { return interceptBenchPerRule(e, backend, payload) }); err != nil {
+					b.Fatal(err)
+				}
+				if err := interceptBenchRun(e, "--cleanup-only"); err != nil {
+					b.Fatal(err)
+				}
 			}
 		}
 		pr, ratio := "n/a", "n/a"
@@ -82,15 +108,29 @@ func interceptBenchApply(b *testing.B, h *harness.H) {
 			ratio = harness.Ratio(fresh.Median(), perRule.Median())
 		}
 		name := map[string]string{"nft": "iptables-nft", "legacy": "iptables-legacy", "nftables": "nftables (native)"}[backend]
-		tab.Add(name, harness.Ms(fresh.Median())+" / "+harness.Ms(fresh.P95()), harness.Ms(rerun.Median())+" / "+harness.Ms(rerun.P95()), pr, ratio)
+		cells := []string{name, harness.Ms(fresh.Median()) + " / " + harness.Ms(fresh.P95()), harness.Ms(rerun.Median()) + " / " + harness.Ms(rerun.P95()), pr, ratio}
+		if withBase {
+			cells = append(cells, harness.Ms(baseFresh.Median())+" / "+harness.Ms(baseFresh.P95()),
+				harness.Ms(baseRerun.Median())+" / "+harness.Ms(baseRerun.P95()), harness.Ratio(fresh.Median(), baseFresh.Median()))
+		}
+		tab.Add(cells...)
 	}
 	tab.Write(os.Stdout)
 }
 
 func interceptBenchRun(e *ie.Env, args ...string) error {
-	code, out := e.IptablesInit(args...)
-	if code != 0 {
-		return fmt.Errorf("iptables-init %v: exit %d: %s", args, code, out)
+	return interceptBenchExec(e, filepath.Join(e.H.BinDir, "iptables-init"), args...)
+}
+
+// interceptBenchExec runs an iptables-init binary in the pod.
+func interceptBenchExec(e *ie.Env, bin string, args ...string) error {
+	var out []byte
+	err := e.Pod.Do(func() (err error) {
+		out, err = exec.Command(bin, args...).CombinedOutput()
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("%s %v: %v: %s", bin, args, err, out)
 	}
 	return nil
 }

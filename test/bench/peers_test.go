@@ -52,17 +52,26 @@ func peers(b testing.TB) []impl {
 		{name: "reference " + harness.ReferenceVersion, tag: "v191", dir: refDir},
 		{name: "Debian " + debianVersion(), tag: "deb", dir: harness.ReferenceDir},
 	}
-	if dir := os.Getenv("MESHWIRE_BENCH_BASELINE"); dir != "" {
-		// An earlier meshwire build (make build BIN=dir), to compare a
-		// change with what it changes in the same run.
-		for _, p := range []string{"bridge", "portmap", "host-local"} {
-			if _, err := os.Stat(filepath.Join(dir, p)); err != nil {
-				b.Fatalf("MESHWIRE_BENCH_BASELINE: %v", err)
-			}
-		}
-		ps = append(ps, impl{name: "baseline", tag: "base", dir: dir, meshwire: true})
+	if base, ok := baseline(b); ok {
+		ps = append(ps, base)
 	}
 	return ps
+}
+
+// baseline is the earlier meshwire build MESHWIRE_BENCH_BASELINE names
+// (the BIN of a `make build` at another commit), run as one more peer to
+// compare a change with what it changes in the same run.
+func baseline(b testing.TB) (impl, bool) {
+	dir := os.Getenv("MESHWIRE_BENCH_BASELINE")
+	if dir == "" {
+		return impl{}, false
+	}
+	for _, p := range []string{"bridge", "portmap", "host-local", "iptables-init"} {
+		if _, err := os.Stat(filepath.Join(dir, p)); err != nil {
+			b.Fatalf("MESHWIRE_BENCH_BASELINE: %v", err)
+		}
+	}
+	return impl{name: "baseline", tag: "base", dir: dir, meshwire: true}, true
 }
 
 // implsWith returns meshwire (first) and the peers.
