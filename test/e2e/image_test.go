@@ -44,7 +44,7 @@ func TestImageInitContainer(t *testing.T) {
 	t.Cleanup(func() { _, _ = podman("rmi", "--force", image) })
 	for _, tc := range []struct {
 		name, backendFlag, dump string
-		want                   string
+		want                    string
 	}{
 		{"iptables-nft", "", "iptables-nft-save -t nat", "-A ISTIO_OUTPUT"},
 		{"iptables-legacy", "--iptables-backend=legacy", "iptables-legacy-save -t nat", "-A ISTIO_OUTPUT"},
