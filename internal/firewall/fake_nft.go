@@ -363,11 +363,7 @@ func nftRule(fam TableFamily, w []nftTok) Rule {
 				r.Proto, _ = value()
 			case "iifname", "oifname":
 				v, _ := value()
-				if key == "iifname" {
-					r.In = v
-				} else {
-					r.Out = v
-				}
+				r.setInterface(key, v)
 			case "mark":
 				switch {
 				case word(i+1) == "set":
@@ -399,11 +395,7 @@ func nftRule(fam TableFamily, w []nftTok) Rule {
 			}
 		case "iifname", "oifname":
 			v, _ := value()
-			if x == "iifname" {
-				r.In = v
-			} else {
-				r.Out = v
-			}
+			r.setInterface(x, v)
 		case "ip", "ip6":
 			i++
 			dir := word(i)
@@ -495,4 +487,14 @@ func nftRule(fam TableFamily, w []nftTok) Rule {
 		}
 	}
 	return r
+}
+
+// setInterface sets the input (iifname) or output (oifname) interface,
+// written with or without "meta".
+func (r *Rule) setInterface(key, name string) {
+	if key == "iifname" {
+		r.In = name
+	} else {
+		r.Out = name
+	}
 }
