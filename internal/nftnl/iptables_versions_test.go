@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -55,15 +54,7 @@ func (in iptablesInstall) run(stdin string, tool string, args ...string) (string
 	if in.dir != "" {
 		tool = filepath.Join(in.dir, tool)
 	}
-	cmd := exec.Command(tool, args...)
-	cmd.Env = append(os.Environ(), in.env...)
-	cmd.Stdin = strings.NewReader(stdin)
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := cmd.Run(); err != nil {
-		return "", fmt.Errorf("%s %s: %v: %s", tool, strings.Join(args, " "), err, errb.String())
-	}
-	return out.String(), nil
+	return runEnv(in.env, stdin, tool, args...)
 }
 
 func (in iptablesInstall) tool(f Family, what string) string {

@@ -134,7 +134,14 @@ func restore(f Family, payload string) error {
 }
 
 func run(stdin, tool string, args ...string) (string, error) {
+	return runEnv(nil, stdin, tool, args...)
+}
+
+// runEnv runs tool with stdin and env added to the environment, returning
+// its output (its error output in the error).
+func runEnv(env []string, stdin, tool string, args ...string) (string, error) {
 	cmd := exec.Command(tool, args...)
+	cmd.Env = append(os.Environ(), env...)
 	cmd.Stdin = strings.NewReader(stdin)
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
