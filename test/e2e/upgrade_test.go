@@ -196,6 +196,17 @@ type upPod struct {
 	att  *harness.Attachment
 }
 
+// refPods sets up pods A and B with the reference plugins, mapping
+// portA and portB, and checks that the reference's objects of each are
+// there.
+func (e *upgradeEnv) refPods(t *testing.T, portA, portB int) (a, b *upPod) {
+	t.Helper()
+	a, b = e.refPod(t, "A", portA), e.refPod(t, "B", portB)
+	e.wantRefObjects(t, a)
+	e.wantRefObjects(t, b)
+	return a, b
+}
+
 // refPod sets a pod up with the reference plugins, mapping hostPort to its
 // port 80. Its DEL at cleanup runs meshwire's binaries.
 func (e *upgradeEnv) refPod(t *testing.T, name string, hostPort int) *upPod {
@@ -350,10 +361,7 @@ func TestUpgradeDel(t *testing.T) {
 		t.Run(v.name, func(t *testing.T) {
 			e := newUpgradeEnv(t, v)
 			portA, portB := 32000+10*i, 32000+10*i+1
-			a := e.refPod(t, "A", portA)
-			b := e.refPod(t, "B", portB)
-			e.wantRefObjects(t, a)
-			e.wantRefObjects(t, b)
+			a, b := e.refPods(t, portA, portB)
 			e.mustReach(t, portA, "A")
 
 			if err := a.att.Del(); err != nil {
@@ -387,10 +395,7 @@ func TestUpgradeGC(t *testing.T) {
 		t.Run(v.name, func(t *testing.T) {
 			e := newUpgradeEnv(t, v)
 			portA, portB := 32050+10*i, 32050+10*i+1
-			a := e.refPod(t, "A", portA)
-			b := e.refPod(t, "B", portB)
-			e.wantRefObjects(t, a)
-			e.wantRefObjects(t, b)
+			a, b := e.refPods(t, portA, portB)
 
 			// A fresh libcni cache: GC reaches the plugins alone. The valid
 			// list names a container that does not exist (libcni leaves
