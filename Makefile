@@ -63,7 +63,9 @@ fuzz:
 	  $(GO) test -run '^$$' -fuzz "^$$fn$$" -fuzztime $(FUZZTIME) $$pkg || exit 1; \
 	done
 
+# The demo installs the firewall tools its plugins run when missing.
 demo: build
+	@test/deps.sh demo
 	$(BIN)/meshwire demo
 
 # Benchmarks run side by side with the reference plugins v1.9.1 (built by the

@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
 # Installs the system packages meshwire's tests and benchmarks use, with
 # apt-get, only when something is missing. Idempotent and quiet when all is
-# there already.
+# there already. `test/deps.sh demo` installs only what `meshwire demo`
+# needs (the firewall tools its plugins and iptables-init run).
 set -euo pipefail
 
 # command-or-file => Debian package
-declare -A need=(
+declare -A need
+if [[ "${1:-}" == demo ]]; then
+  need=(
+    [iptables-restore]=iptables
+    [ip6tables-restore]=iptables
+  )
+else
+need=(
   [ip]=iproute2
   [tc]=iproute2
   [iptables]=iptables
@@ -24,6 +32,7 @@ declare -A need=(
   [podman]=podman
   [/var/lib/dpkg/info/busybox-static.list]=busybox-static
 )
+fi
 
 missing=()
 for what in "${!need[@]}"; do

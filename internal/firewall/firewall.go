@@ -10,6 +10,7 @@ package firewall
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -167,6 +168,9 @@ func run(ctx context.Context, name, stdin string, args ...string) (string, error
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Run(); err != nil {
+		if errors.Is(err, exec.ErrNotFound) {
+			return "", missingTool(name)
+		}
 		msg := strings.TrimSpace(errb.String())
 		if strings.Contains(msg, "xtables lock") || strings.Contains(msg, "Resource temporarily unavailable") {
 			return "", cnierr.TryAgain("%s: the xtables lock is busy: %s", name, msg)
@@ -177,6 +181,28 @@ func run(ctx context.Context, name, stdin string, args ...string) (string, error
 		return "", fmt.Errorf("%s %s: %s", name, strings.Join(args, " "), msg)
 	}
 	return out.String(), nil
+}
+
+// missingTool is the error of a firewall tool that is not installed: code
+// 50 (the plugin cannot serve ADD on this node until someone installs it),
+// naming the package that has it.
+func missingTool(name string) error {
+	pkg := "iptables"
+	if name == "nft" {
+		pkg = "nftables"
+	}
+	return cnierr.NotAvailable("%s is not installed on this node: install the %q package (Debian and Ubuntu: apt-get install %s), or configure another firewall backend", name, pkg, pkg)
+}
+
+// ToolsInstalled reports whether the tools b runs are on PATH: a detection
+// that found none is not worth remembering (installing them changes it).
+func (b Backend) ToolsInstalled() bool {
+	name := "nft"
+	if b.Kind == IPTables {
+		name = b.tool(V4, "restore")
+	}
+	_, err := exec.LookPath(name)
+	return err == nil
 }
 
 // Detect picks the backend the host (the current network namespace) already

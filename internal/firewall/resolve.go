@@ -25,7 +25,9 @@ var OldCacheFiles = []string{"/run/meshwire/ipmasq-backend", "/run/meshwire/port
 // Resolve returns the backend to program in the host network namespace:
 // the configured one (a name Parse accepts) as is; else the node's cached
 // detection (CacheFile, then OldCacheFiles); else Detect, whose answer is
-// cached. Only a configured name that Parse refuses is an error.
+// cached when the backend's tools are installed (a detection on a node
+// with no firewall tool is made again once someone installs one). Only a
+// configured name that Parse refuses is an error.
 //
 // The cache describes the host namespace: code that programs another
 // namespace (intercept, in a pod's) calls Detect there instead.
@@ -33,11 +35,13 @@ func Resolve(ctx context.Context, configured string) (Backend, error) {
 	if configured != "" {
 		return Parse(configured)
 	}
-	if b, ok := Cached(); ok {
+	if b, ok := Cached(); ok && b.ToolsInstalled() {
 		return b, nil
 	}
 	b := Detect(ctx)
-	Remember(b)
+	if b.ToolsInstalled() {
+		Remember(b)
+	}
 	return b, nil
 }
 
