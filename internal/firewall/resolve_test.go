@@ -32,7 +32,10 @@ func TestMissingToolNamesThePackage(t *testing.T) {
 		pkg  string
 	}{
 		{"iptables-restore", Backend{Kind: IPTables}.Restore(ctx, V4, "*nat\nCOMMIT\n"), "iptables"},
-		{"ip6tables-legacy-save", func() error { _, err := (Backend{Kind: IPTables, Variant: VariantLegacy}).Save(ctx, V6, "nat"); return err }(), "iptables"},
+		{"ip6tables-legacy-save", func() error {
+			_, err := (Backend{Kind: IPTables, Variant: VariantLegacy}).Save(ctx, V6, "nat")
+			return err
+		}(), "iptables"},
 		{"nft", NftApply(ctx, "list tables"), "nftables"},
 		{"nft", Backend{Kind: NFTables}.Available(ctx), "nftables"},
 	} {
