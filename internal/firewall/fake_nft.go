@@ -368,7 +368,9 @@ func nftRule(fam TableFamily, w []nftTok) Rule {
 				switch {
 				case word(i+1) == "set":
 					i += 2
-					r.Target = "MARK"
+					if r.Target == "" {
+						r.Target = "MARK" // else the mark of a tproxy
+					}
 					if word(i) == "meta" && word(i+1) == "mark" && word(i+2) == "or" {
 						i += 3
 					} else if word(i) == "ct" && word(i+1) == "mark" {

@@ -5,19 +5,19 @@ import (
 	"slices"
 )
 
-// TableRules is what one table holds: meshwire's user chains (in the order
-// they were first used) and every rule, in order, user and built-in chains
-// mixed.
+// TableRules is what one table holds: its user chains, in the order they
+// are declared, and every rule, chain by chain in their final order.
 type TableRules struct {
 	Name   string
 	Chains []string
 	Rules  []Rule
 }
 
-// RuleSet is the whole rule set of one address family.
+// RuleSet is the rule set of one iptables address family (Family V4 or
+// V6), or the native nftables rule set of both (Family 0, see BuildNft).
 type RuleSet struct {
 	Family Family
-	Tables []*TableRules // raw, mangle, nat; only those with rules
+	Tables []*TableRules // only those with rules
 }
 
 // Table returns the named table's rules, or nil.
@@ -40,337 +40,456 @@ func (rs *RuleSet) Empty() bool {
 	return true
 }
 
-// builder collects the rules of one family, table by table, and holds what
-// every step of Build needs to know about the config.
+// Build renders cfg into the iptables rule set of family f: rule for rule,
+// chain for chain, what istio-iptables programs for the same flags
+// (tools/istio-iptables/pkg/capture/run.go, Istio 1.30), so that both
+// capture exactly the same traffic. A test compares the two on Istio's own
+// golden files.
+func Build(cfg Config, f Family) *RuleSet {
+	b := &builder{cfg: cfg, ipv6: f == V6}
+	b.run()
+	return b.iptables(f)
+}
+
+// BuildNft renders cfg into the native nftables rule set that
+// istio-nftables programs for the same flags
+// (tools/istio-nftables/pkg/capture/run.go): the inet tables of NftTables,
+// IPv6 rules included when ipv6 is set.
+func BuildNft(cfg Config, ipv6 bool) *RuleSet {
+	b := &builder{cfg: cfg, ipv6: ipv6, nft: true}
+	b.run()
+	return b.nftables()
+}
+
+// op is one step of istio's rule builder: append a rule to its chain, or
+// insert it at a position (0 is the chain's head).
+type op struct {
+	table  string
+	rule   Rule
+	insert bool
+	pos    int
+}
+
+// builder replays istio's Run(): each step appends (or inserts) rules in
+// istio's order; iptables and nftables then lay them out as their istio
+// counterpart does.
 type builder struct {
-	cfg    Config
-	f      Family
-	tproxy bool
-	// lo is the pod's loopback range of the family; passthrough the source
-	// address of the proxy's passthrough connections to the app.
-	lo, passthrough netip.Prefix
-	// inTable holds the inbound capture: nat for REDIRECT, mangle for TPROXY.
-	inTable string
-	tables  map[string]*TableRules
+	cfg  Config
+	ipv6 bool // istio's EnableIPv6
+	nft  bool // istio-nftables' variant of the steps
+	ops  []op
 }
 
-func (b *builder) add(table string, r Rule) {
-	t := b.tables[table]
-	if t == nil {
-		t = &TableRules{Name: table}
-		b.tables[table] = t
+func (b *builder) add(table string, r Rule) { b.ops = append(b.ops, op{table: table, rule: r}) }
+
+// add4 and add6 append a rule of one family; IPv6 ones only with IPv6.
+func (b *builder) add4(table string, r Rule) { r.Family = V4; b.add(table, r) }
+func (b *builder) add6(table string, r Rule) {
+	if b.ipv6 {
+		r.Family = V6
+		b.add(table, r)
 	}
-	if !IsBuiltin(r.Chain) && !slices.Contains(t.Chains, r.Chain) {
-		t.Chains = append(t.Chains, r.Chain)
-	}
-	if r.Target.Kind == Jump && !slices.Contains(t.Chains, r.Target.Chain) {
-		t.Chains = append(t.Chains, r.Target.Chain)
-	}
-	t.Rules = append(t.Rules, r)
 }
 
-func jump(chain string) Target         { return Target{Kind: Jump, Chain: chain} }
-func ret() Target                      { return Target{Kind: Return} }
-func redirect(port uint16) Target      { return Target{Kind: Redirect, Port: port} }
-func zone(z uint16) Target             { return Target{Kind: CTZone, Zone: z} }
+// addBoth appends a rule for each family, with the family's own value
+// (istio's AppendVersionedRule): rule(V4), then rule(V6).
+func (b *builder) addBoth(table string, rule func(Family) Rule) {
+	b.add4(table, rule(V4))
+	b.add6(table, rule(V6))
+}
+
+func (b *builder) insert(table string, pos int, r Rule) {
+	b.ops = append(b.ops, op{table: table, rule: r, insert: true, pos: pos})
+}
+
+func (b *builder) insert4(table string, pos int, r Rule) { r.Family = V4; b.insert(table, pos, r) }
+func (b *builder) insert6(table string, pos int, r Rule) {
+	if b.ipv6 {
+		r.Family = V6
+		b.insert(table, pos, r)
+	}
+}
+
+func rule(chain string, t Target, m ...Match) Rule { return Rule{Chain: chain, Match: m, Target: t} }
+
+func jump(chain string) Target    { return Target{Kind: Jump, Chain: chain} }
+func ret() Target                 { return Target{Kind: Return} }
+func redirect(port uint16) Target { return Target{Kind: Redirect, Port: port} }
+func zone(z uint16) Target        { return Target{Kind: CTZone, Zone: z} }
+
+func in(ifc string) Match         { return Match{Kind: MatchIn, Name: ifc} }
+func out(ifc string) Match        { return Match{Kind: MatchOut, Name: ifc} }
+func proto(p string) Match        { return Match{Kind: MatchProto, Name: p} }
+func src(p netip.Prefix) Match    { return Match{Kind: MatchSrc, Prefix: p} }
+func dst(p netip.Prefix) Match    { return Match{Kind: MatchDst, Prefix: p} }
+func notDst(p netip.Prefix) Match { return Match{Kind: MatchDst, Prefix: p, Not: true} }
+func sport(p string, port uint16) Match {
+	return Match{Kind: MatchSPort, Name: p, Ports: []uint16{port}}
+}
+func dport(p string, ports ...uint16) Match {
+	return Match{Kind: MatchDPort, Name: p, Ports: ports}
+}
+func notDport(p string, ports ...uint16) Match {
+	return Match{Kind: MatchDPort, Name: p, Ports: ports, Not: true}
+}
+func mark(v uint32) Match              { return Match{Kind: MatchMark, Value: v} }
+func notMark(v uint32) Match           { return Match{Kind: MatchMark, Value: v, Not: true} }
+func connmark(v uint32) Match          { return Match{Kind: MatchConnMark, Value: v} }
+func ctstate(s string) Match           { return Match{Kind: MatchCTState, Name: s} }
+func owner(o Owner) Match              { return o.match(false) }
+func notOwner(o Owner) Match           { return o.match(true) }
 func single(a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, a.BitLen()) }
 
-// Build renders cfg into the rule set of family f, rule for rule what
-// istio-iptables programs for the same flags (with the user chains only
-// created where they are used). Each step appends its rules to the tables
-// in istio-iptables' order.
-func Build(cfg Config, f Family) *RuleSet {
-	b := newBuilder(cfg, f)
-	b.excludedInterfaces()
-	b.dropInvalid()
-	b.kubeVirtInterfaces()
+// Owner is a proxy uid or gid.
+type Owner struct {
+	ID  uint32
+	GID bool
+}
+
+func (o Owner) match(neg bool) Match {
+	k := MatchUID
+	if o.GID {
+		k = MatchGID
+	}
+	return Match{Kind: k, Value: o.ID, Not: neg}
+}
+
+// lo is the pod's loopback range of family f (istio's
+// HostIPv4LoopbackCidr, or ::1/128).
+func (b *builder) lo(f Family) netip.Prefix { return b.cfg.loopback(f) }
+
+// run is istio-iptables' Run(), step for step; where istio-nftables differs
+// (b.nft), the step says so.
+func (b *builder) run() {
+	cfg := b.cfg
+	redirectDNS := cfg.RedirectDNS && (cfg.CaptureAllDNS || len(cfg.DNSServers) > 0)
+
+	b.excludeInterfaces()
+	for _, ifc := range cfg.KubeVirtInterfaces {
+		b.insert(NAT, 0, rule("PREROUTING", ret(), in(ifc)))
+	}
+	if cfg.DropInvalid {
+		if b.nft {
+			b.add(Mangle, rule("PREROUTING", jump(ChainDrop), proto("tcp"), ctstate("INVALID")))
+		} else {
+			b.add(Mangle, rule("PREROUTING", jump(ChainDrop), ctstate("INVALID")))
+		}
+		b.add(Mangle, rule(ChainDrop, Target{Kind: Drop}))
+	}
+	if b.vmTProxy() {
+		// Not istio's (see vmTProxy): a VM's outbound connections skip
+		// mangle's inbound capture, as they skip nat's.
+		for _, ifc := range cfg.KubeVirtInterfaces {
+			b.add(Mangle, rule("PREROUTING", ret(), in(ifc)))
+		}
+	}
+	if cfg.InboundTunnelPort != 0 {
+		b.add(NAT, rule(ChainInbound, ret(), proto("tcp"), dport("tcp", cfg.InboundTunnelPort)))
+	}
+	b.add(NAT, rule(ChainRedirect, redirect(cfg.ProxyPort), proto("tcp")))
+	b.add(NAT, rule(ChainInRedirect, redirect(cfg.InboundCapturePort), proto("tcp")))
 	b.inbound()
-	if b.tproxy {
+
+	b.add(NAT, rule("OUTPUT", jump(ChainOutput)))
+	for _, p := range cfg.OutboundPortsExclude {
+		b.add(NAT, rule(ChainOutput, ret(), dport("tcp", p)))
+		b.add(NAT, rule(ChainOutput, ret(), dport("udp", p)))
+	}
+	b.addBoth(NAT, func(f Family) Rule {
+		return rule(ChainOutput, ret(), out("lo"), src(single(PassthroughSource(f))))
+	})
+	for _, o := range owners(cfg) {
+		b.proxyOwner(o, redirectDNS)
+	}
+	b.ownerGroups()
+	if redirectDNS {
+		b.dns()
+	}
+	b.addBoth(NAT, func(f Family) Rule { return rule(ChainOutput, ret(), dst(b.lo(f))) })
+	for _, f := range []Family{V4, V6} {
+		for _, p := range prefixesOf(f, cfg.OutboundCIDRsExclude) {
+			b.addFamily(f, NAT, rule(ChainOutput, ret(), dst(p)))
+		}
+	}
+	for _, p := range cfg.OutboundPorts {
+		b.add(NAT, rule(ChainOutput, jump(ChainRedirect), dport("tcp", p)))
+	}
+	b.outboundInclude()
+	if cfg.Mode == ModeTProxy {
 		b.tproxyMarks()
 	}
-	b.outbound()
-	b.dnsUDP()
-	return b.ruleSet()
 }
 
-func newBuilder(cfg Config, f Family) *builder {
-	b := &builder{
-		cfg:         cfg,
-		f:           f,
-		tproxy:      cfg.Mode == ModeTProxy,
-		lo:          cfg.loopback(f),
-		passthrough: single(PassthroughSource(f)),
-		inTable:     NAT,
-		tables:      map[string]*TableRules{},
+func (b *builder) addFamily(f Family, table string, r Rule) {
+	if f == V4 {
+		b.add4(table, r)
+	} else {
+		b.add6(table, r)
 	}
-	if b.tproxy {
-		b.inTable = Mangle
-	}
-	return b
 }
 
-// ruleSet lists the tables that got rules, in tableOrder.
-func (b *builder) ruleSet() *RuleSet {
-	rs := &RuleSet{Family: b.f}
-	for _, name := range tableOrder {
-		if t := b.tables[name]; t != nil {
-			rs.Tables = append(rs.Tables, t)
-		}
-	}
-	return rs
-}
-
-// excludedInterfaces leaves the excluded interfaces alone entirely.
-func (b *builder) excludedInterfaces() {
+// excludeInterfaces leaves the excluded interfaces alone entirely
+// (istio's shortCircuitExcludeInterfaces).
+func (b *builder) excludeInterfaces() {
 	for _, ifc := range b.cfg.ExcludeInterfaces {
-		b.add(NAT, Rule{Chain: "PREROUTING", In: ifc, Target: ret()})
-		b.add(NAT, Rule{Chain: "OUTPUT", Out: ifc, Target: ret()})
-		if b.tproxy {
-			b.add(Mangle, Rule{Chain: "PREROUTING", In: ifc, Target: ret()})
-			b.add(Mangle, Rule{Chain: "OUTPUT", Out: ifc, Target: ret()})
+		b.add(NAT, rule("PREROUTING", ret(), in(ifc)))
+		b.add(NAT, rule("OUTPUT", ret(), out(ifc)))
+	}
+	if b.cfg.Mode == ModeTProxy {
+		for _, ifc := range b.cfg.ExcludeInterfaces {
+			b.add(Mangle, rule("PREROUTING", ret(), in(ifc)))
+			b.add(Mangle, rule("OUTPUT", ret(), out(ifc)))
 		}
 	}
 }
 
-// dropInvalid drops packets conntrack finds invalid, when asked.
-func (b *builder) dropInvalid() {
-	if b.cfg.DropInvalid {
-		b.add(Mangle, Rule{Chain: "PREROUTING", CTState: "INVALID", Target: Target{Kind: Drop}})
-	}
+// vmTProxy reports whether the pod forwards a VM's traffic (kube-virt
+// interfaces) with TPROXY inbound capture: there meshwire departs from
+// istio-iptables, whose mangle rules divert the VM's outbound connections
+// to the inbound port and the replies to the connections it forwards to
+// lo, so that a VM behind a TPROXY pod reaches nothing but what the proxy
+// captures (docs/reference-differences.md). Istio's goldens have no such
+// case; every other rule set is istio's.
+func (b *builder) vmTProxy() bool {
+	return b.cfg.Mode == ModeTProxy && !b.cfg.InboundPorts.Empty() && len(b.cfg.KubeVirtInterfaces) > 0
 }
 
-// kubeVirtInterfaces: traffic from virtual machines behind kube-virt
-// interfaces is outbound traffic of the pod, never inbound: it skips the
-// inbound capture.
-func (b *builder) kubeVirtInterfaces() {
-	cfg, f := b.cfg, b.f
-	for _, ifc := range cfg.KubeVirtInterfaces {
-		if b.tproxy && !cfg.InboundPorts.Empty() {
-			b.add(Mangle, Rule{Chain: "PREROUTING", In: ifc, Target: ret()})
-		}
-		for _, p := range prefixesOf(f, cfg.OutboundCIDRsExclude) {
-			b.add(NAT, Rule{Chain: "PREROUTING", In: ifc, Dst: p, Target: ret()})
-		}
-		if cfg.OutboundCIDRs.All {
-			b.add(NAT, Rule{Chain: "PREROUTING", In: ifc, Target: jump(ChainRedirect)})
-		} else {
-			for _, p := range prefixesOf(f, cfg.OutboundCIDRs.Prefixes) {
-				b.add(NAT, Rule{Chain: "PREROUTING", In: ifc, Dst: p, Target: jump(ChainRedirect)})
-			}
-			b.add(NAT, Rule{Chain: "PREROUTING", In: ifc, Target: ret()})
-		}
-	}
-}
-
-// inbound captures the inbound ports: REDIRECT to the inbound capture port,
-// or with TPROXY a mark and a divert to it.
+// inbound captures the inbound ports (istio's handleInboundPortsInclude):
+// REDIRECT to the inbound capture port, or with TPROXY a mark and a divert
+// to it.
 func (b *builder) inbound() {
 	cfg := b.cfg
-	b.add(NAT, Rule{Chain: ChainInRedirect, Proto: "tcp", Target: redirect(cfg.InboundCapturePort)})
 	if cfg.InboundPorts.Empty() {
 		return
 	}
-	if b.tproxy {
-		b.add(Mangle, Rule{Chain: ChainDivert, Target: Target{Kind: SetMark, Mark: cfg.TProxyMark}})
-		b.add(Mangle, Rule{Chain: ChainDivert, Target: Target{Kind: Accept}})
-		b.add(Mangle, Rule{Chain: ChainTProxy, Dst: b.lo, NotDst: true, Proto: "tcp",
-			Target: Target{Kind: TProxy, Port: cfg.InboundCapturePort, Mark: cfg.TProxyMark}})
+	table := NAT
+	if cfg.Mode == ModeTProxy {
+		table = Mangle
+		b.add(Mangle, rule(ChainDivert, Target{Kind: SetMark, Mark: cfg.TProxyMark}))
+		b.add(Mangle, rule(ChainDivert, Target{Kind: Accept}))
+		b.addBoth(Mangle, func(f Family) Rule {
+			return rule(ChainTProxy, Target{Kind: TProxy, Port: cfg.InboundCapturePort, Mark: cfg.TProxyMark}, proto("tcp"), notDst(b.lo(f)))
+		})
 	}
-	b.add(b.inTable, Rule{Chain: "PREROUTING", Proto: "tcp", Target: jump(ChainInbound)})
-	if b.tproxy {
-		// Packets already diverted, the proxy's passthrough connections
-		// to the app and any other loopback traffic but the proxy's own
-		// (marked OutboundMark in OUTPUT) are never captured again.
-		b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", Mark: cfg.TProxyMark, Target: ret()})
-		b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", In: "lo", Src: b.passthrough, Target: ret()})
-		b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", In: "lo", Mark: OutboundMark, NotMark: true, Target: ret()})
-		// Replies to connections the pod (or a VM behind a kube-virt
-		// interface, which the pod forwards) opened are routed as
-		// usual, never diverted to the proxy.
-		b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", CTState: "RELATED,ESTABLISHED", CTDir: "REPLY", Target: ret()})
-	}
-	if cfg.InboundTunnelPort != 0 {
-		b.add(b.inTable, Rule{Chain: ChainInbound, Proto: "tcp", DPort: cfg.InboundTunnelPort, Target: ret()})
+	b.add(table, rule("PREROUTING", jump(ChainInbound), proto("tcp")))
+	if b.vmTProxy() {
+		// Not istio's (see vmTProxy): replies to the connections the pod
+		// forwards for a VM are routed on to the VM, not diverted to lo.
+		b.add(Mangle, rule(ChainInbound, ret(), proto("tcp"), ctstate("RELATED,ESTABLISHED"), Match{Kind: MatchCTDir, Name: "REPLY"}))
 	}
 	if cfg.InboundPorts.All {
 		for _, p := range cfg.InboundPortsExclude {
-			b.add(b.inTable, Rule{Chain: ChainInbound, Proto: "tcp", DPort: p, Target: ret()})
+			b.add(table, rule(ChainInbound, ret(), proto("tcp"), dport("tcp", p)))
 		}
-		b.captureInbound(0)
+		if cfg.Mode == ModeTProxy {
+			b.add(Mangle, rule(ChainInbound, jump(ChainDivert), proto("tcp"), ctstate("RELATED,ESTABLISHED")))
+			b.add(Mangle, rule(ChainInbound, jump(ChainTProxy), proto("tcp")))
+		} else {
+			b.add(NAT, rule(ChainInbound, jump(ChainInRedirect), proto("tcp")))
+		}
 		return
 	}
 	for _, p := range cfg.InboundPorts.Ports {
-		b.captureInbound(p)
-	}
-}
-
-// captureInbound sends inbound TCP to port (0: any port) to the proxy.
-func (b *builder) captureInbound(port uint16) {
-	if b.tproxy {
-		b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", DPort: port, CTState: "RELATED,ESTABLISHED", Target: jump(ChainDivert)})
-		b.add(Mangle, Rule{Chain: ChainInbound, Proto: "tcp", DPort: port, Target: jump(ChainTProxy)})
-		return
-	}
-	b.add(NAT, Rule{Chain: ChainInbound, Proto: "tcp", DPort: port, Target: jump(ChainInRedirect)})
-}
-
-// tproxyMarks keeps the mark TPROXY set on the connection, so that replies
-// of the app to a connection the proxy made with the client's address route
-// back to the proxy.
-func (b *builder) tproxyMarks() {
-	cfg := b.cfg
-	b.add(Mangle, Rule{Chain: "PREROUTING", Proto: "tcp", Mark: cfg.TProxyMark, Target: Target{Kind: ConnmarkSave}})
-	b.add(Mangle, Rule{Chain: "OUTPUT", Proto: "tcp", Out: "lo", Mark: cfg.TProxyMark, Target: ret()})
-	for _, o := range owners(cfg) {
-		b.add(Mangle, Rule{Chain: "OUTPUT", Dst: b.lo, NotDst: true, Proto: "tcp", Out: "lo", Owners: []Owner{o},
-			Target: Target{Kind: SetMark, Mark: OutboundMark}})
-	}
-	b.add(Mangle, Rule{Chain: "OUTPUT", Proto: "tcp", ConnMark: cfg.TProxyMark, Target: Target{Kind: ConnmarkRestore}})
-}
-
-// outbound captures the pod's outbound TCP: what is left alone (excluded
-// ports, the proxy's own connections, owner groups, loopback, excluded
-// ranges), DNS over TCP, then the captured ports and ranges.
-func (b *builder) outbound() {
-	cfg := b.cfg
-	b.add(NAT, Rule{Chain: ChainRedirect, Proto: "tcp", Target: redirect(cfg.ProxyPort)})
-	b.add(NAT, Rule{Chain: "OUTPUT", Proto: "tcp", Target: jump(ChainOutput)})
-	for _, p := range cfg.OutboundPortsExclude {
-		b.add(NAT, Rule{Chain: ChainOutput, Proto: "tcp", DPort: p, Target: ret()})
-	}
-	b.add(NAT, Rule{Chain: ChainOutput, Out: "lo", Src: b.passthrough, Target: ret()})
-	b.proxyOutbound()
-	for _, r := range groupRules(cfg.OutboundGroups, ChainOutput) {
-		b.add(NAT, r)
-	}
-	b.dnsTCP()
-	b.outboundDestinations()
-}
-
-// proxyOutbound: the proxy calling the pod's own address (a service VIP
-// that resolved to this pod) goes through the inbound side; its other
-// loopback traffic, and the app's, is left alone; none of its other
-// connections is captured.
-func (b *builder) proxyOutbound() {
-	cfg := b.cfg
-	for _, o := range owners(cfg) {
-		self := Rule{Chain: ChainOutput, Out: "lo", Dst: b.lo, NotDst: true, Owners: []Owner{o}, Target: jump(ChainInRedirect)}
-		other := Rule{Chain: ChainOutput, Out: "lo", Owners: []Owner{{ID: o.ID, GID: o.GID, Not: true}}, Target: ret()}
-		if cfg.RedirectDNS {
-			self.Proto, self.DPort, self.NotDPort = "tcp", 53, true
-			other.Proto, other.DPort, other.NotDPort = "tcp", 53, true
+		if cfg.Mode == ModeTProxy {
+			if b.nft {
+				b.add(Mangle, rule(ChainInbound, jump(ChainDivert), proto("tcp"), ctstate("RELATED,ESTABLISHED"), dport("tcp", p)))
+			} else {
+				b.add(Mangle, rule(ChainInbound, jump(ChainDivert), proto("tcp"), dport("tcp", p), ctstate("RELATED,ESTABLISHED")))
+			}
+			b.add(Mangle, rule(ChainInbound, jump(ChainTProxy), proto("tcp"), dport("tcp", p)))
+		} else {
+			b.add(NAT, rule(ChainInbound, jump(ChainInRedirect), proto("tcp"), dport("tcp", p)))
 		}
-		b.add(NAT, self)
-		if !cfg.includesLoopback() {
-			b.add(NAT, other)
-		}
-		b.add(NAT, Rule{Chain: ChainOutput, Owners: []Owner{o}, Target: ret()})
 	}
 }
 
-// dnsTCP sends DNS over TCP to the proxy's DNS port.
-func (b *builder) dnsTCP() {
-	if !b.cfg.RedirectDNS {
-		return
-	}
-	if b.cfg.CaptureAllDNS {
-		b.add(NAT, Rule{Chain: ChainOutput, Proto: "tcp", DPort: 53, Target: redirect(DNSCapturePort)})
-		return
-	}
-	for _, s := range b.dnsServers() {
-		b.add(NAT, Rule{Chain: ChainOutput, Dst: single(s), Proto: "tcp", DPort: 53, Target: redirect(DNSCapturePort)})
-	}
-}
-
-// outboundDestinations leaves loopback and the excluded ranges alone and
-// captures the outbound ports and ranges.
-func (b *builder) outboundDestinations() {
-	cfg, f := b.cfg, b.f
-	b.add(NAT, Rule{Chain: ChainOutput, Dst: b.lo, Target: ret()})
-	for _, p := range prefixesOf(f, cfg.OutboundCIDRsExclude) {
-		b.add(NAT, Rule{Chain: ChainOutput, Dst: p, Target: ret()})
-	}
-	for _, p := range cfg.OutboundPorts {
-		b.add(NAT, Rule{Chain: ChainOutput, Proto: "tcp", DPort: p, Target: jump(ChainRedirect)})
-	}
-	if cfg.OutboundCIDRs.All {
-		b.add(NAT, Rule{Chain: ChainOutput, Target: jump(ChainRedirect)})
-	} else if len(cfg.OutboundCIDRs.Prefixes) > 0 {
-		for _, p := range prefixesOf(f, cfg.OutboundCIDRs.Prefixes) {
-			b.add(NAT, Rule{Chain: ChainOutput, Dst: p, Target: jump(ChainRedirect)})
-		}
-		b.add(NAT, Rule{Chain: ChainOutput, Target: ret()})
-	}
-}
-
-// dnsUDP sends DNS over UDP to the proxy's DNS port, with conntrack zones
-// keeping the proxy's upstream queries apart from the app's.
-func (b *builder) dnsUDP() {
+// proxyOwner: the proxy calling the pod's own address (a service VIP that
+// resolved to this pod) goes through the inbound side; other loopback
+// traffic is left alone; none of the proxy's other connections is
+// captured. With DNS capture, loopback DNS over TCP is not left alone
+// (the uid rule also keeps the proxy's own DNS out of the inbound side).
+func (b *builder) proxyOwner(o Owner, redirectDNS bool) {
 	cfg := b.cfg
-	if !cfg.RedirectDNS {
+	self := []uint16{}
+	if redirectDNS && !o.GID {
+		self = append(self, 53)
+	}
+	if cfg.InboundTunnelPort != 0 {
+		self = append(self, cfg.InboundTunnelPort)
+	}
+	b.addBoth(NAT, func(f Family) Rule {
+		m := []Match{out("lo"), proto("tcp"), notDst(b.lo(f))}
+		if len(self) > 0 {
+			m = append(m, notDport("tcp", self...))
+		}
+		return rule(ChainOutput, jump(ChainInRedirect), append(m, owner(o))...)
+	})
+	if !cfg.includesLoopback() {
+		if redirectDNS {
+			b.add(NAT, rule(ChainOutput, ret(), out("lo"), proto("tcp"), notDport("tcp", 53), notOwner(o)))
+		} else {
+			b.add(NAT, rule(ChainOutput, ret(), out("lo"), notOwner(o)))
+		}
+	}
+	b.add(NAT, rule(ChainOutput, ret(), owner(o)))
+}
+
+// ownerGroups leaves alone the connections the owner group filter does
+// not capture (istio's handleCaptureByOwnerGroup): one RETURN per
+// excluded group, or one RETURN for sockets of none of the groups
+// captured.
+func (b *builder) ownerGroups() {
+	g := b.cfg.OutboundGroups
+	if !g.Only {
+		for _, gid := range g.GIDs {
+			b.add(NAT, rule(ChainOutput, ret(), owner(Owner{ID: gid, GID: true})))
+		}
 		return
 	}
-	servers := b.dnsServers()
-	if !cfg.CaptureAllDNS && len(servers) == 0 {
-		return
+	var noneOf []Match
+	for _, gid := range g.GIDs {
+		noneOf = append(noneOf, notOwner(Owner{ID: gid, GID: true}))
 	}
-	b.add(NAT, Rule{Chain: "OUTPUT", Proto: "udp", Target: jump(ChainOutputDNS)})
+	b.add(NAT, rule(ChainOutput, ret(), noneOf...))
+}
+
+// dns sends DNS (TCP and UDP port 53) to the proxy's DNS port, with
+// conntrack zones keeping the proxy's upstream queries apart from the
+// app's (istio's SetupDNSRedir and addDNSConntrackZones).
+func (b *builder) dns() {
+	cfg := b.cfg
+	v4, v6 := b.dnsServers(V4), b.dnsServers(V6)
+	b.add(Raw, rule("OUTPUT", jump(ChainOutputDNS)))
+	if b.nft {
+		b.add(NAT, rule(ChainOutput, jump(ChainOutputDNS)))
+	} else {
+		if cfg.CaptureAllDNS || len(v4) > 0 {
+			b.add4(NAT, rule(ChainOutput, jump(ChainOutputDNS)))
+		}
+		if cfg.CaptureAllDNS || len(v6) > 0 {
+			b.add6(NAT, rule(ChainOutput, jump(ChainOutputDNS)))
+		}
+	}
+	for _, p := range []string{"tcp", "udp"} {
+		if cfg.CaptureAllDNS {
+			// istio-nftables writes "meta l4proto tcp" before the TCP
+			// port only (a port match alone implies its protocol, and
+			// IPTables renders -p for it).
+			m := []Match{dport(p, 53)}
+			if p == "tcp" {
+				m = append([]Match{proto("tcp")}, m...)
+			}
+			b.add(NAT, rule(ChainOutputDNS, redirect(DNSCapturePort), m...))
+			continue
+		}
+		for _, s := range v4 {
+			b.add4(NAT, rule(ChainOutputDNS, redirect(DNSCapturePort), dst(single(s)), dport(p, 53)))
+		}
+		for _, s := range v6 {
+			b.add6(NAT, rule(ChainOutputDNS, redirect(DNSCapturePort), dst(single(s)), dport(p, 53)))
+		}
+	}
 	for _, o := range owners(cfg) {
-		b.add(NAT, Rule{Chain: ChainOutputDNS, Proto: "udp", DPort: 53, Owners: []Owner{o}, Target: ret()})
-	}
-	for _, r := range groupRules(cfg.OutboundGroups, ChainOutputDNS) {
-		b.add(NAT, r)
-	}
-	b.add(Raw, Rule{Chain: "OUTPUT", Proto: "udp", Target: jump(ChainOutputDNS)})
-	b.add(Raw, Rule{Chain: "PREROUTING", Proto: "udp", Target: jump(ChainInboundDNS)})
-	for _, o := range owners(cfg) {
-		b.add(Raw, Rule{Chain: ChainOutputDNS, Proto: "udp", DPort: 53, Owners: []Owner{o}, Target: zone(1)})
-		b.add(Raw, Rule{Chain: ChainOutputDNS, Proto: "udp", SPort: DNSCapturePort, Owners: []Owner{o}, Target: zone(2)})
+		b.add(Raw, rule(ChainOutputDNS, zone(1), dport("udp", 53), owner(o)))
+		b.add(Raw, rule(ChainOutputDNS, zone(2), sport("udp", DNSCapturePort), owner(o)))
 	}
 	if cfg.CaptureAllDNS {
-		b.add(NAT, Rule{Chain: ChainOutputDNS, Proto: "udp", DPort: 53, Target: redirect(DNSCapturePort)})
-		b.add(Raw, Rule{Chain: ChainOutputDNS, Proto: "udp", DPort: 53, Target: zone(2)})
-		b.add(Raw, Rule{Chain: ChainInboundDNS, Proto: "udp", SPort: 53, Target: zone(1)})
+		b.add(Raw, rule("PREROUTING", jump(ChainInbound)))
+		b.add(Raw, rule(ChainOutputDNS, zone(2), dport("udp", 53)))
+		b.add(Raw, rule(ChainInbound, zone(1), sport("udp", 53)))
 		return
 	}
-	for _, s := range servers {
-		b.add(NAT, Rule{Chain: ChainOutputDNS, Dst: single(s), Proto: "udp", DPort: 53, Target: redirect(DNSCapturePort)})
-		b.add(Raw, Rule{Chain: ChainOutputDNS, Dst: single(s), Proto: "udp", DPort: 53, Target: zone(2)})
-		b.add(Raw, Rule{Chain: ChainInboundDNS, Src: single(s), Proto: "udp", SPort: 53, Target: zone(1)})
+	if b.nft && len(v4)+len(v6) > 0 {
+		b.add(Raw, rule("PREROUTING", jump(ChainInbound)))
+	}
+	for _, f := range []Family{V4, V6} {
+		servers := v4
+		if f == V6 {
+			servers = v6
+		}
+		if !b.nft && len(servers) > 0 {
+			b.addFamily(f, Raw, rule("PREROUTING", jump(ChainInbound)))
+		}
+		for _, s := range servers {
+			b.addFamily(f, Raw, rule(ChainOutputDNS, zone(2), dport("udp", 53), dst(single(s))))
+			b.addFamily(f, Raw, rule(ChainInbound, zone(1), sport("udp", 53), src(single(s))))
+		}
 	}
 }
 
-// dnsServers are the configured DNS servers of the builder's family.
-func (b *builder) dnsServers() []netip.Addr {
+// dnsServers are the configured DNS servers of family f.
+func (b *builder) dnsServers(f Family) []netip.Addr {
 	var out []netip.Addr
 	for _, s := range b.cfg.DNSServers {
-		if hasAddr(b.f, s) {
+		if hasAddr(f, s) {
 			out = append(out, s)
 		}
 	}
 	return out
 }
 
-// groupRules are the rules of chain that leave alone the connections the
-// owner group filter does not capture (istio's handleCaptureByOwnerGroup):
-// one RETURN per excluded group, or one RETURN for sockets of none of the
-// groups captured.
-func groupRules(g GroupFilter, chain string) []Rule {
-	if !g.Only {
-		var out []Rule
-		for _, gid := range g.GIDs {
-			out = append(out, Rule{Chain: chain, Owners: []Owner{{ID: gid, GID: true}}, Target: ret()})
+// outboundInclude captures the included destinations, and sends what
+// arrives on a kube-virt interface for them to the outbound port (istio's
+// handleOutboundIncludeRules, IPv4 then IPv6; istio-nftables does both at
+// once).
+func (b *builder) outboundInclude() {
+	cfg := b.cfg
+	if cfg.OutboundCIDRs.All {
+		if b.nft {
+			b.add(NAT, rule(ChainOutput, jump(ChainRedirect)))
+			for _, ifc := range cfg.KubeVirtInterfaces {
+				b.insert(NAT, 0, rule("PREROUTING", jump(ChainRedirect), in(ifc)))
+			}
+			return
 		}
-		return out
+		for _, f := range []Family{V4, V6} {
+			b.addFamily(f, NAT, rule(ChainOutput, jump(ChainRedirect)))
+			for _, ifc := range cfg.KubeVirtInterfaces {
+				if f == V4 {
+					b.insert4(NAT, 0, rule("PREROUTING", jump(ChainRedirect), in(ifc)))
+				} else {
+					b.insert6(NAT, 0, rule("PREROUTING", jump(ChainRedirect), in(ifc)))
+				}
+			}
+		}
+		return
 	}
-	var noneOf []Owner
-	for _, gid := range g.GIDs {
-		noneOf = append(noneOf, Owner{ID: gid, GID: true, Not: true})
+	for _, f := range []Family{V4, V6} {
+		for _, p := range prefixesOf(f, cfg.OutboundCIDRs.Prefixes) {
+			for _, ifc := range cfg.KubeVirtInterfaces {
+				r := rule("PREROUTING", jump(ChainRedirect), in(ifc), dst(p))
+				if f == V4 {
+					b.insert4(NAT, 0, r)
+				} else {
+					b.insert6(NAT, 0, r)
+				}
+			}
+			b.addFamily(f, NAT, rule(ChainOutput, jump(ChainRedirect), dst(p)))
+		}
 	}
-	return []Rule{{Chain: chain, Owners: noneOf, Target: ret()}}
 }
 
-// owners lists the proxy's uids then gids as owner matches.
+// tproxyMarks keeps the mark TPROXY set on the connection, so that replies
+// of the app to a connection the proxy made with the client's address
+// route back to the proxy, and keeps the proxy's own connections to the
+// pod apart from the app's loopback traffic.
+func (b *builder) tproxyMarks() {
+	cfg := b.cfg
+	b.add(Mangle, rule("PREROUTING", Target{Kind: ConnmarkSave}, proto("tcp"), mark(cfg.TProxyMark)))
+	b.add(Mangle, rule("OUTPUT", ret(), out("lo"), proto("tcp"), mark(cfg.TProxyMark)))
+	for _, o := range owners(cfg) {
+		b.addBoth(Mangle, func(f Family) Rule {
+			return rule("OUTPUT", Target{Kind: SetMark, Mark: OutboundMark}, out("lo"), proto("tcp"), notDst(b.lo(f)), owner(o))
+		})
+	}
+	b.add(Mangle, rule("OUTPUT", Target{Kind: ConnmarkRestore}, proto("tcp"), connmark(cfg.TProxyMark)))
+	b.insert(Mangle, 0, rule(ChainInbound, ret(), proto("tcp"), mark(cfg.TProxyMark)))
+	b.insert4(Mangle, 1, rule(ChainInbound, ret(), in("lo"), proto("tcp"), src(single(PassthroughSource(V4)))))
+	b.insert6(Mangle, 1, rule(ChainInbound, ret(), in("lo"), proto("tcp"), src(single(PassthroughSource(V6)))))
+	b.insert(Mangle, 2, rule(ChainInbound, ret(), in("lo"), proto("tcp"), notMark(OutboundMark)))
+}
+
+// owners lists the proxy's uids then gids.
 func owners(cfg Config) []Owner {
 	var out []Owner
 	for _, u := range cfg.ProxyUIDs {
@@ -380,4 +499,101 @@ func owners(cfg Config) []Owner {
 		out = append(out, Owner{ID: g, GID: true})
 	}
 	return out
+}
+
+// chainRules is the final order of the rules of each chain, and the order
+// chains were first named, after replaying the ops a filter keeps.
+type chainRules struct {
+	order []string // every chain, in the order first named by a rule
+	rules map[string][]Rule
+}
+
+// replay applies the ops of a table that keep accepts. An insert at a
+// position the chain does not have yet appends, as iptables' -I at
+// length+1 and knftables' insert do.
+func (b *builder) replay(table string, keep func(Rule) bool) *chainRules {
+	cr := &chainRules{rules: map[string][]Rule{}}
+	for _, o := range b.ops {
+		if o.table != table || !keep(o.rule) {
+			continue
+		}
+		c := o.rule.Chain
+		if _, ok := cr.rules[c]; !ok {
+			cr.order = append(cr.order, c)
+			cr.rules[c] = nil
+		}
+		rs := cr.rules[c]
+		if o.insert && o.pos < len(rs) {
+			rs = slices.Insert(rs, o.pos, o.rule)
+		} else {
+			rs = append(rs, o.rule)
+		}
+		cr.rules[c] = rs
+	}
+	return cr
+}
+
+// iptables lays the rules of family f out as istio-iptables' restore
+// payload does: per table, the user chains of the rules in order, then
+// those only jumped to; rules chain by chain.
+func (b *builder) iptables(f Family) *RuleSet {
+	rs := &RuleSet{Family: f}
+	for _, table := range tableOrder {
+		cr := b.replay(table, func(r Rule) bool { return r.Family == 0 || r.Family == f })
+		if len(cr.order) == 0 {
+			continue
+		}
+		t := &TableRules{Name: table}
+		for _, c := range cr.order {
+			if !IsBuiltin(c) {
+				t.Chains = append(t.Chains, c)
+			}
+		}
+		for _, o := range b.ops {
+			r := o.rule
+			if o.table == table && (r.Family == 0 || r.Family == f) && r.Target.Kind == Jump && !slices.Contains(t.Chains, r.Target.Chain) {
+				t.Chains = append(t.Chains, r.Target.Chain)
+			}
+		}
+		for _, c := range cr.order {
+			t.Rules = append(t.Rules, cr.rules[c]...)
+		}
+		rs.Tables = append(rs.Tables, t)
+	}
+	return rs
+}
+
+// NftTables are istio-nftables' inet tables, one per iptables table, in
+// the order it writes them.
+var NftTables = []struct{ Name, Table string }{
+	{"istio-proxy-nat", NAT}, {"istio-proxy-mangle", Mangle}, {"istio-proxy-raw", Raw},
+}
+
+// nftChainOrder is the order istio-nftables declares each table's chains
+// (only those with rules are created).
+var nftChainOrder = map[string][]string{
+	NAT:    {"PREROUTING", "OUTPUT", ChainInbound, ChainRedirect, ChainInRedirect, ChainOutput, ChainOutputDNS},
+	Mangle: {"PREROUTING", "OUTPUT", ChainDivert, ChainTProxy, ChainInbound, ChainDrop},
+	Raw:    {"PREROUTING", "OUTPUT", ChainInbound, ChainOutputDNS},
+}
+
+// nftables lays the rules out as istio-nftables does: per table, the
+// chains that have rules in its fixed order, rules chain by chain.
+func (b *builder) nftables() *RuleSet {
+	rs := &RuleSet{}
+	for _, nt := range NftTables {
+		cr := b.replay(nt.Table, func(Rule) bool { return true })
+		t := &TableRules{Name: nt.Table}
+		for _, c := range nftChainOrder[nt.Table] {
+			if len(cr.rules[c]) == 0 {
+				continue
+			}
+			t.Chains = append(t.Chains, c)
+			t.Rules = append(t.Rules, cr.rules[c]...)
+		}
+		if len(t.Rules) > 0 {
+			rs.Tables = append(rs.Tables, t)
+		}
+	}
+	return rs
 }

@@ -82,7 +82,7 @@ func render(c Config) string {
 		b.WriteString(Restore(rs, &State{}))
 	}
 	b.WriteString("# nft -f -\n")
-	b.WriteString(Nft(v4, v6))
+	b.WriteString(Nft(BuildNft(c, true)))
 	b.WriteString("# policy routing\n")
 	for _, step := range Routing(c, true) {
 		b.WriteString(step.String() + "\n")

@@ -69,16 +69,16 @@ func TestCompareAndRestore(t *testing.T) {
 		}
 	}
 
-	// Reconcile to B: old built-in rules deleted, own chains declared,
-	// the chain B no longer needs (nat ISTIO_INBOUND) removed, and the
-	// table that gains TPROXY (mangle) committed before nat.
+	// Reconcile to B: old built-in rules deleted (nat's jump to the
+	// inbound chain, which keeps only the tunnel port's rule, as in
+	// istio), own chains declared, and the table that gains TPROXY
+	// (mangle) committed before nat.
 	p := Restore(b, st)
 	if strings.Index(p, "*mangle") > strings.Index(p, "*nat") {
 		t.Fatalf("mangle (gaining the inbound capture) must commit before nat (losing it):\n%s", p)
 	}
 	for _, want := range []string{
 		`-D PREROUTING -p tcp -m comment --comment "` + TagFor(a.Fingerprint()) + `" -j ISTIO_INBOUND`,
-		"-X ISTIO_INBOUND\nCOMMIT",
 		"-A PREROUTING -p tcp -m comment --comment " + TagFor(b.Fingerprint()) + " -j ISTIO_INBOUND",
 	} {
 		if !strings.Contains(p, want) {
@@ -120,40 +120,54 @@ COMMIT
 	}
 }
 
-// nftFake is a native nftables firewall holding the rule sets as Nft
-// writes them.
-func nftFake(t *testing.T, sets ...*RuleSet) *firewall.Fake {
+// nftFake is a native nftables firewall holding the rule set as Nft
+// writes it.
+func nftFake(t *testing.T, rs *RuleSet) *firewall.Fake {
 	t.Helper()
 	fw := firewall.NewFake(firewall.Backend{Kind: firewall.NFTables})
-	if err := fw.ApplyNft(context.Background(), Nft(sets...)); err != nil {
+	if err := fw.ApplyNft(context.Background(), Nft(rs)); err != nil {
 		t.Fatal(err)
 	}
 	return fw
 }
 
+// nftTables reads istio's inet tables from fw, as install does.
+func nftTables(fw *firewall.Fake) map[string]*firewall.Table {
+	have := map[string]*firewall.Table{}
+	for _, nt := range NftTables {
+		if tb := fw.Table(firewall.Inet, nt.Name); tb != nil {
+			have[nt.Name] = tb
+		}
+	}
+	return have
+}
+
 func TestNftStatus(t *testing.T) {
-	a := Build(Default(), V4)
+	a := BuildNft(Default(), true)
 	fw := nftFake(t, a)
-	table := fw.Table(firewall.IP, NftTable)
-	if NftStatus(a, table) != Current || NftStatus(a, nil) != Absent {
+	have := nftTables(fw)
+	if len(have) != 1 {
+		t.Fatalf("tables written: %v, want istio-proxy-nat only", have)
+	}
+	if NftStatus(a, have) != Current || NftStatus(a, nil) != Absent {
 		t.Fatal("nft status")
 	}
 	// A chain emptied behind meshwire's back is noticed.
 	var handle uint64
-	for _, r := range table.Chain("nat_ISTIO_OUTPUT").Rules {
-		if r.Jump == "nat_ISTIO_REDIRECT" {
+	for _, r := range have["istio-proxy-nat"].Chain("istio-output").Rules {
+		if r.Jump == "istio-redirect" {
 			handle = r.Handle
 		}
 	}
-	if err := fw.ApplyNft(context.Background(), fmt.Sprintf("delete rule ip %s nat_ISTIO_OUTPUT handle %d", NftTable, handle)); handle == 0 || err != nil {
-		t.Fatalf("remove the jump to nat_ISTIO_REDIRECT (handle %d): %v", handle, err)
+	if err := fw.ApplyNft(context.Background(), fmt.Sprintf("delete rule inet istio-proxy-nat istio-output handle %d", handle)); handle == 0 || err != nil {
+		t.Fatalf("remove the jump to istio-redirect (handle %d): %v", handle, err)
 	}
-	if NftStatus(a, fw.Table(firewall.IP, NftTable)) != Different {
+	if NftStatus(a, nftTables(fw)) != Different {
 		t.Fatal("nft status with a rule missing")
 	}
 	tp := Default()
 	tp.Mode = ModeTProxy
-	if NftStatus(Build(tp, V4), table) != Different || NftStatus(&RuleSet{Family: V4}, table) != Different {
+	if NftStatus(BuildNft(tp, true), have) != Different || NftStatus(&RuleSet{}, have) != Different {
 		t.Fatal("nft status with other rules")
 	}
 }
@@ -258,7 +272,7 @@ func TestTProxyMarks(t *testing.T) {
 			t.Fatalf("iptables-%s: %v", v, got)
 		}
 	}
-	if got := TProxyMarks(nftFake(t, rs).Table(firewall.IP, NftTable)); !reflect.DeepEqual(got, []uint32{0x64}) {
+	if got := TProxyMarks(nftFake(t, BuildNft(c, false)).Table(firewall.Inet, "istio-proxy-mangle")); !reflect.DeepEqual(got, []uint32{0x64}) {
 		t.Fatalf("nft: %v", got)
 	}
 	redirect := Build(Default(), V4)

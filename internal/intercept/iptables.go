@@ -22,7 +22,11 @@ func (rs *RuleSet) Fingerprint() string {
 	for _, t := range rs.Tables {
 		fmt.Fprintf(h, "*%s %s\n", t.Name, strings.Join(t.Chains, " "))
 		for _, r := range t.Rules {
-			fmt.Fprintf(h, "-A %s %s\n", r.Chain, strings.Join(r.IPTables(), " "))
+			if rs.Family == 0 {
+				fmt.Fprintf(h, "add rule %s %s\n", r.Chain, r.NFT())
+			} else {
+				fmt.Fprintf(h, "-A %s %s\n", r.Chain, strings.Join(r.IPTables(), " "))
+			}
 		}
 	}
 	return hex.EncodeToString(h.Sum(nil))[:8]

@@ -2,25 +2,17 @@ package intercept
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 
 	"github.com/meshwire/meshwire/internal/firewall"
 )
 
-// NftTable is the name of meshwire's native nftables table, one per family
-// (ip and ip6).
-const NftTable = "meshwire_intercept"
+// LegacyNftTable is the table (one per family, ip and ip6) where earlier
+// meshwire versions kept their native nftables rules: removed when found.
+const LegacyNftTable = "meshwire_intercept"
 
-// NftFamily is the nftables family keyword of an address family.
-func NftFamily(f Family) string {
-	if f == V6 {
-		return "ip6"
-	}
-	return "ip"
-}
-
-// baseChain describes how an iptables built-in chain is hooked in nftables.
+// baseChains describes how an iptables built-in chain is hooked in
+// nftables, as istio-nftables hooks it.
 var baseChains = map[string]string{
 	Raw + "/PREROUTING":    "type filter hook prerouting priority -300;",
 	Raw + "/OUTPUT":        "type filter hook output priority -300;",
@@ -30,96 +22,119 @@ var baseChains = map[string]string{
 	NAT + "/OUTPUT":        "type nat hook output priority -100;",
 }
 
-func nftChain(table, chain string) string { return table + "_" + chain }
+// nftTableName is the inet table holding an iptables table's rules.
+func nftTableName(table string) string {
+	for _, nt := range NftTables {
+		if nt.Table == table {
+			return nt.Name
+		}
+	}
+	return ""
+}
 
-// Nft renders the rule sets as one nftables script: for each family, the
-// table is created if absent, deleted, and defined anew, all in the single
-// transaction `nft -f` makes of a script. A nil or empty rule set only
-// removes its table (cleanup).
-func Nft(sets ...*RuleSet) string {
+// Nft renders the nftables rule set (BuildNft) as one script, one
+// transaction: each of istio's tables is created if absent and deleted
+// (istio-nftables flushes them: the same), then those with rules defined
+// anew, each with a comment naming the rule set's fingerprint. An empty
+// rule set only removes the tables (cleanup).
+//
+// One deliberate difference from istio-nftables: a TPROXY rule is
+// followed by the same match with a drop. iptables' TPROXY target drops a
+// packet that finds no proxy socket, nft's tproxy lets it go on to the
+// application (so with istio-nftables, connections reach the application
+// around the proxy while it is not listening); the drop keeps nftables as
+// fail-closed as iptables (docs/reference-differences.md).
+func Nft(rs *RuleSet) string {
 	var b strings.Builder
-	for _, rs := range sets {
-		fam := NftFamily(rs.Family)
-		fmt.Fprintf(&b, "table %s %s\ndelete table %s %s\n", fam, NftTable, fam, NftTable)
-		if rs.Empty() {
+	for _, nt := range NftTables {
+		fmt.Fprintf(&b, "table inet %s\ndelete table inet %s\n", nt.Name, nt.Name)
+	}
+	tag := TagFor(rs.Fingerprint())
+	for _, nt := range NftTables {
+		t := rs.Table(nt.Table)
+		if t == nil {
 			continue
 		}
-		fmt.Fprintf(&b, "table %s %s {\n\tcomment %q\n", fam, NftTable, TagFor(rs.Fingerprint()))
-		for _, t := range rs.Tables {
-			chains := nftChains(t)
-			for _, c := range chains {
-				fmt.Fprintf(&b, "\tchain %s {\n", nftChain(t.Name, c))
-				if hook, ok := baseChains[t.Name+"/"+c]; ok {
-					fmt.Fprintf(&b, "\t\t%s policy accept;\n", hook)
-				}
-				for _, r := range t.Rules {
-					if r.Chain != c {
-						continue
-					}
-					name := func(ch string) string { return nftChain(t.Name, ch) }
-					fmt.Fprintf(&b, "\t\t%s\n", r.NFT(rs.Family, name))
-					if r.Target.Kind == TProxy {
-						// iptables' TPROXY drops a packet that finds no
-						// proxy socket; nft's tproxy lets it go on.
-						d := r
-						d.Target = Target{Kind: Drop}
-						fmt.Fprintf(&b, "\t\t%s\n", d.NFT(rs.Family, name))
-					}
-				}
-				b.WriteString("\t}\n")
+		fmt.Fprintf(&b, "table inet %s {\n\tcomment %q\n", nt.Name, tag)
+		for _, c := range t.Chains {
+			fmt.Fprintf(&b, "\tchain %s {\n", NftChain(c))
+			if hook, ok := baseChains[t.Name+"/"+c]; ok {
+				fmt.Fprintf(&b, "\t\t%s policy accept;\n", hook)
 			}
+			for _, r := range nftRules(t, c) {
+				fmt.Fprintf(&b, "\t\t%s\n", r.NFT())
+			}
+			b.WriteString("\t}\n")
 		}
 		b.WriteString("}\n")
 	}
 	return b.String()
 }
 
-// nftChains lists the chains Nft writes for a table: the built-in ones
-// that get rules, then meshwire's own.
-func nftChains(t *TableRules) []string {
-	var chains []string
-	for _, c := range []string{"PREROUTING", "OUTPUT"} {
-		if slices.ContainsFunc(t.Rules, func(r Rule) bool { return r.Chain == c }) {
-			chains = append(chains, c)
+// nftRules are the rules Nft writes into chain c of t: the chain's rules,
+// each TPROXY rule followed by its drop.
+func nftRules(t *TableRules, c string) []Rule {
+	var out []Rule
+	for _, r := range t.Rules {
+		if r.Chain != c {
+			continue
+		}
+		out = append(out, r)
+		if r.Target.Kind == TProxy {
+			d := r
+			d.Target = Target{Kind: Drop}
+			out = append(out, d)
 		}
 	}
-	return append(chains, t.Chains...)
+	return out
 }
 
-// NftStatus compares meshwire's nftables table of the rule set's family, as
-// read back through the firewall (nil when it is not there), with the
-// desired rule set: the table's comment names the fingerprint of the rule
-// set written, and each chain must hold the rules Nft writes into it (so
-// that a chain emptied behind meshwire's back is noticed).
-func NftStatus(desired *RuleSet, t *firewall.Table) Status {
-	if t == nil {
+// NftLegacyRemoval renders the removal of the tables of earlier meshwire
+// versions, for the families given.
+func NftLegacyRemoval(fams ...Family) string {
+	var b strings.Builder
+	for _, f := range fams {
+		fam := f.Tables().Name()
+		fmt.Fprintf(&b, "table %s %s\ndelete table %s %s\n", fam, LegacyNftTable, fam, LegacyNftTable)
+	}
+	return b.String()
+}
+
+// NftStatus compares istio's inet tables as read back through the firewall
+// (by name; absent ones missing or nil) with the desired rule set: each
+// table's comment names the fingerprint of the rule set written, and each
+// chain must hold the rules Nft writes into it (so that a chain emptied
+// behind meshwire's back is noticed).
+func NftStatus(desired *RuleSet, have map[string]*firewall.Table) Status {
+	present := 0
+	for _, t := range have {
+		if t != nil {
+			present++
+		}
+	}
+	if present == 0 {
 		if desired.Empty() {
 			return Current
 		}
 		return Absent
 	}
-	if desired.Empty() || t.Comment != TagFor(desired.Fingerprint()) {
-		return Different
-	}
-	want := map[string]int{}
-	for _, tr := range desired.Tables {
-		for _, c := range nftChains(tr) {
-			want[nftChain(tr.Name, c)] = 0
-		}
-		for _, r := range tr.Rules {
-			n := 1
-			if r.Target.Kind == TProxy {
-				n = 2 // and its drop
-			}
-			want[nftChain(tr.Name, r.Chain)] += n
-		}
-	}
-	if len(t.Chains) != len(want) {
-		return Different
-	}
-	for _, c := range t.Chains {
-		if n, ok := want[c.Name]; !ok || n != len(c.Rules) {
+	tag := TagFor(desired.Fingerprint())
+	for _, nt := range NftTables {
+		got, want := have[nt.Name], desired.Table(nt.Table)
+		if (got == nil) != (want == nil) {
 			return Different
+		}
+		if got == nil {
+			continue
+		}
+		if got.Comment != tag || len(got.Chains) != len(want.Chains) {
+			return Different
+		}
+		for _, c := range want.Chains {
+			gc := got.Chain(NftChain(c))
+			if gc == nil || len(gc.Rules) != len(nftRules(want, c)) {
+				return Different
+			}
 		}
 	}
 	return Current

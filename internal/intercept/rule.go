@@ -24,12 +24,13 @@ const (
 	NAT    = "nat"
 )
 
-// tableOrder is the order tables appear in payloads and scripts.
+// tableOrder is the order tables appear in iptables-restore payloads.
 var tableOrder = []string{Raw, Mangle, NAT}
 
-// Chain names. The user chains keep istio-iptables' names so that people and
-// tools that know those find their way; every rule meshwire puts into a
-// built-in chain carries a comment with Tag so that it can be found again.
+// Chain names: istio-iptables' own, so that people and tools that know
+// them find their way (nftables spells them in lower case with dashes:
+// NftChain). Every rule meshwire puts into a built-in iptables chain also
+// carries a comment with Tag, so that it can be found again.
 const (
 	ChainInbound    = "ISTIO_INBOUND"
 	ChainRedirect   = "ISTIO_REDIRECT"
@@ -38,12 +39,15 @@ const (
 	ChainDivert     = "ISTIO_DIVERT"
 	ChainTProxy     = "ISTIO_TPROXY"
 	ChainOutputDNS  = "ISTIO_OUTPUT_DNS"
+	ChainDrop       = "ISTIO_DROP"
+	// ChainInboundDNS is where earlier meshwire versions kept the raw table's
+	// inbound DNS zone rules (istio uses ISTIO_INBOUND): still removed.
 	ChainInboundDNS = "ISTIO_INBOUND_DNS"
 )
 
 // OwnChains are every user chain meshwire (and istio-iptables) may create:
 // cleanup removes them from every table.
-var OwnChains = []string{ChainInbound, ChainRedirect, ChainInRedirect, ChainOutput, ChainDivert, ChainTProxy, ChainOutputDNS, ChainInboundDNS}
+var OwnChains = []string{ChainInbound, ChainRedirect, ChainInRedirect, ChainOutput, ChainDivert, ChainTProxy, ChainOutputDNS, ChainDrop, ChainInboundDNS}
 
 // IsOwnChain reports whether name is one of OwnChains.
 func IsOwnChain(name string) bool { return slices.Contains(OwnChains, name) }
@@ -61,7 +65,36 @@ func IsBuiltin(chain string) bool {
 // the rest of the comment is the fingerprint of the rule set it belongs to.
 const Tag = "meshwire-intercept"
 
-// Target kinds.
+// MatchKind is what a Match compares.
+type MatchKind uint8
+
+const (
+	MatchIn       MatchKind = iota // input interface (Name)
+	MatchOut                       // output interface (Name)
+	MatchProto                     // layer 4 protocol (Name: "tcp", "udp")
+	MatchSrc                       // source address (Prefix)
+	MatchDst                       // destination address (Prefix)
+	MatchSPort                     // source port (Name: protocol; Ports: one)
+	MatchDPort                     // destination port (Name: protocol; Ports: one or a set)
+	MatchMark                      // packet mark (Value)
+	MatchConnMark                  // connection mark (Value)
+	MatchCTState                   // conntrack state (Name: "RELATED,ESTABLISHED", "INVALID")
+	MatchCTDir                     // conntrack direction (Name: "ORIGINAL", "REPLY")
+	MatchUID                       // socket owner's uid (Value)
+	MatchGID                       // socket owner's gid (Value)
+)
+
+// Match is one condition of a rule; Not negates it.
+type Match struct {
+	Kind   MatchKind
+	Not    bool
+	Name   string
+	Prefix netip.Prefix
+	Ports  []uint16
+	Value  uint32
+}
+
+// TargetKind is what a rule does with a matching packet.
 type TargetKind int
 
 const (
@@ -86,95 +119,96 @@ type Target struct {
 	Zone  uint16 // CTZone
 }
 
-// Owner matches the socket owner of locally generated packets.
-type Owner struct {
-	ID  uint32
-	GID bool // match the group, not the user
-	Not bool
+// Rule is one firewall rule in a backend-neutral form: its matches in the
+// order istio writes them (nftables keeps that order; iptables-save puts
+// addresses, interfaces and the protocol first, and IPTables does too).
+// Family is V4 or V6 for a rule of one address family only, 0 for both.
+type Rule struct {
+	Family Family
+	Chain  string
+	Match  []Match
+	Target Target
 }
 
-// Rule is one firewall rule in a backend-neutral form. Zero values mean
-// "don't match on this".
-type Rule struct {
-	Chain    string
-	Proto    string // "tcp", "udp" or ""
-	In, Out  string // interface names
-	Src, Dst netip.Prefix
-	NotDst   bool
-	SPort    uint16
-	DPort    uint16
-	NotDPort bool
-	Mark     uint32
-	NotMark  bool
-	ConnMark uint32
-	CTState  string // "RELATED,ESTABLISHED" or "INVALID"
-	CTDir    string // with CTState: "ORIGINAL" or "REPLY"
-	Owners   []Owner
-	Target   Target
+// Has reports whether the rule has a match of kind k.
+func (r Rule) Has(k MatchKind) bool {
+	return slices.ContainsFunc(r.Match, func(m Match) bool { return m.Kind == k })
+}
+
+func not(neg bool) string {
+	if neg {
+		return "! "
+	}
+	return ""
 }
 
 // IPTables renders the rule's arguments after "-A CHAIN" as iptables-save
-// would read them back (comment excluded).
+// prints them back (comment excluded): addresses, interfaces and protocol
+// first, then each match module in the rule's order, then the target.
 func (r Rule) IPTables() []string {
-	var a []string
-	if r.In != "" {
-		a = append(a, "-i", r.In)
-	}
-	if r.Out != "" {
-		a = append(a, "-o", r.Out)
-	}
-	if r.Src.IsValid() {
-		a = append(a, "-s", r.Src.String())
-	}
-	if r.Dst.IsValid() {
-		if r.NotDst {
-			a = append(a, "!")
-		}
-		a = append(a, "-d", r.Dst.String())
-	}
-	if r.Proto != "" {
-		a = append(a, "-p", r.Proto)
-	}
-	if r.SPort != 0 || r.DPort != 0 {
-		a = append(a, "-m", r.Proto)
-	}
-	if r.SPort != 0 {
-		a = append(a, "--sport", fmt.Sprint(r.SPort))
-	}
-	if r.DPort != 0 {
-		if r.NotDPort {
-			a = append(a, "!")
-		}
-		a = append(a, "--dport", fmt.Sprint(r.DPort))
-	}
-	if r.Mark != 0 {
-		a = append(a, "-m", "mark")
-		if r.NotMark {
-			a = append(a, "!")
-		}
-		a = append(a, "--mark", fmt.Sprintf("0x%x", r.Mark))
-	}
-	if r.ConnMark != 0 {
-		a = append(a, "-m", "connmark", "--mark", fmt.Sprintf("0x%x", r.ConnMark))
-	}
-	if r.CTState != "" {
-		a = append(a, "-m", "conntrack", "--ctstate", r.CTState)
-		if r.CTDir != "" {
-			a = append(a, "--ctdir", r.CTDir)
+	var head, mods []string
+	proto := ""
+	for _, m := range r.Match {
+		if m.Kind == MatchProto {
+			proto = m.Name
 		}
 	}
-	for _, o := range r.Owners {
-		a = append(a, "-m", "owner")
-		if o.Not {
-			a = append(a, "!")
-		}
-		if o.GID {
-			a = append(a, "--gid-owner", fmt.Sprint(o.ID))
-		} else {
-			a = append(a, "--uid-owner", fmt.Sprint(o.ID))
+	for _, k := range []MatchKind{MatchSrc, MatchDst, MatchIn, MatchOut} {
+		for _, m := range r.Match {
+			if m.Kind != k {
+				continue
+			}
+			flag := map[MatchKind]string{MatchSrc: "-s", MatchDst: "-d", MatchIn: "-i", MatchOut: "-o"}[k]
+			v := m.Name
+			if k == MatchSrc || k == MatchDst {
+				v = m.Prefix.String()
+			}
+			head = append(head, strings.Fields(not(m.Not)+flag+" "+v)...)
 		}
 	}
-	return append(a, r.Target.iptables()...)
+	for _, m := range r.Match {
+		switch m.Kind {
+		case MatchSPort, MatchDPort:
+			if proto == "" {
+				proto = m.Name // iptables needs -p for a port match
+			}
+			flag := "--sport"
+			if m.Kind == MatchDPort {
+				flag = "--dport"
+			}
+			mod := m.Name
+			if len(m.Ports) > 1 {
+				mod, flag = "multiport", flag+"s"
+			}
+			mods = append(mods, strings.Fields("-m "+mod+" "+not(m.Not)+flag+" "+joinPorts(m.Ports, ","))...)
+		case MatchMark:
+			mods = append(mods, strings.Fields(fmt.Sprintf("-m mark %s--mark 0x%x", not(m.Not), m.Value))...)
+		case MatchConnMark:
+			mods = append(mods, strings.Fields(fmt.Sprintf("-m connmark %s--mark 0x%x", not(m.Not), m.Value))...)
+		case MatchCTState:
+			mods = append(mods, strings.Fields("-m conntrack "+not(m.Not)+"--ctstate "+m.Name)...)
+		case MatchCTDir:
+			mods = append(mods, strings.Fields("-m conntrack "+not(m.Not)+"--ctdir "+m.Name)...)
+		case MatchUID, MatchGID:
+			flag := "--uid-owner"
+			if m.Kind == MatchGID {
+				flag = "--gid-owner"
+			}
+			mods = append(mods, strings.Fields(fmt.Sprintf("-m owner %s%s %d", not(m.Not), flag, m.Value))...)
+		}
+	}
+	if proto != "" {
+		head = append(head, "-p", proto)
+	}
+	return append(append(head, mods...), r.Target.iptables()...)
+}
+
+func joinPorts(ports []uint16, sep string) string {
+	s := make([]string, len(ports))
+	for i, p := range ports {
+		s[i] = fmt.Sprint(p)
+	}
+	return strings.Join(s, sep)
 }
 
 func (t Target) iptables() []string {
@@ -203,94 +237,90 @@ func (t Target) iptables() []string {
 	panic(fmt.Sprintf("unknown target kind %d", t.Kind))
 }
 
-// NFT renders the rule as an nft rule statement for a table of family f.
-// chainName maps the rule's jump target to its nft chain name.
-func (r Rule) NFT(f Family, chainName func(string) string) string {
-	ip := "ip"
-	if f == V6 {
-		ip = "ip6"
-	}
+// NftChain is the nftables name of a chain: istio-nftables' lower case
+// with dashes (ISTIO_IN_REDIRECT is istio-in-redirect, PREROUTING is
+// prerouting).
+func NftChain(chain string) string {
+	return strings.ReplaceAll(strings.ToLower(chain), "_", "-")
+}
+
+// NFT renders the rule as an nft rule statement of an inet table, as
+// istio-nftables writes it: the matches in order, a counter, the target.
+func (r Rule) NFT() string {
 	var a []string
-	if r.In != "" {
-		a = append(a, fmt.Sprintf("iifname %q", r.In))
-	}
-	if r.Out != "" {
-		a = append(a, fmt.Sprintf("oifname %q", r.Out))
-	}
-	if r.Src.IsValid() {
-		a = append(a, ip+" saddr "+r.Src.String())
-	}
-	if r.Dst.IsValid() {
-		op := ""
-		if r.NotDst {
-			op = "!= "
+	op := func(neg bool) string {
+		if neg {
+			return "!= "
 		}
-		a = append(a, ip+" daddr "+op+r.Dst.String())
+		return ""
 	}
-	if r.Proto != "" && r.SPort == 0 && r.DPort == 0 {
-		a = append(a, "meta l4proto "+r.Proto)
-	}
-	if r.SPort != 0 {
-		a = append(a, fmt.Sprintf("%s sport %d", r.Proto, r.SPort))
-	}
-	if r.DPort != 0 {
-		op := ""
-		if r.NotDPort {
-			op = "!= "
+	for _, m := range r.Match {
+		switch m.Kind {
+		case MatchIn:
+			a = append(a, fmt.Sprintf("iifname %s%q", op(m.Not), m.Name))
+		case MatchOut:
+			a = append(a, fmt.Sprintf("oifname %s%q", op(m.Not), m.Name))
+		case MatchProto:
+			a = append(a, "meta l4proto "+op(m.Not)+m.Name)
+		case MatchSrc, MatchDst:
+			ip, dir := "ip", "saddr"
+			if m.Prefix.Addr().Is6() {
+				ip = "ip6"
+			}
+			if m.Kind == MatchDst {
+				dir = "daddr"
+			}
+			a = append(a, fmt.Sprintf("%s %s %s%s", ip, dir, op(m.Not), m.Prefix))
+		case MatchSPort, MatchDPort:
+			dir := "sport"
+			if m.Kind == MatchDPort {
+				dir = "dport"
+			}
+			v := joinPorts(m.Ports, ", ")
+			if len(m.Ports) > 1 {
+				v = "{ " + v + " }"
+			}
+			a = append(a, fmt.Sprintf("%s %s %s%s", m.Name, dir, op(m.Not), v))
+		case MatchMark:
+			a = append(a, fmt.Sprintf("meta mark %s0x%x", op(m.Not), m.Value))
+		case MatchConnMark:
+			a = append(a, fmt.Sprintf("ct mark %s0x%x", op(m.Not), m.Value))
+		case MatchCTState:
+			a = append(a, "ct state "+op(m.Not)+strings.ToLower(m.Name))
+		case MatchCTDir:
+			a = append(a, "ct direction "+op(m.Not)+strings.ToLower(m.Name))
+		case MatchUID:
+			a = append(a, fmt.Sprintf("meta skuid %s%d", op(m.Not), m.Value))
+		case MatchGID:
+			a = append(a, fmt.Sprintf("meta skgid %s%d", op(m.Not), m.Value))
 		}
-		a = append(a, fmt.Sprintf("%s dport %s%d", r.Proto, op, r.DPort))
-	}
-	if r.Mark != 0 {
-		op := ""
-		if r.NotMark {
-			op = "!= "
-		}
-		a = append(a, fmt.Sprintf("meta mark %s0x%x", op, r.Mark))
-	}
-	if r.ConnMark != 0 {
-		a = append(a, fmt.Sprintf("ct mark 0x%x", r.ConnMark))
-	}
-	if r.CTState != "" {
-		a = append(a, "ct state "+strings.ToLower(r.CTState))
-		if r.CTDir != "" {
-			a = append(a, "ct direction "+strings.ToLower(r.CTDir))
-		}
-	}
-	for _, o := range r.Owners {
-		key := "skuid"
-		if o.GID {
-			key = "skgid"
-		}
-		op := ""
-		if o.Not {
-			op = "!= "
-		}
-		a = append(a, fmt.Sprintf("meta %s %s%d", key, op, o.ID))
 	}
 	t := r.Target
 	switch t.Kind {
 	case Jump:
-		a = append(a, "jump "+chainName(t.Chain))
+		a = append(a, "counter jump "+NftChain(t.Chain))
 	case Return:
-		a = append(a, "return")
+		a = append(a, "counter return")
 	case Accept:
-		a = append(a, "accept")
+		a = append(a, "counter accept")
 	case Drop:
-		a = append(a, "drop")
+		a = append(a, "counter drop")
 	case Redirect:
-		a = append(a, fmt.Sprintf("redirect to :%d", t.Port))
+		a = append(a, fmt.Sprintf("counter redirect to :%d", t.Port))
 	case TProxy:
-		// iptables' TPROXY drops what finds no socket; nft's tproxy lets it
-		// go on, so Nft follows each tproxy rule with a drop.
-		a = append(a, fmt.Sprintf("meta mark set 0x%x tproxy to :%d accept", t.Mark, t.Port))
+		ip := "ip"
+		if r.Family == V6 {
+			ip = "ip6"
+		}
+		a = append(a, fmt.Sprintf("tproxy %s to :%d meta mark set 0x%x counter accept", ip, t.Port, t.Mark))
 	case SetMark:
-		a = append(a, fmt.Sprintf("meta mark set 0x%x", t.Mark))
+		a = append(a, fmt.Sprintf("counter meta mark set 0x%x", t.Mark))
 	case ConnmarkSave:
-		a = append(a, "ct mark set meta mark")
+		a = append(a, "counter ct mark set meta mark")
 	case ConnmarkRestore:
-		a = append(a, "meta mark set ct mark")
+		a = append(a, "counter meta mark set ct mark")
 	case CTZone:
-		a = append(a, fmt.Sprintf("ct zone set %d", t.Zone))
+		a = append(a, fmt.Sprintf("counter ct zone set %d", t.Zone))
 	}
 	return strings.Join(a, " ")
 }

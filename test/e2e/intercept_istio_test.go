@@ -173,11 +173,11 @@ func TestInterceptIstioInjected(t *testing.T) {
 		if rules := istioRules(t, e, "iptables-nft-save"); strings.Contains(rules, "ISTIO_") {
 			t.Fatalf("iptables rules left:\n%s", rules)
 		}
-		nft, err := e.Pod.Exec("nft", "list", "table", "ip", "meshwire_intercept")
+		nft, err := e.Pod.Exec("nft", "list", "table", "inet", "istio-proxy-nat")
 		if err != nil {
 			t.Fatalf("no native table: %v\n%s", err, nft)
 		}
-		istioWantRules(t, nft, fmt.Sprintf("meta skgid != %d return", capturedGID), "ip daddr 127.0.0.0/8 return")
+		istioWantRules(t, nft, fmt.Sprintf("meta skgid != %d counter", capturedGID), "ip daddr 127.0.0.0/8 counter")
 		for _, fam := range interceptFamilies {
 			pod, remote := ie.Pod(fam.v6), ie.Remote(fam.v6)
 			istioDialGroups(t, e, fam.v6, map[uint32]string{capturedGID: "outbound", excludedGID: ""})

@@ -328,13 +328,13 @@ func (e *Env) IptablesInit(args ...string) (int, string) {
 }
 
 // IptablesInitEnv is IptablesInit with variables ("NAME=value") added to
-// the test's environment, as a pod spec's env adds them.
+// the test's environment, as a pod spec's env adds them. The pod is dual
+// stack with an IPv4 first address: like Istio's injector on a dual-stack
+// cluster, the environment has ISTIO_DUAL_STACK=true unless env sets it.
 func (e *Env) IptablesInitEnv(env []string, args ...string) (int, string) {
 	e.T.Helper()
 	cmd := exec.Command(filepath.Join(e.H.BinDir, "iptables-init"), args...)
-	if env != nil {
-		cmd.Env = append(os.Environ(), env...)
-	}
+	cmd.Env = append(append([]string{"ISTIO_DUAL_STACK=true"}, os.Environ()...), env...)
 	var buf strings.Builder
 	cmd.Stdout, cmd.Stderr = &buf, &buf
 	err := e.Pod.Do(cmd.Run)

@@ -34,14 +34,14 @@ var flagDocs = map[string]flagDoc{
 	"istio-service-cidr":                 {meaning: "outbound destinations to capture: `*` all, CIDRs (IPv4 and IPv6 mixed), or empty for none"},
 	"istio-service-exclude-cidr":         {meaning: "destinations never captured"},
 	"istio-outbound-ports":               {meaning: "outbound ports captured whatever the destination"},
-	"istio-local-outbound-ports-exclude": {meaning: "outbound ports never captured"},
-	"kube-virt-interfaces":               {meaning: "interfaces whose incoming traffic is the pod's outbound traffic (VMs)"},
+	"istio-local-outbound-ports-exclude": {meaning: "outbound ports never captured, TCP and UDP (so `-o 53` also leaves DNS alone)"},
+	"kube-virt-interfaces":               {meaning: "interfaces whose incoming traffic is the pod's outbound traffic (VMs): captured to the outbound port as `-i` says (`-x` applies to the pod's own connections only, as in Istio), never taken for inbound traffic"},
 	"istio-exclude-interfaces":           {meaning: "interfaces left alone entirely"},
 	"redirect-dns": {meaning: "DNS (UDP and TCP port 53) to the pod's nameservers goes to the proxy's port 15053; " +
 		"conntrack zones keep the proxy's own upstream queries apart so they are not looped"},
 	"capture-all-dns": {meaning: "with `--redirect-dns`: DNS to any server"},
 	"drop-invalid":    {meaning: "drop packets conntrack finds invalid"},
-	"dual-stack":      {meaning: "program IPv6 rules too; they are also programmed whenever the pod has a global IPv6 address"},
+	"dual-stack":      {meaning: "program IPv6 rules when the pod has an IPv6 address; without it, only when the pod's first address (not loopback or link-local) is IPv6, as in Istio"},
 	"dry-run":         {meaning: "print exactly what would be applied (restore payloads or nft script, routing) and change nothing"},
 	"cleanup-only":    {meaning: "remove every interception rule, chain, policy route and the `::6` address, in every backend, and nothing else"},
 	"reconcile":       {meaning: "replace rules installed with other flags (see [How it installs](#how-it-installs))"},
@@ -53,12 +53,12 @@ var flagDocs = map[string]flagDoc{
 	"skip-rule-apply":     {meaning: "with `--run-validation`: validate only"},
 	"iptables-probe-port": {meaning: "port the validation connects to"},
 	"probe-timeout":       {meaning: "how long the validation waits"},
-	"native-nftables": {meaning: "native nftables instead of iptables: the same as `--iptables-backend nftables` " +
-		"(meshwire's tables `ip`/`ip6 meshwire_intercept`, not `istio-iptables`' table names)"},
+	"native-nftables": {meaning: "native nftables instead of iptables, in `istio-iptables --native-nftables`' tables " +
+		"(`inet istio-proxy-nat`, `istio-proxy-mangle`, `istio-proxy-raw`): the same as `--iptables-backend nftables`"},
 	"force-iptables-binary": {def: "detected", meaning: "`legacy` or `nft`: the iptables variant, the same as `--iptables-backend`. " +
 		"With `--native-nftables` it is ignored (a warning says so), as in Istio"},
 	"iptables-backend": {def: "detected", meaning: "`legacy` or `nft` (iptables variants) or `nftables` " +
-		"(native tables `ip meshwire_intercept` / `ip6 meshwire_intercept`). Meshwire extension; " +
+		"(native tables, as `--native-nftables`). Meshwire extension; " +
 		"asking two of these three flags for different backends is a usage error"},
 	"network-namespace": {def: "current", meaning: "namespace file to work in"},
 	"cni-mode": {meaning: "with `--network-namespace`, run from the node: the xtables lock is that namespace file " +

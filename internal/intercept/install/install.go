@@ -76,7 +76,8 @@ func (r *Request) routing() Routing {
 type Plan struct {
 	Backend  firewall.Backend
 	Families []intercept.Family
-	Sets     map[intercept.Family]*intercept.RuleSet
+	Sets     map[intercept.Family]*intercept.RuleSet // iptables, per family
+	NftSet   *intercept.RuleSet                      // nftables, both families
 	Status   map[intercept.Family]intercept.Status
 	Restore  map[intercept.Family]string // iptables-restore payloads ("" when nothing to do)
 	Nft      string                      // nftables script ("" when nothing to do)
@@ -152,30 +153,39 @@ func Prepare(ctx context.Context, req Request) (*Plan, error) {
 		}
 	}
 	have := read(ctx, b, p.fw)
-	var nftSets []*intercept.RuleSet
 	for _, f := range bothFamilies {
-		want := p.Sets[f]
 		if err := have.errs[f]; err != nil {
 			if f == intercept.V6 && !req.IPv6 {
 				continue // nothing to read there, and no wish for it
 			}
 			return nil, err
 		}
-		if b.Kind == firewall.IPTables {
-			st := have.ipt[f]
+	}
+	if b.Kind == firewall.IPTables {
+		for _, f := range bothFamilies {
+			want, st := p.Sets[f], have.ipt[f]
+			if st == nil {
+				continue
+			}
 			p.Status[f] = intercept.Compare(want, st)
 			if p.Status[f] != intercept.Current || req.Force && !want.Empty() {
 				p.Restore[f] = intercept.Restore(want, st)
 			}
-			continue
 		}
-		p.Status[f] = intercept.NftStatus(want, have.nft[f])
-		if p.Status[f] != intercept.Current || req.Force && !want.Empty() {
-			nftSets = append(nftSets, want)
+	} else {
+		// One inet rule set for both families, as istio-nftables has it.
+		want := intercept.BuildNft(req.Config, req.IPv6)
+		p.NftSet = want
+		st := intercept.NftStatus(want, have.nft)
+		if len(have.legacyNft) > 0 {
+			st = intercept.Different
 		}
-	}
-	if len(nftSets) > 0 {
-		p.Nft = intercept.Nft(nftSets...)
+		for _, f := range p.Families {
+			p.Status[f] = st
+		}
+		if st != intercept.Current || req.Force && !want.Empty() {
+			p.Nft = intercept.NftLegacyRemoval(have.legacyNft...) + intercept.Nft(want)
+		}
 	}
 	for _, o := range allBackends {
 		if o == b {
@@ -363,8 +373,10 @@ type holding struct {
 	// tables themselves (iptables backends).
 	ipt    map[intercept.Family]*intercept.State
 	tables map[intercept.Family][]*firewall.Table
-	// nft is meshwire's table of each family, nil when absent (nftables).
-	nft map[intercept.Family]*firewall.Table
+	// nft are istio's inet tables found, by name (nftables); legacyNft
+	// the families holding the table of earlier meshwire versions.
+	nft       map[string]*firewall.Table
+	legacyNft []intercept.Family
 	// errs are the families that could not be read (no ip6tables, say).
 	errs map[intercept.Family]error
 }
@@ -372,16 +384,31 @@ type holding struct {
 func read(ctx context.Context, b firewall.Backend, fw firewall.Interface) *holding {
 	h := &holding{b: b, fw: fw,
 		ipt: map[intercept.Family]*intercept.State{}, tables: map[intercept.Family][]*firewall.Table{},
-		nft: map[intercept.Family]*firewall.Table{}, errs: map[intercept.Family]error{}}
-	for _, f := range bothFamilies {
-		if b.Kind == firewall.NFTables {
-			t, err := fw.ReadTable(ctx, f.Tables(), intercept.NftTable)
-			if err != nil {
-				h.errs[f] = fmt.Errorf("read %s table %s: %w", f.Tables().Name(), intercept.NftTable, err)
-			}
-			h.nft[f] = t
-			continue
+		nft: map[string]*firewall.Table{}, errs: map[intercept.Family]error{}}
+	if b.Kind == firewall.NFTables {
+		var names []string
+		for _, nt := range intercept.NftTables {
+			names = append(names, nt.Name)
 		}
+		tables, err := fw.ReadTables(ctx, firewall.Inet, names)
+		if err != nil {
+			h.errs[intercept.V4] = fmt.Errorf("read inet tables %s: %w", strings.Join(names, ", "), err)
+		}
+		for _, t := range tables {
+			h.nft[t.Name] = t
+		}
+		for _, f := range bothFamilies {
+			ok, err := fw.HasTable(ctx, f.Tables(), intercept.LegacyNftTable)
+			if err != nil {
+				h.errs[f] = fmt.Errorf("read %s table %s: %w", f.Tables().Name(), intercept.LegacyNftTable, err)
+			}
+			if ok {
+				h.legacyNft = append(h.legacyNft, f)
+			}
+		}
+		return h
+	}
+	for _, f := range bothFamilies {
 		tables, err := fw.ReadTables(ctx, f.Tables(), iptablesTables)
 		if err != nil {
 			h.errs[f] = fmt.Errorf("read %s's %s tables: %w", b, f, err)
@@ -400,7 +427,10 @@ func (h *holding) empty() bool { return h.script() == "" }
 func (h *holding) marks() []uint32 {
 	var tables []*firewall.Table
 	for _, f := range bothFamilies {
-		tables = append(append(tables, h.tables[f]...), h.nft[f])
+		tables = append(tables, h.tables[f]...)
+	}
+	for _, t := range h.nft {
+		tables = append(tables, t)
 	}
 	return intercept.TProxyMarks(tables...)
 }
@@ -409,19 +439,16 @@ func (h *holding) marks() []uint32 {
 // iptables-restore payload per family, or one nftables script.
 func (h *holding) removal() (map[intercept.Family]string, string) {
 	payloads := map[intercept.Family]string{}
-	var sets []*intercept.RuleSet
 	for _, f := range bothFamilies {
 		if st := h.ipt[f]; st != nil && !st.Empty() {
 			payloads[f] = intercept.Restore(&intercept.RuleSet{Family: f}, st)
 		}
-		if h.nft[f] != nil {
-			sets = append(sets, &intercept.RuleSet{Family: f})
-		}
 	}
-	if len(sets) == 0 {
-		return payloads, ""
+	nft := intercept.NftLegacyRemoval(h.legacyNft...)
+	if len(h.nft) > 0 {
+		nft += intercept.Nft(&intercept.RuleSet{})
 	}
-	return payloads, intercept.Nft(sets...)
+	return payloads, nft
 }
 
 // script is the removal as text (dry runs), "" when there is nothing.
@@ -455,17 +482,21 @@ func (h *holding) remove(ctx context.Context) error {
 	return nil
 }
 
-// WantIPv6 is the decision to program IPv6 rules: asked for (--dual-stack)
-// or the pod has a global IPv6 address.
+// WantIPv6 is the decision to program IPv6 rules, istio-iptables' own
+// (getLocalIP in tools/common/config): the pod's first address that is
+// neither loopback nor link-local decides, IPv6 rules for an IPv6 one;
+// with dual stack (--dual-stack, ISTIO_DUAL_STACK), any IPv6 address among
+// them. addrs are in the kernel's order (interface index, then address),
+// as istio reads them. ::6 and the rest of ::/96, which meshwire itself
+// puts on lo for the IPv6 passthrough, say nothing about the pod. A pod
+// without such an address gets IPv4 rules (istio-iptables fails there).
 func WantIPv6(dualStack bool, addrs []netip.Addr) bool {
-	if dualStack {
-		return true
-	}
 	for _, a := range addrs {
-		// ::/96 holds the passthrough address ::6 meshwire itself puts on
-		// lo; it says nothing about the pod's connectivity.
-		if a.Is6() && !a.Is4In6() && a.IsGlobalUnicast() && !compat96.Contains(a) {
-			return true
+		if a.IsLoopback() || a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() || compat96.Contains(a) {
+			continue
+		}
+		if a.Is6() || !dualStack {
+			return a.Is6()
 		}
 	}
 	return false
