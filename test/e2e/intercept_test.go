@@ -164,6 +164,19 @@ func TestInterceptTraffic(t *testing.T) {
 						t.Fatalf("%s: proxy to its own pod: %q, %v", fam.name, reply, err)
 					}
 					interceptCheckRecords(t, e, mark, ie.AP(pod, ie.AppPort), "inbound")
+					// Except to the tunnel port, which with REDIRECT
+					// reaches the app directly (istio's "! --dport
+					// 15008"); TPROXY's mangle capture takes it, as
+					// istio's does.
+					mark = e.Proxy.Mark()
+					want, listener := "app "+pod.String()+" tunnel", ""
+					if mode == "TPROXY" {
+						want, listener = "app "+interceptPassthrough(fam.v6)+" tunnel", "inbound"
+					}
+					if reply, err := e.DialAs(ie.ProxyUID, ie.ProxyUID, ie.AP(pod, ie.TunnelPort), "tunnel"); err != nil || reply != want {
+						t.Fatalf("%s: proxy to its own pod's tunnel port: %q, %v; want %q", fam.name, reply, err, want)
+					}
+					interceptCheckRecords(t, e, mark, ie.AP(pod, ie.TunnelPort), listener)
 				}
 			})
 
