@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/types"
 
+	"github.com/meshwire/meshwire/cmd/meshwire/install"
 	"github.com/meshwire/meshwire/test/harness"
 	ie "github.com/meshwire/meshwire/test/interceptenv"
 )
@@ -114,5 +116,112 @@ func TestInterceptPerPod(t *testing.T) {
 		if got := interceptRuleState(t, e, "nft"); got != clean {
 			t.Fatalf("a failed ADD left rules:\n%s", got)
 		}
+	})
+}
+
+// istioStatus is sidecar.istio.io/status as Istio's injector writes it
+// for a pod whose rules istio-cni installs (no istio-init).
+const istioStatus = `{"initContainers":["istio-validation"],"containers":["istio-proxy"],"volumes":["workload-socket","credential-socket","workload-certs","istio-envoy","istio-data","istio-podinfo","istio-token","istiod-ca-cert"],"imagePullSecrets":null,"revision":"default"}`
+
+// TestInterceptIstioCNI runs the intercept plugin as `meshwire install
+// --chain` puts it into a node's config, for pods annotated as Istio's
+// injector annotates them, with real traffic: the sidecar's status ports
+// reach the pod directly, the proxy.istio.io/config annotation turns DNS
+// capture on, and a pod with the istio-init container gets its rules from
+// that container only, one set.
+func TestInterceptIstioCNI(t *testing.T) {
+	h := harness.New(t)
+	h.CheckNoLeaks()
+	e := ie.New(t, h)
+	e.StartProxy(false)
+	clean := interceptRuleState(t, e, "nft")
+	// The intercept entry exactly as --chain writes it, after loopback
+	// (the pod's links are the test's own: portmap and bandwidth, which
+	// --chain adds too, need an interface plugin's veth).
+	chained, err := install.Chain([]byte(`{"cniVersion":"1.1.0","name":"mwti-mesh","plugins":[{"type":"loopback"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conf struct {
+		Plugins []json.RawMessage `json:"plugins"`
+	}
+	if err := json.Unmarshal(chained.Out, &conf); err != nil || len(conf.Plugins) != 4 || !strings.Contains(string(conf.Plugins[3]), `"type":"intercept"`) {
+		t.Fatalf("chained config (%v):\n%s", err, chained.Out)
+	}
+	list := h.ConfList(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"mwti-mesh","plugins":[%s,%s]}`, conf.Plugins[0], conf.Plugins[3]))
+	attach := func(annotations map[string]string) *harness.Attachment {
+		a := h.Attach(list, e.Pod, "lo", map[string]any{"io.kubernetes.cri.pod-annotations": annotations})
+		a.RT.Args = [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "shop"}, {"K8S_POD_NAME", "p1"}, {"K8S_POD_INFRA_CONTAINER_ID", a.RT.ContainerID}}
+		return a
+	}
+	del := func(a *harness.Attachment) {
+		t.Helper()
+		if err := a.Del(); err != nil {
+			t.Fatalf("DEL: %v", err)
+		}
+		if out, err := e.Pod.Exec("ip", "link", "set", "lo", "up"); err != nil {
+			t.Fatalf("lo up: %v %s", err, out)
+		}
+		if got := interceptRuleState(t, e, "nft"); got != clean {
+			t.Fatalf("DEL left rules:\n%s", got)
+		}
+	}
+	remote, dns := ie.AP(ie.RemoteV4, ie.RemotePort), ie.AP(ie.RemoteV4, ie.DNSPort)
+
+	t.Run("status-ports", func(t *testing.T) {
+		a := attach(map[string]string{"sidecar.istio.io/status": istioStatus})
+		a.MustAdd()
+		if err := a.Check(); err != nil {
+			t.Fatalf("CHECK: %v", err)
+		}
+		interceptExpect(t, e, e.Pod, remote, "remote", ie.PodV4.String(), "outbound")
+		interceptExpect(t, e, e.Remote, ie.AP(ie.PodV4, ie.AppPort), "app", "127.0.0.6", "inbound")
+		// kubelet's readiness probe reaches the sidecar's port itself.
+		interceptExpect(t, e, e.Remote, ie.AP(ie.PodV4, ie.StatusPort), "app", ie.RemoteV4.String(), "")
+		// DNS is not captured without ISTIO_META_DNS_CAPTURE.
+		interceptQuery(t, e, dns, "remote-dns:")
+		del(a)
+	})
+
+	t.Run("dns-capture", func(t *testing.T) {
+		a := attach(map[string]string{"sidecar.istio.io/status": istioStatus,
+			"proxy.istio.io/config": "proxyMetadata:\n  ISTIO_META_DNS_CAPTURE: \"true\"\n"})
+		a.MustAdd()
+		if err := a.Check(); err != nil {
+			t.Fatalf("CHECK: %v", err)
+		}
+		before := len(e.RemoteDNSSources())
+		interceptQuery(t, e, dns, "proxy:remote-dns:")
+		if srcs := e.RemoteDNSSources(); len(srcs) != before+1 {
+			t.Fatalf("the proxy's upstream query did not reach the server: %v", srcs)
+		}
+		del(a)
+	})
+
+	t.Run("istio-init", func(t *testing.T) {
+		a := attach(map[string]string{"sidecar.istio.io/status": `{"initContainers":["istio-init"],"containers":["istio-proxy"]}`})
+		a.MustAdd()
+		if got := interceptRuleState(t, e, "nft"); got != clean {
+			t.Fatalf("the plugin intercepted a pod with istio-init:\n%s", got)
+		}
+		// Then the init container runs, as Istio's injector has it.
+		if code, out := e.IptablesInit(istioInitArgs("REDIRECT")...); code != 0 {
+			t.Fatalf("istio-init: exit %d\n%s", code, out)
+		}
+		rules, err := e.Pod.Exec("iptables-nft-save", "-t", "nat")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := strings.Count(rules, "-A OUTPUT "); n != 1 {
+			t.Fatalf("%d jumps from OUTPUT, want one set of rules:\n%s", n, rules)
+		}
+		if err := a.Check(); err != nil {
+			t.Fatalf("CHECK with istio-init's rules: %v", err)
+		}
+		interceptExpect(t, e, e.Pod, remote, "remote", ie.PodV4.String(), "outbound")
+		if code, out := e.IptablesInit("--cleanup-only"); code != 0 {
+			t.Fatalf("--cleanup-only: %d %s", code, out)
+		}
+		del(a)
 	})
 }

@@ -48,9 +48,10 @@ const (
 	AppPort      = 8000 // pod: captured inbound
 	AppPort2     = 8001 // pod: for port lists and exclusions
 	TunnelPort   = 15008
-	RemotePort   = 8080 // remote: captured outbound
-	RemotePort2  = 9090 // remote: for port exclusions
-	SinkPort     = 8090 // both: counts the bytes it receives (throughput)
+	StatusPort   = 15021 // pod: the sidecar's readiness port, never captured
+	RemotePort   = 8080  // remote: captured outbound
+	RemotePort2  = 9090  // remote: for port exclusions
+	SinkPort     = 8090  // both: counts the bytes it receives (throughput)
 	DNSPort      = 53
 	ProxyUID     = 1337
 	OtherUID     = 4242 // a user that is not the proxy
@@ -101,7 +102,7 @@ func New(t testing.TB, h *harness.H) *Env {
 			t.Fatalf("default route via %s: %v", gw, err)
 		}
 	}
-	for _, p := range []int{AppPort, AppPort2, TunnelPort} {
+	for _, p := range []int{AppPort, AppPort2, TunnelPort, StatusPort} {
 		e.serveEcho(e.Pod, p, "app")
 	}
 	for _, p := range []int{RemotePort, RemotePort2, DNSPort} {

@@ -6,12 +6,27 @@ import (
 	"log"
 	"os"
 	"path/filepath"
+	"strings"
 
 	"github.com/meshwire/meshwire/cmd/meshwire/install"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 )
 
-const installUsage = `usage: meshwire install --cni-bin-dir DIR --cni-conf-dir DIR [--chain] [--once] [--cleanup-on-exit] [--source-dir DIR] [--fastpath]`
+const installUsage = `usage: meshwire install --cni-bin-dir DIR --cni-conf-dir DIR [--chain [--proxy-metadata KEY=VALUE]...] [--once] [--cleanup-on-exit] [--source-dir DIR] [--fastpath]`
+
+// keyValues is a repeatable KEY=VALUE flag.
+type keyValues map[string]string
+
+func (kv keyValues) String() string { return fmt.Sprint(map[string]string(kv)) }
+
+func (kv keyValues) Set(s string) error {
+	k, v, ok := strings.Cut(s, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("want KEY=VALUE, got %q", s)
+	}
+	kv[k] = v
+	return nil
+}
 
 // install runs `meshwire install`, the node installer (see package install).
 func (e *env) install(args []string) error {
@@ -24,9 +39,15 @@ func (e *env) install(args []string) error {
 	fs.BoolVar(&o.Once, "once", false, "apply once and exit instead of watching")
 	fs.BoolVar(&o.CleanupOnExit, "cleanup-on-exit", false, "on SIGTERM/SIGINT, remove the config change (the binaries stay)")
 	withFastpath := fs.Bool("fastpath", false, "also attach the eBPF fast path (and detach it on exit with --cleanup-on-exit)")
+	meta := keyValues{}
+	fs.Var(meta, "proxy-metadata", "with --chain: an environment variable of every Istio sidecar (meshConfig's defaultConfig.proxyMetadata), e.g. ISTIO_META_DNS_CAPTURE=true; repeatable")
 	if _, err := parse(fs, args, 0); err != nil {
 		return err
 	}
+	if len(meta) > 0 && !o.Chain {
+		return usagef("install: --proxy-metadata sets the chained intercept plugin's defaults; it needs --chain")
+	}
+	o.ProxyMetadata = meta
 	if o.BinDir == "" || o.ConfDir == "" {
 		return usagef("install: --cni-bin-dir and --cni-conf-dir are required\n%s", installUsage)
 	}

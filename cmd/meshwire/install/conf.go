@@ -32,13 +32,27 @@ var confExts = []string{".conf", ".conflist", ".json"}
 
 // chainEntries are the plugin objects --chain appends, in this order, each
 // only when the config has no plugin of that type of its own. intercept's
-// "*" defaults capture everything of a pod it intercepts; with the
-// pod-annotations capability it intercepts only pods with a sidecar, and
-// their annotations refine the defaults.
-var chainEntries = []struct{ typ, json string }{
-	{"portmap", `{"type":"portmap","capabilities":{"portMappings":true},"` + Marker + `":true}`},
-	{"bandwidth", `{"type":"bandwidth","capabilities":{"bandwidth":true},"` + Marker + `":true}`},
-	{"intercept", `{"type":"intercept","capabilities":{"io.kubernetes.cri.pod-annotations":true},"istio-service-cidr":"*","istio-inbound-ports":"*","` + Marker + `":true}`},
+// are istio-cni's defaults: with the pod-annotations capability it
+// intercepts only pods with a sidecar, capturing everything but the
+// sidecar's status ports (15020 outbound; 15020, 15021 and 15090 inbound,
+// which the plugin adds for every Istio pod), and the pods' annotations
+// refine them. proxyMetadata, when given, is the mesh-wide environment of
+// the sidecars (meshConfig's defaultConfig.proxyMetadata: DNS capture,
+// dual stack, invalid-packet drop), which a pod's proxy.istio.io/config
+// overrides.
+func chainEntries(proxyMetadata map[string]string) []struct{ typ, json string } {
+	intercept := `{"type":"intercept","capabilities":{"io.kubernetes.cri.pod-annotations":true},` +
+		`"istio-service-cidr":"*","istio-inbound-ports":"*",` +
+		`"istio-local-exclude-ports":"15020","istio-local-outbound-ports-exclude":"15020",`
+	if len(proxyMetadata) > 0 {
+		meta, _ := json.Marshal(proxyMetadata) // a map of strings: keys sorted
+		intercept += `"proxyMetadata":` + string(meta) + `,`
+	}
+	return []struct{ typ, json string }{
+		{"portmap", `{"type":"portmap","capabilities":{"portMappings":true},"` + Marker + `":true}`},
+		{"bandwidth", `{"type":"bandwidth","capabilities":{"bandwidth":true},"` + Marker + `":true}`},
+		{"intercept", intercept + `"` + Marker + `":true}`},
+	}
 }
 
 // IsConfName reports whether a runtime would read the file name as a
@@ -116,7 +130,10 @@ type Edit struct {
 // Everything else is kept byte for byte: the edit splices the plugins array
 // of the original text, so untouched keys, plugins, their order and their
 // formatting stay as they were.
-func Chain(conf []byte) (Edit, error) {
+func Chain(conf []byte) (Edit, error) { return ChainWith(conf, nil) }
+
+// ChainWith is Chain with the mesh-wide proxyMetadata in intercept's entry.
+func ChainWith(conf []byte, proxyMetadata map[string]string) (Edit, error) {
 	top, err := parseObject(conf, 0)
 	if err != nil {
 		return Edit{}, err
@@ -124,8 +141,9 @@ func Chain(conf []byte) (Edit, error) {
 	if err := checkVersion(conf, top); err != nil {
 		return Edit{}, err
 	}
+	entries := chainEntries(proxyMetadata)
 	if _, ok := top.get("plugins"); !ok {
-		return convert(conf, top)
+		return convert(conf, top, entries)
 	}
 	arr, err := parsePlugins(conf, top)
 	if err != nil {
@@ -141,7 +159,7 @@ func Chain(conf []byte) (Edit, error) {
 	}
 	var adds []string
 	e := Edit{Removed: removed}
-	for _, c := range chainEntries {
+	for _, c := range entries {
 		if !have[c.typ] {
 			adds = append(adds, c.json)
 			e.Added = append(e.Added, c.typ)
@@ -226,7 +244,7 @@ func EarlierConversion(list, single []byte) bool {
 
 // convert turns a single plugin's config into a list with meshwire's
 // plugins after it.
-func convert(conf []byte, top object) (Edit, error) {
+func convert(conf []byte, top object, entries []struct{ typ, json string }) (Edit, error) {
 	typ, ok := top.str(conf, "type")
 	if !ok || typ == "" {
 		return Edit{}, errors.New(`neither a config list ("plugins") nor a plugin config ("type")`)
@@ -244,7 +262,7 @@ func convert(conf []byte, top object) (Edit, error) {
 	b.WriteString("  \"plugins\": [\n    ")
 	b.Write(conf[top.start:top.end])
 	e := Edit{Converted: true, Changed: true}
-	for _, c := range chainEntries {
+	for _, c := range entries {
 		if c.typ == typ {
 			continue
 		}

@@ -188,7 +188,7 @@ func TestChainFixtures(t *testing.T) {
 }
 
 func TestChainText(t *testing.T) {
-	const ic = `{"type":"intercept","capabilities":{"io.kubernetes.cri.pod-annotations":true},"istio-service-cidr":"*","istio-inbound-ports":"*","meshwire.io/installed":true}`
+	const ic = `{"type":"intercept","capabilities":{"io.kubernetes.cri.pod-annotations":true},"istio-service-cidr":"*","istio-inbound-ports":"*","istio-local-exclude-ports":"15020","istio-local-outbound-ports-exclude":"15020","meshwire.io/installed":true}`
 	const pm = `{"type":"portmap","capabilities":{"portMappings":true},"meshwire.io/installed":true}`
 	const bw = `{"type":"bandwidth","capabilities":{"bandwidth":true},"meshwire.io/installed":true}`
 	for _, tc := range []struct {
@@ -359,4 +359,26 @@ func FuzzChain(f *testing.F) {
 			t.Fatalf("Unchain(Chain(%q)) = %q", in, u.Out)
 		}
 	})
+}
+
+// TestChainProxyMetadata: the mesh-wide sidecar environment goes into the
+// chained intercept entry, and a second run with other metadata replaces
+// the entry.
+func TestChainProxyMetadata(t *testing.T) {
+	in := []byte(`{"name":"n","plugins":[{"type":"a"}]}`)
+	meta := map[string]string{"ISTIO_META_DNS_CAPTURE": "true", "INVALID_DROP": "true"}
+	e, err := ChainWith(in, meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(e.Out), `"proxyMetadata":{"INVALID_DROP":"true","ISTIO_META_DNS_CAPTURE":"true"},"meshwire.io/installed":true}`) {
+		t.Fatalf("no proxyMetadata in the intercept entry:\n%s", e.Out)
+	}
+	if again, err := ChainWith(e.Out, meta); err != nil || again.Changed {
+		t.Fatalf("a second run with the same metadata changed the config (%v):\n%s", err, again.Out)
+	}
+	plain, err := Chain(e.Out)
+	if err != nil || !plain.Changed || strings.Contains(string(plain.Out), "proxyMetadata") {
+		t.Fatalf("a run without metadata kept it (%v):\n%s", err, plain.Out)
+	}
 }

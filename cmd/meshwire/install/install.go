@@ -32,6 +32,9 @@ type Options struct {
 	Once            bool   // apply once and return, instead of watching
 	CleanupOnExit   bool   // when ctx ends, take back the config change
 	DefaultConflist []byte // OwnConflist's contents (without Chain)
+	// ProxyMetadata is the mesh-wide sidecar environment put in the
+	// chained intercept entry (with Chain; see ChainWith).
+	ProxyMetadata map[string]string
 	// Logf writes one line (no trailing newline needed).
 	Logf func(format string, a ...any)
 	// Resync is how often the watch re-checks everything (and retries a
@@ -257,7 +260,7 @@ func (in *Installer) applyChain(names []string) error {
 	if err != nil {
 		return err
 	}
-	e, err := Chain(data)
+	e, err := ChainWith(data, in.o.ProxyMetadata)
 	if err != nil {
 		return fmt.Errorf("%s: %w (left as it is)", path, err)
 	}

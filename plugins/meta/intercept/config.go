@@ -36,7 +36,12 @@ type config struct {
 	// ExcludeNamespaces are Kubernetes namespaces never intercepted
 	// (default kube-system; [] excludes none).
 	ExcludeNamespaces *[]string `json:"excludeNamespaces"`
-	RuntimeConfig     struct {
+	// ProxyMetadata is the mesh-wide environment of Istio's sidecars
+	// (meshConfig's defaultConfig.proxyMetadata), which a pod's
+	// proxy.istio.io/config overrides key by key: ISTIO_META_DNS_CAPTURE,
+	// ISTIO_DUAL_STACK, INVALID_DROP and DISABLE_ENVOY are read.
+	ProxyMetadata map[string]string `json:"proxyMetadata"`
+	RuntimeConfig struct {
 		PodAnnotations *map[string]string `json:"io.kubernetes.cri.pod-annotations"`
 	} `json:"runtimeConfig"`
 }
@@ -63,14 +68,14 @@ func parsePodConfig(data []byte, cniArgs string) (*config, flags.Options, decisi
 	if c.ExcludeNamespaces != nil {
 		excluded = *c.ExcludeNamespaces
 	}
-	d, err := decide(podFrom(c.RuntimeConfig.PodAnnotations, cniArgs), excluded)
+	d, err := decide(podFrom(c.RuntimeConfig.PodAnnotations, cniArgs), excluded, c.ProxyMetadata, args)
 	if err != nil {
 		return nil, flags.Options{}, d, err
 	}
 	// A bad value is named after the annotation that set it, if one did.
 	o, err := parseArgs(append(args, d.Args...), func(flag string) string {
-		if ann, ok := annotationOf(flag, d.Args); ok {
-			return "annotation " + ann
+		if src, ok := d.Sources[flag]; ok {
+			return src
 		}
 		return flag
 	})

@@ -104,6 +104,9 @@ func cmdCheck(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
+	if d.InitContainer {
+		return nil // the rules are the pod's init container's
+	}
 	return netns.Enter(args.Netns, func() error {
 		req, err := request(o, false)
 		if err != nil {

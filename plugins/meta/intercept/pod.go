@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/meshwire/meshwire/internal/cnierr"
@@ -38,6 +39,8 @@ var annotationFlags = []struct{ annotation, flag string }{
 	{"traffic.sidecar.istio.io/includeOutboundPorts", "istio-outbound-ports"},
 	{"traffic.sidecar.istio.io/excludeOutboundPorts", "istio-local-outbound-ports-exclude"},
 	{"traffic.sidecar.istio.io/kubevirtInterfaces", "kube-virt-interfaces"},
+	// The newer name wins over kubevirtInterfaces, as in istio-cni.
+	{annRerouteVirtual, "kube-virt-interfaces"},
 	{"traffic.sidecar.istio.io/excludeInterfaces", "istio-exclude-interfaces"},
 }
 
@@ -78,13 +81,21 @@ func podFrom(annotations *map[string]string, cniArgs string) pod {
 type decision struct {
 	Intercept bool
 	Why       string   // for the log and CHECK's messages
-	Args      []string // flags from the pod's annotations
+	Args      []string // flags from the pod's annotations, after the config's
+	// Sources names what set each flag of Args (an annotation), so that
+	// a bad value is reported as the pod's, not the config's.
+	Sources map[string]string
+	// InitContainer: the pod's own init container (istio-init) installs
+	// the rules, so CHECK has no rules to judge.
+	InitContainer bool
 }
 
-// decide chooses whether to intercept the pod, and with which of its
-// annotations' settings. A malformed meshwire annotation is a config error
-// naming it (the interception annotations are checked when parsed).
-func decide(p pod, excluded []string) (decision, error) {
+// decide chooses whether to intercept the pod, and with which settings on
+// top of the config's flags (cfgArgs); meshMeta is the config's
+// proxyMetadata. A malformed meshwire annotation or proxy.istio.io/config
+// is a config error naming it (the interception annotations are checked
+// when parsed).
+func decide(p pod, excluded []string, meshMeta map[string]string, cfgArgs []string) (decision, error) {
 	if !p.Kubernetes {
 		return decision{Intercept: true, Why: "not a Kubernetes pod: every pod of the network"}, nil
 	}
@@ -102,32 +113,42 @@ func decide(p pod, excluded []string) (decision, error) {
 	switch {
 	case mw == "false":
 		return decision{Why: annMeshwire + " is false"}, nil
-	case a[annIstioInject] == "false":
+	case injectOff(a[annIstioInject]):
 		return decision{Why: annIstioInject + " is false"}, nil
 	case mw == "true":
-		return decision{Intercept: true, Why: annMeshwire + " is true", Args: annotationArgs(a)}, nil
+		args, sources := annotationArgs(a)
+		return decision{Intercept: true, Why: annMeshwire + " is true", Args: args, Sources: sources}, nil
 	case a[annIstioStatus] != "":
-		return decision{Intercept: true, Why: "the pod has an Istio sidecar (" + annIstioStatus + ")", Args: annotationArgs(a)}, nil
+		meta, err := proxyMetadata(meshMeta, a)
+		if err != nil {
+			return decision{}, err
+		}
+		if why, init := istioSkip(a, meta); why != "" {
+			return decision{Why: why, InitContainer: init}, nil
+		}
+		args, sources := istioArgs(a, meta, cfgArgs)
+		return decision{Intercept: true, Why: "the pod has an Istio sidecar (" + annIstioStatus + ")", Args: args, Sources: sources}, nil
 	}
 	return decision{Why: "no sidecar annotation"}, nil
 }
 
-func annotationArgs(a map[string]string) []string {
+// injectOff reads sidecar.istio.io/inject as istio-cni does: a boolean
+// (strconv.ParseBool) that is false.
+func injectOff(v string) bool {
+	b, err := strconv.ParseBool(v)
+	return err == nil && !b
+}
+
+// annotationArgs are the flags the pod's interception annotations set,
+// with the annotation that set each.
+func annotationArgs(a map[string]string) ([]string, map[string]string) {
 	var args []string
+	sources := map[string]string{}
 	for _, af := range annotationFlags {
 		if v, ok := a[af.annotation]; ok {
 			args = append(args, fmt.Sprintf("--%s=%s", af.flag, v))
+			sources[af.flag] = "annotation " + af.annotation
 		}
 	}
-	return args
-}
-
-// annotationOf names the annotation that set flag, if one did.
-func annotationOf(flag string, args []string) (string, bool) {
-	for _, af := range annotationFlags {
-		if af.flag == flag && slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--"+flag+"=") }) {
-			return af.annotation, true
-		}
-	}
-	return "", false
+	return args, sources
 }

@@ -27,18 +27,22 @@ func TestDecide(t *testing.T) {
 		ann       *map[string]string
 		cniArgs   string
 		excluded  []string
+		meta      map[string]string // the config's proxyMetadata
+		cfgArgs   []string          // the config's flags
 		intercept bool
 		args      []string
 		err       string
 	}{
 		{name: "podman: no capability, no pod name", intercept: true},
 		{name: "podman with unrelated CNI_ARGS", cniArgs: "IgnoreUnknown=1;IP=10.0.0.5", intercept: true},
-		{name: "istio sidecar", ann: ann(istio), cniArgs: "K8S_POD_NAMESPACE=shop;K8S_POD_NAME=cart-1", intercept: true},
+		{name: "istio sidecar", ann: ann(istio), cniArgs: "K8S_POD_NAMESPACE=shop;K8S_POD_NAME=cart-1", intercept: true,
+			args: []string{"--istio-local-exclude-ports=15020,15021,15090"}},
 		{name: "no sidecar", ann: ann(map[string]string{"app": "x"}), cniArgs: "K8S_POD_NAMESPACE=shop;K8S_POD_NAME=job-1"},
 		{name: "empty annotations", ann: ann(map[string]string{})},
 		{name: "inject false wins over the status", ann: ann(with(istio, annIstioInject, "false"))},
 		{name: "kube-system excluded by default", ann: ann(istio), cniArgs: "K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=dns"},
-		{name: "excluded list replaced", ann: ann(istio), cniArgs: "K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=x", excluded: []string{}, intercept: true},
+		{name: "excluded list replaced", ann: ann(istio), cniArgs: "K8S_POD_NAMESPACE=kube-system;K8S_POD_NAME=x", excluded: []string{}, intercept: true,
+			args: []string{"--istio-local-exclude-ports=15020,15021,15090"}},
 		{name: "own excluded namespace", ann: ann(istio), cniArgs: "K8S_POD_NAMESPACE=batch;K8S_POD_NAME=x", excluded: []string{"batch"}},
 		{name: "pod name without annotations: cannot tell, skip", cniArgs: "K8S_POD_NAMESPACE=shop;K8S_POD_NAME=x"},
 		{name: "meshwire annotation", ann: ann(map[string]string{annMeshwire: "true"}), intercept: true},
@@ -47,17 +51,40 @@ func TestDecide(t *testing.T) {
 		{name: "per-pod settings", ann: ann(with(istio,
 			"sidecar.istio.io/interceptionMode", "TPROXY",
 			"traffic.sidecar.istio.io/excludeOutboundIPRanges", "10.96.0.1/32",
-			"traffic.sidecar.istio.io/excludeInboundPorts", "15020,15021",
+			"traffic.sidecar.istio.io/excludeInboundPorts", "8081,15021",
 			"unrelated", "x")),
 			intercept: true,
-			args:      []string{"--istio-inbound-interception-mode=TPROXY", "--istio-service-exclude-cidr=10.96.0.1/32", "--istio-local-exclude-ports=15020,15021"}},
+			args: []string{"--istio-inbound-interception-mode=TPROXY", "--istio-service-exclude-cidr=10.96.0.1/32",
+				"--istio-local-exclude-ports=8081,15021", "--istio-local-exclude-ports=8081,15021,15020,15090"}},
+		// istio-cni's rules for Istio pods.
+		{name: "status ports always excluded", ann: ann(istio), cfgArgs: []string{"--istio-local-exclude-ports=15020"}, intercept: true,
+			args: []string{"--istio-local-exclude-ports=15020,15021,15090"}},
+		{name: "istio-init: the init container does it", ann: ann(map[string]string{annIstioStatus: `{"initContainers":["istio-init"],"containers":["istio-proxy"]}`})},
+		{name: "no istio-proxy", ann: ann(map[string]string{annIstioStatus: `{"initContainers":["istio-validation"],"containers":["other"]}`})},
+		{name: "native sidecar (istio-proxy an init container)", ann: ann(map[string]string{annIstioStatus: `{"initContainers":["istio-validation","istio-proxy"],"containers":[]}`}),
+			intercept: true, args: []string{"--istio-local-exclude-ports=15020,15021,15090"}},
+		{name: "status without the container lists", ann: ann(map[string]string{annIstioStatus: "true"}), intercept: true,
+			args: []string{"--istio-local-exclude-ports=15020,15021,15090"}},
+		{name: "DISABLE_ENVOY", ann: ann(with(istio, annProxyConfig, "proxyMetadata:\n  DISABLE_ENVOY: \"true\"\n"))},
+		{name: "gateway", ann: ann(with(istio, annIstioTemplates, "gateway"))},
+		{name: "inject False (ParseBool)", ann: ann(with(istio, annIstioInject, "False"))},
+		{name: "proxy metadata", ann: ann(with(istio, annProxyConfig, `{"proxyMetadata":{"ISTIO_META_DNS_CAPTURE":"true","INVALID_DROP":"1","ISTIO_DUAL_STACK":"nope"}}`)),
+			intercept: true, args: []string{"--istio-local-exclude-ports=15020,15021,15090",
+				"--redirect-dns=true", "--capture-all-dns=true", "--dual-stack=false", "--drop-invalid=true"}},
+		{name: "mesh-wide metadata, overridden by the pod", ann: ann(with(istio, annProxyConfig, "proxyMetadata:\n  ISTIO_META_DNS_CAPTURE: \"false\"\n")),
+			meta: map[string]string{"ISTIO_META_DNS_CAPTURE": "true", "INVALID_DROP": "true"}, intercept: true,
+			args: []string{"--istio-local-exclude-ports=15020,15021,15090", "--redirect-dns=false", "--capture-all-dns=false", "--drop-invalid=true"}},
+		{name: "proxy config not YAML", ann: ann(with(istio, annProxyConfig, "proxyMetadata: [")), err: annProxyConfig},
+		{name: "reroute-virtual-interfaces wins over kubevirtInterfaces", ann: ann(with(istio,
+			"traffic.sidecar.istio.io/kubevirtInterfaces", "old0", annRerouteVirtual, "new0")), intercept: true,
+			args: []string{"--kube-virt-interfaces=old0", "--kube-virt-interfaces=new0", "--istio-local-exclude-ports=15020,15021,15090"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			excluded := tc.excluded
 			if excluded == nil {
 				excluded = defaultExcludedNamespaces
 			}
-			d, err := decide(podFrom(tc.ann, tc.cniArgs), excluded)
+			d, err := decide(podFrom(tc.ann, tc.cniArgs), excluded, tc.meta, tc.cfgArgs)
 			if tc.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.err) {
 					t.Fatalf("err %v, want one naming %s", err, tc.err)
