@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -16,8 +17,10 @@ import (
 	"github.com/vishvananda/netlink"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/meshwire/meshwire/cmd/meshwire/install"
 	"github.com/meshwire/meshwire/test/cri"
 	"github.com/meshwire/meshwire/test/harness"
+	"github.com/meshwire/meshwire/test/istio"
 )
 
 // Addresses and ports of the CRI test: pods in 198.18.112.0/24 behind a
@@ -30,7 +33,7 @@ const (
 	criClient4     = "198.18.113.2"
 	criPlainPort   = 32080
 	criMeshPort    = 32081
-	criExcluded    = 8080 // the meshed pod's excludeInboundPorts annotation
+	criExcluded    = 15021 // the sidecar's readiness port: never captured, as with istio-cni
 	criIngressBits = 10_000_000
 	criEgressBits  = 20_000_000
 )
@@ -38,13 +41,15 @@ const (
 // TestCRIPerPodInterception runs meshwire's plugins through containerd's CRI
 // plugin exactly as kubelet drives it (RunPodSandbox with annotations and
 // port mappings, containers, ExecSync, StopPodSandbox, RemovePodSandbox):
-// bridge + host-local, portmap, bandwidth and intercept with the
-// pod-annotations capability. A pod annotated as Istio's injector does gets
-// the interception rules with its annotation's exclusion, and its traffic
-// really goes through its "sidecar" (a busybox httpd as uid 1337 on the
-// proxy's ports); a plain pod gets none and serves directly; host ports
-// reach both; the bandwidth annotations shape the plain pod's veth; removing
-// the pods leaves nothing on the host.
+// bridge + host-local, and portmap, bandwidth and intercept chained as
+// `meshwire install --chain` writes them into the node's config. A pod
+// annotated as Istio's injector annotates one gets istio-cni's rules (its
+// golden "basic", compared after both are read back by iptables-save) and
+// its traffic really goes through its "sidecar" (a busybox httpd as uid
+// 1337 on the proxy's ports) but for the readiness port; a plain pod gets
+// none and serves directly; host ports reach both; the bandwidth
+// annotations shape the plain pod's veth; removing the pods leaves nothing
+// on the host.
 func TestCRIPerPodInterception(t *testing.T) {
 	h := harness.New(t)
 	nodeBaseline(t)
@@ -59,28 +64,28 @@ func TestCRIPerPodInterception(t *testing.T) {
 	})
 	outside := h.NewOutside("crio", "mwtco"+harness.RandomID()[:6], []string{criHost4 + "/30"}, []string{criClient4 + "/30"})
 
-	conflist := fmt.Sprintf(`{
+	// The node's own config, then meshwire's plugins chained into it by
+	// the installer's code.
+	chained, err := install.Chain([]byte(fmt.Sprintf(`{
   "cniVersion": "1.0.0",
   "name": "mwt-cri",
   "plugins": [
     {"type": "bridge", "bridge": %q, "isDefaultGateway": true, "hairpinMode": true,
-     "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "dataDir": %q}},
-    {"type": "portmap", "capabilities": {"portMappings": true}},
-    {"type": "bandwidth", "capabilities": {"bandwidth": true}},
-    {"type": "intercept", "capabilities": {"io.kubernetes.cri.pod-annotations": true},
-     "istio-service-cidr": "*", "istio-inbound-ports": "*"}
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": %q}]], "dataDir": %q}}
   ]
-}`, br, criSubnet, t.TempDir())
+}`, br, criSubnet, t.TempDir())))
+	if err != nil || !slices.Equal(chained.Added, []string{"portmap", "bandwidth", "intercept"}) {
+		t.Fatalf("chain: %v (added %v)", err, chained.Added)
+	}
 	start := time.Now()
-	c := cri.Start(t, cri.Config{BinDir: h.BinDir, ConfList: conflist})
+	c := cri.Start(t, cri.Config{BinDir: h.BinDir, ConfList: string(chained.Out)})
 	t.Logf("containerd with CRI ready in %s (%s)", time.Since(start).Round(time.Millisecond), c.Dir)
 
 	mesh := c.RunPod(cri.PodSpec{
 		Name: "reviews", Namespace: "shop",
 		Labels: map[string]string{"app": "reviews"},
 		Annotations: map[string]string{
-			"sidecar.istio.io/status":                      `{"initContainers":null,"containers":["istio-proxy"],"volumes":["istio-envoy"],"imagePullSecrets":null}`,
-			"traffic.sidecar.istio.io/excludeInboundPorts": fmt.Sprint(criExcluded),
+			"sidecar.istio.io/status": `{"initContainers":["istio-validation"],"containers":["istio-proxy"],"volumes":["workload-socket","credential-socket","workload-certs","istio-envoy","istio-data","istio-podinfo","istio-token","istiod-ca-cert"],"imagePullSecrets":null,"revision":"default"}`,
 		},
 		PortMappings: []*runtimeapi.PortMapping{{Protocol: runtimeapi.Protocol_TCP, ContainerPort: 80, HostPort: criMeshPort}},
 	})
@@ -121,17 +126,21 @@ func TestCRIPerPodInterception(t *testing.T) {
 	plainApp := plain.StartContainer(cri.ContainerSpec{Name: "app", Command: []string{"/bin/sh", "-c", serve("/tmp/www", "app-ratings", 80)}})
 
 	t.Run("rules", func(t *testing.T) {
-		rules := criRules(t, meshNS)
-		for _, want := range []string{
-			"meshwire-intercept:",
-			fmt.Sprintf("-A ISTIO_INBOUND -p tcp -m tcp --dport %d -j RETURN", criExcluded),
-			"-A ISTIO_IN_REDIRECT -p tcp -j REDIRECT --to-ports 15006",
-			"-A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports 15001",
-			"--uid-owner 1337",
-		} {
-			if !strings.Contains(rules, want) {
-				t.Errorf("the annotated pod's namespace lacks %q:\n%s", want, rules)
-			}
+		// istio-cni's rules for a pod with no traffic annotation: its
+		// golden "basic", loaded into a scratch namespace, read back as
+		// the pod's are.
+		golden, err := istio.File("cni/pkg/plugin/testdata/basic.txt.golden")
+		if err != nil {
+			t.Fatal(err)
+		}
+		v4, _ := istio.SplitIPTablesGolden(string(golden))
+		scratch := h.NewNS("cri-istio")
+		if out, err := scratch.ExecStdin(v4, "iptables-nft-restore", "--noflush"); err != nil {
+			t.Fatalf("load istio-cni's golden: %v\n%s", err, out)
+		}
+		want := istio.NormalizeSave(criSave(t, scratch.Path))
+		if got := istio.NormalizeSave(criSave(t, meshNS)); got != want {
+			t.Errorf("the annotated pod's rules are not istio-cni's:\n--- istio-cni\n%s\n--- pod\n%s", want, got)
 		}
 		if rules := criRules(t, plainNS); strings.Contains(rules, "ISTIO") || strings.Contains(rules, "meshwire") {
 			t.Errorf("the plain pod's namespace has interception rules:\n%s", rules)
@@ -260,6 +269,16 @@ func criHostEnd(t *testing.T, path string) string {
 
 // criRules returns the firewall state of a pod's namespace in every
 // backend: iptables (nft and legacy, both families) and nftables.
+// criSave is iptables-nft-save in the namespace at path.
+func criSave(t *testing.T, path string) string {
+	t.Helper()
+	out, err := exec.Command("nsenter", "--net="+path, "iptables-nft-save").CombinedOutput()
+	if err != nil {
+		t.Fatalf("iptables-nft-save in %s: %v\n%s", path, err, out)
+	}
+	return string(out)
+}
+
 func criRules(t *testing.T, path string) string {
 	t.Helper()
 	var b strings.Builder

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 
@@ -140,6 +141,14 @@ func (n *NS) Sysctl(key string) string {
 // returns its combined output.
 func (n *NS) Exec(name string, args ...string) (string, error) {
 	return Run("ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
+}
+
+// ExecStdin is Exec with stdin (a restore payload, an nft script).
+func (n *NS) ExecStdin(stdin, name string, args ...string) (string, error) {
+	cmd := exec.Command("ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
+	out, err := cmd.CombinedOutput()
+	return strings.TrimSpace(string(out)), err
 }
 
 // IPTablesSave returns the rules (counters stripped, comments dropped) of

@@ -161,75 +161,7 @@ func (b backend) tool(v6 bool, what string) string {
 	return t + "-" + b.variant + "-" + what
 }
 
-// splitIPTablesGolden splits an istio-iptables golden (the commands run:
-// iptables-save, then the IPv4 restore input, then the IPv6 one, each a
-// series of "* table" ... COMMIT blocks in table order) into the two
-// restore payloads, in iptables-restore's own syntax.
-func splitIPTablesGolden(golden string) (v4, v6 string) {
-	var fam [2]strings.Builder
-	cur, last := 0, ""
-	for _, line := range strings.Split(golden, "\n") {
-		switch {
-		case line == "iptables-save" || line == "ip6tables-save" || line == "":
-			continue
-		case strings.HasPrefix(line, "* "):
-			table := strings.TrimPrefix(line, "* ")
-			if last != "" && table <= last {
-				cur = 1
-			}
-			last = table
-			line = "*" + table
-		}
-		fam[cur].WriteString(line + "\n")
-	}
-	return fam[0].String(), fam[1].String()
-}
-
-var (
-	counters    = regexp.MustCompile(` \[\d+:\d+\]$`)
-	comment     = regexp.MustCompile(` -m comment --comment ("[^"]*"|\S+)`)
-	nftCounters = regexp.MustCompile(`counter packets \d+ bytes \d+`)
-)
-
-// normalizeSave keeps what iptables-save prints of the rules: no comment
-// lines, counters or rule comments, no table holding nothing (a table a
-// reader merely instantiated), tables in name order (legacy iptables lists
-// them in the order they were loaded).
-func normalizeSave(save string) string {
-	var out [][]string
-	var table []string
-	rules := false
-	for _, line := range strings.Split(save, "\n") {
-		switch {
-		case line == "" || strings.HasPrefix(line, "#"):
-			continue
-		case strings.HasPrefix(line, "*"):
-			table, rules = []string{line}, false
-			continue
-		case line == "COMMIT":
-			if rules {
-				out = append(out, append(table, line))
-			}
-			table = nil
-			continue
-		case strings.HasPrefix(line, ":"):
-			line = counters.ReplaceAllString(line, "")
-			if f := strings.Fields(line); len(f) > 1 && f[1] == "-" {
-				rules = true // a user chain
-			}
-		default:
-			line = comment.ReplaceAllString(line, "")
-			rules = true
-		}
-		table = append(table, line)
-	}
-	slices.SortFunc(out, func(a, b []string) int { return strings.Compare(a[0], b[0]) })
-	var lines []string
-	for _, t := range out {
-		lines = append(lines, t...)
-	}
-	return strings.Join(lines, "\n")
-}
+var nftCounters = regexp.MustCompile(`counter packets \d+ bytes \d+`)
 
 // tproxyDrop matches meshwire's drop after a tproxy rule (see
 // normalizeNft).
@@ -340,12 +272,12 @@ func compareIPTables(t *testing.T, h *harness.H, bin string, b backend, c captur
 	if err != nil {
 		t.Fatal(err)
 	}
-	gv4, gv6 := splitIPTablesGolden(string(golden))
+	gv4, gv6 := SplitIPTablesGolden(string(golden))
 	if gv4 == "" || (gv6 != "") != c.ipv6 {
 		t.Fatalf("golden %s: IPv4 %d bytes, IPv6 %d bytes; the case has IPv6 %v", c.name, len(gv4), len(gv6), c.ipv6)
 	}
 	save := func(p *pod, v6 bool) string {
-		return normalizeSave(p.mustRun(b.tool(v6, "save")))
+		return NormalizeSave(p.mustRun(b.tool(v6, "save")))
 	}
 	load := func(p *pod, v6 bool, payload string) {
 		t.Helper()

@@ -128,7 +128,7 @@ func TestIstioCNIGoldens(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				gv4, gv6 := splitIPTablesGolden(string(golden))
+				gv4, gv6 := SplitIPTablesGolden(string(golden))
 				if gv4 == "" || gv6 != "" {
 					t.Fatalf("golden %s: IPv4 %d bytes, IPv6 %d bytes", c.golden, len(gv4), len(gv6))
 				}
@@ -136,11 +136,11 @@ func TestIstioCNIGoldens(t *testing.T) {
 				if _, err := istio.run(gv4, nil, b.tool(false, "restore"), "--noflush"); err != nil {
 					t.Fatalf("load golden: %v", err)
 				}
-				want := normalizeSave(istio.mustRun(b.tool(false, "save")))
-				if g := normalizeSave(got.mustRun(b.tool(false, "save"))); g != want {
+				want := NormalizeSave(istio.mustRun(b.tool(false, "save")))
+				if g := NormalizeSave(got.mustRun(b.tool(false, "save"))); g != want {
 					t.Errorf("plugin's rules differ from istio-cni's golden:\n%s--- istio-cni\n%s\n--- plugin\n%s", diffLines(want, g), want, g)
 				}
-				if g := normalizeSave(got.mustRun(b.tool(true, "save"))); g != "" {
+				if g := NormalizeSave(got.mustRun(b.tool(true, "save"))); g != "" {
 					t.Errorf("IPv6 rules in an IPv4 pod:\n%s", g)
 				}
 			})
