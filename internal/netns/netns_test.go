@@ -1,9 +1,6 @@
 package netns
 
 import (
-	"errors"
-	"fmt"
-	"os"
 	"strings"
 	"testing"
 )
@@ -17,86 +14,6 @@ func TestValidName(t *testing.T) {
 	for _, bad := range []string{"", ".", "..", "-a", "a/b", "a b", string(make([]byte, 64)), strings.Repeat("a", 64), "_a", "a\u00e9"} {
 		if ValidName(bad) == nil {
 			t.Errorf("ValidName(%q) accepted", bad)
-		}
-	}
-}
-
-// TestCreateDelete needs root: it makes a real namespace in a private run
-// directory.
-func TestCreateDelete(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("needs root (network namespaces)")
-	}
-	old := RunDir
-	RunDir = t.TempDir()
-	defer func() { RunDir = old }()
-	p, err := Create("mwt-unit")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = Delete("mwt-unit") })
-	if !IsNetNS(p) || !Exists("mwt-unit") {
-		t.Fatal("created namespace is not a namespace mount")
-	}
-	if _, err := Create("mwt-unit"); !errors.Is(err, ErrExists) {
-		t.Fatalf("second Create: %v, want ErrExists", err)
-	}
-	names, err := List()
-	if err != nil || len(names) != 1 || names[0] != "mwt-unit" {
-		t.Fatalf("List = %v, %v", names, err)
-	}
-	entered := false
-	if err := Enter(p, func() error { entered = true; return nil }); err != nil || !entered {
-		t.Fatalf("Enter: %v", err)
-	}
-	if err := Delete("mwt-unit"); err != nil {
-		t.Fatal(err)
-	}
-	if Exists("mwt-unit") {
-		t.Fatal("still there after Delete")
-	}
-	if err := Delete("mwt-unit"); err != nil {
-		t.Fatalf("Delete of a missing namespace: %v", err)
-	}
-	err = Enter(p, func() error { return nil })
-	if !IsGone(err) {
-		t.Fatalf("Enter of a deleted namespace: %v, want IsGone", err)
-	}
-}
-
-// TestCreateLeavesNoThreadBehind: Create switches one thread into the new
-// namespace to mount it; afterwards every thread of the process must be
-// back in the original namespace (a thread left behind would keep the
-// namespace, and its links, alive after Delete, and could run other
-// goroutines there).
-func TestCreateLeavesNoThreadBehind(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Fatal("needs root (network namespaces)")
-	}
-	old := RunDir
-	RunDir = t.TempDir()
-	defer func() { RunDir = old }()
-	self, err := os.Readlink("/proc/thread-self/ns/net")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := 0; i < 30; i++ {
-		name := fmt.Sprintf("mwt-thread-%d", i)
-		if _, err := Create(name); err != nil {
-			t.Fatal(err)
-		}
-		if err := Delete(name); err != nil {
-			t.Fatal(err)
-		}
-	}
-	tasks, err := os.ReadDir("/proc/self/task")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, task := range tasks {
-		l, err := os.Readlink("/proc/self/task/" + task.Name() + "/ns/net")
-		if err == nil && l != self {
-			t.Errorf("thread %s is in %s, not the original %s", task.Name(), l, self)
 		}
 	}
 }

@@ -1,3 +1,5 @@
+//go:build kernel
+
 package bench
 
 import (

@@ -1,3 +1,5 @@
+//go:build kernel
+
 package e2e
 
 import (

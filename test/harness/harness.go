@@ -27,7 +27,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
-	"github.com/meshwire/meshwire/internal/filelock"
+	"github.com/meshwire/meshwire/internal/kerneltest"
 	_ "github.com/meshwire/meshwire/internal/probe" // settles Go's IPv6 probe in the host namespace
 )
 
@@ -104,37 +104,12 @@ type H struct {
 	CNI      *libcni.CNIConfig
 }
 
-// testLock serializes kernel tests across test processes: a test that
-// snapshots the host to find leaks must not see another package's links and
-// rules come and go. Each test binary takes it once and holds it until it
-// exits (the kernel drops an flock with its holder).
-const testLock = "/run/meshwire-tests.lock"
-
-var (
-	lockOnce sync.Once
-	// nodeLock stays referenced for the life of the process: an unreachable
-	// *os.File is closed by its finalizer at the next garbage collection,
-	// which would drop the flock long before the tests end.
-	nodeLock *filelock.Lock
-)
-
-func serialize(t testing.TB) {
-	lockOnce.Do(func() {
-		l, err := filelock.Acquire(testLock, 60*time.Minute)
-		if err != nil {
-			t.Fatalf("waiting for other meshwire kernel tests: %v", err)
-		}
-		nodeLock = l
-	})
-}
-
-// RequireRoot fails the test when not running as root: kernel tests must run,
-// never be skipped.
+// RequireRoot fails the test when not running as root and takes the
+// node-wide lock of kernel tests (kerneltest.Require): kernel tests must
+// run, never be skipped.
 func RequireRoot(t testing.TB) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Fatal("this test drives the kernel (network namespaces, links, firewall) and must run as root; run `make test` as root")
-	}
+	kerneltest.Require(t)
 }
 
 // New returns a harness for t. extraPath directories are searched after the
@@ -142,7 +117,6 @@ func RequireRoot(t testing.TB) {
 func New(t testing.TB, extraPath ...string) *H {
 	t.Helper()
 	RequireRoot(t)
-	serialize(t)
 	h := &H{T: t, BinDir: BinDir(t), CacheDir: t.TempDir()}
 	h.CNIPath = append([]string{h.BinDir}, extraPath...)
 	h.CNI = libcni.NewCNIConfigWithCacheDir(h.CNIPath, h.CacheDir, nil)

@@ -1,3 +1,5 @@
+//go:build kernel
+
 package istio
 
 import (

@@ -1,8 +1,9 @@
+//go:build kernel
+
 package nftnl
 
 import (
 	"bytes"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -14,6 +15,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/meshwire/meshwire/internal/kerneltest"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
@@ -29,52 +31,6 @@ func inNewNS(t *testing.T, fn func() error) {
 	if err := netns.Enter(p, fn); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// rule is what the tests and the benchmark read of a rule: its handle,
-// its comment (userdata, or a comment match) and its target (an xtables
-// target's name, or MASQUERADE for a native masq); the benchmark's library
-// side reads the same (libRule). Typed rules are internal/firewall's.
-type rule struct {
-	Handle          uint64
-	Comment, Target string
-}
-
-func readRule(obj []byte) rule {
-	var r rule
-	EachAttr(obj, func(typ uint16, d []byte) {
-		switch typ {
-		case unix.NFTA_RULE_HANDLE:
-			if len(d) == 8 {
-				r.Handle = binary.BigEndian.Uint64(d)
-			}
-		case unix.NFTA_RULE_USERDATA:
-			r.Comment = UserdataComment(d)
-		case unix.NFTA_RULE_EXPRESSIONS:
-			EachExpr(d, func(name, data []byte) {
-				switch string(name) {
-				case "masq":
-					r.Target = "MASQUERADE"
-				case "match", "target":
-					var xname, info []byte
-					EachAttr(data, func(typ uint16, d []byte) {
-						switch typ {
-						case unix.NFTA_MATCH_NAME: // NFTA_TARGET_NAME
-							xname = CStr(d)
-						case unix.NFTA_MATCH_INFO: // NFTA_TARGET_INFO
-							info = d
-						}
-					})
-					if string(name) == "target" {
-						r.Target = string(xname)
-					} else if string(xname) == "comment" {
-						r.Comment = string(CStr(info))
-					}
-				}
-			})
-		}
-	})
-	return r
 }
 
 // chainRules reads the rules of a chain; a missing table or chain has none.
@@ -156,6 +112,7 @@ func runEnv(env []string, stdin, tool string, args ...string) (string, error) {
 // as selected (none when one of them is gone), in both families; a missing
 // table has no rules.
 func TestTaggedRulesOverNetlink(t *testing.T) {
+	kerneltest.Require(t)
 	inNewNS(t, func() error {
 		c, err := Open()
 		if err != nil {
@@ -209,6 +166,7 @@ func TestTaggedRulesOverNetlink(t *testing.T) {
 // TestNftTablesOverNetlink: inet tables are listed and deleted, and deleting
 // one that is not there is no error.
 func TestNftTablesOverNetlink(t *testing.T) {
+	kerneltest.Require(t)
 	inNewNS(t, func() error {
 		c, err := Open()
 		if err != nil {
@@ -252,6 +210,7 @@ func TestNftTablesOverNetlink(t *testing.T) {
 // TestReleaseHandsOnlyRemovals: Release returns a duplicate of the socket
 // only after a committed removal.
 func TestReleaseHandsOnlyRemovals(t *testing.T) {
+	kerneltest.Require(t)
 	inNewNS(t, func() error {
 		c, err := Open()
 		if err != nil {
@@ -297,6 +256,7 @@ func taggedRules(n int, prefix string) error {
 // skip rules that stay; another connection removes rules from the front of
 // the chain while this one reads it.
 func TestChainRulesConsistentUnderChurn(t *testing.T) {
+	kerneltest.Require(t)
 	inNewNS(t, func() error {
 		const n = 300
 		if err := taggedRules(n, "198.18.81"); err != nil {
@@ -351,68 +311,6 @@ func TestChainRulesConsistentUnderChurn(t *testing.T) {
 	})
 }
 
-// FuzzParseRule: the parsers of kernel messages (EachAttr, EachExpr,
-// UserdataComment, CStr, as readRule puts them together) must not panic
-// whatever the bytes, and report nothing that is not in the message.
-func FuzzParseRule(f *testing.F) {
-	c := &Conn{}
-	msg, _ := c.appendMsg(nil, nftType(unix.NFT_MSG_NEWRULE), 0, unix.NFPROTO_IPV4, 0,
-		Attr{unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, 42)},
-		Attr{unix.NFTA_RULE_USERDATA, append([]byte{0, 4}, "hi\x00\x00"...)})
-	f.Add(msg[unix.NLMSG_HDRLEN+4:])
-	f.Add([]byte{})
-	f.Add([]byte{8, 0, 7, 0, 1, 2})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		r := readRule(b)
-		// Nothing is invented: a handle, comment and target all come from
-		// bytes of the message.
-		if r.Handle != 0 && !bytes.Contains(b, binary.BigEndian.AppendUint64(nil, r.Handle)) {
-			t.Fatalf("handle %d is not in the message", r.Handle)
-		}
-		for _, s := range []string{r.Comment, r.Target} {
-			if s != "" && s != "MASQUERADE" && !bytes.Contains(b, []byte(s)) {
-				t.Fatalf("%q is not in the message", s)
-			}
-		}
-	})
-}
-
-func TestParseRuleBuilt(t *testing.T) {
-	c := &Conn{}
-	msg, _ := c.appendMsg(nil, nftType(unix.NFT_MSG_NEWRULE), 0, unix.NFPROTO_IPV4, 0,
-		Attr{unix.NFTA_RULE_HANDLE, binary.BigEndian.AppendUint64(nil, 42)},
-		Attr{unix.NFTA_RULE_USERDATA, append([]byte{0, 4}, "hi\x00\x00"...)})
-	r := readRule(msg[unix.NLMSG_HDRLEN+4:])
-	if r.Handle != 42 || r.Comment != "hi" {
-		t.Fatalf("parsed %+v", r)
-	}
-}
-
-// TestEncodeExprs: EachExpr reads back the expressions EncodeExprs wrote,
-// in order.
-func TestEncodeExprs(t *testing.T) {
-	cm, err := Comment("hello")
-	if err != nil {
-		t.Fatal(err)
-	}
-	var names []string
-	EachExpr(EncodeExprs([]Expr{NotMulticastDst(), cm, Counter(), Masquerade(IP6)}), func(name, data []byte) {
-		var x string
-		EachAttr(data, func(typ uint16, d []byte) {
-			if typ == unix.NFTA_MATCH_NAME { // NFTA_TARGET_NAME
-				x = "/" + string(CStr(d))
-			}
-		})
-		names = append(names, string(name)+x)
-	})
-	if got := strings.Join(names, " "); got != "match/addrtype match/comment counter target/MASQUERADE" {
-		t.Fatalf("read back %q", got)
-	}
-	if _, err := Comment(strings.Repeat("x", 256)); err == nil {
-		t.Fatal("a comment of 256 bytes was encoded")
-	}
-}
-
 // rawExprs returns the expressions attribute of each rule of chain, as the
 // kernel reports them.
 func rawExprs(c *Conn, f Family, table, chain string) ([][]byte, error) {
@@ -434,6 +332,7 @@ func rawExprs(c *Conn, f Family, table, chain string) ([][]byte, error) {
 // the same line, and iptables-save prints the two alike; for byte-aligned
 // and unaligned prefixes, in both families.
 func TestAppendedRulesAreIPTablesRules(t *testing.T) {
+	kerneltest.Require(t)
 	cases := []struct {
 		f        Family
 		src, dst string
@@ -496,6 +395,7 @@ func TestAppendedRulesAreIPTablesRules(t *testing.T) {
 // TestAppendToMissingChain: appending where iptables-nft has not made the
 // table yet fails with ENOENT (the caller falls back to the tools).
 func TestAppendToMissingChain(t *testing.T) {
+	kerneltest.Require(t)
 	inNewNS(t, func() error {
 		c, err := Open()
 		if err != nil {
@@ -516,6 +416,7 @@ func TestAppendToMissingChain(t *testing.T) {
 // an empty one is refused; a large one (more acknowledgements than the
 // socket's buffer would hold) succeeds.
 func TestBatchOutcome(t *testing.T) {
+	kerneltest.Require(t)
 	inNewNS(t, func() error {
 		const n = 3000
 		if err := taggedRules(n, "198.18.82"); err != nil {

@@ -1,3 +1,5 @@
+//go:build kernel
+
 package ipmasq
 
 import (
@@ -10,6 +12,7 @@ import (
 
 	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/kerneltest"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
@@ -18,6 +21,7 @@ import (
 // describes, as iptables-save prints them; Present sees them and Teardown
 // removes them, leaving another attachment's.
 func TestSetupOverNetlinkIsTheIPTablesRuleset(t *testing.T) {
+	kerneltest.Require(t)
 	name := fmt.Sprintf("mwt-masq-%d", os.Getpid())
 	p, err := netns.Create(name)
 	if err != nil {

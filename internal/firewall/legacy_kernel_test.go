@@ -1,3 +1,5 @@
+//go:build kernel
+
 package firewall
 
 import (
@@ -7,24 +9,15 @@ import (
 	"os/exec"
 	"slices"
 	"testing"
-	"time"
 
-	"github.com/meshwire/meshwire/internal/filelock"
+	"github.com/meshwire/meshwire/internal/kerneltest"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
-// kernelNS runs fn in a throwaway network namespace, holding the node-wide
-// test lock the end-to-end tests hold.
+// kernelNS runs fn in a throwaway network namespace (the caller holds the
+// node-wide test lock: kerneltest.Require).
 func kernelNS(t *testing.T, fn func(name string) error) {
 	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Fatal("kernel test: run as root")
-	}
-	l, err := filelock.Acquire("/run/meshwire-tests.lock", 60*time.Minute)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Release()
 	name := fmt.Sprintf("mwt-fwlegacy-%d", os.Getpid())
 	p, err := netns.Create(name)
 	if err != nil {
@@ -41,6 +34,7 @@ func kernelNS(t *testing.T, fn func(name string) error) {
 // used reads as empty without loading it; Host.ChainNames and HasChain of
 // legacy iptables answer the same with no tool at hand.
 func TestLegacyChains(t *testing.T) {
+	kerneltest.Require(t)
 	kernelNS(t, func(name string) error {
 		for _, f := range []Family{V4, V6} {
 			got, err := legacyChainNames(f, "nat")

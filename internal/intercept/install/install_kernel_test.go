@@ -1,3 +1,5 @@
+//go:build kernel
+
 package install
 
 import (
@@ -10,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/meshwire/meshwire/internal/intercept"
+	"github.com/meshwire/meshwire/internal/kerneltest"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
@@ -18,14 +21,12 @@ import (
 // back (over netlink, or legacy iptables' text) are recognised as the ones
 // written, and removal by position goes through the real tools.
 func TestKernelLifecycle(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	kerneltest.Require(t)
 	ctx := context.Background()
 	for _, b := range allBackends {
 		t.Run(b.String(), func(t *testing.T) {
 			if !toolsPresent(b) {
-				t.Skipf("%s is not installed", b)
+				t.Fatalf("%s is not installed (make test installs it: test/deps.sh)", b)
 			}
 			name := fmt.Sprintf("mwt-icpt-%d-%s", os.Getpid(), b)
 			p, err := netns.Create(name)

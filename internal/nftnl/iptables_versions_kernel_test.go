@@ -1,3 +1,5 @@
+//go:build kernel
+
 package nftnl
 
 import (
@@ -8,6 +10,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/meshwire/meshwire/internal/kerneltest"
 )
 
 // The rules the codec appends must be ordinary iptables-nft rules for every
@@ -116,6 +120,7 @@ var codecCases = []codecCase{
 // back, in `-S` and in `-save`, as the lines they encode, for each
 // iptables-nft tested.
 func TestCodecRulesReadByIPTablesVersions(t *testing.T) {
+	kerneltest.Require(t)
 	for _, in := range iptablesInstalls(t) {
 		t.Run(in.name, func(t *testing.T) {
 			version, err := in.run("", "iptables-nft", "--version")

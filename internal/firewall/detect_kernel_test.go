@@ -1,3 +1,5 @@
+//go:build kernel
+
 package firewall
 
 import (
@@ -8,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/meshwire/meshwire/internal/kerneltest"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
@@ -34,12 +37,10 @@ func detectWithTools(ctx context.Context) Backend {
 // TestDetectMatchesTheTools: in namespaces set up as nodes and pods are,
 // Detect answers what the tools answer.
 func TestDetectMatchesTheTools(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	kerneltest.Require(t)
 	for _, tool := range []string{"iptables-legacy", "iptables-nft", "ip6tables-nft", "nft"} {
 		if _, err := exec.LookPath(tool); err != nil {
-			t.Skipf("%s is not installed", tool)
+			t.Fatalf("%s is not installed (make test installs it: test/deps.sh)", tool)
 		}
 	}
 	ctx := context.Background()

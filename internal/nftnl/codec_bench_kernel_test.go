@@ -1,3 +1,5 @@
+//go:build kernel
+
 package nftnl
 
 import (
@@ -21,7 +23,7 @@ import (
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/meshwire/meshwire/internal/filelock"
+	"github.com/meshwire/meshwire/internal/kerneltest"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
@@ -66,14 +68,7 @@ import (
 const benchBackground = 100
 
 func BenchmarkCodecVsLibrary(b *testing.B) {
-	if os.Geteuid() != 0 {
-		b.Fatal("this benchmark drives nf_tables in a network namespace and must run as root")
-	}
-	l, err := filelock.Acquire("/run/meshwire-tests.lock", 60*time.Minute)
-	if err != nil {
-		b.Fatalf("waiting for other meshwire kernel tests: %v", err)
-	}
-	defer l.Release()
+	kerneltest.Require(b)
 	b.Run("add", func(b *testing.B) { benchInNS(b, benchAdd) })
 	b.Run("del", func(b *testing.B) { benchInNS(b, benchDel) })
 	b.Run("dump1000", func(b *testing.B) { benchInNS(b, benchDump) })
@@ -788,6 +783,8 @@ func lastLine(out, prefix string) string {
 // TestCodecBenchChild is the fresh process of BenchmarkCodecVsLibrary's
 // fresh-add; without its environment it does nothing.
 func TestCodecBenchChild(t *testing.T) {
+	// No kerneltest.Require: the benchmark that starts this process holds
+	// the node lock.
 	which := os.Getenv("MW_CODEC_BENCH_CHILD")
 	if which == "" {
 		return

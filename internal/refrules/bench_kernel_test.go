@@ -1,3 +1,5 @@
+//go:build kernel
+
 package refrules
 
 import (
@@ -9,6 +11,7 @@ import (
 
 	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/kerneltest"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
@@ -19,6 +22,7 @@ import (
 //
 //	go test -run '^$' -bench DelNothingThere ./internal/refrules/
 func BenchmarkDelNothingThere(b *testing.B) {
+	kerneltest.Require(b)
 	r := attachment.Reference{Network: "mynet", ContainerID: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", IfName: "eth0"}
 	for _, withNat := range []bool{false, true} {
 		name := fmt.Sprintf("mwt-refrules-bench-%v", withNat)

@@ -1,3 +1,5 @@
+//go:build kernel
+
 package firewall
 
 import (
@@ -9,6 +11,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/meshwire/meshwire/internal/kerneltest"
 	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/internal/nftnl"
 )
@@ -22,9 +25,7 @@ import (
 // "decode" is the decoder alone, on the chain's rules as the kernel dumped
 // them; "read" is ReadChain on an open connection (kernel dump included).
 func BenchmarkReadChain(b *testing.B) {
-	if os.Geteuid() != 0 {
-		b.Fatal("this benchmark loads rules in a network namespace and must run as root")
-	}
+	kerneltest.Require(b)
 	for _, pods := range []int{100, 1000} {
 		name := fmt.Sprintf("mwt-fwread-%d", os.Getpid())
 		p, err := netns.Create(name)

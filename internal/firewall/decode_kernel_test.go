@@ -1,3 +1,5 @@
+//go:build kernel
+
 package firewall
 
 import (
@@ -7,6 +9,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/meshwire/meshwire/internal/kerneltest"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
@@ -15,9 +18,7 @@ import (
 // decoder and the Fake's parser agree), for a native table and for
 // iptables-nft rules.
 func TestReadsMatchTheFake(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root")
-	}
+	kerneltest.Require(t)
 	name := fmt.Sprintf("mwt-fwdec-%d", os.Getpid())
 	p, err := netns.Create(name)
 	if err != nil {

@@ -1,0 +1,45 @@
+// Package kerneltest is the one door of meshwire's kernel tests: the tests
+// that create network namespaces, links, firewall rules or BPF objects,
+// run firewall tools or read the host's state. They live in files built
+// with the "kernel" tag (`//go:build kernel`), which `make test` and
+// `make bench` set and `make unit` does not, and each starts with Require:
+// without root it fails (CI runs as root, so a kernel test never passes by
+// skipping), and it takes the node-wide test lock, so that kernel tests of
+// different packages never run at the same time (a test that snapshots
+// the host for leaks must not see another's links and rules come and go).
+package kerneltest
+
+import (
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/meshwire/meshwire/internal/filelock"
+)
+
+// LockFile is the node-wide lock of kernel tests.
+const LockFile = "/run/meshwire-tests.lock"
+
+var (
+	once sync.Once
+	// held stays referenced for the life of the process: an unreachable
+	// *os.File is closed by its finalizer at the next garbage collection,
+	// which would drop the flock long before the tests end.
+	held    *filelock.Lock
+	lockErr error
+)
+
+// Require fails t unless the process runs as root, then takes the
+// node-wide lock, once per test process (held until the process exits:
+// the kernel drops an flock with its holder).
+func Require(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Fatal("a kernel test (network namespaces, links, firewall, BPF) must run as root: run `make test` as root; `make unit` leaves it out")
+	}
+	once.Do(func() { held, lockErr = filelock.Acquire(LockFile, 60*time.Minute) })
+	if lockErr != nil {
+		t.Fatalf("waiting for other meshwire kernel tests: %v", lockErr)
+	}
+}

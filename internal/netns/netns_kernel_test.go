@@ -1,0 +1,129 @@
+//go:build kernel
+
+package netns
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/kerneltest"
+	"github.com/vishvananda/netlink"
+)
+
+// TestCreateDelete needs root: it makes a real namespace in a private run
+// directory.
+func TestCreateDelete(t *testing.T) {
+	kerneltest.Require(t)
+	old := RunDir
+	RunDir = t.TempDir()
+	defer func() { RunDir = old }()
+	p, err := Create("mwt-unit")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = Delete("mwt-unit") })
+	if !IsNetNS(p) || !Exists("mwt-unit") {
+		t.Fatal("created namespace is not a namespace mount")
+	}
+	if _, err := Create("mwt-unit"); !errors.Is(err, ErrExists) {
+		t.Fatalf("second Create: %v, want ErrExists", err)
+	}
+	names, err := List()
+	if err != nil || len(names) != 1 || names[0] != "mwt-unit" {
+		t.Fatalf("List = %v, %v", names, err)
+	}
+	entered := false
+	if err := Enter(p, func() error { entered = true; return nil }); err != nil || !entered {
+		t.Fatalf("Enter: %v", err)
+	}
+	if err := Delete("mwt-unit"); err != nil {
+		t.Fatal(err)
+	}
+	if Exists("mwt-unit") {
+		t.Fatal("still there after Delete")
+	}
+	if err := Delete("mwt-unit"); err != nil {
+		t.Fatalf("Delete of a missing namespace: %v", err)
+	}
+	err = Enter(p, func() error { return nil })
+	if !IsGone(err) {
+		t.Fatalf("Enter of a deleted namespace: %v, want IsGone", err)
+	}
+}
+
+// TestCreateLeavesNoThreadBehind: Create switches one thread into the new
+// namespace to mount it; afterwards every thread of the process must be
+// back in the original namespace (a thread left behind would keep the
+// namespace, and its links, alive after Delete, and could run other
+// goroutines there).
+func TestCreateLeavesNoThreadBehind(t *testing.T) {
+	kerneltest.Require(t)
+	old := RunDir
+	RunDir = t.TempDir()
+	defer func() { RunDir = old }()
+	self, err := os.Readlink("/proc/thread-self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 30; i++ {
+		name := fmt.Sprintf("mwt-thread-%d", i)
+		if _, err := Create(name); err != nil {
+			t.Fatal(err)
+		}
+		if err := Delete(name); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tasks, err := os.ReadDir("/proc/self/task")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		l, err := os.Readlink("/proc/self/task/" + task.Name() + "/ns/net")
+		if err == nil && l != self {
+			t.Errorf("thread %s is in %s, not the original %s", task.Name(), l, self)
+		}
+	}
+}
+
+// TestOpenStillThere needs root: it opens a real namespace, reads its
+// loopback through the handle, and sees the namespace go.
+func TestOpenStillThere(t *testing.T) {
+	kerneltest.Require(t)
+	old := RunDir
+	RunDir = t.TempDir()
+	defer func() { RunDir = old }()
+	p, err := Create("mwt-open")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = Delete("mwt-open") })
+	ns, err := Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	lo, err := ns.NL.LinkByName("lo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.NL.LinkSetUp(lo); err != nil {
+		t.Fatal(err)
+	}
+	addrs, err := ns.NL.AddrList(lo, netlink.FAMILY_V4)
+	if err != nil || len(addrs) != 1 || addrs[0].IP.String() != "127.0.0.1" {
+		t.Fatalf("addresses of lo in the namespace: %v, %v", addrs, err)
+	}
+	if err := ns.StillThere(p); err != nil {
+		t.Fatalf("StillThere on a live namespace: %v", err)
+	}
+	if err := Delete("mwt-open"); err != nil {
+		t.Fatal(err)
+	}
+	if err := ns.StillThere(p); cnierr.Code(err) != cnierr.CodeInvalidEnv {
+		t.Fatalf("StillThere after delete: %v", err)
+	}
+}
