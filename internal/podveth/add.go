@@ -24,27 +24,103 @@ import (
 	"github.com/meshwire/meshwire/internal/undo"
 )
 
-// An ADD of the bridge and of the veth plugin runs these steps, in this
-// order; each plugin's cmdAdd reads as this list, with its own work where
-// the list says "the plugin's":
+// Plugin is what the bridge and the veth plugin each bring to the ADD that
+// RunAdd runs for both: the steps where they differ.
+type Plugin interface {
+	// HostSide makes what the pair attaches to (bridge: the bridge; veth:
+	// nothing).
+	HostSide(x *Add) error
+	// AttachHostEnd sets the new host end up as the plugin needs, ending
+	// with it up (bridge: a port of the bridge; veth: only up), and returns
+	// the result's interfaces, the pod's last.
+	AttachHostEnd(x *Add, host, cont netlink.Link) ([]*current.Interface, error)
+	// Firewall installs the plugin's own rules for the pod (bridge:
+	// macspoofchk), pushing their removal onto x.Undo.
+	Firewall(ctx context.Context, x *Add, host, cont netlink.Link) error
+	// WithoutIPAM finishes the pod interface of a config without IPAM (a
+	// bridge's): RunAdd then skips the addressing steps.
+	WithoutIPAM(x *Add, cont netlink.Link) error
+	// HostAddressing gives the host side its addresses and routes for the
+	// result's IPs, forwarding included (bridge: the gateway addresses;
+	// veth: the host end's addresses and routes to the pod), and says how
+	// the pod interface is addressed.
+	HostAddressing(x *Add, host, cont netlink.Link, result *current.Result) (PodAddressing, error)
+	// Complete fills in what is known last (bridge: MACs, taken when the
+	// first port joins).
+	Complete(result *current.Result)
+}
+
+// PodAddressing is how ConfigurePod addresses the pod interface.
+type PodAddressing struct {
+	Routes  []*types.Route
+	Sysctls addressing.IfaceSysctls
+	Options addressing.Options
+	Extra   []netlink.Route // routes added after the addresses (veth: through its host end)
+}
+
+// RunAdd is the ADD of the bridge and of the veth plugin, the steps in the
+// order both run them, with p's work where they differ:
 //
-//  1. Attachment.BeginAdd: CNI_IFNAME checked, the pod's namespace opened,
-//     IPAM started in the background (it needs no link). Add.End, deferred
-//     right after, undoes every recorded step when a later one fails.
-//  2. The plugin's host side that the pair attaches to (bridge: the bridge).
-//  3. Add.CreateVeth: the pair, its host end taking no router
-//     advertisements; then the plugin's settings of the host end, ending
-//     with it up (bridge: a port of the bridge; veth: only up).
-//  4. The plugin's own firewall rules for the pod (bridge: macspoofchk).
-//  5. Add.WaitIPAM: the pod's addresses.
-//  6. The plugin's host addressing, forwarding included (bridge: the gateway
-//     addresses; veth: the host end's addresses and routes to the pod).
-//  7. Add.ConfigurePod: the pod interface's sysctls, addresses and routes.
-//  8. Add.Masquerade, when ipMasq is set.
-//  9. Add.Finish: the namespace must still be there, the addresses are
-//     announced, the config's dns applied and the result printed.
-//
-// A bridge without IPAM skips 5 to 8 and only sets the pod interface up.
+//  1. BeginAdd: CNI_IFNAME checked, the pod's namespace opened, IPAM
+//     started in the background (it needs no link); End, deferred, undoes
+//     every recorded step when a later one fails.
+//  2. p.HostSide.
+//  3. CreateVeth: the pair, its host end taking no router advertisements;
+//     then p.AttachHostEnd.
+//  4. p.Firewall.
+//  5. WaitIPAM: the pod's addresses (without IPAM: p.WithoutIPAM, and on
+//     to 9).
+//  6. p.HostAddressing.
+//  7. ConfigurePod: the pod interface's sysctls, addresses and routes.
+//  8. Masquerade, when ipMasq is set.
+//  9. p.Complete, then Finish: the namespace must still be there, the
+//     addresses are announced, the config's dns applied and the result
+//     printed in cniVersion.
+func (a *Attachment) RunAdd(ctx context.Context, p Plugin, mtu int, dns types.DNS, cniVersion string) (err error) {
+	x, err := a.BeginAdd(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { x.End(err) }()
+	if err := p.HostSide(x); err != nil {
+		return err
+	}
+	host, cont, err := x.CreateVeth(mtu)
+	if err != nil {
+		return err
+	}
+	ifaces, err := p.AttachHostEnd(x, host, cont)
+	if err != nil {
+		return err
+	}
+	result := &current.Result{CNIVersion: current.ImplementedSpecVersion, Interfaces: ifaces}
+	if err := p.Firewall(ctx, x, host, cont); err != nil {
+		return err
+	}
+	if x.IPAM == nil {
+		if err := p.WithoutIPAM(x, cont); err != nil {
+			return err
+		}
+	} else {
+		ipamRes, err := x.WaitIPAM()
+		if err != nil {
+			return err
+		}
+		result.IPs, result.Routes, result.DNS = ipamRes.IPs, ipamRes.Routes, ipamRes.DNS
+		pa, err := p.HostAddressing(x, host, cont, result)
+		if err != nil {
+			return err
+		}
+		if err := x.ConfigurePod(cont, result.IPs, pa.Routes, pa.Sysctls, pa.Options, pa.Extra...); err != nil {
+			return err
+		}
+		if err := x.Masquerade(ctx, result.IPs); err != nil {
+			return err
+		}
+	}
+	p.Complete(result)
+	return x.Finish(result, dns, cniVersion)
+}
 
 // Add is an ADD in progress: the pod's namespace, what to undo if ADD fails,
 // and the IPAM call running in the background (nil without IPAM).

@@ -34,90 +34,92 @@ func attachment(c *config, args *skel.CmdArgs) *podveth.Attachment {
 	return podveth.NewAttachment(args, &c.Base, &c.Common, c.res)
 }
 
-// cmdAdd runs the steps of a veth-based plugin's ADD in their shared order
-// (see internal/podveth, add.go), with the bridge's own work in between.
-func cmdAdd(args *skel.CmdArgs) (err error) {
+// cmdAdd runs the ADD bridge and veth share (podveth.RunAdd) with the
+// bridge's steps.
+func cmdAdd(args *skel.CmdArgs) error {
 	conf, err := parseConfig(args.StdinData, args.Args)
 	if err != nil {
 		return err
 	}
-	ctx := context.Background()
-	add, err := attachment(conf, args).BeginAdd(ctx)
-	if err != nil {
+	return attachment(conf, args).RunAdd(context.Background(), &bridgeAdd{conf: conf, args: args}, conf.MTU, conf.DNS, conf.CNIVersion)
+}
+
+// bridgeAdd is the bridge's part of an ADD (podveth.Plugin).
+type bridgeAdd struct {
+	conf *config
+	args *skel.CmdArgs
+	br   *netlink.Bridge
+}
+
+func (b *bridgeAdd) HostSide(x *podveth.Add) (err error) {
+	if b.br, err = ensureBridge(b.conf); err != nil {
 		return err
 	}
-	defer func() { add.End(err) }()
+	x.Steps.Mark("bridge")
+	return nil
+}
 
-	br, err := ensureBridge(conf)
-	if err != nil {
+func (b *bridgeAdd) AttachHostEnd(x *podveth.Add, host, cont netlink.Link) ([]*current.Interface, error) {
+	if err := attachPort(b.conf, b.br, host); err != nil {
+		return nil, err
+	}
+	x.Steps.Mark("port")
+	return []*current.Interface{
+		{Name: b.br.Attrs().Name},
+		{Name: host.Attrs().Name},
+		{Name: b.args.IfName, Mac: cont.Attrs().HardwareAddr.String(), Sandbox: b.args.Netns},
+	}, nil
+}
+
+func (b *bridgeAdd) Firewall(ctx context.Context, x *podveth.Add, host, cont netlink.Link) error {
+	if !b.conf.MacSpoofChk {
+		return nil
+	}
+	if err := macSpoofSetup(ctx, b.conf, b.args, host.Attrs().Name, cont.Attrs().HardwareAddr); err != nil {
 		return err
 	}
-	add.Steps.Mark("bridge")
+	x.Undo.Push(func() {
+		if tail, _ := macSpoofTeardown(b.conf, b.args); tail != nil {
+			_ = tail.Close()
+		}
+	})
+	return nil
+}
 
-	host, cont, err := add.CreateVeth(conf.MTU)
-	if err != nil {
-		return err
+func (b *bridgeAdd) WithoutIPAM(x *podveth.Add, cont netlink.Link) error {
+	if b.conf.DisableContainerInterface {
+		return nil
 	}
-	hostName := host.Attrs().Name
-	if err := attachPort(conf, br, host); err != nil {
-		return err
+	if err := x.NS.NL.LinkSetUp(cont); err != nil {
+		return cnierr.Internal("set %s up: %v", b.args.IfName, err)
 	}
-	add.Steps.Mark("port")
-	result := &current.Result{
-		CNIVersion: current.ImplementedSpecVersion,
-		Interfaces: []*current.Interface{
-			{Name: br.Attrs().Name},
-			{Name: hostName},
-			{Name: args.IfName, Mac: cont.Attrs().HardwareAddr.String(), Sandbox: args.Netns},
-		},
-	}
+	return nil
+}
 
-	if conf.MacSpoofChk {
-		if err := macSpoofSetup(ctx, conf, args, hostName, cont.Attrs().HardwareAddr); err != nil {
-			return err
-		}
-		add.Undo.Push(func() {
-			if tail, _ := macSpoofTeardown(conf, args); tail != nil {
-				_ = tail.Close()
-			}
-		})
-	}
-
-	if add.IPAM == nil {
-		if !conf.DisableContainerInterface {
-			if err := add.NS.NL.LinkSetUp(cont); err != nil {
-				return cnierr.Internal("set %s up: %v", args.IfName, err)
-			}
-		}
-	} else {
-		ipamRes, err := add.WaitIPAM()
-		if err != nil {
-			return err
-		}
-		result.IPs, result.Routes, result.DNS = ipamRes.IPs, ipamRes.Routes, ipamRes.DNS
-		gws := planGateways(result, conf.IsGateway, conf.IsDefaultGateway, idxContainer)
-		if conf.IsGateway {
-			if err := setupGateways(conf, br, gws, result); err != nil {
-				return err
-			}
-		}
-		sys := addressing.IfaceSysctls{SetDAD: true, DAD: conf.EnableDAD, ArpNotify: true}
-		if err := add.ConfigurePod(cont, result.IPs, result.Routes, sys, addressing.Options{DAD: conf.EnableDAD}); err != nil {
-			return err
-		}
-		if err := add.Masquerade(ctx, result.IPs); err != nil {
-			return err
+func (b *bridgeAdd) HostAddressing(x *podveth.Add, host, cont netlink.Link, result *current.Result) (podveth.PodAddressing, error) {
+	conf := b.conf
+	gws := planGateways(result, conf.IsGateway, conf.IsDefaultGateway, idxContainer)
+	if conf.IsGateway {
+		if err := setupGateways(conf, b.br, gws, result); err != nil {
+			return podveth.PodAddressing{}, err
 		}
 	}
+	return podveth.PodAddressing{
+		Routes:  result.Routes,
+		Sysctls: addressing.IfaceSysctls{SetDAD: true, DAD: conf.EnableDAD, ArpNotify: true},
+		Options: addressing.Options{DAD: conf.EnableDAD},
+	}, nil
+}
 
-	// MACs last: the bridge takes one when its first port joins.
-	if l, err := netlinksafe.LinkByName(hostName); err == nil {
+// Complete takes the MACs last: the bridge takes one when its first port
+// joins.
+func (b *bridgeAdd) Complete(result *current.Result) {
+	if l, err := netlinksafe.LinkByName(result.Interfaces[idxHost].Name); err == nil {
 		result.Interfaces[idxHost].Mac = l.Attrs().HardwareAddr.String()
 	}
-	if l, err := netlinksafe.LinkByName(conf.Bridge); err == nil {
+	if l, err := netlinksafe.LinkByName(b.conf.Bridge); err == nil {
 		result.Interfaces[idxBridge].Mac = l.Attrs().HardwareAddr.String()
 	}
-	return add.Finish(result, conf.DNS, conf.CNIVersion)
 }
 
 // setupGateways puts the gateway addresses on the bridge, or on the VLAN's

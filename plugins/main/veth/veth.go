@@ -26,62 +26,57 @@ func attachment(c *config, args *skel.CmdArgs) *podveth.Attachment {
 	return podveth.NewAttachment(args, &c.Base, &c.Common, c.res)
 }
 
-// cmdAdd runs the steps of a veth-based plugin's ADD in their shared order
-// (see internal/podveth, add.go), with the veth plugin's own work in
-// between.
-func cmdAdd(args *skel.CmdArgs) (err error) {
+// cmdAdd runs the ADD bridge and veth share (podveth.RunAdd) with the veth
+// plugin's steps.
+func cmdAdd(args *skel.CmdArgs) error {
 	conf, err := parseConfig(args.StdinData, args.Args)
 	if err != nil {
 		return err
 	}
-	ctx := context.Background()
-	add, err := attachment(conf, args).BeginAdd(ctx)
-	if err != nil {
-		return err
-	}
-	defer func() { add.End(err) }()
+	return attachment(conf, args).RunAdd(context.Background(), &vethAdd{args: args}, conf.MTU, conf.DNS, conf.CNIVersion)
+}
 
-	host, cont, err := add.CreateVeth(conf.MTU)
-	if err != nil {
-		return err
-	}
-	hostName := host.Attrs().Name
+// vethAdd is the veth plugin's part of an ADD (podveth.Plugin): no host
+// side to attach to, the host end routed to the pod.
+type vethAdd struct{ args *skel.CmdArgs }
+
+func (vethAdd) HostSide(*podveth.Add) error { return nil }
+
+func (v vethAdd) AttachHostEnd(_ *podveth.Add, host, cont netlink.Link) ([]*current.Interface, error) {
 	if err := netlink.LinkSetUp(host); err != nil {
-		return cnierr.Internal("set %s up: %v", hostName, err)
+		return nil, cnierr.Internal("set %s up: %v", host.Attrs().Name, err)
 	}
+	return []*current.Interface{
+		{Name: host.Attrs().Name, Mac: host.Attrs().HardwareAddr.String()},
+		{Name: v.args.IfName, Mac: cont.Attrs().HardwareAddr.String(), Sandbox: v.args.Netns},
+	}, nil
+}
 
-	ipamRes, err := add.WaitIPAM()
-	if err != nil {
-		return err
-	}
-	result := &current.Result{
-		CNIVersion: current.ImplementedSpecVersion,
-		Interfaces: []*current.Interface{
-			{Name: hostName, Mac: host.Attrs().HardwareAddr.String()},
-			{Name: args.IfName, Mac: cont.Attrs().HardwareAddr.String(), Sandbox: args.Netns},
-		},
-		IPs: ipamRes.IPs, Routes: ipamRes.Routes, DNS: ipamRes.DNS,
-	}
+func (vethAdd) Firewall(context.Context, *podveth.Add, netlink.Link, netlink.Link) error { return nil }
+
+// WithoutIPAM cannot happen: the config requires ipam.
+func (vethAdd) WithoutIPAM(*podveth.Add, netlink.Link) error {
+	return cnierr.Field("ipam.type", "missing: the veth plugin needs an IPAM plugin for the pod's addresses")
+}
+
+// HostAddressing gives the host end the pod's gateway addresses and routes
+// to the pod (first: the pod's routes point at its gateway address); the
+// pod's routes go through the host end, without prefix routes.
+func (vethAdd) HostAddressing(_ *podveth.Add, host, cont netlink.Link, result *current.Result) (podveth.PodAddressing, error) {
 	for _, ipc := range result.IPs {
 		ipc.Interface = current.Int(idxContainer)
 	}
 	croutes, err := containerRoutes(result.IPs, result.Routes, cont.Attrs().Index)
 	if err != nil {
-		return cnierr.Internal("%v", err)
+		return podveth.PodAddressing{}, cnierr.Internal("%v", err)
 	}
-	// Host end first: the pod's routes point at its gateway address.
 	if err := setupHost(host, result.IPs); err != nil {
-		return err
+		return podveth.PodAddressing{}, err
 	}
-	opt := addressing.Options{SkipRoutes: true, NoPrefixRoute: true}
-	if err := add.ConfigurePod(cont, result.IPs, nil, addressing.IfaceSysctls{}, opt, croutes...); err != nil {
-		return err
-	}
-	if err := add.Masquerade(ctx, result.IPs); err != nil {
-		return err
-	}
-	return add.Finish(result, conf.DNS, conf.CNIVersion)
+	return podveth.PodAddressing{Options: addressing.Options{SkipRoutes: true, NoPrefixRoute: true}, Extra: croutes}, nil
 }
+
+func (vethAdd) Complete(*current.Result) {}
 
 // setupHost turns forwarding on and gives the host end the pod's gateway
 // addresses and the routes to the pod.
