@@ -242,3 +242,26 @@ func EnableForwarding(v4, v6 bool) error {
 	}
 	return nil
 }
+
+// NextIP returns a+1 in a new slice of a's length, wrapping at the top of
+// the family: the first address of a subnet from its network address
+// (host-local's and the bridge's default gateway), and host-local's walk
+// through a range. Not containernetworking/plugins' ip.NextIP: that one
+// panics on the family's last address (255.255.255.255 and its IPv6 twin)
+// and, on this project's machines, takes 135 ns and 4 allocations against
+// 11 ns and 1 (go test -bench on both, 2026-11-25), in host-local's
+// allocation loop.
+func NextIP(a net.IP) net.IP {
+	if v4 := a.To4(); v4 != nil && len(a) == net.IPv6len {
+		return NextIP(v4).To16() // an IPv4 address in 16 bytes wraps as IPv4
+	}
+	n := make(net.IP, len(a))
+	copy(n, a)
+	for i := len(n) - 1; i >= 0; i-- {
+		n[i]++
+		if n[i] != 0 {
+			break
+		}
+	}
+	return n
+}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"strings"
 
+	"github.com/meshwire/meshwire/internal/addressing"
 	"github.com/meshwire/meshwire/internal/cnierr"
 )
 
@@ -64,10 +65,10 @@ func parseRange(field string, r rawRange) (Range, error) {
 		}
 		return a, nil
 	}
-	if out.Gateway, err = bound("gateway", r.Gateway, false, nextIP(network)); err != nil {
+	if out.Gateway, err = bound("gateway", r.Gateway, false, addressing.NextIP(network)); err != nil {
 		return out, err
 	}
-	if out.RangeStart, err = bound("rangeStart", r.RangeStart, true, nextIP(network)); err != nil {
+	if out.RangeStart, err = bound("rangeStart", r.RangeStart, true, addressing.NextIP(network)); err != nil {
 		return out, err
 	}
 	if out.RangeEnd, err = bound("rangeEnd", r.RangeEnd, true, lastIP(out.Subnet)); err != nil {
@@ -207,7 +208,7 @@ func (s RangeSet) NextFree(last net.IP, taken func(net.IP) bool) (net.IP, *Range
 			cur = s[ri].RangeStart
 			return
 		}
-		cur = nextIP(cur)
+		cur = addressing.NextIP(cur)
 	}
 	advance()
 	start := cur
@@ -221,17 +222,4 @@ func (s RangeSet) NextFree(last net.IP, taken func(net.IP) bool) (net.IP, *Range
 			return nil, nil
 		}
 	}
-}
-
-// nextIP returns a+1 in a new slice (wrapping at the top of the family).
-func nextIP(a net.IP) net.IP {
-	n := make(net.IP, len(a))
-	copy(n, a)
-	for i := len(n) - 1; i >= 0; i-- {
-		n[i]++
-		if n[i] != 0 {
-			break
-		}
-	}
-	return n
 }

@@ -5,6 +5,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/meshwire/meshwire/internal/addressing"
 )
 
 // gateways is, per family, the bridge addresses to configure.
@@ -25,7 +26,7 @@ func planGateways(res *current.Result, isGW, isDefaultGW bool, contIdx int) gate
 		v4 := ipc.Address.IP.To4() != nil
 		ipc.Interface = current.Int(contIdx)
 		if ipc.Gateway == nil && isGW {
-			ipc.Gateway = nextIP(ipc.Address.IP.Mask(ipc.Address.Mask))
+			ipc.Gateway = addressing.NextIP(ipc.Address.IP.Mask(ipc.Address.Mask))
 		}
 		if isDefaultGW && !seenDefault[v4] {
 			def := net.IPNet{IP: net.IPv6zero, Mask: net.CIDRMask(0, 128)}
@@ -88,20 +89,4 @@ func judgeAddr(existing, want net.IPNet, force bool) addrAction {
 		return addrConflict
 	}
 	return addrKeep
-}
-
-// nextIP returns ip + 1.
-func nextIP(ip net.IP) net.IP {
-	out := make(net.IP, len(ip))
-	copy(out, ip)
-	for i := len(out) - 1; i >= 0; i-- {
-		out[i]++
-		if out[i] != 0 {
-			break
-		}
-	}
-	if v4 := out.To4(); v4 != nil {
-		return v4
-	}
-	return out
 }
