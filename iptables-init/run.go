@@ -10,7 +10,7 @@ import (
 	"github.com/meshwire/meshwire/internal/buildinfo"
 	"github.com/meshwire/meshwire/internal/intercept"
 	"github.com/meshwire/meshwire/internal/intercept/flags"
-	"github.com/meshwire/meshwire/internal/intercept/install"
+	"github.com/meshwire/meshwire/internal/intercept/apply"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
@@ -80,17 +80,17 @@ func execute(ctx context.Context, o flags.Options, stdout io.Writer, rep *report
 		}
 		cfg.DNSServers = intercept.ParseResolvConf(string(text))
 	}
-	addrs, err := install.LocalAddrs()
+	addrs, err := apply.LocalAddrs()
 	if err != nil {
 		return fail("list the pod's addresses: %v", err)
 	}
-	ipv6 := install.WantIPv6(o.DualStack, addrs)
+	ipv6 := apply.WantIPv6(o.DualStack, addrs)
 
 	if o.CleanupOnly {
 		return cleanup(ctx, cfg, o.DryRun, stdout, rep)
 	}
 	if !o.SkipRuleApply {
-		if code := apply(ctx, o, cfg, ipv6, stdout, rep); code != ExitOK || o.DryRun {
+		if code := install(ctx, o, cfg, ipv6, stdout, rep); code != ExitOK || o.DryRun {
 			return code
 		}
 	}
@@ -102,7 +102,7 @@ func execute(ctx context.Context, o flags.Options, stdout io.Writer, rep *report
 
 // cleanup is --cleanup-only.
 func cleanup(ctx context.Context, cfg intercept.Config, dryRun bool, stdout io.Writer, rep *reporter) int {
-	out, err := install.Cleanup(ctx, install.Request{Config: cfg}, dryRun)
+	out, err := apply.Cleanup(ctx, apply.Request{Config: cfg}, dryRun)
 	if dryRun {
 		fmt.Fprint(stdout, out)
 	}
@@ -116,15 +116,15 @@ func cleanup(ctx context.Context, cfg intercept.Config, dryRun bool, stdout io.W
 	return ExitOK
 }
 
-// apply installs the rules (or, with --dry-run, prints what it would do).
-func apply(ctx context.Context, o flags.Options, cfg intercept.Config, ipv6 bool, stdout io.Writer, rep *reporter) int {
-	req := install.Request{Config: cfg, IPv6: ipv6, Backend: o.Backend, Reconcile: o.Reconcile, Force: o.ForceApply}
-	plan, err := install.Prepare(ctx, req)
+// install installs the rules (or, with --dry-run, prints what it would do).
+func install(ctx context.Context, o flags.Options, cfg intercept.Config, ipv6 bool, stdout io.Writer, rep *reporter) int {
+	req := apply.Request{Config: cfg, IPv6: ipv6, Backend: o.Backend, Reconcile: o.Reconcile, Force: o.ForceApply}
+	plan, err := apply.Prepare(ctx, req)
 	if o.DryRun && plan != nil {
 		fmt.Fprint(stdout, plan.String())
 	}
 	if err != nil {
-		if errors.Is(err, install.ErrDifferent) {
+		if errors.Is(err, apply.ErrDifferent) {
 			rep.errorf("%v. Nothing was changed.", err)
 		} else {
 			rep.errorf("%v", err)
@@ -159,7 +159,7 @@ func validate(ctx context.Context, o flags.Options, cfg intercept.Config, ipv6 b
 	if ipv6 {
 		fams = append(fams, intercept.V6)
 	}
-	if err := install.Validate(ctx, cfg, fams, o.ProbePort, o.ProbeTimeout); err != nil {
+	if err := apply.Validate(ctx, cfg, fams, o.ProbePort, o.ProbeTimeout); err != nil {
 		rep.errorf("validation failed: %v", err)
 		return ExitValidation
 	}

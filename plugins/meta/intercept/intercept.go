@@ -12,17 +12,17 @@ import (
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/intercept/flags"
-	"github.com/meshwire/meshwire/internal/intercept/install"
+	"github.com/meshwire/meshwire/internal/intercept/apply"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
 // request builds the install request for the namespace the thread is in.
-func request(o flags.Options, reconcile bool) (install.Request, error) {
-	addrs, err := install.LocalAddrs()
+func request(o flags.Options, reconcile bool) (apply.Request, error) {
+	addrs, err := apply.LocalAddrs()
 	if err != nil {
-		return install.Request{}, err
+		return apply.Request{}, err
 	}
-	return install.Request{Config: o.Config, IPv6: install.WantIPv6(o.DualStack, addrs), Backend: o.Backend, Reconcile: reconcile}, nil
+	return apply.Request{Config: o.Config, IPv6: apply.WantIPv6(o.DualStack, addrs), Backend: o.Backend, Reconcile: reconcile}, nil
 }
 
 // chained decodes the config of ADD and CHECK, which need a prevResult
@@ -59,14 +59,14 @@ func cmdAdd(args *skel.CmdArgs) error {
 		}
 		// A repeated ADD converges on the config: same rules, nothing done;
 		// other rules (a config change), replaced without a gap.
-		plan, err := install.Prepare(ctx, req)
+		plan, err := apply.Prepare(ctx, req)
 		if err != nil {
 			return err
 		}
 		// Apply also restores policy routing that went missing; with the
 		// rules in place it changes nothing else.
 		if err := plan.Apply(ctx); err != nil {
-			if _, uerr := install.Cleanup(ctx, install.Request{Config: o.Config}, false); uerr != nil {
+			if _, uerr := apply.Cleanup(ctx, apply.Request{Config: o.Config}, false); uerr != nil {
 				slog.Warn("undoing a failed ADD", "error", uerr)
 			}
 			return err
@@ -89,7 +89,7 @@ func cmdDel(args *skel.CmdArgs) error {
 		return nil // the rules lived in the namespace, gone with it
 	}
 	err = netns.Enter(args.Netns, func() error {
-		_, err := install.Cleanup(context.Background(), install.Request{Config: o.Config}, false)
+		_, err := apply.Cleanup(context.Background(), apply.Request{Config: o.Config}, false)
 		return err
 	})
 	if netns.IsGone(err) {
@@ -112,18 +112,18 @@ func cmdCheck(args *skel.CmdArgs) error {
 		if err != nil {
 			return err
 		}
-		plan, err := install.Prepare(context.Background(), req)
+		plan, err := apply.Prepare(context.Background(), req)
 		if !d.Intercept {
 			// ADD left this pod alone: there must be nothing.
 			switch {
-			case errors.Is(err, install.ErrDifferent) || (err == nil && plan.UpToDate()):
+			case errors.Is(err, apply.ErrDifferent) || (err == nil && plan.UpToDate()):
 				return cnierr.CheckFailed("interception rules in %s, which is not intercepted (%s)", args.Netns, d.Why)
 			case err != nil:
 				return cnierr.Wrap(err, "read the interception rules")
 			}
 			return nil
 		}
-		if errors.Is(err, install.ErrDifferent) {
+		if errors.Is(err, apply.ErrDifferent) {
 			return cnierr.CheckFailed("%v", err)
 		}
 		if err != nil {
@@ -132,7 +132,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 		if !plan.UpToDate() {
 			return cnierr.CheckFailed("interception rules are missing in %s (%s)", args.Netns, plan.Backend)
 		}
-		missing, err := install.MissingSteps(plan.Add)
+		missing, err := apply.MissingSteps(plan.Add)
 		if err != nil {
 			return cnierr.Wrap(err, "read the policy routing")
 		}

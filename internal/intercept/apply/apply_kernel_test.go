@@ -1,6 +1,6 @@
 //go:build kernel
 
-package install
+package apply
 
 import (
 	"context"

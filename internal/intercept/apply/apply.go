@@ -1,4 +1,4 @@
-// Package install applies meshwire's interception rule model (package
+// Package apply applies meshwire's interception rule model (package
 // intercept) to the network namespace the calling thread is in: it reads
 // what is installed as typed rules through the firewall front door
 // (firewall.Interface: netlink for nf_tables, legacy iptables' text only
@@ -7,7 +7,7 @@
 // rule set, and applies it together with the TPROXY policy routing
 // (through netlink). Both the iptables-init command and the intercept CNI
 // plugin use it; tests give it firewall.Fakes (Request.Firewall).
-package install
+package apply
 
 import (
 	"context"
