@@ -65,12 +65,7 @@ func TakeSnapshot(dirs ...string) (*Snapshot, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%s: %v", tool, err)
 		}
-		for _, line := range strings.Split(string(out), "\n") {
-			if line == "" || strings.HasPrefix(line, "#") {
-				continue
-			}
-			s.Parts[tool] = append(s.Parts[tool], counters.ReplaceAllString(line, ""))
-		}
+		s.Parts[tool] = saveLines(string(out))
 	}
 	if _, err := exec.LookPath("nft"); err == nil {
 		// -s (stateless): without the counters that any traffic changes.
@@ -96,6 +91,39 @@ func TakeSnapshot(dirs ...string) (*Snapshot, error) {
 		sort.Strings(s.Parts[k])
 	}
 	return s, nil
+}
+
+// saveLines are the lines of iptables-save output that say something,
+// counters removed, leaving out each table that holds nothing but its
+// built-in chains with policy ACCEPT: what merely reading a table leaves
+// behind (legacy iptables instantiates a table when a tool reads it, and
+// nothing unloads it), on a host where any tool may read any table.
+func saveLines(save string) []string {
+	var out, table []string
+	empty := true
+	for _, line := range strings.Split(save, "\n") {
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		line = counters.ReplaceAllString(line, "")
+		table = append(table, line)
+		switch {
+		case strings.HasPrefix(line, "*"):
+			table, empty = []string{line}, true
+		case strings.HasPrefix(line, ":"):
+			if f := strings.Fields(line); len(f) < 2 || f[1] != "ACCEPT" {
+				empty = false // a user chain ("-"), or a policy set
+			}
+		case line == "COMMIT":
+			if !empty {
+				out = append(out, table...)
+			}
+			table = nil
+		default:
+			empty = false
+		}
+	}
+	return out
 }
 
 // Diff lists what is in after but not in s, and what disappeared, per part.
