@@ -40,7 +40,7 @@ var hookNames = map[uint32]string{
 // table is not there.
 func readTable(c *nftnl.Conn, fam TableFamily, name string) (*Table, error) {
 	t := &Table{Family: fam, Name: name}
-	err := c.Get(unix.NFT_MSG_GETTABLE, nftnl.Family(fam), []nftnl.Attr{nftnl.StrAttr(unix.NFTA_TABLE_NAME, name)}, func(obj []byte) {
+	err := c.Get(unix.NFT_MSG_GETTABLE, fam, []nftnl.Attr{nftnl.StrAttr(unix.NFTA_TABLE_NAME, name)}, func(obj []byte) {
 		nftnl.EachAttr(obj, func(typ uint16, d []byte) {
 			if typ == nftaTableUserdata {
 				t.Comment = nftnl.UserdataComment(d)
@@ -54,7 +54,7 @@ func readTable(c *nftnl.Conn, fam TableFamily, name string) (*Table, error) {
 		return nil, fmt.Errorf("nf_tables: read table %s %s: %w", fam.Name(), name, err)
 	}
 	var rules []Rule
-	err = c.Dump(unix.NFT_MSG_GETCHAIN, nftnl.Family(fam), []nftnl.Attr{nftnl.StrAttr(unix.NFTA_CHAIN_TABLE, name)},
+	err = c.Dump(unix.NFT_MSG_GETCHAIN, fam, []nftnl.Attr{nftnl.StrAttr(unix.NFTA_CHAIN_TABLE, name)},
 		func() { t.Chains = t.Chains[:0] },
 		func(obj []byte) {
 			if ch := decodeChain(fam, obj); ch.Table == name {
@@ -83,7 +83,7 @@ func readTable(c *nftnl.Conn, fam TableFamily, name string) (*Table, error) {
 // table) is not there.
 func readChain(c *nftnl.Conn, fam TableFamily, table, chain string) (*Chain, error) {
 	var ch *Chain
-	err := c.Get(unix.NFT_MSG_GETCHAIN, nftnl.Family(fam), []nftnl.Attr{nftnl.StrAttr(unix.NFTA_CHAIN_TABLE, table), nftnl.StrAttr(unix.NFTA_CHAIN_NAME, chain)},
+	err := c.Get(unix.NFT_MSG_GETCHAIN, fam, []nftnl.Attr{nftnl.StrAttr(unix.NFTA_CHAIN_TABLE, table), nftnl.StrAttr(unix.NFTA_CHAIN_NAME, chain)},
 		func(obj []byte) { ch = decodeChain(fam, obj) })
 	var rules []Rule
 	if err == nil {
@@ -107,7 +107,7 @@ func readChain(c *nftnl.Conn, fam TableFamily, table, chain string) (*Chain, err
 
 // hasTable tells whether a table is there (one request).
 func hasTable(c *nftnl.Conn, fam TableFamily, name string) (bool, error) {
-	err := c.Get(unix.NFT_MSG_GETTABLE, nftnl.Family(fam), []nftnl.Attr{nftnl.StrAttr(unix.NFTA_TABLE_NAME, name)}, func([]byte) {})
+	err := c.Get(unix.NFT_MSG_GETTABLE, fam, []nftnl.Attr{nftnl.StrAttr(unix.NFTA_TABLE_NAME, name)}, func([]byte) {})
 	if errors.Is(err, unix.ENOENT) {
 		return false, nil
 	}
@@ -116,7 +116,7 @@ func hasTable(c *nftnl.Conn, fam TableFamily, name string) (bool, error) {
 
 // hasChain tells whether a chain is there (one request).
 func hasChain(c *nftnl.Conn, fam TableFamily, table, chain string) (bool, error) {
-	err := c.Get(unix.NFT_MSG_GETCHAIN, nftnl.Family(fam), []nftnl.Attr{nftnl.StrAttr(unix.NFTA_CHAIN_TABLE, table), nftnl.StrAttr(unix.NFTA_CHAIN_NAME, chain)}, func([]byte) {})
+	err := c.Get(unix.NFT_MSG_GETCHAIN, fam, []nftnl.Attr{nftnl.StrAttr(unix.NFTA_CHAIN_TABLE, table), nftnl.StrAttr(unix.NFTA_CHAIN_NAME, chain)}, func([]byte) {})
 	if errors.Is(err, unix.ENOENT) {
 		return false, nil
 	}
@@ -128,7 +128,7 @@ func hasChain(c *nftnl.Conn, fam TableFamily, table, chain string) (bool, error)
 // the table is not there.
 func chainNames(c *nftnl.Conn, fam TableFamily, table string) ([]string, error) {
 	var names []string
-	err := c.Dump(unix.NFT_MSG_GETCHAIN, nftnl.Family(fam), []nftnl.Attr{nftnl.StrAttr(unix.NFTA_CHAIN_TABLE, table)},
+	err := c.Dump(unix.NFT_MSG_GETCHAIN, fam, []nftnl.Attr{nftnl.StrAttr(unix.NFTA_CHAIN_TABLE, table)},
 		func() { names = names[:0] },
 		func(obj []byte) {
 			var t, n []byte
@@ -164,7 +164,7 @@ func readRules(c *nftnl.Conn, fam TableFamily, table, chain string) ([]Rule, err
 	}
 	var rules []Rule
 	names := strs{}
-	err := c.Dump(unix.NFT_MSG_GETRULE, nftnl.Family(fam), attrs,
+	err := c.Dump(unix.NFT_MSG_GETRULE, fam, attrs,
 		func() { rules = rules[:0] },
 		func(obj []byte) { rules = append(rules, decodeRule(fam, obj, names)) })
 	return rules, err
@@ -212,7 +212,7 @@ func decodeChain(fam TableFamily, obj []byte) *Chain {
 func deleteHandles(c *nftnl.Conn, rules []Rule) error {
 	ids := make([]nftnl.RuleID, len(rules))
 	for i, r := range rules {
-		ids[i] = nftnl.RuleID{Family: nftnl.Family(r.Family), Table: r.Table, Chain: r.Chain, Handle: r.Handle}
+		ids[i] = nftnl.RuleID{Family: r.Family, Table: r.Table, Chain: r.Chain, Handle: r.Handle}
 	}
 	return c.DeleteRules(ids)
 }

@@ -40,7 +40,7 @@ func encodeRule(r Rule) (nftnl.NewRule, error) {
 	if rest := encodable(r); rest != (Rule{}) {
 		return nftnl.NewRule{}, fmt.Errorf("append to %s %s %s: the rule has fields that are not encoded (%+v)", r.Family.Name(), r.Table, r.Chain, rest)
 	}
-	fam := nftnl.Family(r.Family)
+	fam := r.Family
 	var exprs []nftnl.Expr
 	for _, m := range []struct {
 		p           netip.Prefix
@@ -95,7 +95,7 @@ func encodeRules(rules []Rule) ([]nftnl.NewRule, error) {
 
 // decodeAppended reads an encoded rule the way a netlink read would.
 func decodeAppended(nr nftnl.NewRule) Rule {
-	r := Rule{Family: TableFamily(nr.Family), Table: nr.Table, Chain: nr.Chain}
+	r := Rule{Family: nr.Family, Table: nr.Table, Chain: nr.Chain}
 	decodeExprs(nftnl.EncodeExprs(nr.Exprs), &r)
 	return r
 }

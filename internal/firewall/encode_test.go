@@ -37,7 +37,7 @@ func TestEncodeMasqueradeRule(t *testing.T) {
 		_, src, _ := net.ParseCIDR(c.src)
 		_, dst, _ := net.ParseCIDR(c.dst)
 		cm, _ := nftnl.Comment(r.Comment)
-		f := nftnl.Family(c.fam)
+		f := c.fam
 		want := append(nftnl.AddrMatch(f, false, c.notSrc, *src), nftnl.AddrMatch(f, true, true, *dst)...)
 		want = append(want, nftnl.NotMulticastDst(), cm, nftnl.Counter(), nftnl.Masquerade(f))
 		if nr.Family != f || nr.Table != "nat" || nr.Chain != "POSTROUTING" || !bytes.Equal(nftnl.EncodeExprs(nr.Exprs), nftnl.EncodeExprs(want)) {

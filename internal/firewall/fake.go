@@ -332,7 +332,7 @@ func (f *Fake) AppendRules(_ context.Context, rules []Rule) error {
 	}
 	return f.tx("append", func(state map[tableKey]*fakeTable) error {
 		for _, nr := range encoded {
-			fam := TableFamily(nr.Family)
+			fam := nr.Family
 			t := state[tableKey{fam, nr.Table}]
 			if t == nil || t.chain(nr.Chain) == nil {
 				return fmt.Errorf("append to %s %s %s: %w", fam.Name(), nr.Table, nr.Chain, unix.ENOENT)

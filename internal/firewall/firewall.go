@@ -20,6 +20,7 @@ import (
 
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/nftnl"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // Kind is the firewall API in use.
@@ -69,15 +70,13 @@ func Parse(s string) (Backend, error) {
 	return Backend{}, fmt.Errorf("unknown firewall backend %q (want iptables, nftables, legacy or nft)", s)
 }
 
-// Family is an address family: 4 or 6.
-type Family int
+// Family is an address family: 4 or 6 (ruleset's IPVersion).
+type Family = ruleset.IPVersion
 
 const (
-	V4 Family = 4
-	V6 Family = 6
+	V4 = ruleset.V4
+	V6 = ruleset.V6
 )
-
-func (f Family) String() string { return fmt.Sprintf("IPv%d", int(f)) }
 
 // tool returns the binary name for an iptables tool ("restore", "save").
 func (b Backend) tool(f Family, what string) string {
@@ -267,8 +266,8 @@ func lookInNFTables(b Backend) (rules, native bool, err error) {
 	}
 	defer c.Close()
 	_, nftErr := exec.LookPath("nft")
-	for _, fam := range []TableFamily{IP, IP6, Inet, unix.NFPROTO_ARP, Bridge, unix.NFPROTO_NETDEV} {
-		names, err := c.Tables(nftnl.Family(fam))
+	for _, fam := range []TableFamily{IP, IP6, Inet, ruleset.ARP, Bridge, ruleset.Netdev} {
+		names, err := c.Tables(fam)
 		if err != nil {
 			return false, false, err
 		}
@@ -285,7 +284,7 @@ func lookInNFTables(b Backend) (rules, native bool, err error) {
 				continue
 			}
 			count := 0
-			err := c.Dump(unix.NFT_MSG_GETRULE, nftnl.Family(fam), []nftnl.Attr{nftnl.StrAttr(unix.NFTA_RULE_TABLE, n)},
+			err := c.Dump(unix.NFT_MSG_GETRULE, fam, []nftnl.Attr{nftnl.StrAttr(unix.NFTA_RULE_TABLE, n)},
 				func() { count = 0 }, func([]byte) { count++ })
 			if err != nil {
 				return false, false, err

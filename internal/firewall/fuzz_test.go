@@ -97,7 +97,7 @@ func FuzzParseIPTablesSave(f *testing.F) {
 func FuzzDecodeRule(f *testing.F) {
 	f.Add([]byte{})
 	cm, _ := nftnl.Comment("hi")
-	exprs := nftnl.EncodeExprs([]nftnl.Expr{nftnl.NotMulticastDst(), cm, nftnl.Counter(), nftnl.Masquerade(nftnl.Family(IP))})
+	exprs := nftnl.EncodeExprs([]nftnl.Expr{nftnl.NotMulticastDst(), cm, nftnl.Counter(), nftnl.Masquerade(IP)})
 	f.Add(ruleAttrs(exprs))
 	// The xtables matches and targets decoded, with info blobs of the
 	// sizes the kernel's structs have (and one byte short of them).

@@ -311,7 +311,7 @@ func (h *Host) Tables(ctx context.Context, fam TableFamily) ([]string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return c.Tables(nftnl.Family(fam))
+	return c.Tables(fam)
 }
 
 func (h *Host) HasTable(ctx context.Context, fam TableFamily, table string) (bool, error) {
@@ -438,5 +438,5 @@ func (h *Host) DeleteTables(ctx context.Context, fam TableFamily, names []string
 	if err != nil {
 		return err
 	}
-	return c.DeleteTables(nftnl.Family(fam), names)
+	return c.DeleteTables(fam, names)
 }

@@ -63,7 +63,7 @@ func benchReadChain(b *testing.B, nsPath string, pods int) error {
 			return err
 		}
 		defer c.Close()
-		return c.Dump(unix.NFT_MSG_GETRULE, nftnl.Family(IP), []nftnl.Attr{nftnl.StrAttr(unix.NFTA_RULE_TABLE, "nat"), nftnl.StrAttr(unix.NFTA_RULE_CHAIN, "POSTROUTING")},
+		return c.Dump(unix.NFT_MSG_GETRULE, IP, []nftnl.Attr{nftnl.StrAttr(unix.NFTA_RULE_TABLE, "nat"), nftnl.StrAttr(unix.NFTA_RULE_CHAIN, "POSTROUTING")},
 			func() { objs = objs[:0] }, func(obj []byte) { objs = append(objs, append([]byte(nil), obj...)) })
 	})
 	if err != nil || len(objs) != pods {

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"unicode"
 
-	"golang.org/x/sys/unix"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // Typed rules: what meshwire reads back from the host, whatever the
@@ -16,55 +16,19 @@ import (
 // iptables-legacy the address is only a name), so every table is named by
 // a TableFamily and a name.
 
-// TableFamily is the family of an nf_tables table (NFPROTO_*).
-type TableFamily byte
+// TableFamily is the family of an nf_tables table: ruleset's, the one
+// NFPROTO type of the project.
+type TableFamily = ruleset.Family
 
 const (
-	IP     TableFamily = unix.NFPROTO_IPV4
-	IP6    TableFamily = unix.NFPROTO_IPV6
-	Inet   TableFamily = unix.NFPROTO_INET
-	Bridge TableFamily = unix.NFPROTO_BRIDGE
+	IP     = ruleset.IP
+	IP6    = ruleset.IP6
+	Inet   = ruleset.Inet
+	Bridge = ruleset.Bridge
 )
 
-func (f TableFamily) String() string { return f.Name() }
-
-// Tables is the table family that holds family f's iptables tables.
-func (f Family) Tables() TableFamily {
-	if f == V6 {
-		return IP6
-	}
-	return IP
-}
-
-// Name is the nft keyword of a table family.
-func (f TableFamily) Name() string {
-	switch f {
-	case IP:
-		return "ip"
-	case IP6:
-		return "ip6"
-	case Bridge:
-		return "bridge"
-	case Inet:
-		return "inet"
-	}
-	return fmt.Sprintf("family-%d", byte(f))
-}
-
 // ParseTableFamily reads an nft family keyword.
-func ParseTableFamily(s string) (TableFamily, error) {
-	switch s {
-	case "ip":
-		return IP, nil
-	case "ip6":
-		return IP6, nil
-	case "inet":
-		return Inet, nil
-	case "bridge":
-		return Bridge, nil
-	}
-	return 0, fmt.Errorf("unknown nftables family %q", s)
-}
+func ParseTableFamily(s string) (TableFamily, error) { return ruleset.ParseFamily(s) }
 
 // Rule is one rule as read back: where it is, and what it matches and does,
 // as typed values. The match fields' zero values mean "not matched on".

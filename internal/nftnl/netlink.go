@@ -10,34 +10,21 @@ import (
 	"strings"
 	"time"
 
+	"github.com/meshwire/meshwire/internal/ruleset"
 	"golang.org/x/sys/unix"
 )
 
 // Family is an nf_tables table family (NFPROTO_*), the family of every
 // message about a table and what is in it. iptables-nft keeps the IPv4
 // tables in IP and the IPv6 ones in IP6.
-type Family byte
+type Family = ruleset.Family
 
 const (
-	IP     Family = unix.NFPROTO_IPV4
-	IP6    Family = unix.NFPROTO_IPV6
-	Inet   Family = unix.NFPROTO_INET
-	Bridge Family = unix.NFPROTO_BRIDGE
+	IP     = ruleset.IP
+	IP6    = ruleset.IP6
+	Inet   = ruleset.Inet
+	Bridge = ruleset.Bridge
 )
-
-func (f Family) String() string {
-	switch f {
-	case IP:
-		return "ip"
-	case IP6:
-		return "ip6"
-	case Inet:
-		return "inet"
-	case Bridge:
-		return "bridge"
-	}
-	return fmt.Sprintf("family-%d", byte(f))
-}
 
 // Conn is a netlink connection to nf_tables in the calling thread's network
 // namespace, for a series of reads and transactions. It speaks the few
