@@ -3,6 +3,8 @@ package intercept
 import (
 	"net/netip"
 	"slices"
+
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // TableRules is what one table holds: its user chains, in the order they
@@ -10,7 +12,7 @@ import (
 type TableRules struct {
 	Name   string
 	Chains []string
-	Rules  []Rule
+	Rules  []ruleset.Rule
 }
 
 // RuleSet is the rule set of one iptables address family (Family V4 or
@@ -65,7 +67,7 @@ func BuildNft(cfg Config, ipv6 bool) *RuleSet {
 // insert it at a position (0 is the chain's head).
 type op struct {
 	table  string
-	rule   Rule
+	rule   ruleset.Rule
 	insert bool
 	pos    int
 }
@@ -80,11 +82,11 @@ type builder struct {
 	ops  []op
 }
 
-func (b *builder) add(table string, r Rule) { b.ops = append(b.ops, op{table: table, rule: r}) }
+func (b *builder) add(table string, r ruleset.Rule) { b.ops = append(b.ops, op{table: table, rule: r}) }
 
 // add4 and add6 append a rule of one family; IPv6 ones only with IPv6.
-func (b *builder) add4(table string, r Rule) { r.Family = V4; b.add(table, r) }
-func (b *builder) add6(table string, r Rule) {
+func (b *builder) add4(table string, r ruleset.Rule) { r.Family = V4; b.add(table, r) }
+func (b *builder) add6(table string, r ruleset.Rule) {
 	if b.ipv6 {
 		r.Family = V6
 		b.add(table, r)
@@ -93,51 +95,60 @@ func (b *builder) add6(table string, r Rule) {
 
 // addBoth appends a rule for each family, with the family's own value
 // (istio's AppendVersionedRule): rule(V4), then rule(V6).
-func (b *builder) addBoth(table string, rule func(Family) Rule) {
+func (b *builder) addBoth(table string, rule func(Family) ruleset.Rule) {
 	b.add4(table, rule(V4))
 	b.add6(table, rule(V6))
 }
 
-func (b *builder) insert(table string, pos int, r Rule) {
+func (b *builder) insert(table string, pos int, r ruleset.Rule) {
 	b.ops = append(b.ops, op{table: table, rule: r, insert: true, pos: pos})
 }
 
-func (b *builder) insert4(table string, pos int, r Rule) { r.Family = V4; b.insert(table, pos, r) }
-func (b *builder) insert6(table string, pos int, r Rule) {
+func (b *builder) insert4(table string, pos int, r ruleset.Rule) {
+	r.Family = V4
+	b.insert(table, pos, r)
+}
+func (b *builder) insert6(table string, pos int, r ruleset.Rule) {
 	if b.ipv6 {
 		r.Family = V6
 		b.insert(table, pos, r)
 	}
 }
 
-func rule(chain string, t Target, m ...Match) Rule { return Rule{Chain: chain, Match: m, Target: t} }
+func rule(chain string, t ruleset.Target, m ...ruleset.Match) ruleset.Rule {
+	return ruleset.Rule{Chain: chain, Match: m, Target: t}
+}
 
-func jump(chain string) Target    { return Target{Kind: Jump, Chain: chain} }
-func ret() Target                 { return Target{Kind: Return} }
-func redirect(port uint16) Target { return Target{Kind: Redirect, Port: port} }
-func zone(z uint16) Target        { return Target{Kind: CTZone, Zone: z} }
+func jump(chain string) ruleset.Target    { return ruleset.Target{Kind: ruleset.Jump, Chain: chain} }
+func ret() ruleset.Target                 { return ruleset.Target{Kind: ruleset.Return} }
+func redirect(port uint16) ruleset.Target { return ruleset.Target{Kind: ruleset.Redirect, Port: port} }
+func zone(z uint16) ruleset.Target        { return ruleset.Target{Kind: ruleset.CTZone, Zone: z} }
 
-func in(ifc string) Match         { return Match{Kind: MatchIn, Name: ifc} }
-func out(ifc string) Match        { return Match{Kind: MatchOut, Name: ifc} }
-func proto(p string) Match        { return Match{Kind: MatchProto, Name: p} }
-func src(p netip.Prefix) Match    { return Match{Kind: MatchSrc, Prefix: p} }
-func dst(p netip.Prefix) Match    { return Match{Kind: MatchDst, Prefix: p} }
-func notDst(p netip.Prefix) Match { return Match{Kind: MatchDst, Prefix: p, Not: true} }
-func sport(p string, port uint16) Match {
-	return Match{Kind: MatchSPort, Name: p, Ports: []uint16{port}}
+func in(ifc string) ruleset.Match      { return ruleset.Match{Kind: ruleset.MatchIn, Name: ifc} }
+func out(ifc string) ruleset.Match     { return ruleset.Match{Kind: ruleset.MatchOut, Name: ifc} }
+func proto(p string) ruleset.Match     { return ruleset.Match{Kind: ruleset.MatchProto, Name: p} }
+func src(p netip.Prefix) ruleset.Match { return ruleset.Match{Kind: ruleset.MatchSrc, Prefix: p} }
+func dst(p netip.Prefix) ruleset.Match { return ruleset.Match{Kind: ruleset.MatchDst, Prefix: p} }
+func notDst(p netip.Prefix) ruleset.Match {
+	return ruleset.Match{Kind: ruleset.MatchDst, Prefix: p, Not: true}
 }
-func dport(p string, ports ...uint16) Match {
-	return Match{Kind: MatchDPort, Name: p, Ports: ports}
+func sport(p string, port uint16) ruleset.Match {
+	return ruleset.Match{Kind: ruleset.MatchSPort, Name: p, Ports: []uint16{port}}
 }
-func notDport(p string, ports ...uint16) Match {
-	return Match{Kind: MatchDPort, Name: p, Ports: ports, Not: true}
+func dport(p string, ports ...uint16) ruleset.Match {
+	return ruleset.Match{Kind: ruleset.MatchDPort, Name: p, Ports: ports}
 }
-func mark(v uint32) Match              { return Match{Kind: MatchMark, Value: v} }
-func notMark(v uint32) Match           { return Match{Kind: MatchMark, Value: v, Not: true} }
-func connmark(v uint32) Match          { return Match{Kind: MatchConnMark, Value: v} }
-func ctstate(s string) Match           { return Match{Kind: MatchCTState, Name: s} }
-func owner(o Owner) Match              { return o.match(false) }
-func notOwner(o Owner) Match           { return o.match(true) }
+func notDport(p string, ports ...uint16) ruleset.Match {
+	return ruleset.Match{Kind: ruleset.MatchDPort, Name: p, Ports: ports, Not: true}
+}
+func mark(v uint32) ruleset.Match { return ruleset.Match{Kind: ruleset.MatchMark, Value: v} }
+func notMark(v uint32) ruleset.Match {
+	return ruleset.Match{Kind: ruleset.MatchMark, Value: v, Not: true}
+}
+func connmark(v uint32) ruleset.Match  { return ruleset.Match{Kind: ruleset.MatchConnMark, Value: v} }
+func ctstate(s string) ruleset.Match   { return ruleset.Match{Kind: ruleset.MatchCTState, Name: s} }
+func owner(o Owner) ruleset.Match      { return o.match(false) }
+func notOwner(o Owner) ruleset.Match   { return o.match(true) }
 func single(a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, a.BitLen()) }
 
 // Owner is a proxy uid or gid.
@@ -146,12 +157,12 @@ type Owner struct {
 	GID bool
 }
 
-func (o Owner) match(neg bool) Match {
-	k := MatchUID
+func (o Owner) match(neg bool) ruleset.Match {
+	k := ruleset.MatchUID
 	if o.GID {
-		k = MatchGID
+		k = ruleset.MatchGID
 	}
-	return Match{Kind: k, Value: o.ID, Not: neg}
+	return ruleset.Match{Kind: k, Value: o.ID, Not: neg}
 }
 
 // lo is the pod's loopback range of family f (istio's
@@ -174,7 +185,7 @@ func (b *builder) run() {
 		} else {
 			b.add(Mangle, rule("PREROUTING", jump(ChainDrop), ctstate("INVALID")))
 		}
-		b.add(Mangle, rule(ChainDrop, Target{Kind: Drop}))
+		b.add(Mangle, rule(ChainDrop, ruleset.Target{Kind: ruleset.Drop}))
 	}
 	if b.vmTProxy() {
 		// Not istio's (see vmTProxy): a VM's outbound connections skip
@@ -195,7 +206,7 @@ func (b *builder) run() {
 		b.add(NAT, rule(ChainOutput, ret(), dport("tcp", p)))
 		b.add(NAT, rule(ChainOutput, ret(), dport("udp", p)))
 	}
-	b.addBoth(NAT, func(f Family) Rule {
+	b.addBoth(NAT, func(f Family) ruleset.Rule {
 		return rule(ChainOutput, ret(), out("lo"), src(single(PassthroughSource(f))))
 	})
 	for _, o := range owners(cfg) {
@@ -205,7 +216,7 @@ func (b *builder) run() {
 	if redirectDNS {
 		b.dns()
 	}
-	b.addBoth(NAT, func(f Family) Rule { return rule(ChainOutput, ret(), dst(b.lo(f))) })
+	b.addBoth(NAT, func(f Family) ruleset.Rule { return rule(ChainOutput, ret(), dst(b.lo(f))) })
 	for _, f := range []Family{V4, V6} {
 		for _, p := range prefixesOf(f, cfg.OutboundCIDRsExclude) {
 			b.addFamily(f, NAT, rule(ChainOutput, ret(), dst(p)))
@@ -220,7 +231,7 @@ func (b *builder) run() {
 	}
 }
 
-func (b *builder) addFamily(f Family, table string, r Rule) {
+func (b *builder) addFamily(f Family, table string, r ruleset.Rule) {
 	if f == V4 {
 		b.add4(table, r)
 	} else {
@@ -265,17 +276,17 @@ func (b *builder) inbound() {
 	table := NAT
 	if cfg.Mode == ModeTProxy {
 		table = Mangle
-		b.add(Mangle, rule(ChainDivert, Target{Kind: SetMark, Mark: cfg.TProxyMark}))
-		b.add(Mangle, rule(ChainDivert, Target{Kind: Accept}))
-		b.addBoth(Mangle, func(f Family) Rule {
-			return rule(ChainTProxy, Target{Kind: TProxy, Port: cfg.InboundCapturePort, Mark: cfg.TProxyMark}, proto("tcp"), notDst(b.lo(f)))
+		b.add(Mangle, rule(ChainDivert, ruleset.Target{Kind: ruleset.SetMark, Mark: cfg.TProxyMark}))
+		b.add(Mangle, rule(ChainDivert, ruleset.Target{Kind: ruleset.Accept}))
+		b.addBoth(Mangle, func(f Family) ruleset.Rule {
+			return rule(ChainTProxy, ruleset.Target{Kind: ruleset.TProxy, Port: cfg.InboundCapturePort, Mark: cfg.TProxyMark}, proto("tcp"), notDst(b.lo(f)))
 		})
 	}
 	b.add(table, rule("PREROUTING", jump(ChainInbound), proto("tcp")))
 	if b.vmTProxy() {
 		// Not istio's (see vmTProxy): replies to the connections the pod
 		// forwards for a VM are routed on to the VM, not diverted to lo.
-		b.add(Mangle, rule(ChainInbound, ret(), proto("tcp"), ctstate("RELATED,ESTABLISHED"), Match{Kind: MatchCTDir, Name: "REPLY"}))
+		b.add(Mangle, rule(ChainInbound, ret(), proto("tcp"), ctstate("RELATED,ESTABLISHED"), ruleset.Match{Kind: ruleset.MatchCTDir, Name: "REPLY"}))
 	}
 	if cfg.InboundPorts.All {
 		for _, p := range cfg.InboundPortsExclude {
@@ -317,8 +328,8 @@ func (b *builder) proxyOwner(o Owner, redirectDNS bool) {
 	if cfg.InboundTunnelPort != 0 {
 		self = append(self, cfg.InboundTunnelPort)
 	}
-	b.addBoth(NAT, func(f Family) Rule {
-		m := []Match{out("lo"), proto("tcp"), notDst(b.lo(f))}
+	b.addBoth(NAT, func(f Family) ruleset.Rule {
+		m := []ruleset.Match{out("lo"), proto("tcp"), notDst(b.lo(f))}
 		if len(self) > 0 {
 			m = append(m, notDport("tcp", self...))
 		}
@@ -346,7 +357,7 @@ func (b *builder) ownerGroups() {
 		}
 		return
 	}
-	var noneOf []Match
+	var noneOf []ruleset.Match
 	for _, gid := range g.GIDs {
 		noneOf = append(noneOf, notOwner(Owner{ID: gid, GID: true}))
 	}
@@ -375,9 +386,9 @@ func (b *builder) dns() {
 			// istio-nftables writes "meta l4proto tcp" before the TCP
 			// port only (a port match alone implies its protocol, and
 			// IPTables renders -p for it).
-			m := []Match{dport(p, 53)}
+			m := []ruleset.Match{dport(p, 53)}
 			if p == "tcp" {
-				m = append([]Match{proto("tcp")}, m...)
+				m = append([]ruleset.Match{proto("tcp")}, m...)
 			}
 			b.add(NAT, rule(ChainOutputDNS, redirect(DNSCapturePort), m...))
 			continue
@@ -475,14 +486,14 @@ func (b *builder) outboundInclude() {
 // pod apart from the app's loopback traffic.
 func (b *builder) tproxyMarks() {
 	cfg := b.cfg
-	b.add(Mangle, rule("PREROUTING", Target{Kind: ConnmarkSave}, proto("tcp"), mark(cfg.TProxyMark)))
+	b.add(Mangle, rule("PREROUTING", ruleset.Target{Kind: ruleset.ConnmarkSave}, proto("tcp"), mark(cfg.TProxyMark)))
 	b.add(Mangle, rule("OUTPUT", ret(), out("lo"), proto("tcp"), mark(cfg.TProxyMark)))
 	for _, o := range owners(cfg) {
-		b.addBoth(Mangle, func(f Family) Rule {
-			return rule("OUTPUT", Target{Kind: SetMark, Mark: OutboundMark}, out("lo"), proto("tcp"), notDst(b.lo(f)), owner(o))
+		b.addBoth(Mangle, func(f Family) ruleset.Rule {
+			return rule("OUTPUT", ruleset.Target{Kind: ruleset.SetMark, Mark: OutboundMark}, out("lo"), proto("tcp"), notDst(b.lo(f)), owner(o))
 		})
 	}
-	b.add(Mangle, rule("OUTPUT", Target{Kind: ConnmarkRestore}, proto("tcp"), connmark(cfg.TProxyMark)))
+	b.add(Mangle, rule("OUTPUT", ruleset.Target{Kind: ruleset.ConnmarkRestore}, proto("tcp"), connmark(cfg.TProxyMark)))
 	b.insert(Mangle, 0, rule(ChainInbound, ret(), proto("tcp"), mark(cfg.TProxyMark)))
 	b.insert4(Mangle, 1, rule(ChainInbound, ret(), in("lo"), proto("tcp"), src(single(PassthroughSource(V4)))))
 	b.insert6(Mangle, 1, rule(ChainInbound, ret(), in("lo"), proto("tcp"), src(single(PassthroughSource(V6)))))
@@ -505,14 +516,14 @@ func owners(cfg Config) []Owner {
 // chains were first named, after replaying the ops a filter keeps.
 type chainRules struct {
 	order []string // every chain, in the order first named by a rule
-	rules map[string][]Rule
+	rules map[string][]ruleset.Rule
 }
 
 // replay applies the ops of a table that keep accepts. An insert at a
 // position the chain does not have yet appends, as iptables' -I at
 // length+1 and knftables' insert do.
-func (b *builder) replay(table string, keep func(Rule) bool) *chainRules {
-	cr := &chainRules{rules: map[string][]Rule{}}
+func (b *builder) replay(table string, keep func(ruleset.Rule) bool) *chainRules {
+	cr := &chainRules{rules: map[string][]ruleset.Rule{}}
 	for _, o := range b.ops {
 		if o.table != table || !keep(o.rule) {
 			continue
@@ -539,19 +550,19 @@ func (b *builder) replay(table string, keep func(Rule) bool) *chainRules {
 func (b *builder) iptables(f Family) *RuleSet {
 	rs := &RuleSet{Family: f}
 	for _, table := range tableOrder {
-		cr := b.replay(table, func(r Rule) bool { return r.Family == 0 || r.Family == f })
+		cr := b.replay(table, func(r ruleset.Rule) bool { return r.Family == 0 || r.Family == f })
 		if len(cr.order) == 0 {
 			continue
 		}
 		t := &TableRules{Name: table}
 		for _, c := range cr.order {
-			if !IsBuiltin(c) {
+			if !ruleset.IsBuiltin(c) {
 				t.Chains = append(t.Chains, c)
 			}
 		}
 		for _, o := range b.ops {
 			r := o.rule
-			if o.table == table && (r.Family == 0 || r.Family == f) && r.Target.Kind == Jump && !slices.Contains(t.Chains, r.Target.Chain) {
+			if o.table == table && (r.Family == 0 || r.Family == f) && r.Target.Kind == ruleset.Jump && !slices.Contains(t.Chains, r.Target.Chain) {
 				t.Chains = append(t.Chains, r.Target.Chain)
 			}
 		}
@@ -582,7 +593,7 @@ var nftChainOrder = map[string][]string{
 func (b *builder) nftables() *RuleSet {
 	rs := &RuleSet{}
 	for _, nt := range NftTables {
-		cr := b.replay(nt.Table, func(Rule) bool { return true })
+		cr := b.replay(nt.Table, func(ruleset.Rule) bool { return true })
 		t := &TableRules{Name: nt.Table}
 		for _, c := range nftChainOrder[nt.Table] {
 			if len(cr.rules[c]) == 0 {

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // Fingerprint identifies a rule set: the first 8 hex digits of the SHA-256
@@ -23,7 +24,7 @@ func (rs *RuleSet) Fingerprint() string {
 		fmt.Fprintf(h, "*%s %s\n", t.Name, strings.Join(t.Chains, " "))
 		for _, r := range t.Rules {
 			if rs.Family == 0 {
-				fmt.Fprintf(h, "add rule %s %s\n", r.Chain, r.NFT())
+				fmt.Fprintf(h, "add rule %s %s\n", r.Chain, r.NFT(NftChain))
 			} else {
 				fmt.Fprintf(h, "-A %s %s\n", r.Chain, strings.Join(r.IPTables(), " "))
 			}
@@ -78,7 +79,7 @@ func ReadState(tables ...*firewall.Table) *State {
 				ts.Rules[c.Name] = len(c.Rules)
 				continue
 			}
-			if !IsBuiltin(c.Name) {
+			if !ruleset.IsBuiltin(c.Name) {
 				continue
 			}
 			for _, r := range c.Rules {
@@ -135,7 +136,7 @@ func Compare(desired *RuleSet, st *State) Status {
 		nb := 0
 		counts := map[string]int{}
 		for _, r := range want.Rules {
-			if IsBuiltin(r.Chain) {
+			if ruleset.IsBuiltin(r.Chain) {
 				nb++
 			} else {
 				counts[r.Chain]++
@@ -219,7 +220,7 @@ func Restore(desired *RuleSet, st *State) string {
 		}
 		for _, r := range want.Rules {
 			args := r.IPTables()
-			if IsBuiltin(r.Chain) {
+			if ruleset.IsBuiltin(r.Chain) {
 				n := targetStart(args)
 				args = append(append(append([]string(nil), args[:n]...), "-m", "comment", "--comment", tag), args[n:]...)
 			}

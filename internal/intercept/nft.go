@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // LegacyNftTable is the table (one per family, ip and ip6) where earlier
@@ -62,7 +63,7 @@ func Nft(rs *RuleSet) string {
 				fmt.Fprintf(&b, "\t\t%s policy accept;\n", hook)
 			}
 			for _, r := range nftRules(t, c) {
-				fmt.Fprintf(&b, "\t\t%s\n", r.NFT())
+				fmt.Fprintf(&b, "\t\t%s\n", r.NFT(NftChain))
 			}
 			b.WriteString("\t}\n")
 		}
@@ -73,16 +74,16 @@ func Nft(rs *RuleSet) string {
 
 // nftRules are the rules Nft writes into chain c of t: the chain's rules,
 // each TPROXY rule followed by its drop.
-func nftRules(t *TableRules, c string) []Rule {
-	var out []Rule
+func nftRules(t *TableRules, c string) []ruleset.Rule {
+	var out []ruleset.Rule
 	for _, r := range t.Rules {
 		if r.Chain != c {
 			continue
 		}
 		out = append(out, r)
-		if r.Target.Kind == TProxy {
+		if r.Target.Kind == ruleset.TProxy {
 			d := r
-			d.Target = Target{Kind: Drop}
+			d.Target = ruleset.Target{Kind: ruleset.Drop}
 			out = append(out, d)
 		}
 	}
