@@ -19,7 +19,7 @@ import (
 	"github.com/vishvananda/netlink"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/meshwire/meshwire/cmd/meshwire/install"
+	"github.com/meshwire/meshwire/internal/installer"
 	"github.com/meshwire/meshwire/test/cri"
 	"github.com/meshwire/meshwire/test/harness"
 	"github.com/meshwire/meshwire/test/istio"
@@ -68,7 +68,7 @@ func TestCRIPerPodInterception(t *testing.T) {
 
 	// The node's own config, then meshwire's plugins chained into it by
 	// the installer's code.
-	chained, err := install.Chain([]byte(fmt.Sprintf(`{
+	chained, err := installer.Chain([]byte(fmt.Sprintf(`{
   "cniVersion": "1.0.0",
   "name": "mwt-cri",
   "plugins": [

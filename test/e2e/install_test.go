@@ -16,7 +16,7 @@ import (
 
 	"github.com/containernetworking/cni/libcni"
 
-	"github.com/meshwire/meshwire/cmd/meshwire/install"
+	"github.com/meshwire/meshwire/internal/installer"
 	"github.com/meshwire/meshwire/test/harness"
 )
 
@@ -96,12 +96,12 @@ func TestInstallWatch(t *testing.T) {
 	})
 	chained := func() bool {
 		b, _ := os.ReadFile(conf)
-		return install.HasMarker(b)
+		return installer.HasMarker(b)
 	}
 	waitUntil(t, 10*time.Second, "the first chaining", chained)
 
 	// Every plugin (and ptp) installed, identical to the build's.
-	for _, b := range install.Binaries() {
+	for _, b := range installer.Binaries() {
 		want, err := os.ReadFile(filepath.Join(bin, b.Source))
 		if err != nil {
 			t.Fatal(err)
@@ -170,8 +170,8 @@ func TestInstallOwnConflist(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	own := filepath.Join(confDir, install.OwnConflist)
-	waitUntil(t, 10*time.Second, install.OwnConflist+" written", func() bool { _, err := os.Stat(own); return err == nil })
+	own := filepath.Join(confDir, installer.OwnConflist)
+	waitUntil(t, 10*time.Second, installer.OwnConflist+" written", func() bool { _, err := os.Stat(own); return err == nil })
 	if _, err := libcni.ConfListFromFile(own); err != nil {
 		t.Fatal(err)
 	}

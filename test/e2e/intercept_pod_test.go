@@ -10,7 +10,7 @@ import (
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/meshwire/meshwire/cmd/meshwire/install"
+	"github.com/meshwire/meshwire/internal/installer"
 	"github.com/meshwire/meshwire/test/harness"
 	ie "github.com/meshwire/meshwire/test/interceptenv"
 )
@@ -140,7 +140,7 @@ func TestInterceptIstioCNI(t *testing.T) {
 	// The intercept entry exactly as --chain writes it, after loopback
 	// (the pod's links are the test's own: portmap and bandwidth, which
 	// --chain adds too, need an interface plugin's veth).
-	chained, err := install.Chain([]byte(`{"cniVersion":"1.1.0","name":"mwti-mesh","plugins":[{"type":"loopback"}]}`))
+	chained, err := installer.Chain([]byte(`{"cniVersion":"1.1.0","name":"mwti-mesh","plugins":[{"type":"loopback"}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}

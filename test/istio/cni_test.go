@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/meshwire/meshwire/cmd/meshwire/install"
+	"github.com/meshwire/meshwire/internal/installer"
 	"github.com/meshwire/meshwire/test/harness"
 )
 
@@ -65,7 +65,7 @@ var cniCases = []cniCase{
 // writes into a node's config, with extra keys.
 func chainedEntry(t *testing.T, keys map[string]any) json.RawMessage {
 	t.Helper()
-	e, err := install.Chain([]byte(`{"cniVersion":"1.1.0","name":"mwistio","plugins":[{"type":"loopback"}]}`))
+	e, err := installer.Chain([]byte(`{"cniVersion":"1.1.0","name":"mwistio","plugins":[{"type":"loopback"}]}`))
 	if err != nil {
 		t.Fatal(err)
 	}

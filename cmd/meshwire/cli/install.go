@@ -8,7 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/meshwire/meshwire/cmd/meshwire/install"
+	"github.com/meshwire/meshwire/internal/installer"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 )
 
@@ -31,7 +31,7 @@ func (kv keyValues) Set(s string) error {
 // install runs `meshwire install`, the node installer (see package install).
 func (e *env) install(args []string) error {
 	fs := e.flags("install")
-	var o install.Options
+	var o installer.Options
 	fs.StringVar(&o.BinDir, "cni-bin-dir", "", "the host's CNI plugin directory (mounted)")
 	fs.StringVar(&o.ConfDir, "cni-conf-dir", "", "the host's CNI config directory (mounted)")
 	fs.StringVar(&o.SourceDir, "source-dir", "", "where the plugins to install are (default: the meshwire binary's directory)")
@@ -68,7 +68,7 @@ func (e *env) install(args []string) error {
 	logger := log.New(e.errOut, "meshwire install: ", log.LstdFlags|log.Lmsgprefix)
 	o.Logf = logger.Printf
 
-	in, err := install.New(o)
+	in, err := installer.New(o)
 	if err != nil {
 		return fmt.Errorf("install: %w", err)
 	}

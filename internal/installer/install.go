@@ -9,7 +9,7 @@
 // The decisions are functions of plain values (Primary, Chain, Unchain,
 // EarlierConversion), table-tested without a node; the file system part is
 // small: atomic writes (temporary file, fsync, rename) and inotify.
-package install
+package installer
 
 import (
 	"bytes"
