@@ -28,7 +28,7 @@ func installFixture(t *testing.T, name string) []byte {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(filepath.Join(root, "cmd/meshwire/install/testdata", name))
+	b, err := os.ReadFile(filepath.Join(root, "internal/installer/testdata", name))
 	if err != nil {
 		t.Fatal(err)
 	}
