@@ -18,6 +18,7 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
+	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/link"
 	"github.com/meshwire/meshwire/internal/probe"
 	"github.com/meshwire/meshwire/test/harness"
@@ -825,5 +826,64 @@ func TestBandwidthDelAfterReference(t *testing.T) {
 	}
 	if _, err := netlink.LinkByName(ifb); err == nil {
 		t.Fatalf("meshwire's DEL left the reference plugin's %s", ifb)
+	}
+}
+
+// TestBandwidthKilledBeforeAlias: an ADD killed between creating its ifb
+// and labelling it (the alias) leaves an ifb named as the attachment's with
+// no alias. The runtime's DEL removes it, and a repeated ADD takes it over;
+// a device of that name that is not such an ifb is left alone.
+func TestBandwidthKilledBeforeAlias(t *testing.T) {
+	h := bandwidthHarness(t, bandwidthRefPtp)
+	h.CheckNoLeaks()
+	n := newBandwidthNet(t, h, bandwidthRefPtp, "1.0.0", "bw-kill", "198.18.53.0/24", `{"type":"bandwidth","egressRate":10000000,"egressBurst":100000}`)
+	ns := h.NewNS("bw")
+	a := h.Attach(n.shaped, ns, "eth0", nil)
+	name := attachment.ID{Network: n.name, ContainerID: a.RT.ContainerID, IfName: "eth0"}.Ifb()
+	halfMade := func() {
+		t.Helper()
+		if out, err := harness.Run("ip", "link", "add", name, "type", "ifb"); err != nil {
+			t.Fatalf("ip link add %s type ifb: %v: %s", name, err, out)
+		}
+	}
+	exists := func() bool { _, err := netlink.LinkByName(name); return err == nil }
+
+	halfMade()
+	if err := a.Del(); err != nil {
+		t.Fatalf("DEL after the kill: %v", err)
+	}
+	if exists() {
+		t.Fatalf("DEL left the unlabelled ifb %s", name)
+	}
+
+	halfMade()
+	a.MustAdd()
+	host := bandwidthHostEnd(t, ns)
+	if got := bandwidthIfbOf(t, host); got != name {
+		t.Fatalf("%s's ingress redirects to %q, want the ifb %s taken over", host, got, name)
+	}
+	if l, err := netlink.LinkByName(name); err != nil || l.Attrs().Alias == "" {
+		t.Fatalf("the ifb taken over is not labelled: %v %+v", err, l)
+	}
+	if err := a.Del(); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	if exists() {
+		t.Fatalf("DEL left %s", name)
+	}
+
+	// Someone else's device of that name: ADD refuses, DEL leaves it.
+	if out, err := harness.Run("ip", "link", "add", name, "type", "ifb"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	defer func() { _, _ = harness.Run("ip", "link", "del", name) }()
+	if out, err := harness.Run("ip", "link", "set", name, "alias", "someone else's"); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	if _, err := a.Add(); err == nil || !strings.Contains(err.Error(), "not made by meshwire") {
+		t.Fatalf("ADD over someone else's %s: %v", name, err)
+	}
+	if err := a.Del(); err != nil || !exists() {
+		t.Fatalf("DEL with someone else's %s: %v (exists %v)", name, err, exists())
 	}
 }

@@ -125,7 +125,14 @@ func createIfb(name string, mtu int, info ifbInfo) (netlink.Link, ifbInfo, bool,
 			}
 			return l, old, false, nil
 		}
-		return nil, info, false, cnierr.Internal("a device named %s exists and was not made by meshwire's bandwidth plugin", name)
+		if !halfMade(l) {
+			return nil, info, false, cnierr.Internal("a device named %s exists and was not made by meshwire's bandwidth plugin", name)
+		}
+		// A killed ADD of this attachment made it: label it now.
+		if err := netlink.LinkSetAlias(l, info.alias()); err != nil {
+			return nil, info, false, fmt.Errorf("set alias of %s: %w", name, err)
+		}
+		return l, info, true, nil
 	}
 	attrs := netlink.NewLinkAttrs()
 	attrs.Name = name
@@ -139,12 +146,22 @@ func createIfb(name string, mtu int, info ifbInfo) (netlink.Link, ifbInfo, bool,
 		return nil, info, true, fmt.Errorf("find new ifb %s: %w", name, err)
 	}
 	// The kernel does not take an alias at creation; until it is set, the
-	// device is not recognisably meshwire's, so a failure here removes it.
+	// device is meshwire's by its name only (halfMade), so a failure here
+	// removes it.
 	if err := netlink.LinkSetAlias(l, info.alias()); err != nil {
 		_ = netlink.LinkDel(l)
 		return nil, info, false, fmt.Errorf("set alias of %s: %w", name, err)
 	}
 	return l, info, true, nil
+}
+
+// halfMade reports whether l, found under an attachment's ifb name, is an
+// ifb that ADD created and had not labelled yet when it was killed: an ifb
+// with no alias at all. The name (attachment.ID.Ifb: meshwire's prefix and
+// a hash of the container id and interface) is this attachment's and no
+// one else's, so such a device is the attachment's own.
+func halfMade(l netlink.Link) bool {
+	return l.Type() == "ifb" && l.Attrs().Alias == ""
 }
 
 // redirectFilters returns meshwire's redirect filters on the ingress of dev
@@ -277,6 +294,15 @@ func teardownIfb(name string, dev netlink.Link, network string) error {
 		return fmt.Errorf("find %s: %w", name, err)
 	}
 	info, ok := parseAlias(l.Attrs().Alias)
+	if !ok && halfMade(l) {
+		// Made by an ADD killed before it labelled it: nothing points at
+		// it yet (the redirect comes after the alias).
+		slog.Info("deleting the ifb a killed ADD left unlabelled", "device", name)
+		if err := netlink.LinkDel(l); err != nil && !gone(err) {
+			return fmt.Errorf("delete %s: %w", name, err)
+		}
+		return nil
+	}
 	if !ok {
 		// Not ours after all: leave it, and let DEL succeed.
 		slog.Warn("not deleting a device meshwire did not make", "device", name, "type", l.Type(), "alias", l.Attrs().Alias)
