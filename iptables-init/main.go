@@ -9,8 +9,10 @@ import (
 	"os"
 
 	"github.com/meshwire/meshwire/internal/intercept/flags"
+	"github.com/meshwire/meshwire/internal/killpoint"
 )
 
 func main() {
+	killpoint.SetCommand("iptables-init")
 	os.Exit(Run(os.Args[1:], flags.SystemEnv(), os.Stdout, os.Stderr))
 }

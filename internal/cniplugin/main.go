@@ -24,6 +24,7 @@ import (
 
 	"github.com/meshwire/meshwire/internal/buildinfo"
 	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/killpoint"
 	"github.com/meshwire/meshwire/internal/logging"
 )
 
@@ -133,6 +134,12 @@ func wrap(name, cmd string, fn func(*skel.CmdArgs) error, getenv func(string) st
 		if fn == nil {
 			return nil
 		}
-		return fn(args)
+		killpoint.SetCommand(name + ":" + cmd)
+		killpoint.Here("enter")
+		if err := fn(args); err != nil {
+			return err
+		}
+		killpoint.Here("printed") // the result out, the exit status not yet
+		return nil
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/hostlocal/config"
 	"github.com/meshwire/meshwire/internal/hostlocal/store"
+	"github.com/meshwire/meshwire/internal/killpoint"
 )
 
 // Type is the plugin's type, its binary's name.
@@ -65,6 +66,7 @@ func Add(args *skel.CmdArgs) (*current.Result, string, error) {
 	if err != nil {
 		return nil, "", err
 	}
+	killpoint.Here("allocated")
 	slog.Info("allocated", "ips", ipList(result.IPs))
 	return result, conf.CNIVersion, nil
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/killpoint"
 )
 
 // Steps logs, at debug level, how long each step of a command took since
@@ -17,11 +18,13 @@ type Steps struct{ last time.Time }
 // newSteps starts the clock.
 func newSteps() *Steps { return &Steps{last: time.Now()} }
 
-// Mark logs the step that just ended.
+// Mark logs the step that just ended; it is also a kill point of the crash
+// tests (killpoint).
 func (s *Steps) Mark(step string) {
 	now := time.Now()
 	logStep(step, now.Sub(s.last))
 	s.last = now
+	killpoint.Here(step)
 }
 
 // timed runs fn and logs its duration as step: for steps that run side by
@@ -30,6 +33,7 @@ func timed(step string, fn func() error) error {
 	start := time.Now()
 	err := fn()
 	logStep(step, time.Since(start))
+	killpoint.Here(step)
 	return err
 }
 

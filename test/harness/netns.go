@@ -145,8 +145,18 @@ func (n *NS) Exec(name string, args ...string) (string, error) {
 
 // ExecStdin is Exec with stdin (a restore payload, an nft script).
 func (n *NS) ExecStdin(stdin, name string, args ...string) (string, error) {
+	return n.exec(stdin, nil, name, args...)
+}
+
+// ExecEnv is Exec with variables ("NAME=value") added to the environment.
+func (n *NS) ExecEnv(env []string, name string, args ...string) (string, error) {
+	return n.exec("", env, name, args...)
+}
+
+func (n *NS) exec(stdin string, env []string, name string, args ...string) (string, error) {
 	cmd := exec.Command("ip", append([]string{"netns", "exec", n.Name, name}, args...)...)
 	cmd.Stdin = strings.NewReader(stdin)
+	cmd.Env = append(os.Environ(), env...)
 	out, err := cmd.CombinedOutput()
 	return strings.TrimSpace(string(out)), err
 }

@@ -22,6 +22,7 @@ import (
 
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/intercept"
+	"github.com/meshwire/meshwire/internal/killpoint"
 )
 
 // ErrDifferent is returned by Prepare when other interception rules are
@@ -284,6 +285,7 @@ func (p *Plan) Apply(ctx context.Context) error {
 	if err := p.routing.Apply(p.Add); err != nil {
 		return err
 	}
+	killpoint.Here("routing")
 	for _, f := range bothFamilies {
 		if p.Restore[f] == "" {
 			continue
@@ -291,11 +293,13 @@ func (p *Plan) Apply(ctx context.Context) error {
 		if err := p.fw.Restore(ctx, f, p.Restore[f]); err != nil {
 			return fmt.Errorf("apply %s rules: %w", f, err)
 		}
+		killpoint.Here("rules " + f.String())
 	}
 	if p.Nft != "" {
 		if err := p.fw.ApplyNft(ctx, p.Nft); err != nil {
 			return fmt.Errorf("apply nftables rules: %w", err)
 		}
+		killpoint.Here("nftables rules")
 	}
 	for _, h := range p.others {
 		err := h.remove(ctx)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/killpoint"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
@@ -71,6 +72,7 @@ func shape(id attachment.ID, dev netlink.Link, bw Bandwidth) (ifb netlink.Link, 
 		if err := setTbf(dev, p); err != nil {
 			return nil, err
 		}
+		killpoint.Here("ingress tbf")
 		slog.Info("ingress shaped", "dev", dev.Attrs().Name, "rateBytes", p.Rate, "bucketBytes", p.Bucket, "limitBytes", p.Limit)
 	} else if err := removeTbf(dev); err != nil {
 		return nil, err
@@ -83,10 +85,12 @@ func shape(id attachment.ID, dev netlink.Link, bw Bandwidth) (ifb netlink.Link, 
 	if err != nil {
 		return nil, err
 	}
+	killpoint.Here("ifb labelled")
 	owns, err := attachRedirect(dev, ifb)
 	if err != nil {
 		return nil, err
 	}
+	killpoint.Here("redirect")
 	if created && owns != info.OwnsIngress {
 		info.OwnsIngress = owns
 		if err := netlink.LinkSetAlias(ifb, info.alias()); err != nil {
@@ -97,6 +101,7 @@ func shape(id attachment.ID, dev netlink.Link, bw Bandwidth) (ifb netlink.Link, 
 	if err := setTbf(ifb, p); err != nil {
 		return nil, err
 	}
+	killpoint.Here("egress tbf")
 	slog.Info("egress shaped", "dev", dev.Attrs().Name, "ifb", name, "rateBytes", p.Rate, "bucketBytes", p.Bucket, "limitBytes", p.Limit, "ownsIngressQdisc", info.OwnsIngress)
 	return ifb, nil
 }
@@ -125,6 +130,7 @@ func cmdDel(args *skel.CmdArgs) error {
 		if err := removeTbf(dev); err != nil {
 			return err
 		}
+		killpoint.Here("ingress tbf removed")
 	}
 	// Both forms of the ifb's name (see attachment.IfbNames).
 	id := idOf(conf.Name, args)

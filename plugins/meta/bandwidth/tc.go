@@ -13,6 +13,7 @@ import (
 
 	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/killpoint"
 )
 
 // Traffic-control objects meshwire creates. Its tbf qdiscs carry the handle
@@ -141,6 +142,7 @@ func createIfb(name string, mtu int, info ifbInfo) (netlink.Link, ifbInfo, bool,
 	if err := netlink.LinkAdd(&netlink.Ifb{LinkAttrs: attrs}); err != nil {
 		return nil, info, false, fmt.Errorf("create ifb %s: %w", name, err)
 	}
+	killpoint.Here("ifb created")
 	l, err := netlinksafe.LinkByName(name)
 	if err != nil {
 		return nil, info, true, fmt.Errorf("find new ifb %s: %w", name, err)
@@ -322,6 +324,7 @@ func teardownIfb(name string, dev netlink.Link, network string) error {
 		if err := detachRedirect(dev, l.Attrs().Index, info.OwnsIngress); err != nil {
 			return err
 		}
+		killpoint.Here("redirect removed")
 	}
 	if err := netlink.LinkDel(l); err != nil && !gone(err) {
 		return fmt.Errorf("delete %s: %w", name, err)

@@ -11,8 +11,9 @@ import (
 
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/firewall"
-	"github.com/meshwire/meshwire/internal/intercept/flags"
 	"github.com/meshwire/meshwire/internal/intercept/apply"
+	"github.com/meshwire/meshwire/internal/intercept/flags"
+	"github.com/meshwire/meshwire/internal/killpoint"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
@@ -65,6 +66,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 		}
 		// Apply also restores policy routing that went missing; with the
 		// rules in place it changes nothing else.
+		killpoint.Here("planned")
 		if err := plan.Apply(ctx); err != nil {
 			if _, uerr := apply.Cleanup(ctx, apply.Request{Config: o.Config}, false); uerr != nil {
 				slog.Warn("undoing a failed ADD", "error", uerr)

@@ -14,6 +14,7 @@ import (
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/filelock"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/killpoint"
 )
 
 // stateDir holds the node-wide lock of the slow paths and the hints that
@@ -185,6 +186,7 @@ func (d *iptDriver) add(ctx context.Context, a attachment.ID, plans []famPlan) e
 			return d.restore(ctx, p.Family, payload)
 		})
 		if err == nil {
+			killpoint.Here(fmt.Sprintf("rules IPv%d", p.Family))
 			continue
 		}
 		if isTryAgain(err) {
@@ -194,6 +196,7 @@ func (d *iptDriver) add(ctx context.Context, a attachment.ID, plans []famPlan) e
 		if err := d.ensure(ctx, p); err != nil {
 			return err
 		}
+		killpoint.Here(fmt.Sprintf("rules IPv%d", p.Family))
 	}
 	return nil
 }

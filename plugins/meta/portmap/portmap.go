@@ -18,6 +18,7 @@ import (
 	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/killpoint"
 	"github.com/meshwire/meshwire/internal/refrules"
 )
 
@@ -87,6 +88,7 @@ func withDriver(ctx context.Context, c *config, fn func(driver, *firewall.Host) 
 // undoes the rules.
 func install(ctx context.Context, d driver, c *config, a attachment.ID, plans []famPlan, v4 *net.IPNet) error {
 	err := d.add(ctx, a, plans)
+	killpoint.Here("rules")
 	if err == nil && v4 != nil && planned(plans, firewall.V4) && needsLocalnet(c) {
 		err = enableLocalnet(v4.IP)
 	}
@@ -134,6 +136,7 @@ func cmdDel(args *skel.CmdArgs) error {
 		if udp, err = d.del(ctx, a.PortmapKeys(), fams, len(c.Mappings) == 0); err != nil || len(c.Mappings) == 0 {
 			return err
 		}
+		killpoint.Here("rules removed")
 		// What the reference portmap set up before an in-place upgrade (its
 		// DEL acts only with mappings), on the same netlink connection.
 		return cnierr.Wrap(refrules.DelPortmap(ctx, fw, attachment.Reference{Network: c.raw.Name, ContainerID: args.ContainerID}), "the reference's port mappings")

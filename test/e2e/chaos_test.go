@@ -1,0 +1,397 @@
+//go:build kernel
+
+package e2e
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/types"
+	current "github.com/containernetworking/cni/pkg/types/100"
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/meshwire/meshwire/internal/hostlocal/store"
+	"github.com/meshwire/meshwire/internal/killpoint"
+	"github.com/meshwire/meshwire/internal/probe"
+	"github.com/meshwire/meshwire/test/harness"
+)
+
+// chaosKills is how many times, at least, each plugin is killed.
+const chaosKills = 100
+
+// chaosPlugin is one plugin of a conflist and its kill points.
+type chaosPlugin struct {
+	name     string
+	add, del []string
+}
+
+// points are the plugin's kill points, as MESHWIRE_KILL_AT names them.
+func (p chaosPlugin) points() []string {
+	var out []string
+	for _, pt := range p.add {
+		out = append(out, p.name+":ADD:"+pt)
+	}
+	for _, pt := range p.del {
+		out = append(out, p.name+":DEL:"+pt)
+	}
+	return out
+}
+
+// killed tells a plugin killed with SIGKILL from one that failed: libcni
+// reports no CNI error for it, only the signal (or, killed after printing
+// its result, an error object with nothing in it).
+func killed(err error) bool {
+	var e *types.Error
+	return err != nil && (strings.Contains(err.Error(), "signal: killed") || errors.As(err, &e) && e.Code == 0 && e.Msg == "")
+}
+
+// withKill runs fn with the plugins told to die at point.
+func withKill(t *testing.T, point string, fn func() error) error {
+	t.Helper()
+	if err := os.Setenv(killpoint.Env, point); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Unsetenv(killpoint.Env)
+	return fn()
+}
+
+// chaosRun kills every plugin of list at each of its points, in rounds,
+// until each was killed chaosKills times: an ADD killed at an ADD point,
+// or a full ADD then a DEL killed at a DEL point, each followed by what a
+// runtime does next (DEL with the same arguments, retried until it
+// succeeds once). It returns how many times each plugin was killed.
+func chaosRun(t *testing.T, h *harness.H, list string, caps map[string]any, plugins []chaosPlugin, pod func() *harness.NS) map[string]int {
+	t.Helper()
+	conf := h.ConfList(list)
+	kills := map[string]int{}
+	for _, p := range plugins {
+		pts := p.points()
+		for round := 0; kills[p.name] < chaosKills; round++ {
+			for _, pt := range pts {
+				ns := pod()
+				a := h.Attach(conf, ns, "eth0", caps)
+				var err error
+				if strings.Contains(pt, ":ADD:") {
+					_, err = func() (types.Result, error) {
+						var r types.Result
+						e := withKill(t, pt, func() (e error) { r, e = a.Add(); return e })
+						return r, e
+					}()
+				} else {
+					a.MustAdd()
+					err = withKill(t, pt, a.Del)
+				}
+				if !killed(err) {
+					t.Fatalf("round %d, %s: the plugin was not killed there (%v): the point is never reached", round, pt, err)
+				}
+				kills[p.name]++
+				if err := a.Del(); err != nil {
+					t.Fatalf("round %d, DEL after a kill at %s: %v", round, pt, err)
+				}
+			}
+		}
+	}
+	return kills
+}
+
+// chaosAllocations counts the host-local reservations of a network.
+func chaosAllocations(t *testing.T, dataDir, network string) int {
+	t.Helper()
+	if _, err := os.Stat(store.Dir(dataDir, network)); err != nil {
+		return 0
+	}
+	s, err := store.Open(dataDir, network, 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	n := 0
+	if err := s.View(func(tx *store.Tx) error {
+		return tx.ForEach(func(store.Allocation) error { n++; return nil })
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// chaosReport logs the kills of each plugin.
+func chaosReport(t *testing.T, kills map[string]int) {
+	var names []string
+	for n := range kills {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	var parts []string
+	for _, n := range names {
+		parts = append(parts, fmt.Sprintf("%s %d", n, kills[n]))
+	}
+	t.Logf("kills: %s", strings.Join(parts, ", "))
+}
+
+// TestChaosInterfacePlugins: bridge (host-local in process, ipMasq,
+// gateway) with portmap and bandwidth chained, and veth (ipMasq), killed
+// at every point of their ADD and DEL at least 100 times each, each kill
+// followed by the runtime's DEL: nothing is left on the host (links,
+// addresses, routes, rules of every backend, qdiscs, ifbs, files), no
+// address stays reserved, a pod wired before the kills keeps working and
+// survives GC, and the addresses handed out afterwards are distinct.
+func TestChaosInterfacePlugins(t *testing.T) {
+	harness.RequireRoot(t)
+	dataDir := t.TempDir()
+	for _, tc := range []struct {
+		name, network, list string
+		caps                map[string]any
+		plugins             []chaosPlugin
+	}{
+		{
+			name: "bridge+portmap+bandwidth", network: "mwt-chaos-br",
+			list: fmt.Sprintf(`{"cniVersion":"1.1.0","name":"mwt-chaos-br","plugins":[
+				{"type":"bridge","bridge":"mwtchaos0","isGateway":true,"ipMasq":true,"hostVethPrefix":"mwcb",
+				 "ipam":{"type":"host-local","dataDir":%q,"ranges":[[{"subnet":"198.18.54.0/24"}]]}},
+				{"type":"portmap","capabilities":{"portMappings":true}},
+				{"type":"bandwidth","capabilities":{"bandwidth":true}}]}`, dataDir),
+			caps: map[string]any{
+				"portMappings": []map[string]any{{"hostPort": 33080, "containerPort": 80, "protocol": "tcp"}},
+				"bandwidth":    map[string]any{"ingressRate": 10000000, "ingressBurst": 100000, "egressRate": 10000000, "egressBurst": 100000},
+			},
+			plugins: []chaosPlugin{
+				{"bridge", []string{"enter", "bridge", "veth", "port", "allocated", "ipam wait", "addresses", "masquerade", "announce", "printed"},
+					[]string{"enter", "ipam del", "masquerade del", "reference masquerade del", "firewall and veth del", "printed"}},
+				{"portmap", []string{"enter", "rules IPv4", "rules", "printed"}, []string{"enter", "rules removed", "printed"}},
+				{"bandwidth", []string{"enter", "ingress tbf", "ifb created", "ifb labelled", "redirect", "egress tbf", "printed"},
+					[]string{"enter", "ingress tbf removed", "redirect removed", "printed"}},
+			},
+		},
+		{
+			name: "veth", network: "mwt-chaos-veth",
+			list: fmt.Sprintf(`{"cniVersion":"1.1.0","name":"mwt-chaos-veth","plugins":[
+				{"type":"veth","ipMasq":true,"hostVethPrefix":"mwcv",
+				 "ipam":{"type":"host-local","dataDir":%q,"ranges":[[{"subnet":"198.18.55.0/24"}]]}}]}`, dataDir),
+			plugins: []chaosPlugin{
+				{"veth", []string{"enter", "veth", "allocated", "ipam wait", "addresses", "masquerade", "announce", "printed"},
+					[]string{"enter", "ipam del", "masquerade del", "reference masquerade del", "firewall and veth del", "printed"}},
+			},
+		},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := harness.New(t)
+			conf := h.ConfList(tc.list)
+			t.Cleanup(func() { _, _ = harness.Run("ip", "link", "del", "mwtchaos0") })
+			// A first pod makes the shared state (the bridge, portmap's
+			// base chains, the node's caches) that outlives pods; it
+			// stays through the kills and must keep working. The leak
+			// check runs before its teardown.
+			survivor := h.Attach(conf, h.NewNS("chaos"), "eth0", tc.caps)
+			res := survivor.MustAdd()
+			chaosSettled(t, "mwc", "mwtchaos")
+			h.CheckNoLeaks(dataDir, "/run/meshwire")
+			kills := chaosRun(t, h, tc.list, tc.caps, tc.plugins, func() *harness.NS { return h.NewNS("chaos") })
+			chaosReport(t, kills)
+			if n := chaosAllocations(t, dataDir, tc.network); n != 1 {
+				t.Fatalf("%d addresses reserved after the kills and DELs, want the survivor's only", n)
+			}
+			if err := h.GC(conf, survivor.GCAttachment()); err != nil {
+				t.Fatalf("GC: %v", err)
+			}
+			if err := survivor.Check(); err != nil {
+				t.Fatalf("the survivor after the kills and GC: CHECK %v", err)
+			}
+			ip := chaosIPv4(t, res)
+			if _, err := probe.Ping("", ip, 2*time.Second); err != nil {
+				t.Fatalf("the host reaches the survivor at %s: %v", ip, err)
+			}
+			// Addresses handed out now are fresh and distinct.
+			seen := map[string]bool{ip.String(): true}
+			for i := 0; i < 3; i++ {
+				a := h.Attach(conf, h.NewNS("chaos"), "eth0", tc.caps)
+				got := chaosIPv4(t, a.MustAdd()).String()
+				if seen[got] {
+					t.Fatalf("address %s handed out twice", got)
+				}
+				seen[got] = true
+				if err := a.Del(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// chaosSettled waits until the host's links named with one of prefixes
+// have their IPv6 link-local address, past duplicate address detection:
+// the kernel adds it, and its routes, a moment after the link comes up,
+// which a snapshot taken earlier would count as the test's doing.
+func chaosSettled(t *testing.T, prefixes ...string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		pending := ""
+		links, err := netlink.LinkList()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range links {
+			name := l.Attrs().Name
+			if !slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(name, p) }) {
+				continue
+			}
+			addrs, err := netlink.AddrList(l, netlink.FAMILY_V6)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ok := false
+			for _, a := range addrs {
+				if a.IP.IsLinkLocalUnicast() && a.Flags&unix.IFA_F_TENTATIVE == 0 {
+					ok = true
+				}
+			}
+			if !ok {
+				pending = name
+			}
+		}
+		if pending == "" {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s has no settled IPv6 link-local address after 10 s", pending)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func chaosIPv4(t *testing.T, r *current.Result) net.IP {
+	t.Helper()
+	for _, ip := range r.IPs {
+		if v4 := ip.Address.IP.To4(); v4 != nil {
+			return v4
+		}
+	}
+	t.Fatalf("no IPv4 address in %+v", r)
+	return nil
+}
+
+// TestChaosLoopbackAndIntercept: loopback, and intercept chained after it
+// (every pod of the network intercepted), killed at every point of ADD and
+// DEL at least 100 times each; after the runtime's DEL nothing is left in
+// the host's namespace nor in the pod's (its rules, policy routing and ::6
+// gone before the pod is), and the DEL after an interrupted one succeeds.
+func TestChaosLoopbackAndIntercept(t *testing.T) {
+	h := harness.New(t)
+	h.CheckNoLeaks()
+	list := `{"cniVersion":"1.1.0","name":"mwt-chaos-icpt","plugins":[{"type":"loopback"},
+		{"type":"intercept","istio-service-cidr":"*","istio-inbound-ports":"*","istio-inbound-interception-mode":"TPROXY","dual-stack":true}]}`
+	var pods []*harness.NS
+	kills := chaosRun(t, h, list, nil, []chaosPlugin{
+		{"loopback", []string{"enter", "printed"}, []string{"enter", "printed"}},
+		{"intercept", []string{"enter", "planned", "routing", "rules IPv4", "rules IPv6", "printed"}, []string{"enter", "printed"}},
+	}, func() *harness.NS {
+		ns := h.NewNS("chaos")
+		// A pod with an IPv6 address, so that both families are programmed.
+		if out, err := ns.Exec("ip", "link", "add", "eth9", "type", "veth", "peer", "name", "eth8"); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		if out, err := ns.Exec("ip", "addr", "add", "fd42:6d77::2/64", "dev", "eth9", "nodad"); err != nil {
+			t.Fatalf("%v: %s", err, out)
+		}
+		pods = append(pods, ns)
+		return ns
+	})
+	chaosReport(t, kills)
+	for _, ns := range pods {
+		if got := chaosPodState(t, ns); got != "" {
+			t.Fatalf("%s after the DEL that followed a kill:\n%s", ns.Name, got)
+		}
+	}
+}
+
+// chaosPodState is what a pod namespace holds of interception: rules of
+// every backend, policy routing beyond the kernel's own, ::6 on lo ("" for
+// nothing).
+func chaosPodState(t *testing.T, ns *harness.NS) string {
+	t.Helper()
+	var b strings.Builder
+	for _, tool := range []string{"iptables-nft-save", "ip6tables-nft-save", "iptables-legacy-save", "ip6tables-legacy-save", "nft -s list ruleset", "ip -4 rule", "ip -6 rule", "ip -6 addr show dev lo"} {
+		f := strings.Fields(tool)
+		out, err := ns.Exec(f[0], f[1:]...)
+		if err != nil {
+			t.Fatalf("%s in %s: %v: %s", tool, ns.Name, err, out)
+		}
+		for _, line := range strings.Split(out, "\n") {
+			if strings.Contains(line, "ISTIO") || strings.Contains(line, "istio-") || strings.Contains(line, "fwmark") || strings.Contains(line, "::6/128") {
+				fmt.Fprintf(&b, "%s: %s\n", tool, strings.TrimSpace(line))
+			}
+		}
+	}
+	return b.String()
+}
+
+// TestChaosIptablesInit kills iptables-init at each point of its install,
+// TPROXY with both families, at least 100 times, as an init container is
+// killed; the runtime then starts the container again, as kubelet does: the
+// second run installs exactly the rules of an undisturbed run (whatever
+// the first left), and --cleanup-only then leaves nothing.
+func TestChaosIptablesInit(t *testing.T) {
+	h := harness.New(t)
+	h.CheckNoLeaks()
+	bin := filepath.Join(h.BinDir, "iptables-init")
+	args := []string{"-m", "TPROXY", "-i", "*", "-b", "*", "-d", "15090,15021,15020", "--dual-stack"}
+	newPod := func() *harness.NS {
+		ns := h.NewNS("chaos")
+		for _, c := range [][]string{{"ip", "link", "set", "lo", "up"}, {"ip", "link", "add", "eth9", "type", "veth", "peer", "name", "eth8"},
+			{"ip", "addr", "add", "198.18.56.2/24", "dev", "eth9"}, {"ip", "addr", "add", "fd42:6d78::2/64", "dev", "eth9", "nodad"}} {
+			if out, err := ns.Exec(c[0], c[1:]...); err != nil {
+				t.Fatalf("%q: %v: %s", c, err, out)
+			}
+		}
+		return ns
+	}
+	run := func(ns *harness.NS, killAt string, a ...string) error {
+		env := []string{}
+		if killAt != "" {
+			env = append(env, killpoint.Env+"=iptables-init:"+killAt)
+		}
+		out, err := ns.ExecEnv(env, bin, a...)
+		if err != nil {
+			return fmt.Errorf("%w: %s", err, out)
+		}
+		return nil
+	}
+	ref := newPod()
+	if err := run(ref, "", args...); err != nil {
+		t.Fatal(err)
+	}
+	want := chaosPodState(t, ref)
+	points := []string{"routing", "rules IPv4", "rules IPv6"}
+	kills := 0
+	for kills < chaosKills {
+		for _, pt := range points {
+			ns := newPod()
+			if err := run(ns, pt, args...); err == nil || !strings.Contains(err.Error(), "signal: killed") {
+				t.Fatalf("not killed at %s: %v", pt, err)
+			}
+			kills++
+			if err := run(ns, "", args...); err != nil {
+				t.Fatalf("the run after a kill at %s: %v", pt, err)
+			}
+			if got := chaosPodState(t, ns); got != want {
+				t.Fatalf("after a kill at %s and a second run:\n%s\nwant, as an undisturbed run:\n%s", pt, got, want)
+			}
+			if err := run(ns, "", "--cleanup-only"); err != nil {
+				t.Fatal(err)
+			}
+			if got := chaosPodState(t, ns); got != "" {
+				t.Fatalf("--cleanup-only left:\n%s", got)
+			}
+		}
+	}
+	t.Logf("kills: iptables-init %d", kills)
+}
