@@ -9,8 +9,8 @@ import (
 
 	"github.com/meshwire/meshwire/internal/buildinfo"
 	"github.com/meshwire/meshwire/internal/intercept"
-	"github.com/meshwire/meshwire/internal/intercept/flags"
 	"github.com/meshwire/meshwire/internal/intercept/apply"
+	"github.com/meshwire/meshwire/internal/intercept/flags"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 

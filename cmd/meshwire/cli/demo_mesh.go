@@ -17,8 +17,8 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 	"golang.org/x/sys/unix"
 
-	"github.com/meshwire/meshwire/internal/cniruntime"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
+	"github.com/meshwire/meshwire/internal/cniruntime"
 	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/internal/proxylog"
 )
