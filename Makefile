@@ -45,8 +45,10 @@ deps:
 	@test/deps.sh
 
 # Kernel tests are the test files built with the "kernel" tag
-# (internal/kerneltest): vet checks both builds.
+# (internal/kerneltest): vet checks both builds, and gofmt every file.
 vet:
+	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
+	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags kernel ./...
 
