@@ -193,6 +193,27 @@ func (c *Containerd) startProcess() error {
 	return nil
 }
 
+// KillAndRestart kills containerd with SIGKILL, as a node's OOM killer or
+// a crash does (its shims, the plugins it started and the pods run on),
+// starts it again on the same state and waits until CRI is ready.
+func (c *Containerd) KillAndRestart() error {
+	if err := c.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		return err
+	}
+	select {
+	case <-c.exited:
+	case <-time.After(stopTimeout):
+		return fmt.Errorf("containerd (pid %d) did not die", c.cmd.Process.Pid)
+	}
+	if err := c.startProcess(); err != nil {
+		return err
+	}
+	if err := c.waitServing(); err != nil {
+		return err
+	}
+	return c.waitReady()
+}
+
 func (c *Containerd) hasExited() bool {
 	select {
 	case <-c.exited:
@@ -482,9 +503,35 @@ func (c *Containerd) removeCgroups() {
 			continue
 		}
 		d := filepath.Join(unescapeMount(fields[4]), c.cgroupParent)
-		if err := unix.Rmdir(d); err != nil && !errors.Is(err, unix.ENOENT) {
+		if err := rmdirTree(d, stopTimeout); err != nil {
 			c.T.Errorf("remove cgroup %s: %v", d, err)
 		}
+	}
+}
+
+// rmdirTree removes a cgroup and those under it, deepest first, retrying
+// while the kernel still counts the processes of containers killed a
+// moment ago (EBUSY), for up to timeout.
+func rmdirTree(d string, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		var dirs []string
+		_ = filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				dirs = append(dirs, p)
+			}
+			return nil
+		})
+		var err error
+		for i := len(dirs) - 1; i >= 0; i-- {
+			if e := unix.Rmdir(dirs[i]); e != nil && !errors.Is(e, unix.ENOENT) {
+				err = e
+			}
+		}
+		if err == nil || time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
