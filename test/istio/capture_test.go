@@ -248,9 +248,6 @@ func diffLines(want, got string) string {
 // nftables, the drop after each tproxy rule, counted).
 func TestIstioCaptureGoldens(t *testing.T) {
 	h := harness.New(t)
-	if _, err := Dir(); err != nil {
-		t.Fatal(err)
-	}
 	bin := filepath.Join(h.BinDir, "iptables-init")
 	for _, b := range backends {
 		for _, c := range captureCases {
