@@ -52,9 +52,13 @@ vet:
 	$(GO) vet ./...
 	$(GO) vet -tags kernel ./...
 
-# Every test, kernel tests included (they need root and are never skipped).
+# Every test, kernel tests included (they need root and are never skipped),
+# on a host seeded with other tools' rules (test/seed-host.sh), which the
+# tests must leave as they found it; the seed goes when they end.
 test: deps build vet
-	MESHWIRE_BIN_DIR=$(BIN) $(GO) test -tags kernel -count=1 -timeout $(TEST_TIMEOUT) ./...
+	@test/seed-host.sh add
+	@MESHWIRE_BIN_DIR=$(BIN) $(GO) test -tags kernel -count=1 -timeout $(TEST_TIMEOUT) ./...; \
+	  st=$$?; test/seed-host.sh remove || st=1; exit $$st
 
 # Tests that need neither root nor the kernel: any user, no network
 # namespace, no firewall tool.

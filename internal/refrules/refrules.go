@@ -279,7 +279,10 @@ func (n *node) dropMasqNft(ctx context.Context, sel func(comment string) bool) e
 }
 
 // dropNftRules removes the rules of the chains of a native table whose
-// comment sel accepts, or the table when nothing else is in them.
+// comment sel accepts, or the table when they were the last rules in it.
+// A table it removes no rule from stays, empty or not: the reference
+// plugins' own state, which meshwire removes only with the last attachment
+// it takes over.
 func (n *node) dropNftRules(ctx context.Context, fam firewall.TableFamily, table string, chains []string, sel func(string) bool) error {
 	t, err := n.nft.ReadTable(ctx, fam, table)
 	if err != nil || t == nil {
@@ -298,11 +301,11 @@ func (n *node) dropNftRules(ctx context.Context, fam firewall.TableFamily, table
 			}
 		}
 	}
-	if others == 0 {
-		return n.nft.DeleteTables(ctx, fam, []string{table})
-	}
 	if len(del) == 0 {
 		return nil
+	}
+	if others == 0 {
+		return n.nft.DeleteTables(ctx, fam, []string{table})
 	}
 	if err := n.nft.DeleteRules(ctx, del); err == nil || !errors.Is(err, firewall.ErrNotFound) {
 		return err
@@ -381,7 +384,13 @@ func (n *node) gcPortmap(ctx context.Context, network string, valid []types.GCAt
 				errs = append(errs, err)
 				continue
 			}
-			_ = dropHostportBase(ctx, fw, f)
+			// The shared chains go with the last attachment this GC
+			// removed, never on a GC that removed none: empty shared
+			// chains another runtime's reference portmap keeps are not
+			// meshwire's to remove.
+			if len(stale) > 0 {
+				_ = dropHostportBase(ctx, fw, f)
+			}
 		}
 	}
 	for _, fam := range []firewall.TableFamily{firewall.IP, firewall.IP6} {

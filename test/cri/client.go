@@ -69,11 +69,11 @@ func (c *Containerd) RunPodE(spec PodSpec) (*Pod, error) {
 		return nil, err
 	}
 	p := &Pod{c: c, ID: resp.PodSandboxId, Config: cfg}
-	c.ids[p.ID] = true
+	c.remember(c.ids, p.ID)
 	// Remembered for cleanup after a failure (a /proc path goes with
 	// the sandbox's process).
 	if path, err := p.NetNSE(); err == nil && !strings.HasPrefix(path, "/proc/") {
-		c.netns[path] = true
+		c.remember(c.netns, path)
 	}
 	return p, nil
 }
@@ -210,7 +210,7 @@ func (p *Pod) StartContainer(spec ContainerSpec) *Container {
 	if err != nil {
 		c.T.Fatalf("CreateContainer %s in %s: %v", spec.Name, p.Config.Metadata.Name, err)
 	}
-	c.ids[created.ContainerId] = true
+	c.remember(c.ids, created.ContainerId)
 	if _, err := c.Runtime.StartContainer(ctx, &runtimeapi.StartContainerRequest{ContainerId: created.ContainerId}); err != nil {
 		c.T.Fatalf("StartContainer %s in %s: %v", spec.Name, p.Config.Metadata.Name, err)
 	}
@@ -252,4 +252,11 @@ func randomHex(n int) string {
 	b := make([]byte, n)
 	_, _ = rand.Read(b)
 	return hex.EncodeToString(b)
+}
+
+// remember adds key to one of c's sets of things to clean up.
+func (c *Containerd) remember(set map[string]bool, key string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	set[key] = true
 }

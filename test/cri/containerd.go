@@ -22,6 +22,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -76,6 +77,7 @@ type Containerd struct {
 	conn   *grpc.ClientConn
 	cmd    *exec.Cmd
 	exited chan struct{} // closed when containerd exits
+	mu     sync.Mutex    // guards netns and ids: pods are run from many goroutines
 	netns  map[string]bool
 	ids    map[string]bool // of the sandboxes and containers created
 	image  bool            // holds the image archive

@@ -78,12 +78,22 @@ func newUpgradeEnv(t *testing.T, v upgradeVariant) *upgradeEnv {
 		t.Fatalf("Debian's reference plugins 1.1.1 (apt package containernetworking-plugins): %v", err)
 	}
 	h := harness.New(t)
-	// Runs after the leak check (cleanups run last registered first): a
-	// failed test must not leave the reference's rules to the next.
-	t.Cleanup(func() { upgradeScrub(t) })
 	nodeBaseline(t)
+	shared := sharedHostportLines(t)
+	// Runs after the leak check (cleanups run last registered first): a
+	// failed test must not leave the reference's rules to the next, nor
+	// take the shared chains the host had before it.
+	t.Cleanup(func() { upgradeScrub(t, shared) })
 	e := &upgradeEnv{h: h, v: v, br: "mwtug" + harness.RandomID()[:6], dataDir: t.TempDir(), name: "mwtup-" + harness.RandomID()[:6]}
 	h.CheckNoLeaks()
+	// Runs before the leak check. The shared state this test may remove
+	// on purpose: meshwire's DEL (or GC) of the last reference attachment
+	// on the node removes the reference portmap's shared CNI-HOSTPORT-*
+	// chains and their jumps, also when they were on the host before the
+	// test (another reference install left them empty). Those lines, and
+	// only those, are put back as they were before the leak check judges
+	// the rest.
+	t.Cleanup(func() { restoreSharedHostport(t, shared) })
 	t.Cleanup(func() {
 		if l, err := netlink.LinkByName(e.br); err == nil {
 			_ = netlink.LinkDel(l)
@@ -121,19 +131,27 @@ func iptablesPath(t *testing.T, variant string) string {
 // upgradeScrub removes whatever the reference plugins left on the host:
 // every CNI-* chain of the nat tables with the built-in chains' jumps to
 // them, and the reference's nftables tables.
-func upgradeScrub(t *testing.T) {
+func upgradeScrub(t *testing.T, keep map[string][]string) {
 	t.Helper()
 	for _, v := range []string{"nft", "legacy"} {
 		for _, fam := range []string{"iptables", "ip6tables"} {
-			out, err := exec.Command(fam+"-"+v+"-save", "-t", "nat").Output()
+			tool := fam + "-" + v
+			out, err := exec.Command(tool+"-save", "-t", "nat").Output()
 			if err != nil {
-				t.Errorf("%s-%s-save: %v", fam, v, err)
+				t.Errorf("%s-save: %v", tool, err)
 				continue
+			}
+			kept := map[string]bool{}
+			for _, l := range keep[tool] {
+				kept[l] = true
 			}
 			var b strings.Builder
 			b.WriteString("*nat\n")
 			var chains []string
 			for _, l := range strings.Split(string(out), "\n") {
+				if kept[l] {
+					continue
+				}
 				if name, ok := strings.CutPrefix(l, ":CNI-"); ok {
 					chains = append(chains, "CNI-"+strings.Fields(name)[0])
 				}
@@ -150,10 +168,8 @@ func upgradeScrub(t *testing.T) {
 				b.WriteString("-X " + c + "\n")
 			}
 			b.WriteString("COMMIT\n")
-			cmd := exec.Command(fam+"-"+v+"-restore", "--noflush", "-w", "10")
-			cmd.Stdin = strings.NewReader(b.String())
-			if out, err := cmd.CombinedOutput(); err != nil {
-				t.Errorf("scrub %s-%s: %v: %s", fam, v, err, out)
+			if err := natRestore(tool, b.String()); err != nil {
+				t.Errorf("scrub %s: %v", tool, err)
 			}
 		}
 	}
@@ -429,5 +445,71 @@ func TestUpgradeGC(t *testing.T) {
 			e.meshwirePod(t, "C", portA)
 			e.mustReach(t, portA, "C")
 		})
+	}
+}
+
+// natRestore applies a restore script to the nat table with tool
+// ("iptables-nft", "ip6tables-legacy", ...), leaving the rest in place.
+func natRestore(tool, script string) error {
+	cmd := exec.Command(tool+"-restore", "--noflush", "-w", "10")
+	cmd.Stdin = strings.NewReader(script)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%v: %s", err, out)
+	}
+	return nil
+}
+
+// sharedHostportLines reads, per iptables tool, the nat lines of the
+// reference portmap's shared chains the host has now: the CNI-HOSTPORT-*
+// chains, their rules and the jumps to them, as the tool saves them.
+func sharedHostportLines(t *testing.T) map[string][]string {
+	t.Helper()
+	lines := map[string][]string{}
+	for _, v := range []string{"nft", "legacy"} {
+		for _, fam := range []string{"iptables", "ip6tables"} {
+			tool := fam + "-" + v
+			out, err := exec.Command(tool+"-save", "-t", "nat").Output()
+			if err != nil {
+				t.Fatalf("%s-save: %v", tool, err)
+			}
+			for _, l := range strings.Split(string(out), "\n") {
+				if strings.HasPrefix(l, ":CNI-HOSTPORT-") || strings.HasPrefix(l, "-A ") && strings.Contains(l, "CNI-HOSTPORT-") {
+					lines[tool] = append(lines[tool], l)
+				}
+			}
+		}
+	}
+	return lines
+}
+
+// restoreSharedHostport puts back the shared lines the test's DEL or GC
+// removed (chains first, then their rules and the jumps, in the order
+// saved), and says what it put back.
+func restoreSharedHostport(t *testing.T, before map[string][]string) {
+	t.Helper()
+	now := sharedHostportLines(t)
+	for tool, lines := range before {
+		have := map[string]bool{}
+		for _, l := range now[tool] {
+			have[l] = true
+		}
+		var chains, rules []string
+		for _, l := range lines {
+			switch {
+			case have[l]:
+			case strings.HasPrefix(l, ":"):
+				chains = append(chains, strings.Fields(l)[0]+" - [0:0]")
+			default:
+				rules = append(rules, l)
+			}
+		}
+		if len(chains)+len(rules) == 0 {
+			continue
+		}
+		t.Logf("%s: the last reference attachment took the host's shared chains; restoring %d chains, %d rules", tool, len(chains), len(rules))
+		script := "*nat\n" + strings.Join(append(chains, rules...), "\n") + "\nCOMMIT\n"
+		if err := natRestore(tool, script); err != nil {
+			t.Errorf("restore the shared chains with %s: %v", tool, err)
+		}
 	}
 }
