@@ -23,7 +23,7 @@ import (
 
 // Attributes x/sys/unix does not name.
 const (
-	nftaTableUserdata = 6  // NFTA_TABLE_USERDATA
+	nftaTableUserdata = nftnl.TableUserdata
 	nftaChainUserdata = 12 // NFTA_CHAIN_USERDATA
 	nftaTproxyRegPort = 3  // NFTA_TPROXY_REG_PORT
 	nftaNatRegAddrMin = unix.NFTA_NAT_REG_ADDR_MIN

@@ -159,6 +159,15 @@ func (b Backend) Available(ctx context.Context) error {
 	return nil
 }
 
+// NetlinkAvailable checks that nf_tables answers over netlink: the STATUS
+// check of what meshwire writes to native nftables with no tool (ipMasq).
+func NetlinkAvailable() error {
+	if !nftablesReachable() {
+		return cnierr.NotAvailable("nf_tables does not answer over netlink (no nf_tables in the kernel, or no CAP_NET_ADMIN)")
+	}
+	return nil
+}
+
 func run(ctx context.Context, name, stdin string, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, name, args...)
 	if stdin != "" {
@@ -193,8 +202,15 @@ func missingTool(name string) error {
 	return cnierr.NotAvailable("%s is not installed on this node: install the %q package (Debian and Ubuntu: apt-get install %s), or configure another firewall backend", name, pkg, pkg)
 }
 
-// ToolsInstalled reports whether the tools b runs are on PATH: a detection
-// that found none is not worth remembering (installing them changes it).
+// Usable reports whether meshwire can program b on this node as it is:
+// its tools are on PATH, or b is native nftables, which meshwire drives
+// over netlink where it can (ipMasq) and whose other users name the
+// nftables package when nft is missing. A detection that is not usable is
+// not worth remembering (installing a tool changes it); a usable one is
+// remembered even without tools, so that a DEL uses what its ADD used.
+func (b Backend) Usable() bool { return b.Kind == NFTables || b.ToolsInstalled() }
+
+// ToolsInstalled reports whether the tools b runs are on PATH.
 func (b Backend) ToolsInstalled() bool {
 	name := "nft"
 	if b.Kind == IPTables {
@@ -232,11 +248,26 @@ func Detect(ctx context.Context) Backend {
 		return Backend{Kind: NFTables}
 	}
 	if _, err := exec.LookPath("iptables-restore"); err != nil {
-		if _, err := exec.LookPath("nft"); err == nil {
+		// No iptables: native nftables, with nft, or with no tool at all
+		// when nf_tables answers over netlink (meshwire writes ipMasq's
+		// tables over netlink; what needs nft says to install it).
+		if _, err := exec.LookPath("nft"); err == nil || nftablesReachable() {
 			return Backend{Kind: NFTables}
 		}
 	}
 	return Backend{Kind: IPTables}
+}
+
+// nftablesReachable tells whether nf_tables answers over netlink here (a
+// table list); tests replace it.
+var nftablesReachable = func() bool {
+	c, err := nftnl.Open()
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	_, err = c.Tables(Inet)
+	return err == nil
 }
 
 func hasRules(ctx context.Context, b Backend) bool {

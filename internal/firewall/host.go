@@ -56,6 +56,9 @@ type Interface interface {
 	Restore(ctx context.Context, f Family, payload string) error
 	// ApplyNft applies an nft script as one transaction.
 	ApplyNft(ctx context.Context, script string) error
+	// ReplaceNatTable writes a native nat table of meshwire's whole, in
+	// one transaction, over netlink: it needs no firewall tool.
+	ReplaceNatTable(ctx context.Context, t NatTable) error
 	// AppendRules appends rules, given as typed values, over netlink in
 	// one transaction, encoded as iptables-nft encodes them
 	// (nf_tables-backed iptables only; a missing table or chain fails it,

@@ -25,8 +25,9 @@ var OldCacheFiles = []string{"/run/meshwire/ipmasq-backend", "/run/meshwire/port
 // Resolve returns the backend to program in the host network namespace:
 // the configured one (a name Parse accepts) as is; else the node's cached
 // detection (CacheFile, then OldCacheFiles); else Detect, whose answer is
-// cached when the backend's tools are installed (a detection on a node
-// with no firewall tool is made again once someone installs one). Only a
+// cached when the backend is Usable (a detection of iptables on a node
+// with no firewall tool is made again once someone installs one; native
+// nftables, which meshwire writes over netlink, is kept). Only a
 // configured name that Parse refuses is an error.
 //
 // The cache describes the host namespace: code that programs another
@@ -35,11 +36,11 @@ func Resolve(ctx context.Context, configured string) (Backend, error) {
 	if configured != "" {
 		return Parse(configured)
 	}
-	if b, ok := Cached(); ok && b.ToolsInstalled() {
+	if b, ok := Cached(); ok && b.Usable() {
 		return b, nil
 	}
 	b := Detect(ctx)
-	if b.ToolsInstalled() {
+	if b.Usable() {
 		Remember(b)
 	}
 	return b, nil

@@ -48,14 +48,16 @@ func TestMissingToolNamesThePackage(t *testing.T) {
 	}
 }
 
-// TestResolveWithoutToolsIsNotCached: a detection made with no tool is not
+// TestResolveWithoutToolsIsNotCached: on a node with no firewall tool and
+// no nf_tables over netlink, the detection (iptables, unusable) is not
 // remembered, and a remembered backend whose tools are gone is not used,
 // so installing a tool afterwards takes effect.
 func TestResolveWithoutToolsIsNotCached(t *testing.T) {
 	withoutTools(t)
+	reachable(t, false)
 	ctx := context.Background()
-	if _, err := Resolve(ctx, ""); err != nil {
-		t.Fatal(err)
+	if b, err := Resolve(ctx, ""); err != nil || b.Kind != IPTables {
+		t.Fatalf("Resolve = %s, %v; want iptables", b, err)
 	}
 	if _, err := os.Stat(CacheFile); !os.IsNotExist(err) {
 		t.Fatalf("a detection with no tool was cached (%v)", err)
@@ -77,4 +79,33 @@ func TestResolveWithoutToolsIsNotCached(t *testing.T) {
 	if c, ok := Cached(); !ok || c.Kind != NFTables {
 		t.Errorf("cache holds %v (%v), want nftables", c, ok)
 	}
+}
+
+// TestResolveWithoutToolsOverNetlink: with no firewall tool but nf_tables
+// answering over netlink, the node's backend is native nftables (ipMasq
+// needs no tool there), remembered so that DEL uses what ADD used; a tool
+// installed later does not change it until the cache goes (reboot).
+func TestResolveWithoutToolsOverNetlink(t *testing.T) {
+	withoutTools(t)
+	reachable(t, true)
+	ctx := context.Background()
+	if b, err := Resolve(ctx, ""); err != nil || b.Kind != NFTables {
+		t.Fatalf("Resolve = %s, %v; want nftables", b, err)
+	}
+	if c, ok := Cached(); !ok || c.Kind != NFTables {
+		t.Fatalf("cache holds %v (%v), want nftables", c, ok)
+	}
+	if err := os.WriteFile(filepath.Join(os.Getenv("PATH"), "iptables-restore"), []byte("#!/bin/sh\nexit 0\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := Resolve(ctx, ""); err != nil || b.Kind != NFTables {
+		t.Errorf("after installing iptables, Resolve = %s, %v; want the cached nftables", b, err)
+	}
+}
+
+// reachable makes Detect see nf_tables over netlink, or not.
+func reachable(t *testing.T, yes bool) {
+	old := nftablesReachable
+	nftablesReachable = func() bool { return yes }
+	t.Cleanup(func() { nftablesReachable = old })
 }

@@ -101,21 +101,28 @@ func ipPayload(op string, a attachment.ID, addrs []net.IPNet) string {
 	return b.String()
 }
 
+// nftTable is the attachment's native table: its masquerade rules, IPv4
+// first, in a table of its own.
+func nftTable(a attachment.ID, addrs []net.IPNet) firewall.NatTable {
+	v4, v6 := split(addrs)
+	rules := masqRules(a, append(v4, v6...))
+	for i := range rules {
+		rules[i].IPFamily = firewall.V4
+		if rules[i].Family == firewall.IP6 {
+			rules[i].IPFamily = firewall.V6
+		}
+		rules[i].Family, rules[i].Table, rules[i].Chain, rules[i].Comment = 0, "", "", ""
+	}
+	return firewall.NatTable{Family: firewall.Inet, Name: a.MasqTable(), Comment: comment(a), Chain: "postrouting", Rules: rules}
+}
+
 // NftAdd renders the nft script that (re)creates the attachment's table.
 func NftAdd(a attachment.ID, addrs []net.IPNet) string {
-	t := a.MasqTable()
-	v4, v6 := split(addrs)
-	var b strings.Builder
-	fmt.Fprintf(&b, "add table inet %s\ndelete table inet %s\n", t, t)
-	fmt.Fprintf(&b, "table inet %s {\n\tcomment \"%s\"\n\tchain postrouting {\n\t\ttype nat hook postrouting priority srcnat; policy accept;\n", t, comment(a))
-	for _, ad := range v4 {
-		fmt.Fprintf(&b, "\t\tip saddr %s ip daddr != %s ip daddr != 224.0.0.0/4 masquerade\n", ad.IP, subnet(ad))
+	s, err := nftTable(a, addrs).Script()
+	if err != nil {
+		panic(err) // masqRules makes only what a NatTable writes
 	}
-	for _, ad := range v6 {
-		fmt.Fprintf(&b, "\t\tip6 saddr %s ip6 daddr != %s ip6 daddr != ff00::/8 masquerade\n", ad.IP, subnet(ad))
-	}
-	b.WriteString("\t}\n}\n")
-	return b.String()
+	return s
 }
 
 // The chain of the nat table that holds the masquerade rules.
@@ -133,6 +140,16 @@ func families(addrs []net.IPNet) []struct {
 	}{{firewall.V4, v4}, {firewall.V6, v6}}
 }
 
+// Available is STATUS for ipMasq on backend b: with native nftables,
+// which Setup, Teardown and GC drive over netlink, nf_tables must answer
+// (no tool is needed); else b's tools must work.
+func Available(ctx context.Context, b firewall.Backend) error {
+	if b.Kind == firewall.NFTables {
+		return firewall.NetlinkAvailable()
+	}
+	return b.Available(ctx)
+}
+
 // Setup installs masquerading of addrs for attachment a. On an
 // nf_tables-backed iptables the rules are appended over netlink (see
 // firewall.Interface.Release for the socket that leaves behind).
@@ -142,7 +159,8 @@ func Setup(ctx context.Context, fw firewall.Interface, a attachment.ID, addrs []
 	}
 	b := fw.Backend()
 	if b.Kind == firewall.NFTables {
-		if err := fw.ApplyNft(ctx, NftAdd(a, addrs)); err != nil {
+		// Over netlink: no nft process, and none needed on the node.
+		if err := fw.ReplaceNatTable(ctx, nftTable(a, addrs)); err != nil {
 			return fmt.Errorf("ipMasq (nftables): %w", err)
 		}
 		return nil

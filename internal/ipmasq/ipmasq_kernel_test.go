@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -74,6 +76,79 @@ func TestSetupOverNetlinkIsTheIPTablesRuleset(t *testing.T) {
 		}
 		if ok, _ := Present(ctx, fw, other, []net.IPNet{cidr("198.18.16.6/24"), cidr("fd20:0:0:16::6/64")}); !ok {
 			return fmt.Errorf("Teardown removed another attachment's rules")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestNftablesSetupNeedsNoTool: with native nftables, Setup writes the
+// attachment's table over netlink with no firewall tool on PATH, and what
+// it writes is what `nft -f` makes of NftAdd's script, statement for
+// statement and expression for expression (nft --debug=netlink prints
+// both); Present sees it and Teardown removes it, still with no tool.
+func TestNftablesSetupNeedsNoTool(t *testing.T) {
+	kerneltest.Require(t)
+	addrs := []net.IPNet{cidr("198.18.16.5/24"), cidr("198.18.17.5/20"), cidr("fd20:0:0:16::5/64")}
+	ctx := context.Background()
+	list := func(p string) string {
+		t.Helper()
+		out, err := exec.Command("ip", "netns", "exec", filepath.Base(p), "nft", "--debug=netlink", "list", "table", "inet", att.MasqTable()).CombinedOutput()
+		if err != nil {
+			t.Fatalf("nft list: %v: %s", err, out)
+		}
+		return string(out)
+	}
+	scratch := func(suffix string) string {
+		name := fmt.Sprintf("mwt-masq%s-%d", suffix, os.Getpid())
+		p, err := netns.Create(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = netns.Delete(name) })
+		return p
+	}
+	byTool, byNetlink := scratch("t"), scratch("n")
+	cmd := exec.Command("ip", "netns", "exec", filepath.Base(byTool), "nft", "-f", "-")
+	cmd.Stdin = strings.NewReader(NftAdd(att, addrs))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("nft -f: %v: %s", err, out)
+	}
+	path := os.Getenv("PATH")
+	t.Setenv("PATH", t.TempDir()) // no tool can run
+	b := firewall.Backend{Kind: firewall.NFTables}
+	err := netns.Enter(byNetlink, func() error {
+		fw := firewall.New(b)
+		defer fw.Close()
+		// Twice: the second replaces the first.
+		for i := 0; i < 2; i++ {
+			if err := Setup(ctx, fw, att, addrs); err != nil {
+				return fmt.Errorf("Setup %d: %w", i+1, err)
+			}
+		}
+		if ok, err := Present(ctx, fw, att, addrs); !ok || err != nil {
+			return fmt.Errorf("Present = %v, %v", ok, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("PATH", path)
+	if want, got := list(byTool), list(byNetlink); want != got {
+		t.Fatalf("over netlink:\n%s\nnft -f of NftAdd:\n%s", got, want)
+	}
+	t.Setenv("PATH", t.TempDir())
+	err = netns.Enter(byNetlink, func() error {
+		fw := firewall.New(b)
+		defer fw.Close()
+		if err := Teardown(ctx, fw, att, addrs); err != nil {
+			return err
+		}
+		if ok, err := Present(ctx, fw, att, addrs); ok || err != nil {
+			return fmt.Errorf("after Teardown: Present = %v, %v", ok, err)
 		}
 		return nil
 	})

@@ -186,3 +186,29 @@ func (c *Conn) AppendRules(rules []NewRule) error {
 	}
 	return err
 }
+
+// Native nftables rules (an inet table of meshwire's own, not iptables-nft's)
+// use nft's expressions for the same statements: `meta nfproto` before an
+// ip or ip6 match, no counter or comment match, and nft's own masquerade.
+// nft encodes `ip saddr/daddr [!=] prefix` exactly as AddrMatch does (the
+// tests compare with what `nft -f` makes of the same script).
+
+// MetaNfproto is `meta nfproto ipv4` (ipv6 for IP6): the dependency nft
+// puts before an address match in an inet table.
+func MetaNfproto(f Family) []Expr {
+	v := byte(unix.NFPROTO_IPV4)
+	if f == IP6 {
+		v = unix.NFPROTO_IPV6
+	}
+	return []Expr{
+		{"meta", []Attr{{unix.NFTA_META_KEY, be32(unix.NFT_META_NFPROTO)}, {unix.NFTA_META_DREG, be32(unix.NFT_REG_1)}}},
+		{"cmp", []Attr{
+			{unix.NFTA_CMP_SREG, be32(unix.NFT_REG_1)},
+			{unix.NFTA_CMP_OP, be32(unix.NFT_CMP_EQ)},
+			nest(unix.NFTA_CMP_DATA, Attr{unix.NFTA_DATA_VALUE, []byte{v}}),
+		}},
+	}
+}
+
+// Masq is nft's `masquerade` statement.
+func Masq() Expr { return Expr{name: "masq"} }

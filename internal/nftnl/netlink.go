@@ -437,3 +437,56 @@ func (c *Conn) DeleteTables(fam Family, names []string) error {
 	c.committed = true
 	return nil
 }
+
+// TableUserdata is NFTA_TABLE_USERDATA (x/sys/unix does not define it).
+const TableUserdata = 6
+
+// BaseChain is the one base chain of a table ReplaceTable writes: `type
+// Type hook Hook priority Priority; policy accept;` (Hook is an NF_INET_*
+// hook number).
+type BaseChain struct {
+	Name, Type string
+	Hook       uint32
+	Priority   int32
+}
+
+// ReplaceTable puts table name of family fam in place, with a comment, one
+// base chain and its rules (each an expression list), in one transaction
+// that deletes the table first when it is there: what `nft -f` does with
+// "add table …; delete table …; table … { … }", with no nft process.
+func (c *Conn) ReplaceTable(fam Family, name, comment string, chain BaseChain, rules [][]Expr) error {
+	var udata []byte
+	if comment != "" {
+		// libnftnl's TLV: type 0 (comment), length, the text with its NUL.
+		if len(comment) > 127 {
+			return fmt.Errorf("nf_tables: table %s: comment of %d bytes, the limit is 127", name, len(comment))
+		}
+		udata = append([]byte{0, byte(len(comment) + 1)}, append([]byte(comment), 0)...)
+	}
+	table := StrAttr(unix.NFTA_TABLE_NAME, name)
+	err := c.batch(func(b []byte) []byte {
+		b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_NEWTABLE), unix.NLM_F_REQUEST|unix.NLM_F_CREATE, fam, 0,
+			table, Attr{unix.NFTA_TABLE_FLAGS, []byte{0, 0, 0, 0}})
+		b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_DELTABLE), unix.NLM_F_REQUEST, fam, 0, table)
+		attrs := []Attr{table, {unix.NFTA_TABLE_FLAGS, []byte{0, 0, 0, 0}}}
+		if udata != nil {
+			attrs = append(attrs, Attr{TableUserdata, udata})
+		}
+		b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_NEWTABLE), unix.NLM_F_REQUEST|unix.NLM_F_CREATE, fam, 0, attrs...)
+		b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_NEWCHAIN), unix.NLM_F_REQUEST|unix.NLM_F_CREATE, fam, 0,
+			StrAttr(unix.NFTA_CHAIN_TABLE, name), StrAttr(unix.NFTA_CHAIN_NAME, chain.Name),
+			nest(unix.NFTA_CHAIN_HOOK, Attr{unix.NFTA_HOOK_HOOKNUM, be32(chain.Hook)}, Attr{unix.NFTA_HOOK_PRIORITY, be32(uint32(chain.Priority))}),
+			Attr{unix.NFTA_CHAIN_POLICY, be32(1)} /* NF_ACCEPT */, StrAttr(unix.NFTA_CHAIN_TYPE, chain.Type))
+		for _, exprs := range rules {
+			b, _ = c.appendMsg(b, nftType(unix.NFT_MSG_NEWRULE), unix.NLM_F_REQUEST|unix.NLM_F_CREATE|unix.NLM_F_APPEND, fam, 0,
+				StrAttr(unix.NFTA_RULE_TABLE, name), StrAttr(unix.NFTA_RULE_CHAIN, chain.Name),
+				Attr{unix.NFTA_RULE_EXPRESSIONS | unix.NLA_F_NESTED, EncodeExprs(exprs)})
+		}
+		return b
+	})
+	if err != nil {
+		return fmt.Errorf("nf_tables: replace %s table %s: %w", fam, name, err)
+	}
+	c.committed = true
+	return nil
+}

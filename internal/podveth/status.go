@@ -21,7 +21,7 @@ func (a *Attachment) Status(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		if err := b.Available(ctx); err != nil {
+		if err := ipmasq.Available(ctx, b); err != nil {
 			return err
 		}
 	}

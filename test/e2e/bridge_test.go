@@ -284,20 +284,30 @@ func bridgeMustNotPing(t *testing.T, ns *harness.NS, ip string) {
 func TestBridgeConnectivity(t *testing.T) {
 	// iptables is iptables-nft here (its rules are read and removed over
 	// netlink); legacy keeps the tool path covered.
+	// nftables with no tool: the plugin runs with a PATH holding no
+	// firewall tool, as on a minimal node; ipMasq goes over netlink.
 	for _, c := range []struct {
-		backend string
-		i       int
-	}{{"iptables", 0}, {"nftables", 1}, {"legacy", 11}} {
+		name, backend string
+		i             int
+		noTools       bool
+	}{{"iptables", "iptables", 0, false}, {"nftables", "nftables", 1, false}, {"legacy", "legacy", 11, false}, {"nftables-no-tools", "nftables", 12, true}} {
 		backend, i := c.backend, c.i
-		t.Run(backend, func(t *testing.T) {
+		t.Run(c.name, func(t *testing.T) {
 			e := newBridgeEnv(t)
 			out4, out6 := bridgeInternet(t, e.h)
-			name := "mwtb-conn-" + backend
+			name := "mwtb-conn-" + c.name
 			list := e.list("1.1.0", name, map[string]any{"isDefaultGateway": true, "ipMasq": true, "ipMasqBackend": backend},
 				fmt.Sprintf("198.18.%d.0/24", 17+i), fmt.Sprintf("fd20:0:0:%d::/64", 17+i))
 			nsA, nsB := e.h.NewNS("br"), e.h.NewNS("br")
 			a, b := e.h.Attach(list, nsA, "eth0", nil), e.h.Attach(list, nsB, "eth0", nil)
-			ra, rb := a.MustAdd(), b.MustAdd()
+			plugin := func(fn func() error) error { return fn() }
+			if c.noTools {
+				plugin = func(fn func() error) error { return withoutFirewallTools(t, fn) }
+			}
+			var ra, rb *current.Result
+			if err := plugin(func() error { ra, rb = a.MustAdd(), b.MustAdd(); return e.h.Status(list) }); err != nil {
+				t.Fatalf("STATUS: %v", err)
+			}
 			_, a6 := bridgeIPs(t, ra)
 			b4, b6 := bridgeIPs(t, rb)
 			if a6 == nil || b6 == nil {
@@ -312,16 +322,22 @@ func TestBridgeConnectivity(t *testing.T) {
 			if !bridgeMasqInstalled(t, name, a) {
 				t.Fatal("no masquerade rules after ADD")
 			}
-			if err := a.Check(); err != nil {
+			if err := plugin(a.Check); err != nil {
 				t.Fatalf("CHECK: %v", err)
 			}
-			if err := a.Del(); err != nil {
+			if err := plugin(a.Del); err != nil {
 				t.Fatalf("DEL: %v", err)
 			}
 			if bridgeMasqInstalled(t, name, a) {
 				t.Fatal("masquerade rules left after DEL")
 			}
 			bridgeMustPing(t, nsB, out4)
+			if err := plugin(func() error { return e.h.GC(list) }); err != nil {
+				t.Fatalf("GC: %v", err)
+			}
+			if bridgeMasqInstalled(t, name, b) {
+				t.Fatal("masquerade rules of a pod GC was not told of left after GC")
+			}
 		})
 	}
 	t.Run("no-masquerade", func(t *testing.T) {
@@ -579,4 +595,14 @@ func TestBridgeFailureInjection(t *testing.T) {
 			}
 		})
 	}
+}
+
+// withoutFirewallTools runs fn (plugin commands through libcni, which
+// passes its environment on) with a PATH that holds no firewall tool.
+func withoutFirewallTools(t *testing.T, fn func() error) error {
+	t.Helper()
+	path := os.Getenv("PATH")
+	defer os.Setenv("PATH", path)
+	os.Setenv("PATH", t.TempDir())
+	return fn()
 }
