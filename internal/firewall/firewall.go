@@ -224,7 +224,9 @@ func (b Backend) ToolsInstalled() bool {
 // uses, so meshwire's rules land where the rest of the node's rules are:
 // iptables-legacy if legacy tables hold rules, else iptables-nft if its
 // tables hold rules, else nftables if native nftables tables exist, else
-// iptables through the distribution's default `iptables`. A tool's
+// iptables through the distribution's default `iptables`; with no iptables
+// installed, nftables when nft is installed or, with no tool at all,
+// when nf_tables answers over netlink. A tool's
 // backend counts only when its tools are installed. What lives in
 // nf_tables is looked up over netlink (the tools only when that fails),
 // and a legacy family whose namespace never loaded a table is not read:
