@@ -18,8 +18,24 @@
 # the seed creates, so `remove` takes away exactly what `add` made.
 set -eu
 
-# A rule set per tool; the same text serves add (-A/-N) and, reversed,
-# remove.
+# The seed's restore scripts, one per tool; `remove` takes their chains
+# (table:chain) and deletes every rule commented meshwire-seed.
+
+# The reference portmap's shared chains and jumps, the same in both
+# families: the nat lines of v4_nft and v6_nft.
+hostport_nat() {
+	cat <<'R'
+:CNI-HOSTPORT-DNAT - [0:0]
+:CNI-HOSTPORT-SETMARK - [0:0]
+:CNI-HOSTPORT-MASQ - [0:0]
+-A PREROUTING -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT -m comment --comment meshwire-seed
+-A OUTPUT -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT -m comment --comment meshwire-seed
+-A POSTROUTING -j CNI-HOSTPORT-MASQ -m comment --comment meshwire-seed
+-A CNI-HOSTPORT-MASQ -m mark --mark 0x2000/0x2000 -j MASQUERADE
+-A CNI-HOSTPORT-SETMARK -j MARK --set-xmark 0x2000/0x2000
+R
+}
+
 v4_nft() {
 	cat <<'R'
 *filter
@@ -40,9 +56,6 @@ COMMIT
 :KUBE-SERVICES - [0:0]
 :KUBE-POSTROUTING - [0:0]
 :KUBE-SVC-MESHWIRESEED - [0:0]
-:CNI-HOSTPORT-DNAT - [0:0]
-:CNI-HOSTPORT-SETMARK - [0:0]
-:CNI-HOSTPORT-MASQ - [0:0]
 -A PREROUTING -m addrtype --dst-type LOCAL -j DOCKER -m comment --comment meshwire-seed
 -A OUTPUT ! -d 127.0.0.0/8 -m addrtype --dst-type LOCAL -j DOCKER -m comment --comment meshwire-seed
 -A POSTROUTING -s 172.17.0.0/16 ! -o docker0 -j MASQUERADE -m comment --comment meshwire-seed
@@ -52,28 +65,15 @@ COMMIT
 -A KUBE-SERVICES -d 10.96.0.10/32 -p udp --dport 53 -j KUBE-SVC-MESHWIRESEED
 -A KUBE-SVC-MESHWIRESEED -p udp -j DNAT --to-destination 192.0.2.53:53
 -A KUBE-POSTROUTING -m mark ! --mark 0x4000/0x4000 -j RETURN
--A PREROUTING -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT -m comment --comment meshwire-seed
--A OUTPUT -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT -m comment --comment meshwire-seed
--A POSTROUTING -j CNI-HOSTPORT-MASQ -m comment --comment meshwire-seed
--A CNI-HOSTPORT-MASQ -m mark --mark 0x2000/0x2000 -j MASQUERADE
--A CNI-HOSTPORT-SETMARK -j MARK --set-xmark 0x2000/0x2000
-COMMIT
 R
+	hostport_nat
+	echo COMMIT
 }
 
 v6_nft() {
-	cat <<'R'
-*nat
-:CNI-HOSTPORT-DNAT - [0:0]
-:CNI-HOSTPORT-SETMARK - [0:0]
-:CNI-HOSTPORT-MASQ - [0:0]
--A PREROUTING -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT -m comment --comment meshwire-seed
--A OUTPUT -m addrtype --dst-type LOCAL -j CNI-HOSTPORT-DNAT -m comment --comment meshwire-seed
--A POSTROUTING -j CNI-HOSTPORT-MASQ -m comment --comment meshwire-seed
--A CNI-HOSTPORT-MASQ -m mark --mark 0x2000/0x2000 -j MASQUERADE
--A CNI-HOSTPORT-SETMARK -j MARK --set-xmark 0x2000/0x2000
-COMMIT
-R
+	echo '*nat'
+	hostport_nat
+	echo COMMIT
 }
 
 v4_legacy() {

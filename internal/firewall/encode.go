@@ -41,19 +41,9 @@ func encodeRule(r Rule) (nftnl.NewRule, error) {
 		return nftnl.NewRule{}, fmt.Errorf("append to %s %s %s: the rule has fields that are not encoded (%+v)", r.Family.Name(), r.Table, r.Chain, rest)
 	}
 	fam := r.Family
-	var exprs []nftnl.Expr
-	for _, m := range []struct {
-		p           netip.Prefix
-		dst, invert bool
-	}{{r.Src, false, r.NotSrc}, {r.Dst, true, r.NotDst}} {
-		if !m.p.IsValid() {
-			continue
-		}
-		n, err := ipNet(r.Family, m.p)
-		if err != nil {
-			return nftnl.NewRule{}, err
-		}
-		exprs = append(exprs, nftnl.AddrMatch(fam, m.dst, m.invert, n)...)
+	exprs, err := addrMatches(nil, fam, r)
+	if err != nil {
+		return nftnl.NewRule{}, err
 	}
 	if r.NotDstMulticast {
 		exprs = append(exprs, nftnl.NotMulticastDst())
@@ -70,6 +60,25 @@ func encodeRule(r Rule) (nftnl.NewRule, error) {
 		exprs = append(exprs, nftnl.Masquerade(fam))
 	}
 	return nftnl.NewRule{Family: fam, Table: r.Table, Chain: r.Chain, Exprs: exprs}, nil
+}
+
+// addrMatches appends to exprs r's [!] Src and [!] Dst matches for a table
+// of family fam (IP or IP6), as iptables-nft and nft both encode them.
+func addrMatches(exprs []nftnl.Expr, fam TableFamily, r Rule) ([]nftnl.Expr, error) {
+	for _, m := range []struct {
+		p           netip.Prefix
+		dst, invert bool
+	}{{r.Src, false, r.NotSrc}, {r.Dst, true, r.NotDst}} {
+		if !m.p.IsValid() {
+			continue
+		}
+		n, err := ipNet(fam, m.p)
+		if err != nil {
+			return nil, err
+		}
+		exprs = append(exprs, nftnl.AddrMatch(fam, m.dst, m.invert, n)...)
+	}
+	return exprs, nil
 }
 
 // ipNet is a prefix of the table's address family as a net.IPNet.

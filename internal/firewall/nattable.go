@@ -112,19 +112,9 @@ func natExprs(r Rule) ([]nftnl.Expr, error) {
 	if r.IPFamily == V6 {
 		fam = IP6
 	}
-	exprs := nftnl.MetaNfproto(fam)
-	for _, m := range []struct {
-		p           netip.Prefix
-		dst, invert bool
-	}{{r.Src, false, false}, {r.Dst, true, r.NotDst}} {
-		if !m.p.IsValid() {
-			continue
-		}
-		n, err := ipNet(fam, m.p)
-		if err != nil {
-			return nil, err
-		}
-		exprs = append(exprs, nftnl.AddrMatch(fam, m.dst, m.invert, n)...)
+	exprs, err := addrMatches(nftnl.MetaNfproto(fam), fam, r)
+	if err != nil {
+		return nil, err
 	}
 	if r.NotDstMulticast {
 		n, _ := ipNet(fam, multicast(r.IPFamily))

@@ -10,9 +10,7 @@ import (
 	"io"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -32,6 +30,7 @@ import (
 // bandwidth and intercept chained as `meshwire install --chain` writes
 // them.
 const (
+	fnNetwork  = "mwt-fullnode"
 	fnPods     = 250
 	fnBatch    = 25
 	fnSubnet   = "198.19.0.0/23"
@@ -119,7 +118,7 @@ func fnFill(b *testing.B, h *harness.H, im impl) *fnRun {
 		// The reference portmap never removes its shared chains (and,
 		// with 25 ADDs at once, may add their jumps more than once):
 		// taken away after its run so that they are not the next run's.
-		b.Cleanup(func() { fnScrubReference(b) })
+		b.Cleanup(func() { pmBenchRemoveReferenceBase(b) })
 	}
 	br := "mwfn" + im.tag
 	b.Cleanup(func() {
@@ -128,9 +127,9 @@ func fnFill(b *testing.B, h *harness.H, im impl) *fnRun {
 		}
 	})
 	dataDir := b.TempDir()
-	chained, err := installer.Chain([]byte(fmt.Sprintf(`{"cniVersion":"1.0.0","name":"mwt-fullnode","plugins":[
+	chained, err := installer.Chain([]byte(fmt.Sprintf(`{"cniVersion":"1.0.0","name":%q,"plugins":[
 		{"type":"bridge","bridge":%q,"isDefaultGateway":true,
-		 "ipam":{"type":"host-local","ranges":[[{"subnet":%q,"gateway":%q}]],"dataDir":%q}}]}`, br, fnSubnet, fnGateway, dataDir)))
+		 "ipam":{"type":"host-local","ranges":[[{"subnet":%q,"gateway":%q}]],"dataDir":%q}}]}`, fnNetwork, br, fnSubnet, fnGateway, dataDir)))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -189,7 +188,7 @@ func fnFill(b *testing.B, h *harness.H, im impl) *fnRun {
 	if len(failed) > 0 {
 		b.Fatalf("%s: %d removals failed, first: %v", im.name, len(failed), failed[0])
 	}
-	if n := fnReservations(b, dataDir); n != 0 {
+	if n := harness.Reservations(b, dataDir, fnNetwork); n != 0 {
 		b.Errorf("%s: %d addresses still reserved after every pod was removed", im.name, n)
 	}
 	if run.reachErrs > 0 {
@@ -261,18 +260,6 @@ func fnGet(addr string) (string, error) {
 		return "", err
 	}
 	return line[:max(len(line)-1, 0)], nil
-}
-
-// fnReservations counts host-local's address files left in dataDir.
-func fnReservations(b *testing.B, dataDir string) int {
-	n := 0
-	_ = filepath.WalkDir(dataDir, func(path string, d os.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && net.ParseIP(d.Name()) != nil {
-			n++
-		}
-		return nil
-	})
-	return n
 }
 
 // fnChainTimes reads the durations meshwire's plugins logged for ADD and
@@ -354,37 +341,4 @@ func fnReport(b *testing.B, mw, ref []*fnRun, refName string) {
 		}
 	}
 	t.Write(os.Stdout)
-}
-
-// fnScrubReference removes the reference portmap's shared CNI-HOSTPORT-*
-// chains and every jump to them from the nat tables (iptables-nft, the
-// backend v1.9.1 uses here).
-func fnScrubReference(b *testing.B) {
-	for _, tool := range []string{"iptables-nft", "ip6tables-nft"} {
-		out, err := exec.Command(tool+"-save", "-t", "nat").Output()
-		if err != nil {
-			b.Errorf("%s-save: %v", tool, err)
-			continue
-		}
-		var del, flush, drop []string
-		for _, l := range strings.Split(string(out), "\n") {
-			switch {
-			case strings.HasPrefix(l, ":CNI-HOSTPORT-"):
-				name := strings.Fields(l)[0][1:]
-				flush, drop = append(flush, "-F "+name), append(drop, "-X "+name)
-			case strings.HasPrefix(l, "-A ") && strings.Contains(l, "-j CNI-HOSTPORT-") && !strings.HasPrefix(l, "-A CNI-"):
-				del = append(del, "-D "+l[3:])
-			}
-		}
-		for _, script := range [][]string{append(del, flush...), drop} {
-			if len(script) == 0 {
-				continue
-			}
-			cmd := exec.Command(tool+"-restore", "--noflush", "-w", "10")
-			cmd.Stdin = strings.NewReader("*nat\n" + strings.Join(script, "\n") + "\nCOMMIT\n")
-			if out, err := cmd.CombinedOutput(); err != nil {
-				b.Errorf("scrub the reference's chains with %s: %v: %s", tool, err, out)
-			}
-		}
-	}
 }

@@ -19,7 +19,6 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/meshwire/meshwire/internal/hostlocal/store"
 	"github.com/meshwire/meshwire/internal/killpoint"
 	"github.com/meshwire/meshwire/internal/probe"
 	"github.com/meshwire/meshwire/test/harness"
@@ -103,26 +102,6 @@ func chaosRun(t *testing.T, h *harness.H, list string, caps map[string]any, plug
 	return kills
 }
 
-// chaosAllocations counts the host-local reservations of a network.
-func chaosAllocations(t *testing.T, dataDir, network string) int {
-	t.Helper()
-	if _, err := os.Stat(store.Dir(dataDir, network)); err != nil {
-		return 0
-	}
-	s, err := store.Open(dataDir, network, 10*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
-	n := 0
-	if err := s.View(func(tx *store.Tx) error {
-		return tx.ForEach(func(store.Allocation) error { n++; return nil })
-	}); err != nil {
-		t.Fatal(err)
-	}
-	return n
-}
-
 // chaosReport logs the kills of each plugin.
 func chaosReport(t *testing.T, kills map[string]int) {
 	var names []string
@@ -196,7 +175,7 @@ func TestChaosInterfacePlugins(t *testing.T) {
 			h.CheckNoLeaks(dataDir, "/run/meshwire")
 			kills := chaosRun(t, h, tc.list, tc.caps, tc.plugins, func() *harness.NS { return h.NewNS("chaos") })
 			chaosReport(t, kills)
-			if n := chaosAllocations(t, dataDir, tc.network); n != 1 {
+			if n := harness.Reservations(t, dataDir, tc.network); n != 1 {
 				t.Fatalf("%d addresses reserved after the kills and DELs, want the survivor's only", n)
 			}
 			if err := h.GC(conf, survivor.GCAttachment()); err != nil {

@@ -111,7 +111,7 @@ func TestCRIContainerdKilled(t *testing.T) {
 	}
 	// Plugins started by the killed containerd may still be finishing.
 	waitNoPlugins(t, h.BinDir)
-	if n := chaosAllocations(t, dataDir, "mwt-crikill"); n != 0 {
+	if n := harness.Reservations(t, dataDir, "mwt-crikill"); n != 0 {
 		t.Errorf("%d addresses still reserved after containerd removed every pod it knows", n)
 	}
 	links, err := netlink.LinkList()

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"errors"
+	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -35,12 +36,21 @@ func nodeBaseline(t *testing.T) {
 			t.Fatalf("enable forwarding: %v", err)
 		}
 	}
-	const nat = "*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\nCOMMIT\n"
-	for _, tool := range []string{"iptables-restore", "ip6tables-restore", "iptables-legacy-restore", "ip6tables-legacy-restore", "iptables-nft-restore", "ip6tables-nft-restore"} {
-		cmd := exec.Command(tool, "--noflush", "-w", "10")
-		cmd.Stdin = strings.NewReader(nat)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("%s: %v: %s", tool, err, out)
+	for _, tool := range []string{"iptables", "ip6tables", "iptables-legacy", "ip6tables-legacy", "iptables-nft", "ip6tables-nft"} {
+		if err := natRestore(tool, ":PREROUTING ACCEPT [0:0]", ":OUTPUT ACCEPT [0:0]", ":POSTROUTING ACCEPT [0:0]"); err != nil {
+			t.Fatalf("%s-restore: %v", tool, err)
 		}
 	}
+}
+
+// natRestore applies lines to the nat table with tool ("iptables",
+// "ip6tables-legacy", ...) in one --noflush transaction, leaving the rest
+// in place.
+func natRestore(tool string, lines ...string) error {
+	cmd := exec.Command(tool+"-restore", "--noflush", "-w", "10")
+	cmd.Stdin = strings.NewReader("*nat\n" + strings.Join(lines, "\n") + "\nCOMMIT\n")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%v: %s", err, out)
+	}
+	return nil
 }

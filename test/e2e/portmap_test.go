@@ -828,10 +828,8 @@ func TestPortmapForeignRules(t *testing.T) {
 	e := newPortmapEnv(t)
 	foreign := "-A PREROUTING -p tcp -m tcp --dport 30999 -m comment --comment mwtp-foreign -j RETURN"
 	restore := func(line string) {
-		cmd := exec.Command("iptables-restore", "--noflush", "-w", "10")
-		cmd.Stdin = strings.NewReader("*nat\n" + line + "\nCOMMIT\n")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("iptables-restore %q: %v: %s", line, err, out)
+		if err := natRestore("iptables", line); err != nil {
+			t.Fatalf("iptables-restore %q: %v", line, err)
 		}
 	}
 	restore(foreign)

@@ -77,7 +77,7 @@ func TestNodeReboot(t *testing.T) {
 		in(node, func() error { _, err := a.Add(); return err })
 		old, gone = append(old, a.RT.ContainerID), append(gone, pod.Name)
 	}
-	if n := chaosAllocations(t, dataDir, "mwt-reboot"); n != 3 {
+	if n := harness.Reservations(t, dataDir, "mwt-reboot"); n != 3 {
 		t.Fatalf("%d addresses reserved before the reboot, want 3", n)
 	}
 
@@ -94,11 +94,11 @@ func TestNodeReboot(t *testing.T) {
 	a := h.Attach(list, pod, "eth0", caps(34100))
 	in(node, func() error { _, err := a.Add(); return err })
 	in(node, func() error { return a.Check() })
-	if n := chaosAllocations(t, dataDir, "mwt-reboot"); n != 4 {
+	if n := harness.Reservations(t, dataDir, "mwt-reboot"); n != 4 {
 		t.Fatalf("%d addresses reserved after the first ADD of the new boot, want 3 old and 1 new", n)
 	}
 	in(node, func() error { return h.GC(list, a.GCAttachment()) })
-	if n := chaosAllocations(t, dataDir, "mwt-reboot"); n != 1 {
+	if n := harness.Reservations(t, dataDir, "mwt-reboot"); n != 1 {
 		t.Fatalf("%d addresses reserved after GC, want the new pod's only", n)
 	}
 	r := rules(node)
@@ -111,7 +111,7 @@ func TestNodeReboot(t *testing.T) {
 		t.Fatalf("the new pod's rules are not there:\n%s", r)
 	}
 	in(node, func() error { return a.Del() })
-	if n := chaosAllocations(t, dataDir, "mwt-reboot"); n != 0 {
+	if n := harness.Reservations(t, dataDir, "mwt-reboot"); n != 0 {
 		t.Fatalf("%d addresses reserved after the last DEL", n)
 	}
 }

@@ -145,9 +145,7 @@ func upgradeScrub(t *testing.T, keep map[string][]string) {
 			for _, l := range keep[tool] {
 				kept[l] = true
 			}
-			var b strings.Builder
-			b.WriteString("*nat\n")
-			var chains []string
+			var del, chains []string
 			for _, l := range strings.Split(string(out), "\n") {
 				if kept[l] {
 					continue
@@ -157,18 +155,17 @@ func upgradeScrub(t *testing.T, keep map[string][]string) {
 				}
 				for _, builtin := range []string{"PREROUTING", "OUTPUT", "POSTROUTING"} {
 					if strings.HasPrefix(l, "-A "+builtin+" ") && strings.Contains(l, " -j CNI-") {
-						b.WriteString("-D" + strings.TrimPrefix(l, "-A") + "\n")
+						del = append(del, "-D"+strings.TrimPrefix(l, "-A"))
 					}
 				}
 			}
 			for _, c := range chains {
-				b.WriteString("-F " + c + "\n")
+				del = append(del, "-F "+c)
 			}
 			for _, c := range chains {
-				b.WriteString("-X " + c + "\n")
+				del = append(del, "-X "+c)
 			}
-			b.WriteString("COMMIT\n")
-			if err := natRestore(tool, b.String()); err != nil {
+			if err := natRestore(tool, del...); err != nil {
 				t.Errorf("scrub %s: %v", tool, err)
 			}
 		}
@@ -448,17 +445,6 @@ func TestUpgradeGC(t *testing.T) {
 	}
 }
 
-// natRestore applies a restore script to the nat table with tool
-// ("iptables-nft", "ip6tables-legacy", ...), leaving the rest in place.
-func natRestore(tool, script string) error {
-	cmd := exec.Command(tool+"-restore", "--noflush", "-w", "10")
-	cmd.Stdin = strings.NewReader(script)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("%v: %s", err, out)
-	}
-	return nil
-}
-
 // sharedHostportLines reads, per iptables tool, the nat lines of the
 // reference portmap's shared chains the host has now: the CNI-HOSTPORT-*
 // chains, their rules and the jumps to them, as the tool saves them.
@@ -507,8 +493,7 @@ func restoreSharedHostport(t *testing.T, before map[string][]string) {
 			continue
 		}
 		t.Logf("%s: the last reference attachment took the host's shared chains; restoring %d chains, %d rules", tool, len(chains), len(rules))
-		script := "*nat\n" + strings.Join(append(chains, rules...), "\n") + "\nCOMMIT\n"
-		if err := natRestore(tool, script); err != nil {
+		if err := natRestore(tool, append(chains, rules...)...); err != nil {
 			t.Errorf("restore the shared chains with %s: %v", tool, err)
 		}
 	}
