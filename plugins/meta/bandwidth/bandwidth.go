@@ -189,12 +189,9 @@ type observed struct {
 
 func observe(dev netlink.Link, name string) (observed, error) {
 	o := observed{Dev: dev.Attrs().Name, IfbName: name}
-	root, err := rootQdisc(dev)
-	if err != nil {
+	var err error
+	if o.RootTbf, err = ourTbf(dev); err != nil {
 		return o, err
-	}
-	if t, ok := isOurTbf(root); ok {
-		o.RootTbf = t
 	}
 	ifb, err := netlinksafe.LinkByName(name)
 	if err != nil {
@@ -204,12 +201,8 @@ func observe(dev netlink.Link, name string) (observed, error) {
 		return o, err
 	}
 	o.Ifb, o.IfbUp, o.IfbAlias = true, ifb.Attrs().Flags&net.FlagUp != 0, ifb.Attrs().Alias
-	root, err = rootQdisc(ifb)
-	if err != nil {
+	if o.IfbTbf, err = ourTbf(ifb); err != nil {
 		return o, err
-	}
-	if t, ok := isOurTbf(root); ok {
-		o.IfbTbf = t
 	}
 	q, err := ingressQdisc(dev)
 	if err != nil || q == nil {

@@ -41,19 +41,6 @@ func ingressQdisc(link netlink.Link) (netlink.Qdisc, error) {
 	return qdiscAt(link, netlink.HANDLE_INGRESS)
 }
 
-func qdiscAt(link netlink.Link, parent uint32) (netlink.Qdisc, error) {
-	qs, err := netlinksafe.QdiscList(link)
-	if err != nil {
-		return nil, fmt.Errorf("list qdiscs of %s: %w", link.Attrs().Name, err)
-	}
-	for _, q := range qs {
-		if q.Attrs().Parent == parent {
-			return q, nil
-		}
-	}
-	return nil, nil
-}
-
 // filterParent is where ingress filters go on the given ingress-slot qdisc.
 func filterParent(q netlink.Qdisc) uint32 {
 	if q.Type() == "clsact" {
@@ -62,9 +49,9 @@ func filterParent(q netlink.Qdisc) uint32 {
 	return ingressHandle
 }
 
-func isOurTbf(q netlink.Qdisc) (*netlink.Tbf, bool) {
-	t, ok := q.(*netlink.Tbf)
-	return t, ok && t.Handle == tbfHandle
+// isOurTbf reports whether q (from qdiscAt, nil for none) is meshwire's tbf.
+func isOurTbf(q netlink.Qdisc) bool {
+	return q != nil && q.Type() == "tbf" && q.Attrs().Handle == tbfHandle
 }
 
 // setTbf puts meshwire's tbf at the root of link, replacing the kernel's
@@ -76,7 +63,7 @@ func setTbf(link netlink.Link, p tbfParams) error {
 		return err
 	}
 	if root != nil && root.Attrs().Handle != 0 {
-		if _, ours := isOurTbf(root); !ours {
+		if !isOurTbf(root) {
 			return cnierr.Internal("%s already has a root qdisc (%s %s) that meshwire did not create; not replacing it",
 				link.Attrs().Name, root.Type(), netlink.HandleStr(root.Attrs().Handle))
 		}
@@ -100,7 +87,7 @@ func removeTbf(link netlink.Link) error {
 	if err != nil || root == nil {
 		return err
 	}
-	if _, ours := isOurTbf(root); !ours {
+	if !isOurTbf(root) {
 		return nil
 	}
 	if err := netlink.QdiscDel(root); err != nil && !gone(err) {
