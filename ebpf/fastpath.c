@@ -26,7 +26,8 @@
 // pairing, and moves to the fast path only when its receiver had read every
 // byte the sender ever wrote on TCP (the receiver's copied_seq, published
 // when it was established and each time it sends, equals the sender's
-// write_seq); once on the fast path it stays there. Turning the fast path
+// write_seq, and their 64-bit byte counts agree: sequence numbers alone
+// would also match 2^32 bytes apart); once on the fast path it stays there. Turning the fast path
 // off (draining) moves new messages back to TCP, which keeps their order: a
 // receiver reads its psock queue before its TCP queue.
 //
@@ -34,8 +35,10 @@
 // splice() (tcp_read_sock) never reads, and this kernel offers no hook
 // (fentry) to tell a splicing reader from a recvmsg one. The proxy's sockets
 // are therefore fed only with into_proxy set (for proxies known to read with
-// recv/readv, as Envoy does); by default only the application's sockets
-// are, in the sidecar -> app direction.
+// recv/readv, as Envoy does): for every pod with into_proxy set, or for
+// the pods whose entry in mw_pods says so (the intercept plugin writes one
+// per meshed pod, keyed by its network namespace cookie); otherwise only
+// the application's sockets are, in the sidecar -> app direction.
 #include <linux/bpf.h>
 #include <linux/types.h>
 #include <bpf/bpf_helpers.h>
@@ -56,6 +59,8 @@ struct tcp_sock {
 	__u32 rcv_nxt;
 	__u32 snd_una;
 	__u32 write_seq;
+	__u64 bytes_received; // in-order bytes received (rcv_nxt's 64-bit count)
+	__u64 bytes_acked;    // bytes the peer acknowledged (snd_una's)
 } __attribute__((preserve_access_index));
 
 // Set by the loader before the programs are loaded.
@@ -108,11 +113,24 @@ struct sock_state {
 
 // How far a socket of mw_socks has read its TCP stream, for its peer's
 // sk_msg program (which cannot reach the socket itself): its copied_seq
-// when it was established and each time it sent a message since. Kept in
-// mw_readers under its key.
+// when it was established and each time it sent a message since, and the
+// same position as a 64-bit count of bytes. Kept in mw_readers under its
+// key.
 struct reader {
 	__u32 copied;
 	__u32 proxy;   // owned by the proxy's uid
+	__u64 read;    // bytes read: bytes_received - (rcv_nxt - copied_seq)
+};
+
+// A meshed pod's fast-path policy, in mw_pods under its network namespace
+// cookie.
+enum pod_flag {
+	POD_INTO_PROXY = 1 << 0, // its proxy may be fed (it reads with recv/readv)
+};
+
+struct pod_policy {
+	__u32 flags; // enum pod_flag
+	__u32 pad;
 };
 
 enum counter {
@@ -139,6 +157,16 @@ struct {
 	__type(key, int);
 	__type(value, struct sock_state);
 } mw_state SEC(".maps");
+
+// Meshed pods' policies, written by the intercept plugin at ADD and removed
+// at DEL. An entry whose namespace went before its DEL names a cookie the
+// kernel never hands out again: LRU lets such entries go first.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64);
+	__type(value, struct pod_policy);
+} mw_pods SEC(".maps");
 
 // Network namespaces where a sidecar listens on the outbound capture port.
 struct {
@@ -293,10 +321,13 @@ static __always_inline void mark_sidecar(struct bpf_sock_ops *skops)
 
 // track records a socket just put into mw_socks: its key, a reader entry
 // with nothing read yet, and a callback when it closes.
-static __always_inline void track(struct bpf_sock_ops *skops, struct sock_state *st, const struct sock_key *k, __u32 proxy)
+static __always_inline void track(struct bpf_sock_ops *skops, struct bpf_sock *sk, struct sock_state *st, const struct sock_key *k, __u32 proxy)
 {
 	// Nothing read yet: copied_seq == rcv_nxt on a socket just established.
 	struct reader r = {.copied = skops->rcv_nxt, .proxy = proxy};
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	if (tp)
+		r.read = tp->bytes_received;
 	st->self = *k;
 	bpf_map_update_elem(&mw_readers, k, &r, BPF_ANY);
 	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
@@ -332,7 +363,7 @@ static __always_inline void client_established(struct bpf_sock_ops *skops)
 	key_of(&k, &e, ROLE_CLIENT, cookie);
 	if (bpf_sock_hash_update(skops, &mw_socks, &k, BPF_NOEXIST) != 0)
 		return;
-	track(skops, st, &k, proxy);
+	track(skops, sk, st, &k, proxy);
 	// The server end's key carries this socket's cookie: it exists once
 	// that end has paired with this socket, and names no other.
 	key_of(&st->peer, &e, ROLE_SERVER, cookie);
@@ -394,7 +425,7 @@ static __always_inline void server_established(struct bpf_sock_ops *skops)
 	key_of(&k, &e, ROLE_SERVER, client);
 	if (bpf_sock_hash_update(skops, &mw_socks, &k, BPF_NOEXIST) != 0)
 		return;
-	track(skops, st, &k, proxy);
+	track(skops, sk, st, &k, proxy);
 	key_of(&st->peer, &e, ROLE_CLIENT, client);
 	count(C_PAIRS, 1);
 }
@@ -411,8 +442,12 @@ int mw_sockops(struct bpf_sock_ops *skops)
 		return 1;
 	switch (skops->op) {
 	case BPF_SOCK_OPS_TCP_LISTEN_CB:
-		if (skops->local_port == outbound_port)
-			mark_sidecar(skops);
+		// Only the proxy's own listener makes a namespace a sidecar's.
+		if (skops->local_port == outbound_port) {
+			struct bpf_sock *sk = skops->sk;
+			if (sk && owned_by_proxy(sk))
+				mark_sidecar(skops);
+		}
 		break;
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
 		client_established(skops);
@@ -424,22 +459,43 @@ int mw_sockops(struct bpf_sock_ops *skops)
 	return 1;
 }
 
+// feeds_proxy reports whether the proxy of the pod in network namespace
+// netns may be fed: into_proxy for every pod, or the pod's own policy.
+static __always_inline int feeds_proxy(__u64 netns)
+{
+	if (into_proxy)
+		return 1;
+	struct pod_policy *p = bpf_map_lookup_elem(&mw_pods, &netns);
+	return p && (p->flags & POD_INTO_PROXY);
+}
+
 // ready reports whether a direction still on TCP may switch to the fast
 // path: the receiver is one the fast path may feed, and it had read every
 // byte this socket ever sent on TCP when it last sent (or was established),
 // and this socket has written nothing since. Then no byte of this direction
 // is in flight or unread, and no later byte can overtake an earlier one.
+//
+// The sequence numbers say it modulo 2^32 only: a receiver that stayed
+// silent while 2^32 bytes went by would look up to date. The 64-bit counts
+// tell such a receiver apart: the sender's bytes written (acknowledged,
+// plus in flight and unsent) and the receiver's bytes read differ by a
+// multiple of 2^32 when the sequence numbers match, and by no more than
+// the handshake's SYN otherwise.
 static __always_inline int ready(struct bpf_sock *me, const struct sock_key *peer)
 {
 	struct reader *r = bpf_map_lookup_elem(&mw_readers, peer);
 	if (!r)
 		return 0;
-	if (r->proxy && !into_proxy) {
+	if (r->proxy && !feeds_proxy(peer->netns)) {
 		count(C_KEPT_FOR_PROXY, 1);
 		return 0;
 	}
 	struct tcp_sock *tx = bpf_skc_to_tcp_sock(me);
-	return tx && tx->write_seq == r->copied;
+	if (!tx || tx->write_seq != r->copied)
+		return 0;
+	__u64 written = tx->bytes_acked + (__u32)(tx->write_seq - tx->snd_una);
+	__s64 apart = (__s64)(written - r->read);
+	return apart > -(1LL << 31) && apart < (1LL << 31);
 }
 
 // record publishes how far this socket has read, for its peer's ready().
@@ -447,8 +503,10 @@ static __always_inline void record(struct bpf_sock *me, struct sock_state *st)
 {
 	struct reader *r = bpf_map_lookup_elem(&mw_readers, &st->self);
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(me);
-	if (r && tp)
+	if (r && tp) {
 		r->copied = tp->copied_seq;
+		r->read = tp->bytes_received - (__u32)(tp->rcv_nxt - tp->copied_seq);
+	}
 }
 
 SEC("sk_msg")

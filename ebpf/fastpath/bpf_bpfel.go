@@ -37,10 +37,17 @@ type bpfEndpointUse struct {
 	Sockets uint64
 }
 
+type bpfPodPolicy struct {
+	_     structs.HostLayout
+	Flags uint32
+	Pad   uint32
+}
+
 type bpfReader struct {
 	_      structs.HostLayout
 	Copied uint32
 	Proxy  uint32
+	Read   uint64
 }
 
 type bpfSockKey struct {
@@ -114,6 +121,7 @@ type bpfMapSpecs struct {
 	MwControl   *ebpf.MapSpec `ebpf:"mw_control"`
 	MwCounters  *ebpf.MapSpec `ebpf:"mw_counters"`
 	MwEndpoints *ebpf.MapSpec `ebpf:"mw_endpoints"`
+	MwPods      *ebpf.MapSpec `ebpf:"mw_pods"`
 	MwReaders   *ebpf.MapSpec `ebpf:"mw_readers"`
 	MwSidecars  *ebpf.MapSpec `ebpf:"mw_sidecars"`
 	MwSocks     *ebpf.MapSpec `ebpf:"mw_socks"`
@@ -152,6 +160,7 @@ type bpfMaps struct {
 	MwControl   *ebpf.Map `ebpf:"mw_control"`
 	MwCounters  *ebpf.Map `ebpf:"mw_counters"`
 	MwEndpoints *ebpf.Map `ebpf:"mw_endpoints"`
+	MwPods      *ebpf.Map `ebpf:"mw_pods"`
 	MwReaders   *ebpf.Map `ebpf:"mw_readers"`
 	MwSidecars  *ebpf.Map `ebpf:"mw_sidecars"`
 	MwSocks     *ebpf.Map `ebpf:"mw_socks"`
@@ -163,6 +172,7 @@ func (m *bpfMaps) Close() error {
 		m.MwControl,
 		m.MwCounters,
 		m.MwEndpoints,
+		m.MwPods,
 		m.MwReaders,
 		m.MwSidecars,
 		m.MwSocks,

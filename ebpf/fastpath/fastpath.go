@@ -26,15 +26,16 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
 	"github.com/meshwire/meshwire/internal/filelock"
 )
 
 // LayoutVersion names the layout of the pinned objects; a program or map
 // change that an older meshwire could not read bumps it.
-const LayoutVersion = "v1"
+const LayoutVersion = podpolicy.LayoutVersion
 
 // DefaultPinDir is where Attach pins, under bpffs.
-const DefaultPinDir = "/sys/fs/bpf/meshwire/" + LayoutVersion
+const DefaultPinDir = podpolicy.DefaultPinDir
 
 // bpffs is where bpffs is mounted when absent.
 const bpffs = "/sys/fs/bpf"
@@ -48,6 +49,7 @@ const (
 	pinSocks    = "socks"
 	pinCounters = "counters"
 	pinControl  = "control"
+	pinPods     = podpolicy.PinName
 )
 
 // Config is what attach is given.
@@ -120,6 +122,8 @@ type Status struct {
 	OutboundPort uint16 `json:"outbound_port,omitempty"`
 	IntoProxy    bool   `json:"into_proxy"`
 	LiveSockets  int    `json:"live_sockets"`
+	// PodPolicies counts the meshed pods with a policy (mw_pods).
+	PodPolicies int `json:"pod_policies"`
 	Counters
 }
 
@@ -155,6 +159,9 @@ func Attach(cfg Config) (already bool, err error) {
 		}
 		return true, nil
 	}
+	if other, ok := otherLayout(dir); ok {
+		return false, fmt.Errorf("the fast path of another layout is attached (%s, by another meshwire version): its sockops program would keep taking the sockets; detach it first with that version's `meshwire fastpath detach`, or `meshwire fastpath detach --pin-dir %s`", other, other)
+	}
 	cg, err := cgroupDir(cfg.Cgroup)
 	if err != nil {
 		return false, err
@@ -173,7 +180,7 @@ func Attach(cfg Config) (already bool, err error) {
 	}); err != nil {
 		return false, unsupported("attach sk_msg to the sockhash: %v", err)
 	}
-	if _, err := seedSidecars(objs.MwSidecars, cfg.OutboundPort); err != nil {
+	if _, err := seedSidecars(objs.MwSidecars, cfg.OutboundPort, cfg.ProxyUID); err != nil {
 		return false, err
 	}
 	ctl := bpfControl{ProxyUid: cfg.ProxyUID, OutboundPort: cfg.OutboundPort}
@@ -192,7 +199,7 @@ func Attach(cfg Config) (already bool, err error) {
 			_ = removePins(dir)
 		}
 	}()
-	for name, m := range map[string]*ebpf.Map{pinSocks: objs.MwSocks, pinCounters: objs.MwCounters, pinControl: objs.MwControl} {
+	for name, m := range map[string]*ebpf.Map{pinSocks: objs.MwSocks, pinCounters: objs.MwCounters, pinControl: objs.MwControl, pinPods: objs.MwPods} {
 		if err := m.Pin(filepath.Join(dir, name)); err != nil {
 			return false, fmt.Errorf("pin %s: %w", name, err)
 		}
@@ -208,6 +215,26 @@ func Attach(cfg Config) (already bool, err error) {
 	}
 	done = true
 	return false, nil
+}
+
+// otherLayout returns the pin directory of a fast path of another layout
+// version attached on this node (its sockops link pinned under
+// podpolicy.Root beside dir), when dir is a default-style one.
+func otherLayout(dir string) (string, bool) {
+	if filepath.Dir(filepath.Clean(dir)) != podpolicy.Root {
+		return "", false
+	}
+	entries, _ := os.ReadDir(podpolicy.Root)
+	for _, e := range entries {
+		other := filepath.Join(podpolicy.Root, e.Name())
+		if other == filepath.Clean(dir) {
+			continue
+		}
+		if _, err := os.Stat(filepath.Join(other, pinLink)); err == nil {
+			return other, true
+		}
+	}
+	return "", false
 }
 
 // load loads the programs and maps with cfg's constants, naming what the
@@ -388,7 +415,15 @@ func ReadStatus(dir string) (Status, error) {
 		return st, fmt.Errorf("open the pinned sockhash: %w", err)
 	}
 	defer socks.Close()
-	st.LiveSockets, err = CountSockets(socks)
+	if st.LiveSockets, err = CountSockets(socks); err != nil {
+		return st, err
+	}
+	pods, err := ebpf.LoadPinnedMap(filepath.Join(dir, pinPods), nil)
+	if err != nil {
+		return st, fmt.Errorf("open the pinned pod policies: %w", err)
+	}
+	defer pods.Close()
+	st.PodPolicies, err = podpolicy.Count(pods)
 	return st, err
 }
 

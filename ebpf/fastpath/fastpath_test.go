@@ -1,8 +1,14 @@
 package fastpath
 
 import (
+	"fmt"
+	"reflect"
+	"slices"
 	"strings"
 	"testing"
+	"unsafe"
+
+	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
 )
 
 func TestCgroup2FromMountinfo(t *testing.T) {
@@ -46,6 +52,29 @@ func TestObjectMatchesLoader(t *testing.T) {
 		if spec.Programs[p] == nil {
 			t.Errorf("program %s missing", p)
 		}
+	}
+	if m := spec.Maps["mw_pods"]; m == nil || m.KeySize != 8 || m.ValueSize != uint32(unsafe.Sizeof(podpolicy.Value{})) {
+		t.Errorf("mw_pods is %+v: podpolicy writes 8-byte keys and %d-byte values", m, unsafe.Sizeof(podpolicy.Value{}))
+	}
+}
+
+// TestPodPolicyLayout: podpolicy's value, which the intercept plugin writes
+// without loading the object, is fastpath.c's struct pod_policy field for
+// field (TestFastpathPodPolicy checks the flag by its effect).
+func TestPodPolicyLayout(t *testing.T) {
+	fields := func(v any) []string {
+		var out []string
+		ty := reflect.TypeOf(v)
+		for i := range ty.NumField() {
+			if f := ty.Field(i); f.Name != "_" {
+				out = append(out, fmt.Sprintf("%s@%d:%d", f.Name, f.Offset, f.Type.Size()))
+			}
+		}
+		return out
+	}
+	got, want := fields(podpolicy.Value{}), fields(bpfPodPolicy{})
+	if !slices.Equal(got, want) {
+		t.Fatalf("podpolicy.Value is %v, struct pod_policy %v", got, want)
 	}
 }
 

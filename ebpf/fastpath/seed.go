@@ -13,12 +13,13 @@ import (
 )
 
 // seedSidecars marks, in mw_sidecars, every network namespace of a running
-// process where something already listens on the outbound capture port: the
+// process where the proxy's uid already listens on the outbound capture
+// port (a listener of another uid makes no namespace a sidecar's): the
 // sockops program marks a namespace when its sidecar calls listen(), which a
 // sidecar started before attach did unseen. Without this, the first
 // connection of each such pod would stay on TCP. Namespaces that cannot be
 // entered (a process exiting meanwhile) are skipped.
-func seedSidecars(sidecars *ebpf.Map, port uint16) (int, error) {
+func seedSidecars(sidecars *ebpf.Map, port uint16, uid uint32) (int, error) {
 	paths, _ := filepath.Glob("/proc/[0-9]*/ns/net")
 	seen := map[uint64]bool{}
 	marked := 0
@@ -32,10 +33,10 @@ func seedSidecars(sidecars *ebpf.Map, port uint16) (int, error) {
 		listening := false
 		err := netns.Enter(p, func() error {
 			var err error
-			if cookie, err = netnsCookie(); err != nil {
+			if cookie, err = netns.Cookie(); err != nil {
 				return err
 			}
-			listening = listensOn(port)
+			listening = listensOn(port, uid)
 			return nil
 		})
 		if err != nil || !listening {
@@ -49,30 +50,16 @@ func seedSidecars(sidecars *ebpf.Map, port uint16) (int, error) {
 	return marked, nil
 }
 
-// netnsCookie is the calling thread's network namespace cookie, the value
-// bpf_get_netns_cookie gives the programs (SO_NETNS_COOKIE, Linux 5.14).
-func netnsCookie() (uint64, error) {
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return 0, err
-	}
-	defer unix.Close(fd)
-	v, err := unix.GetsockoptUint64(fd, unix.SOL_SOCKET, unix.SO_NETNS_COOKIE)
-	if err != nil {
-		return 0, fmt.Errorf("SO_NETNS_COOKIE: %w", err)
-	}
-	return v, nil
-}
-
-// listensOn reports whether a TCP socket of the namespace listens on port.
-func listensOn(port uint16) bool {
+// listensOn reports whether a TCP socket of uid listens on port in the
+// namespace.
+func listensOn(port uint16, uid uint32) bool {
 	for _, fam := range []uint8{unix.AF_INET, unix.AF_INET6} {
 		socks, err := netlink.SocketDiagTCP(fam)
 		if err != nil {
 			continue
 		}
 		for _, s := range socks {
-			if s.State == unix.BPF_TCP_LISTEN && s.ID.SourcePort == port {
+			if s.State == unix.BPF_TCP_LISTEN && s.ID.SourcePort == port && s.UID == uid {
 				return true
 			}
 		}

@@ -5,6 +5,7 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -19,6 +20,9 @@ import (
 	"time"
 
 	"github.com/meshwire/meshwire/ebpf/fastpath"
+	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
+	"github.com/meshwire/meshwire/internal/installer"
+	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/internal/probe"
 	"github.com/meshwire/meshwire/test/harness"
 	ie "github.com/meshwire/meshwire/test/interceptenv"
@@ -162,32 +166,7 @@ func TestFastpathTraffic(t *testing.T) {
 					e.MustIptablesInit("-m", mode, "-i", "*", "-b", "*")
 					for _, fam := range interceptFamilies {
 						t.Run(fam.name, func(t *testing.T) {
-							before := fastpathStatus(t, h)
-							fastpathBothWays(t, e, fam.v6)
-							after := fastpathStatus(t, h)
-							pairs := after.Pairs - before.Pairs
-							bytes := after.RedirectedBytes - before.RedirectedBytes
-							kept := after.KeptForProxy - before.KeptForProxy
-							// Every size went both ways twice, outbound and
-							// inbound; the app's echo doubles nothing, the
-							// replies carry a prefix.
-							var sent uint64
-							for _, n := range fastpathSizes {
-								sent += 2 * uint64(n+1)
-							}
-							if pairs != 2 {
-								t.Errorf("pairs grew by %d, want 2 (outbound and inbound)", pairs)
-							}
-							if flags == nil {
-								// Replies toward the app: at least every
-								// byte of them after the first message.
-								if bytes < sent || kept == 0 {
-									t.Errorf("default flags: %d bytes redirected (want >= %d, the replies to the app), %d messages kept for the proxy (want > 0)", bytes, sent, kept)
-								}
-							} else if bytes < 3*sent || kept != 0 {
-								t.Errorf("--into-proxy: %d bytes redirected (want >= %d, most of both directions), %d kept for the proxy (want 0)", bytes, 3*sent, kept)
-							}
-							t.Logf("%+v", after.Counters)
+							fastpathCarried(t, h, e, fam.v6, flags != nil)
 						})
 					}
 				})
@@ -196,9 +175,110 @@ func TestFastpathTraffic(t *testing.T) {
 	}
 }
 
-// TestFastpathInterceptPlugin: the same with the rules installed by the
-// intercept CNI plugin is covered by TestMeshwireDemo (the demo's mesh pod
-// chains intercept and runs with the fast path attached).
+// fastpathCarried runs fastpathBothWays and checks, from the counters,
+// what the fast path carried: with fed, the proxy was fed too (most bytes
+// of both directions, none kept back); without, only the application was
+// (the replies toward it, and messages kept back from the proxy).
+func fastpathCarried(t *testing.T, h *harness.H, e *ie.Env, v6, fed bool) {
+	t.Helper()
+	before := fastpathStatus(t, h)
+	fastpathBothWays(t, e, v6)
+	after := fastpathStatus(t, h)
+	d := after.Counters.Sub(before.Counters)
+	// Every size went both ways twice, outbound and inbound; the app's
+	// echo doubles nothing, the replies carry a prefix.
+	var sent uint64
+	for _, n := range fastpathSizes {
+		sent += 2 * uint64(n+1)
+	}
+	if d.Pairs != 2 {
+		t.Errorf("pairs grew by %d, want 2 (outbound and inbound)", d.Pairs)
+	}
+	if !fed {
+		// Replies toward the app: at least every byte of them after the
+		// first message.
+		if d.RedirectedBytes < sent || d.KeptForProxy == 0 {
+			t.Errorf("proxy not fed: %d bytes redirected (want >= %d, the replies to the app), %d messages kept for the proxy (want > 0)", d.RedirectedBytes, sent, d.KeptForProxy)
+		}
+	} else if d.RedirectedBytes < 3*sent || d.KeptForProxy != 0 {
+		t.Errorf("proxy fed: %d bytes redirected (want >= %d, most of both directions), %d kept for the proxy (want 0)", d.RedirectedBytes, 3*sent, d.KeptForProxy)
+	}
+	t.Logf("%+v", d)
+}
+
+// TestFastpathPodPolicy: attached as the DaemonSet ships it (default
+// flags), the chained intercept plugin writes each meshed pod's policy at
+// ADD, keyed by its namespace: an Istio pod's proxy (Envoy) is fed, so both
+// directions are carried; the annotation fastpath.meshwire.io/into-proxy
+// turns that off for a pod, or on for a pod of another mesh; DEL removes
+// the policy.
+func TestFastpathPodPolicy(t *testing.T) {
+	h := harness.New(t)
+	fastpathAttach(t, h)
+	e := ie.New(t, h)
+	e.StartProxy(false)
+	chained, err := installer.Chain([]byte(`{"cniVersion":"1.1.0","name":"mwtfp-mesh","plugins":[{"type":"loopback"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conf struct {
+		Plugins []json.RawMessage `json:"plugins"`
+	}
+	if err := json.Unmarshal(chained.Out, &conf); err != nil || len(conf.Plugins) != 4 {
+		t.Fatalf("chained config (%v):\n%s", err, chained.Out)
+	}
+	list := h.ConfList(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"mwtfp-mesh","plugins":[%s,%s]}`, conf.Plugins[0], conf.Plugins[3]))
+	for _, c := range []struct {
+		name        string
+		annotations map[string]string
+		fed         bool
+	}{
+		{"istio", map[string]string{"sidecar.istio.io/status": istioStatus}, true},
+		{"istio-opted-out", map[string]string{"sidecar.istio.io/status": istioStatus, "fastpath.meshwire.io/into-proxy": "false"}, false},
+		{"other-mesh", map[string]string{"intercept.meshwire.io/enabled": "true"}, false},
+		{"other-mesh-opted-in", map[string]string{"intercept.meshwire.io/enabled": "true", "fastpath.meshwire.io/into-proxy": "true"}, true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			a := h.Attach(list, e.Pod, "lo", map[string]any{"io.kubernetes.cri.pod-annotations": c.annotations})
+			a.RT.Args = [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "shop"}, {"K8S_POD_NAME", "p1"}, {"K8S_POD_INFRA_CONTAINER_ID", a.RT.ContainerID}}
+			a.MustAdd()
+			p, ok := podPolicy(t, e.Pod)
+			if !ok || p.IntoProxy != c.fed {
+				t.Fatalf("policy after ADD: %+v (present %v), want into-proxy %v", p, ok, c.fed)
+			}
+			if n := fastpathStatus(t, h).PodPolicies; n != 1 {
+				t.Errorf("status counts %d pod policies, want 1", n)
+			}
+			fastpathCarried(t, h, e, false, c.fed)
+			if err := a.Del(); err != nil {
+				t.Fatalf("DEL: %v", err)
+			}
+			if _, ok := podPolicy(t, e.Pod); ok {
+				t.Fatal("DEL left the pod's policy")
+			}
+			if n := fastpathStatus(t, h).PodPolicies; n != 0 {
+				t.Errorf("status counts %d pod policies after DEL, want 0", n)
+			}
+			if out, err := e.Pod.Exec("ip", "link", "set", "lo", "up"); err != nil {
+				t.Fatalf("lo up: %v %s", err, out)
+			}
+		})
+	}
+}
+
+// podPolicy reads the fast-path policy of the pod in ns.
+func podPolicy(t *testing.T, ns *harness.NS) (p podpolicy.Policy, ok bool) {
+	t.Helper()
+	err := netns.Enter(ns.Path, func() error {
+		var err error
+		p, ok, err = podpolicy.Get("")
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p, ok
+}
 
 // TestFastpathSpliceProxy: a proxy that copies with splice() (Go's io.Copy
 // between two TCP connections) keeps working with default flags: nothing
@@ -492,4 +572,150 @@ func TestFastpathRefused(t *testing.T) {
 	if st := fastpathStatus(t, h); st.Attached {
 		t.Fatalf("a failed attach left the fast path attached: %+v", st)
 	}
+	// Another layout's fast path (pinned beside this one's, as an older
+	// meshwire pins it) would keep taking the sockets: attach refuses and
+	// says how to detach it.
+	older := filepath.Join(podpolicy.Root, "v1")
+	if code, out := fastpathCmd(t, h, "attach", "--pin-dir", older); code != 0 {
+		t.Fatalf("attach at %s: exit %d: %s", older, code, out)
+	}
+	t.Cleanup(func() { fastpathCmd(t, h, "detach", "--pin-dir", older) })
+	code, out = fastpathCmd(t, h, "attach")
+	if code != 1 || !strings.Contains(out, older) || !strings.Contains(out, "detach") {
+		t.Fatalf("attach beside another layout: exit %d: %s", code, out)
+	}
+	if _, err := os.Stat(fastpath.DefaultPinDir); !os.IsNotExist(err) {
+		t.Fatalf("the refused attach pinned in %s", fastpath.DefaultPinDir)
+	}
+}
+
+// TestFastpathSwitchAfter4GiB: a direction that started on TCP switches to
+// the fast path only once its receiver has read every byte, also when the
+// receiver stayed silent for exactly 2^32 bytes, where the sequence
+// numbers match again. The app sends 4 GiB toward the proxy while the pod's
+// proxy is not fed (on TCP), the remote behind the proxy stops reading 1
+// MiB before the end (so the proxy has unread bytes from the app) and
+// never answers (so the proxy never sends to the app, and never publishes
+// how far it has read), the pod's policy then allows feeding the proxy,
+// and the app sends a marker. Compared on 32 bits, the marker would be
+// handed to the proxy ahead of the unread MiB.
+func TestFastpathSwitchAfter4GiB(t *testing.T) {
+	h := harness.New(t)
+	fastpathAttach(t, h)
+	e := ie.New(t, h)
+	e.StartProxy(false)
+	e.MustIptablesInit("-m", "REDIRECT", "-i", "*", "-b", "*")
+	const (
+		total  = 1 << 32
+		margin = 1 << 20
+		port   = 9099
+	)
+	marker := []byte("MARKER!!")
+	ln, err := probe.InNS(e.Remote.Path, func() (net.Listener, error) { return net.Listen("tcp", ":"+strconv.Itoa(port)) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	resume := make(chan struct{})
+	got := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			got <- err
+			return
+		}
+		defer c.Close()
+		_ = c.SetReadDeadline(time.Now().Add(2 * time.Minute))
+		buf, zeros := make([]byte, 1<<20), make([]byte, 1<<20)
+		var n int64
+		paused := false
+		for n < total {
+			if !paused && n >= total-margin {
+				<-resume
+				paused = true
+			}
+			want := min(int64(len(buf)), total-n)
+			if !paused {
+				want = min(want, total-margin-n)
+			}
+			k, err := c.Read(buf[:want])
+			if !bytes.Equal(buf[:k], zeros[:k]) {
+				got <- fmt.Errorf("at byte %d of %d: %q where zeros were sent: the marker overtook bytes sent before it", n, int64(total), buf[:min(k, 16)])
+				return
+			}
+			n += int64(k)
+			if err != nil {
+				got <- fmt.Errorf("after %d bytes: %v", n, err)
+				return
+			}
+		}
+		if _, err := io.ReadFull(c, buf[:len(marker)]); err != nil || !bytes.Equal(buf[:len(marker)], marker) {
+			got <- fmt.Errorf("after the 4 GiB: %q, %v; want the marker", buf[:len(marker)], err)
+			return
+		}
+		got <- nil
+	}()
+	before := fastpathStatus(t, h)
+	app, err := ie.Dial(e.Pod, ie.AP(ie.RemoteV4, port))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer app.Close()
+	chunk := make([]byte, 4<<20)
+	_ = app.SetWriteDeadline(time.Now().Add(2 * time.Minute))
+	for sent := 0; sent < total; sent += len(chunk) {
+		if _, err := app.Write(chunk); err != nil {
+			t.Fatalf("app write after %d bytes: %v", sent, err)
+		}
+	}
+	mid := fastpathStatus(t, h)
+	if d := mid.Counters.Sub(before.Counters); d.Pairs != 1 || d.KeptForProxy == 0 || d.RedirectedMessages != 0 {
+		t.Fatalf("the 4 GiB should have gone on TCP, kept from the proxy: %+v", d)
+	}
+	if err := netns.Enter(e.Pod.Path, func() error {
+		_, err := podpolicy.Set("", podpolicy.Policy{IntoProxy: true})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := app.Write(marker); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the marker reaches the proxy, by TCP or not
+	close(resume)
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	// Nothing switched: the proxy has still not published its reading.
+	if d := fastpathStatus(t, h).Counters.Sub(mid.Counters); d.RedirectedMessages != 0 {
+		t.Errorf("the marker went on the fast path (%+v)", d)
+	}
+}
+
+// TestFastpathForeignListener: a process of another uid than the proxy's
+// listening on the outbound capture port makes no namespace a sidecar's,
+// whether it was there at attach (the seeding) or came after (the listen
+// callback): the namespace's connections are not tracked.
+func TestFastpathForeignListener(t *testing.T) {
+	h := harness.New(t)
+	e := ie.New(t, h)
+	untracked := func(when string) {
+		t.Helper()
+		before := fastpathStatus(t, h)
+		c, err := ie.Dial(e.Pod, ie.AP(ie.RemoteV4, ie.RemotePort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pingPong(t, c, 2, randomLine(64), "remote "+ie.PodV4.String()+" ")
+		c.Close()
+		if d := fastpathStatus(t, h).Counters.Sub(before.Counters); d.Sockets != 0 {
+			t.Errorf("%s: a root process listening on %d made the pod's connection tracked: %+v", when, ie.ProxyOutPort, d)
+		}
+	}
+	e.StartProxyAs(0, 0, false)
+	fastpathAttach(t, h)
+	untracked("listening at attach")
+	e.StopProxy()
+	e.StartProxyAs(0, 0, false)
+	untracked("listening after attach")
 }

@@ -443,12 +443,20 @@ type Record = proxylog.Record
 // flags (-copy splice, -answer) are passed on.
 func (e *Env) StartProxy(tproxy bool, extra ...string) *Proxy {
 	e.T.Helper()
+	return e.StartProxyAs(ProxyUID, ProxyUID, tproxy, extra...)
+}
+
+// StartProxyAs is StartProxy with the proxy running as uid/gid (a proxy
+// matched by its gid only, or a process of another uid on the proxy's
+// ports).
+func (e *Env) StartProxyAs(uid, gid uint32, tproxy bool, extra ...string) *Proxy {
+	e.T.Helper()
 	mode := "redirect"
 	if tproxy {
 		mode = "tproxy"
 	}
 	args := append([]string{"-mode", mode, "-dns-upstream", AP(RemoteV4, DNSPort).String()}, extra...)
-	cmd := e.command(ProxyUID, ProxyUID, tproxy, args...)
+	cmd := e.command(uid, gid, tproxy, args...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		e.T.Fatal(err)

@@ -163,5 +163,6 @@ func (e *env) fastpathStatus(args []string) error {
 	fmt.Fprintf(tw, "messages, bytes redirected:\t%d, %d\n", st.RedirectedMessages, st.RedirectedBytes)
 	fmt.Fprintf(tw, "messages on TCP (fallbacks):\t%d (to the proxy, kept: %d)\n", st.Fallbacks, st.KeptForProxy)
 	fmt.Fprintf(tw, "ambiguous endpoints:\t%d\n", st.Ambiguous)
+	fmt.Fprintf(tw, "pod policies:\t%d\n", st.PodPolicies)
 	return tw.Flush()
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/intercept/apply"
@@ -50,6 +51,14 @@ func cmdAdd(args *skel.CmdArgs) error {
 	}
 	if !d.Intercept {
 		slog.Info("pod not intercepted", "why", d.Why)
+		if d.Fastpath != nil {
+			// Its init container installs the rules; the fast path's
+			// policy is still the plugin's to write.
+			err := netns.Enter(args.Netns, func() error { setFastpathPolicy(*d.Fastpath); return nil })
+			if err != nil {
+				return cnierr.Wrap(err, "enter %s", args.Netns)
+			}
+		}
 		return types.PrintResult(prev, conf.CNIVersion)
 	}
 	ctx := context.Background()
@@ -74,6 +83,9 @@ func cmdAdd(args *skel.CmdArgs) error {
 			return err
 		}
 		slog.Info("interception rules installed", "why", d.Why, "mode", string(o.Config.Mode), "ipv6", req.IPv6, "backend", plan.Backend.String(), "alreadyInPlace", plan.UpToDate())
+		if d.Fastpath != nil {
+			setFastpathPolicy(*d.Fastpath)
+		}
 		return nil
 	})
 	if err != nil {
@@ -91,6 +103,9 @@ func cmdDel(args *skel.CmdArgs) error {
 		return nil // the rules lived in the namespace, gone with it
 	}
 	err = netns.Enter(args.Netns, func() error {
+		if err := podpolicy.Forget(""); err != nil {
+			slog.Warn("could not remove the pod's fast-path policy (the map's LRU lets it go first)", "error", err)
+		}
 		_, err := apply.Cleanup(context.Background(), apply.Request{Config: o.Config}, false)
 		return err
 	})
@@ -143,6 +158,20 @@ func cmdCheck(args *skel.CmdArgs) error {
 		}
 		return nil
 	})
+}
+
+// setFastpathPolicy writes the fast path's policy for the pod whose
+// namespace the thread is in, when the fast path is attached. A failure is
+// logged, not returned: the pod works without the fast path, and a pod with
+// no policy gets the safe default (only its application is fed).
+func setFastpathPolicy(p podpolicy.Policy) {
+	attached, err := podpolicy.Set("", p)
+	switch {
+	case err != nil:
+		slog.Warn("could not write the pod's fast-path policy: it gets the default (only the application is fed)", "error", err)
+	case attached:
+		slog.Info("fast-path policy written", "intoProxy", p.IntoProxy)
+	}
 }
 
 // cmdStatus reports whether the firewall tools work on this node.

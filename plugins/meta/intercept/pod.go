@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
 	"github.com/meshwire/meshwire/internal/cnierr"
 )
 
@@ -25,6 +26,11 @@ const (
 	// annMeshwire is for meshes that are not Istio: "true" intercepts the
 	// pod, "false" never does.
 	annMeshwire = "intercept.meshwire.io/enabled"
+	// annIntoProxy says whether the eBPF fast path may feed the pod's
+	// proxy ("true") or only its application ("false"). Without it, an
+	// Istio sidecar (Envoy, which reads with recv/readv) is fed and any
+	// other proxy is not: one that copies with splice() would stall.
+	annIntoProxy = "fastpath.meshwire.io/into-proxy"
 )
 
 // annotationFlags are the annotations Istio's injector turns into
@@ -88,6 +94,9 @@ type decision struct {
 	// InitContainer: the pod's own init container (istio-init) installs
 	// the rules, so CHECK has no rules to judge.
 	InitContainer bool
+	// Fastpath is the pod's fast-path policy, for a meshed pod (its rules
+	// installed here or by its init container); nil for any other.
+	Fastpath *podpolicy.Policy
 }
 
 // decide chooses whether to intercept the pod, and with which settings on
@@ -110,6 +119,15 @@ func decide(p pod, excluded []string, meshMeta map[string]string, cfgArgs []stri
 	if set && mw != "true" && mw != "false" {
 		return decision{}, cnierr.Field(annMeshwire, "annotation: want \"true\" or \"false\", got %q", mw)
 	}
+	into, intoSet := a[annIntoProxy]
+	if intoSet && into != "true" && into != "false" {
+		return decision{}, cnierr.Field(annIntoProxy, "annotation: want \"true\" or \"false\", got %q", into)
+	}
+	// policy is the fast path's for a meshed pod whose proxy is Envoy or
+	// not: the annotation, else fed only when it is Envoy.
+	policy := func(envoy bool) *podpolicy.Policy {
+		return &podpolicy.Policy{IntoProxy: into == "true" || (!intoSet && envoy)}
+	}
 	switch {
 	case mw == "false":
 		return decision{Why: annMeshwire + " is false"}, nil
@@ -117,17 +135,21 @@ func decide(p pod, excluded []string, meshMeta map[string]string, cfgArgs []stri
 		return decision{Why: annIstioInject + " is false"}, nil
 	case mw == "true":
 		args, sources := annotationArgs(a)
-		return decision{Intercept: true, Why: annMeshwire + " is true", Args: args, Sources: sources}, nil
+		return decision{Intercept: true, Why: annMeshwire + " is true", Args: args, Sources: sources, Fastpath: policy(false)}, nil
 	case a[annIstioStatus] != "":
 		meta, err := proxyMetadata(meshMeta, a)
 		if err != nil {
 			return decision{}, err
 		}
 		if why, init := istioSkip(a, meta); why != "" {
-			return decision{Why: why, InitContainer: init}, nil
+			d := decision{Why: why, InitContainer: init}
+			if init {
+				d.Fastpath = policy(true)
+			}
+			return d, nil
 		}
 		args, sources := istioArgs(a, meta, cfgArgs)
-		return decision{Intercept: true, Why: "the pod has an Istio sidecar (" + annIstioStatus + ")", Args: args, Sources: sources}, nil
+		return decision{Intercept: true, Why: "the pod has an Istio sidecar (" + annIstioStatus + ")", Args: args, Sources: sources, Fastpath: policy(true)}, nil
 	}
 	return decision{Why: "no sidecar annotation"}, nil
 }

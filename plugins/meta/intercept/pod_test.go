@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/types"
+	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
 )
 
 func TestDecide(t *testing.T) {
@@ -127,5 +128,53 @@ func TestParsePodConfig(t *testing.T) {
 	_, _, d, err = parsePodConfig([]byte(`{"cniVersion":"1.1.0","name":"n","type":"intercept","runtimeConfig":{"io.kubernetes.cri.pod-annotations":{"traffic.sidecar.istio.io/includeInboundPorts":"x"}}}`), "")
 	if err != nil || d.Intercept {
 		t.Fatalf("no sidecar: %+v %v", d, err)
+	}
+}
+
+// TestDecideFastpath: a meshed pod gets a fast-path policy (an Istio
+// sidecar's proxy is fed, another mesh's is not, the annotation decides
+// over both); a pod that is not meshed, or not a Kubernetes pod, gets none;
+// a malformed annotation is the pod's config error naming it.
+func TestDecideFastpath(t *testing.T) {
+	const k8s = "K8S_POD_NAMESPACE=shop;K8S_POD_NAME=p"
+	istio := `{"containers":["istio-proxy"]}`
+	for _, tc := range []struct {
+		name string
+		ann  map[string]string // nil: not a Kubernetes pod
+		want *podpolicy.Policy
+		err  bool
+	}{
+		{name: "podman: no policy"},
+		{name: "istio: fed", ann: map[string]string{annIstioStatus: istio}, want: &podpolicy.Policy{IntoProxy: true}},
+		{name: "istio opted out", ann: map[string]string{annIstioStatus: istio, annIntoProxy: "false"}, want: &podpolicy.Policy{}},
+		{name: "istio-init pod: the plugin still writes it", ann: map[string]string{annIstioStatus: `{"initContainers":["istio-init"],"containers":["istio-proxy"]}`},
+			want: &podpolicy.Policy{IntoProxy: true}},
+		{name: "another mesh: not fed", ann: map[string]string{annMeshwire: "true"}, want: &podpolicy.Policy{}},
+		{name: "another mesh opted in", ann: map[string]string{annMeshwire: "true", annIntoProxy: "true"}, want: &podpolicy.Policy{IntoProxy: true}},
+		{name: "no sidecar", ann: map[string]string{annIntoProxy: "true"}},
+		{name: "no istio-proxy container", ann: map[string]string{annIstioStatus: `{"containers":["app"]}`}},
+		{name: "malformed", ann: map[string]string{annIstioStatus: istio, annIntoProxy: "yes"}, err: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var ann *map[string]string
+			args := ""
+			if tc.ann != nil {
+				ann, args = &tc.ann, k8s
+			}
+			d, err := decide(podFrom(ann, args), defaultExcludedNamespaces, nil, nil)
+			if tc.err {
+				te, ok := err.(*types.Error)
+				if !ok || te.Code != 7 || !strings.Contains(te.Msg, annIntoProxy) {
+					t.Fatalf("err %v, want code 7 naming %s", err, annIntoProxy)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (d.Fastpath == nil) != (tc.want == nil) || (d.Fastpath != nil && *d.Fastpath != *tc.want) {
+				t.Fatalf("policy %+v, want %+v", d.Fastpath, tc.want)
+			}
+		})
 	}
 }

@@ -1,0 +1,148 @@
+// Package podpolicy keeps meshed pods' fast-path policies: entries of the
+// fast path's pinned map mw_pods, keyed by the pod's network namespace
+// cookie, which the intercept plugin writes at ADD and removes at DEL. It
+// opens the pinned map only, never loads programs, so the plugin carries
+// none of the fast path's object; the layout matches fastpath.c's struct
+// pod_policy (checked by the fastpath package's tests).
+package podpolicy
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/meshwire/meshwire/internal/netns"
+)
+
+// LayoutVersion names the layout of the fast path's pinned objects; a
+// program or map change that an older meshwire could not read bumps it.
+// v2: mw_pods, and 64-bit read counts in mw_readers.
+const LayoutVersion = "v2"
+
+// Root is the directory, under bpffs, of every layout's pins.
+const Root = "/sys/fs/bpf/meshwire"
+
+// DefaultPinDir is where the fast path of this layout is pinned.
+const DefaultPinDir = Root + "/" + LayoutVersion
+
+// PinName is mw_pods' pin under the pin directory.
+const PinName = "pods"
+
+// Policy is what the fast path may do for one pod.
+type Policy struct {
+	// IntoProxy: the pod's proxy may be fed too (the app -> sidecar
+	// direction), because it reads with recv/readv, as Envoy does; a
+	// proxy that copies with splice() would stall on fed bytes.
+	IntoProxy bool
+}
+
+// Value is struct pod_policy, mw_pods' value.
+type Value struct {
+	Flags uint32
+	Pad   uint32
+}
+
+// FlagIntoProxy is POD_INTO_PROXY.
+const FlagIntoProxy = 1 << 0
+
+func (p Policy) value() Value {
+	var v Value
+	if p.IntoProxy {
+		v.Flags |= FlagIntoProxy
+	}
+	return v
+}
+
+// open opens the pinned mw_pods under dir (DefaultPinDir when empty); nil
+// when the fast path is not attached there.
+func open(dir string) (*ebpf.Map, error) {
+	if dir == "" {
+		dir = DefaultPinDir
+	}
+	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, PinName), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open the fast path's pod policies (%s): %w", filepath.Join(dir, PinName), err)
+	}
+	return m, nil
+}
+
+// Set writes the policy of the pod whose network namespace the calling
+// thread is in (inside netns.Enter), under the fast path pinned at dir. It
+// reports whether the fast path is attached; when it is not, it does
+// nothing.
+func Set(dir string, p Policy) (bool, error) {
+	m, err := open(dir)
+	if m == nil || err != nil {
+		return false, err
+	}
+	defer m.Close()
+	cookie, err := netns.Cookie()
+	if err != nil {
+		return true, err
+	}
+	if err := m.Put(cookie, p.value()); err != nil {
+		return true, fmt.Errorf("write the pod's fast-path policy: %w", err)
+	}
+	return true, nil
+}
+
+// Forget removes the policy of the pod whose network namespace the calling
+// thread is in; a pod with none, or no fast path, is not an error.
+func Forget(dir string) error {
+	m, err := open(dir)
+	if m == nil || err != nil {
+		return err
+	}
+	defer m.Close()
+	cookie, err := netns.Cookie()
+	if err != nil {
+		return err
+	}
+	if err := m.Delete(cookie); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("remove the pod's fast-path policy: %w", err)
+	}
+	return nil
+}
+
+// Get reads the policy of the pod whose network namespace the calling
+// thread is in: ok is false when it has none (or no fast path is attached).
+func Get(dir string) (p Policy, ok bool, err error) {
+	m, err := open(dir)
+	if m == nil || err != nil {
+		return p, false, err
+	}
+	defer m.Close()
+	cookie, err := netns.Cookie()
+	if err != nil {
+		return p, false, err
+	}
+	var v Value
+	switch err := m.Lookup(cookie, &v); {
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+		return p, false, nil
+	case err != nil:
+		return p, false, fmt.Errorf("read the pod's fast-path policy: %w", err)
+	}
+	return Policy{IntoProxy: v.Flags&FlagIntoProxy != 0}, true, nil
+}
+
+// Count is the number of pod policies in the map m.
+func Count(m *ebpf.Map) (int, error) {
+	var k uint64
+	var v Value
+	n := 0
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		n++
+	}
+	if err := it.Err(); err != nil {
+		return n, fmt.Errorf("walk the pod policies: %w", err)
+	}
+	return n, nil
+}
