@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"github.com/meshwire/meshwire/ebpf/fastpath"
+	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
+	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/test/harness"
 	ie "github.com/meshwire/meshwire/test/interceptenv"
 )
@@ -28,8 +30,12 @@ import (
 //
 //	no interception
 //	REDIRECT, TPROXY                         (iptables-init -m MODE -i '*' -b '*')
-//	REDIRECT + fast path, TPROXY + fast path (default flags: sidecar -> app only)
-//	REDIRECT + fast path --into-proxy, TPROXY + fast path --into-proxy
+//	REDIRECT + fast path, TPROXY + fast path (default flags, a pod with no
+//	                                          policy: sidecar -> app only)
+//	REDIRECT + fast path, Istio pod, TPROXY + fast path, Istio pod
+//	        (as the DaemonSet ships it: default flags, and the pod's policy
+//	        as the chained intercept plugin writes it for an Istio pod:
+//	        its proxy is fed, both directions)
 //
 // on two paths, IPv4:
 //
@@ -64,10 +70,12 @@ import (
 // unless `meshwire fastpath status --json` shows redirected_messages grew
 // on each path.
 //
-// Targets (PASS/FAIL printed): hop 64 B round trip with the fast path
-// <= 0.70x of REDIRECT alone; bulk throughput >= 0.90x of REDIRECT alone;
-// on the whole path each round-trip median closer to no interception than
-// REDIRECT alone is.
+// Targets (PASS/FAIL printed), for the Istio-pod rows (as deployed): hop 64
+// B round trip <= 0.55x of REDIRECT alone; bulk throughput >= 1.5x of
+// REDIRECT alone; on the whole path each round-trip median at least 25% of
+// the way from REDIRECT alone to no interception. The rows of a pod with no
+// policy have no target: they are today's safe default, reported as they
+// are.
 //
 // Plot: with MESHWIRE_BENCH_PLOT=1 the round-trip medians per configuration
 // are also drawn to docs/fastpath-bench.svg (hand-written SVG); without it
@@ -119,8 +127,8 @@ var fastpathBenchPaths = []string{"hop", "whole"}
 type fastpathBenchConfig struct {
 	name string
 	mode string // "" (no interception), "REDIRECT" or "TPROXY"
-	fast bool   // fast path attached
-	into bool   // with --into-proxy
+	fast bool   // fast path attached (default flags)
+	pod  bool   // the pod's policy feeds its proxy (an Istio pod)
 }
 
 // The indexes below (none, REDIRECT) are what the ratios are against.
@@ -130,8 +138,8 @@ var fastpathBenchConfigs = []fastpathBenchConfig{
 	{name: "TPROXY", mode: "TPROXY"},
 	{name: "REDIRECT + fast path", mode: "REDIRECT", fast: true},
 	{name: "TPROXY + fast path", mode: "TPROXY", fast: true},
-	{name: "REDIRECT + fast path --into-proxy", mode: "REDIRECT", fast: true, into: true},
-	{name: "TPROXY + fast path --into-proxy", mode: "TPROXY", fast: true, into: true},
+	{name: "REDIRECT + fast path, Istio pod", mode: "REDIRECT", fast: true, pod: true},
+	{name: "TPROXY + fast path, Istio pod", mode: "TPROXY", fast: true, pod: true},
 }
 
 const (
@@ -172,10 +180,6 @@ func fastpathBenchStatus(b *testing.B, h *harness.H) fastpath.Status {
 func fastpathBenchRun(b *testing.B, h *harness.H, cfg fastpathBenchConfig, hop, whole *fastpathBenchResult) {
 	e := ie.New(b, h)
 	if cfg.fast {
-		args := []string{"attach"}
-		if cfg.into {
-			args = append(args, "--into-proxy")
-		}
 		// Detach on every way out of this function: a b.Fatal below
 		// ends the goroutine through runtime.Goexit, which runs defers.
 		defer func() {
@@ -183,11 +187,22 @@ func fastpathBenchRun(b *testing.B, h *harness.H, cfg fastpathBenchConfig, hop, 
 				b.Error(err)
 			}
 		}()
-		if _, err := fastpathBenchCmd(h, args...); err != nil {
+		if _, err := fastpathBenchCmd(h, "attach"); err != nil {
 			b.Fatal(err)
 		}
-		if st := fastpathBenchStatus(b, h); !st.Attached || st.IntoProxy != cfg.into {
-			b.Fatalf("%s: after attach, status says attached %v, into_proxy %v", cfg.name, st.Attached, st.IntoProxy)
+		if cfg.pod {
+			// What the chained intercept plugin writes at ADD for an
+			// Istio pod (TestFastpathPodPolicy runs the plugin).
+			err := netns.Enter(e.Pod.Path, func() error {
+				_, err := podpolicy.Set("", podpolicy.Policy{IntoProxy: true})
+				return err
+			})
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		if st := fastpathBenchStatus(b, h); !st.Attached || st.IntoProxy || st.PodPolicies != boolInt(cfg.pod) {
+			b.Fatalf("%s: after attach, status says attached %v, into_proxy %v, %d pod policies", cfg.name, st.Attached, st.IntoProxy, st.PodPolicies)
 		}
 	}
 	counters := func() fastpath.Counters {
@@ -501,39 +516,39 @@ func fastpathBenchReport(b *testing.B, res map[string][]*fastpathBenchResult, re
 	hop := res["hop"]
 	redirHop := hop[fastpathBenchRedirect].rtt64.Median()
 	for i, cfg := range fastpathBenchConfigs {
-		if !cfg.fast {
+		if !cfg.pod {
 			continue
 		}
 		d := hop[i].rtt64.Median()
 		ratio := float64(d) / float64(redirHop)
-		tg.Add("hop 64 B round trip <= 0.70x REDIRECT alone", cfg.name,
-			fmt.Sprintf("%.2fx (%s µs vs %s µs)", ratio, fastpathBenchUs(d), fastpathBenchUs(redirHop)), verdict(ratio <= 0.70))
+		tg.Add("hop 64 B round trip <= 0.55x REDIRECT alone", cfg.name,
+			fmt.Sprintf("%.2fx (%s µs vs %s µs)", ratio, fastpathBenchUs(d), fastpathBenchUs(redirHop)), verdict(ratio <= 0.55))
 	}
 	redirTP := fastpathBenchMean(whole[fastpathBenchRedirect].mbps)
 	for i, cfg := range fastpathBenchConfigs {
-		if !cfg.fast {
+		if !cfg.pod {
 			continue
 		}
 		m := fastpathBenchMean(whole[i].mbps)
-		tg.Add("bulk throughput >= 0.90x REDIRECT alone", cfg.name,
-			fmt.Sprintf("%.2fx (%.0f vs %.0f MB/s)", m/redirTP, m, redirTP), verdict(m/redirTP >= 0.90))
+		tg.Add("bulk throughput >= 1.5x REDIRECT alone", cfg.name,
+			fmt.Sprintf("%.2fx (%.0f vs %.0f MB/s)", m/redirTP, m, redirTP), verdict(m/redirTP >= 1.5))
 	}
 	for _, m := range measures {
 		none := m.get(whole[fastpathBenchNone]).Median()
 		redir := m.get(whole[fastpathBenchRedirect]).Median()
 		for i, cfg := range fastpathBenchConfigs {
-			if !cfg.fast {
+			if !cfg.pod {
 				continue
 			}
 			d := m.get(whole[i]).Median()
 			gap, redirGap := math.Abs(float64(d-none)), math.Abs(float64(redir-none))
-			closed := "n/a"
+			closed, ok := "n/a", false
 			if redirGap > 0 {
-				closed = fmt.Sprintf("%.0f%%", 100*(1-gap/redirGap))
+				closed, ok = fmt.Sprintf("%.0f%%", 100*(1-gap/redirGap)), 1-gap/redirGap >= 0.25
 			}
-			tg.Add("whole path "+m.name+" round trip closer to none than REDIRECT alone", cfg.name,
+			tg.Add("whole path "+m.name+" round trip >= 25% of the way from REDIRECT alone to none", cfg.name,
 				fmt.Sprintf("%s µs (none %s, REDIRECT %s; gap closed %s)", fastpathBenchUs(d), fastpathBenchUs(none), fastpathBenchUs(redir), closed),
-				verdict(gap < redirGap))
+				verdict(ok))
 		}
 	}
 	tg.Write(os.Stdout)
@@ -565,6 +580,13 @@ func fastpathBenchReport(b *testing.B, res map[string][]*fastpathBenchResult, re
 	}
 }
 
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
 // fastpathBenchPanel is one bar chart: one bar per configuration.
 type fastpathBenchPanel struct {
 	title  string
@@ -573,7 +595,7 @@ type fastpathBenchPanel struct {
 
 // fastpathBenchColors, one per configuration: grey for no interception,
 // oranges for the rules alone, blues for the default fast path, greens for
-// --into-proxy (darker: REDIRECT, lighter: TPROXY).
+// the Istio pod's policy (darker: REDIRECT, lighter: TPROXY).
 var fastpathBenchColors = []string{"#9e9e9e", "#e6550d", "#fdae6b", "#3182bd", "#9ecae1", "#31a354", "#a1d99b"}
 
 // fastpathBenchSVG draws the panels in a grid of cols columns, each with its
