@@ -4,6 +4,12 @@
 // opens the pinned map only, never loads programs, so the plugin carries
 // none of the fast path's object; the layout matches fastpath.c's struct
 // pod_policy (checked by the fastpath package's tests).
+//
+// It uses cilium/ebpf for the map rather than raw bpf(2) calls. Measured
+// on 2026-11-25 (2-core machine): the library adds 1.5 MB to the intercept
+// binary and about 0.1 ms to each start (CNI_COMMAND=VERSION, 1,500 runs of
+// each build alternating: 2.74 ms against 2.63 ms per exec, fork included),
+// under 1 % of an intercept ADD.
 package podpolicy
 
 import (
