@@ -419,6 +419,9 @@ func ReadStatus(dir string) (Status, error) {
 		return st, err
 	}
 	pods, err := ebpf.LoadPinnedMap(filepath.Join(dir, pinPods), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return st, nil // a layout without pod policies (v1)
+	}
 	if err != nil {
 		return st, fmt.Errorf("open the pinned pod policies: %w", err)
 	}
