@@ -5,7 +5,6 @@ package firewall
 import (
 	"context"
 	"fmt"
-	"os"
 	"slices"
 	"testing"
 
@@ -19,12 +18,7 @@ import (
 // iptables-nft rules.
 func TestReadsMatchTheFake(t *testing.T) {
 	kerneltest.Require(t)
-	name := fmt.Sprintf("mwt-fwdec-%d", os.Getpid())
-	p, err := netns.Create(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = netns.Delete(name) }()
+	_, p := kerneltest.NewNS(t, "fwdec")
 	ctx := context.Background()
 	script := `table inet mwt {
 	comment "a table"
@@ -64,7 +58,7 @@ table ip mwt {
 	if err := fakeIPT.Restore(ctx, V4, restore); err != nil {
 		t.Fatal(err)
 	}
-	err = netns.Enter(p, func() error {
+	err := netns.Enter(p, func() error {
 		h := New(nftB)
 		defer h.Close()
 		if err := h.ApplyNft(ctx, script); err != nil {

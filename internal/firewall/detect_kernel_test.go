@@ -5,7 +5,6 @@ package firewall
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -61,12 +60,7 @@ func TestDetectMatchesTheTools(t *testing.T) {
 		{"legacy rule and native table", []string{"nft add table ip6 x", "ip6tables-legacy -A INPUT -j ACCEPT"}, Backend{Kind: IPTables, Variant: VariantLegacy}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			name := fmt.Sprintf("mwt-fwdetect-%d-%d", os.Getpid(), i)
-			p, err := netns.Create(name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = netns.Delete(name) }()
+			name, p := kerneltest.NewNS(t, fmt.Sprintf("fwdetect%d", i))
 			for _, cmd := range tc.setup {
 				args := append([]string{"netns", "exec", name}, strings.Fields(cmd)...)
 				if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
@@ -74,7 +68,7 @@ func TestDetectMatchesTheTools(t *testing.T) {
 				}
 			}
 			var got, tools Backend
-			err = netns.Enter(p, func() error {
+			err := netns.Enter(p, func() error {
 				got = Detect(ctx)
 				tools = detectWithTools(ctx)
 				return nil

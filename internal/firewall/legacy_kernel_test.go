@@ -11,22 +11,13 @@ import (
 	"testing"
 
 	"github.com/meshwire/meshwire/internal/kerneltest"
-	"github.com/meshwire/meshwire/internal/netns"
 )
 
 // kernelNS runs fn in a throwaway network namespace (the caller holds the
 // node-wide test lock: kerneltest.Require).
 func kernelNS(t *testing.T, fn func(name string) error) {
 	t.Helper()
-	name := fmt.Sprintf("mwt-fwlegacy-%d", os.Getpid())
-	p, err := netns.Create(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = netns.Delete(name) }()
-	if err := netns.Enter(p, func() error { return fn(name) }); err != nil {
-		t.Fatal(err)
-	}
+	kerneltest.InNewNS(t, "fwlegacy", func(name, _ string) error { return fn(name) })
 }
 
 // TestLegacyChains: the getsockopt read sees the chains iptables-legacy

@@ -5,7 +5,6 @@ package firewall
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 
@@ -27,14 +26,8 @@ import (
 func BenchmarkReadChain(b *testing.B) {
 	kerneltest.Require(b)
 	for _, pods := range []int{100, 1000} {
-		name := fmt.Sprintf("mwt-fwread-%d", os.Getpid())
-		p, err := netns.Create(name)
-		if err != nil {
-			b.Fatal(err)
-		}
-		err = benchReadChain(b, p, pods)
-		_ = netns.Delete(name)
-		if err != nil {
+		_, p := kerneltest.NewNS(b, fmt.Sprintf("fwread%d", pods))
+		if err := benchReadChain(b, p, pods); err != nil {
 			b.Fatal(err)
 		}
 	}

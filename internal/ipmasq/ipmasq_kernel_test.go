@@ -24,17 +24,12 @@ import (
 // removes them, leaving another attachment's.
 func TestSetupOverNetlinkIsTheIPTablesRuleset(t *testing.T) {
 	kerneltest.Require(t)
-	name := fmt.Sprintf("mwt-masq-%d", os.Getpid())
-	p, err := netns.Create(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = netns.Delete(name) }()
+	_, p := kerneltest.NewNS(t, "masq")
 	b := firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantNFT}
 	ctx := context.Background()
 	addrs := []net.IPNet{cidr("198.18.16.5/24"), cidr("198.18.17.5/20"), cidr("fd20:0:0:16::5/64")}
 	other := attachment.ID{Network: att.Network, ContainerID: "ffff", IfName: "eth0"}
-	err = netns.Enter(p, func() error {
+	err := netns.Enter(p, func() error {
 		// The first Setup finds no nat table and uses the tools, which
 		// make it; the second goes over netlink.
 		fw := firewall.New(b)
@@ -101,16 +96,8 @@ func TestNftablesSetupNeedsNoTool(t *testing.T) {
 		}
 		return string(out)
 	}
-	scratch := func(suffix string) string {
-		name := fmt.Sprintf("mwt-masq%s-%d", suffix, os.Getpid())
-		p, err := netns.Create(name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = netns.Delete(name) })
-		return p
-	}
-	byTool, byNetlink := scratch("t"), scratch("n")
+	_, byTool := kerneltest.NewNS(t, "masqt")
+	_, byNetlink := kerneltest.NewNS(t, "masqn")
 	cmd := exec.Command("ip", "netns", "exec", filepath.Base(byTool), "nft", "-f", "-")
 	cmd.Stdin = strings.NewReader(NftAdd(att, addrs))
 	if out, err := cmd.CombinedOutput(); err != nil {

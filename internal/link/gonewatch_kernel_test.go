@@ -4,7 +4,6 @@ package link
 
 import (
 	"fmt"
-	"os"
 	"testing"
 	"time"
 
@@ -19,13 +18,8 @@ import (
 // missing link is reported as such, and a start that fails deletes here.
 func TestDeleteAndWait(t *testing.T) {
 	kerneltest.Require(t)
-	name := fmt.Sprintf("mwt-link-%d", os.Getpid())
-	p, err := netns.Create(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = netns.Delete(name) }()
-	err = netns.Enter(p, func() error {
+	_, p := kerneltest.NewNS(t, "link")
+	err := netns.Enter(p, func() error {
 		mk := func() {
 			if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "mwta"}, PeerName: "mwtb"}); err != nil {
 				t.Fatal(err)

@@ -1,6 +1,6 @@
 //go:build kernel
 
-package netns
+package netns_test
 
 import (
 	"errors"
@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/kerneltest"
+	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/vishvananda/netlink"
 )
 
@@ -17,39 +18,39 @@ import (
 // directory.
 func TestCreateDelete(t *testing.T) {
 	kerneltest.Require(t)
-	old := RunDir
-	RunDir = t.TempDir()
-	defer func() { RunDir = old }()
-	p, err := Create("mwt-unit")
+	old := netns.RunDir
+	netns.RunDir = t.TempDir()
+	defer func() { netns.RunDir = old }()
+	p, err := netns.Create("mwt-unit")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = Delete("mwt-unit") })
-	if !IsNetNS(p) || !Exists("mwt-unit") {
+	t.Cleanup(func() { _ = netns.Delete("mwt-unit") })
+	if !netns.IsNetNS(p) || !netns.Exists("mwt-unit") {
 		t.Fatal("created namespace is not a namespace mount")
 	}
-	if _, err := Create("mwt-unit"); !errors.Is(err, ErrExists) {
+	if _, err := netns.Create("mwt-unit"); !errors.Is(err, netns.ErrExists) {
 		t.Fatalf("second Create: %v, want ErrExists", err)
 	}
-	names, err := List()
+	names, err := netns.List()
 	if err != nil || len(names) != 1 || names[0] != "mwt-unit" {
 		t.Fatalf("List = %v, %v", names, err)
 	}
 	entered := false
-	if err := Enter(p, func() error { entered = true; return nil }); err != nil || !entered {
+	if err := netns.Enter(p, func() error { entered = true; return nil }); err != nil || !entered {
 		t.Fatalf("Enter: %v", err)
 	}
-	if err := Delete("mwt-unit"); err != nil {
+	if err := netns.Delete("mwt-unit"); err != nil {
 		t.Fatal(err)
 	}
-	if Exists("mwt-unit") {
+	if netns.Exists("mwt-unit") {
 		t.Fatal("still there after Delete")
 	}
-	if err := Delete("mwt-unit"); err != nil {
+	if err := netns.Delete("mwt-unit"); err != nil {
 		t.Fatalf("Delete of a missing namespace: %v", err)
 	}
-	err = Enter(p, func() error { return nil })
-	if !IsGone(err) {
+	err = netns.Enter(p, func() error { return nil })
+	if !netns.IsGone(err) {
 		t.Fatalf("Enter of a deleted namespace: %v, want IsGone", err)
 	}
 }
@@ -61,19 +62,19 @@ func TestCreateDelete(t *testing.T) {
 // goroutines there).
 func TestCreateLeavesNoThreadBehind(t *testing.T) {
 	kerneltest.Require(t)
-	old := RunDir
-	RunDir = t.TempDir()
-	defer func() { RunDir = old }()
+	old := netns.RunDir
+	netns.RunDir = t.TempDir()
+	defer func() { netns.RunDir = old }()
 	self, err := os.Readlink("/proc/thread-self/ns/net")
 	if err != nil {
 		t.Fatal(err)
 	}
 	for i := 0; i < 30; i++ {
 		name := fmt.Sprintf("mwt-thread-%d", i)
-		if _, err := Create(name); err != nil {
+		if _, err := netns.Create(name); err != nil {
 			t.Fatal(err)
 		}
-		if err := Delete(name); err != nil {
+		if err := netns.Delete(name); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -93,15 +94,15 @@ func TestCreateLeavesNoThreadBehind(t *testing.T) {
 // loopback through the handle, and sees the namespace go.
 func TestOpenStillThere(t *testing.T) {
 	kerneltest.Require(t)
-	old := RunDir
-	RunDir = t.TempDir()
-	defer func() { RunDir = old }()
-	p, err := Create("mwt-open")
+	old := netns.RunDir
+	netns.RunDir = t.TempDir()
+	defer func() { netns.RunDir = old }()
+	p, err := netns.Create("mwt-open")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = Delete("mwt-open") })
-	ns, err := Open(p)
+	t.Cleanup(func() { _ = netns.Delete("mwt-open") })
+	ns, err := netns.Open(p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +121,7 @@ func TestOpenStillThere(t *testing.T) {
 	if err := ns.StillThere(p); err != nil {
 		t.Fatalf("StillThere on a live namespace: %v", err)
 	}
-	if err := Delete("mwt-open"); err != nil {
+	if err := netns.Delete("mwt-open"); err != nil {
 		t.Fatal(err)
 	}
 	if err := ns.StillThere(p); cnierr.Code(err) != cnierr.CodeInvalidEnv {

@@ -77,15 +77,7 @@ func BenchmarkCodecVsLibrary(b *testing.B) {
 
 // benchInNS runs fn in a throwaway network namespace that it removes.
 func benchInNS(b *testing.B, fn func(b *testing.B, nsPath string) error) {
-	name := fmt.Sprintf("codec-bench-%d", os.Getpid())
-	p, err := netns.Create(name)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer func() { _ = netns.Delete(name) }()
-	if err := netns.Enter(p, func() error { return fn(b, p) }); err != nil {
-		b.Fatal(err)
-	}
+	kerneltest.InNewNS(b, "codec-bench", func(_, p string) error { return fn(b, p) })
 }
 
 // side is one implementation's figures.

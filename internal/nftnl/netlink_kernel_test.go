@@ -16,21 +16,12 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/meshwire/meshwire/internal/kerneltest"
-	"github.com/meshwire/meshwire/internal/netns"
 )
 
 // inNewNS runs fn inside a throwaway network namespace.
 func inNewNS(t *testing.T, fn func() error) {
 	t.Helper()
-	name := fmt.Sprintf("mwt-fw-%d", os.Getpid())
-	p, err := netns.Create(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = netns.Delete(name) }()
-	if err := netns.Enter(p, fn); err != nil {
-		t.Fatal(err)
-	}
+	kerneltest.InNewNS(t, "fw", func(string, string) error { return fn() })
 }
 
 // chainRules reads the rules of a chain; a missing table or chain has none.

@@ -25,11 +25,7 @@ func BenchmarkDelNothingThere(b *testing.B) {
 	kerneltest.Require(b)
 	r := attachment.Reference{Network: "mynet", ContainerID: "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", IfName: "eth0"}
 	for _, withNat := range []bool{false, true} {
-		name := fmt.Sprintf("mwt-refrules-bench-%v", withNat)
-		p, err := netns.Create(name)
-		if err != nil {
-			b.Fatal(err)
-		}
+		name, p := kerneltest.NewNS(b, fmt.Sprintf("refrules-bench-%v", withNat))
 		if withNat {
 			const nat = "*nat\n:PREROUTING ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\n:POSTROUTING ACCEPT [0:0]\nCOMMIT\n"
 			for _, tool := range []string{"iptables-legacy-restore", "ip6tables-legacy-restore", "iptables-nft-restore", "ip6tables-nft-restore"} {
@@ -63,6 +59,5 @@ func BenchmarkDelNothingThere(b *testing.B) {
 				}
 			})
 		}
-		_ = netns.Delete(name)
 	}
 }

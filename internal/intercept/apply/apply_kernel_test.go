@@ -5,7 +5,6 @@ package apply
 import (
 	"context"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 
@@ -28,12 +27,7 @@ func TestKernelLifecycle(t *testing.T) {
 			if !toolsPresent(b) {
 				t.Fatalf("%s is not installed (make test installs it: test/deps.sh)", b)
 			}
-			name := fmt.Sprintf("mwt-icpt-%d-%s", os.Getpid(), b)
-			p, err := netns.Create(name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = netns.Delete(name) }()
+			_, p := kerneltest.NewNS(t, "icpt-"+b.String())
 			redirect := intercept.Default()
 			redirect.RedirectDNS, redirect.CaptureAllDNS = true, true
 			tp := tproxy(0x64, 200)
@@ -57,7 +51,7 @@ func TestKernelLifecycle(t *testing.T) {
 				}
 				return nil
 			}
-			err = netns.Enter(p, func() error {
+			err := netns.Enter(p, func() error {
 				lo, err := netlink.LinkByName("lo")
 				if err != nil {
 					return err

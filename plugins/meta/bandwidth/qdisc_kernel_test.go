@@ -3,8 +3,6 @@
 package main
 
 import (
-	"fmt"
-	"os"
 	"testing"
 
 	"github.com/vishvananda/netlink"
@@ -19,13 +17,8 @@ import (
 // tbf with its parameters.
 func TestQdiscAt(t *testing.T) {
 	kerneltest.Require(t)
-	name := fmt.Sprintf("mwt-qdisc-%d", os.Getpid())
-	p, err := netns.Create(name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = netns.Delete(name) }()
-	err = netns.Enter(p, func() error {
+	_, p := kerneltest.NewNS(t, "qdisc")
+	err := netns.Enter(p, func() error {
 		if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "mwta"}, PeerName: "mwtb"}); err != nil {
 			return err
 		}
