@@ -426,7 +426,7 @@ func ReadStatus(dir string) (Status, error) {
 		return st, fmt.Errorf("open the pinned pod policies: %w", err)
 	}
 	defer pods.Close()
-	st.PodPolicies, err = podpolicy.Count(pods)
+	st.PodPolicies, err = countEntries[uint64, podpolicy.Value](pods, "the pod policies")
 	return st, err
 }
 
@@ -455,15 +455,21 @@ func readCounters(path string) (Counters, error) {
 
 // CountSockets counts the sockets in the sockhash.
 func CountSockets(socks *ebpf.Map) (int, error) {
-	var k bpfSockKey
-	var v uint64
+	return countEntries[bpfSockKey, uint64](socks, "the sockhash")
+}
+
+// countEntries counts the entries of m (what names it in errors), read as
+// K keys and V values.
+func countEntries[K, V any](m *ebpf.Map, what string) (int, error) {
+	var k K
+	var v V
 	n := 0
-	it := socks.Iterate()
+	it := m.Iterate()
 	for it.Next(&k, &v) {
 		n++
 	}
 	if err := it.Err(); err != nil {
-		return n, fmt.Errorf("walk the sockhash: %w", err)
+		return n, fmt.Errorf("walk %s: %w", what, err)
 	}
 	return n, nil
 }

@@ -137,18 +137,3 @@ func Get(dir string) (p Policy, ok bool, err error) {
 	}
 	return Policy{IntoProxy: v.Flags&FlagIntoProxy != 0}, true, nil
 }
-
-// Count is the number of pod policies in the map m.
-func Count(m *ebpf.Map) (int, error) {
-	var k uint64
-	var v Value
-	n := 0
-	it := m.Iterate()
-	for it.Next(&k, &v) {
-		n++
-	}
-	if err := it.Err(); err != nil {
-		return n, fmt.Errorf("walk the pod policies: %w", err)
-	}
-	return n, nil
-}
