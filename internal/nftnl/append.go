@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
+	"slices"
 
 	"golang.org/x/sys/unix"
 )
@@ -52,33 +53,8 @@ func nest(typ uint16, attrs ...Attr) Attr {
 // loaded and compared; a prefix that does not end on a byte boundary loads
 // the whole address and masks it first.
 func AddrMatch(f Family, dst, invert bool, n net.IPNet) []Expr {
-	ip, mask := n.IP.To4(), []byte(n.Mask)
-	offset := uint32(12) // IPv4 saddr
-	if f == IP6 {
-		ip, offset = n.IP.To16(), 8
-	}
-	if dst {
-		offset += uint32(len(ip))
-	}
-	if len(mask) > len(ip) {
-		mask = mask[len(mask)-len(ip):]
-	}
-	full := 0
-	for full < len(mask) && mask[full] == 0xff {
-		full++
-	}
-	bitwise := false
-	for _, m := range mask[full:] {
-		bitwise = bitwise || m != 0
-	}
-	length := full
-	if bitwise {
-		length = len(ip)
-	}
-	value := make([]byte, length)
-	for i := range value {
-		value[i] = ip[i] & mask[i]
-	}
+	offset, mask, value := addrLoad(f, dst, n)
+	length := len(value)
 	op := uint32(unix.NFT_CMP_EQ)
 	if invert {
 		op = unix.NFT_CMP_NEQ
@@ -89,12 +65,12 @@ func AddrMatch(f Family, dst, invert bool, n net.IPNet) []Expr {
 		{unix.NFTA_PAYLOAD_OFFSET, be32(offset)},
 		{unix.NFTA_PAYLOAD_LEN, be32(uint32(length))},
 	}}}
-	if bitwise {
+	if mask != nil {
 		exprs = append(exprs, Expr{"bitwise", []Attr{
 			{unix.NFTA_BITWISE_SREG, be32(unix.NFT_REG_1)},
 			{unix.NFTA_BITWISE_DREG, be32(unix.NFT_REG_1)},
 			{unix.NFTA_BITWISE_LEN, be32(uint32(length))},
-			nest(unix.NFTA_BITWISE_MASK, Attr{unix.NFTA_DATA_VALUE, mask[:length]}),
+			nest(unix.NFTA_BITWISE_MASK, Attr{unix.NFTA_DATA_VALUE, mask}),
 			nest(unix.NFTA_BITWISE_XOR, Attr{unix.NFTA_DATA_VALUE, make([]byte, length)}),
 		}})
 	}
@@ -103,6 +79,38 @@ func AddrMatch(f Family, dst, invert bool, n net.IPNet) []Expr {
 		{unix.NFTA_CMP_OP, be32(op)},
 		nest(unix.NFTA_CMP_DATA, Attr{unix.NFTA_DATA_VALUE, value}),
 	}})
+}
+
+// addrLoad is what AddrMatch loads and compares for n: the payload offset
+// of the address, the mask to apply when the prefix does not end on a byte
+// boundary (nil when it does), and the value to compare, whose length is
+// how many bytes are loaded (the prefix's whole bytes, or the whole address
+// when masked).
+func addrLoad(f Family, dst bool, n net.IPNet) (offset uint32, mask, value []byte) {
+	ip, m := n.IP.To4(), []byte(n.Mask)
+	offset = 12 // IPv4 saddr
+	if f == IP6 {
+		ip, offset = n.IP.To16(), 8
+	}
+	if dst {
+		offset += uint32(len(ip))
+	}
+	if len(m) > len(ip) {
+		m = m[len(m)-len(ip):]
+	}
+	full := 0
+	for full < len(m) && m[full] == 0xff {
+		full++
+	}
+	length := full
+	if slices.ContainsFunc(m[full:], func(b byte) bool { return b != 0 }) {
+		length, mask = len(ip), m
+	}
+	value = make([]byte, length)
+	for i := range value {
+		value[i] = ip[i] & m[i]
+	}
+	return offset, mask, value
 }
 
 // xtMatch is an xtables match (`-m name`) with its revision and info blob.

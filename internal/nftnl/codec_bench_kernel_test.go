@@ -388,37 +388,15 @@ func (lc *libConn) deleteTagged(f Family, table, chain string, sel func(string) 
 
 // libAddrMatch is AddrMatch in the library's expressions.
 func libAddrMatch(f Family, dst, invert bool, n net.IPNet) []expr.Any {
-	ip, mask := n.IP.To4(), []byte(n.Mask)
-	offset := uint32(12)
-	if f == IP6 {
-		ip, offset = n.IP.To16(), 8
-	}
-	if dst {
-		offset += uint32(len(ip))
-	}
-	if len(mask) > len(ip) {
-		mask = mask[len(mask)-len(ip):]
-	}
-	full := 0
-	for full < len(mask) && mask[full] == 0xff {
-		full++
-	}
-	bitwise := slices.ContainsFunc(mask[full:], func(m byte) bool { return m != 0 })
-	length := full
-	if bitwise {
-		length = len(ip)
-	}
-	value := make([]byte, length)
-	for i := range value {
-		value[i] = ip[i] & mask[i]
-	}
+	offset, mask, value := addrLoad(f, dst, n)
+	length := len(value)
 	op := expr.CmpOpEq
 	if invert {
 		op = expr.CmpOpNeq
 	}
 	exprs := []expr.Any{&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: uint32(length)}}
-	if bitwise {
-		exprs = append(exprs, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: uint32(length), Mask: mask[:length], Xor: make([]byte, length)})
+	if mask != nil {
+		exprs = append(exprs, &expr.Bitwise{SourceRegister: 1, DestRegister: 1, Len: uint32(length), Mask: mask, Xor: make([]byte, length)})
 	}
 	return append(exprs, &expr.Cmp{Op: op, Register: 1, Data: value})
 }
