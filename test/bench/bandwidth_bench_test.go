@@ -55,7 +55,7 @@ func BenchmarkBandwidth(b *testing.B) {
 	base := ps[0].dir // the newest reference's ptp and host-local under every bandwidth plugin
 	paths := map[string]string{}
 	for _, im := range impls {
-		paths[im.name] = bandwidthBenchPath(b, base, filepath.Join(im.dir, "bandwidth"))
+		paths[im.name] = binDirWith(b, base, map[string]string{"bandwidth": filepath.Join(im.dir, "bandwidth")})
 	}
 
 	thr := &harness.Table{
@@ -154,26 +154,6 @@ func bandwidthBenchRate(r uint64) string {
 		return fmt.Sprintf("%d Gbit/s", r/1_000_000_000)
 	}
 	return fmt.Sprintf("%d Mbit/s", r/1_000_000)
-}
-
-// bandwidthBenchPath makes a CNI path with the plugins of base and the
-// given bandwidth binary.
-func bandwidthBenchPath(b *testing.B, base, bandwidth string) string {
-	dir := b.TempDir()
-	entries, err := os.ReadDir(base)
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, e := range entries {
-		src := filepath.Join(base, e.Name())
-		if e.Name() == "bandwidth" {
-			src = bandwidth
-		}
-		if err := os.Symlink(src, filepath.Join(dir, e.Name())); err != nil {
-			b.Fatal(err)
-		}
-	}
-	return dir
 }
 
 type bandwidthBenchPods struct {

@@ -61,7 +61,8 @@ func BenchmarkFullNode(b *testing.B) {
 	h := harness.New(b)
 	nodeForwarding(b)
 	mw := impl{name: "meshwire", tag: "mw", dir: h.BinDir, meshwire: true}
-	refDir := fnReferenceDir(b, ref.dir, h.BinDir)
+	// The reference's plugins and meshwire's intercept.
+	refDir := binDirWith(b, ref.dir, map[string]string{"intercept": filepath.Join(h.BinDir, "intercept")})
 	ref.dir = refDir
 	runs := map[string][]*fnRun{}
 	for n := 0; n < b.N; n++ {
@@ -84,25 +85,6 @@ func nodeForwarding(b *testing.B) {
 	if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
 		b.Fatal(err)
 	}
-}
-
-// fnReferenceDir is a CNI bin directory with the reference's plugins and
-// meshwire's intercept.
-func fnReferenceDir(b *testing.B, refDir, mwDir string) string {
-	dir := b.TempDir()
-	entries, err := os.ReadDir(refDir)
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, e := range entries {
-		if err := os.Symlink(filepath.Join(refDir, e.Name()), filepath.Join(dir, e.Name())); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if err := os.Symlink(filepath.Join(mwDir, "intercept"), filepath.Join(dir, "intercept")); err != nil {
-		b.Fatal(err)
-	}
-	return dir
 }
 
 // fnFill runs one implementation: fill the node, reach every pod, empty

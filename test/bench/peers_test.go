@@ -22,6 +22,30 @@ type impl struct {
 	meshwire bool
 }
 
+// binDirWith is a CNI bin directory (CNI_PATH) of symlinks to every plugin
+// of base, with the plugins named in swap linked to the given binaries
+// instead (or added).
+func binDirWith(b *testing.B, base string, swap map[string]string) string {
+	dir := b.TempDir()
+	entries, err := os.ReadDir(base)
+	if err != nil {
+		b.Fatal(err)
+	}
+	links := map[string]string{}
+	for _, e := range entries {
+		links[e.Name()] = filepath.Join(base, e.Name())
+	}
+	for name, bin := range swap {
+		links[name] = bin
+	}
+	for name, bin := range links {
+		if err := os.Symlink(bin, filepath.Join(dir, name)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return dir
+}
+
 // debianVersion is the upstream version of Debian's
 // containernetworking-plugins package ("1.1.1" from "1.1.1+ds1-3+b5").
 func debianVersion() string {
