@@ -41,9 +41,12 @@ func InNS[T any](nsPath string, open func() (T, error)) (T, error) {
 	return v, err
 }
 
-// Ping sends one ICMP (or ICMPv6) echo request to dst from inside the
-// namespace at nsPath and waits up to timeout for the reply. It returns the
-// round-trip time.
+// Ping sends ICMP (or ICMPv6) echo requests to dst from inside the
+// namespace at nsPath, one every pingResend until a reply arrives or
+// timeout passes, and returns the round-trip time of the request answered.
+// One request alone can be lost while the path settles: an IPv6 neighbour
+// still running duplicate address detection drops the first solicitation,
+// and the kernel's next one comes a second later.
 func Ping(nsPath string, dst net.IP, timeout time.Duration) (time.Duration, error) {
 	network, listen, proto := "ip4:icmp", "0.0.0.0", 1
 	var typ, reply icmp.Type = ipv4.ICMPTypeEcho, ipv4.ICMPTypeEchoReply
@@ -57,36 +60,56 @@ func Ping(nsPath string, dst net.IP, timeout time.Duration) (time.Duration, erro
 	}
 	defer conn.Close()
 	id := os.Getpid() & 0xffff
-	msg := icmp.Message{Type: typ, Body: &icmp.Echo{ID: id, Seq: 1, Data: []byte("meshwire probe")}}
-	b, err := msg.Marshal(nil)
-	if err != nil {
-		return 0, err
+	var sent []time.Time // sent[i] is when sequence number i+1 left
+	send := func() error {
+		msg := icmp.Message{Type: typ, Body: &icmp.Echo{ID: id, Seq: len(sent) + 1, Data: []byte("meshwire probe")}}
+		b, err := msg.Marshal(nil)
+		if err != nil {
+			return err
+		}
+		sent = append(sent, time.Now())
+		if _, err := conn.WriteTo(b, &net.IPAddr{IP: dst}); err != nil {
+			return fmt.Errorf("ping %s: %w", dst, err)
+		}
+		return nil
 	}
-	start := time.Now()
-	if _, err := conn.WriteTo(b, &net.IPAddr{IP: dst}); err != nil {
-		return 0, fmt.Errorf("ping %s: %w", dst, err)
-	}
-	deadline := start.Add(timeout)
-	_ = conn.SetReadDeadline(deadline)
+	deadline := time.Now().Add(timeout)
 	buf := make([]byte, 1500)
 	for {
-		n, _, err := conn.ReadFrom(buf)
-		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				return 0, fmt.Errorf("ping %s: no reply within %s", dst, timeout)
+		if err := send(); err != nil {
+			return 0, err
+		}
+		wait := sent[len(sent)-1].Add(pingResend)
+		if wait.After(deadline) {
+			wait = deadline
+		}
+		_ = conn.SetReadDeadline(wait)
+		for {
+			n, _, err := conn.ReadFrom(buf)
+			if err != nil {
+				var ne net.Error
+				if !errors.As(err, &ne) || !ne.Timeout() {
+					return 0, fmt.Errorf("ping %s: %w", dst, err)
+				}
+				if !time.Now().Before(deadline) {
+					return 0, fmt.Errorf("ping %s: no reply to %d requests within %s", dst, len(sent), timeout)
+				}
+				break // resend
 			}
-			return 0, fmt.Errorf("ping %s: %w", dst, err)
-		}
-		m, err := icmp.ParseMessage(proto, buf[:n])
-		if err != nil || m.Type != reply {
-			continue
-		}
-		if e, ok := m.Body.(*icmp.Echo); ok && e.ID == id && e.Seq == 1 {
-			return time.Since(start), nil
+			m, err := icmp.ParseMessage(proto, buf[:n])
+			if err != nil || m.Type != reply {
+				continue
+			}
+			if e, ok := m.Body.(*icmp.Echo); ok && e.ID == id && e.Seq >= 1 && e.Seq <= len(sent) {
+				return time.Since(sent[e.Seq-1]), nil
+			}
 		}
 	}
 }
+
+// pingResend is how long Ping waits for a reply before sending the next
+// request.
+const pingResend = 250 * time.Millisecond
 
 // Listen opens a listener inside the namespace.
 func Listen(nsPath, network, addr string) (net.Listener, error) {
