@@ -18,8 +18,10 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -386,6 +388,16 @@ func removePins(dir string) error {
 	return nil
 }
 
+// IsAttached reports whether a fast path is attached at dir (its sockops
+// link is pinned there), without opening anything.
+func IsAttached(dir string) bool {
+	if dir == "" {
+		dir = DefaultPinDir
+	}
+	_, err := os.Stat(filepath.Join(dir, pinLink))
+	return err == nil
+}
+
 // ReadStatus reports whether the fast path is attached at dir, with its
 // counters.
 func ReadStatus(dir string) (Status, error) {
@@ -393,7 +405,7 @@ func ReadStatus(dir string) (Status, error) {
 		dir = DefaultPinDir
 	}
 	st := Status{PinDir: dir}
-	if _, err := os.Stat(filepath.Join(dir, pinLink)); err != nil {
+	if !IsAttached(dir) {
 		return st, nil
 	}
 	st.Attached = true
@@ -531,6 +543,36 @@ func Detach(dir string) (Detached, error) {
 	}
 	d.Draining, d.Live = socks, n
 	return d, nil
+}
+
+// HandOff starts a holder process for a draining sockhash: this program's
+// own executable, run as `EXE fastpath hold --fd 3` in its own session with
+// the map as its fd 3, which calls Hold. Every command that detaches
+// (`meshwire fastpath detach`, `install`, `node`) is the meshwire binary,
+// which has that subcommand. It returns the holder's pid; the caller still
+// closes its own copy of the map.
+func HandOff(socks *ebpf.Map) (int, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return 0, err
+	}
+	// Dup the descriptor for the child: wrapping socks' own fd in an
+	// os.File would let that File's finalizer close it under the map.
+	fd, err := unix.FcntlInt(uintptr(socks.FD()), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return 0, fmt.Errorf("dup the sockhash: %w", err)
+	}
+	f := os.NewFile(uintptr(fd), "sockhash")
+	defer f.Close()
+	cmd := exec.Command(exe, "fastpath", "hold", "--fd", "3")
+	cmd.ExtraFiles = []*os.File{f}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return 0, err
+	}
+	pid := cmd.Process.Pid
+	_ = cmd.Process.Release()
+	return pid, nil
 }
 
 // Hold keeps the sockhash open until every socket in it has closed (each

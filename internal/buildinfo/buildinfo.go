@@ -45,3 +45,6 @@ func commit() string {
 func String(component string) string {
 	return fmt.Sprintf("meshwire %s %s (commit %s, %s)", component, version(), commit(), runtime.Version())
 }
+
+// VersionCommit returns the version and the commit String reports.
+func VersionCommit() (v, c string) { return version(), commit() }

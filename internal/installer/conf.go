@@ -36,23 +36,38 @@ var confExts = []string{".conf", ".conflist", ".json"}
 // intercepts only pods with a sidecar, capturing everything but the
 // sidecar's status ports (15020 outbound; 15020, 15021 and 15090 inbound,
 // which the plugin adds for every Istio pod), and the pods' annotations
-// refine them. proxyMetadata, when given, is the mesh-wide environment of
-// the sidecars (meshConfig's defaultConfig.proxyMetadata: DNS capture,
-// dual stack, invalid-packet drop), which a pod's proxy.istio.io/config
-// overrides.
-func chainEntries(proxyMetadata map[string]string) []struct{ typ, json string } {
+// refine them. See ChainOptions for what the options add.
+func chainEntries(o ChainOptions) []struct{ typ, json string } {
 	intercept := `{"type":"intercept","capabilities":{"io.kubernetes.cri.pod-annotations":true},` +
 		`"istio-service-cidr":"*","istio-inbound-ports":"*",` +
 		`"istio-local-exclude-ports":"15020","istio-local-outbound-ports-exclude":"15020",`
-	if len(proxyMetadata) > 0 {
-		meta, _ := json.Marshal(proxyMetadata) // a map of strings: keys sorted
+	if len(o.ProxyMetadata) > 0 {
+		meta, _ := json.Marshal(o.ProxyMetadata) // a map of strings: keys sorted
 		intercept += `"proxyMetadata":` + string(meta) + `,`
 	}
-	return []struct{ typ, json string }{
-		{"portmap", `{"type":"portmap","capabilities":{"portMappings":true},"` + Marker + `":true}`},
-		{"bandwidth", `{"type":"bandwidth","capabilities":{"bandwidth":true},"` + Marker + `":true}`},
-		{"intercept", intercept + `"` + Marker + `":true}`},
+	tail := `"` + Marker + `":true}`
+	if o.LogFile != "" {
+		file, _ := json.Marshal(o.LogFile)
+		tail = `"log":{"file":` + string(file) + `},` + tail
 	}
+	return []struct{ typ, json string }{
+		{"portmap", `{"type":"portmap","capabilities":{"portMappings":true},` + tail},
+		{"bandwidth", `{"type":"bandwidth","capabilities":{"bandwidth":true},` + tail},
+		{"intercept", intercept + tail},
+	}
+}
+
+// ChainOptions are what `meshwire install` and `meshwire node` add to the
+// entries they chain.
+type ChainOptions struct {
+	// ProxyMetadata is the mesh-wide environment of the sidecars
+	// (meshConfig's defaultConfig.proxyMetadata: DNS capture, dual stack,
+	// invalid-packet drop), put in intercept's entry; a pod's
+	// proxy.istio.io/config overrides it.
+	ProxyMetadata map[string]string
+	// LogFile, when set, is the plugins' JSON log (the "log" object of
+	// every entry), which the node agent reads for its metrics.
+	LogFile string
 }
 
 // IsConfName reports whether a runtime would read the file name as a
@@ -130,10 +145,10 @@ type Edit struct {
 // Everything else is kept byte for byte: the edit splices the plugins array
 // of the original text, so untouched keys, plugins, their order and their
 // formatting stay as they were.
-func Chain(conf []byte) (Edit, error) { return ChainWith(conf, nil) }
+func Chain(conf []byte) (Edit, error) { return ChainWith(conf, ChainOptions{}) }
 
-// ChainWith is Chain with the mesh-wide proxyMetadata in intercept's entry.
-func ChainWith(conf []byte, proxyMetadata map[string]string) (Edit, error) {
+// ChainWith is Chain with the options' additions in the entries.
+func ChainWith(conf []byte, o ChainOptions) (Edit, error) {
 	top, err := parseObject(conf, 0)
 	if err != nil {
 		return Edit{}, err
@@ -141,7 +156,7 @@ func ChainWith(conf []byte, proxyMetadata map[string]string) (Edit, error) {
 	if err := checkVersion(conf, top); err != nil {
 		return Edit{}, err
 	}
-	entries := chainEntries(proxyMetadata)
+	entries := chainEntries(o)
 	if _, ok := top.get("plugins"); !ok {
 		return convert(conf, top, entries)
 	}
@@ -469,4 +484,34 @@ func (a pluginList) splice(data []byte, kept []int, adds []string) []byte {
 	out = append(out, data[:a.start]...)
 	out = append(out, b.Bytes()...)
 	return append(out, data[a.end:]...)
+}
+
+// WithLog returns the conflist with a "log" object naming file in every
+// plugin that has none: meshwire's own conflist, when the node agent reads
+// the plugins' log. Only meshwire's plugins read the key.
+func WithLog(conflist []byte, file string) ([]byte, error) {
+	d := json.NewDecoder(bytes.NewReader(conflist))
+	d.UseNumber()
+	var top map[string]any
+	if err := d.Decode(&top); err != nil {
+		return nil, fmt.Errorf("not a JSON object: %w", err)
+	}
+	plugins, ok := top["plugins"].([]any)
+	if !ok {
+		return nil, errors.New(`no "plugins" list`)
+	}
+	for i, p := range plugins {
+		obj, ok := p.(map[string]any)
+		if !ok {
+			return nil, fmt.Errorf("plugins[%d] is not an object", i)
+		}
+		if _, has := obj["log"]; !has {
+			obj["log"] = map[string]string{"file": file}
+		}
+	}
+	out, err := json.MarshalIndent(top, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(out, '\n'), nil
 }

@@ -367,14 +367,14 @@ func FuzzChain(f *testing.F) {
 func TestChainProxyMetadata(t *testing.T) {
 	in := []byte(`{"name":"n","plugins":[{"type":"a"}]}`)
 	meta := map[string]string{"ISTIO_META_DNS_CAPTURE": "true", "INVALID_DROP": "true"}
-	e, err := ChainWith(in, meta)
+	e, err := ChainWith(in, ChainOptions{ProxyMetadata: meta})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(e.Out), `"proxyMetadata":{"INVALID_DROP":"true","ISTIO_META_DNS_CAPTURE":"true"},"meshwire.io/installed":true}`) {
 		t.Fatalf("no proxyMetadata in the intercept entry:\n%s", e.Out)
 	}
-	if again, err := ChainWith(e.Out, meta); err != nil || again.Changed {
+	if again, err := ChainWith(e.Out, ChainOptions{ProxyMetadata: meta}); err != nil || again.Changed {
 		t.Fatalf("a second run with the same metadata changed the config (%v):\n%s", err, again.Out)
 	}
 	plain, err := Chain(e.Out)

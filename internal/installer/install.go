@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -33,8 +34,12 @@ type Options struct {
 	CleanupOnExit   bool   // when ctx ends, take back the config change
 	DefaultConflist []byte // OwnConflist's contents (without Chain)
 	// ProxyMetadata is the mesh-wide sidecar environment put in the
-	// chained intercept entry (with Chain; see ChainWith).
+	// chained intercept entry (with Chain; see ChainOptions).
 	ProxyMetadata map[string]string
+	// PluginLog, when set, is the JSON log file every plugin meshwire
+	// configures writes (the "log" object of the entries it chains, or of
+	// every plugin of OwnConflist).
+	PluginLog string
 	// Logf writes one line (no trailing newline needed).
 	Logf func(format string, a ...any)
 	// Resync is how often the watch re-checks everything (and retries a
@@ -49,6 +54,45 @@ type Installer struct {
 	lastErr  string           // the error last logged, to log a repeat once
 	warned   string           // the shadowing file last warned about
 	applied  bool             // Apply succeeded once: say no more when nothing changes
+
+	mu    sync.Mutex
+	state State
+}
+
+// State is what the installer has achieved so far, for the node agent's
+// probes and metrics. It is safe to read while Run goes on.
+type State struct {
+	BinariesInstalled bool   // every plugin is in the binary directory
+	Applied           bool   // the last Apply succeeded
+	LastError         string // why the last InstallBinaries or Apply failed
+	Applies, Failures uint64 // Apply calls that succeeded, that failed
+}
+
+// State returns a copy of the installer's state.
+func (in *Installer) State() State {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	return in.state
+}
+
+// record notes the outcome of InstallBinaries (binaries) or Apply.
+func (in *Installer) record(binaries bool, err error) {
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.state.LastError = ""
+	if err != nil {
+		in.state.LastError = err.Error()
+	}
+	if binaries {
+		in.state.BinariesInstalled = err == nil
+		return
+	}
+	in.state.Applied = err == nil
+	if err == nil {
+		in.state.Applies++
+	} else {
+		in.state.Failures++
+	}
 }
 
 // stamp identifies a file's version without reading it.
@@ -79,6 +123,16 @@ func New(o Options) (*Installer, error) {
 	}
 	if o.Resync <= 0 {
 		o.Resync = 10 * time.Second
+	}
+	if o.PluginLog != "" && !filepath.IsAbs(o.PluginLog) {
+		return nil, fmt.Errorf("the plugin log %q is not an absolute path", o.PluginLog)
+	}
+	if o.PluginLog != "" && !o.Chain {
+		withLog, err := WithLog(o.DefaultConflist, o.PluginLog)
+		if err != nil {
+			return nil, fmt.Errorf("the conflist to write: %w", err)
+		}
+		o.DefaultConflist = withLog
 	}
 	return &Installer{o: o}, nil
 }
@@ -120,6 +174,12 @@ func (in *Installer) report(err error) {
 
 // InstallBinaries copies Binaries from the source to the binary directory.
 func (in *Installer) InstallBinaries() error {
+	err := in.installBinaries()
+	in.record(true, err)
+	return err
+}
+
+func (in *Installer) installBinaries() error {
 	if gone, err := removeTemps(in.o.BinDir); err != nil {
 		return fmt.Errorf("%s: %w", in.o.BinDir, err)
 	} else if len(gone) > 0 {
@@ -193,6 +253,12 @@ func (in *Installer) confNames() ([]string, error) {
 // Apply makes the config directory what it should be: OwnConflist written,
 // or meshwire's plugins chained into the primary config.
 func (in *Installer) Apply() error {
+	err := in.apply()
+	in.record(false, err)
+	return err
+}
+
+func (in *Installer) apply() error {
 	dir := in.o.ConfDir
 	if gone, err := removeTemps(dir); err != nil {
 		return fmt.Errorf("%s: %w", dir, err)
@@ -260,7 +326,7 @@ func (in *Installer) applyChain(names []string) error {
 	if err != nil {
 		return err
 	}
-	e, err := ChainWith(data, in.o.ProxyMetadata)
+	e, err := ChainWith(data, ChainOptions{ProxyMetadata: in.o.ProxyMetadata, LogFile: in.o.PluginLog})
 	if err != nil {
 		return fmt.Errorf("%s: %w (left as it is)", path, err)
 	}

@@ -3,6 +3,7 @@ package installer
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -357,4 +358,108 @@ func run(ctx context.Context, o Options) error {
 		return err
 	}
 	return in.Run(ctx)
+}
+
+// TestPluginLog: with PluginLog, every entry meshwire chains, and every
+// plugin of its own conflist, names the log file; a relative path is
+// refused.
+func TestPluginLog(t *testing.T) {
+	const file = "/var/log/meshwire/cni.log"
+	n := newNode(t, true, "10-flannel.conflist")
+	o := n.options()
+	o.PluginLog = file
+	in, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	var list struct {
+		Plugins []map[string]json.RawMessage `json:"plugins"`
+	}
+	if err := json.Unmarshal(n.read("10-flannel.conflist"), &list); err != nil {
+		t.Fatal(err)
+	}
+	logged := 0
+	for _, p := range list.Plugins {
+		_, marked := p[Marker]
+		if string(p["log"]) == `{"file":"/var/log/meshwire/cni.log"}` {
+			logged++
+			if !marked {
+				t.Errorf("a plugin meshwire did not add got the log: %s", p["type"])
+			}
+		} else if marked {
+			t.Errorf("chained %s has no log object: %s", p["type"], p["log"])
+		}
+	}
+	if logged != 2 { // flannel's config has a portmap of its own
+		t.Fatalf("%d chained plugins with the log, want 2 (bandwidth, intercept)", logged)
+	}
+
+	own := newNode(t, false)
+	o = own.options()
+	o.DefaultConflist = []byte(`{"cniVersion":"1.1.0","name":"meshwire","plugins":[{"type":"bridge","mtu":1450},{"type":"portmap","log":{"file":"/tmp/own.log"}}]}`)
+	o.PluginLog = file
+	in, err = New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	want := `{
+  "cniVersion": "1.1.0",
+  "name": "meshwire",
+  "plugins": [
+    {
+      "log": {
+        "file": "/var/log/meshwire/cni.log"
+      },
+      "mtu": 1450,
+      "type": "bridge"
+    },
+    {
+      "log": {
+        "file": "/tmp/own.log"
+      },
+      "type": "portmap"
+    }
+  ]
+}
+`
+	if got := string(own.read(OwnConflist)); got != want {
+		t.Fatalf("own conflist:\n%s\nwant\n%s", got, want)
+	}
+
+	o.PluginLog = "cni.log"
+	if _, err := New(o); err == nil || !strings.Contains(err.Error(), `"cni.log" is not an absolute path`) {
+		t.Fatalf("relative plugin log: %v", err)
+	}
+}
+
+// TestState: the state the node agent reports follows InstallBinaries and
+// Apply, failures included.
+func TestState(t *testing.T) {
+	n := newNode(t, true)
+	in := n.installer()
+	if st := in.State(); st != (State{}) {
+		t.Fatalf("before anything: %+v", st)
+	}
+	if err := in.InstallBinaries(); err != nil {
+		t.Fatal(err)
+	}
+	if err := in.Apply(); err == nil {
+		t.Fatal("Apply with no config succeeded")
+	}
+	if st := in.State(); !st.BinariesInstalled || st.Applied || st.Failures != 1 || st.Applies != 0 || !strings.Contains(st.LastError, "no CNI config") {
+		t.Fatalf("after a failed Apply: %+v", st)
+	}
+	n.put("10-flannel.conflist", fixture(t, "10-flannel.conflist"))
+	if err := in.Apply(); err != nil {
+		t.Fatal(err)
+	}
+	if st := in.State(); !st.Applied || st.Applies != 1 || st.Failures != 1 || st.LastError != "" {
+		t.Fatalf("after Apply: %+v", st)
+	}
 }

@@ -13,8 +13,12 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/meshwire/meshwire/cmd/meshwire/cli"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -107,35 +111,95 @@ func TestDaemonSet(t *testing.T) {
 	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
 		t.Error("the installer talks to no API server: no service account token")
 	}
-	install := container(t, spec.Containers, "install")
-	if !slices.Contains(install.Command, "install") || !slices.Contains(install.Command, "--chain") {
-		t.Errorf("install container command: %q", install.Command)
+	if len(spec.Containers) != 1 {
+		t.Fatalf("want the node agent as the one container, got %d", len(spec.Containers))
 	}
-	if sc := install.SecurityContext; sc == nil || (sc.Privileged != nil && *sc.Privileged) {
-		t.Error("the installer must not be privileged")
+	node := container(t, spec.Containers, "node")
+	if len(node.Command) < 2 || node.Command[0] != "meshwire" || node.Command[1] != "node" {
+		t.Fatalf("node container command: %q", node.Command)
 	}
-	mounts := map[string]string{}
-	for _, m := range install.VolumeMounts {
-		mounts[m.MountPath] = m.Name
+	flags := map[string]string{}
+	for _, a := range node.Command[2:] {
+		k, v, _ := strings.Cut(a, "=")
+		flags[k] = v
 	}
-	// Each /host/X mount is the host's X.
-	for path, name := range mounts {
-		i := slices.IndexFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == name })
-		if i < 0 || spec.Volumes[i].HostPath == nil || "/host"+spec.Volumes[i].HostPath.Path != path {
-			t.Errorf("mount %s (volume %s) is not the host's directory", path, name)
+	for _, f := range []string{"--chain", "--cleanup-on-exit", "--fastpath"} {
+		if _, ok := flags[f]; !ok {
+			t.Errorf("node container lacks %s", f)
 		}
 	}
-	for _, flag := range []string{"--cni-bin-dir=/host/opt/cni/bin", "--cni-conf-dir=/host/etc/cni/net.d"} {
-		if !slices.Contains(install.Command, flag) {
-			t.Errorf("install container lacks %s", flag)
+	if sc := node.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
+		t.Error("with --fastpath the node agent needs privilege")
+	}
+
+	// Each mount is the host's directory, at /host + its path or at the
+	// same path; the directories the agent is given are mounted.
+	mounts := map[string]bool{}
+	for _, m := range node.VolumeMounts {
+		i := slices.IndexFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == m.Name })
+		if i < 0 || spec.Volumes[i].HostPath == nil {
+			t.Errorf("mount %s (volume %s) is not a host directory", m.MountPath, m.Name)
+			continue
 		}
-		if _, ok := mounts[strings.SplitN(flag, "=", 2)[1]]; !ok {
-			t.Errorf("%s is not mounted", flag)
+		if host := spec.Volumes[i].HostPath.Path; m.MountPath != "/host"+host && m.MountPath != host {
+			t.Errorf("mount %s is the host's %s", m.MountPath, host)
+		}
+		mounts[m.MountPath] = true
+	}
+	for flag, dir := range map[string]string{
+		"--cni-bin-dir": flags["--cni-bin-dir"], "--cni-conf-dir": flags["--cni-conf-dir"], "--cgroup": flags["--cgroup"],
+		"--plugin-log": filepath.Dir(flags["--plugin-log"]),
+	} {
+		if !mounts[dir] {
+			t.Errorf("%s: %q is not a mounted host directory", flag, dir)
 		}
 	}
-	fp := container(t, spec.Containers, "fastpath")
-	if fp.SecurityContext == nil || fp.SecurityContext.Privileged == nil || !*fp.SecurityContext.Privileged {
-		t.Error("the fast path container needs privilege")
+	if !strings.HasPrefix(flags["--plugin-log"], "/var/log/") {
+		t.Errorf("the plugin log %q must have the same path on the host (it is written into the CNI config)", flags["--plugin-log"])
+	}
+
+	// The probes and the metrics port are where the agent listens, on
+	// the node's IP (host network: the kubelet probes that address).
+	listen := flags["--listen"]
+	if !strings.HasPrefix(listen, "[$(NODE_IP)]:") {
+		t.Errorf("--listen=%q: want the node's IP from the downward API", listen)
+	}
+	if i := slices.IndexFunc(node.Env, func(e corev1.EnvVar) bool { return e.Name == "NODE_IP" }); i < 0 || node.Env[i].ValueFrom == nil ||
+		node.Env[i].ValueFrom.FieldRef == nil || node.Env[i].ValueFrom.FieldRef.FieldPath != "status.hostIP" {
+		t.Error("NODE_IP is not the node's IP (status.hostIP)")
+	}
+	port := listen[strings.LastIndex(listen, ":")+1:]
+	for what, p := range map[string]*corev1.Probe{"/readyz": node.ReadinessProbe, "/healthz": node.LivenessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != what || p.HTTPGet.Port.String() != port {
+			t.Errorf("no probe of %s on port %s: %+v", what, port, p)
+		}
+	}
+	if len(node.Ports) != 1 || strconv.Itoa(int(node.Ports[0].ContainerPort)) != port {
+		t.Errorf("container ports %+v, want %s", node.Ports, port)
+	}
+
+	// The stop fits in the grace period: the drain, and a few seconds for
+	// the rest.
+	drain, err := time.ParseDuration(flags["--drain-timeout"])
+	if err != nil {
+		t.Fatalf("--drain-timeout: %v", err)
+	}
+	if grace := spec.TerminationGracePeriodSeconds; grace == nil || time.Duration(*grace)*time.Second < drain+5*time.Second {
+		t.Errorf("grace period %v s leaves no room after a %s drain", grace, drain)
+	}
+
+	// The real command line accepts every flag: it fails on the missing
+	// directories, never with a usage error.
+	args := []string{"node"}
+	for _, a := range node.Command[2:] {
+		if strings.HasPrefix(a, "--cni-bin-dir=") || strings.HasPrefix(a, "--cni-conf-dir=") {
+			a = a[:strings.Index(a, "=")+1] + filepath.Join(t.TempDir(), "missing")
+		}
+		args = append(args, a)
+	}
+	var stderr strings.Builder
+	if code := cli.Main(args, []byte("{}"), io.Discard, &stderr); code != 1 {
+		t.Errorf("meshwire %q: exit %d, want 1 (the missing directories): %s", args, code, stderr.String())
 	}
 }
 

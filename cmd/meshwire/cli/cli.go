@@ -1,5 +1,5 @@
 // Package cli is the meshwire command line: add, check, del, ls, gc, demo,
-// fastpath, install.
+// fastpath, install, node.
 package cli
 
 import (
@@ -49,6 +49,11 @@ commands:
                  node installer (a DaemonSet's container): copy the plugins into the CNI bin
                  dir, write meshwire's conflist or, with --chain, chain intercept into the
                  node's primary config; keep it applied until SIGTERM (--once: apply, exit)
+  node --cni-bin-dir DIR --cni-conf-dir DIR [--chain] [--cleanup-on-exit] [--fastpath]
+       [--listen ADDR] [--plugin-log FILE] [--drain-timeout DURATION]
+                 node agent (a DaemonSet's one container): the installer's work, the fast
+                 path attached and kept attached, /healthz, /readyz and /metrics on ADDR
+                 (default 127.0.0.1:9966); on SIGTERM detaches and cleans up
   version        print the meshwire version
 
 global flags (anywhere on the line):
@@ -159,6 +164,8 @@ func run(e *env, args []string) error {
 		return e.fastpath(rest)
 	case "install":
 		return e.install(rest)
+	case "node":
+		return e.node(rest)
 	}
 	return usagef("unknown command %q", cmd)
 }

@@ -3,11 +3,10 @@ package cli
 import (
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"strconv"
-	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -39,24 +38,36 @@ func (e *env) fastpath(args []string) error {
 	return usagef("fastpath: unknown subcommand %q (want attach, detach or status)", sub)
 }
 
-func (e *env) fastpathAttach(args []string) error {
-	cfg := fastpath.Defaults()
-	fs := e.flags("fastpath attach")
+// fastpathFlags binds the fast path's settings, which `fastpath attach` and
+// `node` share; check validates them once the flags are parsed.
+func fastpathFlags(fs *flag.FlagSet, cfg *fastpath.Config) (check func(cmd string) error) {
 	uid := fs.Uint("proxy-uid", uint(cfg.ProxyUID), "the sidecar's uid")
 	port := fs.Uint("outbound-port", uint(cfg.OutboundPort), "the sidecar's outbound capture port")
 	fs.BoolVar(&cfg.IntoProxy, "into-proxy", false, "also hand the app's bytes to the proxy (only for proxies that read with recv/readv, never splice)")
 	fs.StringVar(&cfg.PinDir, "pin-dir", cfg.PinDir, "bpffs directory for the pins")
 	fs.StringVar(&cfg.Cgroup, "cgroup", "", "cgroup v2 directory to attach at (default: the cgroup2 mount; DIR/unified on hybrid hosts)")
+	return func(cmd string) error {
+		if *uid > 1<<31-2 {
+			return usagef("%s: --proxy-uid %d is not a uid", cmd, *uid)
+		}
+		if *port == 0 || *port > 65535 {
+			return usagef("%s: --outbound-port %d is not a TCP port (1-65535)", cmd, *port)
+		}
+		cfg.ProxyUID, cfg.OutboundPort = uint32(*uid), uint16(*port)
+		return nil
+	}
+}
+
+func (e *env) fastpathAttach(args []string) error {
+	cfg := fastpath.Defaults()
+	fs := e.flags("fastpath attach")
+	check := fastpathFlags(fs, &cfg)
 	if _, err := parse(fs, args, 0); err != nil {
 		return err
 	}
-	if *uid > 1<<31-2 {
-		return usagef("fastpath attach: --proxy-uid %d is not a uid", *uid)
+	if err := check("fastpath attach"); err != nil {
+		return err
 	}
-	if *port == 0 || *port > 65535 {
-		return usagef("fastpath attach: --outbound-port %d is not a TCP port (1-65535)", *port)
-	}
-	cfg.ProxyUID, cfg.OutboundPort = uint32(*uid), uint16(*port)
 	if os.Geteuid() != 0 {
 		return errors.New("fastpath attach: must run as root (it loads BPF programs and attaches them to the cgroup v2 root)")
 	}
@@ -93,32 +104,13 @@ func (e *env) fastpathDetach(args []string) error {
 		fmt.Fprintln(e.out, "fast path detached")
 		return nil
 	}
-	pid, err := startHolder(d.Draining)
+	pid, err := fastpath.HandOff(d.Draining)
 	d.Draining.Close()
 	if err != nil {
 		return fmt.Errorf("fastpath detach: detached, but the %d sockets still on the fast path lose their unread bytes: %w", d.Live, err)
 	}
 	fmt.Fprintf(e.out, "fast path detached; %d sockets keep it until they close (held by pid %d)\n", d.Live, pid)
 	return nil
-}
-
-// startHolder runs `meshwire fastpath hold` in its own session with the
-// sockhash as its fd 3: it keeps the map until its last socket closes.
-func startHolder(socks *ebpf.Map) (int, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return 0, err
-	}
-	f := os.NewFile(uintptr(socks.FD()), "sockhash")
-	cmd := exec.Command(exe, "fastpath", "hold", "--fd", "3")
-	cmd.ExtraFiles = []*os.File{f}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return 0, err
-	}
-	pid := cmd.Process.Pid
-	_ = cmd.Process.Release()
-	return pid, nil
 }
 
 // fastpathHold is the holder's side (not listed in the usage).

@@ -2,17 +2,20 @@ package cli
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"log"
 	"os"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/internal/installer"
+	"github.com/meshwire/meshwire/internal/nodeagent"
 )
 
-const installUsage = `usage: meshwire install --cni-bin-dir DIR --cni-conf-dir DIR [--chain [--proxy-metadata KEY=VALUE]...] [--once] [--cleanup-on-exit] [--source-dir DIR] [--fastpath]`
+const installUsage = `usage: meshwire install --cni-bin-dir DIR --cni-conf-dir DIR [--chain [--proxy-metadata KEY=VALUE]...] [--once] [--cleanup-on-exit] [--source-dir DIR] [--plugin-log FILE] [--fastpath]`
 
 // keyValues is a repeatable KEY=VALUE flag.
 type keyValues map[string]string
@@ -28,43 +31,63 @@ func (kv keyValues) Set(s string) error {
 	return nil
 }
 
-// install runs `meshwire install`, the node installer (see package install).
-func (e *env) install(args []string) error {
-	fs := e.flags("install")
-	var o installer.Options
+// installerFlags binds the installer's flags, which `install` and `node`
+// share; finish completes the options once the flags are parsed.
+func installerFlags(fs *flag.FlagSet, o *installer.Options) (finish func(e *env, cmd string) error) {
 	fs.StringVar(&o.BinDir, "cni-bin-dir", "", "the host's CNI plugin directory (mounted)")
 	fs.StringVar(&o.ConfDir, "cni-conf-dir", "", "the host's CNI config directory (mounted)")
 	fs.StringVar(&o.SourceDir, "source-dir", "", "where the plugins to install are (default: the meshwire binary's directory)")
 	fs.BoolVar(&o.Chain, "chain", false, "chain intercept into the node's primary config instead of writing meshwire's own")
-	fs.BoolVar(&o.Once, "once", false, "apply once and exit instead of watching")
 	fs.BoolVar(&o.CleanupOnExit, "cleanup-on-exit", false, "on SIGTERM/SIGINT, remove the config change (the binaries stay)")
-	withFastpath := fs.Bool("fastpath", false, "also attach the eBPF fast path (and detach it on exit with --cleanup-on-exit)")
+	fs.StringVar(&o.PluginLog, "plugin-log", "", "JSON log file the plugins meshwire configures write (an absolute path, the same on the host)")
 	meta := keyValues{}
 	fs.Var(meta, "proxy-metadata", "with --chain: an environment variable of every Istio sidecar (meshConfig's defaultConfig.proxyMetadata), e.g. ISTIO_META_DNS_CAPTURE=true; repeatable")
+	return func(e *env, cmd string) error {
+		if len(meta) > 0 && !o.Chain {
+			return usagef("%s: --proxy-metadata sets the chained intercept plugin's defaults; it needs --chain", cmd)
+		}
+		o.ProxyMetadata = meta
+		if o.BinDir == "" || o.ConfDir == "" {
+			return usagef("%s: --cni-bin-dir and --cni-conf-dir are required", cmd)
+		}
+		if o.PluginLog != "" && !filepath.IsAbs(o.PluginLog) {
+			return usagef("%s: --plugin-log %q is not an absolute path", cmd, o.PluginLog)
+		}
+		if o.SourceDir == "" {
+			exe, err := os.Executable()
+			if err != nil {
+				return fmt.Errorf("%s: find the plugins: %w (give --source-dir)", cmd, err)
+			}
+			if r, err := filepath.EvalSymlinks(exe); err == nil {
+				exe = r
+			}
+			o.SourceDir = filepath.Dir(exe)
+		}
+		o.DefaultConflist = e.defaultConflist
+		return nil
+	}
+}
+
+// install runs `meshwire install`, the node installer (see package
+// installer).
+func (e *env) install(args []string) error {
+	fs := e.flags("install")
+	var o installer.Options
+	finish := installerFlags(fs, &o)
+	fs.BoolVar(&o.Once, "once", false, "apply once and exit instead of watching")
+	withFastpath := fs.Bool("fastpath", false, "also attach the eBPF fast path (and detach it on exit with --cleanup-on-exit)")
 	if _, err := parse(fs, args, 0); err != nil {
 		return err
 	}
-	if len(meta) > 0 && !o.Chain {
-		return usagef("install: --proxy-metadata sets the chained intercept plugin's defaults; it needs --chain")
-	}
-	o.ProxyMetadata = meta
-	if o.BinDir == "" || o.ConfDir == "" {
-		return usagef("install: --cni-bin-dir and --cni-conf-dir are required\n%s", installUsage)
+	if err := finish(e, "install"); err != nil {
+		if errors.Is(err, errUsage) {
+			return usagef("%v\n%s", err, installUsage)
+		}
+		return err
 	}
 	if o.Once && o.CleanupOnExit {
 		return usagef("install: --cleanup-on-exit takes back the change when the installer stops; with --once there is nothing to wait for")
 	}
-	if o.SourceDir == "" {
-		exe, err := os.Executable()
-		if err != nil {
-			return fmt.Errorf("install: find the plugins: %w (give --source-dir)", err)
-		}
-		if r, err := filepath.EvalSymlinks(exe); err == nil {
-			exe = r
-		}
-		o.SourceDir = filepath.Dir(exe)
-	}
-	o.DefaultConflist = e.defaultConflist
 	logger := log.New(e.errOut, "meshwire install: ", log.LstdFlags|log.Lmsgprefix)
 	o.Logf = logger.Printf
 
@@ -74,62 +97,24 @@ func (e *env) install(args []string) error {
 	}
 	ctx, cancel := signalContext()
 	defer cancel()
-	attached := false
+	var owner *nodeagent.FastpathOwner
 	if *withFastpath {
-		if attached, err = attachFastpath(logger); err != nil {
-			return err
+		if os.Geteuid() != 0 {
+			return errors.New("install --fastpath: must run as root (it loads BPF programs and attaches them to the cgroup v2 root)")
+		}
+		// One attached before (by `meshwire fastpath attach`, another
+		// container) is not this installer's to detach.
+		owner = &nodeagent.FastpathOwner{Config: fastpath.Defaults(), Logf: logger.Printf}
+		if err := owner.Ensure(); err != nil {
+			return fmt.Errorf("install --fastpath: %w (nothing was changed)", err)
 		}
 	}
 	err = in.Run(ctx)
 	if err != nil {
 		err = fmt.Errorf("install: %w", err)
 	}
-	if attached && o.CleanupOnExit {
-		err = errors.Join(err, detachFastpath(logger))
+	if owner != nil && o.CleanupOnExit {
+		err = errors.Join(err, owner.Release(0, time.Second))
 	}
 	return err
-}
-
-// attachFastpath attaches the fast path with istio's defaults. It reports
-// whether this run attached it: one attached before (by `meshwire fastpath
-// attach`, another container) is not this installer's to detach.
-func attachFastpath(logger *log.Logger) (bool, error) {
-	if os.Geteuid() != 0 {
-		return false, errors.New("install --fastpath: must run as root (it loads BPF programs and attaches them to the cgroup v2 root)")
-	}
-	cfg := fastpath.Defaults()
-	already, err := fastpath.Attach(cfg)
-	if err != nil {
-		return false, fmt.Errorf("install --fastpath: %w (nothing was changed)", err)
-	}
-	if already {
-		logger.Printf("fast path already attached (%s); leaving it attached on exit", cfg.PinDir)
-		return false, nil
-	}
-	logger.Printf("attached the fast path (pinned in %s)", cfg.PinDir)
-	return true, nil
-}
-
-// detachFastpath detaches the fast path this run attached; sockets still on
-// it go to the same holder process `meshwire fastpath detach` starts.
-func detachFastpath(logger *log.Logger) error {
-	d, err := fastpath.Detach(fastpath.DefaultPinDir)
-	if err != nil {
-		return fmt.Errorf("detach the fast path: %w", err)
-	}
-	if !d.WasAttached {
-		logger.Printf("fast path was no longer attached")
-		return nil
-	}
-	if d.Draining == nil {
-		logger.Printf("detached the fast path")
-		return nil
-	}
-	pid, err := startHolder(d.Draining)
-	d.Draining.Close()
-	if err != nil {
-		return fmt.Errorf("detached the fast path, but the %d sockets still on it lose their unread bytes: %w", d.Live, err)
-	}
-	logger.Printf("detached the fast path; %d sockets keep it until they close (held by pid %d)", d.Live, pid)
-	return nil
 }

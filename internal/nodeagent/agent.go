@@ -1,0 +1,294 @@
+// Package nodeagent is `meshwire node`, the one process a DaemonSet runs on
+// every node: it installs the plugins and keeps meshwire in the node's CNI
+// config (package installer), attaches the eBPF fast path and attaches it
+// again if it goes, serves /healthz, /readyz and Prometheus /metrics, and on
+// SIGTERM takes the config change and the fast path back within the
+// DaemonSet's grace period.
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/meshwire/meshwire/ebpf/fastpath"
+	"github.com/meshwire/meshwire/internal/buildinfo"
+	"github.com/meshwire/meshwire/internal/installer"
+)
+
+// Options are `meshwire node`'s.
+type Options struct {
+	Install installer.Options
+	// Fastpath, when set, is the fast path the agent attaches and owns.
+	Fastpath *fastpath.Config
+	// Listen is the address of the HTTP endpoints.
+	Listen string
+	// PluginLog is where the agent reads the plugins' JSON log; default
+	// Install.PluginLog (the same path inside and outside the container).
+	PluginLog string
+	// PluginLogMaxSize is the size at which the agent rotates the log
+	// (default 16 MiB; negative: never).
+	PluginLogMaxSize int64
+	// Interval is how often the agent checks the fast path and reads the
+	// log (default 10s).
+	Interval time.Duration
+	// DrainTimeout is how long, once stopping, the agent keeps the sockets
+	// still on the fast path before handing them off (default 15s).
+	DrainTimeout time.Duration
+	// Logf writes one line.
+	Logf func(format string, a ...any)
+}
+
+// Agent is a running node agent.
+type Agent struct {
+	o    Options
+	in   *installer.Installer
+	fp   *FastpathOwner // nil without Options.Fastpath
+	plog *pluginLog     // nil without a plugin log
+	beat atomic.Int64   // when the loop last went round (UnixNano)
+
+	mu       sync.Mutex
+	fpErr    error  // why the fast path is not attached, as last seen
+	attaches uint64 // attachments the agent made
+	stopping bool
+}
+
+// New checks o and returns an agent (nothing runs yet).
+func New(o Options) (*Agent, error) {
+	if o.Logf == nil {
+		o.Logf = func(string, ...any) {}
+	}
+	if o.Interval <= 0 {
+		o.Interval = 10 * time.Second
+	}
+	if o.DrainTimeout <= 0 {
+		o.DrainTimeout = 15 * time.Second
+	}
+	if o.PluginLogMaxSize == 0 {
+		o.PluginLogMaxSize = 16 << 20
+	}
+	if o.PluginLog == "" {
+		o.PluginLog = o.Install.PluginLog
+	}
+	if o.Listen == "" {
+		return nil, errors.New("no address to listen on")
+	}
+	if o.Install.Once {
+		return nil, errors.New("the node agent keeps the config applied; it has no --once")
+	}
+	if o.Install.Logf == nil {
+		o.Install.Logf = o.Logf
+	}
+	in, err := installer.New(o.Install)
+	if err != nil {
+		return nil, err
+	}
+	a := &Agent{o: o, in: in}
+	if o.Fastpath != nil {
+		a.fp = &FastpathOwner{Config: *o.Fastpath, Adopt: true, Logf: o.Logf}
+		if a.fp.Config.PinDir == "" {
+			a.fp.Config.PinDir = fastpath.DefaultPinDir
+		}
+	}
+	if o.PluginLog != "" {
+		a.plog = newPluginLog(o.PluginLog, o.PluginLogMaxSize)
+	}
+	return a, nil
+}
+
+// Run serves the endpoints and does the agent's work until ctx ends, then
+// stops: the installer's cleanup, the fast path detached (and drained).
+// It returns early, after the same stop, when the installer fails for good
+// (it cannot install the plugins).
+func (a *Agent) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", a.o.Listen)
+	if err != nil {
+		return fmt.Errorf("serve the probes and metrics: %w", err)
+	}
+	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	a.o.Logf("serving /healthz, /readyz and /metrics on %s", ln.Addr())
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+
+	a.tick()
+	instCtx, stopInstaller := context.WithCancel(ctx)
+	defer stopInstaller()
+	instDone := make(chan error, 1)
+	go func() { instDone <- a.in.Run(instCtx) }()
+	t := time.NewTicker(a.o.Interval)
+	defer t.Stop()
+	var runErr error
+loop:
+	for {
+		select {
+		case <-ctx.Done():
+			break loop
+		case err := <-instDone:
+			instDone = nil
+			runErr = fmt.Errorf("installer: %w", err)
+			break loop
+		case <-t.C:
+			a.tick()
+		}
+	}
+	a.mu.Lock()
+	a.stopping = true
+	a.mu.Unlock()
+	a.o.Logf("stopping")
+	stopInstaller()
+	if instDone != nil {
+		if err := <-instDone; err != nil {
+			runErr = fmt.Errorf("installer: %w", err)
+		}
+	}
+	if a.fp != nil {
+		runErr = errors.Join(runErr, a.fp.Release(a.o.DrainTimeout, 100*time.Millisecond))
+	}
+	return runErr
+}
+
+// tick is one round of the loop.
+func (a *Agent) tick() {
+	a.beat.Store(time.Now().UnixNano())
+	if a.fp != nil {
+		err := a.fp.Ensure()
+		if err != nil && (a.fpErr == nil || a.fpErr.Error() != err.Error()) {
+			a.o.Logf("%v; trying again every %s", err, a.o.Interval)
+		}
+		a.mu.Lock()
+		a.fpErr, a.attaches = err, a.fp.Attaches()
+		a.mu.Unlock()
+	}
+	if a.plog != nil {
+		a.plog.read()
+	}
+}
+
+// Handler serves /healthz, /readyz and /metrics.
+func (a *Agent) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", a.healthz)
+	mux.HandleFunc("GET /readyz", a.readyz)
+	mux.HandleFunc("GET /metrics", a.metrics)
+	return mux
+}
+
+// stale is how long the loop may go without a round before /healthz fails:
+// three rounds, and the 30 s an attach may wait for the node's fast-path
+// lock.
+func (a *Agent) stale() time.Duration { return 3*a.o.Interval + 30*time.Second }
+
+// healthz fails when the loop has stopped going round.
+func (a *Agent) healthz(w http.ResponseWriter, _ *http.Request) {
+	if since := time.Since(time.Unix(0, a.beat.Load())); since > a.stale() {
+		http.Error(w, fmt.Sprintf("the agent's loop last ran %s ago", since.Round(time.Second)), http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprintln(w, "ok")
+}
+
+// notReady lists why the node is not ready; none when it is.
+func (a *Agent) notReady() []string {
+	var why []string
+	st := a.in.State()
+	switch {
+	case !st.BinariesInstalled && st.LastError != "":
+		why = append(why, "plugins not installed: "+st.LastError)
+	case !st.BinariesInstalled:
+		why = append(why, "plugins not installed yet")
+	case !st.Applied && st.LastError != "":
+		why = append(why, "config not applied: "+st.LastError)
+	case !st.Applied:
+		why = append(why, "config not applied yet")
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.fp != nil {
+		switch {
+		case a.fpErr != nil:
+			why = append(why, "fast path not attached: "+a.fpErr.Error())
+		case !fastpath.IsAttached(a.fp.Config.PinDir):
+			why = append(why, "fast path not attached (attached again within "+a.o.Interval.String()+")")
+		}
+	}
+	if a.stopping {
+		why = append(why, "stopping")
+	}
+	return why
+}
+
+// readyz is ready once the plugins are installed, the config applied and
+// the fast path (when asked for) attached.
+func (a *Agent) readyz(w http.ResponseWriter, _ *http.Request) {
+	if why := a.notReady(); len(why) > 0 {
+		http.Error(w, strings.Join(why, "\n"), http.StatusServiceUnavailable)
+		return
+	}
+	fmt.Fprintln(w, "ready")
+}
+
+func (a *Agent) metrics(w http.ResponseWriter, _ *http.Request) {
+	var e exposition
+	version, commit := buildinfo.VersionCommit()
+	e.family("meshwire_build_info", "gauge", "The meshwire build the agent runs (always 1).")
+	e.sample("meshwire_build_info", 1, "version", version, "commit", commit)
+	e.single("meshwire_node_ready", "gauge", "Whether /readyz answers ready.", boolValue(len(a.notReady()) == 0))
+
+	st := a.in.State()
+	e.single("meshwire_installer_binaries_installed", "gauge", "Whether every plugin is installed in the CNI binary directory.", boolValue(st.BinariesInstalled))
+	e.single("meshwire_installer_config_applied", "gauge", "Whether the last check of the CNI config directory left meshwire's config in place.", boolValue(st.Applied))
+	e.single("meshwire_installer_applies_total", "counter", "Checks of the CNI config directory that left meshwire's config in place (rewriting it when needed).", float64(st.Applies))
+	e.single("meshwire_installer_apply_failures_total", "counter", "Checks of the CNI config directory that failed (see the agent's log).", float64(st.Failures))
+
+	a.writeFastpath(&e)
+	if a.plog != nil {
+		a.plog.read()
+		a.plog.write(&e)
+	}
+	w.Header().Set("Content-Type", contentType)
+	_, _ = w.Write(e.b.Bytes())
+}
+
+// writeFastpath adds the fast path's state and counters, read from its pins.
+func (a *Agent) writeFastpath(e *exposition) {
+	dir := fastpath.DefaultPinDir
+	a.mu.Lock()
+	attaches := a.attaches
+	if a.fp != nil {
+		dir = a.fp.Config.PinDir
+	}
+	a.mu.Unlock()
+	e.single("meshwire_fastpath_managed", "gauge", "Whether this agent attaches the fast path.", boolValue(a.fp != nil))
+	e.single("meshwire_fastpath_attaches_total", "counter", "Times this agent attached the fast path.", float64(attaches))
+	st, err := fastpath.ReadStatus(dir)
+	e.single("meshwire_fastpath_attached", "gauge", "Whether the fast path is attached.", boolValue(st.Attached))
+	if err != nil || !st.Attached {
+		return // the counters went with the pins
+	}
+	e.single("meshwire_fastpath_sockets", "gauge", "Sockets on the fast path now.", float64(st.LiveSockets))
+	e.single("meshwire_fastpath_pod_policies", "gauge", "Meshed pods with a fast-path policy.", float64(st.PodPolicies))
+	for _, c := range []struct {
+		name, help string
+		v          uint64
+	}{
+		{"meshwire_fastpath_sockets_total", "Sockets taken onto the fast path since it was attached.", st.Sockets},
+		{"meshwire_fastpath_pairs_total", "Connections paired (both ends on the fast path) since it was attached.", st.Pairs},
+		{"meshwire_fastpath_redirected_messages_total", "Messages the fast path's program redirected since it was attached (its verdicts: a redirect the kernel then refuses still counts).", st.RedirectedMessages},
+		{"meshwire_fastpath_redirected_bytes_total", "Bytes of those messages.", st.RedirectedBytes},
+		{"meshwire_fastpath_fallback_messages_total", "Messages of fast-path sockets sent on TCP since it was attached.", st.Fallbacks},
+		{"meshwire_fastpath_kept_for_proxy_messages_total", "Of the fallback messages, those toward a proxy that the pod's policy kept on TCP.", st.KeptForProxy},
+		{"meshwire_fastpath_ambiguous_total", "Client sockets that shared an endpoint with another (left on TCP) since it was attached.", st.Ambiguous},
+	} {
+		e.single(c.name, "counter", c.help, float64(c.v))
+	}
+}

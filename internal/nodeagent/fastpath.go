@@ -1,0 +1,103 @@
+package nodeagent
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/meshwire/meshwire/ebpf/fastpath"
+)
+
+// FastpathOwner attaches the eBPF fast path for a long-running command
+// (`meshwire node`, `meshwire install --fastpath`), keeps it attached, and
+// takes it back when the command stops.
+type FastpathOwner struct {
+	Config fastpath.Config
+	// Adopt makes a fast path found attached with the same settings this
+	// owner's to detach: the node agent's, after a restart of its
+	// container. Without it such a fast path is someone else's (`meshwire
+	// fastpath attach` by hand) and stays attached when the owner stops.
+	Adopt bool
+	Logf  func(format string, a ...any)
+
+	owned    bool
+	attaches uint64 // attachments this owner made
+	lastErr  error
+}
+
+// Ensure attaches the fast path unless it is attached. It returns nil when
+// the fast path is attached afterwards; the caller reports the error.
+func (f *FastpathOwner) Ensure() error {
+	if f.owned && f.lastErr == nil && fastpath.IsAttached(f.Config.PinDir) {
+		return nil
+	}
+	already, err := fastpath.Attach(f.Config)
+	switch {
+	case err != nil:
+		err = fmt.Errorf("attach the fast path: %w", err)
+	case already && !f.owned && f.Adopt:
+		f.owned = true
+		f.Logf("fast path already attached (%s); it is this agent's now, detached when it stops", f.Config.PinDir)
+	case already && !f.owned:
+		if f.lastErr != nil || f.attaches == 0 {
+			f.Logf("fast path already attached (%s); leaving it attached on exit", f.Config.PinDir)
+		}
+	case already:
+	default:
+		if f.owned {
+			f.Logf("the fast path was detached by someone else; attached it again (pinned in %s)", f.Config.PinDir)
+		} else {
+			f.Logf("attached the fast path (pinned in %s)", f.Config.PinDir)
+		}
+		f.owned = true
+		f.attaches++
+	}
+	f.lastErr = err
+	return err
+}
+
+// Err is why the last Ensure failed, nil when it succeeded.
+func (f *FastpathOwner) Err() error { return f.lastErr }
+
+// Attaches counts the attachments this owner made.
+func (f *FastpathOwner) Attaches() uint64 { return f.attaches }
+
+// Release detaches the fast path when it is this owner's. Sockets still on
+// it keep their queued bytes: the owner holds the sockhash itself for up
+// to drain (polling every poll), then hands what is left to a holder
+// process (fastpath.HandOff), which in a container ends with it.
+func (f *FastpathOwner) Release(drain, poll time.Duration) error {
+	if !f.owned {
+		return nil
+	}
+	f.owned = false
+	d, err := fastpath.Detach(f.Config.PinDir)
+	if err != nil {
+		return fmt.Errorf("detach the fast path: %w", err)
+	}
+	if !d.WasAttached {
+		f.Logf("fast path was no longer attached")
+		return nil
+	}
+	if d.Draining == nil {
+		f.Logf("detached the fast path")
+		return nil
+	}
+	defer d.Draining.Close()
+	live := d.Live
+	for end := time.Now().Add(drain); live > 0 && time.Now().Before(end); {
+		time.Sleep(min(poll, time.Until(end)))
+		if live, err = fastpath.CountSockets(d.Draining); err != nil {
+			return fmt.Errorf("detached the fast path, then: %w", err)
+		}
+	}
+	if live == 0 {
+		f.Logf("detached the fast path; its %d sockets closed within %s", d.Live, drain)
+		return nil
+	}
+	pid, err := fastpath.HandOff(d.Draining)
+	if err != nil {
+		return fmt.Errorf("detached the fast path, but the %d sockets still on it lose their unread bytes: %w", live, err)
+	}
+	f.Logf("detached the fast path; %d sockets keep it until they close (held by pid %d)", live, pid)
+	return nil
+}
