@@ -7,9 +7,11 @@
 // detach need under PinDir, so that the fast path outlives the command.
 // Detach turns the programs into pass-through (draining), removes the
 // sockops attachment and every pin; sockets already on the fast path keep
-// it until they close, through a holder process that keeps the sockhash
-// (and with it their receive queues) alive: removing a socket from a
-// sockhash drops the bytes the fast path queued for it and it has not read.
+// it until they close, with the bytes it queued for them, and nothing in
+// user space needs to stay behind: each socket's psock holds the sk_msg
+// program, which holds the sockhash it redirects through, so the kernel
+// keeps the sockhash while any socket is in it and frees it after the last
+// one closes (TestFastpathDetachKeepsQueuedBytes).
 package fastpath
 
 import (
@@ -18,10 +20,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/cilium/ebpf"
@@ -489,11 +489,9 @@ func countEntries[K, V any](m *ebpf.Map, what string) (int, error) {
 // Detached is what Detach did.
 type Detached struct {
 	WasAttached bool
-	// Draining is the sockhash when sockets were still on the fast path:
-	// the caller keeps it open (Hold) until they have closed, and closes
-	// it. Nil when none were left.
-	Draining *ebpf.Map
-	Live     int
+	// Live counts the sockets still on the fast path: they keep it until
+	// they close.
+	Live int
 }
 
 // Detach stops the fast path at dir: new messages go on TCP, no new socket
@@ -512,6 +510,11 @@ func Detach(dir string) (Detached, error) {
 	}
 	d := Detached{WasAttached: true}
 	var socks *ebpf.Map
+	defer func() {
+		if socks != nil {
+			socks.Close()
+		}
+	}()
 	if ctl, err := ebpf.LoadPinnedMap(filepath.Join(dir, pinControl), nil); err == nil {
 		var c bpfControl
 		if ctl.Lookup(uint32(0), &c) == nil {
@@ -526,67 +529,14 @@ func Detach(dir string) (Detached, error) {
 	}
 	// Removing the link's pin releases the sockops attachment (nothing
 	// else holds the link); removing the maps' pins leaves them to the
-	// programs that use them, and to us for the sockhash.
+	// programs that use them, the sk_msg program held by each socket
+	// still on the fast path.
 	if err := removePins(dir); err != nil {
-		if socks != nil {
-			socks.Close()
-		}
 		return d, err
 	}
 	if socks == nil {
 		return d, nil
 	}
-	n, err := CountSockets(socks)
-	if err != nil || n == 0 {
-		socks.Close()
-		return d, err
-	}
-	d.Draining, d.Live = socks, n
-	return d, nil
-}
-
-// HandOff starts a holder process for a draining sockhash: this program's
-// own executable, run as `EXE fastpath hold --fd 3` in its own session with
-// the map as its fd 3, which calls Hold. Every command that detaches
-// (`meshwire fastpath detach`, `install`, `node`) is the meshwire binary,
-// which has that subcommand. It returns the holder's pid; the caller still
-// closes its own copy of the map.
-func HandOff(socks *ebpf.Map) (int, error) {
-	exe, err := os.Executable()
-	if err != nil {
-		return 0, err
-	}
-	// Dup the descriptor for the child: wrapping socks' own fd in an
-	// os.File would let that File's finalizer close it under the map.
-	fd, err := unix.FcntlInt(uintptr(socks.FD()), unix.F_DUPFD_CLOEXEC, 0)
-	if err != nil {
-		return 0, fmt.Errorf("dup the sockhash: %w", err)
-	}
-	f := os.NewFile(uintptr(fd), "sockhash")
-	defer f.Close()
-	cmd := exec.Command(exe, "fastpath", "hold", "--fd", "3")
-	cmd.ExtraFiles = []*os.File{f}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	if err := cmd.Start(); err != nil {
-		return 0, err
-	}
-	pid := cmd.Process.Pid
-	_ = cmd.Process.Release()
-	return pid, nil
-}
-
-// Hold keeps the sockhash open until every socket in it has closed (each
-// leaves it on close), polling every interval, then closes it.
-func Hold(socks *ebpf.Map, interval time.Duration) error {
-	defer socks.Close()
-	for {
-		n, err := CountSockets(socks)
-		if err != nil {
-			return err
-		}
-		if n == 0 {
-			return nil
-		}
-		time.Sleep(interval)
-	}
+	d.Live, err = CountSockets(socks)
+	return d, err
 }

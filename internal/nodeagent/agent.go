@@ -2,8 +2,7 @@
 // every node: it installs the plugins and keeps meshwire in the node's CNI
 // config (package installer), attaches the eBPF fast path and attaches it
 // again if it goes, serves /healthz, /readyz and Prometheus /metrics, and on
-// SIGTERM takes the config change and the fast path back within the
-// DaemonSet's grace period.
+// SIGTERM takes the config change and the fast path back.
 package nodeagent
 
 import (
@@ -38,9 +37,6 @@ type Options struct {
 	// Interval is how often the agent checks the fast path and reads the
 	// log (default 10s).
 	Interval time.Duration
-	// DrainTimeout is how long, once stopping, the agent keeps the sockets
-	// still on the fast path before handing them off (default 15s).
-	DrainTimeout time.Duration
 	// Logf writes one line.
 	Logf func(format string, a ...any)
 }
@@ -66,9 +62,6 @@ func New(o Options) (*Agent, error) {
 	}
 	if o.Interval <= 0 {
 		o.Interval = 10 * time.Second
-	}
-	if o.DrainTimeout <= 0 {
-		o.DrainTimeout = 15 * time.Second
 	}
 	if o.PluginLogMaxSize == 0 {
 		o.PluginLogMaxSize = 16 << 20
@@ -103,7 +96,7 @@ func New(o Options) (*Agent, error) {
 }
 
 // Run serves the endpoints and does the agent's work until ctx ends, then
-// stops: the installer's cleanup, the fast path detached (and drained).
+// stops: the installer's cleanup, the fast path detached.
 // It returns early, after the same stop, when the installer fails for good
 // (it cannot install the plugins).
 func (a *Agent) Run(ctx context.Context) error {
@@ -152,7 +145,7 @@ loop:
 		}
 	}
 	if a.fp != nil {
-		runErr = errors.Join(runErr, a.fp.Release(a.o.DrainTimeout, 100*time.Millisecond))
+		runErr = errors.Join(runErr, a.fp.Release())
 	}
 	return runErr
 }

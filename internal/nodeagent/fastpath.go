@@ -2,7 +2,6 @@ package nodeagent
 
 import (
 	"fmt"
-	"time"
 
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 )
@@ -62,42 +61,23 @@ func (f *FastpathOwner) Err() error { return f.lastErr }
 func (f *FastpathOwner) Attaches() uint64 { return f.attaches }
 
 // Release detaches the fast path when it is this owner's. Sockets still on
-// it keep their queued bytes: the owner holds the sockhash itself for up
-// to drain (polling every poll), then hands what is left to a holder
-// process (fastpath.HandOff), which in a container ends with it.
-func (f *FastpathOwner) Release(drain, poll time.Duration) error {
+// it keep it, and the bytes it queued for them, until they close: the
+// kernel keeps the sockhash alive through them (see package fastpath).
+func (f *FastpathOwner) Release() error {
 	if !f.owned {
 		return nil
 	}
 	f.owned = false
 	d, err := fastpath.Detach(f.Config.PinDir)
-	if err != nil {
+	switch {
+	case err != nil:
 		return fmt.Errorf("detach the fast path: %w", err)
-	}
-	if !d.WasAttached {
+	case !d.WasAttached:
 		f.Logf("fast path was no longer attached")
-		return nil
-	}
-	if d.Draining == nil {
+	case d.Live > 0:
+		f.Logf("detached the fast path; %d sockets keep it until they close", d.Live)
+	default:
 		f.Logf("detached the fast path")
-		return nil
 	}
-	defer d.Draining.Close()
-	live := d.Live
-	for end := time.Now().Add(drain); live > 0 && time.Now().Before(end); {
-		time.Sleep(min(poll, time.Until(end)))
-		if live, err = fastpath.CountSockets(d.Draining); err != nil {
-			return fmt.Errorf("detached the fast path, then: %w", err)
-		}
-	}
-	if live == 0 {
-		f.Logf("detached the fast path; its %d sockets closed within %s", d.Live, drain)
-		return nil
-	}
-	pid, err := fastpath.HandOff(d.Draining)
-	if err != nil {
-		return fmt.Errorf("detached the fast path, but the %d sockets still on it lose their unread bytes: %w", live, err)
-	}
-	f.Logf("detached the fast path; %d sockets keep it until they close (held by pid %d)", live, pid)
 	return nil
 }

@@ -361,7 +361,7 @@ func TestFastpathIdenticalTuples(t *testing.T) {
 
 // TestFastpathLifecycle: sockets from before attach keep working (on TCP);
 // half-closes and mid-stream closes; detach with an accelerated connection
-// open (it keeps working, the pins go, a holder keeps the sockhash until
+// open (it keeps working, the pins go, the kernel frees the sockhash once
 // the connection closes); re-attach; a second attach is a no-op and one
 // with other settings is refused.
 func TestFastpathLifecycle(t *testing.T) {
@@ -452,7 +452,7 @@ func TestFastpathLifecycle(t *testing.T) {
 	}
 	pingPong(t, live, 10, randomLine(70000), prefix)
 	live.Close()
-	waitNoHolder(t)
+	waitSockhashFreed(t)
 
 	// Re-attach: new connections are accelerated again.
 	fastpathAttach(t, h)
@@ -466,35 +466,6 @@ func TestFastpathLifecycle(t *testing.T) {
 		t.Fatalf("re-attached fast path carried nothing: %+v", st)
 	}
 	pingPong(t, early, 3, randomLine(100), prefix)
-}
-
-// waitNoHolder waits for the detach holder to exit once its sockets closed.
-func waitNoHolder(t *testing.T) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		pids := holderPids()
-		if len(pids) == 0 {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the detach holder (pids %v) is still running after its last socket closed", pids)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// holderPids lists the processes running `meshwire fastpath hold`.
-func holderPids() []string {
-	var pids []string
-	cmdlines, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range cmdlines {
-		b, err := os.ReadFile(p)
-		if err == nil && bytes.Contains(b, []byte("fastpath\x00hold\x00")) {
-			pids = append(pids, filepath.Base(filepath.Dir(p)))
-		}
-	}
-	return pids
 }
 
 // TestFastpathConcurrent: 50 connections at once, every reply byte-exact,

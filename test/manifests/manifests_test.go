@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/meshwire/meshwire/cmd/meshwire/cli"
 
@@ -176,16 +175,6 @@ func TestDaemonSet(t *testing.T) {
 	}
 	if len(node.Ports) != 1 || strconv.Itoa(int(node.Ports[0].ContainerPort)) != port {
 		t.Errorf("container ports %+v, want %s", node.Ports, port)
-	}
-
-	// The stop fits in the grace period: the drain, and a few seconds for
-	// the rest.
-	drain, err := time.ParseDuration(flags["--drain-timeout"])
-	if err != nil {
-		t.Fatalf("--drain-timeout: %v", err)
-	}
-	if grace := spec.TerminationGracePeriodSeconds; grace == nil || time.Duration(*grace)*time.Second < drain+5*time.Second {
-		t.Errorf("grace period %v s leaves no room after a %s drain", grace, drain)
 	}
 
 	// The real command line accepts every flag: it fails on the missing

@@ -50,7 +50,7 @@ commands:
                  dir, write meshwire's conflist or, with --chain, chain intercept into the
                  node's primary config; keep it applied until SIGTERM (--once: apply, exit)
   node --cni-bin-dir DIR --cni-conf-dir DIR [--chain] [--cleanup-on-exit] [--fastpath]
-       [--listen ADDR] [--plugin-log FILE] [--drain-timeout DURATION]
+       [--listen ADDR] [--plugin-log FILE] [--interval DURATION]
                  node agent (a DaemonSet's one container): the installer's work, the fast
                  path attached and kept attached, /healthz, /readyz and /metrics on ADDR
                  (default 127.0.0.1:9966); on SIGTERM detaches and cleans up

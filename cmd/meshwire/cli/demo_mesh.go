@@ -268,9 +268,7 @@ func (d *demo) fastpathOn() func() {
 	}
 	fmt.Fprintf(d.e.out, "        eBPF fast path: attached (sidecar -> app bytes skip TCP/IP and netfilter)\n")
 	return func() {
-		if dt, err := fastpath.Detach(cfg.PinDir); err == nil && dt.Draining != nil {
-			dt.Draining.Close() // the demo's pods are gone: nothing left to drain
-		}
+		_, _ = fastpath.Detach(cfg.PinDir)
 	}
 }
 

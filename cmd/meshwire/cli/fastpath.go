@@ -6,11 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"strconv"
 	"text/tabwriter"
-	"time"
-
-	"github.com/cilium/ebpf"
 
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 )
@@ -32,8 +28,6 @@ func (e *env) fastpath(args []string) error {
 		return e.fastpathDetach(rest)
 	case "status":
 		return e.fastpathStatus(rest)
-	case "hold":
-		return fastpathHold(rest)
 	}
 	return usagef("fastpath: unknown subcommand %q (want attach, detach or status)", sub)
 }
@@ -100,33 +94,12 @@ func (e *env) fastpathDetach(args []string) error {
 		fmt.Fprintln(e.out, "fast path not attached")
 		return nil
 	}
-	if d.Draining == nil {
+	if d.Live == 0 {
 		fmt.Fprintln(e.out, "fast path detached")
 		return nil
 	}
-	pid, err := fastpath.HandOff(d.Draining)
-	d.Draining.Close()
-	if err != nil {
-		return fmt.Errorf("fastpath detach: detached, but the %d sockets still on the fast path lose their unread bytes: %w", d.Live, err)
-	}
-	fmt.Fprintf(e.out, "fast path detached; %d sockets keep it until they close (held by pid %d)\n", d.Live, pid)
+	fmt.Fprintf(e.out, "fast path detached; %d sockets keep it until they close\n", d.Live)
 	return nil
-}
-
-// fastpathHold is the holder's side (not listed in the usage).
-func fastpathHold(args []string) error {
-	if len(args) != 2 || args[0] != "--fd" {
-		return usagef("fastpath hold --fd N")
-	}
-	fd, err := strconv.Atoi(args[1])
-	if err != nil {
-		return usagef("fastpath hold: bad fd %q", args[1])
-	}
-	m, err := ebpf.NewMapFromFD(fd)
-	if err != nil {
-		return fmt.Errorf("fastpath hold: %w", err)
-	}
-	return fastpath.Hold(m, time.Second)
 }
 
 func (e *env) fastpathStatus(args []string) error {

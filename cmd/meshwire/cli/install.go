@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
 
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/internal/installer"
@@ -114,7 +113,7 @@ func (e *env) install(args []string) error {
 		err = fmt.Errorf("install: %w", err)
 	}
 	if owner != nil && o.CleanupOnExit {
-		err = errors.Join(err, owner.Release(0, time.Second))
+		err = errors.Join(err, owner.Release())
 	}
 	return err
 }

@@ -12,7 +12,7 @@ import (
 )
 
 const nodeUsage = `usage: meshwire node --cni-bin-dir DIR --cni-conf-dir DIR [--chain [--proxy-metadata KEY=VALUE]...] [--cleanup-on-exit]
-                     [--source-dir DIR] [--plugin-log FILE] [--listen ADDR] [--interval DURATION] [--drain-timeout DURATION]
+                     [--source-dir DIR] [--plugin-log FILE] [--listen ADDR] [--interval DURATION]
                      [--fastpath [--proxy-uid UID] [--outbound-port PORT] [--into-proxy] [--pin-dir DIR] [--cgroup DIR]]`
 
 // node runs `meshwire node`, the node agent (see package nodeagent).
@@ -25,7 +25,6 @@ func (e *env) node(args []string) error {
 	checkFastpath := fastpathFlags(fs, &cfg)
 	fs.StringVar(&o.Listen, "listen", "127.0.0.1:9966", "address of /healthz, /readyz and /metrics")
 	fs.DurationVar(&o.Interval, "interval", 10*time.Second, "how often to check that the fast path is attached and read the plugin log")
-	fs.DurationVar(&o.DrainTimeout, "drain-timeout", 15*time.Second, "on SIGTERM, how long to keep the sockets still on the fast path before handing them to a holder process (keep it under the pod's grace period)")
 	if _, err := parse(fs, args, 0); err != nil {
 		return err
 	}
