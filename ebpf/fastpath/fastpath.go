@@ -42,8 +42,13 @@ const DefaultPinDir = podpolicy.DefaultPinDir
 // bpffs is where bpffs is mounted when absent.
 const bpffs = "/sys/fs/bpf"
 
-// lockPath serializes attach and detach on the node.
-var lockPath = "/run/meshwire/fastpath.lock"
+// lockDir serializes attach and detach on the node: an flock on the bpffs
+// mount itself, which the host and a DaemonSet's container (with the
+// host's /sys/fs/bpf mounted) share, as they share the pins; a file under
+// /run is not shared. Nothing removes it.
+var lockDir = bpffs
+
+func lock() (*filelock.Lock, error) { return filelock.AcquireDir(lockDir, 30*time.Second) }
 
 // Names of the pinned objects, under the pin directory.
 const (
@@ -137,63 +142,108 @@ func unsupported(format string, a ...any) error {
 	return fmt.Errorf("%w: %s", ErrUnsupported, fmt.Sprintf(format, a...))
 }
 
-// Attach attaches the fast path. It returns already == true, and changes
-// nothing, when it is attached at cfg.PinDir with the same settings; with
-// other settings it fails (detach first).
-func Attach(cfg Config) (already bool, err error) {
+// Result is what Attach did.
+type Result int
+
+const (
+	// Attached: nothing was attached; now it is.
+	Attached Result = iota
+	// AlreadyAttached: this build's programs were attached with the same
+	// settings; nothing changed.
+	AlreadyAttached
+	// Replaced: another build's programs (same layout, same settings)
+	// were attached; they were detached and this build's attached.
+	Replaced
+)
+
+// Attach attaches the fast path. When it is attached at cfg.PinDir with
+// the same settings it compares the attached programs' tags with this
+// build's: the same, it changes nothing (AlreadyAttached); different (an
+// upgrade or a downgrade), it detaches them and attaches this build's
+// (Replaced). With other settings it fails (detach first).
+//
+// The replacement is a detach and an attach, not an in-place
+// link.Update: a new program with the old maps would meet sockets whose
+// per-socket state the old program wrote, and each build's maps are its
+// own. Sockets on the old programs keep them until they close (the
+// kernel keeps the old sockhash through them, see Detach), with their
+// new messages on TCP; new sockets get the new programs. A socket opened
+// in the few milliseconds between the two is not tracked and stays on TCP.
+func Attach(cfg Config) (Result, error) { return attach(cfg, loadBpf) }
+
+// attach is Attach with the programs' spec from loadSpec (tests load
+// another build's).
+func attach(cfg Config, loadSpec func() (*ebpf.CollectionSpec, error)) (Result, error) {
 	dir := cfg.pinDir()
-	l, err := filelock.Acquire(lockPath, 30*time.Second)
+	// Supported mounts bpffs when absent: before the lock, which is on it.
+	if err := Supported(); err != nil {
+		return 0, err
+	}
+	l, err := lock()
 	if err != nil {
-		return false, err
+		return 0, err
 	}
 	defer l.Release()
-	if err := Supported(); err != nil {
-		return false, err
-	}
-	if _, err := os.Stat(filepath.Join(dir, pinLink)); err == nil {
+	result := Attached
+	if IsAttached(dir) {
 		st, err := ReadStatus(dir)
 		if err != nil {
-			return false, err
+			return 0, err
 		}
 		if st.ProxyUID != cfg.ProxyUID || st.OutboundPort != cfg.OutboundPort || st.IntoProxy != cfg.IntoProxy {
-			return false, fmt.Errorf("already attached with proxy uid %d, outbound port %d, into proxy %v: detach first to change them",
+			return 0, fmt.Errorf("already attached with proxy uid %d, outbound port %d, into proxy %v: detach first to change them",
 				st.ProxyUID, st.OutboundPort, st.IntoProxy)
 		}
-		return true, nil
+		objs, err := load(cfg, loadSpec)
+		if err != nil {
+			return 0, err
+		}
+		same, err := sameTags(dir, objs)
+		objs.Close()
+		if err != nil {
+			return 0, err
+		}
+		if same {
+			return AlreadyAttached, nil
+		}
+		if _, err := detach(dir); err != nil {
+			return 0, fmt.Errorf("replace the attached programs of another build: %w", err)
+		}
+		result = Replaced
 	}
 	if other, ok := otherLayout(dir); ok {
-		return false, fmt.Errorf("the fast path of another layout is attached (%s, by another meshwire version): its sockops program would keep taking the sockets; detach it first with that version's `meshwire fastpath detach`, or `meshwire fastpath detach --pin-dir %s`", other, other)
+		return 0, fmt.Errorf("the fast path of another layout is attached (%s, by another meshwire version): its sockops program would keep taking the sockets; detach it first with that version's `meshwire fastpath detach`, or `meshwire fastpath detach --pin-dir %s`", other, other)
 	}
 	cg, err := cgroupDir(cfg.Cgroup)
 	if err != nil {
-		return false, err
+		return 0, err
 	}
 	// Pins of a half-finished attach (killed between pins) go first.
 	if err := removePins(dir); err != nil {
-		return false, err
+		return 0, err
 	}
-	objs, err := load(cfg)
+	objs, err := load(cfg, loadSpec)
 	if err != nil {
-		return false, err
+		return 0, err
 	}
 	defer objs.Close()
 	if err := link.RawAttachProgram(link.RawAttachProgramOptions{
 		Target: objs.MwSocks.FD(), Program: objs.MwMsg, Attach: ebpf.AttachSkMsgVerdict,
 	}); err != nil {
-		return false, unsupported("attach sk_msg to the sockhash: %v", err)
+		return 0, unsupported("attach sk_msg to the sockhash: %v", err)
 	}
 	if _, err := seedSidecars(objs.MwSidecars, cfg.OutboundPort, cfg.ProxyUID); err != nil {
-		return false, err
+		return 0, err
 	}
 	ctl := bpfControl{ProxyUid: cfg.ProxyUID, OutboundPort: cfg.OutboundPort}
 	if cfg.IntoProxy {
 		ctl.IntoProxy = 1
 	}
 	if err := objs.MwControl.Put(uint32(0), ctl); err != nil {
-		return false, fmt.Errorf("write the fast path's control map: %w", err)
+		return 0, fmt.Errorf("write the fast path's control map: %w", err)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return false, fmt.Errorf("create the pin directory: %w", err)
+		return 0, fmt.Errorf("create the pin directory: %w", err)
 	}
 	done := false
 	defer func() {
@@ -203,20 +253,91 @@ func Attach(cfg Config) (already bool, err error) {
 	}()
 	for name, m := range map[string]*ebpf.Map{pinSocks: objs.MwSocks, pinCounters: objs.MwCounters, pinControl: objs.MwControl, pinPods: objs.MwPods} {
 		if err := m.Pin(filepath.Join(dir, name)); err != nil {
-			return false, fmt.Errorf("pin %s: %w", name, err)
+			return 0, fmt.Errorf("pin %s: %w", name, err)
 		}
 	}
 	sl, err := link.AttachCgroup(link.CgroupOptions{Path: cg, Attach: ebpf.AttachCGroupSockOps, Program: objs.MwSockops})
 	if err != nil {
-		return false, unsupported("attach sockops to the cgroup %s: %v", cg, err)
+		return 0, unsupported("attach sockops to the cgroup %s: %v", cg, err)
 	}
 	defer sl.Close()
 	// The link's pin is what "attached" means: it goes last.
 	if err := sl.Pin(filepath.Join(dir, pinLink)); err != nil {
-		return false, fmt.Errorf("pin the sockops link: %w", err)
+		return 0, fmt.Errorf("pin the sockops link: %w", err)
 	}
 	done = true
-	return false, nil
+	return result, nil
+}
+
+// sameTags reports whether the programs attached at dir (sockops through
+// its pinned link, sk_msg on the pinned sockhash) are objs' programs: the
+// kernel's tags, hashes of the instructions with map references zeroed,
+// are equal.
+func sameTags(dir string, objs *bpfObjects) (bool, error) {
+	attached, err := attachedTags(dir)
+	if err != nil {
+		return false, err
+	}
+	for _, p := range []struct {
+		prog *ebpf.Program
+		tag  string
+	}{{objs.MwSockops, attached.sockops}, {objs.MwMsg, attached.msg}} {
+		info, err := p.prog.Info()
+		if err != nil {
+			return false, fmt.Errorf("read this build's program: %w", err)
+		}
+		if info.Tag != p.tag {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
+// tags are the attached programs' tags.
+type tags struct{ sockops, msg string }
+
+// attachedTags reads the tags of the programs attached at dir.
+func attachedTags(dir string) (tags, error) {
+	var t tags
+	l, err := link.LoadPinnedLink(filepath.Join(dir, pinLink), nil)
+	if err != nil {
+		return t, fmt.Errorf("open the pinned sockops link: %w", err)
+	}
+	defer l.Close()
+	li, err := l.Info()
+	if err != nil {
+		return t, fmt.Errorf("read the sockops link: %w", err)
+	}
+	if t.sockops, err = programTag(li.Program); err != nil {
+		return t, err
+	}
+	socks, err := ebpf.LoadPinnedMap(filepath.Join(dir, pinSocks), nil)
+	if err != nil {
+		return t, fmt.Errorf("open the pinned sockhash: %w", err)
+	}
+	defer socks.Close()
+	q, err := link.QueryPrograms(link.QueryOptions{Target: socks.FD(), Attach: ebpf.AttachSkMsgVerdict})
+	if err != nil {
+		return t, fmt.Errorf("query the sockhash's sk_msg program: %w", err)
+	}
+	if len(q.Programs) != 1 {
+		return t, fmt.Errorf("the pinned sockhash has %d sk_msg programs, want 1", len(q.Programs))
+	}
+	t.msg, err = programTag(q.Programs[0].ID)
+	return t, err
+}
+
+func programTag(id ebpf.ProgramID) (string, error) {
+	p, err := ebpf.NewProgramFromID(id)
+	if err != nil {
+		return "", fmt.Errorf("open program %d: %w", id, err)
+	}
+	defer p.Close()
+	info, err := p.Info()
+	if err != nil {
+		return "", fmt.Errorf("read program %d: %w", id, err)
+	}
+	return info.Tag, nil
 }
 
 // otherLayout returns the pin directory of a fast path of another layout
@@ -241,8 +362,8 @@ func otherLayout(dir string) (string, bool) {
 
 // load loads the programs and maps with cfg's constants, naming what the
 // kernel lacks when it refuses them.
-func load(cfg Config) (*bpfObjects, error) {
-	spec, err := loadBpf()
+func load(cfg Config, loadSpec func() (*ebpf.CollectionSpec, error)) (*bpfObjects, error) {
+	spec, err := loadSpec()
 	if err != nil {
 		return nil, fmt.Errorf("read the fast path's BPF object: %w", err)
 	}
@@ -500,11 +621,16 @@ func Detach(dir string) (Detached, error) {
 	if dir == "" {
 		dir = DefaultPinDir
 	}
-	l, err := filelock.Acquire(lockPath, 30*time.Second)
+	l, err := lock()
 	if err != nil {
 		return Detached{}, err
 	}
 	defer l.Release()
+	return detach(dir)
+}
+
+// detach is Detach with the lock held.
+func detach(dir string) (Detached, error) {
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
 		return Detached{}, nil
 	}
@@ -537,6 +663,7 @@ func Detach(dir string) (Detached, error) {
 	if socks == nil {
 		return d, nil
 	}
-	d.Live, err = CountSockets(socks)
+	live, err := CountSockets(socks)
+	d.Live = live
 	return d, err
 }

@@ -31,6 +31,19 @@ func Acquire(path string, timeout time.Duration) (*Lock, error) {
 	return acquire(path, timeout, unix.LOCK_EX)
 }
 
+// AcquireDir takes an exclusive lock on the directory dir itself, which
+// must exist: for a lock shared through a directory that two mount
+// namespaces both see (bpffs, mounted into a DaemonSet's container), on a
+// file system where no regular file can be created. Nothing may remove
+// dir while it is in use as a lock.
+func AcquireDir(dir string, timeout time.Duration) (*Lock, error) {
+	f, err := os.OpenFile(dir, os.O_RDONLY|unix.O_DIRECTORY, 0)
+	if err != nil {
+		return nil, fmt.Errorf("lock %s: %w", dir, err)
+	}
+	return wait(f, dir, timeout, unix.LOCK_EX)
+}
+
 func acquire(path string, timeout time.Duration, how int) (*Lock, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("lock %s: %w", path, err)
@@ -39,6 +52,12 @@ func acquire(path string, timeout time.Duration, how int) (*Lock, error) {
 	if err != nil {
 		return nil, fmt.Errorf("lock %s: %w", path, err)
 	}
+	return wait(f, path, timeout, how)
+}
+
+// wait takes the flock on f, polling until timeout; it closes f when it
+// fails.
+func wait(f *os.File, path string, timeout time.Duration, how int) (*Lock, error) {
 	deadline := time.Now().Add(timeout)
 	wait := 200 * time.Microsecond
 	for {

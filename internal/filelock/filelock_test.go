@@ -1,7 +1,9 @@
 package filelock
 
 import (
+	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -58,5 +60,37 @@ func TestMutualExclusion(t *testing.T) {
 	wg.Wait()
 	if n != 1000 {
 		t.Fatalf("counter %d, want 1000: the lock let two holders in", n)
+	}
+}
+
+// TestAcquireDir: a directory is locked in place (nothing is created in
+// it), excludes a second taker until released, and a missing directory or
+// a regular file is an error naming it.
+func TestAcquireDir(t *testing.T) {
+	dir := t.TempDir()
+	l, err := AcquireDir(dir, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := AcquireDir(dir, 50*time.Millisecond); cnierr.Code(err) != cnierr.CodeTryAgainLater {
+		t.Fatalf("busy directory lock: %v, want code 11", err)
+	}
+	l.Release()
+	l2, err := AcquireDir(dir, 50*time.Millisecond)
+	if err != nil {
+		t.Fatalf("directory lock not free after release: %v", err)
+	}
+	l2.Release()
+	if ents, _ := os.ReadDir(dir); len(ents) != 0 {
+		t.Fatalf("locking created %v in the directory", ents)
+	}
+	file := filepath.Join(dir, "file")
+	if err := os.WriteFile(file, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{filepath.Join(dir, "missing"), file} {
+		if _, err := AcquireDir(p, 50*time.Millisecond); err == nil || !strings.Contains(err.Error(), p) {
+			t.Errorf("AcquireDir(%s): %v, want an error naming it", p, err)
+		}
 	}
 }

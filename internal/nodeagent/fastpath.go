@@ -29,7 +29,8 @@ func (f *FastpathOwner) Ensure() error {
 	if f.owned && f.lastErr == nil && fastpath.IsAttached(f.Config.PinDir) {
 		return nil
 	}
-	already, err := fastpath.Attach(f.Config)
+	res, err := fastpath.Attach(f.Config)
+	already := err == nil && res == fastpath.AlreadyAttached
 	switch {
 	case err != nil:
 		err = fmt.Errorf("attach the fast path: %w", err)
@@ -42,9 +43,12 @@ func (f *FastpathOwner) Ensure() error {
 		}
 	case already:
 	default:
-		if f.owned {
+		switch {
+		case res == fastpath.Replaced:
+			f.Logf("replaced the fast path of another meshwire build with this one's (pinned in %s); its connections keep the old one until they close", f.Config.PinDir)
+		case f.owned:
 			f.Logf("the fast path was detached by someone else; attached it again (pinned in %s)", f.Config.PinDir)
-		} else {
+		default:
 			f.Logf("attached the fast path (pinned in %s)", f.Config.PinDir)
 		}
 		f.owned = true
@@ -53,9 +57,6 @@ func (f *FastpathOwner) Ensure() error {
 	f.lastErr = err
 	return err
 }
-
-// Err is why the last Ensure failed, nil when it succeeded.
-func (f *FastpathOwner) Err() error { return f.lastErr }
 
 // Attaches counts the attachments this owner made.
 func (f *FastpathOwner) Attaches() uint64 { return f.attaches }

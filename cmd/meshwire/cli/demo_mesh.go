@@ -257,12 +257,12 @@ func ipStrings(ips []*current.IPConfig) []string {
 func (d *demo) fastpathOn() func() {
 	cfg := fastpath.Defaults()
 	cfg.ProxyUID = demoProxyUID
-	already, err := fastpath.Attach(cfg)
+	res, err := fastpath.Attach(cfg)
 	if err != nil {
 		fmt.Fprintf(d.e.out, "  skip  eBPF fast path: %v\n", err)
 		return nil
 	}
-	if already {
+	if res == fastpath.AlreadyAttached {
 		fmt.Fprintf(d.e.out, "        eBPF fast path: already attached, used as it is\n")
 		return nil
 	}

@@ -65,12 +65,16 @@ func (e *env) fastpathAttach(args []string) error {
 	if os.Geteuid() != 0 {
 		return errors.New("fastpath attach: must run as root (it loads BPF programs and attaches them to the cgroup v2 root)")
 	}
-	already, err := fastpath.Attach(cfg)
+	res, err := fastpath.Attach(cfg)
 	if err != nil {
 		return fmt.Errorf("fastpath attach: %w (nothing was changed; pods keep working through the interception rules)", err)
 	}
-	if already {
+	switch res {
+	case fastpath.AlreadyAttached:
 		fmt.Fprintf(e.out, "fast path already attached (%s)\n", cfg.PinDir)
+		return nil
+	case fastpath.Replaced:
+		fmt.Fprintf(e.out, "fast path of another meshwire build replaced by this one's (pinned in %s; its connections keep the old one until they close)\n", cfg.PinDir)
 		return nil
 	}
 	fmt.Fprintf(e.out, "fast path attached (pinned in %s)\n", cfg.PinDir)

@@ -1,0 +1,157 @@
+//go:build kernel
+
+package fastpath
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/asm"
+
+	"github.com/meshwire/meshwire/internal/kerneltest"
+)
+
+// otherBuild loads this build's spec with one instruction more at the start
+// of the sockops program (r0 = 0, which the program overwrites before it
+// returns): what the kernel sees of a build whose programs differ, with the
+// same maps and layout.
+func otherBuild() (*ebpf.CollectionSpec, error) {
+	spec, err := loadBpf()
+	if err != nil {
+		return nil, err
+	}
+	p := spec.Programs["mw_sockops"]
+	first := p.Instructions[0]
+	extra := asm.Mov.Imm(asm.R0, 0)
+	extra.Metadata, first.Metadata = first.Metadata, asm.Metadata{} // the symbol and BTF func info stay at the start
+	p.Instructions = append(asm.Instructions{extra, first}, p.Instructions[1:]...)
+	return spec, nil
+}
+
+// liveSockhashes counts the kernel's fast-path sockhashes.
+func liveSockhashes(t *testing.T) int {
+	t.Helper()
+	n := 0
+	for id := ebpf.MapID(0); ; {
+		next, err := ebpf.MapGetNextID(id)
+		if err != nil {
+			return n
+		}
+		id = next
+		m, err := ebpf.NewMapFromID(id)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		if info, err := m.Info(); err == nil && info.Name == "mw_socks" {
+			n++
+		}
+		m.Close()
+	}
+}
+
+// TestAttachReplacesOtherBuild: attach over a fast path of another build
+// (same layout and settings, other programs) replaces it with this build's
+// programs, and the other build's maps go with it; attach over this
+// build's changes nothing; a downgrade replaces too.
+func TestAttachReplacesOtherBuild(t *testing.T) {
+	kerneltest.Require(t)
+	if IsAttached(DefaultPinDir) {
+		t.Fatalf("a fast path is attached at %s before the test", DefaultPinDir)
+	}
+	cfg := Defaults()
+	cfg.PinDir = filepath.Join(bpffs, "mwt-upgrade")
+	t.Cleanup(func() { _, _ = Detach(cfg.PinDir) })
+
+	this, err := load(cfg, loadBpf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer this.Close()
+	other, err := load(cfg, otherBuild)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	tagsOf := func(o *bpfObjects) tags {
+		si, err1 := o.MwSockops.Info()
+		mi, err2 := o.MwMsg.Info()
+		if err1 != nil || err2 != nil {
+			t.Fatal(err1, err2)
+		}
+		return tags{si.Tag, mi.Tag}
+	}
+	thisTags, otherTags := tagsOf(this), tagsOf(other)
+	if thisTags.sockops == otherTags.sockops {
+		t.Fatalf("the other build's sockops program has this build's tag %s: the test proves nothing", thisTags.sockops)
+	}
+	before := liveSockhashes(t) // this and other, loaded above
+
+	step := func(name string, load func() (*ebpf.CollectionSpec, error), want Result, wantTags tags) {
+		t.Helper()
+		res, err := attach(cfg, load)
+		if err != nil || res != want {
+			t.Fatalf("%s: %v, %v; want result %v", name, res, err, want)
+		}
+		got, err := attachedTags(cfg.PinDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != wantTags {
+			t.Fatalf("%s: attached programs %+v, want %+v", name, got, wantTags)
+		}
+		// The kernel frees a map after its last reference, in the
+		// background.
+		n := 0
+		for end := time.Now().Add(3 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if n = liveSockhashes(t) - before; n == 1 || time.Now().After(end) {
+				break
+			}
+		}
+		if n != 1 {
+			t.Fatalf("%s: %d fast-path sockhashes attached, want 1 (a replaced build's maps must go with it)", name, n)
+		}
+	}
+	step("first attach, the other build", otherBuild, Attached, otherTags)
+	step("attach, this build over the other", loadBpf, Replaced, thisTags)
+	step("attach again", loadBpf, AlreadyAttached, thisTags)
+	step("the other build over this one", otherBuild, Replaced, otherTags)
+
+	d, err := Detach(cfg.PinDir)
+	if err != nil || !d.WasAttached {
+		t.Fatalf("detach: %+v %v", d, err)
+	}
+	if _, err := os.Stat(cfg.PinDir); !os.IsNotExist(err) {
+		t.Fatalf("pins left: %v", err)
+	}
+}
+
+// TestLockSharedThroughMounts: the attach/detach lock is on the bpffs
+// mount, so a process in another mount namespace that sees it through a
+// bind mount (a DaemonSet's container with the host's /sys/fs/bpf) waits
+// for it.
+func TestLockSharedThroughMounts(t *testing.T) {
+	kerneltest.Require(t)
+	if err := ensureBPFFS(); err != nil {
+		t.Fatal(err)
+	}
+	l, err := lock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	inContainer := func() error {
+		mnt := t.TempDir()
+		return exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
+			"mount --bind "+lockDir+" "+mnt+" && flock --nonblock "+mnt+" true").Run()
+	}
+	if err := inContainer(); err == nil {
+		t.Fatal("another mount namespace took the lock while it was held")
+	}
+	l.Release()
+	if err := inContainer(); err != nil {
+		t.Fatalf("another mount namespace could not take the free lock: %v", err)
+	}
+}
