@@ -123,8 +123,11 @@ const (
 
 // Status is what status reports.
 type Status struct {
-	Attached     bool   `json:"attached"`
-	PinDir       string `json:"pin_dir"`
+	Attached bool   `json:"attached"`
+	PinDir   string `json:"pin_dir"`
+	// CgroupID is the cgroup v2 the sockops program is attached to (the
+	// inode number of its directory).
+	CgroupID     uint64 `json:"cgroup_id,omitempty"`
 	ProxyUID     uint32 `json:"proxy_uid,omitempty"`
 	OutboundPort uint16 `json:"outbound_port,omitempty"`
 	IntoProxy    bool   `json:"into_proxy"`
@@ -291,6 +294,71 @@ func sameTags(dir string, objs *bpfObjects) (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// attachedCgroup reads the cgroup the pinned sockops link attaches to.
+func attachedCgroup(dir string) (uint64, error) {
+	l, err := link.LoadPinnedLink(filepath.Join(dir, pinLink), nil)
+	if err != nil {
+		return 0, fmt.Errorf("open the pinned sockops link: %w", err)
+	}
+	defer l.Close()
+	li, err := l.Info()
+	if err != nil {
+		return 0, fmt.Errorf("read the sockops link: %w", err)
+	}
+	if cg := li.Cgroup(); cg != nil {
+		return cg.CgroupId, nil
+	}
+	return 0, nil
+}
+
+// Program is a BPF program attached beside the fast path.
+type Program struct {
+	ID   uint32 `json:"id"`
+	Name string `json:"name"`
+	Tag  string `json:"tag"`
+}
+
+// sockopsName is the fast path's sockops program as the kernel names it.
+const sockopsName = "mw_sockops"
+
+// OtherSockops lists the sockops programs attached directly at the cgroup
+// v2 directory cgroup (resolved as attach does; "" is the cgroup2 mount)
+// that are not meshwire's, and returns the directory. Every sockops
+// program at the root sees every socket of the node: one that puts them in
+// a sockhash of its own and redirects their messages competes with the
+// fast path for them.
+func OtherSockops(cgroup string) (string, []Program, error) {
+	dir, err := cgroupDir(cgroup)
+	if err != nil {
+		return "", nil, err
+	}
+	f, err := os.Open(dir)
+	if err != nil {
+		return dir, nil, err
+	}
+	defer f.Close()
+	q, err := link.QueryPrograms(link.QueryOptions{Target: int(f.Fd()), Attach: ebpf.AttachCGroupSockOps})
+	if err != nil {
+		return dir, nil, fmt.Errorf("list the sockops programs of %s: %w", dir, err)
+	}
+	var others []Program
+	for _, ap := range q.Programs {
+		p, err := ebpf.NewProgramFromID(ap.ID)
+		if err != nil {
+			continue // detached meanwhile
+		}
+		info, err := p.Info()
+		p.Close()
+		if err != nil {
+			return dir, nil, fmt.Errorf("read program %d: %w", ap.ID, err)
+		}
+		if info.Name != sockopsName {
+			others = append(others, Program{ID: uint32(ap.ID), Name: info.Name, Tag: info.Tag})
+		}
+	}
+	return dir, others, nil
 }
 
 // tags are the attached programs' tags.
@@ -540,6 +608,9 @@ func ReadStatus(dir string) (Status, error) {
 		return st, fmt.Errorf("read the control map: %w", err)
 	}
 	st.ProxyUID, st.OutboundPort, st.IntoProxy = c.ProxyUid, c.OutboundPort, c.IntoProxy != 0
+	if st.CgroupID, err = attachedCgroup(dir); err != nil {
+		return st, err
+	}
 	if st.Counters, err = readCounters(filepath.Join(dir, pinCounters)); err != nil {
 		return st, err
 	}

@@ -254,13 +254,16 @@ func (a *Agent) metrics(w http.ResponseWriter, _ *http.Request) {
 
 // writeFastpath adds the fast path's state and counters, read from its pins.
 func (a *Agent) writeFastpath(e *exposition) {
-	dir := fastpath.DefaultPinDir
+	dir, cgroup := fastpath.DefaultPinDir, ""
 	a.mu.Lock()
 	attaches := a.attaches
 	if a.fp != nil {
-		dir = a.fp.Config.PinDir
+		dir, cgroup = a.fp.Config.PinDir, a.fp.Config.Cgroup
 	}
 	a.mu.Unlock()
+	if _, others, err := fastpath.OtherSockops(cgroup); err == nil {
+		e.single("meshwire_fastpath_other_sockops_programs", "gauge", "Sockops programs attached at the fast path's cgroup that are not meshwire's: they see the same sockets.", float64(len(others)))
+	}
 	e.single("meshwire_fastpath_managed", "gauge", "Whether this agent attaches the fast path.", boolValue(a.fp != nil))
 	e.single("meshwire_fastpath_attaches_total", "counter", "Times this agent attached the fast path.", float64(attaches))
 	st, err := fastpath.ReadStatus(dir)

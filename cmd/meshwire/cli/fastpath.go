@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/meshwire/meshwire/ebpf/fastpath"
@@ -13,7 +14,7 @@ import (
 
 const fastpathUsage = `usage: meshwire fastpath attach [--proxy-uid UID] [--outbound-port PORT] [--into-proxy] [--pin-dir DIR] [--cgroup DIR]
        meshwire fastpath detach [--pin-dir DIR]
-       meshwire fastpath status [--json] [--pin-dir DIR]`
+       meshwire fastpath status [--json] [--pin-dir DIR] [--cgroup DIR]`
 
 // fastpath runs `meshwire fastpath attach|detach|status`.
 func (e *env) fastpath(args []string) error {
@@ -72,13 +73,24 @@ func (e *env) fastpathAttach(args []string) error {
 	switch res {
 	case fastpath.AlreadyAttached:
 		fmt.Fprintf(e.out, "fast path already attached (%s)\n", cfg.PinDir)
-		return nil
 	case fastpath.Replaced:
 		fmt.Fprintf(e.out, "fast path of another meshwire build replaced by this one's (pinned in %s; its connections keep the old one until they close)\n", cfg.PinDir)
-		return nil
+	default:
+		fmt.Fprintf(e.out, "fast path attached (pinned in %s)\n", cfg.PinDir)
 	}
-	fmt.Fprintf(e.out, "fast path attached (pinned in %s)\n", cfg.PinDir)
+	if dir, others, err := fastpath.OtherSockops(cfg.Cgroup); err == nil && len(others) > 0 {
+		fmt.Fprintf(e.out, "warning: other sockops programs are attached at %s: %s; they see the same sockets, and one that redirects their messages competes with the fast path\n", dir, describePrograms(others))
+	}
 	return nil
+}
+
+// describePrograms names programs for a message: "id 12 (name, tag ...)".
+func describePrograms(ps []fastpath.Program) string {
+	var parts []string
+	for _, p := range ps {
+		parts = append(parts, fmt.Sprintf("id %d (%s, tag %s)", p.ID, p.Name, p.Tag))
+	}
+	return strings.Join(parts, ", ")
 }
 
 func (e *env) fastpathDetach(args []string) error {
@@ -110,6 +122,7 @@ func (e *env) fastpathStatus(args []string) error {
 	fs := e.flags("fastpath status")
 	asJSON := fs.Bool("json", false, "print one JSON object")
 	dir := fs.String("pin-dir", fastpath.DefaultPinDir, "bpffs directory of the pins")
+	cgroup := fs.String("cgroup", "", "cgroup v2 directory to list other sockops programs at (default: the cgroup2 mount)")
 	if _, err := parse(fs, args, 0); err != nil {
 		return err
 	}
@@ -117,8 +130,13 @@ func (e *env) fastpathStatus(args []string) error {
 	if err != nil {
 		return fmt.Errorf("fastpath status: %w", err)
 	}
+	cgDir, others, othersErr := fastpath.OtherSockops(*cgroup)
 	if *asJSON {
-		return json.NewEncoder(e.out).Encode(st)
+		out := struct {
+			fastpath.Status
+			OtherSockops []fastpath.Program `json:"other_sockops,omitempty"`
+		}{st, others}
+		return json.NewEncoder(e.out).Encode(out)
 	}
 	if !st.Attached {
 		fmt.Fprintf(e.out, "fast path: not attached (%s)\n", st.PinDir)
@@ -133,5 +151,14 @@ func (e *env) fastpathStatus(args []string) error {
 	fmt.Fprintf(tw, "messages on TCP (fallbacks):\t%d (to the proxy, kept: %d)\n", st.Fallbacks, st.KeptForProxy)
 	fmt.Fprintf(tw, "ambiguous endpoints:\t%d\n", st.Ambiguous)
 	fmt.Fprintf(tw, "pod policies:\t%d\n", st.PodPolicies)
+	fmt.Fprintf(tw, "cgroup id:\t%d\n", st.CgroupID)
+	switch {
+	case othersErr != nil:
+		fmt.Fprintf(tw, "other sockops programs:\tunknown (%v)\n", othersErr)
+	case len(others) == 0:
+		fmt.Fprintf(tw, "other sockops programs:\tnone (at %s)\n", cgDir)
+	default:
+		fmt.Fprintf(tw, "other sockops programs:\t%s (at %s)\n", describePrograms(others), cgDir)
+	}
 	return tw.Flush()
 }

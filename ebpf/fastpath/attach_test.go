@@ -3,6 +3,7 @@
 package fastpath
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/asm"
+	"github.com/cilium/ebpf/link"
 
 	"github.com/meshwire/meshwire/internal/kerneltest"
 )
@@ -153,5 +155,57 @@ func TestLockSharedThroughMounts(t *testing.T) {
 	l.Release()
 	if err := inContainer(); err != nil {
 		t.Fatalf("another mount namespace could not take the free lock: %v", err)
+	}
+}
+
+// TestOtherSockops: a sockops program of another tool attached at the
+// cgroup is listed, with its name and tag; meshwire's own is not. The
+// programs go on a throwaway child cgroup, not the node's root.
+func TestOtherSockops(t *testing.T) {
+	kerneltest.Require(t)
+	root, err := Cgroup2Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg := filepath.Join(root, fmt.Sprintf("mwt-sockops-%d", os.Getpid()))
+	if err := os.Mkdir(cg, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = os.Remove(cg) })
+
+	if _, others, err := OtherSockops(cg); err != nil || len(others) != 0 {
+		t.Fatalf("an empty cgroup: %v, %v", others, err)
+	}
+	ours, err := load(Defaults(), loadBpf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ours.Close()
+	other, err := ebpf.NewProgram(&ebpf.ProgramSpec{
+		Name: "other_tool", Type: ebpf.SockOps, License: "GPL",
+		Instructions: asm.Instructions{asm.Mov.Imm(asm.R0, 1), asm.Return()},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	for _, p := range []*ebpf.Program{ours.MwSockops, other} {
+		l, err := link.AttachCgroup(link.CgroupOptions{Path: cg, Attach: ebpf.AttachCGroupSockOps, Program: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+	}
+	info, err := other.Info()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := info.ID()
+	dir, others, err := OtherSockops(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dir != cg || len(others) != 1 || others[0] != (Program{ID: uint32(id), Name: "other_tool", Tag: info.Tag}) {
+		t.Fatalf("OtherSockops(%s) = %s, %+v; want only the other tool's program %d", cg, dir, others, id)
 	}
 }
