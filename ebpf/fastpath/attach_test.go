@@ -37,22 +37,11 @@ func otherBuild() (*ebpf.CollectionSpec, error) {
 // liveSockhashes counts the kernel's fast-path sockhashes.
 func liveSockhashes(t *testing.T) int {
 	t.Helper()
-	n := 0
-	for id := ebpf.MapID(0); ; {
-		next, err := ebpf.MapGetNextID(id)
-		if err != nil {
-			return n
-		}
-		id = next
-		m, err := ebpf.NewMapFromID(id)
-		if err != nil {
-			continue // gone meanwhile
-		}
-		if info, err := m.Info(); err == nil && info.Name == "mw_socks" {
-			n++
-		}
-		m.Close()
+	n, err := Sockhashes()
+	if err != nil {
+		t.Fatal(err)
 	}
+	return n
 }
 
 // TestAttachReplacesOtherBuild: attach over a fast path of another build

@@ -313,6 +313,35 @@ func attachedCgroup(dir string) (uint64, error) {
 	return 0, nil
 }
 
+// Sockhashes counts the fast path's sockhashes alive in the kernel: the
+// attached one, and those of earlier attachments (before a detach or a
+// replacement) that sockets still on them keep.
+func Sockhashes() (int, error) {
+	n := 0
+	for id := ebpf.MapID(0); ; {
+		next, err := ebpf.MapGetNextID(id)
+		if errors.Is(err, os.ErrNotExist) {
+			return n, nil
+		}
+		if err != nil {
+			return n, fmt.Errorf("list the kernel's BPF maps: %w", err)
+		}
+		id = next
+		m, err := ebpf.NewMapFromID(id)
+		if err != nil {
+			continue // gone meanwhile
+		}
+		info, err := m.Info()
+		m.Close()
+		if err == nil && info.Name == sockhashName {
+			n++
+		}
+	}
+}
+
+// sockhashName is the fast path's sockhash as the kernel names it.
+const sockhashName = "mw_socks"
+
 // Program is a BPF program attached beside the fast path.
 type Program struct {
 	ID   uint32 `json:"id"`

@@ -261,6 +261,9 @@ func (a *Agent) writeFastpath(e *exposition) {
 		dir, cgroup = a.fp.Config.PinDir, a.fp.Config.Cgroup
 	}
 	a.mu.Unlock()
+	if n, err := fastpath.Sockhashes(); err == nil {
+		e.single("meshwire_fastpath_sockhashes", "gauge", "The fast path's sockhashes in the kernel: the attached one, and earlier ones that sockets opened before a detach or an upgrade still keep.", float64(n))
+	}
 	if _, others, err := fastpath.OtherSockops(cgroup); err == nil {
 		e.single("meshwire_fastpath_other_sockops_programs", "gauge", "Sockops programs attached at the fast path's cgroup that are not meshwire's: they see the same sockets.", float64(len(others)))
 	}

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -160,11 +161,7 @@ func (p *pluginLog) record(line []byte) {
 func (p *pluginLog) write(e *exposition) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	calls := make([]callKey, 0, len(p.calls))
-	for k := range p.calls {
-		calls = append(calls, k)
-	}
-	slices.SortFunc(calls, func(a, b callKey) int {
+	calls := slices.SortedFunc(maps.Keys(p.calls), func(a, b callKey) int {
 		return cmp.Or(cmp.Compare(a.plugin, b.plugin), cmp.Compare(a.command, b.command), cmp.Compare(a.result, b.result))
 	})
 	e.family("meshwire_cni_calls_total", "counter", "Plugin calls in the plugins' log, by plugin, CNI command and result (ok, error).")
@@ -175,22 +172,14 @@ func (p *pluginLog) write(e *exposition) {
 	for _, k := range calls {
 		e.sample("meshwire_cni_call_seconds_total", p.calls[k].seconds, "plugin", k.plugin, "command", k.command, "result", k.result)
 	}
-	errs := make([]errKey, 0, len(p.errs))
-	for k := range p.errs {
-		errs = append(errs, k)
-	}
-	slices.SortFunc(errs, func(a, b errKey) int {
+	errs := slices.SortedFunc(maps.Keys(p.errs), func(a, b errKey) int {
 		return cmp.Or(cmp.Compare(a.plugin, b.plugin), cmp.Compare(a.command, b.command), cmp.Compare(a.code, b.code))
 	})
 	e.family("meshwire_cni_errors_total", "counter", "Failed plugin calls, by plugin, CNI command and CNI error code.")
 	for _, k := range errs {
 		e.sample("meshwire_cni_errors_total", float64(p.errs[k]), "plugin", k.plugin, "command", k.command, "code", strconv.Itoa(k.code))
 	}
-	plugins := make([]string, 0, len(p.panics))
-	for k := range p.panics {
-		plugins = append(plugins, k)
-	}
-	slices.Sort(plugins)
+	plugins := slices.Sorted(maps.Keys(p.panics))
 	e.family("meshwire_cni_panics_total", "counter", "Plugin calls that panicked (each also counts as an error with code 999).")
 	for _, k := range plugins {
 		e.sample("meshwire_cni_panics_total", float64(p.panics[k]), "plugin", k)

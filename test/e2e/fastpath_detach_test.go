@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cilium/ebpf"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/internal/probe"
 	"github.com/meshwire/meshwire/test/harness"
@@ -32,9 +31,7 @@ import (
 func TestFastpathDetachKeepsQueuedBytes(t *testing.T) {
 	h := harness.New(t)
 	fastpathAttach(t, h)
-	e := ie.New(t, h)
-	e.StartProxy(false)
-	e.MustIptablesInit("-m", "REDIRECT", "-i", "*", "-b", "*")
+	e := redirectedPod(t, h)
 	const (
 		port = 9098
 		size = 256 << 10
@@ -84,8 +81,8 @@ func TestFastpathDetachKeepsQueuedBytes(t *testing.T) {
 	if _, err := os.Stat(fastpath.DefaultPinDir); !os.IsNotExist(err) {
 		t.Fatalf("pins left after detach: %v", err)
 	}
-	if maps := liveMaps(t, "mw_socks"); len(maps) != 1 {
-		t.Fatalf("sockhashes in the kernel after detach: %v, want the one its sockets keep", maps)
+	if n := liveSockhashes(t); n != 1 {
+		t.Fatalf("%d sockhashes in the kernel after detach, want the one its sockets keep", n)
 	}
 	for i, c := range conns {
 		got := make([]byte, size)
@@ -107,27 +104,15 @@ func TestFastpathDetachKeepsQueuedBytes(t *testing.T) {
 // sockhash: after detach, once the last socket on it has closed.
 func waitSockhashFreed(t *testing.T) {
 	t.Helper()
-	waitUntil(t, 5*time.Second, "the sockhash freed once its sockets closed", func() bool { return len(liveMaps(t, "mw_socks")) == 0 })
+	waitUntil(t, 5*time.Second, "the sockhash freed once its sockets closed", func() bool { return liveSockhashes(t) == 0 })
 }
 
-// liveMaps lists the IDs of the kernel's BPF maps called name.
-func liveMaps(t *testing.T, name string) []ebpf.MapID {
+// liveSockhashes counts the kernel's fast-path sockhashes.
+func liveSockhashes(t *testing.T) int {
 	t.Helper()
-	var ids []ebpf.MapID
-	for id := ebpf.MapID(0); ; {
-		next, err := ebpf.MapGetNextID(id)
-		if err != nil {
-			return ids
-		}
-		id = next
-		m, err := ebpf.NewMapFromID(id)
-		if err != nil {
-			continue // gone meanwhile
-		}
-		info, err := m.Info()
-		m.Close()
-		if err == nil && info.Name == name {
-			ids = append(ids, id)
-		}
+	n, err := fastpath.Sockhashes()
+	if err != nil {
+		t.Fatal(err)
 	}
+	return n
 }

@@ -28,6 +28,18 @@ import (
 	ie "github.com/meshwire/meshwire/test/interceptenv"
 )
 
+// redirectedPod is the interception environment the fast-path tests use:
+// a pod whose TCP goes through a uid-1337 proxy (proxyArgs are the test
+// proxy's extra flags) by iptables-init's REDIRECT rules for every
+// address and port.
+func redirectedPod(t *testing.T, h *harness.H, proxyArgs ...string) *ie.Env {
+	t.Helper()
+	e := ie.New(t, h)
+	e.StartProxy(false, proxyArgs...)
+	e.MustIptablesInit("-m", "REDIRECT", "-i", "*", "-b", "*")
+	return e
+}
+
 // fastpathCmd runs the built `meshwire fastpath ARGS` and returns its exit
 // code and output.
 func fastpathCmd(t *testing.T, h *harness.H, args ...string) (int, string) {
@@ -286,9 +298,7 @@ func podPolicy(t *testing.T, ns *harness.NS) (p podpolicy.Policy, ok bool) {
 func TestFastpathSpliceProxy(t *testing.T) {
 	h := harness.New(t)
 	fastpathAttach(t, h)
-	e := ie.New(t, h)
-	e.StartProxy(false, "-copy", "splice")
-	e.MustIptablesInit("-m", "REDIRECT", "-i", "*", "-b", "*")
+	e := redirectedPod(t, h, "-copy", "splice")
 	for _, fam := range interceptFamilies {
 		t.Run(fam.name, func(t *testing.T) {
 			before := fastpathStatus(t, h)
@@ -321,9 +331,7 @@ func TestFastpathIdenticalTuples(t *testing.T) {
 	fastpathAttach(t, h, "--into-proxy")
 	var envs []*ie.Env
 	for range 2 {
-		e := ie.New(t, h)
-		e.StartProxy(false)
-		e.MustIptablesInit("-m", "REDIRECT", "-i", "*", "-b", "*")
+		e := redirectedPod(t, h)
 		envs = append(envs, e)
 	}
 	before := fastpathStatus(t, h)
@@ -366,9 +374,7 @@ func TestFastpathIdenticalTuples(t *testing.T) {
 // with other settings is refused.
 func TestFastpathLifecycle(t *testing.T) {
 	h := harness.New(t)
-	e := ie.New(t, h)
-	e.StartProxy(false)
-	e.MustIptablesInit("-m", "REDIRECT", "-i", "*", "-b", "*")
+	e := redirectedPod(t, h)
 	remote := ie.AP(ie.RemoteV4, ie.RemotePort)
 	prefix := "remote " + ie.PodV4.String() + " "
 
@@ -473,9 +479,7 @@ func TestFastpathLifecycle(t *testing.T) {
 func TestFastpathConcurrent(t *testing.T) {
 	h := harness.New(t)
 	fastpathAttach(t, h, "--into-proxy")
-	e := ie.New(t, h)
-	e.StartProxy(false)
-	e.MustIptablesInit("-m", "REDIRECT", "-i", "*", "-b", "*")
+	e := redirectedPod(t, h)
 	var wg sync.WaitGroup
 	errs := make(chan error, 50)
 	for i := range 50 {
@@ -573,9 +577,7 @@ func TestFastpathRefused(t *testing.T) {
 func TestFastpathSwitchAfter4GiB(t *testing.T) {
 	h := harness.New(t)
 	fastpathAttach(t, h)
-	e := ie.New(t, h)
-	e.StartProxy(false)
-	e.MustIptablesInit("-m", "REDIRECT", "-i", "*", "-b", "*")
+	e := redirectedPod(t, h)
 	const (
 		total  = 1 << 32
 		margin = 1 << 20

@@ -86,9 +86,7 @@ func TestNodeAgent(t *testing.T) {
 	if st := fastpathStatus(t, h); st.Attached {
 		t.Fatalf("the fast path is attached before the test (%s)", st.PinDir)
 	}
-	e := ie.New(t, h)
-	e.StartProxy(false)
-	e.MustIptablesInit("-m", "REDIRECT", "-i", "*", "-b", "*")
+	e := redirectedPod(t, h)
 
 	binDir, confDir := t.TempDir(), t.TempDir()
 	logFile := filepath.Join(t.TempDir(), "cni.log")
