@@ -198,9 +198,9 @@ func pick(v6 bool, a, b netip.Addr) netip.Addr {
 // AP joins an address and a port.
 func AP(a netip.Addr, port int) netip.AddrPort { return netip.AddrPortFrom(a, uint16(port)) }
 
-// serve accepts TCP connections on port in ns and hands each to handle
+// Serve accepts TCP connections on port in ns and hands each to handle
 // (which owns closing it) until the test ends.
-func (e *Env) serve(ns *harness.NS, port int, handle func(net.Conn)) {
+func (e *Env) Serve(ns *harness.NS, port int, handle func(net.Conn)) {
 	ln, err := probe.InNS(ns.Path, func() (net.Listener, error) { return net.Listen("tcp", ":"+strconv.Itoa(port)) })
 	if err != nil {
 		e.T.Fatalf("listen on %d in %s: %v", port, ns.Name, err)
@@ -219,7 +219,7 @@ func (e *Env) serve(ns *harness.NS, port int, handle func(net.Conn)) {
 
 // serveEcho answers each line "MSG" with "WHO PEER MSG".
 func (e *Env) serveEcho(ns *harness.NS, port int, who string) {
-	e.serve(ns, port, func(c net.Conn) {
+	e.Serve(ns, port, func(c net.Conn) {
 		defer c.Close()
 		peer := c.RemoteAddr().(*net.TCPAddr).AddrPort()
 		peer = netip.AddrPortFrom(peer.Addr().Unmap(), peer.Port())
@@ -239,7 +239,7 @@ func (e *Env) serveEcho(ns *harness.NS, port int, who string) {
 // serveSink reads each connection to its end and answers with the number
 // of bytes it got.
 func (e *Env) serveSink(ns *harness.NS) {
-	e.serve(ns, SinkPort, func(c net.Conn) {
+	e.Serve(ns, SinkPort, func(c net.Conn) {
 		defer c.Close()
 		n, _ := io.Copy(io.Discard, c)
 		fmt.Fprintf(c, "%d\n", n)
