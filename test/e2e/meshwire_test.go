@@ -242,7 +242,8 @@ func TestMeshwireDemo(t *testing.T) {
 	h.CheckNoLeaks()
 	out := m.mustRun("demo")
 	for _, step := range []string{"reaches mwdemo-b at", "the host reaches mwdemo-b", "host port 127.0.0.1:8080 reaches mwdemo-b:80", "is shaped to 10mbit", "mwdemo-b: CNI CHECK passes", "removed bridge mw0",
-		"mwdemo-mesh app -> ", "original destination", "goes through the sidecar (proxy log: inbound from", "mwdemo-mesh: the eBPF fast path carried sidecar <-> app bytes", "mwdemo-mesh: CNI CHECK passes"} {
+		"mwdemo-mesh app -> ", "original destination", "goes through the sidecar (proxy log: inbound from", "mwdemo-mesh: the eBPF fast path carried sidecar <-> app bytes", "(0 kept from the proxy)",
+		"eBPF fast path: both directions for mwdemo-mesh", "mwdemo-mesh: CNI CHECK passes"} {
 		if !strings.Contains(out, step) {
 			t.Errorf("demo output lacks %q", step)
 		}

@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/meshwire/meshwire/ebpf/fastpath"
+	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
 	"github.com/meshwire/meshwire/internal/cniruntime"
 	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/internal/proxylog"
@@ -214,6 +215,9 @@ func (d *demo) meshSteps(conflist []byte, a, b *cniruntime.Record) {
 	if detach := d.fastpathOn(); detach != nil {
 		defer detach()
 	}
+	if forget := d.feedProxy(rec.NetNS); forget != nil {
+		defer forget()
+	}
 	side, err := startSidecar(proxy, rec.NetNS)
 	if err != nil {
 		d.step("start the sidecar", func() (string, error) { return "", err })
@@ -266,10 +270,30 @@ func (d *demo) fastpathOn() func() {
 		fmt.Fprintf(d.e.out, "        eBPF fast path: already attached, used as it is\n")
 		return nil
 	}
-	fmt.Fprintf(d.e.out, "        eBPF fast path: attached (sidecar -> app bytes skip TCP/IP and netfilter)\n")
+	fmt.Fprintf(d.e.out, "        eBPF fast path: attached (app <-> sidecar bytes skip TCP/IP and netfilter)\n")
 	return func() {
 		_, _ = fastpath.Detach(cfg.PinDir)
 	}
+}
+
+// feedProxy gives the mesh pod the fast-path policy the intercept plugin
+// gives an Istio pod: its proxy may be fed too (the test proxy reads with
+// read(2), never splice), so both directions are carried. It returns how
+// to take the policy back (nil when the fast path is not attached).
+func (d *demo) feedProxy(nsPath string) func() {
+	var set bool
+	if err := netns.Enter(nsPath, func() (err error) {
+		set, err = podpolicy.Set("", podpolicy.Policy{IntoProxy: true})
+		return err
+	}); err != nil {
+		fmt.Fprintf(d.e.out, "  skip  eBPF fast path toward the sidecar: %v\n", err)
+		return nil
+	}
+	if !set {
+		return nil
+	}
+	fmt.Fprintf(d.e.out, "        eBPF fast path: both directions for %s (its policy lets the proxy be fed, as for Istio's Envoy)\n", demoMeshPod)
+	return func() { _ = netns.Enter(nsPath, func() error { return podpolicy.Forget("") }) }
 }
 
 // fastpathCounters shows what the fast path carried for the mesh pod.
@@ -282,6 +306,6 @@ func (d *demo) fastpathCounters() {
 		if st.RedirectedMessages == 0 {
 			return "", fmt.Errorf("nothing redirected (%d sockets, %d pairs)", st.Sockets, st.Pairs)
 		}
-		return fmt.Sprintf("%d connections paired, %d messages (%d bytes) handed over, %d on TCP", st.Pairs, st.RedirectedMessages, st.RedirectedBytes, st.Fallbacks), nil
+		return fmt.Sprintf("%d connections paired, %d messages (%d bytes) handed over, %d on TCP (%d kept from the proxy)", st.Pairs, st.RedirectedMessages, st.RedirectedBytes, st.Fallbacks, st.KeptForProxy), nil
 	})
 }
