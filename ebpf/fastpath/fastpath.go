@@ -721,6 +721,9 @@ func Detach(dir string) (Detached, error) {
 	if dir == "" {
 		dir = DefaultPinDir
 	}
+	if _, err := os.Stat(lockDir); errors.Is(err, os.ErrNotExist) {
+		return Detached{}, nil // no bpffs mount point: nothing was ever pinned
+	}
 	l, err := lock()
 	if err != nil {
 		return Detached{}, err
