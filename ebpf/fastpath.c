@@ -51,8 +51,19 @@
 // Kernel types, only the fields read here; CO-RE relocates their offsets
 // against the running kernel's BTF.
 typedef struct { __u32 val; } kuid_t;
+typedef struct { __u32 val; } kgid_t;
+struct cred {
+	kgid_t fsgid;
+} __attribute__((preserve_access_index));
+struct file {
+	const struct cred *f_cred;
+} __attribute__((preserve_access_index));
+struct socket {
+	struct file *file;
+} __attribute__((preserve_access_index));
 struct sock {
 	kuid_t sk_uid;
+	struct socket *sk_socket;
 } __attribute__((preserve_access_index));
 struct tcp_sock {
 	__u32 copied_seq;
@@ -65,6 +76,10 @@ struct tcp_sock {
 
 // Set by the loader before the programs are loaded.
 volatile const __u32 proxy_uid = 1337;
+// With match_gid, a socket of the proxy's gid (iptables-init's
+// --proxy-gid) is the proxy's too, whatever its uid.
+volatile const __u32 proxy_gid = 1337;
+volatile const __u8 match_gid = 0;
 volatile const __u16 outbound_port = 15001;
 // Also redirect into the proxy's sockets (the app -> sidecar direction).
 // Off by default: bytes the fast path hands over wait in the receiver's
@@ -205,7 +220,8 @@ struct control {
 	__u32 proxy_uid;
 	__u16 outbound_port;
 	__u8 into_proxy;
-	__u8 pad[5];
+	__u8 match_gid;  // was padding: an earlier build leaves it 0
+	__u32 proxy_gid;
 };
 
 struct {
@@ -293,11 +309,27 @@ static __always_inline void key_of(struct sock_key *k, const struct endpoint *e,
 }
 
 // owned_by_proxy: the socket was created by the proxy's uid (an accepted
-// socket inherits its listener's), as iptables' owner match sees it.
+// socket inherits its listener's), or with match_gid belongs to a file
+// opened with the proxy's gid, as iptables' owner match sees them. A socket
+// accepted but not yet returned by accept() has no file: its gid is
+// unknown here (server_established relies on the sidecar's listener).
 static __always_inline __u32 owned_by_proxy(struct bpf_sock *bsk)
 {
 	struct sock *sk = (struct sock *)bpf_skc_to_tcp_sock(bsk);
-	return sk && sk->sk_uid.val == proxy_uid;
+	if (!sk)
+		return 0;
+	if (sk->sk_uid.val == proxy_uid)
+		return 1;
+	if (!match_gid)
+		return 0;
+	struct socket *so = sk->sk_socket;
+	if (!so)
+		return 0;
+	struct file *f = so->file;
+	if (!f)
+		return 0;
+	const struct cred *c = f->f_cred;
+	return c && c->fsgid.val == proxy_gid;
 }
 
 // endpoint_of is key_of's inverse: the endpoint a key was made of.
@@ -407,6 +439,13 @@ static __always_inline void server_established(struct bpf_sock_ops *skops)
 	if (!sk)
 		return;
 	__u32 proxy = owned_by_proxy(sk);
+	if (!proxy && match_gid && skops->local_port == outbound_port) {
+		// Accepted on the outbound port of a namespace whose listener
+		// there is the proxy's (seeded at attach or seen listening):
+		// the proxy's, though it has no file to show its gid yet.
+		__u64 ns = bpf_get_netns_cookie(skops);
+		proxy = bpf_map_lookup_elem(&mw_sidecars, &ns) != 0;
+	}
 	if (skops->local_port == outbound_port && proxy)
 		mark_sidecar(skops); // the sidecar accepted an app's connection
 	else if (!is_passthrough(&e) || proxy)

@@ -19,7 +19,8 @@ type bpfControl struct {
 	ProxyUid     uint32
 	OutboundPort uint16
 	IntoProxy    uint8
-	Pad          [5]uint8
+	MatchGid     uint8
+	ProxyGid     uint32
 }
 
 type bpfEndpoint struct {
@@ -133,7 +134,9 @@ type bpfMapSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type bpfVariableSpecs struct {
 	IntoProxy    *ebpf.VariableSpec `ebpf:"into_proxy"`
+	MatchGid     *ebpf.VariableSpec `ebpf:"match_gid"`
 	OutboundPort *ebpf.VariableSpec `ebpf:"outbound_port"`
+	ProxyGid     *ebpf.VariableSpec `ebpf:"proxy_gid"`
 	ProxyUid     *ebpf.VariableSpec `ebpf:"proxy_uid"`
 }
 
@@ -185,7 +188,9 @@ func (m *bpfMaps) Close() error {
 // It can be passed to loadBpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bpfVariables struct {
 	IntoProxy    *ebpf.Variable `ebpf:"into_proxy"`
+	MatchGid     *ebpf.Variable `ebpf:"match_gid"`
 	OutboundPort *ebpf.Variable `ebpf:"outbound_port"`
+	ProxyGid     *ebpf.Variable `ebpf:"proxy_gid"`
 	ProxyUid     *ebpf.Variable `ebpf:"proxy_uid"`
 }
 

@@ -61,7 +61,10 @@ const (
 
 // Config is what attach is given.
 type Config struct {
-	ProxyUID     uint32 // the sidecar's uid (iptables-init's --proxy-uid)
+	ProxyUID uint32 // the sidecar's uid (iptables-init's --proxy-uid)
+	// ProxyGID, when set, makes sockets of that gid the sidecar's too
+	// (iptables-init's --proxy-gid), whatever their uid.
+	ProxyGID     *uint32
 	OutboundPort uint16 // the sidecar's outbound capture port
 	IntoProxy    bool   // also redirect the app's bytes into the proxy's sockets
 	PinDir       string // default DefaultPinDir
@@ -127,11 +130,12 @@ type Status struct {
 	PinDir   string `json:"pin_dir"`
 	// CgroupID is the cgroup v2 the sockops program is attached to (the
 	// inode number of its directory).
-	CgroupID     uint64 `json:"cgroup_id,omitempty"`
-	ProxyUID     uint32 `json:"proxy_uid,omitempty"`
-	OutboundPort uint16 `json:"outbound_port,omitempty"`
-	IntoProxy    bool   `json:"into_proxy"`
-	LiveSockets  int    `json:"live_sockets"`
+	CgroupID     uint64  `json:"cgroup_id,omitempty"`
+	ProxyUID     uint32  `json:"proxy_uid,omitempty"`
+	ProxyGID     *uint32 `json:"proxy_gid,omitempty"`
+	OutboundPort uint16  `json:"outbound_port,omitempty"`
+	IntoProxy    bool    `json:"into_proxy"`
+	LiveSockets  int     `json:"live_sockets"`
 	// PodPolicies counts the meshed pods with a policy (mw_pods).
 	PodPolicies int `json:"pod_policies"`
 	Counters
@@ -193,9 +197,9 @@ func attach(cfg Config, loadSpec func() (*ebpf.CollectionSpec, error)) (Result, 
 		if err != nil {
 			return 0, err
 		}
-		if st.ProxyUID != cfg.ProxyUID || st.OutboundPort != cfg.OutboundPort || st.IntoProxy != cfg.IntoProxy {
-			return 0, fmt.Errorf("already attached with proxy uid %d, outbound port %d, into proxy %v: detach first to change them",
-				st.ProxyUID, st.OutboundPort, st.IntoProxy)
+		if st.ProxyUID != cfg.ProxyUID || !sameGID(st.ProxyGID, cfg.ProxyGID) || st.OutboundPort != cfg.OutboundPort || st.IntoProxy != cfg.IntoProxy {
+			return 0, fmt.Errorf("already attached with proxy uid %d, proxy gid %s, outbound port %d, into proxy %v: detach first to change them",
+				st.ProxyUID, describeGID(st.ProxyGID), st.OutboundPort, st.IntoProxy)
 		}
 		objs, err := load(cfg, loadSpec)
 		if err != nil {
@@ -235,10 +239,13 @@ func attach(cfg Config, loadSpec func() (*ebpf.CollectionSpec, error)) (Result, 
 	}); err != nil {
 		return 0, unsupported("attach sk_msg to the sockhash: %v", err)
 	}
-	if _, err := seedSidecars(objs.MwSidecars, cfg.OutboundPort, cfg.ProxyUID); err != nil {
+	if _, err := seedSidecars(objs.MwSidecars, cfg.OutboundPort, cfg.ProxyUID, cfg.ProxyGID); err != nil {
 		return 0, err
 	}
 	ctl := bpfControl{ProxyUid: cfg.ProxyUID, OutboundPort: cfg.OutboundPort}
+	if cfg.ProxyGID != nil {
+		ctl.MatchGid, ctl.ProxyGid = 1, *cfg.ProxyGID
+	}
 	if cfg.IntoProxy {
 		ctl.IntoProxy = 1
 	}
@@ -465,6 +472,9 @@ func load(cfg Config, loadSpec func() (*ebpf.CollectionSpec, error)) (*bpfObject
 		return nil, fmt.Errorf("read the fast path's BPF object: %w", err)
 	}
 	consts := map[string]any{"proxy_uid": cfg.ProxyUID, "outbound_port": cfg.OutboundPort, "into_proxy": boolByte(cfg.IntoProxy)}
+	if cfg.ProxyGID != nil {
+		consts["proxy_gid"], consts["match_gid"] = *cfg.ProxyGID, uint8(1)
+	}
 	for name, v := range consts {
 		if err := spec.Variables[name].Set(v); err != nil {
 			return nil, fmt.Errorf("set %s: %w", name, err)
@@ -482,6 +492,16 @@ func load(cfg Config, loadSpec func() (*ebpf.CollectionSpec, error)) (*bpfObject
 		return nil, unsupported("load the fast path's programs: %v", err)
 	}
 	return &objs, nil
+}
+
+func sameGID(a, b *uint32) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
+
+// describeGID names a proxy gid setting for messages.
+func describeGID(g *uint32) string {
+	if g == nil {
+		return "none"
+	}
+	return fmt.Sprint(*g)
 }
 
 func boolByte(b bool) uint8 {
@@ -637,6 +657,10 @@ func ReadStatus(dir string) (Status, error) {
 		return st, fmt.Errorf("read the control map: %w", err)
 	}
 	st.ProxyUID, st.OutboundPort, st.IntoProxy = c.ProxyUid, c.OutboundPort, c.IntoProxy != 0
+	if c.MatchGid != 0 {
+		gid := c.ProxyGid
+		st.ProxyGID = &gid
+	}
 	if st.CgroupID, err = attachedCgroup(dir); err != nil {
 		return st, err
 	}

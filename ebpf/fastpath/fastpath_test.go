@@ -2,6 +2,8 @@ package fastpath
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
@@ -40,7 +42,7 @@ func TestObjectMatchesLoader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, v := range []string{"proxy_uid", "outbound_port", "into_proxy"} {
+	for _, v := range []string{"proxy_uid", "proxy_gid", "match_gid", "outbound_port", "into_proxy"} {
 		if spec.Variables[v] == nil {
 			t.Errorf("constant %s missing from the object", v)
 		}
@@ -101,4 +103,30 @@ func FuzzCgroup2FromMountinfo(f *testing.F) {
 		}
 		t.Fatalf("%q is no mount point of the input", got)
 	})
+}
+
+// TestProcFSGID: the file-system gid is the fourth value of a process's
+// Gid line.
+func TestProcFSGID(t *testing.T) {
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		status string
+		gid    uint32
+		ok     bool
+	}{
+		{"Name:\tproxy\nUid:\t4242\t4242\t4242\t4242\nGid:\t1337\t1337\t1337\t1338\nGroups:\t\n", 1338, true},
+		{"Name:\tproxy\nGid:\t1 2 3\n", 0, false},
+		{"Name:\tproxy\n", 0, false},
+		{"Gid:\t1\t2\t3\tx\n", 0, false},
+	} {
+		if err := os.WriteFile(filepath.Join(dir, "status"), []byte(tc.status), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if gid, ok := procFSGID(dir); gid != tc.gid || ok != tc.ok {
+			t.Errorf("procFSGID(%q) = %d, %v; want %d, %v", tc.status, gid, ok, tc.gid, tc.ok)
+		}
+	}
+	if _, ok := procFSGID(filepath.Join(dir, "gone")); ok {
+		t.Error("a process that is gone has a gid")
+	}
 }

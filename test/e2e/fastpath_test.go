@@ -692,3 +692,33 @@ func TestFastpathForeignListener(t *testing.T) {
 	e.StartProxyAs(0, 0, false)
 	untracked("listening after attach")
 }
+
+// TestFastpathProxyGID: a proxy matched by its gid only (iptables-init's
+// --proxy-gid; it runs as another uid, listening before attach) is the
+// sidecar with attach's --proxy-gid: attach finds its namespace from the
+// listener's process, its accepted and passthrough sockets are the proxy's,
+// and both directions of an outbound and an inbound connection are
+// carried. Without --proxy-gid its pod is not a sidecar's: nothing is.
+func TestFastpathProxyGID(t *testing.T) {
+	h := harness.New(t)
+	e := ie.New(t, h)
+	e.StartProxyAs(4242, ie.ProxyUID, false)
+	e.MustIptablesInit("-m", "REDIRECT", "-u", "4343", "-g", strconv.Itoa(ie.ProxyUID), "-i", "*", "-b", "*")
+	t.Run("by gid", func(t *testing.T) {
+		fastpathAttach(t, h, "--into-proxy", "--proxy-gid", strconv.Itoa(ie.ProxyUID))
+		if st := fastpathStatus(t, h); st.ProxyGID == nil || *st.ProxyGID != ie.ProxyUID {
+			t.Fatalf("status: %+v", st)
+		}
+		for _, fam := range interceptFamilies {
+			t.Run(fam.name, func(t *testing.T) { fastpathCarried(t, h, e, fam.v6, true) })
+		}
+	})
+	t.Run("uid only", func(t *testing.T) {
+		fastpathAttach(t, h, "--into-proxy")
+		before := fastpathStatus(t, h)
+		fastpathBothWays(t, e, false)
+		if d := fastpathStatus(t, h).Counters.Sub(before.Counters); d.Pairs != 0 || d.RedirectedMessages != 0 {
+			t.Fatalf("a proxy of another uid was taken for the sidecar without --proxy-gid: %+v", d)
+		}
+	})
+}

@@ -38,7 +38,7 @@ commands:
   demo [--conf FILE] [--hold DURATION]
                  wire two namespaces with the default conflist, show what works, clean up
                  (after DURATION, or at once on Ctrl-C)
-  fastpath attach [--proxy-uid UID] [--outbound-port PORT] [--into-proxy]
+  fastpath attach [--proxy-uid UID] [--proxy-gid GID] [--outbound-port PORT] [--into-proxy]
                  load the eBPF sockmap fast path and attach it at the cgroup v2 root
   fastpath detach
                  remove it (connections on it keep working until they close)

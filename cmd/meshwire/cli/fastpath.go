@@ -6,13 +6,14 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 )
 
-const fastpathUsage = `usage: meshwire fastpath attach [--proxy-uid UID] [--outbound-port PORT] [--into-proxy] [--pin-dir DIR] [--cgroup DIR]
+const fastpathUsage = `usage: meshwire fastpath attach [--proxy-uid UID] [--proxy-gid GID] [--outbound-port PORT] [--into-proxy] [--pin-dir DIR] [--cgroup DIR]
        meshwire fastpath detach [--pin-dir DIR]
        meshwire fastpath status [--json] [--pin-dir DIR] [--cgroup DIR]`
 
@@ -37,6 +38,7 @@ func (e *env) fastpath(args []string) error {
 // `node` share; check validates them once the flags are parsed.
 func fastpathFlags(fs *flag.FlagSet, cfg *fastpath.Config) (check func(cmd string) error) {
 	uid := fs.Uint("proxy-uid", uint(cfg.ProxyUID), "the sidecar's uid")
+	gid := fs.String("proxy-gid", "", "also the sidecar's: sockets of this gid, whatever their uid (iptables-init's --proxy-gid)")
 	port := fs.Uint("outbound-port", uint(cfg.OutboundPort), "the sidecar's outbound capture port")
 	fs.BoolVar(&cfg.IntoProxy, "into-proxy", false, "also hand the app's bytes to the proxy (only for proxies that read with recv/readv, never splice)")
 	fs.StringVar(&cfg.PinDir, "pin-dir", cfg.PinDir, "bpffs directory for the pins")
@@ -49,6 +51,14 @@ func fastpathFlags(fs *flag.FlagSet, cfg *fastpath.Config) (check func(cmd strin
 			return usagef("%s: --outbound-port %d is not a TCP port (1-65535)", cmd, *port)
 		}
 		cfg.ProxyUID, cfg.OutboundPort = uint32(*uid), uint16(*port)
+		if *gid != "" {
+			g, err := strconv.ParseUint(*gid, 10, 32)
+			if err != nil || g > 1<<31-2 {
+				return usagef("%s: --proxy-gid %q is not a gid", cmd, *gid)
+			}
+			g32 := uint32(g)
+			cfg.ProxyGID = &g32
+		}
 		return nil
 	}
 }
@@ -145,6 +155,9 @@ func (e *env) fastpathStatus(args []string) error {
 	tw := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "fast path:\tattached (%s)\n", st.PinDir)
 	fmt.Fprintf(tw, "proxy uid, outbound port:\t%d, %d (into proxy: %v)\n", st.ProxyUID, st.OutboundPort, st.IntoProxy)
+	if st.ProxyGID != nil {
+		fmt.Fprintf(tw, "proxy gid:\t%d\n", *st.ProxyGID)
+	}
 	fmt.Fprintf(tw, "sockets now / since attach:\t%d / %d\n", st.LiveSockets, st.Sockets)
 	fmt.Fprintf(tw, "connections paired:\t%d\n", st.Pairs)
 	fmt.Fprintf(tw, "messages, bytes redirected:\t%d, %d\n", st.RedirectedMessages, st.RedirectedBytes)

@@ -13,7 +13,7 @@ import (
 
 const nodeUsage = `usage: meshwire node --cni-bin-dir DIR --cni-conf-dir DIR [--chain [--proxy-metadata KEY=VALUE]...] [--cleanup-on-exit]
                      [--source-dir DIR] [--plugin-log FILE] [--listen ADDR] [--interval DURATION]
-                     [--fastpath [--proxy-uid UID] [--outbound-port PORT] [--into-proxy] [--pin-dir DIR] [--cgroup DIR]]`
+                     [--fastpath [--proxy-uid UID] [--proxy-gid GID] [--outbound-port PORT] [--into-proxy] [--pin-dir DIR] [--cgroup DIR]]`
 
 // node runs `meshwire node`, the node agent (see package nodeagent).
 func (e *env) node(args []string) error {
