@@ -128,6 +128,9 @@ loop:
 			break loop
 		case err := <-instDone:
 			instDone = nil
+			if err == nil {
+				err = errors.New("stopped by itself")
+			}
 			runErr = fmt.Errorf("installer: %w", err)
 			break loop
 		case <-t.C:
