@@ -5,7 +5,6 @@ package e2e
 import (
 	"bytes"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -110,18 +109,9 @@ func TestImageNodeAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 	image := buildImage(t, h)
-	binDir, confDir, logDir := t.TempDir(), t.TempDir(), t.TempDir()
-	conf := filepath.Join(confDir, "10-flannel.conflist")
-	orig := installFixture(t, "10-flannel.conflist")
-	if err := os.WriteFile(conf, orig, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
+	n := newAgentNode(t)
+	binDir, confDir, conf, orig, addr := n.binDir, n.confDir, n.conf, n.orig, n.addr
+	logDir := t.TempDir()
 	name := fmt.Sprintf("mwt-node-%d", os.Getpid())
 	out, err := podman("run", "-d", "--name", name, "--privileged", "--network", "host",
 		"-v", binDir+":/host/opt/cni/bin", "-v", confDir+":/host/etc/cni/net.d", "-v", logDir+":/var/log/meshwire",

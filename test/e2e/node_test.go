@@ -63,6 +63,31 @@ func sampleValue(m *dto.Metric) float64 {
 	return m.Gauge.GetValue()
 }
 
+// agentNode is what a node agent under test works on: CNI directories with
+// flannel's config as the primary one, and a free address for its
+// endpoints.
+type agentNode struct {
+	binDir, confDir, conf string
+	orig                  []byte // the config as flannel wrote it
+	addr                  string
+}
+
+func newAgentNode(t *testing.T) agentNode {
+	t.Helper()
+	n := agentNode{binDir: t.TempDir(), confDir: t.TempDir(), orig: installFixture(t, "10-flannel.conflist")}
+	n.conf = filepath.Join(n.confDir, "10-flannel.conflist")
+	if err := os.WriteFile(n.conf, n.orig, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.addr = ln.Addr().String()
+	ln.Close()
+	return n
+}
+
 func probeCode(addr, path string) int {
 	resp, err := http.Get("http://" + addr + path)
 	if err != nil {
@@ -88,19 +113,9 @@ func TestNodeAgent(t *testing.T) {
 	}
 	e := redirectedPod(t, h)
 
-	binDir, confDir := t.TempDir(), t.TempDir()
+	n := newAgentNode(t)
+	binDir, confDir, conf, orig, addr := n.binDir, n.confDir, n.conf, n.orig, n.addr
 	logFile := filepath.Join(t.TempDir(), "cni.log")
-	conf := filepath.Join(confDir, "10-flannel.conflist")
-	orig := installFixture(t, "10-flannel.conflist")
-	if err := os.WriteFile(conf, orig, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
 	cmd := exec.Command(filepath.Join(h.BinDir, "meshwire"), "node", "--cni-bin-dir", binDir, "--cni-conf-dir", confDir,
 		"--chain", "--cleanup-on-exit", "--fastpath", "--plugin-log", logFile, "--listen", addr,
 		"--interval", "200ms")
