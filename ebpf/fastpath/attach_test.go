@@ -14,6 +14,7 @@ import (
 	"github.com/cilium/ebpf/asm"
 	"github.com/cilium/ebpf/link"
 
+	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
 	"github.com/meshwire/meshwire/internal/kerneltest"
 )
 
@@ -107,7 +108,21 @@ func TestAttachReplacesOtherBuild(t *testing.T) {
 		}
 	}
 	step("first attach, the other build", otherBuild, Attached, otherTags)
+	// A meshed pod's policy, written at its ADD, survives the upgrade.
+	pods, err := ebpf.LoadPinnedMap(filepath.Join(cfg.PinDir, pinPods), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const cookie = uint64(0x6d77)
+	err = pods.Put(cookie, podpolicy.Value{Flags: podpolicy.FlagIntoProxy})
+	pods.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
 	step("attach, this build over the other", loadBpf, Replaced, thisTags)
+	if kept, err := readPodPolicies(cfg.PinDir); err != nil || len(kept) != 1 || kept[cookie].Flags != podpolicy.FlagIntoProxy {
+		t.Fatalf("pod policies after the upgrade: %v, %v; want the one written before", kept, err)
+	}
 	step("attach again", loadBpf, AlreadyAttached, thisTags)
 	step("the other build over this one", otherBuild, Replaced, otherTags)
 

@@ -192,6 +192,7 @@ func attach(cfg Config, loadSpec func() (*ebpf.CollectionSpec, error)) (Result, 
 	}
 	defer l.Release()
 	result := Attached
+	var kept map[uint64]podpolicy.Value // the replaced build's pod policies
 	if IsAttached(dir) {
 		st, err := ReadStatus(dir)
 		if err != nil {
@@ -212,6 +213,11 @@ func attach(cfg Config, loadSpec func() (*ebpf.CollectionSpec, error)) (Result, 
 		}
 		if same {
 			return AlreadyAttached, nil
+		}
+		// The meshed pods' policies were written at their ADD, which
+		// does not come again: they move to the new maps.
+		if kept, err = readPodPolicies(dir); err != nil {
+			return 0, err
 		}
 		if _, err := detach(dir); err != nil {
 			return 0, fmt.Errorf("replace the attached programs of another build: %w", err)
@@ -252,6 +258,11 @@ func attach(cfg Config, loadSpec func() (*ebpf.CollectionSpec, error)) (Result, 
 	if err := objs.MwControl.Put(uint32(0), ctl); err != nil {
 		return 0, fmt.Errorf("write the fast path's control map: %w", err)
 	}
+	for cookie, v := range kept {
+		if err := objs.MwPods.Put(cookie, v); err != nil {
+			return 0, fmt.Errorf("carry over the pod policies: %w", err)
+		}
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return 0, fmt.Errorf("create the pin directory: %w", err)
 	}
@@ -277,6 +288,30 @@ func attach(cfg Config, loadSpec func() (*ebpf.CollectionSpec, error)) (Result, 
 	}
 	done = true
 	return result, nil
+}
+
+// readPodPolicies reads the pod policies pinned at dir (none in a layout
+// without them).
+func readPodPolicies(dir string) (map[uint64]podpolicy.Value, error) {
+	pods, err := ebpf.LoadPinnedMap(filepath.Join(dir, pinPods), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open the pinned pod policies: %w", err)
+	}
+	defer pods.Close()
+	out := map[uint64]podpolicy.Value{}
+	var k uint64
+	var v podpolicy.Value
+	it := pods.Iterate()
+	for it.Next(&k, &v) {
+		out[k] = v
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("read the pod policies: %w", err)
+	}
+	return out, nil
 }
 
 // sameTags reports whether the programs attached at dir (sockops through
