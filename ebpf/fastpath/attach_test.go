@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -211,5 +212,42 @@ func TestOtherSockops(t *testing.T) {
 	}
 	if dir != cg || len(others) != 1 || others[0] != (Program{ID: uint32(id), Name: "other_tool", Tag: info.Tag}) {
 		t.Fatalf("OtherSockops(%s) = %s, %+v; want only the other tool's program %d", cg, dir, others, id)
+	}
+}
+
+// TestReplaceRefusedBesideOtherLayout: over another build's fast path, with
+// a fast path of another layout pinned beside it, attach is refused and the
+// other build's stays attached: nothing is detached before the refusal.
+func TestReplaceRefusedBesideOtherLayout(t *testing.T) {
+	kerneltest.Require(t)
+	if IsAttached(DefaultPinDir) {
+		t.Fatalf("a fast path is attached at %s before the test", DefaultPinDir)
+	}
+	cfg := Defaults()
+	t.Cleanup(func() { _, _ = Detach(cfg.PinDir) })
+	if res, err := attach(cfg, otherBuild); err != nil || res != Attached {
+		t.Fatalf("attach the other build: %v, %v", res, err)
+	}
+	before, err := attachedTags(cfg.PinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Another layout's, attached where its own check let it (outside the
+	// layouts' directory), then moved beside this one's.
+	older := filepath.Join(podpolicy.Root, "v1")
+	elsewhere := Defaults()
+	elsewhere.PinDir = filepath.Join(bpffs, "mwt-older")
+	t.Cleanup(func() { _, _ = Detach(older); _, _ = Detach(elsewhere.PinDir) })
+	if _, err := Attach(elsewhere); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(elsewhere.PinDir, older); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Attach(cfg); err == nil || !strings.Contains(err.Error(), "another layout") {
+		t.Fatalf("attach beside another layout: %v, want refused", err)
+	}
+	if after, err := attachedTags(cfg.PinDir); err != nil || after != before {
+		t.Fatalf("the refused attach changed what was attached: %+v, %v; was %+v", after, err, before)
 	}
 }

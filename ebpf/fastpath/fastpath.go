@@ -191,29 +191,41 @@ func attach(cfg Config, loadSpec func() (*ebpf.CollectionSpec, error)) (Result, 
 		return 0, err
 	}
 	defer l.Release()
+	// Loaded once: compared with an attached build's, then attached.
+	objs, err := load(cfg, loadSpec)
+	if err != nil {
+		return 0, err
+	}
+	defer objs.Close()
 	result := Attached
 	var kept map[uint64]podpolicy.Value // the replaced build's pod policies
 	if IsAttached(dir) {
-		st, err := ReadStatus(dir)
-		if err != nil {
+		st := Status{}
+		if err := readSettings(dir, &st); err != nil {
 			return 0, err
 		}
 		if st.ProxyUID != cfg.ProxyUID || !sameGID(st.ProxyGID, cfg.ProxyGID) || st.OutboundPort != cfg.OutboundPort || st.IntoProxy != cfg.IntoProxy {
 			return 0, fmt.Errorf("already attached with proxy uid %d, proxy gid %s, outbound port %d, into proxy %v: detach first to change them",
 				st.ProxyUID, describeGID(st.ProxyGID), st.OutboundPort, st.IntoProxy)
 		}
-		objs, err := load(cfg, loadSpec)
-		if err != nil {
-			return 0, err
-		}
 		same, err := sameTags(dir, objs)
-		objs.Close()
 		if err != nil {
 			return 0, err
 		}
 		if same {
 			return AlreadyAttached, nil
 		}
+		result = Replaced
+	}
+	// Before anything is detached: a refused attach changes nothing.
+	if other, ok := otherLayout(dir); ok {
+		return 0, fmt.Errorf("the fast path of another layout is attached (%s, by another meshwire version): its sockops program would keep taking the sockets; detach it first with that version's `meshwire fastpath detach`, or `meshwire fastpath detach --pin-dir %s`", other, other)
+	}
+	cg, err := cgroupDir(cfg.Cgroup)
+	if err != nil {
+		return 0, err
+	}
+	if result == Replaced {
 		// The meshed pods' policies were written at their ADD, which
 		// does not come again: they move to the new maps.
 		if kept, err = readPodPolicies(dir); err != nil {
@@ -222,24 +234,11 @@ func attach(cfg Config, loadSpec func() (*ebpf.CollectionSpec, error)) (Result, 
 		if _, err := detach(dir); err != nil {
 			return 0, fmt.Errorf("replace the attached programs of another build: %w", err)
 		}
-		result = Replaced
-	}
-	if other, ok := otherLayout(dir); ok {
-		return 0, fmt.Errorf("the fast path of another layout is attached (%s, by another meshwire version): its sockops program would keep taking the sockets; detach it first with that version's `meshwire fastpath detach`, or `meshwire fastpath detach --pin-dir %s`", other, other)
-	}
-	cg, err := cgroupDir(cfg.Cgroup)
-	if err != nil {
-		return 0, err
 	}
 	// Pins of a half-finished attach (killed between pins) go first.
 	if err := removePins(dir); err != nil {
 		return 0, err
 	}
-	objs, err := load(cfg, loadSpec)
-	if err != nil {
-		return 0, err
-	}
-	defer objs.Close()
 	if err := link.RawAttachProgram(link.RawAttachProgramOptions{
 		Target: objs.MwSocks.FD(), Program: objs.MwMsg, Attach: ebpf.AttachSkMsgVerdict,
 	}); err != nil {
@@ -291,7 +290,7 @@ func attach(cfg Config, loadSpec func() (*ebpf.CollectionSpec, error)) (Result, 
 }
 
 // readPodPolicies reads the pod policies pinned at dir (none in a layout
-// without them).
+// without them, v1).
 func readPodPolicies(dir string) (map[uint64]podpolicy.Value, error) {
 	pods, err := ebpf.LoadPinnedMap(filepath.Join(dir, pinPods), nil)
 	if errors.Is(err, os.ErrNotExist) {
@@ -338,21 +337,19 @@ func sameTags(dir string, objs *bpfObjects) (bool, error) {
 	return true, nil
 }
 
-// attachedCgroup reads the cgroup the pinned sockops link attaches to.
-func attachedCgroup(dir string) (uint64, error) {
+// pinnedLink reads what the pinned sockops link at dir says: its program
+// and the cgroup it attaches to.
+func pinnedLink(dir string) (*link.Info, error) {
 	l, err := link.LoadPinnedLink(filepath.Join(dir, pinLink), nil)
 	if err != nil {
-		return 0, fmt.Errorf("open the pinned sockops link: %w", err)
+		return nil, fmt.Errorf("open the pinned sockops link: %w", err)
 	}
 	defer l.Close()
 	li, err := l.Info()
 	if err != nil {
-		return 0, fmt.Errorf("read the sockops link: %w", err)
+		return nil, fmt.Errorf("read the sockops link: %w", err)
 	}
-	if cg := li.Cgroup(); cg != nil {
-		return cg.CgroupId, nil
-	}
-	return 0, nil
+	return li, nil
 }
 
 // Sockhashes counts the fast path's sockhashes alive in the kernel: the
@@ -438,14 +435,9 @@ type tags struct{ sockops, msg string }
 // attachedTags reads the tags of the programs attached at dir.
 func attachedTags(dir string) (tags, error) {
 	var t tags
-	l, err := link.LoadPinnedLink(filepath.Join(dir, pinLink), nil)
+	li, err := pinnedLink(dir)
 	if err != nil {
-		return t, fmt.Errorf("open the pinned sockops link: %w", err)
-	}
-	defer l.Close()
-	li, err := l.Info()
-	if err != nil {
-		return t, fmt.Errorf("read the sockops link: %w", err)
+		return t, err
 	}
 	if t.sockops, err = programTag(li.Program); err != nil {
 		return t, err
@@ -682,22 +674,15 @@ func ReadStatus(dir string) (Status, error) {
 		return st, nil
 	}
 	st.Attached = true
-	ctl, err := ebpf.LoadPinnedMap(filepath.Join(dir, pinControl), nil)
-	if err != nil {
-		return st, fmt.Errorf("open the pinned control map: %w", err)
-	}
-	defer ctl.Close()
-	var c bpfControl
-	if err := ctl.Lookup(uint32(0), &c); err != nil {
-		return st, fmt.Errorf("read the control map: %w", err)
-	}
-	st.ProxyUID, st.OutboundPort, st.IntoProxy = c.ProxyUid, c.OutboundPort, c.IntoProxy != 0
-	if c.MatchGid != 0 {
-		gid := c.ProxyGid
-		st.ProxyGID = &gid
-	}
-	if st.CgroupID, err = attachedCgroup(dir); err != nil {
+	if err := readSettings(dir, &st); err != nil {
 		return st, err
+	}
+	li, err := pinnedLink(dir)
+	if err != nil {
+		return st, err
+	}
+	if cg := li.Cgroup(); cg != nil {
+		st.CgroupID = cg.CgroupId
 	}
 	if st.Counters, err = readCounters(filepath.Join(dir, pinCounters)); err != nil {
 		return st, err
@@ -710,16 +695,28 @@ func ReadStatus(dir string) (Status, error) {
 	if st.LiveSockets, err = CountSockets(socks); err != nil {
 		return st, err
 	}
-	pods, err := ebpf.LoadPinnedMap(filepath.Join(dir, pinPods), nil)
-	if errors.Is(err, os.ErrNotExist) {
-		return st, nil // a layout without pod policies (v1)
-	}
-	if err != nil {
-		return st, fmt.Errorf("open the pinned pod policies: %w", err)
-	}
-	defer pods.Close()
-	st.PodPolicies, err = countEntries[uint64, podpolicy.Value](pods, "the pod policies")
+	pods, err := readPodPolicies(dir)
+	st.PodPolicies = len(pods)
 	return st, err
+}
+
+// readSettings reads what attach was given from the control map at dir.
+func readSettings(dir string, st *Status) error {
+	ctl, err := ebpf.LoadPinnedMap(filepath.Join(dir, pinControl), nil)
+	if err != nil {
+		return fmt.Errorf("open the pinned control map: %w", err)
+	}
+	defer ctl.Close()
+	var c bpfControl
+	if err := ctl.Lookup(uint32(0), &c); err != nil {
+		return fmt.Errorf("read the control map: %w", err)
+	}
+	st.ProxyUID, st.OutboundPort, st.IntoProxy = c.ProxyUid, c.OutboundPort, c.IntoProxy != 0
+	if c.MatchGid != 0 {
+		gid := c.ProxyGid
+		st.ProxyGID = &gid
+	}
+	return nil
 }
 
 func readCounters(path string) (Counters, error) {
@@ -747,21 +744,15 @@ func readCounters(path string) (Counters, error) {
 
 // CountSockets counts the sockets in the sockhash.
 func CountSockets(socks *ebpf.Map) (int, error) {
-	return countEntries[bpfSockKey, uint64](socks, "the sockhash")
-}
-
-// countEntries counts the entries of m (what names it in errors), read as
-// K keys and V values.
-func countEntries[K, V any](m *ebpf.Map, what string) (int, error) {
-	var k K
-	var v V
+	var k bpfSockKey
+	var v uint64
 	n := 0
-	it := m.Iterate()
+	it := socks.Iterate()
 	for it.Next(&k, &v) {
 		n++
 	}
 	if err := it.Err(); err != nil {
-		return n, fmt.Errorf("walk %s: %w", what, err)
+		return n, fmt.Errorf("walk the sockhash: %w", err)
 	}
 	return n, nil
 }
