@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"syscall"
@@ -17,6 +18,7 @@ import (
 	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/test/harness"
 	ie "github.com/meshwire/meshwire/test/interceptenv"
+	"golang.org/x/sys/unix"
 )
 
 // TestFastpathStreams carries streams through an Istio-style pod with both
@@ -54,6 +56,12 @@ func TestFastpathStreams(t *testing.T) {
 			return
 		}
 		if _, err := c.Write(body); err != nil {
+			return
+		}
+		// A reset discards what the remote has not sent yet; wait until
+		// the proxy's socket has acknowledged the whole response, so the
+		// reset tests what happens to bytes already past the remote.
+		if err := waitSent(c.(*net.TCPConn), 10*time.Second); err != nil {
 			return
 		}
 		_ = c.(*net.TCPConn).SetLinger(0) // close sends RST
@@ -159,4 +167,32 @@ func TestFastpathStreams(t *testing.T) {
 		carried(t, before, response)
 		t.Logf("after the response: %v", err)
 	})
+}
+
+// waitSent waits until the peer has acknowledged every byte written to c
+// (SIOCOUTQ, the unacknowledged bytes in its send queue, is zero).
+func waitSent(c *net.TCPConn, limit time.Duration) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(limit); ; {
+		var queued int
+		var ioErr error
+		if err := raw.Control(func(fd uintptr) {
+			queued, ioErr = unix.IoctlGetInt(int(fd), unix.SIOCOUTQ)
+		}); err != nil {
+			return err
+		}
+		if ioErr != nil {
+			return ioErr
+		}
+		if queued == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%d bytes still unacknowledged after %v", queued, limit)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
