@@ -8,21 +8,15 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
-	"sort"
 	"strings"
 	"syscall"
-	"text/tabwriter"
-
-	current "github.com/containernetworking/cni/pkg/types/100"
-	"github.com/vishvananda/netlink"
 
 	"github.com/meshwire/meshwire/internal/buildinfo"
 	"github.com/meshwire/meshwire/internal/cniruntime"
-	"github.com/meshwire/meshwire/internal/netns"
+	"github.com/meshwire/meshwire/internal/demo"
 )
 
 const usage = `usage: meshwire COMMAND [flags]
@@ -63,6 +57,9 @@ global flags (anywhere on the line):
                     (default /var/lib/meshwire)
 `
 
+// defaultStateDir is where meshwire keeps its records (--state-dir).
+const defaultStateDir = "/var/lib/meshwire"
+
 // errUsage marks errors that exit 2.
 var errUsage = errors.New("usage")
 
@@ -84,7 +81,7 @@ type env struct {
 // Main runs the command line and returns the exit code: 0, 1 for a failure,
 // 2 for a usage error. Errors are one line on stderr.
 func Main(args []string, defaultConflist []byte, stdout, stderr io.Writer) int {
-	e := &env{out: stdout, errOut: stderr, defaultConflist: defaultConflist, stateDir: "/var/lib/meshwire"}
+	e := &env{out: stdout, errOut: stderr, defaultConflist: defaultConflist, stateDir: defaultStateDir}
 	err := run(e, args)
 	switch {
 	case err == nil:
@@ -95,14 +92,9 @@ func Main(args []string, defaultConflist []byte, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "meshwire: %v\nrun `meshwire help` for usage\n", err)
 		return 2
 	default:
-		fmt.Fprintf(stderr, "meshwire: %s\n", oneLine(err))
+		fmt.Fprintf(stderr, "meshwire: %s\n", cniruntime.OneLine(err))
 		return 1
 	}
-}
-
-// oneLine joins a multi-line (errors.Join) error into one line.
-func oneLine(err error) string {
-	return strings.Join(strings.Fields(strings.ReplaceAll(err.Error(), "\n", "; ")), " ")
 }
 
 // extractGlobals removes the global flags from anywhere on the line.
@@ -228,33 +220,6 @@ type multiFlag []string
 func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
 func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
 
-// capabilityArgs turns --port and --bandwidth into runtimeConfig capabilities.
-func capabilityArgs(ports []string, bandwidth string) (map[string]any, error) {
-	caps := map[string]any{}
-	if len(ports) > 0 {
-		var pms []PortMapping
-		for _, p := range ports {
-			pm, err := ParsePort(p)
-			if err != nil {
-				return nil, usagef("%v", err)
-			}
-			pms = append(pms, pm)
-		}
-		caps["portMappings"] = pms
-	}
-	if bandwidth != "" {
-		rate, err := ParseRate(bandwidth)
-		if err != nil {
-			return nil, usagef("%v", err)
-		}
-		caps["bandwidth"] = BandwidthFor(rate)
-	}
-	if len(caps) == 0 {
-		return nil, nil
-	}
-	return caps, nil
-}
-
 func signalContext() (context.Context, context.CancelFunc) {
 	return signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 }
@@ -270,9 +235,9 @@ func (e *env) add(args []string) error {
 	if err != nil {
 		return err
 	}
-	caps, err := capabilityArgs(ports, *bw)
+	caps, err := cniruntime.CapabilityArgs(ports, *bw)
 	if err != nil {
-		return err
+		return usagef("%v", err)
 	}
 	conflist := e.defaultConflist
 	if *conf != "" {
@@ -291,38 +256,8 @@ func (e *env) add(args []string) error {
 		return fmt.Errorf("add %s: %w", pos[0], err)
 	}
 	fmt.Fprintf(e.out, "%s: wired (netns %s, container id %s)\n", rec.Name, rec.NetNS, rec.ContainerID[:12])
-	e.printResults(rt, rec)
+	rt.WriteResults(e.out, rec)
 	return nil
-}
-
-func (e *env) printResults(rt *cniruntime.Runtime, rec *cniruntime.Record) {
-	for _, a := range rec.Attachments {
-		res, err := rt.Result(rec, a)
-		if err != nil || res == nil {
-			continue
-		}
-		fmt.Fprintf(e.out, "  network %s on %s: %s\n", a.Network, a.IfName, describe(res))
-	}
-}
-
-// describe summarizes a result: the pod-side interfaces with their addresses.
-func describe(r *current.Result) string {
-	var parts []string
-	for _, ip := range r.IPs {
-		where := ""
-		if ip.Interface != nil && *ip.Interface >= 0 && *ip.Interface < len(r.Interfaces) {
-			where = r.Interfaces[*ip.Interface].Name + " "
-		}
-		s := where + ip.Address.String()
-		if ip.Gateway != nil {
-			s += " via " + ip.Gateway.String()
-		}
-		parts = append(parts, s)
-	}
-	if len(parts) == 0 {
-		return "no addresses"
-	}
-	return strings.Join(parts, ", ")
 }
 
 // podCommand parses "CMD NAME" and runs fn with the runtime and a context
@@ -381,47 +316,8 @@ func (e *env) ls(args []string) error {
 	if err != nil {
 		return err
 	}
-	writeTable(e.out, recs)
+	cniruntime.WriteTable(e.out, recs)
 	return nil
-}
-
-func writeTable(w io.Writer, recs []*cniruntime.Record) {
-	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tCONTAINER ID\tNETWORKS\tADDRESSES")
-	for _, rec := range recs {
-		var nets []string
-		for _, a := range rec.Attachments {
-			nets = append(nets, a.Network+"@"+a.IfName)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", rec.Name, rec.ContainerID[:12], strings.Join(nets, ","), strings.Join(addresses(rec.NetNS), " "))
-	}
-	tw.Flush()
-}
-
-// addresses lists "ifname=addr" for every address inside the namespace, or
-// a note when the namespace is gone.
-func addresses(path string) []string {
-	ns, err := netns.Open(path)
-	if err != nil {
-		return []string{"(namespace missing)"}
-	}
-	defer ns.Close()
-	links, err := ns.NL.LinkList()
-	if err != nil {
-		return []string{"(" + err.Error() + ")"}
-	}
-	var out []string
-	for _, l := range links {
-		addrs, _ := ns.NL.AddrList(l, netlink.FAMILY_ALL)
-		for _, a := range addrs {
-			if a.IP.IsLinkLocalUnicast() {
-				continue
-			}
-			out = append(out, l.Attrs().Name+"="+a.IPNet.String())
-		}
-	}
-	sort.Strings(out)
-	return out
 }
 
 func (e *env) gc(args []string) error {
@@ -452,27 +348,30 @@ func (e *env) gc(args []string) error {
 	return nil
 }
 
-// podIPs returns the addresses of the pod's non-loopback attachments, from
-// their cached results.
-func podIPs(rt *cniruntime.Runtime, rec *cniruntime.Record) []*current.IPConfig {
-	var out []*current.IPConfig
-	for _, a := range rec.Attachments {
-		if a.IfName == "lo" {
-			continue
-		}
-		if res, err := rt.Result(rec, a); err == nil && res != nil {
-			out = append(out, res.IPs...)
+// demo runs the demo (internal/demo) with the default conflist or --conf,
+// on its own state dir unless --state-dir names one.
+func (e *env) demo(args []string) error {
+	fs := e.flags("demo")
+	hold := fs.Duration("hold", 0, "keep the pods up this long before cleaning up")
+	conf := fs.String("conf", "", "demo this conflist instead of the default")
+	if _, err := parse(fs, args, 0); err != nil {
+		return err
+	}
+	conflist := e.defaultConflist
+	if *conf != "" {
+		var err error
+		if conflist, err = os.ReadFile(*conf); err != nil {
+			return fmt.Errorf("--conf: %w", err)
 		}
 	}
-	return out
-}
-
-// podAddress returns the pod's first address of the given family.
-func podAddress(rt *cniruntime.Runtime, rec *cniruntime.Record, v4 bool) net.IP {
-	for _, ip := range podIPs(rt, rec) {
-		if (ip.Address.IP.To4() != nil) == v4 {
-			return ip.Address.IP
-		}
+	if e.stateDir == defaultStateDir {
+		e.stateDir = demo.StateDir
 	}
-	return nil
+	rt, err := e.runtime()
+	if err != nil {
+		return err
+	}
+	ctx, cancel := signalContext()
+	defer cancel()
+	return demo.Run(ctx, demo.Options{Conflist: conflist, Runtime: rt, Out: e.out, ErrOut: e.errOut, Hold: *hold})
 }

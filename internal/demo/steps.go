@@ -1,4 +1,4 @@
-package cli
+package demo
 
 import (
 	"bufio"
@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
+	current "github.com/containernetworking/cni/pkg/types/100"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
@@ -91,7 +92,7 @@ func demoCaps(list *libcni.NetworkConfigList, pod int) map[string]any {
 	if hasPlugin(list, "bandwidth") {
 		bw = demoRate
 	}
-	caps, _ := capabilityArgs(ports, bw)
+	caps, _ := cniruntime.CapabilityArgs(ports, bw)
 	return caps
 }
 
@@ -232,10 +233,35 @@ func (d *demo) bandwidthSteps(a, b *cniruntime.Record) {
 		if err != nil {
 			return "", err
 		}
-		want, _ := ParseRate(demoRate)
+		want, _ := cniruntime.ParseRate(demoRate)
 		if rate > float64(want)/1e6*1.5 {
 			return "", fmt.Errorf("achieved %.1f Mbit/s: not shaped", rate)
 		}
 		return fmt.Sprintf("%.2f MB in at %.1f Mbit/s", demoTransferMB, rate), nil
 	})
+}
+
+// podIPs returns the addresses of the pod's non-loopback attachments, from
+// their cached results.
+func podIPs(rt *cniruntime.Runtime, rec *cniruntime.Record) []*current.IPConfig {
+	var out []*current.IPConfig
+	for _, a := range rec.Attachments {
+		if a.IfName == "lo" {
+			continue
+		}
+		if res, err := rt.Result(rec, a); err == nil && res != nil {
+			out = append(out, res.IPs...)
+		}
+	}
+	return out
+}
+
+// podAddress returns the pod's first address of the given family.
+func podAddress(rt *cniruntime.Runtime, rec *cniruntime.Record, v4 bool) net.IP {
+	for _, ip := range podIPs(rt, rec) {
+		if (ip.Address.IP.To4() != nil) == v4 {
+			return ip.Address.IP
+		}
+	}
+	return nil
 }

@@ -1,4 +1,4 @@
-package cli
+package cniruntime
 
 import (
 	"fmt"
@@ -110,4 +110,32 @@ func BandwidthFor(rate uint64) Bandwidth {
 		burst = min
 	}
 	return Bandwidth{IngressRate: rate, IngressBurst: burst, EgressRate: rate, EgressBurst: burst}
+}
+
+// CapabilityArgs turns --port values (ParsePort) and a --bandwidth rate
+// (ParseRate) into runtimeConfig capabilities; nil when there are none.
+func CapabilityArgs(ports []string, bandwidth string) (map[string]any, error) {
+	caps := map[string]any{}
+	if len(ports) > 0 {
+		var pms []PortMapping
+		for _, p := range ports {
+			pm, err := ParsePort(p)
+			if err != nil {
+				return nil, err
+			}
+			pms = append(pms, pm)
+		}
+		caps["portMappings"] = pms
+	}
+	if bandwidth != "" {
+		rate, err := ParseRate(bandwidth)
+		if err != nil {
+			return nil, err
+		}
+		caps["bandwidth"] = BandwidthFor(rate)
+	}
+	if len(caps) == 0 {
+		return nil, nil
+	}
+	return caps, nil
 }

@@ -1,4 +1,4 @@
-package cli
+package cniruntime
 
 import (
 	"strings"

@@ -1,8 +1,13 @@
-package cli
+// Package demo is `meshwire demo`: two pods wired with a conflist (and a
+// third, meshed, with meshwire's test proxy as its sidecar), every feature
+// the conflist has proved on them step by step, and everything removed
+// afterwards, also when interrupted or when an earlier demo was killed.
+package demo
 
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strings"
@@ -17,43 +22,30 @@ import (
 	"github.com/meshwire/meshwire/internal/probe"
 )
 
-// demoStateDir keeps the demo's records on tmpfs, apart from the user's, so
+// StateDir keeps the demo's records on tmpfs, apart from the user's, so
 // that a demo killed hard is cleaned up by the next one.
-const demoStateDir = "/run/meshwire-demo"
+const StateDir = "/run/meshwire-demo"
 
 var demoPods = []string{"mwdemo-a", "mwdemo-b"}
 
-// demo wires two namespaces with the default conflist, shows their
-// addresses, proves what works, and removes everything, also when
-// interrupted.
-func (e *env) demo(args []string) error {
-	fs := e.flags("demo")
-	hold := fs.Duration("hold", 0, "keep the pods up this long before cleaning up")
-	conf := fs.String("conf", "", "demo this conflist instead of the default")
-	if _, err := parse(fs, args, 0); err != nil {
-		return err
-	}
-	conflist := e.defaultConflist
-	if *conf != "" {
-		var err error
-		if conflist, err = os.ReadFile(*conf); err != nil {
-			return fmt.Errorf("--conf: %w", err)
-		}
-	}
-	list, err := libcni.ConfListFromBytes(conflist)
+// Options are what a demo runs with.
+type Options struct {
+	Conflist    []byte              // the conflist the two pods are wired with
+	Runtime     *cniruntime.Runtime // its StateDir is the demo's own (StateDir)
+	Out, ErrOut io.Writer
+	Hold        time.Duration // keep the pods up this long before cleaning up
+}
+
+// Run wires two namespaces with the conflist, shows their addresses,
+// proves what works, and removes everything, also when ctx ends (an
+// interrupt).
+func Run(ctx context.Context, o Options) error {
+	list, err := libcni.ConfListFromBytes(o.Conflist)
 	if err != nil {
 		return fmt.Errorf("conflist: %w", err)
 	}
-	if e.stateDir == "/var/lib/meshwire" {
-		e.stateDir = demoStateDir
-	}
-	rt, err := e.runtime()
-	if err != nil {
-		return err
-	}
-	ctx, cancel := signalContext()
-	defer cancel()
-	d := &demo{e: e, rt: rt, ctx: ctx}
+	conflist, rt := o.Conflist, o.Runtime
+	d := &demo{out: o.Out, errOut: o.ErrOut, rt: rt, ctx: ctx}
 	if br := bridgeName(list); br != "" {
 		if _, err := netlink.LinkByName(br); err != nil {
 			d.newBridge = br // created by this demo: removed at the end
@@ -62,12 +54,12 @@ func (e *env) demo(args []string) error {
 	d.cleanup("leftovers of an earlier demo")
 	defer func() {
 		if ctx.Err() != nil {
-			fmt.Fprintln(e.out, "\ninterrupted")
+			fmt.Fprintln(d.out, "\ninterrupted")
 		}
 		d.cleanup("")
 	}()
 
-	fmt.Fprintf(e.out, "meshwire demo — %s\nplugins from %s\n\n", buildinfo.String("command"), strings.Join(rt.CNIPath, ":"))
+	fmt.Fprintf(d.out, "meshwire demo — %s\nplugins from %s\n\n", buildinfo.String("command"), strings.Join(rt.CNIPath, ":"))
 	var recs []*cniruntime.Record
 	for i, name := range demoPods {
 		if ctx.Err() != nil {
@@ -79,12 +71,12 @@ func (e *env) demo(args []string) error {
 			return fmt.Errorf("add %s: %w", name, err)
 		}
 		recs = append(recs, rec)
-		fmt.Fprintf(e.out, "wired %s (netns %s)%s\n", name, rec.NetNS, describeCaps(caps))
-		e.printResults(rt, rec)
+		fmt.Fprintf(d.out, "wired %s (netns %s)%s\n", name, rec.NetNS, describeCaps(caps))
+		rt.WriteResults(d.out, rec)
 	}
-	fmt.Fprintln(e.out)
-	writeTable(e.out, recs)
-	fmt.Fprintln(e.out)
+	fmt.Fprintln(d.out)
+	cniruntime.WriteTable(d.out, recs)
+	fmt.Fprintln(d.out)
 
 	for _, rec := range recs {
 		d.step(fmt.Sprintf("%s: lo answers ping on 127.0.0.1", rec.Name), func() (string, error) {
@@ -122,11 +114,11 @@ func (e *env) demo(args []string) error {
 			return "", rt.Check(ctx, rec.Name)
 		})
 	}
-	if *hold > 0 && ctx.Err() == nil {
-		fmt.Fprintf(e.out, "\nholding the pods for %s (try `ip netns exec %s ip addr`); Ctrl-C cleans up now\n", *hold, recs[0].Name)
+	if o.Hold > 0 && ctx.Err() == nil {
+		fmt.Fprintf(d.out, "\nholding the pods for %s (try `ip netns exec %s ip addr`); Ctrl-C cleans up now\n", o.Hold, recs[0].Name)
 		select {
 		case <-ctx.Done():
-		case <-time.After(*hold):
+		case <-time.After(o.Hold):
 		}
 	}
 	if d.failed > 0 {
@@ -139,7 +131,8 @@ func (e *env) demo(args []string) error {
 }
 
 type demo struct {
-	e         *env
+	out       io.Writer
+	errOut    io.Writer
 	rt        *cniruntime.Runtime
 	ctx       context.Context
 	failed    int
@@ -150,13 +143,13 @@ func (d *demo) step(what string, fn func() (string, error)) {
 	detail, err := fn()
 	if err != nil {
 		d.failed++
-		fmt.Fprintf(d.e.out, "  FAIL  %s: %s\n", what, oneLine(err))
+		fmt.Fprintf(d.out, "  FAIL  %s: %s\n", what, cniruntime.OneLine(err))
 		return
 	}
 	if detail != "" {
 		detail = " (" + detail + ")"
 	}
-	fmt.Fprintf(d.e.out, "  ok    %s%s\n", what, detail)
+	fmt.Fprintf(d.out, "  ok    %s%s\n", what, detail)
 }
 
 // cleanup deletes every pod of the demo's state dir and any demo namespace
@@ -167,15 +160,15 @@ func (d *demo) cleanup(why string) {
 	defer cancel()
 	recs, _ := d.rt.List()
 	if why == "" {
-		fmt.Fprintln(d.e.out)
+		fmt.Fprintln(d.out)
 	}
 	if len(recs) > 0 && why != "" {
-		fmt.Fprintf(d.e.out, "removing %s\n", why)
+		fmt.Fprintf(d.out, "removing %s\n", why)
 	}
 	removed := 0
 	for _, rec := range recs {
 		if _, err := d.rt.Del(ctx, rec.Name); err != nil {
-			fmt.Fprintf(d.e.errOut, "meshwire: cleanup %s: %s\n", rec.Name, oneLine(err))
+			fmt.Fprintf(d.errOut, "meshwire: cleanup %s: %s\n", rec.Name, cniruntime.OneLine(err))
 			continue
 		}
 		removed++
@@ -187,9 +180,9 @@ func (d *demo) cleanup(why string) {
 	}
 	if why == "" && d.newBridge != "" {
 		if ok, err := removeBridgeIfIdle(d.newBridge); err != nil {
-			fmt.Fprintf(d.e.errOut, "meshwire: remove bridge %s: %v\n", d.newBridge, err)
+			fmt.Fprintf(d.errOut, "meshwire: remove bridge %s: %v\n", d.newBridge, err)
 		} else if ok {
-			fmt.Fprintf(d.e.out, "removed bridge %s (created by the demo)\n", d.newBridge)
+			fmt.Fprintf(d.out, "removed bridge %s (created by the demo)\n", d.newBridge)
 		}
 	}
 	if why == "" {
@@ -200,9 +193,9 @@ func (d *demo) cleanup(why string) {
 			}
 		}
 		if len(left) == 0 {
-			fmt.Fprintf(d.e.out, "cleaned up: %d pod(s) deleted, no namespace left behind\n", removed)
+			fmt.Fprintf(d.out, "cleaned up: %d pod(s) deleted, no namespace left behind\n", removed)
 		} else {
-			fmt.Fprintf(d.e.errOut, "meshwire: cleanup left namespaces %v\n", left)
+			fmt.Fprintf(d.errOut, "meshwire: cleanup left namespaces %v\n", left)
 		}
 		_ = os.RemoveAll(d.rt.StateDir)
 	}

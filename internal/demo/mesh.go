@@ -1,4 +1,4 @@
-package cli
+package demo
 
 import (
 	"bufio"
@@ -192,7 +192,7 @@ func (d *demo) proxiedCall(side *sidecar, listener, label, clientNS, serverNS, n
 func (d *demo) meshSteps(conflist []byte, a, b *cniruntime.Record) {
 	proxy := findTestProxy()
 	if proxy == "" {
-		fmt.Fprintf(d.e.out, "  skip  mesh pod: the test proxy (bin/test/proxy) is not built; run `make build`\n")
+		fmt.Fprintf(d.out, "  skip  mesh pod: the test proxy (bin/test/proxy) is not built; run `make build`\n")
 		return
 	}
 	mesh, err := meshConflist(conflist)
@@ -224,7 +224,7 @@ func (d *demo) meshSteps(conflist []byte, a, b *cniruntime.Record) {
 		return
 	}
 	defer side.stop()
-	fmt.Fprintf(d.e.out, "        sidecar: meshwire's test proxy as uid %d in %s (outbound :15001, inbound :15006)\n", demoProxyUID, demoMeshPod)
+	fmt.Fprintf(d.out, "        sidecar: meshwire's test proxy as uid %d in %s (outbound :15001, inbound :15006)\n", demoProxyUID, demoMeshPod)
 
 	if dst := podAddress(d.rt, b, true); dst != nil {
 		addr := net.JoinHostPort(dst.String(), strconv.Itoa(demoPodPort))
@@ -263,14 +263,14 @@ func (d *demo) fastpathOn() func() {
 	cfg.ProxyUID = demoProxyUID
 	res, err := fastpath.Attach(cfg)
 	if err != nil {
-		fmt.Fprintf(d.e.out, "  skip  eBPF fast path: %v\n", err)
+		fmt.Fprintf(d.out, "  skip  eBPF fast path: %v\n", err)
 		return nil
 	}
 	if res == fastpath.AlreadyAttached {
-		fmt.Fprintf(d.e.out, "        eBPF fast path: already attached, used as it is\n")
+		fmt.Fprintf(d.out, "        eBPF fast path: already attached, used as it is\n")
 		return nil
 	}
-	fmt.Fprintf(d.e.out, "        eBPF fast path: attached (app <-> sidecar bytes skip TCP/IP and netfilter)\n")
+	fmt.Fprintf(d.out, "        eBPF fast path: attached (app <-> sidecar bytes skip TCP/IP and netfilter)\n")
 	return func() {
 		_, _ = fastpath.Detach(cfg.PinDir)
 	}
@@ -286,13 +286,13 @@ func (d *demo) feedProxy(nsPath string) func() {
 		set, err = podpolicy.Set("", podpolicy.Policy{IntoProxy: true})
 		return err
 	}); err != nil {
-		fmt.Fprintf(d.e.out, "  skip  eBPF fast path toward the sidecar: %v\n", err)
+		fmt.Fprintf(d.out, "  skip  eBPF fast path toward the sidecar: %v\n", err)
 		return nil
 	}
 	if !set {
 		return nil
 	}
-	fmt.Fprintf(d.e.out, "        eBPF fast path: both directions for %s (its policy lets the proxy be fed, as for Istio's Envoy)\n", demoMeshPod)
+	fmt.Fprintf(d.out, "        eBPF fast path: both directions for %s (its policy lets the proxy be fed, as for Istio's Envoy)\n", demoMeshPod)
 	return func() { _ = netns.Enter(nsPath, func() error { return podpolicy.Forget("") }) }
 }
 
