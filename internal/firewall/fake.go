@@ -13,7 +13,8 @@ import (
 )
 
 // Fake is an in-memory Interface, in the spirit of knftables' Fake: it
-// takes what Restore, ApplyNft and AppendRules receive (the
+// applies typed tables (ReplaceTable) as they are, and takes what Restore,
+// ApplyNft and AppendRules receive (the
 // iptables-restore and nft script subset meshwire writes, and rules
 // encoded for netlink), parses it into the same typed rules the real reads
 // return, keeps the ruleset, answers reads and shows its state (Dump,
@@ -28,8 +29,8 @@ import (
 type Fake struct {
 	b Backend
 	// Fail, when set, is asked before each write ("restore", "nft",
-	// "append", "delete-rules", "delete-tables"); an error it returns fails
-	// the write, which then changes nothing.
+	// "append", "delete-rules", "delete-tables", "replace-table"); an
+	// error it returns fails the write, which then changes nothing.
 	Fail func(op string) error
 
 	mu     sync.Mutex
@@ -69,8 +70,8 @@ func (f *Fake) Backend() Backend { return f.b }
 func (f *Fake) Release() *os.File { return nil }
 
 // Ops lists the writes applied so far, in order ("restore v4", "nft",
-// "append", "delete-rules", "delete-tables"): a re-run that must change
-// nothing is seen to add none.
+// "append", "delete-rules", "delete-tables", "replace-table"): a re-run
+// that must change nothing is seen to add none.
 func (f *Fake) Ops() []string {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 func TestFakeRestore(t *testing.T) {
@@ -190,5 +192,43 @@ func TestFakeChainNames(t *testing.T) {
 	}
 	if got, _ := f.ChainNames(ctx, Inet, "t"); strings.Join(got, " ") != "b a" {
 		t.Errorf("nftables: %v", got)
+	}
+}
+
+// TestReplaceTableRefuses: what a table of meshwire's own cannot hold
+// over netlink is refused before anything is written, with the rule named.
+func TestReplaceTableRefuses(t *testing.T) {
+	base := ruleset.Table{Family: Inet, Name: "mw-t", Chain: ruleset.BaseChain{Name: "postrouting", Type: "nat", Hook: "postrouting", Priority: 100}}
+	masq := ruleset.Target{Kind: ruleset.Masquerade}
+	for name, tc := range map[string]struct {
+		mod  func(*ruleset.Table)
+		want string
+	}{
+		"redirect target": {func(t *ruleset.Table) {
+			t.Rules = []ruleset.Rule{{Target: ruleset.Target{Kind: ruleset.Redirect, Port: 15001}}}
+		}, "target of kind"},
+		"IPv6 address in an IPv4 rule": {func(t *ruleset.Table) {
+			t.Rules = []ruleset.Rule{{Family: ruleset.V4, Match: []ruleset.Match{{Kind: ruleset.MatchSrc, Prefix: netip.MustParsePrefix("fd00::1/128")}}, Target: masq}}
+		}, "in an IPv4 rule"},
+		"MAC outside a bridge table": {func(t *ruleset.Table) {
+			t.Rules = []ruleset.Rule{{Match: []ruleset.Match{{Kind: ruleset.MatchEtherSrc, Name: "02:00:00:00:00:01"}}, Target: masq}}
+		}, "in a bridge table"},
+		"uid match": {func(t *ruleset.Table) {
+			t.Rules = []ruleset.Rule{{Match: []ruleset.Match{{Kind: ruleset.MatchUID, Value: 1337}}, Target: masq}}
+		}, "not written over netlink"},
+		"unknown hook": {func(t *ruleset.Table) { t.Chain.Hook = "egress" }, "on hook"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			tb := base
+			tc.mod(&tb)
+			f := NewFake(Backend{Kind: NFTables})
+			err := f.ReplaceTable(context.Background(), tb)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want one saying %q", err, tc.want)
+			}
+			if len(f.Ops()) != 0 {
+				t.Fatalf("a refused table wrote: %v", f.Ops())
+			}
+		})
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/meshwire/meshwire/internal/nftnl"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // Interface is the firewall as ipmasq, portmap and intercept use it: one
@@ -56,9 +57,10 @@ type Interface interface {
 	Restore(ctx context.Context, f Family, payload string) error
 	// ApplyNft applies an nft script as one transaction.
 	ApplyNft(ctx context.Context, script string) error
-	// ReplaceNatTable writes a native nat table of meshwire's whole, in
-	// one transaction, over netlink: it needs no firewall tool.
-	ReplaceNatTable(ctx context.Context, t NatTable) error
+	// ReplaceTable writes a native nftables table of meshwire's own whole
+	// (ruleset.Table), in one transaction that replaces it, over netlink:
+	// it needs no firewall tool.
+	ReplaceTable(ctx context.Context, t ruleset.Table) error
 	// AppendRules appends rules, given as typed values, over netlink in
 	// one transaction, encoded as iptables-nft encodes them
 	// (nf_tables-backed iptables only; a missing table or chain fails it,

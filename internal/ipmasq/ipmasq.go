@@ -26,6 +26,7 @@ import (
 
 	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // comment describes the attachment in the rules, within nftables' 128
@@ -103,27 +104,29 @@ func ipPayload(op string, a attachment.ID, addrs []net.IPNet) string {
 
 // nftTable is the attachment's native table: its masquerade rules, IPv4
 // first, in a table of its own.
-func nftTable(a attachment.ID, addrs []net.IPNet) firewall.NatTable {
+func nftTable(a attachment.ID, addrs []net.IPNet) ruleset.Table {
 	v4, v6 := split(addrs)
-	rules := masqRules(a, append(v4, v6...))
-	for i := range rules {
-		rules[i].IPFamily = firewall.V4
-		if rules[i].Family == firewall.IP6 {
-			rules[i].IPFamily = firewall.V6
+	var rules []ruleset.Rule
+	for _, r := range masqRules(a, append(v4, v6...)) {
+		f, mc := ruleset.V4, "224.0.0.0/4"
+		if r.Family == firewall.IP6 {
+			f, mc = ruleset.V6, "ff00::/8"
 		}
-		rules[i].Family, rules[i].Table, rules[i].Chain, rules[i].Comment = 0, "", "", ""
+		rules = append(rules, ruleset.Rule{Family: f, Match: []ruleset.Match{
+			{Kind: ruleset.MatchSrc, Prefix: r.Src},
+			{Kind: ruleset.MatchDst, Not: true, Prefix: r.Dst},
+			{Kind: ruleset.MatchDst, Not: true, Prefix: netip.MustParsePrefix(mc)},
+		}, Target: ruleset.Target{Kind: ruleset.Masquerade}})
 	}
-	return firewall.NatTable{Family: firewall.Inet, Name: a.MasqTable(), Comment: comment(a), Chain: "postrouting", Rules: rules}
+	return ruleset.Table{
+		Family: firewall.Inet, Name: a.MasqTable(), Comment: comment(a),
+		Chain: ruleset.BaseChain{Name: "postrouting", Type: "nat", Hook: "postrouting", Priority: 100},
+		Rules: rules,
+	}
 }
 
 // NftAdd renders the nft script that (re)creates the attachment's table.
-func NftAdd(a attachment.ID, addrs []net.IPNet) string {
-	s, err := nftTable(a, addrs).Script()
-	if err != nil {
-		panic(err) // masqRules makes only what a NatTable writes
-	}
-	return s
-}
+func NftAdd(a attachment.ID, addrs []net.IPNet) string { return nftTable(a, addrs).Script() }
 
 // The chain of the nat table that holds the masquerade rules.
 const natTable, natChain = "nat", "POSTROUTING"
@@ -160,7 +163,7 @@ func Setup(ctx context.Context, fw firewall.Interface, a attachment.ID, addrs []
 	b := fw.Backend()
 	if b.Kind == firewall.NFTables {
 		// Over netlink: no nft process, and none needed on the node.
-		if err := fw.ReplaceNatTable(ctx, nftTable(a, addrs)); err != nil {
+		if err := fw.ReplaceTable(ctx, nftTable(a, addrs)); err != nil {
 			return fmt.Errorf("ipMasq (nftables): %w", err)
 		}
 		return nil

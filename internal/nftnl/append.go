@@ -220,3 +220,56 @@ func MetaNfproto(f Family) []Expr {
 
 // Masq is nft's `masquerade` statement.
 func Masq() Expr { return Expr{name: "masq"} }
+
+// IfnameMatch is nft's `iifname [!=] "name"` (oifname with out): the name
+// loaded with meta and compared padded to IFNAMSIZ, as nft compares it.
+func IfnameMatch(out, invert bool, name string) []Expr {
+	key, op := uint32(unix.NFT_META_IIFNAME), uint32(unix.NFT_CMP_EQ)
+	if out {
+		key = unix.NFT_META_OIFNAME
+	}
+	if invert {
+		op = unix.NFT_CMP_NEQ
+	}
+	v := make([]byte, unix.IFNAMSIZ)
+	copy(v, name)
+	return []Expr{
+		{"meta", []Attr{{unix.NFTA_META_KEY, be32(key)}, {unix.NFTA_META_DREG, be32(unix.NFT_REG_1)}}},
+		{"cmp", []Attr{
+			{unix.NFTA_CMP_SREG, be32(unix.NFT_REG_1)},
+			{unix.NFTA_CMP_OP, be32(op)},
+			nest(unix.NFTA_CMP_DATA, Attr{unix.NFTA_DATA_VALUE, v}),
+		}},
+	}
+}
+
+// EtherSrcMatch is nft's `ether saddr [!=] mac` in a bridge table: six
+// bytes at offset 6 of the link-layer header.
+func EtherSrcMatch(invert bool, mac net.HardwareAddr) []Expr {
+	op := uint32(unix.NFT_CMP_EQ)
+	if invert {
+		op = unix.NFT_CMP_NEQ
+	}
+	return []Expr{
+		{"payload", []Attr{
+			{unix.NFTA_PAYLOAD_DREG, be32(unix.NFT_REG_1)},
+			{unix.NFTA_PAYLOAD_BASE, be32(unix.NFT_PAYLOAD_LL_HEADER)},
+			{unix.NFTA_PAYLOAD_OFFSET, be32(6)},
+			{unix.NFTA_PAYLOAD_LEN, be32(uint32(len(mac)))},
+		}},
+		{"cmp", []Attr{
+			{unix.NFTA_CMP_SREG, be32(unix.NFT_REG_1)},
+			{unix.NFTA_CMP_OP, be32(op)},
+			nest(unix.NFTA_CMP_DATA, Attr{unix.NFTA_DATA_VALUE, []byte(mac)}),
+		}},
+	}
+}
+
+// Verdict is nft's `accept` or `drop` (NF_ACCEPT, NF_DROP) as a rule's
+// last statement.
+func Verdict(code uint32) Expr {
+	return Expr{"immediate", []Attr{
+		{unix.NFTA_IMMEDIATE_DREG, be32(unix.NFT_REG_VERDICT)},
+		nest(unix.NFTA_IMMEDIATE_DATA, nest(unix.NFTA_DATA_VERDICT, Attr{unix.NFTA_VERDICT_CODE, be32(code)})),
+	}}
+}

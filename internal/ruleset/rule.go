@@ -33,6 +33,7 @@ const (
 	MatchCTDir                     // conntrack direction (Name: "ORIGINAL", "REPLY")
 	MatchUID                       // socket owner's uid (Value)
 	MatchGID                       // socket owner's gid (Value)
+	MatchEtherSrc                  // source MAC address (Name: "0a:58:...", bridge tables)
 )
 
 // Match is one condition of a rule; Not negates it.
@@ -59,6 +60,7 @@ const (
 	ConnmarkSave    // CONNMARK --save-mark
 	ConnmarkRestore // CONNMARK --restore-mark
 	CTZone          // CT --zone Zone
+	Masquerade      // MASQUERADE (nft: masquerade)
 )
 
 // Target is what a rule does with a matching packet.
@@ -184,13 +186,33 @@ func (t Target) iptables() []string {
 		return []string{"-j", "CONNMARK", "--restore-mark", "--nfmask", "0xffffffff", "--ctmask", "0xffffffff"}
 	case CTZone:
 		return []string{"-j", "CT", "--zone", fmt.Sprint(t.Zone)}
+	case Masquerade:
+		return []string{"-j", "MASQUERADE"}
 	}
 	panic(fmt.Sprintf("unknown target kind %d", t.Kind))
 }
 
-// NFT renders the rule as an nft rule statement: the matches in order, a
-// counter, the target; chainName gives the nft name of a jump's chain.
+// NFT renders the rule as an nft rule statement as istio-nftables writes
+// it: the matches in order, a counter, the target; chainName gives the nft
+// name of a jump's chain.
 func (r Rule) NFT(chainName func(string) string) string {
+	return r.nft(nftStyle{chainName: chainName, counter: true})
+}
+
+// nftStyle is how a rule's statement is written: with a counter (as
+// istio-nftables writes its rules), addresses always as prefixes (it writes
+// 127.0.0.6/32) or single addresses bare (as nft lists them).
+type nftStyle struct {
+	chainName func(string) string
+	counter   bool
+}
+
+func (r Rule) nft(st nftStyle) string {
+	counter := ""
+	if st.counter {
+		counter = "counter "
+	}
+	chainName := st.chainName
 	var a []string
 	op := func(neg bool) string {
 		if neg {
@@ -214,7 +236,11 @@ func (r Rule) NFT(chainName func(string) string) string {
 			if m.Kind == MatchDst {
 				dir = "daddr"
 			}
-			a = append(a, fmt.Sprintf("%s %s %s%s", ip, dir, op(m.Not), m.Prefix))
+			v := m.Prefix.String()
+			if !st.counter && m.Prefix.IsSingleIP() {
+				v = m.Prefix.Addr().String()
+			}
+			a = append(a, fmt.Sprintf("%s %s %s%s", ip, dir, op(m.Not), v))
 		case MatchSPort, MatchDPort:
 			dir := "sport"
 			if m.Kind == MatchDPort {
@@ -237,34 +263,38 @@ func (r Rule) NFT(chainName func(string) string) string {
 			a = append(a, fmt.Sprintf("meta skuid %s%d", op(m.Not), m.Value))
 		case MatchGID:
 			a = append(a, fmt.Sprintf("meta skgid %s%d", op(m.Not), m.Value))
+		case MatchEtherSrc:
+			a = append(a, "ether saddr "+op(m.Not)+m.Name)
 		}
 	}
 	t := r.Target
 	switch t.Kind {
 	case Jump:
-		a = append(a, "counter jump "+chainName(t.Chain))
+		a = append(a, counter+"jump "+chainName(t.Chain))
 	case Return:
-		a = append(a, "counter return")
+		a = append(a, counter+"return")
 	case Accept:
-		a = append(a, "counter accept")
+		a = append(a, counter+"accept")
 	case Drop:
-		a = append(a, "counter drop")
+		a = append(a, counter+"drop")
 	case Redirect:
-		a = append(a, fmt.Sprintf("counter redirect to :%d", t.Port))
+		a = append(a, fmt.Sprintf("%sredirect to :%d", counter, t.Port))
 	case TProxy:
 		ip := "ip"
 		if r.Family == V6 {
 			ip = "ip6"
 		}
-		a = append(a, fmt.Sprintf("tproxy %s to :%d meta mark set 0x%x counter accept", ip, t.Port, t.Mark))
+		a = append(a, fmt.Sprintf("tproxy %s to :%d meta mark set 0x%x %saccept", ip, t.Port, t.Mark, counter))
 	case SetMark:
-		a = append(a, fmt.Sprintf("counter meta mark set 0x%x", t.Mark))
+		a = append(a, fmt.Sprintf("%smeta mark set 0x%x", counter, t.Mark))
 	case ConnmarkSave:
-		a = append(a, "counter ct mark set meta mark")
+		a = append(a, counter+"ct mark set meta mark")
 	case ConnmarkRestore:
-		a = append(a, "counter meta mark set ct mark")
+		a = append(a, counter+"meta mark set ct mark")
 	case CTZone:
-		a = append(a, fmt.Sprintf("counter ct zone set %d", t.Zone))
+		a = append(a, fmt.Sprintf("%sct zone set %d", counter, t.Zone))
+	case Masquerade:
+		a = append(a, counter+"masquerade")
 	}
 	return strings.Join(a, " ")
 }

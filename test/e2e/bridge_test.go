@@ -285,7 +285,8 @@ func TestBridgeConnectivity(t *testing.T) {
 	// iptables is iptables-nft here (its rules are read and removed over
 	// netlink); legacy keeps the tool path covered.
 	// nftables with no tool: the plugin runs with a PATH holding no
-	// firewall tool, as on a minimal node; ipMasq goes over netlink.
+	// firewall tool, as on a minimal node; ipMasq and macspoofchk go over
+	// netlink.
 	for _, c := range []struct {
 		name, backend string
 		i             int
@@ -296,8 +297,11 @@ func TestBridgeConnectivity(t *testing.T) {
 			e := newBridgeEnv(t)
 			out4, out6 := bridgeInternet(t, e.h)
 			name := "mwtb-conn-" + c.name
-			list := e.list("1.1.0", name, map[string]any{"isDefaultGateway": true, "ipMasq": true, "ipMasqBackend": backend},
-				fmt.Sprintf("198.18.%d.0/24", 17+i), fmt.Sprintf("fd20:0:0:%d::/64", 17+i))
+			opts := map[string]any{"isDefaultGateway": true, "ipMasq": true, "ipMasqBackend": backend}
+			if c.noTools {
+				opts["macspoofchk"] = true
+			}
+			list := e.list("1.1.0", name, opts, fmt.Sprintf("198.18.%d.0/24", 17+i), fmt.Sprintf("fd20:0:0:%d::/64", 17+i))
 			nsA, nsB := e.h.NewNS("br"), e.h.NewNS("br")
 			a, b := e.h.Attach(list, nsA, "eth0", nil), e.h.Attach(list, nsB, "eth0", nil)
 			plugin := func(fn func() error) error { return fn() }
@@ -322,6 +326,16 @@ func TestBridgeConnectivity(t *testing.T) {
 			if !bridgeMasqInstalled(t, name, a) {
 				t.Fatal("no masquerade rules after ADD")
 			}
+			spoofTables := func() int {
+				out, err := harness.Run("nft", "list", "tables", "bridge")
+				if err != nil {
+					t.Fatalf("nft list tables bridge: %v", err)
+				}
+				return strings.Count(out, "meshwire_macspoof")
+			}
+			if c.noTools && spoofTables() != 2 {
+				t.Fatalf("%d macspoofchk tables after two ADDs with no tool, want 2", spoofTables())
+			}
 			if err := plugin(a.Check); err != nil {
 				t.Fatalf("CHECK: %v", err)
 			}
@@ -330,6 +344,9 @@ func TestBridgeConnectivity(t *testing.T) {
 			}
 			if bridgeMasqInstalled(t, name, a) {
 				t.Fatal("masquerade rules left after DEL")
+			}
+			if c.noTools && spoofTables() != 1 {
+				t.Fatalf("%d macspoofchk tables after one DEL, want 1", spoofTables())
 			}
 			bridgeMustPing(t, nsB, out4)
 			if err := plugin(func() error { return e.h.GC(list) }); err != nil {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"os"
 	"strings"
@@ -12,12 +11,14 @@ import (
 	attid "github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // macspoofchk: frames entering the bridge from the pod's port must carry the
 // pod's MAC. Each attachment gets its own nftables table in the bridge
-// family (attid.ID.MacSpoofTable), so DEL is one idempotent
-// transaction (over netlink). The tables are native nftables whatever
+// family (attid.ID.MacSpoofTable), written over netlink like ipMasq's
+// table (no nft process, none needed on the node), so DEL is one
+// idempotent transaction. The tables are native nftables whatever
 // firewall backend ipMasq uses.
 
 var macSpoofBackend = firewall.Backend{Kind: firewall.NFTables}
@@ -26,25 +27,31 @@ func macSpoofID(c *config, args *skel.CmdArgs) attid.ID {
 	return attid.ID{Network: c.Name, ContainerID: args.ContainerID, IfName: args.IfName}
 }
 
-// macSpoofScript renders the table for one attachment.
-func macSpoofScript(table, hostIf string, mac net.HardwareAddr) string {
-	return fmt.Sprintf(`add table bridge %[1]s
-delete table bridge %[1]s
-table bridge %[1]s {
-	chain prerouting {
-		type filter hook prerouting priority -300; policy accept;
-		iifname "%[2]s" ether saddr != %[3]s drop
+// macSpoofTable is the table of one attachment: frames from the pod's
+// host-side port with another source MAC are dropped before the bridge
+// sees them.
+func macSpoofTable(table, hostIf string, mac net.HardwareAddr) ruleset.Table {
+	return ruleset.Table{
+		Family: firewall.Bridge, Name: table,
+		Chain: ruleset.BaseChain{Name: "prerouting", Type: "filter", Hook: "prerouting", Priority: -300},
+		Rules: []ruleset.Rule{{
+			Match: []ruleset.Match{
+				{Kind: ruleset.MatchIn, Name: hostIf},
+				{Kind: ruleset.MatchEtherSrc, Not: true, Name: mac.String()},
+			},
+			Target: ruleset.Target{Kind: ruleset.Drop},
+		}},
 	}
-}
-`, table, hostIf, mac)
 }
 
 func macSpoofSetup(ctx context.Context, c *config, args *skel.CmdArgs, hostIf string, mac net.HardwareAddr) error {
-	return macSpoofInstall(ctx, firewall.New(macSpoofBackend), macSpoofID(c, args), hostIf, mac)
+	fw := firewall.New(macSpoofBackend)
+	defer fw.Close()
+	return macSpoofInstall(ctx, fw, macSpoofID(c, args), hostIf, mac)
 }
 
 func macSpoofInstall(ctx context.Context, fw firewall.Interface, a attid.ID, hostIf string, mac net.HardwareAddr) error {
-	if err := fw.ApplyNft(ctx, macSpoofScript(a.MacSpoofTable(), hostIf, mac)); err != nil {
+	if err := fw.ReplaceTable(ctx, macSpoofTable(a.MacSpoofTable(), hostIf, mac)); err != nil {
 		return cnierr.Internal("macspoofchk: %v", err)
 	}
 	return nil

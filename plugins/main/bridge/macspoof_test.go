@@ -45,3 +45,21 @@ func TestMacSpoof(t *testing.T) {
 		t.Fatalf("tables after GC: %v", names)
 	}
 }
+
+// TestMacSpoofScript: the table as an nft script is the one earlier
+// versions applied with nft -f, byte for byte.
+func TestMacSpoofScript(t *testing.T) {
+	mac, _ := net.ParseMAC("0a:58:0a:f4:01:05")
+	want := `add table bridge mw-ms-x
+delete table bridge mw-ms-x
+table bridge mw-ms-x {
+	chain prerouting {
+		type filter hook prerouting priority -300; policy accept;
+		iifname "mw12345678" ether saddr != 0a:58:0a:f4:01:05 drop
+	}
+}
+`
+	if got := macSpoofTable("mw-ms-x", "mw12345678", mac).Script(); got != want {
+		t.Fatalf("script:\n%s\nwant:\n%s", got, want)
+	}
+}
