@@ -6,79 +6,69 @@ import (
 	"net/netip"
 
 	"github.com/meshwire/meshwire/internal/nftnl"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
-// Rules appended over netlink (AppendRules) are given as typed values and
-// encoded as iptables-nft encodes the iptables-restore line they stand for
-// (internal/nftnl checks the bytes against iptables-nft itself). Only what
-// meshwire appends is encodable:
+// Rules appended over netlink (AppendRules) are given as typed rules
+// (ruleset.Rule) and encoded as iptables-nft encodes their iptables-restore
+// line (internal/nftnl checks the bytes against iptables-nft itself). Only
+// what meshwire appends is encodable:
 //
 //	[!] -s Src  [!] -d Dst  -m addrtype ! --dst-type MULTICAST
 //	-m comment --comment Comment  -j MASQUERADE
 //
-// in an iptables table (Family IP or IP6), each part optional, in that
-// order. A rule using any other field is refused.
+// in an iptables table of the rule's family (V4: ip, V6: ip6), each match
+// optional, in that order. A rule with any other match or target is
+// refused.
 
-// encodable is what encodeRule reads; the rest of a Rule must be zero.
-func encodable(r Rule) Rule {
-	r.Family, r.Table, r.Chain = 0, "", ""
-	r.Src, r.NotSrc, r.Dst, r.NotDst = netip.Prefix{}, false, netip.Prefix{}, false
-	r.NotDstMulticast, r.Comment = false, ""
-	if r.Target == "MASQUERADE" {
-		r.Target = ""
+// encodeRule returns the rule to append for r, in table of r's family.
+func encodeRule(table string, r ruleset.Rule) (nftnl.NewRule, error) {
+	fam := r.Family.Tables()
+	where := fmt.Sprintf("append to %s %s %s", fam.Name(), table, r.Chain)
+	if r.Family != V4 && r.Family != V6 {
+		return nftnl.NewRule{}, fmt.Errorf("append to table %s %s: a rule of no IP family (only iptables tables, ip and ip6, are appended to)", table, r.Chain)
 	}
-	// Where a read rule was, not what it is.
-	r.Handle, r.Position, r.Spec = 0, 0, ""
-	return r
-}
-
-// encodeRule returns the rule to append for r.
-func encodeRule(r Rule) (nftnl.NewRule, error) {
-	if r.Family != IP && r.Family != IP6 {
-		return nftnl.NewRule{}, fmt.Errorf("append to %s %s %s: only iptables tables (ip, ip6) are appended to", r.Family.Name(), r.Table, r.Chain)
-	}
-	if rest := encodable(r); rest != (Rule{}) {
-		return nftnl.NewRule{}, fmt.Errorf("append to %s %s %s: the rule has fields that are not encoded (%+v)", r.Family.Name(), r.Table, r.Chain, rest)
-	}
-	fam := r.Family
-	exprs, err := addrMatches(nil, fam, r)
-	if err != nil {
-		return nftnl.NewRule{}, err
-	}
-	if r.NotDstMulticast {
-		exprs = append(exprs, nftnl.NotMulticastDst())
+	var exprs []nftnl.Expr
+	rank := 0 // the order above: src, dst, addrtype
+	for _, m := range r.Match {
+		var next int
+		switch {
+		case m.Kind == ruleset.MatchSrc:
+			next = 1
+		case m.Kind == ruleset.MatchDst:
+			next = 2
+		case m.Kind == ruleset.MatchDstType && m.Not && m.Name == "MULTICAST":
+			next = 3
+		default:
+			return nftnl.NewRule{}, fmt.Errorf("%s: a match of kind %d (%s) is not encoded", where, m.Kind, r.IPTablesSpec())
+		}
+		if next <= rank {
+			return nftnl.NewRule{}, fmt.Errorf("%s: matches out of iptables' order (%s)", where, r.IPTablesSpec())
+		}
+		rank = next
+		if next == 3 {
+			exprs = append(exprs, nftnl.NotMulticastDst())
+			continue
+		}
+		n, err := ipNet(fam, m.Prefix)
+		if err != nil {
+			return nftnl.NewRule{}, fmt.Errorf("%s: %w", where, err)
+		}
+		exprs = append(exprs, nftnl.AddrMatch(fam, next == 2, m.Not, n)...)
 	}
 	if r.Comment != "" {
 		cm, err := nftnl.Comment(r.Comment)
 		if err != nil {
-			return nftnl.NewRule{}, err
+			return nftnl.NewRule{}, fmt.Errorf("%s: %w", where, err)
 		}
 		exprs = append(exprs, cm)
 	}
 	exprs = append(exprs, nftnl.Counter())
-	if r.Target == "MASQUERADE" {
-		exprs = append(exprs, nftnl.Masquerade(fam))
+	if r.Target.Kind != ruleset.Masquerade {
+		return nftnl.NewRule{}, fmt.Errorf("%s: a target of kind %d (%s) is not encoded", where, r.Target.Kind, r.IPTablesSpec())
 	}
-	return nftnl.NewRule{Family: fam, Table: r.Table, Chain: r.Chain, Exprs: exprs}, nil
-}
-
-// addrMatches appends to exprs r's [!] Src and [!] Dst matches for a table
-// of family fam (IP or IP6), as iptables-nft and nft both encode them.
-func addrMatches(exprs []nftnl.Expr, fam TableFamily, r Rule) ([]nftnl.Expr, error) {
-	for _, m := range []struct {
-		p           netip.Prefix
-		dst, invert bool
-	}{{r.Src, false, r.NotSrc}, {r.Dst, true, r.NotDst}} {
-		if !m.p.IsValid() {
-			continue
-		}
-		n, err := ipNet(fam, m.p)
-		if err != nil {
-			return nil, err
-		}
-		exprs = append(exprs, nftnl.AddrMatch(fam, m.dst, m.invert, n)...)
-	}
-	return exprs, nil
+	exprs = append(exprs, nftnl.Masquerade(fam))
+	return nftnl.NewRule{Family: fam, Table: table, Chain: r.Chain, Exprs: exprs}, nil
 }
 
 // ipNet is a prefix of the table's address family as a net.IPNet.
@@ -91,11 +81,11 @@ func ipNet(fam TableFamily, p netip.Prefix) (net.IPNet, error) {
 }
 
 // encodeRules encodes rules for one transaction.
-func encodeRules(rules []Rule) ([]nftnl.NewRule, error) {
+func encodeRules(table string, rules []ruleset.Rule) ([]nftnl.NewRule, error) {
 	out := make([]nftnl.NewRule, len(rules))
 	for i, r := range rules {
 		var err error
-		if out[i], err = encodeRule(r); err != nil {
+		if out[i], err = encodeRule(table, r); err != nil {
 			return nil, err
 		}
 	}

@@ -4,69 +4,94 @@ import (
 	"bytes"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 
 	"github.com/meshwire/meshwire/internal/nftnl"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // TestEncodeMasqueradeRule: a typed masquerade rule is encoded as the
 // expressions of its iptables-restore line (nftnl's tests check those
-// against iptables-nft), and decodes back to itself.
+// against iptables-nft), and a read of it gives back what iptables-save
+// prints for that line.
 func TestEncodeMasqueradeRule(t *testing.T) {
 	for _, c := range []struct {
-		fam      TableFamily
+		f        Family
 		src, dst string
 		notSrc   bool
 	}{
-		{IP, "198.18.16.5/32", "198.18.16.0/24", false},
-		{IP, "198.18.16.5/32", "198.18.16.4/30", false},
-		{IP, "198.18.16.0/20", "198.18.0.0/16", true},
-		{IP6, "fd20::5/128", "fd20::/64", false},
-		{IP6, "fd20::5/128", "fd20:0:0:ab80::/57", false},
+		{V4, "198.18.16.5/32", "198.18.16.0/24", false},
+		{V4, "198.18.16.5/32", "198.18.16.4/30", false},
+		{V4, "198.18.16.0/20", "198.18.0.0/16", true},
+		{V6, "fd20::5/128", "fd20::/64", false},
+		{V6, "fd20::5/128", "fd20:0:0:ab80::/57", false},
 	} {
-		r := Rule{
-			Family: c.fam, Table: "nat", Chain: "POSTROUTING",
-			Src: netip.MustParsePrefix(c.src), NotSrc: c.notSrc,
-			Dst: netip.MustParsePrefix(c.dst), NotDst: true,
-			NotDstMulticast: true, Comment: "meshwire-masq MW-x net=n", Target: "MASQUERADE",
+		r := ruleset.Rule{
+			Family: c.f, Chain: "POSTROUTING",
+			Match: []ruleset.Match{
+				{Kind: ruleset.MatchSrc, Not: c.notSrc, Prefix: netip.MustParsePrefix(c.src)},
+				{Kind: ruleset.MatchDst, Not: true, Prefix: netip.MustParsePrefix(c.dst)},
+				{Kind: ruleset.MatchDstType, Not: true, Name: "MULTICAST"},
+			},
+			Comment: "meshwire-masq MW-x net=n",
+			Target:  ruleset.Target{Kind: ruleset.Masquerade},
 		}
-		nr, err := encodeRule(r)
+		nr, err := encodeRule("nat", r)
 		if err != nil {
 			t.Fatal(err)
 		}
 		_, src, _ := net.ParseCIDR(c.src)
 		_, dst, _ := net.ParseCIDR(c.dst)
 		cm, _ := nftnl.Comment(r.Comment)
-		f := c.fam
+		f := c.f.Tables()
 		want := append(nftnl.AddrMatch(f, false, c.notSrc, *src), nftnl.AddrMatch(f, true, true, *dst)...)
 		want = append(want, nftnl.NotMulticastDst(), cm, nftnl.Counter(), nftnl.Masquerade(f))
 		if nr.Family != f || nr.Table != "nat" || nr.Chain != "POSTROUTING" || !bytes.Equal(nftnl.EncodeExprs(nr.Exprs), nftnl.EncodeExprs(want)) {
 			t.Errorf("%s %s: encoded otherwise than the line's expressions", c.src, c.dst)
 		}
-		if got := decodeAppended(nr); got != r {
-			t.Errorf("decoded back as\n%+v\nwant\n%+v", got, r)
+		read, _ := ParseIPTablesRule(c.f, "nat", "-A POSTROUTING "+r.IPTablesSpec())
+		read.Spec = ""
+		if got := decodeAppended(nr); got != read {
+			t.Errorf("decoded back as\n%+v\nwant what iptables-save's line reads as\n%+v", got, read)
 		}
 	}
 }
 
 func TestEncodeRefuses(t *testing.T) {
-	base := Rule{Family: IP, Table: "nat", Chain: "POSTROUTING", Src: netip.MustParsePrefix("198.18.0.1/32"), Target: "MASQUERADE"}
-	for name, r := range map[string]Rule{
-		"inet table":    {Family: Inet, Table: "t", Chain: "c"},
-		"port":          func() Rule { x := base; x.DPort = 80; return x }(),
-		"other target":  func() Rule { x := base; x.Target = "DNAT"; return x }(),
-		"jump":          func() Rule { x := base; x.Target, x.Jump = "", "X"; return x }(),
-		"v6 in ip":      func() Rule { x := base; x.Src = netip.MustParsePrefix("fd20::1/128"); return x }(),
-		"long comment":  func() Rule { x := base; x.Comment = string(make([]byte, 300)); return x }(),
-		"4in6 address":  func() Rule { x := base; x.Src = netip.MustParsePrefix("::ffff:198.18.0.1/128"); return x }(),
-		"interface in":  func() Rule { x := base; x.In = "eth0"; return x }(),
-		"mark matching": func() Rule { x := base; x.HasMark = true; return x }(),
+	masq := ruleset.Target{Kind: ruleset.Masquerade}
+	src := ruleset.Match{Kind: ruleset.MatchSrc, Prefix: netip.MustParsePrefix("198.18.0.1/32")}
+	base := ruleset.Rule{Family: V4, Chain: "POSTROUTING", Match: []ruleset.Match{src}, Target: masq}
+	with := func(f func(*ruleset.Rule)) ruleset.Rule {
+		x := base
+		x.Match = slices.Clone(base.Match)
+		f(&x)
+		return x
+	}
+	for name, r := range map[string]ruleset.Rule{
+		"no family": with(func(x *ruleset.Rule) { x.Family = 0 }),
+		"port": with(func(x *ruleset.Rule) {
+			x.Match = append(x.Match, ruleset.Match{Kind: ruleset.MatchDPort, Name: "tcp", Ports: []uint16{80}})
+		}),
+		"other target": with(func(x *ruleset.Rule) { x.Target = ruleset.Target{Kind: ruleset.Redirect, Port: 80} }),
+		"jump":         with(func(x *ruleset.Rule) { x.Target = ruleset.Target{Kind: ruleset.Jump, Chain: "X"} }),
+		"v6 in ip":     with(func(x *ruleset.Rule) { x.Match[0].Prefix = netip.MustParsePrefix("fd20::1/128") }),
+		"long comment": with(func(x *ruleset.Rule) { x.Comment = string(make([]byte, 300)) }),
+		"4in6 address": with(func(x *ruleset.Rule) { x.Match[0].Prefix = netip.MustParsePrefix("::ffff:198.18.0.1/128") }),
+		"interface in": with(func(x *ruleset.Rule) { x.Match = append(x.Match, ruleset.Match{Kind: ruleset.MatchIn, Name: "eth0"}) }),
+		"mark":         with(func(x *ruleset.Rule) { x.Match = append(x.Match, ruleset.Match{Kind: ruleset.MatchMark, Value: 1}) }),
+		"local type": with(func(x *ruleset.Rule) {
+			x.Match = append(x.Match, ruleset.Match{Kind: ruleset.MatchDstType, Not: true, Name: "LOCAL"})
+		}),
+		"out of order": with(func(x *ruleset.Rule) {
+			x.Match = append([]ruleset.Match{{Kind: ruleset.MatchDst, Prefix: src.Prefix}}, x.Match...)
+		}),
 	} {
-		if _, err := encodeRule(r); err == nil {
+		if _, err := encodeRule("nat", r); err == nil {
 			t.Errorf("%s: encoded", name)
 		}
 	}
-	if _, err := encodeRule(base); err != nil {
+	if _, err := encodeRule("nat", base); err != nil {
 		t.Errorf("a plain rule: %v", err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/meshwire/meshwire/internal/ruleset"
 	"golang.org/x/sys/unix"
 )
 
@@ -323,11 +324,11 @@ func (f *Fake) ApplyNft(_ context.Context, script string) error {
 	return f.txLog(Tx{Op: "nft", Text: script}, func(state map[tableKey]*fakeTable) error { return applyNftScript(state, script) })
 }
 
-func (f *Fake) AppendRules(_ context.Context, rules []Rule) error {
+func (f *Fake) AppendRules(_ context.Context, table string, rules []ruleset.Rule) error {
 	if !f.nftBacked() {
 		return fmt.Errorf("AppendRules needs an nf_tables-backed iptables, have %s", f.b)
 	}
-	encoded, err := encodeRules(rules)
+	encoded, err := encodeRules(table, rules)
 	if err != nil {
 		return err
 	}
@@ -557,7 +558,7 @@ func applyRestore(state map[tableKey]*fakeTable, fam Family, payload string) err
 func specRule(fam Family, table, chain string, args []string) Rule {
 	q := make([]string, len(args))
 	for i, a := range args {
-		q[i] = QuoteArg(a)
+		q[i] = ruleset.QuoteArg(a)
 	}
 	r := Rule{Family: fam.Tables(), Table: table, Chain: chain, Spec: strings.Join(q, " ")}
 	parseIPTablesArgs(fam, &r, args)

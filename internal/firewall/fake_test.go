@@ -126,18 +126,22 @@ add rule inet t1 postrouting fib daddr type local jump pm-1
 func TestFakeAppend(t *testing.T) {
 	ctx := context.Background()
 	f := NewFake(Backend{Kind: IPTables, Variant: VariantNFT})
-	nr := []Rule{{
-		Family: IP, Table: "nat", Chain: "POSTROUTING",
-		Src: netip.MustParsePrefix("10.1.0.2/32"), Dst: netip.MustParsePrefix("10.1.0.0/24"), NotDst: true,
-		NotDstMulticast: true, Comment: "meshwire-masq MW-1 net=n", Target: "MASQUERADE",
+	nr := []ruleset.Rule{{
+		Family: V4, Chain: "POSTROUTING",
+		Match: []ruleset.Match{
+			{Kind: ruleset.MatchSrc, Prefix: netip.MustParsePrefix("10.1.0.2/32")},
+			{Kind: ruleset.MatchDst, Not: true, Prefix: netip.MustParsePrefix("10.1.0.0/24")},
+			{Kind: ruleset.MatchDstType, Not: true, Name: "MULTICAST"},
+		},
+		Comment: "meshwire-masq MW-1 net=n", Target: ruleset.Target{Kind: ruleset.Masquerade},
 	}}
-	if err := f.AppendRules(ctx, nr); err == nil {
+	if err := f.AppendRules(ctx, "nat", nr); err == nil {
 		t.Fatal("append to a missing table accepted")
 	}
 	if err := f.Restore(ctx, V4, "*nat\nCOMMIT\n"); err != nil {
 		t.Fatal(err)
 	}
-	if err := f.AppendRules(ctx, nr); err != nil {
+	if err := f.AppendRules(ctx, "nat", nr); err != nil {
 		t.Fatal(err)
 	}
 	c, _ := f.ReadChain(ctx, IP, "nat", "POSTROUTING")

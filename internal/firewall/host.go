@@ -61,13 +61,12 @@ type Interface interface {
 	// (ruleset.Table), in one transaction that replaces it, over netlink:
 	// it needs no firewall tool.
 	ReplaceTable(ctx context.Context, t ruleset.Table) error
-	// AppendRules appends rules, given as typed values, over netlink in
-	// one transaction, encoded as iptables-nft encodes them
-	// (nf_tables-backed iptables only; a missing table or chain fails it,
-	// and the caller uses Restore). Only the fields of meshwire's
-	// masquerade rules are encodable (see encode.go): Src, NotSrc, Dst,
-	// NotDst, NotDstMulticast, Comment, Target MASQUERADE.
-	AppendRules(ctx context.Context, rules []Rule) error
+	// AppendRules appends typed rules to the chains of an iptables table
+	// (of each rule's family) over netlink in one transaction, encoded as
+	// iptables-nft encodes them (nf_tables-backed iptables only; a missing
+	// table or chain fails it, and the caller uses Restore). Only the
+	// shape of meshwire's masquerade rules is encodable (see encode.go).
+	AppendRules(ctx context.Context, table string, rules []ruleset.Rule) error
 	// DeleteRules removes rules read back (by handle for nf_tables, by
 	// their iptables spec for legacy iptables) in one transaction per
 	// family; a rule already gone fails it with an error that
@@ -363,11 +362,11 @@ func (h *Host) Restore(ctx context.Context, f Family, payload string) error {
 
 func (h *Host) ApplyNft(ctx context.Context, script string) error { return NftApply(ctx, script) }
 
-func (h *Host) AppendRules(ctx context.Context, rules []Rule) error {
+func (h *Host) AppendRules(ctx context.Context, table string, rules []ruleset.Rule) error {
 	if !h.b.NFTablesBacked() {
 		return fmt.Errorf("AppendRules needs an nf_tables-backed iptables, have %s", h.b)
 	}
-	encoded, err := encodeRules(rules)
+	encoded, err := encodeRules(table, rules)
 	if err != nil {
 		return err
 	}

@@ -5,7 +5,6 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
-	"unicode"
 
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
@@ -175,14 +174,6 @@ func SplitArgs(line string) []string {
 		out = append(out, cur.String())
 	}
 	return out
-}
-
-// QuoteArg quotes one argument for iptables-restore when it needs it.
-func QuoteArg(s string) string {
-	if s != "" && !strings.ContainsAny(s, "\"'\\") && !strings.ContainsFunc(s, unicode.IsSpace) {
-		return s
-	}
-	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
 }
 
 // ParseIPTablesRule reads one rule line of `iptables -S` or iptables-save
@@ -456,13 +447,13 @@ func (r Rule) IPTablesSpec() (spec string, ok bool) {
 		a = append(a, "-d", r.Dst.String())
 	}
 	if r.In != "" {
-		a = append(a, "-i", QuoteArg(r.In))
+		a = append(a, "-i", ruleset.QuoteArg(r.In))
 	}
 	if r.Out != "" {
-		a = append(a, "-o", QuoteArg(r.Out))
+		a = append(a, "-o", ruleset.QuoteArg(r.Out))
 	}
 	if r.Proto != "" {
-		a = append(a, "-p", QuoteArg(r.Proto))
+		a = append(a, "-p", ruleset.QuoteArg(r.Proto))
 	}
 	if r.SPort != 0 || r.DPort != 0 {
 		if r.Proto != "tcp" && r.Proto != "udp" && r.Proto != "sctp" {
@@ -493,13 +484,13 @@ func (r Rule) IPTablesSpec() (spec string, ok bool) {
 		}
 	}
 	if r.Comment != "" {
-		a = append(a, "-m", "comment", "--comment", QuoteArg(r.Comment))
+		a = append(a, "-m", "comment", "--comment", ruleset.QuoteArg(r.Comment))
 	}
 	switch {
 	case r.Jump != "" && r.Goto:
-		a = append(a, "-g", QuoteArg(r.Jump))
+		a = append(a, "-g", ruleset.QuoteArg(r.Jump))
 	case r.Jump != "":
-		a = append(a, "-j", QuoteArg(r.Jump))
+		a = append(a, "-j", ruleset.QuoteArg(r.Jump))
 	case r.Target == "DNAT" && r.ToDest.Addr().IsValid():
 		a = append(a, "-j", "DNAT", "--to-destination", addrPortText(r.ToDest))
 	case r.Target == "MASQUERADE" || r.Target == "ACCEPT" || r.Target == "DROP" || r.Target == "RETURN":

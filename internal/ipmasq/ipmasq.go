@@ -63,21 +63,31 @@ func split(addrs []net.IPNet) (v4, v6 []net.IPNet) {
 	return v4, v6
 }
 
-func host(ip net.IP) string {
-	if ip.To4() != nil {
-		return ip.String() + "/32"
+// masqRule is the masquerade rule of one address: from the address,
+// leaving the pod's subnet, not to multicast, tagged with the attachment.
+// The iptables payloads render it, the nf_tables-backed append encodes
+// it, and the native table (nftTable) holds its nft form.
+func masqRule(a attachment.ID, ad net.IPNet) ruleset.Rule {
+	f, bits := ruleset.V4, 32
+	ip, ok := netip.AddrFromSlice(ad.IP.To4())
+	if !ok {
+		f, bits = ruleset.V6, 128
+		ip, _ = netip.AddrFromSlice(ad.IP.To16())
 	}
-	return ip.String() + "/128"
-}
-
-func subnet(a net.IPNet) string {
-	return (&net.IPNet{IP: a.IP.Mask(a.Mask), Mask: a.Mask}).String()
-}
-
-// ipRule is the masquerade rule of one address: leaving the pod's subnet,
-// not to multicast.
-func ipRule(a attachment.ID, ad net.IPNet) string {
-	return fmt.Sprintf("POSTROUTING -s %s ! -d %s -m addrtype ! --dst-type MULTICAST -m comment --comment \"%s\" -j MASQUERADE", host(ad.IP), subnet(ad), comment(a))
+	ones, _ := ad.Mask.Size()
+	if f == ruleset.V4 && len(ad.Mask) == net.IPv6len {
+		ones -= 96
+	}
+	return ruleset.Rule{
+		Family: f, Chain: natChain,
+		Match: []ruleset.Match{
+			{Kind: ruleset.MatchSrc, Prefix: netip.PrefixFrom(ip, bits)},
+			{Kind: ruleset.MatchDst, Not: true, Prefix: netip.PrefixFrom(ip, ones).Masked()},
+			{Kind: ruleset.MatchDstType, Not: true, Name: "MULTICAST"},
+		},
+		Comment: comment(a),
+		Target:  ruleset.Target{Kind: ruleset.Masquerade},
+	}
 }
 
 // IPTablesAdd renders the iptables-restore payload that masquerades addrs
@@ -96,27 +106,28 @@ func ipPayload(op string, a attachment.ID, addrs []net.IPNet) string {
 	var b strings.Builder
 	b.WriteString("*nat\n")
 	for _, ad := range addrs {
-		b.WriteString(op + " " + ipRule(a, ad) + "\n")
+		r := masqRule(a, ad)
+		b.WriteString(op + " " + r.Chain + " " + r.IPTablesSpec() + "\n")
 	}
 	b.WriteString("COMMIT\n")
 	return b.String()
 }
 
 // nftTable is the attachment's native table: its masquerade rules, IPv4
-// first, in a table of its own.
+// first, in a table of its own, where nft matches multicast by prefix and
+// the table, not each rule, carries the comment.
 func nftTable(a attachment.ID, addrs []net.IPNet) ruleset.Table {
 	v4, v6 := split(addrs)
 	var rules []ruleset.Rule
-	for _, r := range masqRules(a, append(v4, v6...)) {
-		f, mc := ruleset.V4, "224.0.0.0/4"
-		if r.Family == firewall.IP6 {
-			f, mc = ruleset.V6, "ff00::/8"
+	for _, ad := range append(v4, v6...) {
+		r := masqRule(a, ad)
+		mc := "224.0.0.0/4"
+		if r.Family == ruleset.V6 {
+			mc = "ff00::/8"
 		}
-		rules = append(rules, ruleset.Rule{Family: f, Match: []ruleset.Match{
-			{Kind: ruleset.MatchSrc, Prefix: r.Src},
-			{Kind: ruleset.MatchDst, Not: true, Prefix: r.Dst},
-			{Kind: ruleset.MatchDst, Not: true, Prefix: netip.MustParsePrefix(mc)},
-		}, Target: ruleset.Target{Kind: ruleset.Masquerade}})
+		r.Match[2] = ruleset.Match{Kind: ruleset.MatchDst, Not: true, Prefix: netip.MustParsePrefix(mc)}
+		r.Chain, r.Comment = "", ""
+		rules = append(rules, r)
 	}
 	return ruleset.Table{
 		Family: firewall.Inet, Name: a.MasqTable(), Comment: comment(a),
@@ -169,7 +180,7 @@ func Setup(ctx context.Context, fw firewall.Interface, a attachment.ID, addrs []
 		return nil
 	}
 	if b.NFTablesBacked() {
-		err := fw.AppendRules(ctx, masqRules(a, addrs))
+		err := fw.AppendRules(ctx, natTable, masqRules(a, addrs))
 		if err == nil {
 			return nil
 		}
@@ -187,31 +198,11 @@ func Setup(ctx context.Context, fw firewall.Interface, a attachment.ID, addrs []
 	return nil
 }
 
-// masqRules are the rules IPTablesAdd describes, as typed values (the
-// firewall encodes them as iptables-nft encodes those lines).
-func masqRules(a attachment.ID, addrs []net.IPNet) []firewall.Rule {
-	cm := comment(a)
-	rules := make([]firewall.Rule, 0, len(addrs))
+// masqRules are the rules of addrs, in order.
+func masqRules(a attachment.ID, addrs []net.IPNet) []ruleset.Rule {
+	rules := make([]ruleset.Rule, 0, len(addrs))
 	for _, ad := range addrs {
-		f, bits := firewall.V4, 32
-		ip, ok := netip.AddrFromSlice(ad.IP.To4())
-		if !ok {
-			f, bits = firewall.V6, 128
-			ip, _ = netip.AddrFromSlice(ad.IP.To16())
-		}
-		ones, _ := ad.Mask.Size()
-		if f == firewall.V4 && len(ad.Mask) == net.IPv6len {
-			ones -= 96
-		}
-		rules = append(rules, firewall.Rule{
-			Family: f.Tables(), Table: natTable, Chain: natChain,
-			Src:             netip.PrefixFrom(ip, bits),
-			Dst:             netip.PrefixFrom(ip, ones).Masked(),
-			NotDst:          true,
-			NotDstMulticast: true,
-			Comment:         cm,
-			Target:          "MASQUERADE",
-		})
+		rules = append(rules, masqRule(a, ad))
 	}
 	return rules
 }

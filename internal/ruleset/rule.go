@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"unicode"
 )
 
 // IsBuiltin reports whether a chain is one of the kernel's built-in chains.
@@ -34,6 +35,7 @@ const (
 	MatchUID                       // socket owner's uid (Value)
 	MatchGID                       // socket owner's gid (Value)
 	MatchEtherSrc                  // source MAC address (Name: "0a:58:...", bridge tables)
+	MatchDstType                   // destination address type (Name: "LOCAL", "MULTICAST")
 )
 
 // Match is one condition of a rule; Not negates it.
@@ -81,6 +83,9 @@ type Rule struct {
 	Chain  string
 	Match  []Match
 	Target Target
+	// Comment is the rule's own comment (iptables' comment match, after
+	// the other matches; nft's rule comment).
+	Comment string
 }
 
 // Has reports whether the rule has a match of kind k.
@@ -142,6 +147,8 @@ func (r Rule) IPTables() []string {
 			mods = append(mods, strings.Fields("-m conntrack "+not(m.Not)+"--ctstate "+m.Name)...)
 		case MatchCTDir:
 			mods = append(mods, strings.Fields("-m conntrack "+not(m.Not)+"--ctdir "+m.Name)...)
+		case MatchDstType:
+			mods = append(mods, strings.Fields("-m addrtype "+not(m.Not)+"--dst-type "+m.Name)...)
 		case MatchUID, MatchGID:
 			flag := "--uid-owner"
 			if m.Kind == MatchGID {
@@ -153,7 +160,28 @@ func (r Rule) IPTables() []string {
 	if proto != "" {
 		head = append(head, "-p", proto)
 	}
+	if r.Comment != "" {
+		mods = append(mods, "-m", "comment", "--comment", r.Comment)
+	}
 	return append(append(head, mods...), r.Target.iptables()...)
+}
+
+// IPTablesSpec is the rule after "-A CHAIN" as an iptables-restore line
+// holds it: IPTables' arguments, quoted where they need it.
+func (r Rule) IPTablesSpec() string {
+	args := r.IPTables()
+	for i, a := range args {
+		args[i] = QuoteArg(a)
+	}
+	return strings.Join(args, " ")
+}
+
+// QuoteArg quotes one argument for iptables-restore when it needs it.
+func QuoteArg(s string) string {
+	if s != "" && !strings.ContainsAny(s, "\"'\\") && !strings.ContainsFunc(s, unicode.IsSpace) {
+		return s
+	}
+	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
 }
 
 func joinPorts(ports []uint16, sep string) string {
@@ -265,6 +293,8 @@ func (r Rule) nft(st nftStyle) string {
 			a = append(a, fmt.Sprintf("meta skgid %s%d", op(m.Not), m.Value))
 		case MatchEtherSrc:
 			a = append(a, "ether saddr "+op(m.Not)+m.Name)
+		case MatchDstType:
+			a = append(a, "fib daddr type "+op(m.Not)+strings.ToLower(m.Name))
 		}
 	}
 	t := r.Target
@@ -295,6 +325,9 @@ func (r Rule) nft(st nftStyle) string {
 		a = append(a, fmt.Sprintf("%sct zone set %d", counter, t.Zone))
 	case Masquerade:
 		a = append(a, counter+"masquerade")
+	}
+	if r.Comment != "" {
+		a = append(a, fmt.Sprintf("comment %q", r.Comment))
 	}
 	return strings.Join(a, " ")
 }

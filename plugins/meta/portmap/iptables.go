@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // iptables layout (nat table, one per address family):
@@ -41,7 +42,7 @@ func iptMarkChain(bit int) string   { return fmt.Sprintf("%s%d", iptMarkPrefx, b
 func markValue(bit int) string      { return fmt.Sprintf("%#x/%#x", uint32(1)<<bit, uint32(1)<<bit) }
 
 // iptQuote quotes one argument for iptables-restore.
-func iptQuote(s string) string { return firewall.QuoteArg(s) }
+func iptQuote(s string) string { return ruleset.QuoteArg(s) }
 
 func iptArgs(args []string) string {
 	q := make([]string, len(args))
