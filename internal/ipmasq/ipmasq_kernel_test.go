@@ -6,9 +6,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strings"
 	"testing"
 
@@ -88,25 +85,8 @@ func TestNftablesSetupNeedsNoTool(t *testing.T) {
 	kerneltest.Require(t)
 	addrs := []net.IPNet{cidr("198.18.16.5/24"), cidr("198.18.17.5/20"), cidr("fd20:0:0:16::5/64")}
 	ctx := context.Background()
-	list := func(p string) string {
-		t.Helper()
-		out, err := exec.Command("ip", "netns", "exec", filepath.Base(p), "nft", "--debug=netlink", "list", "table", "inet", att.MasqTable()).CombinedOutput()
-		if err != nil {
-			t.Fatalf("nft list: %v: %s", err, out)
-		}
-		return string(out)
-	}
-	_, byTool := kerneltest.NewNS(t, "masqt")
-	_, byNetlink := kerneltest.NewNS(t, "masqn")
-	cmd := exec.Command("ip", "netns", "exec", filepath.Base(byTool), "nft", "-f", "-")
-	cmd.Stdin = strings.NewReader(NftAdd(att, addrs))
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("nft -f: %v: %s", err, out)
-	}
-	path := os.Getenv("PATH")
-	t.Setenv("PATH", t.TempDir()) // no tool can run
 	b := firewall.Backend{Kind: firewall.NFTables}
-	err := netns.Enter(byNetlink, func() error {
+	byNetlink := kerneltest.SameAsNft(t, "masq", "inet", att.MasqTable(), NftAdd(att, addrs), func() error {
 		fw := firewall.New(b)
 		defer fw.Close()
 		// Twice: the second replaces the first.
@@ -120,24 +100,18 @@ func TestNftablesSetupNeedsNoTool(t *testing.T) {
 		}
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Setenv("PATH", path)
-	if want, got := list(byTool), list(byNetlink); want != got {
-		t.Fatalf("over netlink:\n%s\nnft -f of NftAdd:\n%s", got, want)
-	}
-	t.Setenv("PATH", t.TempDir())
-	err = netns.Enter(byNetlink, func() error {
-		fw := firewall.New(b)
-		defer fw.Close()
-		if err := Teardown(ctx, fw, att, addrs); err != nil {
-			return err
-		}
-		if ok, err := Present(ctx, fw, att, addrs); ok || err != nil {
-			return fmt.Errorf("after Teardown: Present = %v, %v", ok, err)
-		}
-		return nil
+	err := kerneltest.WithoutTools(t, func() error {
+		return netns.Enter(byNetlink, func() error {
+			fw := firewall.New(b)
+			defer fw.Close()
+			if err := Teardown(ctx, fw, att, addrs); err != nil {
+				return err
+			}
+			if ok, err := Present(ctx, fw, att, addrs); ok || err != nil {
+				return fmt.Errorf("after Teardown: Present = %v, %v", ok, err)
+			}
+			return nil
+		})
 	})
 	if err != nil {
 		t.Fatal(err)
