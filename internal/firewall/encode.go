@@ -50,11 +50,11 @@ func encodeRule(table string, r ruleset.Rule) (nftnl.NewRule, error) {
 			exprs = append(exprs, nftnl.NotMulticastDst())
 			continue
 		}
-		n, err := ipNet(fam, m.Prefix)
+		am, err := addrMatch(fam, m)
 		if err != nil {
 			return nftnl.NewRule{}, fmt.Errorf("%s: %w", where, err)
 		}
-		exprs = append(exprs, nftnl.AddrMatch(fam, next == 2, m.Not, n)...)
+		exprs = append(exprs, am...)
 	}
 	if r.Comment != "" {
 		cm, err := nftnl.Comment(r.Comment)
@@ -69,6 +69,17 @@ func encodeRule(table string, r ruleset.Rule) (nftnl.NewRule, error) {
 	}
 	exprs = append(exprs, nftnl.Masquerade(fam))
 	return nftnl.NewRule{Family: fam, Table: table, Chain: r.Chain, Exprs: exprs}, nil
+}
+
+// addrMatch encodes a source or destination address match (m.Kind
+// MatchSrc or MatchDst) for family fam (IP or IP6), as iptables-nft and
+// nft both encode it.
+func addrMatch(fam TableFamily, m ruleset.Match) ([]nftnl.Expr, error) {
+	n, err := ipNet(fam, m.Prefix)
+	if err != nil {
+		return nil, err
+	}
+	return nftnl.AddrMatch(fam, m.Kind == ruleset.MatchDst, m.Not, n), nil
 }
 
 // ipNet is a prefix of the table's address family as a net.IPNet.

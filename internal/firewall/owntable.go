@@ -62,11 +62,11 @@ func tableRuleExprs(fam TableFamily, r ruleset.Rule) ([]nftnl.Expr, error) {
 			case fam != Inet && fam != af:
 				return nil, fmt.Errorf("address %s in a %s table", m.Prefix, fam)
 			}
-			n, err := ipNet(af, m.Prefix)
+			am, err := addrMatch(af, m)
 			if err != nil {
 				return nil, err
 			}
-			exprs = append(exprs, nftnl.AddrMatch(af, m.Kind == ruleset.MatchDst, m.Not, n)...)
+			exprs = append(exprs, am...)
 		case ruleset.MatchIn, ruleset.MatchOut:
 			if m.Name == "" || len(m.Name) >= unix.IFNAMSIZ {
 				return nil, fmt.Errorf("interface name %q", m.Name)

@@ -125,7 +125,7 @@ func nftTable(a attachment.ID, addrs []net.IPNet) ruleset.Table {
 		if r.Family == ruleset.V6 {
 			mc = "ff00::/8"
 		}
-		r.Match[2] = ruleset.Match{Kind: ruleset.MatchDst, Not: true, Prefix: netip.MustParsePrefix(mc)}
+		r.Match[2] = ruleset.Match{Kind: ruleset.MatchDst, Not: true, Prefix: netip.MustParsePrefix(mc)} // masqRule's multicast match
 		r.Chain, r.Comment = "", ""
 		rules = append(rules, r)
 	}

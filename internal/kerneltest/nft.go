@@ -43,11 +43,11 @@ func SameAsNft(t *testing.T, tag, family, table, script string, write func() err
 }
 
 // WithoutTools runs fn with a PATH that holds no program, as on a node
-// with no firewall tool installed.
-func WithoutTools(t *testing.T, fn func() error) error {
+// with no firewall tool installed (plugins run through libcni inherit it).
+func WithoutTools(t testing.TB, fn func() error) error {
 	t.Helper()
 	path := os.Getenv("PATH")
-	t.Setenv("PATH", t.TempDir())
 	defer os.Setenv("PATH", path)
+	os.Setenv("PATH", t.TempDir())
 	return fn()
 }

@@ -44,7 +44,9 @@ func (t Table) priority() string {
 
 // Statement is the rule as Script writes it into the table: no counter,
 // a single address without its prefix length.
-func (r Rule) Statement() string { return r.nft(nftStyle{}) }
+func (r Rule) Statement() string {
+	return r.nft(nftStyle{chainName: func(c string) string { return c }})
+}
 
 // Script renders t as an nft script that replaces the table: it is
 // declared (so that the delete never fails), deleted and written anew.

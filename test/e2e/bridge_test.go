@@ -22,6 +22,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/meshwire/meshwire/internal/attachment"
+	"github.com/meshwire/meshwire/internal/kerneltest"
 	"github.com/meshwire/meshwire/test/harness"
 )
 
@@ -306,7 +307,7 @@ func TestBridgeConnectivity(t *testing.T) {
 			a, b := e.h.Attach(list, nsA, "eth0", nil), e.h.Attach(list, nsB, "eth0", nil)
 			plugin := func(fn func() error) error { return fn() }
 			if c.noTools {
-				plugin = func(fn func() error) error { return withoutFirewallTools(t, fn) }
+				plugin = func(fn func() error) error { return kerneltest.WithoutTools(t, fn) }
 			}
 			var ra, rb *current.Result
 			if err := plugin(func() error { ra, rb = a.MustAdd(), b.MustAdd(); return e.h.Status(list) }); err != nil {
@@ -612,14 +613,4 @@ func TestBridgeFailureInjection(t *testing.T) {
 			}
 		})
 	}
-}
-
-// withoutFirewallTools runs fn (plugin commands through libcni, which
-// passes its environment on) with a PATH that holds no firewall tool.
-func withoutFirewallTools(t *testing.T, fn func() error) error {
-	t.Helper()
-	path := os.Getenv("PATH")
-	defer os.Setenv("PATH", path)
-	os.Setenv("PATH", t.TempDir())
-	return fn()
 }
