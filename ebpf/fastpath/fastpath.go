@@ -50,6 +50,10 @@ var lockDir = bpffs
 
 func lock() (*filelock.Lock, error) { return filelock.AcquireDir(lockDir, 30*time.Second) }
 
+// Lock takes the node-wide lock attach and detach hold, for the other BPF
+// programs meshwire attaches beside the fast path (package capture).
+func Lock() (*filelock.Lock, error) { return lock() }
+
 // Names of the pinned objects, under the pin directory.
 const (
 	pinLink     = "sockops_link"
@@ -574,6 +578,10 @@ func ensureBPFFS() error {
 	}
 	return nil
 }
+
+// CgroupDir is cgroupDir, for the other programs attached beside the fast
+// path.
+func CgroupDir(dir string) (string, error) { return cgroupDir(dir) }
 
 // cgroupDir is the cgroup v2 directory to attach at: dir (or dir/unified,
 // for a host's /sys/fs/cgroup mounted into a container on a hybrid

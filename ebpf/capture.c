@@ -1,0 +1,643 @@
+// SPDX-License-Identifier: (MIT OR GPL-2.0)
+//
+// meshwire's interception without netfilter (the "ebpf" mode): a meshed
+// pod's TCP connections reach its sidecar with no iptables or nftables rule
+// in the pod's namespace, so conntrack never turns on there.
+//
+// Each meshed pod has an entry in mw_cap_pods under its network namespace
+// cookie, written by the intercept plugin (or iptables-init) from the same
+// settings the rules are built from; pods without one, and host processes,
+// are never touched.
+//
+//   outbound: cgroup connect4/connect6 see an application's connect() and,
+//             where the rules of REDIRECT mode would capture the
+//             connection (the order of istio's ISTIO_OUTPUT chain), point
+//             it at the sidecar's outbound port on loopback. The original
+//             destination goes into the socket's local storage; sockops,
+//             when the SYN is about to leave (the local port is known),
+//             files it under the client's endpoint in mw_cap_origdst.
+//   inbound:  a tc ingress program on the pod's interfaces hands a SYN to
+//             a captured port to the sidecar's inbound listener with
+//             bpf_sk_assign; the accepted socket keeps the original
+//             destination as its local address, and the rest of the
+//             connection is found by the kernel's own lookup.
+//   answers:  cgroup getsockopt answers SO_ORIGINAL_DST and
+//             IP6T_SO_ORIGINAL_DST where conntrack has nothing: the filed
+//             destination for a connection accepted on a capture port,
+//             else the socket's local address (what conntrack reports for
+//             a connection it did not rewrite).
+#include <linux/bpf.h>
+#include <linux/types.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_core_read.h>
+
+#define AF_INET 2
+#define AF_INET6 10
+#define SOCK_STREAM 1
+#define IPPROTO_TCP 6
+#define SOL_IP 0
+#define SOL_IPV6 41
+#define SO_ORIGINAL_DST 80 // also IP6T_SO_ORIGINAL_DST
+#define ETH_P_IP 0x0800
+#define ETH_P_IPV6 0x86DD
+#define ETH_HLEN 14
+#define TC_ACT_OK 0
+#define TC_ACT_SHOT 2
+
+// Kernel types, only the fields read here (CO-RE).
+typedef struct { __u32 val; } kuid_t;
+typedef struct { __u32 val; } kgid_t;
+struct cred {
+	kgid_t fsgid;
+} __attribute__((preserve_access_index));
+struct file {
+	const struct cred *f_cred;
+} __attribute__((preserve_access_index));
+struct socket {
+	struct file *file;
+} __attribute__((preserve_access_index));
+struct sock {
+	kuid_t sk_uid;
+	struct socket *sk_socket;
+} __attribute__((preserve_access_index));
+
+// Packet headers, only what is read.
+struct iphdr {
+	__u8 ihl_version;
+	__u8 tos;
+	__u16 tot_len;
+	__u16 id;
+	__u16 frag_off;
+	__u8 ttl;
+	__u8 protocol;
+	__u16 check;
+	__u32 saddr;
+	__u32 daddr;
+};
+struct ipv6hdr {
+	__u32 vtc_flow;
+	__u16 payload_len;
+	__u8 nexthdr;
+	__u8 hop_limit;
+	__u32 saddr[4];
+	__u32 daddr[4];
+};
+struct tcphdr {
+	__u16 source;
+	__u16 dest;
+	__u32 seq;
+	__u32 ack_seq;
+	__u8 doff_res;
+	__u8 flags; // FIN 0x01, SYN 0x02, RST 0x04, PSH 0x08, ACK 0x10
+	__u16 window;
+	__u16 check;
+	__u16 urg_ptr;
+};
+#define TCP_SYN 0x02
+#define TCP_ACK 0x10
+
+struct sockaddr_in {
+	__u16 sin_family;
+	__u16 sin_port;
+	__u32 sin_addr;
+	__u8 zero[8];
+};
+struct sockaddr_in6 {
+	__u16 sin6_family;
+	__u16 sin6_port;
+	__u32 sin6_flowinfo;
+	__u32 sin6_addr[4];
+	__u32 sin6_scope_id;
+};
+
+// Addresses are IPv6, IPv4 as v4-mapped (::ffff:a.b.c.d), network order.
+struct addr {
+	__u32 a[4];
+};
+
+#define MAX_OWNERS 8
+#define MAX_GROUPS 64
+
+enum pod_flag {
+	CAP_OUT_ALL = 1 << 0,         // -i "*": every destination captured
+	CAP_IN_ALL = 1 << 1,          // -b "*": every inbound port but the excluded
+	CAP_IN = 1 << 2,              // inbound capture at all (-b not empty)
+	CAP_LOOPBACK_INCLUDED = 1 << 3, // -i names a loopback range
+	CAP_GROUPS_ONLY = 1 << 4,     // the owner groups are the only ones captured
+};
+
+// A meshed pod's capture settings (mw_cap_pods' value), from its config.
+struct pod_capture {
+	__u32 flags;          // enum pod_flag
+	__u16 outbound_port;  // -p
+	__u16 inbound_port;   // -z
+	__u16 tunnel_port;    // -e (0: none)
+	__u8 owners;          // entries of owner_id in use
+	__u8 groups;          // entries of group in use
+	__u32 owner_gid;      // bit i set: owner_id[i] is a gid, else a uid
+	__u32 lo4;            // the IPv4 loopback range (network order) ...
+	__u32 lo4_mask;       // ... and its mask
+	__u32 owner_id[MAX_OWNERS]; // the proxy's uids then gids (-u, -g)
+	__u32 group[MAX_GROUPS];    // the owner group filter's gids
+};
+
+enum port_kind {
+	PORT_OUT_EXCLUDE = 1, // -o
+	PORT_OUT_INCLUDE = 2, // -q
+	PORT_IN_INCLUDE = 3,  // -b (a list)
+	PORT_IN_EXCLUDE = 4,  // -d (with -b "*")
+};
+
+struct port_key {
+	__u64 netns;
+	__u16 port;
+	__u8 kind; // enum port_kind
+	__u8 pad[5];
+};
+
+enum cidr_kind {
+	CIDR_EXCLUDE = 1, // -x
+	CIDR_INCLUDE = 2, // -i (a list)
+	CIDR_LOCAL = 3,   // the pod's own addresses: reached over lo
+};
+
+// mw_cap_cidrs' key: the LPM prefix covers kind and netns whole, then the
+// address's leading bits.
+struct cidr_key {
+	__u32 prefixlen;
+	__u32 kind; // enum cidr_kind
+	__u64 netns;
+	struct addr addr;
+};
+#define CIDR_FULL (32 + 64 + 128)
+
+// A client endpoint in a namespace (mw_cap_origdst's key).
+struct endpoint {
+	__u64 netns;
+	struct addr addr;
+	__u16 port; // host order
+	__u8 pad[6];
+};
+
+// An original destination.
+struct target {
+	struct addr addr;
+	__u16 port; // host order
+	__u8 pad[2];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, struct pod_capture);
+} mw_cap_pods SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct port_key);
+	__type(value, __u8);
+} mw_cap_ports SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LPM_TRIE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 65536);
+	__type(key, struct cidr_key);
+	__type(value, __u8);
+} mw_cap_cidrs SEC(".maps");
+
+// Original destinations of redirected connections, under the client's
+// endpoint. Entries are not removed when the connection closes (the proxy
+// may ask after the client is gone); the next connect() from the same
+// endpoint overwrites or removes its entry, and LRU bounds the rest.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, struct endpoint);
+	__type(value, struct target);
+} mw_cap_origdst SEC(".maps");
+
+// The original destination of a redirected socket, from connect() until
+// sockops files it.
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct target);
+} mw_cap_sk SEC(".maps");
+
+enum counter {
+	CC_OUTBOUND,  // connections sent to the outbound port
+	CC_INBOUND_LO, // proxy connections to the pod sent to the inbound port
+	CC_INBOUND,   // SYNs handed to the inbound listener
+	CC_NO_LISTENER, // SYNs dropped: the inbound listener is not there yet
+	CC_ANSWERS,   // SO_ORIGINAL_DST answered
+	CC_MAX,
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CC_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} mw_cap_counters SEC(".maps");
+
+static __always_inline void count(__u32 c)
+{
+	__u64 *v = bpf_map_lookup_elem(&mw_cap_counters, &c);
+	if (v)
+		*v += 1;
+}
+
+static __always_inline void v4mapped(struct addr *a, __u32 ip4)
+{
+	a->a[0] = 0;
+	a->a[1] = 0;
+	a->a[2] = bpf_htonl(0xffff);
+	a->a[3] = ip4;
+}
+
+static __always_inline int is_v4(const struct addr *a)
+{
+	return a->a[0] == 0 && a->a[1] == 0 && a->a[2] == bpf_htonl(0xffff);
+}
+
+static __always_inline int has_port(__u64 ns, __u8 kind, __u16 port)
+{
+	struct port_key k = {.netns = ns, .port = port, .kind = kind};
+	return bpf_map_lookup_elem(&mw_cap_ports, &k) != 0;
+}
+
+static __always_inline int in_cidrs(__u64 ns, __u32 kind, const struct addr *a)
+{
+	struct cidr_key k = {.prefixlen = CIDR_FULL, .kind = kind, .netns = ns, .addr = *a};
+	return bpf_map_lookup_elem(&mw_cap_cidrs, &k) != 0;
+}
+
+// is_local: a connection to a reaches it over lo (the rules' "-o lo"):
+// 127.0.0.0/8, ::1, the unspecified address, or one of the pod's own.
+static __always_inline int is_local(__u64 ns, const struct addr *a)
+{
+	if (is_v4(a)) {
+		if ((bpf_ntohl(a->a[3]) >> 24) == 127 || a->a[3] == 0)
+			return 1;
+	} else if (a->a[0] == 0 && a->a[1] == 0 && a->a[2] == 0 && (a->a[3] == 0 || a->a[3] == bpf_htonl(1))) {
+		return 1;
+	}
+	return in_cidrs(ns, CIDR_LOCAL, a);
+}
+
+// in_lo_range: a is in the pod's loopback range (-d of the rules' loopback
+// RETURN): the IPv4 loopback CIDR, or ::1.
+static __always_inline int in_lo_range(const struct pod_capture *pod, const struct addr *a)
+{
+	if (is_v4(a))
+		return (a->a[3] & pod->lo4_mask) == pod->lo4;
+	return a->a[0] == 0 && a->a[1] == 0 && a->a[2] == 0 && a->a[3] == bpf_htonl(1);
+}
+
+static __always_inline int is_passthrough(const struct addr *a)
+{
+	if (is_v4(a))
+		return a->a[3] == bpf_htonl(0x7f000006);
+	return a->a[0] == 0 && a->a[1] == 0 && a->a[2] == 0 && a->a[3] == bpf_htonl(6);
+}
+
+// owner reads the socket's owner as iptables' owner match sees it: the uid
+// it was created with, the gid of the file it belongs to.
+static __always_inline void owner(struct bpf_sock *bsk, __u32 *uid, __u32 *gid)
+{
+	*uid = (__u32)-1;
+	*gid = (__u32)-1;
+	struct sock *sk = (struct sock *)bpf_skc_to_tcp_sock(bsk);
+	if (!sk)
+		return;
+	*uid = sk->sk_uid.val;
+	struct socket *so = sk->sk_socket;
+	if (!so)
+		return;
+	struct file *f = so->file;
+	if (!f)
+		return;
+	const struct cred *c = f->f_cred;
+	if (c)
+		*gid = c->fsgid.val;
+}
+
+enum verdict { LEAVE, TO_OUTBOUND, TO_INBOUND };
+
+// decide is the REDIRECT rules' verdict on an outbound TCP connection,
+// in the order of the ISTIO_OUTPUT chain (internal/intercept/build.go's
+// run): excluded ports; the passthrough source; for each proxy owner, its
+// connections to the pod itself to the inbound port and the rest left
+// alone, other loopback traffic left alone; the owner group filter; the
+// loopback range; excluded ranges; included ports; included ranges.
+static __always_inline int decide(const struct pod_capture *pod, __u64 ns, const struct addr *dst, __u16 port,
+				  const struct addr *src, __u32 uid, __u32 gid)
+{
+	if (has_port(ns, PORT_OUT_EXCLUDE, port))
+		return LEAVE;
+	int local = is_local(ns, dst);
+	if (local && is_passthrough(src))
+		return LEAVE;
+	int lo = in_lo_range(pod, dst);
+	for (int i = 0; i < MAX_OWNERS; i++) {
+		if (i >= pod->owners)
+			break;
+		__u32 id = pod->owner_id[i];
+		int match = (pod->owner_gid & (1u << i)) ? gid == id : uid == id;
+		if (match) {
+			if (local && !lo && (pod->tunnel_port == 0 || port != pod->tunnel_port))
+				return TO_INBOUND;
+			return LEAVE;
+		}
+		if (local && !(pod->flags & CAP_LOOPBACK_INCLUDED))
+			return LEAVE;
+	}
+	if (pod->groups > 0 || (pod->flags & CAP_GROUPS_ONLY)) {
+		int member = 0;
+		for (int i = 0; i < MAX_GROUPS; i++) {
+			if (i >= pod->groups)
+				break;
+			if (pod->group[i] == gid)
+				member = 1;
+		}
+		if (member != !!(pod->flags & CAP_GROUPS_ONLY))
+			return LEAVE;
+	}
+	if (lo)
+		return LEAVE;
+	if (in_cidrs(ns, CIDR_EXCLUDE, dst))
+		return LEAVE;
+	if (has_port(ns, PORT_OUT_INCLUDE, port))
+		return TO_OUTBOUND;
+	if (pod->flags & CAP_OUT_ALL)
+		return TO_OUTBOUND;
+	if (in_cidrs(ns, CIDR_INCLUDE, dst))
+		return TO_OUTBOUND;
+	return LEAVE;
+}
+
+// redirect decides for a connect() to dst:port and, when captured, keeps
+// the original destination with the socket and returns the port to
+// connect to instead (0: leave it).
+static __always_inline __u16 redirect(struct bpf_sock_addr *ctx, const struct addr *dst, __u16 port, const struct addr *src)
+{
+	if (ctx->type != SOCK_STREAM || ctx->protocol != IPPROTO_TCP)
+		return 0;
+	__u64 ns = bpf_get_netns_cookie(ctx);
+	struct pod_capture *pod = bpf_map_lookup_elem(&mw_cap_pods, &ns);
+	if (!pod)
+		return 0;
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return 0;
+	__u32 uid, gid;
+	owner(sk, &uid, &gid);
+	__u16 to;
+	switch (decide(pod, ns, dst, port, src, uid, gid)) {
+	case TO_OUTBOUND:
+		to = pod->outbound_port;
+		count(CC_OUTBOUND);
+		break;
+	case TO_INBOUND:
+		to = pod->inbound_port;
+		count(CC_INBOUND_LO);
+		break;
+	default:
+		return 0;
+	}
+	struct target *t = bpf_sk_storage_get(&mw_cap_sk, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!t)
+		return 0; // nowhere to keep the destination: not captured
+	t->addr = *dst;
+	t->port = port;
+	return to;
+}
+
+SEC("cgroup/connect4")
+int mw_connect4(struct bpf_sock_addr *ctx)
+{
+	struct addr dst, src;
+	v4mapped(&dst, ctx->user_ip4);
+	v4mapped(&src, ctx->sk ? ctx->sk->src_ip4 : 0);
+	__u16 to = redirect(ctx, &dst, bpf_ntohs((__u16)ctx->user_port), &src);
+	if (to) {
+		ctx->user_ip4 = bpf_htonl(0x7f000001);
+		ctx->user_port = bpf_htons(to);
+	}
+	return 1;
+}
+
+SEC("cgroup/connect6")
+int mw_connect6(struct bpf_sock_addr *ctx)
+{
+	struct addr dst = {{ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3]}};
+	struct addr src = {};
+	struct bpf_sock *sk = ctx->sk;
+	if (sk) {
+		src.a[0] = sk->src_ip6[0];
+		src.a[1] = sk->src_ip6[1];
+		src.a[2] = sk->src_ip6[2];
+		src.a[3] = sk->src_ip6[3];
+	}
+	__u16 to = redirect(ctx, &dst, bpf_ntohs((__u16)ctx->user_port), &src);
+	if (to) {
+		// ::ffff:127.0.0.1 for an IPv4 destination, else ::1.
+		ctx->user_ip6[0] = 0;
+		ctx->user_ip6[1] = 0;
+		if (is_v4(&dst)) {
+			ctx->user_ip6[2] = bpf_htonl(0xffff);
+			ctx->user_ip6[3] = bpf_htonl(0x7f000001);
+		} else {
+			ctx->user_ip6[2] = 0;
+			ctx->user_ip6[3] = bpf_htonl(1);
+		}
+		ctx->user_port = bpf_htons(to);
+	}
+	return 1;
+}
+
+// mw_cap_ops files a redirected socket's original destination under its
+// endpoint when the SYN is about to leave, and forgets any earlier one of
+// that endpoint for a connection that was not redirected.
+SEC("sockops")
+int mw_cap_ops(struct bpf_sock_ops *skops)
+{
+	if (skops->op != BPF_SOCK_OPS_TCP_CONNECT_CB)
+		return 1;
+	struct bpf_sock *sk = skops->sk;
+	if (!sk)
+		return 1;
+	__u64 ns = bpf_get_netns_cookie(skops);
+	if (!bpf_map_lookup_elem(&mw_cap_pods, &ns))
+		return 1;
+	// Every field read before the branch: the verifier refuses a context
+	// pointer the compiler moved to the field.
+	__u32 family = skops->family, ip4 = skops->local_ip4;
+	struct endpoint e = {.netns = ns, .port = skops->local_port};
+	e.addr.a[0] = skops->local_ip6[0];
+	e.addr.a[1] = skops->local_ip6[1];
+	e.addr.a[2] = skops->local_ip6[2];
+	e.addr.a[3] = skops->local_ip6[3];
+	if (family == AF_INET)
+		v4mapped(&e.addr, ip4);
+	struct target *t = bpf_sk_storage_get(&mw_cap_sk, sk, 0, 0);
+	if (t) {
+		bpf_map_update_elem(&mw_cap_origdst, &e, t, BPF_ANY);
+		bpf_sk_storage_delete(&mw_cap_sk, sk);
+	} else {
+		bpf_map_delete_elem(&mw_cap_origdst, &e);
+	}
+	return 1;
+}
+
+SEC("cgroup/getsockopt")
+int mw_getsockopt(struct bpf_sockopt *ctx)
+{
+	if (ctx->optname != SO_ORIGINAL_DST || (ctx->level != SOL_IP && ctx->level != SOL_IPV6))
+		return 1;
+	if (ctx->retval == 0)
+		return 1; // conntrack answered
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk || sk->protocol != IPPROTO_TCP)
+		return 1;
+	if (sk->state != BPF_TCP_ESTABLISHED && sk->state != BPF_TCP_CLOSE_WAIT)
+		return 1;
+	__u64 ns = bpf_get_netns_cookie(ctx);
+	struct pod_capture *pod = bpf_map_lookup_elem(&mw_cap_pods, &ns);
+	if (!pod)
+		return 1;
+	// Every field read before the branches: the verifier refuses a
+	// socket pointer the compiler moved to a field.
+	__u32 family = sk->family, src4 = sk->src_ip4, dst4 = sk->dst_ip4;
+	__u32 src6[4] = {sk->src_ip6[0], sk->src_ip6[1], sk->src_ip6[2], sk->src_ip6[3]};
+	__u32 dst6[4] = {sk->dst_ip6[0], sk->dst_ip6[1], sk->dst_ip6[2], sk->dst_ip6[3]};
+	__u16 sport = sk->src_port, dport = bpf_ntohs(sk->dst_port);
+	struct target t = {.addr = {{src6[0], src6[1], src6[2], src6[3]}}, .port = sport};
+	struct endpoint e = {.netns = ns, .addr = {{dst6[0], dst6[1], dst6[2], dst6[3]}}, .port = dport};
+	if (family == AF_INET) {
+		v4mapped(&t.addr, src4);
+		v4mapped(&e.addr, dst4);
+	}
+	if (t.port == pod->outbound_port || t.port == pod->inbound_port) {
+		struct target *filed = bpf_map_lookup_elem(&mw_cap_origdst, &e);
+		if (filed)
+			t = *filed;
+	}
+	if (ctx->level == SOL_IP) {
+		if (!is_v4(&t.addr))
+			return 1;
+		struct sockaddr_in *sin = ctx->optval;
+		if ((void *)(sin + 1) > ctx->optval_end)
+			return 1;
+		__builtin_memset(sin, 0, sizeof(*sin));
+		sin->sin_family = AF_INET;
+		sin->sin_port = bpf_htons(t.port);
+		sin->sin_addr = t.addr.a[3];
+		ctx->optlen = sizeof(*sin);
+	} else {
+		if (is_v4(&t.addr))
+			return 1;
+		struct sockaddr_in6 *sin6 = ctx->optval;
+		if ((void *)(sin6 + 1) > ctx->optval_end)
+			return 1;
+		__builtin_memset(sin6, 0, sizeof(*sin6));
+		sin6->sin6_family = AF_INET6;
+		sin6->sin6_port = bpf_htons(t.port);
+		sin6->sin6_addr[0] = t.addr.a[0];
+		sin6->sin6_addr[1] = t.addr.a[1];
+		sin6->sin6_addr[2] = t.addr.a[2];
+		sin6->sin6_addr[3] = t.addr.a[3];
+		ctx->optlen = sizeof(*sin6);
+	}
+	ctx->retval = 0;
+	count(CC_ANSWERS);
+	return 1;
+}
+
+// captured_inbound: the inbound rules (REDIRECT mode) capture a connection
+// to port.
+static __always_inline int captured_inbound(const struct pod_capture *pod, __u64 ns, __u16 port)
+{
+	if (!(pod->flags & CAP_IN))
+		return 0;
+	if (pod->tunnel_port != 0 && port == pod->tunnel_port)
+		return 0;
+	if (pod->flags & CAP_IN_ALL)
+		return !has_port(ns, PORT_IN_EXCLUDE, port);
+	return has_port(ns, PORT_IN_INCLUDE, port);
+}
+
+// mw_cap_ingress, on a meshed pod's interfaces: a SYN to a captured port
+// goes to the inbound listener; with no listener yet it is dropped (the
+// client retries), never let past the sidecar.
+SEC("tc")
+int mw_cap_ingress(struct __sk_buff *skb)
+{
+	__u64 ns = bpf_get_netns_cookie(skb);
+	struct pod_capture *pod = bpf_map_lookup_elem(&mw_cap_pods, &ns);
+	if (!pod || !(pod->flags & CAP_IN))
+		return TC_ACT_OK;
+	void *data = (void *)(long)skb->data;
+	void *end = (void *)(long)skb->data_end;
+	struct bpf_sock_tuple tuple = {};
+	__u32 tuple_len;
+	struct tcphdr *th;
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		struct iphdr *ip = data + ETH_HLEN;
+		if ((void *)(ip + 1) > end || ip->protocol != IPPROTO_TCP)
+			return TC_ACT_OK;
+		if (ip->frag_off & bpf_htons(0x1fff))
+			return TC_ACT_OK;
+		th = (void *)ip + (ip->ihl_version & 0x0f) * 4;
+		if ((void *)(th + 1) > end)
+			return TC_ACT_OK;
+		tuple.ipv4.saddr = ip->saddr;
+		tuple.ipv4.daddr = ip->daddr;
+		tuple.ipv4.sport = th->source;
+		tuple.ipv4.dport = bpf_htons(pod->inbound_port);
+		tuple_len = sizeof(tuple.ipv4);
+	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		struct ipv6hdr *ip6 = data + ETH_HLEN;
+		if ((void *)(ip6 + 1) > end || ip6->nexthdr != IPPROTO_TCP)
+			return TC_ACT_OK;
+		th = (void *)(ip6 + 1);
+		if ((void *)(th + 1) > end)
+			return TC_ACT_OK;
+		__builtin_memcpy(tuple.ipv6.saddr, ip6->saddr, 16);
+		__builtin_memcpy(tuple.ipv6.daddr, ip6->daddr, 16);
+		tuple.ipv6.sport = th->source;
+		tuple.ipv6.dport = bpf_htons(pod->inbound_port);
+		tuple_len = sizeof(tuple.ipv6);
+	} else {
+		return TC_ACT_OK;
+	}
+	if ((th->flags & (TCP_SYN | TCP_ACK)) != TCP_SYN)
+		return TC_ACT_OK; // established flows find their socket themselves
+	if (!captured_inbound(pod, ns, bpf_ntohs(th->dest)))
+		return TC_ACT_OK;
+	struct bpf_sock *sk = bpf_skc_lookup_tcp(skb, &tuple, tuple_len, BPF_F_CURRENT_NETNS, 0);
+	if (!sk) {
+		count(CC_NO_LISTENER);
+		return TC_ACT_SHOT;
+	}
+	if (sk->state != BPF_TCP_LISTEN) {
+		bpf_sk_release(sk);
+		count(CC_NO_LISTENER);
+		return TC_ACT_SHOT;
+	}
+	long err = bpf_sk_assign(skb, sk, 0);
+	bpf_sk_release(sk);
+	if (err) {
+		count(CC_NO_LISTENER);
+		return TC_ACT_SHOT;
+	}
+	count(CC_INBOUND);
+	return TC_ACT_OK;
+}
+
+char LICENSE[] SEC("license") = "Dual MIT/GPL";

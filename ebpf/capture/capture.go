@@ -1,0 +1,342 @@
+// Package capture loads, attaches, pins, upgrades and reports meshwire's
+// netfilter-free interception (the "ebpf" mode; the programs are in
+// ../capture.c, see its header). Attach puts connect4, connect6, sockops
+// and getsockopt on the cgroup v2 root and pins their links, the maps and
+// the inbound tc program under the pin directory, so that they outlive the
+// command; pods are registered by the intercept plugin (package pods).
+// `meshwire fastpath attach` attaches them with the fast path.
+package capture
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/link"
+
+	"github.com/meshwire/meshwire/ebpf/capture/pods"
+	"github.com/meshwire/meshwire/ebpf/fastpath"
+)
+
+// DefaultPinDir is where Attach pins, under bpffs.
+const DefaultPinDir = pods.DefaultPinDir
+
+// hook is one cgroup attachment, pinned as its link.
+type hook struct {
+	pin    string
+	attach ebpf.AttachType
+	prog   func(*bpfObjects) *ebpf.Program
+}
+
+// hooks in attach order: what answers the proxy (sockops files original
+// destinations, getsockopt answers) before what redirects; connect4's
+// link, pinned last, is what "attached" means.
+var hooks = []hook{
+	{"sockops_link", ebpf.AttachCGroupSockOps, func(o *bpfObjects) *ebpf.Program { return o.MwCapOps }},
+	{"getsockopt_link", ebpf.AttachCGroupGetsockopt, func(o *bpfObjects) *ebpf.Program { return o.MwGetsockopt }},
+	{"connect6_link", ebpf.AttachCGroupInet6Connect, func(o *bpfObjects) *ebpf.Program { return o.MwConnect6 }},
+	{"connect4_link", ebpf.AttachCGroupInet4Connect, func(o *bpfObjects) *ebpf.Program { return o.MwConnect4 }},
+}
+
+// pinned maps, by pin name.
+func pinnedMaps(o *bpfObjects) map[string]*ebpf.Map {
+	return map[string]*ebpf.Map{
+		pods.PinPods: o.MwCapPods, pods.PinPorts: o.MwCapPorts, pods.PinCIDRs: o.MwCapCidrs,
+		pods.PinOrigDst: o.MwCapOrigdst, pods.PinCounters: o.MwCapCounters,
+	}
+}
+
+// mapNames are the maps' names in the object, by pin name.
+var mapNames = map[string]string{
+	pods.PinPods: "mw_cap_pods", pods.PinPorts: "mw_cap_ports", pods.PinCIDRs: "mw_cap_cidrs",
+	pods.PinOrigDst: "mw_cap_origdst", pods.PinCounters: "mw_cap_counters",
+}
+
+// Result is what Attach did.
+type Result = fastpath.Result
+
+// IsAttached reports whether the programs are attached at dir.
+func IsAttached(dir string) bool {
+	_, err := os.Stat(filepath.Join(pinDir(dir), hooks[len(hooks)-1].pin))
+	return err == nil
+}
+
+func pinDir(dir string) string {
+	if dir == "" {
+		return DefaultPinDir
+	}
+	return dir
+}
+
+// Attach attaches the programs at the cgroup v2 directory cgroup (the
+// cgroup2 mount when empty), pinned at dir. Attached already, it compares
+// the programs' tags with this build's: the same, nothing changes; others
+// (an upgrade), each link is updated in place to this build's program,
+// which uses the pinned maps, so registered pods stay registered and no
+// connection escapes capture in between.
+func Attach(cgroup, dir string) (Result, error) {
+	dir = pinDir(dir)
+	if err := fastpath.Supported(); err != nil {
+		return 0, err
+	}
+	l, err := fastpath.Lock()
+	if err != nil {
+		return 0, err
+	}
+	defer l.Release()
+	cg, err := fastpath.CgroupDir(cgroup)
+	if err != nil {
+		return 0, err
+	}
+	attached := IsAttached(dir)
+	opts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{}}
+	if attached {
+		for pin, name := range mapNames {
+			m, err := ebpf.LoadPinnedMap(filepath.Join(dir, pin), nil)
+			if err != nil {
+				return 0, fmt.Errorf("open the pinned %s map: %w", pin, err)
+			}
+			defer m.Close()
+			opts.MapReplacements[name] = m
+		}
+	}
+	objs, err := load(opts)
+	if err != nil {
+		return 0, err
+	}
+	defer objs.Close()
+	if attached {
+		return upgrade(dir, objs)
+	}
+	return fastpath.Attached, attachFresh(cg, dir, objs)
+}
+
+func load(opts *ebpf.CollectionOptions) (*bpfObjects, error) {
+	spec, err := loadBpf()
+	if err != nil {
+		return nil, fmt.Errorf("read the capture programs' object: %w", err)
+	}
+	var objs bpfObjects
+	if err := spec.LoadAndAssign(&objs, opts); err != nil {
+		var ve *ebpf.VerifierError
+		if errors.As(err, &ve) {
+			return nil, fmt.Errorf("%w: the kernel refused the ebpf interception programs (they need cgroup connect, getsockopt and sockops hooks, socket-local storage and bpf_sk_assign): %v", fastpath.ErrUnsupported, firstLines(fmt.Sprintf("%+v", ve), 3))
+		}
+		return nil, fmt.Errorf("%w: load the ebpf interception programs: %v", fastpath.ErrUnsupported, err)
+	}
+	return &objs, nil
+}
+
+func attachFresh(cg, dir string, objs *bpfObjects) error {
+	// Pins of a half-finished attach (killed between pins) go first.
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("remove the pins of an earlier attach: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create the pin directory: %w", err)
+	}
+	done := false
+	defer func() {
+		if !done {
+			_ = os.RemoveAll(dir)
+		}
+	}()
+	for pin, m := range pinnedMaps(objs) {
+		if err := m.Pin(filepath.Join(dir, pin)); err != nil {
+			return fmt.Errorf("pin %s: %w", pin, err)
+		}
+	}
+	if err := objs.MwCapIngress.Pin(filepath.Join(dir, pods.PinIngress)); err != nil {
+		return fmt.Errorf("pin the inbound program: %w", err)
+	}
+	for _, h := range hooks {
+		l, err := link.AttachCgroup(link.CgroupOptions{Path: cg, Attach: h.attach, Program: h.prog(objs)})
+		if err != nil {
+			return fmt.Errorf("%w: attach %s to the cgroup %s: %v", fastpath.ErrUnsupported, h.attach, cg, err)
+		}
+		err = l.Pin(filepath.Join(dir, h.pin))
+		l.Close()
+		if err != nil {
+			return fmt.Errorf("pin %s: %w", h.pin, err)
+		}
+	}
+	done = true
+	return nil
+}
+
+// upgrade moves the pinned links to objs' programs where their tags
+// differ, and pins objs' inbound program for pods registered from now on
+// (pods already registered keep the program their filters hold).
+func upgrade(dir string, objs *bpfObjects) (Result, error) {
+	result := fastpath.AlreadyAttached
+	for _, h := range hooks {
+		l, err := link.LoadPinnedLink(filepath.Join(dir, h.pin), nil)
+		if err != nil {
+			return result, fmt.Errorf("open the pinned %s: %w", h.pin, err)
+		}
+		same, err := sameProgram(l, h.prog(objs))
+		if err == nil && !same {
+			result = fastpath.Replaced
+			err = l.Update(h.prog(objs))
+		}
+		l.Close()
+		if err != nil {
+			return result, fmt.Errorf("replace the program of %s: %w", h.pin, err)
+		}
+	}
+	if result == fastpath.Replaced {
+		path := filepath.Join(dir, pods.PinIngress)
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return result, fmt.Errorf("unpin the previous inbound program: %w", err)
+		}
+		if err := objs.MwCapIngress.Pin(path); err != nil {
+			return result, fmt.Errorf("pin the inbound program: %w", err)
+		}
+	}
+	return result, nil
+}
+
+func sameProgram(l link.Link, p *ebpf.Program) (bool, error) {
+	li, err := l.Info()
+	if err != nil {
+		return false, err
+	}
+	old, err := ebpf.NewProgramFromID(li.Program)
+	if err != nil {
+		return false, err
+	}
+	defer old.Close()
+	a, err := old.Info()
+	if err != nil {
+		return false, err
+	}
+	b, err := p.Info()
+	if err != nil {
+		return false, err
+	}
+	return a.Tag == b.Tag, nil
+}
+
+// Detach removes the programs' links and every pin at dir. With pods
+// registered it refuses unless force: their connections would stop going
+// through their sidecars. Forced, the registrations are dropped first, so
+// that the inbound filters still on the pods' interfaces let everything
+// pass. Connections already established keep working.
+func Detach(dir string, force bool) (bool, error) {
+	dir = pinDir(dir)
+	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	l, err := fastpath.Lock()
+	if err != nil {
+		return false, err
+	}
+	defer l.Release()
+	if m, err := ebpf.LoadPinnedMap(filepath.Join(dir, pods.PinPods), nil); err == nil {
+		keys, err := podKeys(m)
+		if err == nil && len(keys) > 0 && !force {
+			err = fmt.Errorf("%d pods use ebpf interception: detaching would send their connections past their sidecars (delete them first, or force)", len(keys))
+		}
+		for _, k := range keys {
+			if err != nil {
+				break
+			}
+			if derr := m.Delete(k); derr != nil && !errors.Is(derr, ebpf.ErrKeyNotExist) {
+				err = derr
+			}
+		}
+		m.Close()
+		if err != nil {
+			return true, err
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return true, fmt.Errorf("remove the pins in %s: %w", dir, err)
+	}
+	_ = os.Remove(filepath.Dir(dir)) // only when empty
+	return true, nil
+}
+
+func podKeys(m *ebpf.Map) ([]uint64, error) {
+	var keys []uint64
+	var k uint64
+	var v pods.Capture
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		keys = append(keys, k)
+	}
+	return keys, it.Err()
+}
+
+// Status is what status reports.
+type Status struct {
+	Attached bool     `json:"attached"`
+	PinDir   string   `json:"pin_dir"`
+	Pods     int      `json:"pods"`
+	Counters Counters `json:"counters"`
+}
+
+// Counters are totals since attach.
+type Counters struct {
+	Outbound   uint64 `json:"outbound"`    // connections sent to the outbound port
+	InboundLo  uint64 `json:"inbound_lo"`  // the proxy's connections to its pod, to the inbound port
+	Inbound    uint64 `json:"inbound"`     // SYNs handed to the inbound listener
+	NoListener uint64 `json:"no_listener"` // SYNs dropped: no inbound listener yet
+	Answers    uint64 `json:"answers"`     // SO_ORIGINAL_DST answered
+}
+
+// ReadStatus reports whether the programs are attached at dir, with the
+// registered pods and the counters.
+func ReadStatus(dir string) (Status, error) {
+	dir = pinDir(dir)
+	st := Status{PinDir: dir}
+	if !IsAttached(dir) {
+		return st, nil
+	}
+	st.Attached = true
+	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, pods.PinPods), nil)
+	if err != nil {
+		return st, fmt.Errorf("open the pinned pods map: %w", err)
+	}
+	keys, err := podKeys(m)
+	m.Close()
+	if err != nil {
+		return st, fmt.Errorf("walk the pods map: %w", err)
+	}
+	st.Pods = len(keys)
+	c, err := ebpf.LoadPinnedMap(filepath.Join(dir, pods.PinCounters), nil)
+	if err != nil {
+		return st, fmt.Errorf("open the pinned counters: %w", err)
+	}
+	defer c.Close()
+	var sum [5]uint64
+	for i := range sum {
+		var perCPU []uint64
+		if err := c.Lookup(uint32(i), &perCPU); err != nil {
+			return st, fmt.Errorf("read counter %d: %w", i, err)
+		}
+		for _, v := range perCPU {
+			sum[i] += v
+		}
+	}
+	st.Counters = Counters{Outbound: sum[0], InboundLo: sum[1], Inbound: sum[2], NoListener: sum[3], Answers: sum[4]}
+	return st, nil
+}
+
+func firstLines(s string, n int) string {
+	var out []byte
+	for i := 0; i < len(s) && n > 0; i++ {
+		if s[i] == '\n' {
+			n--
+			if n == 0 {
+				break
+			}
+			out = append(out, ' ', '|', ' ')
+			continue
+		}
+		out = append(out, s[i])
+	}
+	return string(out)
+}

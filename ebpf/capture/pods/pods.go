@@ -1,0 +1,377 @@
+// Package pods registers meshed pods with meshwire's netfilter-free
+// interception (the "ebpf" mode, ../../capture.c): a pod's capture
+// settings go into the pinned maps under its network namespace cookie,
+// and the pinned inbound program is attached to its interfaces. It opens
+// pins only and never loads programs, so the intercept plugin carries none
+// of the programs' object; the layouts match capture.c's (checked by the
+// capture package's tests).
+package pods
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"github.com/cilium/ebpf"
+
+	"github.com/meshwire/meshwire/internal/intercept"
+	"github.com/meshwire/meshwire/internal/netns"
+)
+
+// LayoutVersion names the layout of the pinned objects; a program or map
+// change that an older meshwire could not read bumps it.
+const LayoutVersion = "v1"
+
+// DefaultPinDir is where the programs of this layout are pinned.
+const DefaultPinDir = "/sys/fs/bpf/meshwire/capture/" + LayoutVersion
+
+// Names of the pins under the pin directory.
+const (
+	PinPods     = "pods"
+	PinPorts    = "ports"
+	PinCIDRs    = "cidrs"
+	PinOrigDst  = "origdst"
+	PinCounters = "counters"
+	PinIngress  = "ingress" // the tc program each pod's interfaces run
+)
+
+// Limits of struct pod_capture.
+const (
+	MaxOwners = 8
+	MaxGroups = 64
+)
+
+// Flags of struct pod_capture (enum pod_flag).
+const (
+	FlagOutAll = 1 << iota
+	FlagInAll
+	FlagIn
+	FlagLoopbackIncluded
+	FlagGroupsOnly
+)
+
+// Capture is struct pod_capture, mw_cap_pods' value.
+type Capture struct {
+	Flags        uint32
+	OutboundPort uint16
+	InboundPort  uint16
+	TunnelPort   uint16
+	Owners       uint8
+	Groups       uint8
+	OwnerGID     uint32 // bit i: OwnerID[i] is a gid
+	Lo4          [4]byte
+	Lo4Mask      [4]byte
+	OwnerID      [MaxOwners]uint32
+	Group        [MaxGroups]uint32
+}
+
+// Port kinds (enum port_kind).
+const (
+	PortOutExclude = 1 + iota
+	PortOutInclude
+	PortInInclude
+	PortInExclude
+)
+
+// PortKey is struct port_key, mw_cap_ports' key.
+type PortKey struct {
+	Netns uint64
+	Port  uint16
+	Kind  uint8
+	Pad   [5]uint8
+}
+
+// CIDR kinds (enum cidr_kind).
+const (
+	CIDRExclude = 1 + iota
+	CIDRInclude
+	CIDRLocal
+)
+
+// CIDRKey is struct cidr_key, mw_cap_cidrs' key: an LPM prefix over kind,
+// netns and the address (IPv4 as v4-mapped IPv6).
+type CIDRKey struct {
+	Prefixlen uint32
+	Kind      uint32
+	Netns     uint64
+	Addr      [16]byte
+}
+
+// Settings are the map entries of one pod, without its namespace cookie.
+type Settings struct {
+	Capture Capture
+	Ports   []PortKey
+	CIDRs   []CIDRKey
+}
+
+// ErrUnsupportedSetting marks a setting the ebpf mode does not implement.
+var ErrUnsupportedSetting = errors.New("not available in ebpf interception mode")
+
+func unsupportedSetting(format string, a ...any) error {
+	return fmt.Errorf("%s: %w (use REDIRECT or TPROXY for it)", fmt.Sprintf(format, a...), ErrUnsupportedSetting)
+}
+
+// SettingsOf turns a pod's interception config and its own addresses (the
+// destinations its connections reach over lo) into its map entries. The
+// settings the ebpf mode does not implement are errors naming them.
+func SettingsOf(c intercept.Config, local []netip.Addr) (Settings, error) {
+	var s Settings
+	switch {
+	case c.RedirectDNS:
+		return s, unsupportedSetting("DNS capture (redirect-dns)")
+	case len(c.KubeVirtInterfaces) > 0:
+		return s, unsupportedSetting("kube-virt-interfaces")
+	case len(c.ProxyUIDs)+len(c.ProxyGIDs) > MaxOwners:
+		return s, unsupportedSetting("more than %d proxy uids and gids together", MaxOwners)
+	case len(c.OutboundGroups.GIDs) > MaxGroups:
+		return s, unsupportedSetting("more than %d owner groups", MaxGroups)
+	}
+	p := &s.Capture
+	p.OutboundPort, p.InboundPort, p.TunnelPort = c.ProxyPort, c.InboundCapturePort, c.InboundTunnelPort
+	for _, u := range c.ProxyUIDs {
+		p.OwnerID[p.Owners] = u
+		p.Owners++
+	}
+	for _, g := range c.ProxyGIDs {
+		p.OwnerGID |= 1 << p.Owners
+		p.OwnerID[p.Owners] = g
+		p.Owners++
+	}
+	for _, g := range c.OutboundGroups.GIDs {
+		p.Group[p.Groups] = g
+		p.Groups++
+	}
+	if c.OutboundGroups.Only {
+		p.Flags |= FlagGroupsOnly
+	}
+	lo := c.IPv4Loopback
+	if !lo.IsValid() {
+		lo = netip.MustParsePrefix("127.0.0.1/32")
+	}
+	if !lo.Addr().Is4() {
+		return s, fmt.Errorf("IPv4 loopback range %s is not IPv4", lo)
+	}
+	p.Lo4 = lo.Masked().Addr().As4()
+	mask := ^uint32(0) << (32 - lo.Bits())
+	if lo.Bits() == 0 {
+		mask = 0
+	}
+	p.Lo4Mask = [4]byte{byte(mask >> 24), byte(mask >> 16), byte(mask >> 8), byte(mask)}
+	if c.OutboundCIDRs.All {
+		p.Flags |= FlagOutAll
+	}
+	for _, pr := range c.OutboundCIDRs.Prefixes {
+		if pr.Addr().Unmap().IsLoopback() {
+			p.Flags |= FlagLoopbackIncluded
+		}
+	}
+	if !c.InboundPorts.Empty() {
+		p.Flags |= FlagIn
+	}
+	if c.InboundPorts.All {
+		p.Flags |= FlagInAll
+	}
+	port := func(kind uint8, ports ...uint16) {
+		for _, n := range ports {
+			s.Ports = append(s.Ports, PortKey{Port: n, Kind: kind})
+		}
+	}
+	port(PortOutExclude, c.OutboundPortsExclude...)
+	port(PortOutInclude, c.OutboundPorts...)
+	if c.InboundPorts.All {
+		port(PortInExclude, c.InboundPortsExclude...)
+	} else {
+		port(PortInInclude, c.InboundPorts.Ports...)
+	}
+	cidr := func(kind uint32, pr netip.Prefix) {
+		a := pr.Masked().Addr()
+		bits := pr.Bits()
+		if a.Is4() {
+			bits += 96
+		}
+		s.CIDRs = append(s.CIDRs, CIDRKey{Prefixlen: uint32(32 + 64 + bits), Kind: kind, Addr: a.As16()})
+	}
+	for _, pr := range c.OutboundCIDRsExclude {
+		cidr(CIDRExclude, pr)
+	}
+	if !c.OutboundCIDRs.All {
+		for _, pr := range c.OutboundCIDRs.Prefixes {
+			cidr(CIDRInclude, pr)
+		}
+	}
+	for _, a := range local {
+		a = a.Unmap()
+		if !a.IsLoopback() {
+			cidr(CIDRLocal, netip.PrefixFrom(a, a.BitLen()))
+		}
+	}
+	return s, nil
+}
+
+// maps are the pinned maps a registration writes.
+type maps struct {
+	pods, ports, cidrs *ebpf.Map
+}
+
+func (m *maps) Close() {
+	for _, x := range []*ebpf.Map{m.pods, m.ports, m.cidrs} {
+		if x != nil {
+			x.Close()
+		}
+	}
+}
+
+// ErrNotAttached: the capture programs are not attached on this node.
+var ErrNotAttached = errors.New("the ebpf interception programs are not attached on this node (run `meshwire fastpath attach`, or the node agent)")
+
+func pinDir(dir string) string {
+	if dir == "" {
+		return DefaultPinDir
+	}
+	return dir
+}
+
+// open opens the pinned maps under dir; ErrNotAttached when they are not
+// there.
+func open(dir string) (*maps, error) {
+	dir = pinDir(dir)
+	m := &maps{}
+	for _, p := range []struct {
+		name string
+		to   **ebpf.Map
+	}{{PinPods, &m.pods}, {PinPorts, &m.ports}, {PinCIDRs, &m.cidrs}} {
+		x, err := ebpf.LoadPinnedMap(filepath.Join(dir, p.name), nil)
+		if errors.Is(err, os.ErrNotExist) {
+			m.Close()
+			return nil, ErrNotAttached
+		}
+		if err != nil {
+			m.Close()
+			return nil, fmt.Errorf("open the pinned %s map (%s): %w", p.name, dir, err)
+		}
+		*p.to = x
+	}
+	return m, nil
+}
+
+// Register writes the settings of the pod whose network namespace the
+// calling thread is in (inside netns.Enter) under the programs pinned at
+// dir. The ports and ranges go first, the pod's entry (which turns capture
+// on) last, then the entries of an earlier registration that are not in s.
+func Register(dir string, s Settings) error {
+	m, err := open(dir)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	ns, err := netns.Cookie()
+	if err != nil {
+		return err
+	}
+	one := uint8(1)
+	for _, k := range s.Ports {
+		k.Netns = ns
+		if err := m.ports.Put(k, one); err != nil {
+			return fmt.Errorf("write the pod's capture ports: %w", err)
+		}
+	}
+	for _, k := range s.CIDRs {
+		k.Netns = ns
+		if err := m.cidrs.Put(k, one); err != nil {
+			return fmt.Errorf("write the pod's capture ranges: %w", err)
+		}
+	}
+	if err := m.pods.Put(ns, s.Capture); err != nil {
+		return fmt.Errorf("write the pod's capture settings: %w", err)
+	}
+	return m.prune(ns, s)
+}
+
+// prune removes the ports and ranges of namespace ns that keep does not
+// name (all of them with keep nil).
+func (m *maps) prune(ns uint64, keep Settings) error {
+	var ports []PortKey
+	var pk PortKey
+	var v uint8
+	it := m.ports.Iterate()
+	for it.Next(&pk, &v) {
+		if pk.Netns == ns && !slices.ContainsFunc(keep.Ports, func(k PortKey) bool { k.Netns = ns; return k == pk }) {
+			ports = append(ports, pk)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("walk the capture ports: %w", err)
+	}
+	var cidrs []CIDRKey
+	var ck CIDRKey
+	it = m.cidrs.Iterate()
+	for it.Next(&ck, &v) {
+		if ck.Netns == ns && !slices.ContainsFunc(keep.CIDRs, func(k CIDRKey) bool { k.Netns = ns; return k == ck }) {
+			cidrs = append(cidrs, ck)
+		}
+	}
+	if err := it.Err(); err != nil {
+		return fmt.Errorf("walk the capture ranges: %w", err)
+	}
+	for _, k := range ports {
+		if err := m.ports.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("remove a capture port: %w", err)
+		}
+	}
+	for _, k := range cidrs {
+		if err := m.cidrs.Delete(k); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("remove a capture range: %w", err)
+		}
+	}
+	return nil
+}
+
+// Forget removes the registration of the pod whose network namespace the
+// calling thread is in: its entry first (capture stops), then its ports
+// and ranges. A pod never registered, or no programs attached, is not an
+// error.
+func Forget(dir string) error {
+	m, err := open(dir)
+	if errors.Is(err, ErrNotAttached) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	ns, err := netns.Cookie()
+	if err != nil {
+		return err
+	}
+	if err := m.pods.Delete(ns); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("remove the pod's capture settings: %w", err)
+	}
+	return m.prune(ns, Settings{})
+}
+
+// Registered reads the settings registered for the pod whose network
+// namespace the calling thread is in; ok is false when there are none.
+func Registered(dir string) (c Capture, ok bool, err error) {
+	m, err := open(dir)
+	if errors.Is(err, ErrNotAttached) {
+		return c, false, nil
+	}
+	if err != nil {
+		return c, false, err
+	}
+	defer m.Close()
+	ns, err := netns.Cookie()
+	if err != nil {
+		return c, false, err
+	}
+	switch err := m.pods.Lookup(ns, &c); {
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+		return c, false, nil
+	case err != nil:
+		return c, false, fmt.Errorf("read the pod's capture settings: %w", err)
+	}
+	return c, true, nil
+}
