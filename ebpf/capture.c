@@ -62,6 +62,23 @@ struct sock {
 	struct socket *sk_socket;
 } __attribute__((preserve_access_index));
 
+// The namespace of a packet's device: tc's bpf_get_netns_cookie answers
+// for the initial namespace whatever the packet's, so the cookie is read
+// from the kernel's sk_buff (bpf_cast_to_kern_ctx, Linux 6.3).
+struct net {
+	__u64 net_cookie;
+} __attribute__((preserve_access_index));
+typedef struct {
+	struct net *net;
+} possible_net_t;
+struct net_device {
+	possible_net_t nd_net;
+} __attribute__((preserve_access_index));
+struct sk_buff {
+	struct net_device *dev;
+} __attribute__((preserve_access_index));
+extern void *bpf_cast_to_kern_ctx(void *) __ksym;
+
 // Packet headers, only what is read.
 struct iphdr {
 	__u8 ihl_version;
@@ -578,7 +595,11 @@ static __always_inline int captured_inbound(const struct pod_capture *pod, __u64
 SEC("tc")
 int mw_cap_ingress(struct __sk_buff *skb)
 {
-	__u64 ns = bpf_get_netns_cookie(skb);
+	struct sk_buff *kskb = bpf_cast_to_kern_ctx(skb);
+	struct net_device *dev = kskb->dev;
+	if (!dev)
+		return TC_ACT_OK;
+	__u64 ns = dev->nd_net.net->net_cookie;
 	struct pod_capture *pod = bpf_map_lookup_elem(&mw_cap_pods, &ns);
 	if (!pod || !(pod->flags & CAP_IN))
 		return TC_ACT_OK;

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 
 	"github.com/meshwire/meshwire/internal/buildinfo"
@@ -90,7 +91,7 @@ func execute(ctx context.Context, o flags.Options, stdout io.Writer, rep *report
 		return cleanup(ctx, cfg, o.DryRun, stdout, rep)
 	}
 	if !o.SkipRuleApply {
-		if code := install(ctx, o, cfg, ipv6, stdout, rep); code != ExitOK || o.DryRun {
+		if code := install(ctx, o, cfg, ipv6, addrs, stdout, rep); code != ExitOK || o.DryRun {
 			return code
 		}
 	}
@@ -117,8 +118,11 @@ func cleanup(ctx context.Context, cfg intercept.Config, dryRun bool, stdout io.W
 }
 
 // install installs the rules (or, with --dry-run, prints what it would do).
-func install(ctx context.Context, o flags.Options, cfg intercept.Config, ipv6 bool, stdout io.Writer, rep *reporter) int {
-	req := apply.Request{Config: cfg, IPv6: ipv6, Backend: o.Backend, Reconcile: o.Reconcile, Force: o.ForceApply}
+func install(ctx context.Context, o flags.Options, cfg intercept.Config, ipv6 bool, local []netip.Addr, stdout io.Writer, rep *reporter) int {
+	req := apply.Request{Config: cfg, IPv6: ipv6, Backend: o.Backend, Reconcile: o.Reconcile, Force: o.ForceApply, Local: local}
+	if cfg.Mode == intercept.ModeEBPF {
+		return installEBPF(ctx, o, req, stdout, rep)
+	}
 	plan, err := apply.Prepare(ctx, req)
 	if o.DryRun && plan != nil {
 		fmt.Fprint(stdout, plan.String())
@@ -150,6 +154,21 @@ func install(ctx context.Context, o flags.Options, cfg intercept.Config, ipv6 bo
 		fams = "IPv4 and IPv6"
 	}
 	rep.info("%s interception installed for %s with %s", cfg.Mode, fams, plan.Backend)
+	return ExitOK
+}
+
+// installEBPF is install in EBPF mode: the pod registered in the node's
+// eBPF maps, no rule.
+func installEBPF(ctx context.Context, o flags.Options, req apply.Request, stdout io.Writer, rep *reporter) int {
+	if o.DryRun {
+		fmt.Fprint(stdout, apply.DescribeEBPF(req))
+		return ExitOK
+	}
+	if err := apply.InstallEBPF(ctx, req); err != nil {
+		rep.errorf("%v", err)
+		return ExitFailed
+	}
+	rep.info("EBPF interception installed (no netfilter rule in the namespace)")
 	return ExitOK
 }
 

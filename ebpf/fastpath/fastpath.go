@@ -54,6 +54,11 @@ func lock() (*filelock.Lock, error) { return filelock.AcquireDir(lockDir, 30*tim
 // programs meshwire attaches beside the fast path (package capture).
 func Lock() (*filelock.Lock, error) { return lock() }
 
+// captureSockopsName is the sockops program of meshwire's ebpf
+// interception (../capture.c), attached beside the fast path's: it only
+// files original destinations, never redirects.
+const captureSockopsName = "mw_cap_ops"
+
 // Names of the pinned objects, under the pin directory.
 const (
 	pinLink     = "sockops_link"
@@ -426,7 +431,7 @@ func OtherSockops(cgroup string) (string, []Program, error) {
 		if err != nil {
 			return dir, nil, fmt.Errorf("read program %d: %w", ap.ID, err)
 		}
-		if info.Name != sockopsName {
+		if info.Name != sockopsName && info.Name != captureSockopsName {
 			others = append(others, Program{ID: uint32(ap.ID), Name: info.Name, Tag: info.Tag})
 		}
 	}

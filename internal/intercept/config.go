@@ -16,6 +16,10 @@ type Mode string
 const (
 	ModeRedirect Mode = "REDIRECT" // nat REDIRECT; the proxy reads SO_ORIGINAL_DST
 	ModeTProxy   Mode = "TPROXY"   // mangle TPROXY + policy routing; the client's source stays visible
+	// ModeEBPF: no netfilter rule in the pod; the node's eBPF programs
+	// (ebpf/capture.c) redirect at connect() and hand inbound SYNs to the
+	// proxy, and answer SO_ORIGINAL_DST as REDIRECT's conntrack does.
+	ModeEBPF Mode = "EBPF"
 )
 
 // Defaults, as istio-iptables has them.
@@ -62,6 +66,13 @@ type GroupFilter struct {
 // MaxOnlyGroups is how many groups an Only filter may name: istio-iptables'
 // limit, as all of them go into one rule.
 const MaxOnlyGroups = 64
+
+// Limits of EBPF mode: how many proxy uids and gids together, and owner
+// groups, a pod's settings in the eBPF maps hold (struct pod_capture).
+const (
+	MaxEBPFOwners = 8
+	MaxEBPFGroups = 64
+)
 
 // Config is the whole interception setup of one pod.
 type Config struct {

@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"fmt"
 
+	"github.com/meshwire/meshwire/ebpf/capture"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 )
 
@@ -26,6 +27,9 @@ type FastpathOwner struct {
 // Ensure attaches the fast path unless it is attached. It returns nil when
 // the fast path is attached afterwards; the caller reports the error.
 func (f *FastpathOwner) Ensure() error {
+	if err := f.ensureCapture(); err != nil {
+		return err
+	}
 	if f.owned && f.lastErr == nil && fastpath.IsAttached(f.Config.PinDir) {
 		return nil
 	}
@@ -58,6 +62,23 @@ func (f *FastpathOwner) Ensure() error {
 	return err
 }
 
+// ensureCapture attaches the ebpf interception programs unless they are
+// attached (an earlier build's are replaced in place).
+func (f *FastpathOwner) ensureCapture() error {
+	if capture.IsAttached("") && f.attaches > 0 {
+		return nil
+	}
+	switch res, err := capture.Attach(f.Config.Cgroup, ""); {
+	case err != nil:
+		return fmt.Errorf("attach the ebpf interception programs: %w", err)
+	case res == fastpath.Replaced:
+		f.Logf("replaced the ebpf interception programs of another meshwire build in place (%s)", capture.DefaultPinDir)
+	case res == fastpath.Attached:
+		f.Logf("attached the ebpf interception programs (pinned in %s)", capture.DefaultPinDir)
+	}
+	return nil
+}
+
 // Attaches counts the attachments this owner made.
 func (f *FastpathOwner) Attaches() uint64 { return f.attaches }
 
@@ -69,6 +90,15 @@ func (f *FastpathOwner) Release() error {
 		return nil
 	}
 	f.owned = false
+	// The interception programs stay while pods use them: their
+	// connections would bypass their sidecars, and the next agent (an
+	// upgrade) takes them over in place.
+	switch was, err := capture.Detach("", false); {
+	case err != nil:
+		f.Logf("ebpf interception left attached: %v", err)
+	case was:
+		f.Logf("detached the ebpf interception programs")
+	}
 	d, err := fastpath.Detach(f.Config.PinDir)
 	switch {
 	case err != nil:

@@ -10,11 +10,12 @@ import (
 	"strings"
 	"text/tabwriter"
 
+	"github.com/meshwire/meshwire/ebpf/capture"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 )
 
 const fastpathUsage = `usage: meshwire fastpath attach [--proxy-uid UID] [--proxy-gid GID] [--outbound-port PORT] [--into-proxy] [--pin-dir DIR] [--cgroup DIR]
-       meshwire fastpath detach [--pin-dir DIR]
+       meshwire fastpath detach [--pin-dir DIR] [--force]
        meshwire fastpath status [--json] [--pin-dir DIR] [--cgroup DIR]`
 
 // fastpath runs `meshwire fastpath attach|detach|status`.
@@ -88,6 +89,18 @@ func (e *env) fastpathAttach(args []string) error {
 	default:
 		fmt.Fprintf(e.out, "fast path attached (pinned in %s)\n", cfg.PinDir)
 	}
+	// The ebpf interception programs (pods opt in with EBPF mode) go with
+	// the fast path; their failure leaves the fast path attached.
+	switch res, err := capture.Attach(cfg.Cgroup, ""); {
+	case err != nil:
+		return fmt.Errorf("fastpath attach: the fast path is attached, the ebpf interception programs are not: %w", err)
+	case res == fastpath.AlreadyAttached:
+		fmt.Fprintf(e.out, "ebpf interception already attached (%s)\n", capture.DefaultPinDir)
+	case res == fastpath.Replaced:
+		fmt.Fprintf(e.out, "ebpf interception programs of another meshwire build replaced in place (%s)\n", capture.DefaultPinDir)
+	default:
+		fmt.Fprintf(e.out, "ebpf interception attached (pinned in %s)\n", capture.DefaultPinDir)
+	}
 	if dir, others, err := fastpath.OtherSockops(cfg.Cgroup); err == nil && len(others) > 0 {
 		fmt.Fprintf(e.out, "warning: other sockops programs are attached at %s: %s; they see the same sockets, and one that redirects their messages competes with the fast path\n", dir, describePrograms(others))
 	}
@@ -106,11 +119,18 @@ func describePrograms(ps []fastpath.Program) string {
 func (e *env) fastpathDetach(args []string) error {
 	fs := e.flags("fastpath detach")
 	dir := fs.String("pin-dir", fastpath.DefaultPinDir, "bpffs directory of the pins")
+	force := fs.Bool("force", false, "also detach the ebpf interception programs while pods use them (their new connections then bypass their sidecars)")
 	if _, err := parse(fs, args, 0); err != nil {
 		return err
 	}
 	if os.Geteuid() != 0 {
 		return errors.New("fastpath detach: must run as root")
+	}
+	switch was, err := capture.Detach("", *force); {
+	case err != nil:
+		fmt.Fprintf(e.out, "ebpf interception left attached: %v\n", err)
+	case was:
+		fmt.Fprintln(e.out, "ebpf interception detached")
 	}
 	d, err := fastpath.Detach(*dir)
 	if err != nil {
@@ -141,12 +161,24 @@ func (e *env) fastpathStatus(args []string) error {
 		return fmt.Errorf("fastpath status: %w", err)
 	}
 	cgDir, others, othersErr := fastpath.OtherSockops(*cgroup)
+	cst, err := capture.ReadStatus("")
+	if err != nil {
+		return fmt.Errorf("fastpath status: %w", err)
+	}
 	if *asJSON {
 		out := struct {
 			fastpath.Status
 			OtherSockops []fastpath.Program `json:"other_sockops,omitempty"`
-		}{st, others}
+			Capture      capture.Status     `json:"ebpf_interception"`
+		}{st, others, cst}
 		return json.NewEncoder(e.out).Encode(out)
+	}
+	if cst.Attached {
+		c := cst.Counters
+		fmt.Fprintf(e.out, "ebpf interception: attached (%s), %d pods; redirected %d outbound, %d to the pod's inbound port, %d inbound SYNs (%d dropped, no listener); %d SO_ORIGINAL_DST answers\n",
+			cst.PinDir, cst.Pods, c.Outbound, c.InboundLo, c.Inbound, c.NoListener, c.Answers)
+	} else {
+		fmt.Fprintf(e.out, "ebpf interception: not attached (%s)\n", cst.PinDir)
 	}
 	if !st.Attached {
 		fmt.Fprintf(e.out, "fast path: not attached (%s)\n", st.PinDir)

@@ -3,6 +3,7 @@ package pods
 import (
 	"errors"
 	"fmt"
+	"net"
 	"path/filepath"
 	"slices"
 
@@ -102,7 +103,7 @@ func podLinks(skip []string) ([]netlink.Link, error) {
 	}
 	var out []netlink.Link
 	for _, l := range all {
-		if l.Attrs().Flags&unix.IFF_LOOPBACK != 0 || slices.Contains(skip, l.Attrs().Name) {
+		if l.Attrs().Flags&net.FlagLoopback != 0 || slices.Contains(skip, l.Attrs().Name) {
 			continue
 		}
 		out = append(out, l)

@@ -40,8 +40,8 @@ const (
 
 // Limits of struct pod_capture.
 const (
-	MaxOwners = 8
-	MaxGroups = 64
+	MaxOwners = intercept.MaxEBPFOwners
+	MaxGroups = intercept.MaxEBPFGroups
 )
 
 // Flags of struct pod_capture (enum pod_flag).

@@ -38,6 +38,9 @@ type Request struct {
 	Backend firewall.Backend
 	// Reconcile replaces rules installed with other settings.
 	Reconcile bool
+	// Local are the namespace's addresses (LocalAddrs), for EBPF mode:
+	// connections to them stay on lo.
+	Local []netip.Addr
 	// Force (istio's --force-apply) writes the rule set even when it is
 	// already installed as asked, and replaces other rules as Reconcile
 	// does: each table is rewritten in one transaction, never doubled.
@@ -51,6 +54,17 @@ type Request struct {
 	// Routing applies and removes the policy routing; nil means netlink,
 	// in the calling thread's namespace.
 	Routing Routing
+	// ForgetEBPF removes the pod's EBPF-mode registration and inbound
+	// filters, when there are any; nil means the node's (package pods),
+	// in the calling thread's namespace.
+	ForgetEBPF func() error
+}
+
+func (r *Request) forgetEBPF() error {
+	if r.ForgetEBPF != nil {
+		return r.ForgetEBPF()
+	}
+	return forgetEBPF()
 }
 
 // open returns the firewall of b; nil when b is not installed (only asked
@@ -90,9 +104,10 @@ type Plan struct {
 	// Forced is set when the rules are rewritten whatever is installed.
 	Forced bool
 
-	fw      firewall.Interface
-	others  []*holding
-	routing Routing
+	fw         firewall.Interface
+	others     []*holding
+	routing    Routing
+	forgetEBPF func() error
 }
 
 // UpToDate reports whether everything is already installed as asked.
@@ -130,11 +145,12 @@ func Prepare(ctx context.Context, req Request) (*Plan, error) {
 	b.Variant = resolveVariant(b)
 	p := &Plan{
 		Backend: b, Families: families(req.IPv6),
-		Sets:    map[intercept.Family]*intercept.RuleSet{},
-		Status:  map[intercept.Family]intercept.Status{},
-		Restore: map[intercept.Family]string{},
-		Forced:  req.Force,
-		routing: req.routing(),
+		Sets:       map[intercept.Family]*intercept.RuleSet{},
+		Status:     map[intercept.Family]intercept.Status{},
+		Restore:    map[intercept.Family]string{},
+		Forced:     req.Force,
+		routing:    req.routing(),
+		forgetEBPF: req.forgetEBPF,
 	}
 	if b.Kind != firewall.IPTables && b.Kind != firewall.NFTables {
 		return nil, fmt.Errorf("unknown firewall backend %q", b.Kind)
@@ -308,6 +324,11 @@ func (p *Plan) Apply(ctx context.Context) error {
 			return err
 		}
 	}
+	// A pod switched from EBPF mode: the rules are in place, so its
+	// registration goes.
+	if err := p.forgetEBPF(); err != nil {
+		return err
+	}
 	return p.routing.Remove(p.Remove)
 }
 
@@ -350,8 +371,12 @@ func Cleanup(ctx context.Context, req Request, dryRun bool) (string, error) {
 	for _, s := range steps {
 		fmt.Fprintf(&out, "# remove if present: %s\n", s)
 	}
+	out.WriteString("# remove if present: the pod's ebpf interception registration and inbound filters\n")
 	if !dryRun {
 		if err := routing.Remove(steps); err != nil {
+			return out.String(), err
+		}
+		if err := req.forgetEBPF(); err != nil {
 			return out.String(), err
 		}
 	}

@@ -71,7 +71,7 @@ func (p *pod) open(b firewall.Backend) firewall.Interface {
 }
 
 func (p *pod) req(c intercept.Config, b firewall.Backend, ipv6 bool) Request {
-	return Request{Config: c, IPv6: ipv6, Backend: b, Firewall: p.open, Routing: p.routing}
+	return Request{Config: c, IPv6: ipv6, Backend: b, Firewall: p.open, Routing: p.routing, ForgetEBPF: func() error { return nil }}
 }
 
 // writes lists every transaction applied, over all backends.

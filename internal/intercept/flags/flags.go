@@ -77,7 +77,7 @@ var flagDefs = []flagDef{
 	{long: "inbound-tunnel-port", short: "e", def: "15008", usage: "inbound port never captured (the proxy's tunnel)"},
 	{long: "proxy-uid", short: "u", def: "", usage: "comma-separated uids of the proxy: their connections are not captured (default: the uid of user $ENVOY_USER, istio-proxy, else 1337)"},
 	{long: "proxy-gid", short: "g", def: "", usage: "comma-separated gids of the proxy (default: the uids)"},
-	{long: "istio-inbound-interception-mode", short: "m", def: "REDIRECT", envFallbacks: []string{"INBOUND_INTERCEPTION_MODE"}, usage: "REDIRECT or TPROXY"},
+	{long: "istio-inbound-interception-mode", short: "m", def: "REDIRECT", envFallbacks: []string{"INBOUND_INTERCEPTION_MODE"}, usage: "REDIRECT, TPROXY or EBPF (no netfilter rule: the node's eBPF programs capture; see docs/ebpf-interception.md)"},
 	{long: "istio-inbound-tproxy-mark", short: "t", def: "1337", envFallbacks: []string{"INBOUND_TPROXY_MARK"}, usage: "packet mark of TPROXY-diverted packets"},
 	{long: "istio-inbound-tproxy-route-table", short: "r", def: "133", usage: "routing table TPROXY-marked packets are looked up in"},
 	{long: "istio-inbound-ports", short: "b", def: "", usage: `inbound ports to capture: "*" for all, a comma-separated list, or empty for none`},

@@ -80,8 +80,10 @@ func (p *parser) inboundMode() error {
 		c.Mode = intercept.ModeRedirect
 	case "TPROXY":
 		c.Mode = intercept.ModeTProxy
+	case "EBPF":
+		c.Mode = intercept.ModeEBPF
 	default:
-		return p.bad("istio-inbound-interception-mode", "%q is not a mode (want REDIRECT or TPROXY)", mode)
+		return p.bad("istio-inbound-interception-mode", "%q is not a mode (want REDIRECT, TPROXY or EBPF)", mode)
 	}
 	mark, err := strconv.ParseUint(p.str("istio-inbound-tproxy-mark"), 0, 32)
 	if err != nil || mark == 0 {
@@ -218,6 +220,16 @@ func contradictions(o Options) error {
 		return bad("iptables-probe-port", "%d is a capture port; the probe needs a port of its own", o.ProbePort)
 	case c.Mode == intercept.ModeTProxy && c.TProxyMark == intercept.OutboundMark:
 		return bad("istio-inbound-tproxy-mark", "%d is the mark of the proxy's own loopback connections in TPROXY mode; pick another", c.TProxyMark)
+	case c.Mode == intercept.ModeEBPF && c.RedirectDNS:
+		return bad("redirect-dns", "DNS capture is not available in EBPF mode yet (use REDIRECT or TPROXY for it)")
+	case c.Mode == intercept.ModeEBPF && len(c.KubeVirtInterfaces) > 0:
+		return bad("kube-virt-interfaces", "not available in EBPF mode (use REDIRECT or TPROXY for it)")
+	case c.Mode == intercept.ModeEBPF && len(c.ExcludeInterfaces) > 0:
+		return bad("istio-exclude-interfaces", "not available in EBPF mode: a connection's interface is not known when it is redirected, at connect() (use REDIRECT or TPROXY for it)")
+	case c.Mode == intercept.ModeEBPF && len(c.ProxyUIDs)+len(c.ProxyGIDs) > intercept.MaxEBPFOwners:
+		return bad("proxy-uid", "EBPF mode takes at most %d proxy uids and gids together", intercept.MaxEBPFOwners)
+	case c.Mode == intercept.ModeEBPF && len(c.OutboundGroups.GIDs) > intercept.MaxEBPFGroups:
+		return bad("istio-inbound-interception-mode", "EBPF mode takes at most %d owner groups (ISTIO_OUTBOUND_OWNER_GROUPS)", intercept.MaxEBPFGroups)
 	case o.CleanupOnly && o.Reconcile:
 		return bad("reconcile", "contradicts --cleanup-only (cleanup removes, reconcile installs)")
 	case o.CleanupOnly && o.RunValidation:

@@ -12,6 +12,7 @@ import (
 	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/intercept"
 	"github.com/meshwire/meshwire/internal/intercept/apply"
 	"github.com/meshwire/meshwire/internal/intercept/flags"
 	"github.com/meshwire/meshwire/internal/killpoint"
@@ -24,7 +25,7 @@ func request(o flags.Options, reconcile bool) (apply.Request, error) {
 	if err != nil {
 		return apply.Request{}, err
 	}
-	return apply.Request{Config: o.Config, IPv6: apply.WantIPv6(o.DualStack, addrs), Backend: o.Backend, Reconcile: reconcile}, nil
+	return apply.Request{Config: o.Config, IPv6: apply.WantIPv6(o.DualStack, addrs), Backend: o.Backend, Reconcile: reconcile, Local: addrs}, nil
 }
 
 // chained decodes the config of ADD and CHECK, which need a prevResult
@@ -66,6 +67,16 @@ func cmdAdd(args *skel.CmdArgs) error {
 		req, err := request(o, true)
 		if err != nil {
 			return err
+		}
+		if o.Config.Mode == intercept.ModeEBPF {
+			if err := apply.InstallEBPF(ctx, req); err != nil {
+				return err
+			}
+			slog.Info("pod registered for ebpf interception (no netfilter rule)", "why", d.Why)
+			if d.Fastpath != nil {
+				setFastpathPolicy(*d.Fastpath)
+			}
+			return nil
 		}
 		// A repeated ADD converges on the config: same rules, nothing done;
 		// other rules (a config change), replaced without a gap.
@@ -128,6 +139,12 @@ func cmdCheck(args *skel.CmdArgs) error {
 		req, err := request(o, false)
 		if err != nil {
 			return err
+		}
+		if d.Intercept && o.Config.Mode == intercept.ModeEBPF {
+			if err := apply.CheckEBPF(req); err != nil {
+				return cnierr.CheckFailed("%s: %v", args.Netns, err)
+			}
+			return nil
 		}
 		plan, err := apply.Prepare(context.Background(), req)
 		if !d.Intercept {

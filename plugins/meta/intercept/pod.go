@@ -31,6 +31,9 @@ const (
 	// Istio sidecar (Envoy, which reads with recv/readv) is fed and any
 	// other proxy is not: one that copies with splice() would stall.
 	annIntoProxy = "fastpath.meshwire.io/into-proxy"
+	// annMode picks the pod's interception mode: REDIRECT, TPROXY or
+	// EBPF (no netfilter rule in the pod).
+	annMode = "intercept.meshwire.io/mode"
 )
 
 // annotationFlags are the annotations Istio's injector turns into
@@ -38,6 +41,9 @@ const (
 // top of the plugin config's.
 var annotationFlags = []struct{ annotation, flag string }{
 	{"sidecar.istio.io/interceptionMode", "istio-inbound-interception-mode"},
+	// meshwire's own mode annotation wins over Istio's, whose validation
+	// knows no EBPF mode.
+	{annMode, "istio-inbound-interception-mode"},
 	{"traffic.sidecar.istio.io/includeOutboundIPRanges", "istio-service-cidr"},
 	{"traffic.sidecar.istio.io/excludeOutboundIPRanges", "istio-service-exclude-cidr"},
 	{"traffic.sidecar.istio.io/includeInboundPorts", "istio-inbound-ports"},

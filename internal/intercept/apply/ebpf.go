@@ -1,0 +1,130 @@
+package apply
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/meshwire/meshwire/ebpf/capture/pods"
+	"github.com/meshwire/meshwire/internal/intercept"
+	"github.com/meshwire/meshwire/internal/killpoint"
+)
+
+// EBPF mode (intercept.ModeEBPF): no rule in the namespace; the pod's
+// settings go into the node's eBPF maps (package pods) and its interfaces
+// run the inbound program. Everything here works in the namespace the
+// calling thread is in.
+
+// InstallEBPF registers the pod for EBPF mode with req.Config and
+// req.Local. Interception rules of another mode found in the
+// namespace are removed with req.Reconcile (or Force) and refused
+// otherwise, as Prepare refuses other settings; nothing is changed then.
+// A failure after the registration undoes it.
+func InstallEBPF(ctx context.Context, req Request) error {
+	s, err := pods.SettingsOf(req.Config, req.Local)
+	if err != nil {
+		return err
+	}
+	present, err := rulesPresent(ctx, req)
+	if err != nil {
+		return err
+	}
+	if present {
+		if !req.Reconcile && !req.Force {
+			return fmt.Errorf("%w: rules of another interception mode are in the namespace (reconcile replaces them with EBPF mode)", ErrDifferent)
+		}
+		if _, err := Cleanup(ctx, req, false); err != nil {
+			return fmt.Errorf("remove the rules of the previous mode: %w", err)
+		}
+	}
+	// With IPv6, the proxy's passthrough source ::6 on lo, as in the
+	// other modes.
+	if err := req.routing().Apply(intercept.Routing(req.Config, req.IPv6)); err != nil {
+		return err
+	}
+	if err := pods.Register("", s); err != nil {
+		return err
+	}
+	killpoint.Here("registered")
+	if req.Config.InboundPorts.Empty() {
+		err = pods.DetachIngress()
+	} else {
+		err = pods.AttachIngress("", nil)
+	}
+	if err != nil {
+		if ferr := forgetEBPF(); ferr != nil {
+			err = errors.Join(err, ferr)
+		}
+	}
+	return err
+}
+
+// CheckEBPF reports what differs from EBPF mode installed with
+// req.Config: nil when the pod's registration and inbound filters are as
+// InstallEBPF leaves them.
+func CheckEBPF(req Request) error {
+	s, err := pods.SettingsOf(req.Config, req.Local)
+	if err != nil {
+		return err
+	}
+	got, ok, err := pods.Registered("")
+	switch {
+	case err != nil:
+		return err
+	case !ok:
+		return errors.New("the pod is not registered for ebpf interception")
+	case got != s.Capture:
+		return errors.New("the pod's ebpf interception settings differ from the config's")
+	}
+	if steps, err := MissingSteps(intercept.Routing(req.Config, req.IPv6)); err != nil || len(steps) > 0 {
+		if err == nil {
+			err = fmt.Errorf("missing: %s", steps[0])
+		}
+		return err
+	}
+	if req.Config.InboundPorts.Empty() {
+		return nil
+	}
+	missing, err := pods.IngressMissing(nil)
+	if err == nil && len(missing) > 0 {
+		err = fmt.Errorf("the inbound capture program is missing on %v", missing)
+	}
+	return err
+}
+
+// DescribeEBPF is the dry-run text of InstallEBPF.
+func DescribeEBPF(req Request) string {
+	c := req.Config
+	in := "no inbound capture"
+	if !c.InboundPorts.Empty() {
+		in = fmt.Sprintf("inbound SYNs to port %d (tc ingress on every interface but lo)", c.InboundCapturePort)
+	}
+	return fmt.Sprintf("# EBPF mode: no netfilter rule; register the pod in %s: outbound connections to port %d, %s\n", pods.DefaultPinDir, c.ProxyPort, in)
+}
+
+// forgetEBPF removes the pod's registration, if any, then its inbound
+// filters (which, without a registration, let everything pass).
+func forgetEBPF() error {
+	_, ok, err := pods.Registered("")
+	if !ok || err != nil {
+		return err
+	}
+	return errors.Join(pods.Forget(""), pods.DetachIngress())
+}
+
+// rulesPresent reports whether any backend holds interception rules of
+// meshwire's (or istio-iptables') in the namespace.
+func rulesPresent(ctx context.Context, req Request) (bool, error) {
+	for _, b := range allBackends {
+		fw := req.open(b, false)
+		if fw == nil {
+			continue
+		}
+		h := read(ctx, b, fw)
+		release(fw)
+		if !h.empty() {
+			return true, nil
+		}
+	}
+	return false, nil
+}
