@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshwire/meshwire/ebpf/capture"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/internal/installer"
 	"github.com/meshwire/meshwire/test/harness"
@@ -123,7 +124,9 @@ func TestImageNodeAgent(t *testing.T) {
 	}
 	t.Cleanup(func() {
 		_, _ = podman("rm", "--force", name)
-		if fastpath.IsAttached(fastpath.DefaultPinDir) {
+		// The agent may have attached the ebpf interception programs
+		// again between a detach's two halves: detach whatever is left.
+		if fastpath.IsAttached(fastpath.DefaultPinDir) || capture.IsAttached("") {
 			fastpathDetach(t, h)
 		}
 	})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/meshwire/meshwire/ebpf/capture/pods"
 	"github.com/meshwire/meshwire/internal/intercept"
@@ -104,8 +105,13 @@ func DescribeEBPF(req Request) string {
 
 // forgetEBPF removes the pod's registration, if any, then its inbound
 // filters (which, without a registration, let everything pass).
+// Pins this process may not open (an init container with NET_ADMIN but
+// not CAP_BPF, say) hold no registration of its making: nothing to do.
 func forgetEBPF() error {
 	_, ok, err := pods.Registered("")
+	if errors.Is(err, os.ErrPermission) {
+		return nil
+	}
 	if !ok || err != nil {
 		return err
 	}
