@@ -22,6 +22,10 @@ type FastpathOwner struct {
 	owned    bool
 	attaches uint64 // attachments this owner made
 	lastErr  error
+	// captured: this owner attached (or found, same build) the ebpf
+	// interception programs; from then on they are only attached again
+	// when they go.
+	captured bool
 }
 
 // Ensure attaches the fast path unless it is attached. It returns nil when
@@ -65,10 +69,12 @@ func (f *FastpathOwner) Ensure() error {
 // ensureCapture attaches the ebpf interception programs unless they are
 // attached (an earlier build's are replaced in place).
 func (f *FastpathOwner) ensureCapture() error {
-	if capture.IsAttached("") && f.attaches > 0 {
+	if f.captured && capture.IsAttached("") {
 		return nil
 	}
-	switch res, err := capture.Attach(f.Config.Cgroup, ""); {
+	res, err := capture.Attach(f.Config.Cgroup, "")
+	f.captured = err == nil
+	switch {
 	case err != nil:
 		return fmt.Errorf("attach the ebpf interception programs: %w", err)
 	case res == fastpath.Replaced:
