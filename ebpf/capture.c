@@ -45,22 +45,7 @@
 #define TC_ACT_OK 0
 #define TC_ACT_SHOT 2
 
-// Kernel types, only the fields read here (CO-RE).
-typedef struct { __u32 val; } kuid_t;
-typedef struct { __u32 val; } kgid_t;
-struct cred {
-	kgid_t fsgid;
-} __attribute__((preserve_access_index));
-struct file {
-	const struct cred *f_cred;
-} __attribute__((preserve_access_index));
-struct socket {
-	struct file *file;
-} __attribute__((preserve_access_index));
-struct sock {
-	kuid_t sk_uid;
-	struct socket *sk_socket;
-} __attribute__((preserve_access_index));
+#include "sock_owner.h"
 
 // The namespace of a packet's device: tc's bpf_get_netns_cookie answers
 // for the initial namespace whatever the packet's, so the cookie is read

@@ -48,23 +48,10 @@
 #define AF_INET 2
 #define AF_INET6 10
 
+#include "sock_owner.h"
+
 // Kernel types, only the fields read here; CO-RE relocates their offsets
 // against the running kernel's BTF.
-typedef struct { __u32 val; } kuid_t;
-typedef struct { __u32 val; } kgid_t;
-struct cred {
-	kgid_t fsgid;
-} __attribute__((preserve_access_index));
-struct file {
-	const struct cred *f_cred;
-} __attribute__((preserve_access_index));
-struct socket {
-	struct file *file;
-} __attribute__((preserve_access_index));
-struct sock {
-	kuid_t sk_uid;
-	struct socket *sk_socket;
-} __attribute__((preserve_access_index));
 struct tcp_sock {
 	__u32 copied_seq;
 	__u32 rcv_nxt;

@@ -122,7 +122,7 @@ func load(opts *ebpf.CollectionOptions) (*bpfObjects, error) {
 	if err := spec.LoadAndAssign(&objs, opts); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("%w: the kernel refused the ebpf interception programs (they need cgroup connect, getsockopt and sockops hooks, socket-local storage and bpf_sk_assign): %v", fastpath.ErrUnsupported, firstLines(fmt.Sprintf("%+v", ve), 3))
+			return nil, fmt.Errorf("%w: the kernel refused the ebpf interception programs (they need cgroup connect, getsockopt and sockops hooks, socket-local storage and bpf_sk_assign): %v", fastpath.ErrUnsupported, fastpath.FirstLines(fmt.Sprintf("%+v", ve), 3))
 		}
 		return nil, fmt.Errorf("%w: load the ebpf interception programs: %v", fastpath.ErrUnsupported, err)
 	}
@@ -278,6 +278,9 @@ type Status struct {
 	Counters Counters `json:"counters"`
 }
 
+// counterCount is CC_MAX of capture.c's enum counter.
+const counterCount = 5
+
 // Counters are totals since attach.
 type Counters struct {
 	Outbound   uint64 `json:"outbound"`    // connections sent to the outbound port
@@ -306,37 +309,10 @@ func ReadStatus(dir string) (Status, error) {
 		return st, fmt.Errorf("walk the pods map: %w", err)
 	}
 	st.Pods = len(keys)
-	c, err := ebpf.LoadPinnedMap(filepath.Join(dir, pods.PinCounters), nil)
+	sum, err := fastpath.SumCounters(filepath.Join(dir, pods.PinCounters), counterCount)
 	if err != nil {
-		return st, fmt.Errorf("open the pinned counters: %w", err)
-	}
-	defer c.Close()
-	var sum [5]uint64
-	for i := range sum {
-		var perCPU []uint64
-		if err := c.Lookup(uint32(i), &perCPU); err != nil {
-			return st, fmt.Errorf("read counter %d: %w", i, err)
-		}
-		for _, v := range perCPU {
-			sum[i] += v
-		}
+		return st, err
 	}
 	st.Counters = Counters{Outbound: sum[0], InboundLo: sum[1], Inbound: sum[2], NoListener: sum[3], Answers: sum[4]}
 	return st, nil
-}
-
-func firstLines(s string, n int) string {
-	var out []byte
-	for i := 0; i < len(s) && n > 0; i++ {
-		if s[i] == '\n' {
-			n--
-			if n == 0 {
-				break
-			}
-			out = append(out, ' ', '|', ' ')
-			continue
-		}
-		out = append(out, s[i])
-	}
-	return string(out)
 }

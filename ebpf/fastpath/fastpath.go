@@ -520,7 +520,7 @@ func load(cfg Config, loadSpec func() (*ebpf.CollectionSpec, error)) (*bpfObject
 	if err := spec.LoadAndAssign(&objs, nil); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
-			return nil, unsupported("the kernel refused the fast path's programs (it needs sockops, sk_msg, sockhash, socket-local storage and bpf_skc_to_tcp_sock, Linux 5.15 or later): %v", firstLines(fmt.Sprintf("%+v", ve), 3))
+			return nil, unsupported("the kernel refused the fast path's programs (it needs sockops, sk_msg, sockhash, socket-local storage and bpf_skc_to_tcp_sock, Linux 5.15 or later): %v", FirstLines(fmt.Sprintf("%+v", ve), 3))
 		}
 		if errors.Is(err, unix.EPERM) {
 			return nil, unsupported("loading BPF programs was refused (run as root: the fast path needs CAP_BPF, CAP_NET_ADMIN and CAP_PERFMON): %v", err)
@@ -547,7 +547,8 @@ func boolByte(b bool) uint8 {
 	return 0
 }
 
-func firstLines(s string, n int) string {
+// FirstLines keeps the first n lines of s (a verifier log) on one line.
+func FirstLines(s string, n int) string {
 	lines := strings.Split(strings.TrimSpace(s), "\n")
 	if len(lines) > n {
 		lines = append(lines[:n], "...")
@@ -733,26 +734,37 @@ func readSettings(dir string, st *Status) error {
 }
 
 func readCounters(path string) (Counters, error) {
-	m, err := ebpf.LoadPinnedMap(path, nil)
+	sum, err := SumCounters(path, cMax)
 	if err != nil {
-		return Counters{}, fmt.Errorf("open the pinned counters: %w", err)
-	}
-	defer m.Close()
-	var sum [cMax]uint64
-	for i := range uint32(cMax) {
-		var perCPU []uint64
-		if err := m.Lookup(i, &perCPU); err != nil {
-			return Counters{}, fmt.Errorf("read counter %d: %w", i, err)
-		}
-		for _, v := range perCPU {
-			sum[i] += v
-		}
+		return Counters{}, err
 	}
 	return Counters{
 		Sockets: sum[cSockets], Pairs: sum[cPairs], RedirectedMessages: sum[cMessages],
 		RedirectedBytes: sum[cBytes], Fallbacks: sum[cFallbacks], Ambiguous: sum[cAmbiguous],
 		KeptForProxy: sum[cKeptForProxy],
 	}, nil
+}
+
+// SumCounters reads the first n counters of the pinned per-CPU array at
+// path, each summed over the CPUs (the fast path's and the ebpf
+// interception programs' counters).
+func SumCounters(path string, n int) ([]uint64, error) {
+	m, err := ebpf.LoadPinnedMap(path, nil)
+	if err != nil {
+		return nil, fmt.Errorf("open the pinned counters: %w", err)
+	}
+	defer m.Close()
+	sum := make([]uint64, n)
+	for i := range sum {
+		var perCPU []uint64
+		if err := m.Lookup(uint32(i), &perCPU); err != nil {
+			return nil, fmt.Errorf("read counter %d: %w", i, err)
+		}
+		for _, v := range perCPU {
+			sum[i] += v
+		}
+	}
+	return sum, nil
 }
 
 // CountSockets counts the sockets in the sockhash.

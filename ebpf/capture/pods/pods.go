@@ -237,22 +237,31 @@ func pinDir(dir string) string {
 // open opens the pinned maps under dir; ErrNotAttached when they are not
 // there.
 func open(dir string) (*maps, error) {
-	dir = pinDir(dir)
 	m := &maps{}
 	for _, p := range []struct {
 		name string
 		to   **ebpf.Map
 	}{{PinPods, &m.pods}, {PinPorts, &m.ports}, {PinCIDRs, &m.cidrs}} {
-		x, err := ebpf.LoadPinnedMap(filepath.Join(dir, p.name), nil)
-		if errors.Is(err, os.ErrNotExist) {
-			m.Close()
-			return nil, ErrNotAttached
-		}
+		x, err := openMap(dir, p.name)
 		if err != nil {
 			m.Close()
-			return nil, fmt.Errorf("open the pinned %s map (%s): %w", p.name, dir, err)
+			return nil, err
 		}
 		*p.to = x
+	}
+	return m, nil
+}
+
+// openMap opens one pinned map under dir; ErrNotAttached when it is not
+// there.
+func openMap(dir, name string) (*ebpf.Map, error) {
+	dir = pinDir(dir)
+	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, name), nil)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, ErrNotAttached
+	}
+	if err != nil {
+		return nil, fmt.Errorf("open the pinned %s map (%s): %w", name, dir, err)
 	}
 	return m, nil
 }
@@ -354,8 +363,11 @@ func Forget(dir string) error {
 
 // Registered reads the settings registered for the pod whose network
 // namespace the calling thread is in; ok is false when there are none.
+//
+// It opens the pods map only: every interception install of another mode
+// asks it (to forget a registration from an earlier EBPF install).
 func Registered(dir string) (c Capture, ok bool, err error) {
-	m, err := open(dir)
+	m, err := openMap(dir, PinPods)
 	if errors.Is(err, ErrNotAttached) {
 		return c, false, nil
 	}
@@ -367,7 +379,7 @@ func Registered(dir string) (c Capture, ok bool, err error) {
 	if err != nil {
 		return c, false, err
 	}
-	switch err := m.pods.Lookup(ns, &c); {
+	switch err := m.Lookup(ns, &c); {
 	case errors.Is(err, ebpf.ErrKeyNotExist):
 		return c, false, nil
 	case err != nil:
