@@ -367,11 +367,13 @@ static __always_inline void client_established(struct bpf_sock_ops *skops)
 			return;
 	} else {
 		// An application's outbound connection: only in a namespace
-		// with a sidecar, not the sidecar's own, not to loopback.
+		// with a sidecar, not the sidecar's own, not to loopback except
+		// to the sidecar's outbound port, where EBPF interception's
+		// connect() hook points a captured connection (127.0.0.1 or ::1).
 		if (proxy || !bpf_map_lookup_elem(&mw_sidecars, &e.netns))
 			return;
 		remote_endpoint(skops, &remote);
-		if (is_loopback(&remote))
+		if (is_loopback(&remote) && remote.port != outbound_port)
 			return;
 	}
 	struct sock_state *st = bpf_sk_storage_get(&mw_state, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);

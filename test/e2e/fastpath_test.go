@@ -33,11 +33,45 @@ import (
 // proxy's extra flags) by iptables-init's REDIRECT rules for every
 // address and port.
 func redirectedPod(t *testing.T, h *harness.H, proxyArgs ...string) *ie.Env {
+	return interceptedPod(t, h, "REDIRECT", proxyArgs...)
+}
+
+// fastpathModes are the interception modes the fast path is tested
+// under: REDIRECT's rules, and EBPF mode's connect() hooks, whose captured
+// connections reach the sidecar over loopback.
+var fastpathModes = []string{"REDIRECT", "EBPF"}
+
+// interceptedPod is redirectedPod in interception mode REDIRECT or EBPF.
+// An EBPF pod's registration is removed when t ends (before its namespace
+// goes), so that the programs can be detached without force.
+func interceptedPod(t *testing.T, h *harness.H, mode string, proxyArgs ...string) *ie.Env {
 	t.Helper()
 	e := ie.New(t, h)
 	e.StartProxy(false, proxyArgs...)
-	e.MustIptablesInit("-m", "REDIRECT", "-i", "*", "-b", "*")
+	e.MustIptablesInit("-m", mode, "-i", "*", "-b", "*")
+	if mode == "EBPF" {
+		t.Cleanup(func() {
+			if code, out := e.IptablesInit("--cleanup-only"); code != 0 {
+				t.Errorf("iptables-init --cleanup-only: exit %d: %s", code, out)
+			}
+		})
+	}
 	return e
+}
+
+// fastpathEachMode runs f as a subtest per fastpathModes; in EBPF mode
+// it then checks that the pod's namespace has no conntrack entry and no
+// netfilter rule (the fast path moves the bytes, the hooks the
+// connections).
+func fastpathEachMode(t *testing.T, f func(t *testing.T, mode string) *ie.Env) {
+	for _, mode := range fastpathModes {
+		t.Run(mode, func(t *testing.T) {
+			e := f(t, mode)
+			if mode == "EBPF" && !t.Failed() {
+				assertNoNetfilter(t, e.Pod)
+			}
+		})
+	}
 }
 
 // fastpathCmd runs the built `meshwire fastpath ARGS` and returns its exit
@@ -159,7 +193,7 @@ func fastpathBothWays(t *testing.T, e *ie.Env, v6 bool) {
 }
 
 // TestFastpathTraffic: byte-exact data of every size both ways through the
-// real proxy, REDIRECT and TPROXY, IPv4 and IPv6; the counters prove the
+// real proxy, REDIRECT, TPROXY and EBPF mode, IPv4 and IPv6; the counters prove the
 // fast path carried the bytes it may carry (sidecar -> app by default, both
 // directions with --into-proxy).
 func TestFastpathTraffic(t *testing.T) {
@@ -169,17 +203,25 @@ func TestFastpathTraffic(t *testing.T) {
 			name = "into-proxy"
 		}
 		t.Run(name, func(t *testing.T) {
-			for _, mode := range []string{"REDIRECT", "TPROXY"} {
+			for _, mode := range []string{"REDIRECT", "TPROXY", "EBPF"} {
 				t.Run(mode, func(t *testing.T) {
 					h := harness.New(t)
 					fastpathAttach(t, h, flags...)
-					e := ie.New(t, h)
-					e.StartProxy(mode == "TPROXY")
-					e.MustIptablesInit("-m", mode, "-i", "*", "-b", "*")
+					var e *ie.Env
+					if mode == "TPROXY" {
+						e = ie.New(t, h)
+						e.StartProxy(true)
+						e.MustIptablesInit("-m", mode, "-i", "*", "-b", "*")
+					} else {
+						e = interceptedPod(t, h, mode)
+					}
 					for _, fam := range interceptFamilies {
 						t.Run(fam.name, func(t *testing.T) {
 							fastpathCarried(t, h, e, fam.v6, flags != nil)
 						})
+					}
+					if mode == "EBPF" {
+						assertNoNetfilter(t, e.Pod)
 					}
 				})
 			}
@@ -294,21 +336,24 @@ func podPolicy(t *testing.T, ns *harness.NS) (p podpolicy.Policy, ok bool) {
 
 // TestFastpathSpliceProxy: a proxy that copies with splice() (Go's io.Copy
 // between two TCP connections) keeps working with default flags: nothing
-// is ever queued where splice cannot see it.
+// is ever queued where splice cannot see it. In REDIRECT and EBPF mode.
 func TestFastpathSpliceProxy(t *testing.T) {
-	h := harness.New(t)
-	fastpathAttach(t, h)
-	e := redirectedPod(t, h, "-copy", "splice")
-	for _, fam := range interceptFamilies {
-		t.Run(fam.name, func(t *testing.T) {
-			before := fastpathStatus(t, h)
-			fastpathBothWays(t, e, fam.v6)
-			after := fastpathStatus(t, h)
-			if after.RedirectedMessages == before.RedirectedMessages {
-				t.Fatalf("nothing was redirected (%+v): the test would not see a stall", after.Counters)
-			}
-		})
-	}
+	fastpathEachMode(t, func(t *testing.T, mode string) *ie.Env {
+		h := harness.New(t)
+		fastpathAttach(t, h)
+		e := interceptedPod(t, h, mode, "-copy", "splice")
+		for _, fam := range interceptFamilies {
+			t.Run(fam.name, func(t *testing.T) {
+				before := fastpathStatus(t, h)
+				fastpathBothWays(t, e, fam.v6)
+				after := fastpathStatus(t, h)
+				if after.RedirectedMessages == before.RedirectedMessages {
+					t.Fatalf("nothing was redirected (%+v): the test would not see a stall", after.Counters)
+				}
+			})
+		}
+		return e
+	})
 }
 
 // dialFrom opens a connection from inside ns from a fixed local address.
@@ -325,13 +370,18 @@ func dialFrom(ns *harness.NS, src, dst netip.AddrPort) (*net.TCPConn, error) {
 
 // TestFastpathIdenticalTuples: two pods with the same addresses, whose apps
 // connect from the same port to the same destination, never get each
-// other's bytes.
+// other's bytes. In REDIRECT and EBPF mode (where the original destination
+// is filed per namespace and client endpoint).
 func TestFastpathIdenticalTuples(t *testing.T) {
+	fastpathEachMode(t, fastpathIdenticalTuples)
+}
+
+func fastpathIdenticalTuples(t *testing.T, mode string) *ie.Env {
 	h := harness.New(t)
 	fastpathAttach(t, h, "--into-proxy")
 	var envs []*ie.Env
 	for range 2 {
-		e := redirectedPod(t, h)
+		e := interceptedPod(t, h, mode)
 		envs = append(envs, e)
 	}
 	before := fastpathStatus(t, h)
@@ -365,6 +415,7 @@ func TestFastpathIdenticalTuples(t *testing.T) {
 	if after.Pairs-before.Pairs != 2 || after.RedirectedMessages-before.RedirectedMessages < 2*200 {
 		t.Fatalf("want both connections paired and on the fast path: before %+v, after %+v", before.Counters, after.Counters)
 	}
+	return envs[0]
 }
 
 // TestFastpathLifecycle: sockets from before attach keep working (on TCP);
@@ -475,11 +526,15 @@ func TestFastpathLifecycle(t *testing.T) {
 }
 
 // TestFastpathConcurrent: 50 connections at once, every reply byte-exact,
-// and the sockhash empty once they are closed.
+// and the sockhash empty once they are closed. In REDIRECT and EBPF mode.
 func TestFastpathConcurrent(t *testing.T) {
+	fastpathEachMode(t, fastpathConcurrent)
+}
+
+func fastpathConcurrent(t *testing.T, mode string) *ie.Env {
 	h := harness.New(t)
 	fastpathAttach(t, h, "--into-proxy")
-	e := redirectedPod(t, h)
+	e := interceptedPod(t, h, mode)
 	var wg sync.WaitGroup
 	errs := make(chan error, 50)
 	for i := range 50 {
@@ -515,6 +570,7 @@ func TestFastpathConcurrent(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 		st = fastpathStatus(t, h)
 	}
+	return e
 }
 
 // TestFastpathRefused: bad flags exit 2; a setup that cannot work (pins

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/meshwire/meshwire/ebpf/capture"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/test/harness"
 )
@@ -27,15 +28,29 @@ func Fastpath(h *harness.H, args ...string) (int, string, error) {
 // FastpathStatus is `meshwire fastpath status --json`, decoded.
 func FastpathStatus(h *harness.H) (fastpath.Status, error) {
 	var st fastpath.Status
+	return st, status(h, &st)
+}
+
+// CaptureStatus is the ebpf interception part of `meshwire fastpath status
+// --json`, decoded.
+func CaptureStatus(h *harness.H) (capture.Status, error) {
+	var st struct {
+		Capture capture.Status `json:"ebpf_interception"`
+	}
+	err := status(h, &st)
+	return st.Capture, err
+}
+
+func status(h *harness.H, v any) error {
 	code, out, err := Fastpath(h, "status", "--json")
 	if err == nil && code != 0 {
 		err = fmt.Errorf("exit %d: %s", code, strings.TrimSpace(out))
 	}
 	if err == nil {
-		err = json.Unmarshal([]byte(out), &st)
+		err = json.Unmarshal([]byte(out), v)
 	}
 	if err != nil {
-		return st, fmt.Errorf("meshwire fastpath status --json: %w", err)
+		return fmt.Errorf("meshwire fastpath status --json: %w", err)
 	}
-	return st, nil
+	return nil
 }
