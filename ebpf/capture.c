@@ -142,6 +142,8 @@ struct pod_capture {
 	__u32 lo4_mask;       // ... and its mask
 	__u32 owner_id[MAX_OWNERS]; // the proxy's uids then gids (-u, -g)
 	__u32 group[MAX_GROUPS];    // the owner group filter's gids
+	__u64 netns_ino;            // the namespace's nsfs inode: for userspace,
+	                            // which forgets pods whose namespace is gone
 };
 
 enum port_kind {

@@ -48,6 +48,7 @@ type bpfPodCapture struct {
 	Lo4Mask      uint32
 	OwnerId      [8]uint32
 	Group        [64]uint32
+	NetnsIno     uint64
 }
 
 type bpfPortKey struct {

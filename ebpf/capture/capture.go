@@ -90,6 +90,9 @@ func Attach(cgroup, dir string) (Result, error) {
 	if err != nil {
 		return 0, err
 	}
+	if other, ok := fastpath.OtherLayout(pods.Root, dir, IsAttached); ok {
+		return 0, fmt.Errorf("the ebpf interception programs of another layout are attached (%s, by another meshwire version): its pods are registered there; delete them, then detach it with that version's `meshwire fastpath detach`", other)
+	}
 	attached := IsAttached(dir)
 	opts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{}}
 	if attached {

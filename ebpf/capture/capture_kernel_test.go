@@ -97,3 +97,64 @@ func TestOutboundRedirect(t *testing.T) {
 		t.Fatalf("the proxy read original destination %q, want %s", g, dst)
 	}
 }
+
+// TestStale: a pod whose namespace is deleted without a DEL is reported by
+// pods.Stale and forgotten by ForgetStale; a live pod is never reported;
+// ForgetStale leaves alone a registration whose inode is not the one
+// reported.
+func TestStale(t *testing.T) {
+	kerneltest.Require(t)
+	dir := attachForTest(t)
+	s, err := pods.SettingsOf(intercept.Default(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type pod struct {
+		name       string
+		cookie, in uint64
+	}
+	var ps []pod
+	for _, tag := range []string{"stale-a", "stale-b"} {
+		name, path := kerneltest.NewNS(t, tag)
+		p := pod{name: name}
+		err := netns.Enter(path, func() (err error) {
+			if p.cookie, err = netns.Cookie(); err != nil {
+				return err
+			}
+			if p.in, err = netns.Inode(); err != nil {
+				return err
+			}
+			return pods.Register(dir, s)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps = append(ps, p)
+	}
+	stale, err := pods.Stale(dir, netns.Live)
+	if err != nil || len(stale) != 0 {
+		t.Fatalf("with both namespaces there, Stale = %v, %v; want none", stale, err)
+	}
+	if err := netns.Delete(ps[0].name); err != nil {
+		t.Fatal(err)
+	}
+	stale, err = pods.Stale(dir, netns.Live)
+	if err != nil || len(stale) != 1 || stale[ps[0].cookie] != ps[0].in {
+		t.Fatalf("with %s deleted, Stale = %v, %v; want {%d: %d}", ps[0].name, stale, err, ps[0].cookie, ps[0].in)
+	}
+	if err := pods.ForgetStale(dir, ps[0].cookie, ps[0].in+1); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := ReadStatus(dir); st.Pods != 2 {
+		t.Fatalf("ForgetStale with another inode removed a registration: %d pods left", st.Pods)
+	}
+	if err := pods.ForgetStale(dir, ps[0].cookie, ps[0].in); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := ReadStatus(dir); st.Pods != 1 {
+		t.Fatalf("after ForgetStale, %d pods registered, want 1", st.Pods)
+	}
+	if stale, err := pods.Stale(dir, netns.Live); err != nil || len(stale) != 0 {
+		t.Fatalf("after ForgetStale, Stale = %v, %v; want none", stale, err)
+	}
+}

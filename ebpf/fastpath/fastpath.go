@@ -484,16 +484,24 @@ func programTag(id ebpf.ProgramID) (string, error) {
 // version attached on this node (its sockops link pinned under
 // podpolicy.Root beside dir), when dir is a default-style one.
 func otherLayout(dir string) (string, bool) {
-	if filepath.Dir(filepath.Clean(dir)) != podpolicy.Root {
+	return OtherLayout(podpolicy.Root, dir, func(other string) bool {
+		_, err := os.Stat(filepath.Join(other, pinLink))
+		return err == nil
+	})
+}
+
+// OtherLayout returns a directory beside dir under root (the directory of
+// every layout version's pins) for which attached is true, when dir is
+// under root.
+func OtherLayout(root, dir string, attached func(string) bool) (string, bool) {
+	dir = filepath.Clean(dir)
+	if filepath.Dir(dir) != root {
 		return "", false
 	}
-	entries, _ := os.ReadDir(podpolicy.Root)
+	entries, _ := os.ReadDir(root)
 	for _, e := range entries {
-		other := filepath.Join(podpolicy.Root, e.Name())
-		if other == filepath.Clean(dir) {
-			continue
-		}
-		if _, err := os.Stat(filepath.Join(other, pinLink)); err == nil {
+		other := filepath.Join(root, e.Name())
+		if other != dir && attached(other) {
 			return other, true
 		}
 	}

@@ -128,3 +128,51 @@ func TestOpenStillThere(t *testing.T) {
 		t.Fatalf("StillThere after delete: %v", err)
 	}
 }
+
+// TestLive: Live lists a namespace while a bind mount holds it, and while
+// only an open file does, and not once neither does; the test's own
+// namespace (its threads') is listed.
+func TestLive(t *testing.T) {
+	kerneltest.Require(t)
+	old := netns.RunDir
+	netns.RunDir = t.TempDir()
+	defer func() { netns.RunDir = old }()
+	p, err := netns.Create("mwt-live")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = netns.Delete("mwt-live") })
+	var ino uint64
+	if err := netns.Enter(p, func() (err error) { ino, err = netns.Inode(); return err }); err != nil {
+		t.Fatal(err)
+	}
+	self, err := netns.Inode()
+	if err != nil {
+		t.Fatal(err)
+	}
+	live := func() map[uint64]bool {
+		t.Helper()
+		l, err := netns.Live()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l
+	}
+	if l := live(); !l[ino] || !l[self] {
+		t.Fatalf("Live with the namespace mounted at %s: has it %v, has the test's own %v", p, l[ino], l[self])
+	}
+	f, err := os.Open(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := netns.Delete("mwt-live"); err != nil {
+		t.Fatal(err)
+	}
+	if !live()[ino] {
+		t.Fatal("Live misses a namespace held only by an open file")
+	}
+	f.Close()
+	if live()[ino] {
+		t.Fatal("Live lists a namespace nothing holds any more")
+	}
+}

@@ -16,6 +16,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/meshwire/meshwire/ebpf/capture"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/internal/buildinfo"
 	"github.com/meshwire/meshwire/internal/installer"
@@ -53,7 +54,16 @@ type Agent struct {
 	fpErr    error  // why the fast path is not attached, as last seen
 	attaches uint64 // attachments the agent made
 	stopping bool
+
+	lastSweep time.Time // of the registrations (FastpathOwner.Collect)
+	sweepErr  error
+	collected uint64
 }
+
+// sweepEvery is how many intervals apart the agent looks for registrations
+// of namespaces that are gone: a walk of /proc (every process's tasks, open
+// files and mounts) is heavier than a check of the pins.
+const sweepEvery = 6
 
 // New checks o and returns an agent (nothing runs yet).
 func New(o Options) (*Agent, error) {
@@ -164,6 +174,17 @@ func (a *Agent) tick() {
 		a.mu.Lock()
 		a.fpErr, a.attaches = err, a.fp.Attaches()
 		a.mu.Unlock()
+		if time.Since(a.lastSweep) >= sweepEvery*a.o.Interval {
+			a.lastSweep = time.Now()
+			err := a.fp.Collect()
+			if err != nil && (a.sweepErr == nil || a.sweepErr.Error() != err.Error()) {
+				a.o.Logf("%v", err)
+			}
+			a.sweepErr = err
+			a.mu.Lock()
+			a.collected = a.fp.Collected()
+			a.mu.Unlock()
+		}
 	}
 	if a.plog != nil {
 		a.plog.read()
@@ -259,7 +280,7 @@ func (a *Agent) metrics(w http.ResponseWriter, _ *http.Request) {
 func (a *Agent) writeFastpath(e *exposition) {
 	dir, cgroup := fastpath.DefaultPinDir, ""
 	a.mu.Lock()
-	attaches := a.attaches
+	attaches, collected := a.attaches, a.collected
 	if a.fp != nil {
 		dir, cgroup = a.fp.Config.PinDir, a.fp.Config.Cgroup
 	}
@@ -272,6 +293,11 @@ func (a *Agent) writeFastpath(e *exposition) {
 	}
 	e.single("meshwire_fastpath_managed", "gauge", "Whether this agent attaches the fast path.", boolValue(a.fp != nil))
 	e.single("meshwire_fastpath_attaches_total", "counter", "Times this agent attached the fast path.", float64(attaches))
+	if cst, err := capture.ReadStatus(""); err == nil {
+		e.single("meshwire_capture_attached", "gauge", "Whether the ebpf interception programs are attached.", boolValue(cst.Attached))
+		e.single("meshwire_capture_pods", "gauge", "Pods registered for ebpf interception.", float64(cst.Pods))
+	}
+	e.single("meshwire_capture_collected_total", "counter", "Registrations for ebpf interception this agent forgot because their pod's namespace was gone without a DEL.", float64(collected))
 	st, err := fastpath.ReadStatus(dir)
 	e.single("meshwire_fastpath_attached", "gauge", "Whether the fast path is attached.", boolValue(st.Attached))
 	if err != nil || !st.Attached {

@@ -1,10 +1,13 @@
 package nodeagent
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/meshwire/meshwire/ebpf/capture"
+	"github.com/meshwire/meshwire/ebpf/capture/pods"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
+	"github.com/meshwire/meshwire/internal/netns"
 )
 
 // FastpathOwner attaches the eBPF fast path for a long-running command
@@ -26,7 +29,45 @@ type FastpathOwner struct {
 	// interception programs; from then on they are only attached again
 	// when they go.
 	captured bool
+	// suspects are the registrations the last sweep found without a
+	// namespace (cookie -> nsfs inode); collected, those forgotten.
+	suspects  map[uint64]uint64
+	collected uint64
 }
+
+// Collect forgets the ebpf interception registrations of pods whose
+// network namespace is gone without a DEL (a crashed runtime, a node
+// restored from a snapshot of its pins). A registration goes when two
+// sweeps in a row found its namespace gone: a namespace that moved between
+// holders (a task, an open file, a bind mount) while one sweep walked /proc
+// is seen by the next. Outside the host's PID namespace it does nothing
+// and says why (netns.ErrPartialView): there, live pods would look gone.
+func (f *FastpathOwner) Collect() error {
+	stale, err := pods.Stale("", netns.Live)
+	if errors.Is(err, pods.ErrNotAttached) {
+		f.suspects = nil
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("collect the registrations of namespaces that are gone: %w", err)
+	}
+	for ns, ino := range stale {
+		if prev, ok := f.suspects[ns]; !ok || prev != ino {
+			continue
+		}
+		if err := pods.ForgetStale("", ns, ino); err != nil {
+			return fmt.Errorf("forget the registration of a namespace that is gone: %w", err)
+		}
+		delete(stale, ns)
+		f.collected++
+		f.Logf("forgot the ebpf interception registration of a pod whose namespace is gone without a DEL (netns cookie %d, nsfs inode %d)", ns, ino)
+	}
+	f.suspects = stale
+	return nil
+}
+
+// Collected counts the registrations Collect forgot.
+func (f *FastpathOwner) Collected() uint64 { return f.collected }
 
 // Ensure attaches the fast path unless it is attached. It returns nil when
 // the fast path is attached afterwards; the caller reports the error.

@@ -562,7 +562,7 @@ func fastpathBenchReport(b *testing.B, res map[string][]*fastpathBenchResult, re
 		var panels []fastpathBenchPanel
 		for _, path := range fastpathBenchPaths {
 			for _, m := range measures {
-				p := fastpathBenchPanel{title: map[string]string{"hop": "app <-> sidecar hop", "whole": "app -> sidecar -> remote"}[path] + ", " + m.name}
+				p := fastpathBenchPanel{title: map[string]string{"hop": "app <-> sidecar hop", "whole": "app -> sidecar -> remote"}[path] + ", " + m.name, unit: "µs"}
 				for i := range fastpathBenchConfigs {
 					p.values = append(p.values, float64(m.get(res[path][i]).Median())/1e3)
 				}
@@ -573,7 +573,7 @@ func fastpathBenchReport(b *testing.B, res map[string][]*fastpathBenchResult, re
 		if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 			b.Fatal(err)
 		}
-		if err := os.WriteFile(out, []byte(fastpathBenchSVG(title, panels, len(measures))), 0o644); err != nil {
+		if err := os.WriteFile(out, []byte(fastpathBenchSVG(title, panels, len(measures), fastpathBenchLegend(), fastpathBenchColors)), 0o644); err != nil {
 			b.Fatal(err)
 		}
 		fmt.Printf("\nplot: %s\n", out)
@@ -590,7 +590,16 @@ func boolInt(b bool) int {
 // fastpathBenchPanel is one bar chart: one bar per configuration.
 type fastpathBenchPanel struct {
 	title  string
+	unit   string // of the y axis
 	values []float64
+}
+
+func fastpathBenchLegend() []string {
+	var names []string
+	for _, c := range fastpathBenchConfigs {
+		names = append(names, c.name)
+	}
+	return names
 }
 
 // fastpathBenchColors, one per configuration: grey for no interception,
@@ -599,8 +608,9 @@ type fastpathBenchPanel struct {
 var fastpathBenchColors = []string{"#9e9e9e", "#e6550d", "#fdae6b", "#3182bd", "#9ecae1", "#31a354", "#a1d99b"}
 
 // fastpathBenchSVG draws the panels in a grid of cols columns, each with its
-// own scale, the value over each bar, and a legend of the configurations.
-func fastpathBenchSVG(title string, panels []fastpathBenchPanel, cols int) string {
+// own scale, the value over each bar, and a legend: bar i of each panel is
+// legend[i], in colors[i].
+func fastpathBenchSVG(title string, panels []fastpathBenchPanel, cols int, legend, colors []string) string {
 	const (
 		pw, ph      = 340, 250 // panel
 		padL, padT  = 48, 34   // inside a panel: axis labels, title
@@ -639,23 +649,23 @@ func fastpathBenchSVG(title string, panels []fastpathBenchPanel, cols int) strin
 			fmt.Fprintf(&s, `<line x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#ddd"/>`+"\n", x0+padL, y, float64(x0+padL)+plotW, y)
 			fmt.Fprintf(&s, `<text x="%d" y="%.1f" font-size="10" text-anchor="end">%s</text>`+"\n", x0+padL-4, y+3, strconv.FormatFloat(v, 'f', -1, 64))
 		}
-		fmt.Fprintf(&s, `<text x="%d" y="%.1f" font-size="10" text-anchor="middle" transform="rotate(-90 %d %.1f)">µs</text>`+"\n", x0+12, base-plotH/2, x0+12, base-plotH/2)
+		fmt.Fprintf(&s, `<text x="%d" y="%.1f" font-size="10" text-anchor="middle" transform="rotate(-90 %d %.1f)">%s</text>`+"\n", x0+12, base-plotH/2, x0+12, base-plotH/2, esc(p.unit))
 		slot := plotW / float64(len(p.values))
 		for i, v := range p.values {
 			h := v / ymax * plotH
 			bx := float64(x0+padL) + float64(i)*slot + slot*0.12
-			fmt.Fprintf(&s, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%.1f µs</title></rect>`+"\n",
-				bx, base-h, slot*0.76, h, fastpathBenchColors[i%len(fastpathBenchColors)], v)
+			fmt.Fprintf(&s, `<rect x="%.1f" y="%.1f" width="%.1f" height="%.1f" fill="%s"><title>%.1f %s</title></rect>`+"\n",
+				bx, base-h, slot*0.76, h, colors[i%len(colors)], v, esc(p.unit))
 			fmt.Fprintf(&s, `<text x="%.1f" y="%.1f" font-size="9" text-anchor="middle">%s</text>`+"\n", bx+slot*0.38, base-h-3, fastpathBenchLabel(v))
 		}
 		fmt.Fprintf(&s, `<line x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#333"/>`+"\n", x0+padL, base, float64(x0+padL)+plotW, base)
 	}
 	ly := top + rows*ph + 10
-	for i, cfg := range fastpathBenchConfigs {
+	for i, name := range legend {
 		lx := margin + (i%4)*(width-2*margin)/4
 		y := ly + (i/4)*22
-		fmt.Fprintf(&s, `<rect x="%d" y="%d" width="14" height="14" fill="%s"/>`+"\n", lx, y, fastpathBenchColors[i%len(fastpathBenchColors)])
-		fmt.Fprintf(&s, `<text x="%d" y="%d" font-size="12">%s</text>`+"\n", lx+20, y+12, esc(cfg.name))
+		fmt.Fprintf(&s, `<rect x="%d" y="%d" width="14" height="14" fill="%s"/>`+"\n", lx, y, colors[i%len(colors)])
+		fmt.Fprintf(&s, `<text x="%d" y="%d" font-size="12">%s</text>`+"\n", lx+20, y+12, esc(name))
 	}
 	s.WriteString("</svg>\n")
 	return s.String()

@@ -20,6 +20,7 @@ import (
 
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/internal/installer"
+	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/test/harness"
 	ie "github.com/meshwire/meshwire/test/interceptenv"
 )
@@ -176,6 +177,36 @@ func TestNodeAgent(t *testing.T) {
 	waitUntil(t, 5*time.Second, "/readyz ready again", func() bool { return probeCode(addr, "/readyz") == 200 })
 	if !strings.Contains(stderr.String(), "detached by someone else; attached it again") {
 		t.Errorf("log does not say the fast path was attached again:\n%s", stderr.String())
+	}
+
+	// A pod registered for ebpf interception whose namespace goes
+	// without a DEL is forgotten after two sweeps (6 intervals apart).
+	goneName := "mwt-node-gone-" + harness.RandomID()[:8]
+	gonePath, err := netns.Create(goneName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = netns.Delete(goneName) }()
+	goneNS := &harness.NS{Name: goneName, Path: gonePath}
+	if code, out := e.IptablesInitIn(goneNS, nil, "-m", "EBPF", "-i", "*", "-b", "*"); code != 0 {
+		t.Fatalf("iptables-init -m EBPF: exit %d: %s", code, out)
+	}
+	if st := captureStatus(t, h); st.Pods != 1 {
+		t.Fatalf("%d pods registered, want 1", st.Pods)
+	}
+	time.Sleep(3 * time.Second) // sweeps while the namespace is there
+	if m := scrape(t, addr); m["meshwire_capture_pods"] != 1 || m["meshwire_capture_collected_total"] != 0 {
+		t.Fatalf("a live pod's registration was collected: %v", m)
+	}
+	if err := netns.Delete(goneName); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, 10*time.Second, "the registration of the gone namespace forgotten", func() bool {
+		m := scrape(t, addr)
+		return m["meshwire_capture_collected_total"] == 1 && m["meshwire_capture_pods"] == 0
+	})
+	if !strings.Contains(stderr.String(), "forgot the ebpf interception registration of a pod whose namespace is gone") {
+		t.Errorf("log does not say the registration was forgotten:\n%s", stderr.String())
 	}
 
 	// An accelerated connection, open across SIGTERM.

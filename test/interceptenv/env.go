@@ -334,11 +334,18 @@ func (e *Env) IptablesInit(args ...string) (int, string) {
 // cluster, the environment has ISTIO_DUAL_STACK=true unless env sets it.
 func (e *Env) IptablesInitEnv(env []string, args ...string) (int, string) {
 	e.T.Helper()
+	return e.IptablesInitIn(e.Pod, env, args...)
+}
+
+// IptablesInitIn is IptablesInitEnv in namespace ns (the remote, made a
+// meshed pod of its own).
+func (e *Env) IptablesInitIn(ns *harness.NS, env []string, args ...string) (int, string) {
+	e.T.Helper()
 	cmd := exec.Command(filepath.Join(e.H.BinDir, "iptables-init"), args...)
 	cmd.Env = append(append([]string{"ISTIO_DUAL_STACK=true"}, os.Environ()...), env...)
 	var buf strings.Builder
 	cmd.Stdout, cmd.Stderr = &buf, &buf
-	err := e.Pod.Do(cmd.Run)
+	err := ns.Do(cmd.Run)
 	out := buf.String()
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
@@ -451,6 +458,15 @@ func (e *Env) StartProxy(tproxy bool, extra ...string) *Proxy {
 // ports).
 func (e *Env) StartProxyAs(uid, gid uint32, tproxy bool, extra ...string) *Proxy {
 	e.T.Helper()
+	e.Proxy = e.StartProxyIn(e.Pod, uid, gid, tproxy, extra...)
+	return e.Proxy
+}
+
+// StartProxyIn is StartProxyAs in namespace ns, without making it the
+// pod's proxy (e.Proxy): the remote's sidecar, when the remote is made a
+// meshed pod of its own. It is killed when the test ends.
+func (e *Env) StartProxyIn(ns *harness.NS, uid, gid uint32, tproxy bool, extra ...string) *Proxy {
+	e.T.Helper()
 	mode := "redirect"
 	if tproxy {
 		mode = "tproxy"
@@ -464,7 +480,7 @@ func (e *Env) StartProxyAs(uid, gid uint32, tproxy bool, extra ...string) *Proxy
 	cmd.Stderr = os.Stderr
 	p := &Proxy{cmd: cmd}
 	p.cond = sync.NewCond(&p.mu)
-	if err := e.Pod.Do(cmd.Start); err != nil {
+	if err := ns.Do(cmd.Start); err != nil {
 		e.T.Fatalf("start the test proxy: %v", err)
 	}
 	e.T.Cleanup(func() {
@@ -501,7 +517,6 @@ func (e *Env) StartProxyAs(uid, gid uint32, tproxy bool, extra ...string) *Proxy
 	if len(recs) == 0 {
 		e.T.Fatal("test proxy exited before it was ready")
 	}
-	e.Proxy = p
 	return p
 }
 
@@ -510,9 +525,14 @@ func (e *Env) StopProxy() {
 	if e.Proxy == nil {
 		return
 	}
-	_ = e.Proxy.cmd.Process.Kill()
-	_ = e.Proxy.cmd.Wait()
+	e.Proxy.Stop()
 	e.Proxy = nil
+}
+
+// Stop ends the proxy.
+func (p *Proxy) Stop() {
+	_ = p.cmd.Process.Kill()
+	_ = p.cmd.Wait()
 }
 
 func (p *Proxy) has(pred func(Record) bool) bool {

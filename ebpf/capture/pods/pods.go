@@ -23,10 +23,15 @@ import (
 
 // LayoutVersion names the layout of the pinned objects; a program or map
 // change that an older meshwire could not read bumps it.
-const LayoutVersion = "v1"
+//
+// v2: struct pod_capture gained netns_ino.
+const LayoutVersion = "v2"
+
+// Root holds the pin directories of every layout version.
+const Root = "/sys/fs/bpf/meshwire/capture"
 
 // DefaultPinDir is where the programs of this layout are pinned.
-const DefaultPinDir = "/sys/fs/bpf/meshwire/capture/" + LayoutVersion
+const DefaultPinDir = Root + "/" + LayoutVersion
 
 // Names of the pins under the pin directory.
 const (
@@ -66,6 +71,7 @@ type Capture struct {
 	Lo4Mask      [4]byte
 	OwnerID      [MaxOwners]uint32
 	Group        [MaxGroups]uint32
+	NetnsIno     uint64 // the namespace's nsfs inode, set by Register (see Stale)
 }
 
 // Port kinds (enum port_kind).
@@ -280,6 +286,9 @@ func Register(dir string, s Settings) error {
 	if err != nil {
 		return err
 	}
+	if s.Capture.NetnsIno, err = netns.Inode(); err != nil {
+		return err
+	}
 	one := uint8(1)
 	for _, k := range s.Ports {
 		k.Netns = ns
@@ -355,10 +364,71 @@ func Forget(dir string) error {
 	if err != nil {
 		return err
 	}
+	return m.forget(ns)
+}
+
+// forget removes namespace ns's registration: its entry first (capture
+// stops), then its ports and ranges.
+func (m *maps) forget(ns uint64) error {
 	if err := m.pods.Delete(ns); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
 		return fmt.Errorf("remove the pod's capture settings: %w", err)
 	}
 	return m.prune(ns, Settings{})
+}
+
+// Stale returns the registrations (namespace cookie -> nsfs inode) whose
+// namespace live, called after the registrations were read, does not list:
+// pods whose namespace went without a DEL. A namespace registered after
+// the read is not among them, so a pod being added is never stale.
+func Stale(dir string, live func() (map[uint64]bool, error)) (map[uint64]uint64, error) {
+	m, err := openMap(dir, PinPods)
+	if err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	regs := map[uint64]uint64{}
+	var ns uint64
+	var c Capture
+	it := m.Iterate()
+	for it.Next(&ns, &c) {
+		regs[ns] = c.NetnsIno
+	}
+	if err := it.Err(); err != nil {
+		return nil, fmt.Errorf("walk the capture pods: %w", err)
+	}
+	if len(regs) == 0 {
+		return nil, nil
+	}
+	alive, err := live()
+	if err != nil {
+		return nil, err
+	}
+	for ns, ino := range regs {
+		if alive[ino] {
+			delete(regs, ns)
+		}
+	}
+	return regs, nil
+}
+
+// ForgetStale removes the registration of namespace cookie ns, which Stale
+// reported with nsfs inode ino, if it is still there with that inode.
+func ForgetStale(dir string, ns, ino uint64) error {
+	m, err := open(dir)
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	var c Capture
+	switch err := m.pods.Lookup(ns, &c); {
+	case errors.Is(err, ebpf.ErrKeyNotExist):
+		return nil
+	case err != nil:
+		return fmt.Errorf("read a pod's capture settings: %w", err)
+	case c.NetnsIno != ino:
+		return nil
+	}
+	return m.forget(ns)
 }
 
 // Registered reads the settings registered for the pod whose network

@@ -69,6 +69,7 @@ func CheckEBPF(req Request) error {
 		return err
 	}
 	got, ok, err := pods.Registered("")
+	got.NetnsIno = 0 // Register's bookkeeping, not a setting
 	switch {
 	case err != nil:
 		return err
