@@ -247,16 +247,8 @@ func captureBenchRun(b *testing.B, h *harness.H, cfg captureBenchConfig, res *ca
 
 	if cfg.mode == "EBPF" {
 		for _, ns := range []*harness.NS{e.Pod, e.Remote} {
-			if n := captureBenchConntrack(b, ns); n != 0 {
-				b.Fatalf("%s: %d conntrack entries in %s after the traffic, want 0", cfg.name, n, ns.Name)
-			}
-			for _, f := range []string{"/proc/net/ip_tables_names", "/proc/net/ip6_tables_names"} {
-				if out, err := ns.Exec("cat", f); err != nil || out != "" {
-					b.Fatalf("%s: %s in %s: %q, %v (want no table)", cfg.name, f, ns.Name, out, err)
-				}
-			}
-			if out, err := ns.Exec("nft", "list", "ruleset"); err != nil || out != "" {
-				b.Fatalf("%s: nft list ruleset in %s: %q, %v (want none)", cfg.name, ns.Name, out, err)
+			if err := ie.NoNetfilter(ns); err != nil {
+				b.Fatalf("%s, after the traffic: %v", cfg.name, err)
 			}
 		}
 	}
@@ -328,20 +320,16 @@ func captureBenchAdds(b *testing.B, h *harness.H) map[string]harness.Samples {
 		}
 	}()
 	ns := h.NewNS("mwcb-add")
-	list := h.ConfList(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"mwcb-add","plugins":[{"type":"loopback"},
-		{"type":"intercept","istio-service-cidr":"*","istio-inbound-ports":"*","dual-stack":true,
-		 "capabilities":{%q:true}}]}`, "io.kubernetes.cri.pod-annotations"))
 	adds := map[string]harness.Samples{}
 	modes := []string{"REDIRECT", "EBPF"}
 	waitSettled(b, "ADD timing")
 	for i := 0; i < captureBenchAddN*b.N; i++ {
 		for k := range modes {
 			mode := modes[(k+i)%len(modes)]
-			a := h.Attach(list, ns, "lo", map[string]any{"io.kubernetes.cri.pod-annotations": map[string]string{
+			a := ie.ChainedIntercept(h, "mwcb-add", ns, map[string]string{
 				"sidecar.istio.io/status":    `{"containers":["istio-proxy"]}`,
 				"intercept.meshwire.io/mode": mode,
-			}})
-			a.RT.Args = [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "shop"}, {"K8S_POD_NAME", "p1"}, {"K8S_POD_INFRA_CONTAINER_ID", a.RT.ContainerID}}
+			})
 			s := adds[mode]
 			if err := s.Time(func() error { _, err := a.Add(); return err }); err != nil {
 				b.Fatalf("ADD in %s mode: %v", mode, err)

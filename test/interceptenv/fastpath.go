@@ -54,3 +54,37 @@ func status(h *harness.H, v any) error {
 	}
 	return nil
 }
+
+// NoNetfilter reports what EBPF mode must not leave in a pod's namespace
+// ns: a conntrack entry, an nftables rule, an iptables table.
+func NoNetfilter(ns *harness.NS) error {
+	out, err := ns.Exec("conntrack", "-L")
+	if err != nil {
+		return fmt.Errorf("conntrack -L in %s: %v\n%s", ns.Name, err, out)
+	}
+	if !strings.Contains(out, " 0 flow entries have been shown") {
+		return fmt.Errorf("%s has conntrack entries, want none:\n%s", ns.Name, out)
+	}
+	for _, tool := range [][]string{{"nft", "list", "ruleset"}, {"cat", "/proc/net/ip_tables_names"}, {"cat", "/proc/net/ip6_tables_names"}} {
+		out, err := ns.Exec(tool[0], tool[1:]...)
+		if err != nil {
+			return fmt.Errorf("%s in %s: %v\n%s", strings.Join(tool, " "), ns.Name, err, out)
+		}
+		if strings.TrimSpace(out) != "" {
+			return fmt.Errorf("%s in %s shows rules or tables:\n%s", strings.Join(tool, " "), ns.Name, out)
+		}
+	}
+	return nil
+}
+
+// ChainedIntercept is the chained intercept plugin (after loopback) as
+// containerd runs it for a Kubernetes pod in namespace ns with these
+// annotations (the pod-annotations capability, K8S_POD_* in CNI_ARGS).
+func ChainedIntercept(h *harness.H, name string, ns *harness.NS, annotations map[string]string) *harness.Attachment {
+	list := h.ConfList(fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"plugins":[{"type":"loopback"},
+		{"type":"intercept","istio-service-cidr":"*","istio-inbound-ports":"*","dual-stack":true,
+		 "capabilities":{%q:true}}]}`, name, "io.kubernetes.cri.pod-annotations"))
+	a := h.Attach(list, ns, "lo", map[string]any{"io.kubernetes.cri.pod-annotations": annotations})
+	a.RT.Args = [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "shop"}, {"K8S_POD_NAME", "p1"}, {"K8S_POD_INFRA_CONTAINER_ID", a.RT.ContainerID}}
+	return a
+}
