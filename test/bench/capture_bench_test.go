@@ -5,7 +5,6 @@ package bench
 import (
 	"bufio"
 	"fmt"
-	"math"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -72,7 +71,6 @@ func BenchmarkCapture(b *testing.B) {
 	for i := range res {
 		res[i] = &captureBenchResult{}
 	}
-	var adds map[string]harness.Samples
 	reps := captureBenchReps * b.N
 	start := time.Now()
 	for rep := 0; rep < reps; rep++ {
@@ -84,7 +82,7 @@ func BenchmarkCapture(b *testing.B) {
 			captureBenchRun(b, h, captureBenchConfigs[i], res[i])
 		}
 	}
-	adds = captureBenchAdds(b, h)
+	adds := captureBenchAdds(b, h)
 	b.Logf("BenchmarkCapture: %d repetitions of %d configurations and %d ADDs per mode in %s", reps, len(captureBenchConfigs), captureBenchAddN*b.N, time.Since(start).Round(time.Second))
 	captureBenchReport(b, res, adds, reps)
 }
@@ -370,12 +368,6 @@ func captureBenchReport(b *testing.B, res []*captureBenchResult, adds map[string
 	}
 	ad.Write(os.Stdout)
 
-	verdict := func(ok bool) string {
-		if ok {
-			return "PASS"
-		}
-		return "FAIL"
-	}
 	idx := func(name string) int {
 		for i, c := range captureBenchConfigs {
 			if c.name == name {
@@ -392,11 +384,7 @@ func captureBenchReport(b *testing.B, res []*captureBenchResult, adds map[string
 	tg.Add("connection rate, EBPF at least REDIRECT's", fmt.Sprintf("%.2fx (%.0f vs %.0f /s)", mean(ebpf.rate)/mean(redir.rate), mean(ebpf.rate), mean(redir.rate)), verdict(mean(ebpf.rate) >= mean(redir.rate)))
 	hr := float64(fast.hop.Median()) / float64(redir.hop.Median())
 	tg.Add("hop 64 B round trip, EBPF + fast path <= 0.5x REDIRECT", fmt.Sprintf("%.2fx (%s vs %s µs)", hr, fastpathBenchUs(fast.hop.Median()), fastpathBenchUs(redir.hop.Median())), verdict(hr <= 0.5))
-	gap, redirGap := math.Abs(float64(fast.s2s.Median()-none.s2s.Median())), math.Abs(float64(redir.s2s.Median()-none.s2s.Median()))
-	closed := 0.0
-	if redirGap > 0 {
-		closed = 1 - gap/redirGap
-	}
+	closed, _ := gapClosed(fast.s2s.Median(), redir.s2s.Median(), none.s2s.Median())
 	tg.Add("sidecar to sidecar, EBPF + fast path >= 30% of the way from REDIRECT to none",
 		fmt.Sprintf("%.0f%% (%s µs; none %s, REDIRECT %s)", 100*closed, fastpathBenchUs(fast.s2s.Median()), fastpathBenchUs(none.s2s.Median()), fastpathBenchUs(redir.s2s.Median())),
 		verdict(closed >= 0.3))

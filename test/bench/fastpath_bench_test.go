@@ -503,12 +503,6 @@ func fastpathBenchReport(b *testing.B, res map[string][]*fastpathBenchResult, re
 	}
 	ct.Write(os.Stdout)
 
-	verdict := func(ok bool) string {
-		if ok {
-			return "PASS"
-		}
-		return "FAIL"
-	}
 	tg := &harness.Table{
 		Title:  "fast path: targets",
 		Header: []string{"target", "configuration", "figure", "result"},
@@ -541,10 +535,9 @@ func fastpathBenchReport(b *testing.B, res map[string][]*fastpathBenchResult, re
 				continue
 			}
 			d := m.get(whole[i]).Median()
-			gap, redirGap := math.Abs(float64(d-none)), math.Abs(float64(redir-none))
 			closed, ok := "n/a", false
-			if redirGap > 0 {
-				closed, ok = fmt.Sprintf("%.0f%%", 100*(1-gap/redirGap)), 1-gap/redirGap >= 0.25
+			if c, defined := gapClosed(d, redir, none); defined {
+				closed, ok = fmt.Sprintf("%.0f%%", 100*c), c >= 0.25
 			}
 			tg.Add("whole path "+m.name+" round trip >= 25% of the way from REDIRECT alone to none", cfg.name,
 				fmt.Sprintf("%s µs (none %s, REDIRECT %s; gap closed %s)", fastpathBenchUs(d), fastpathBenchUs(none), fastpathBenchUs(redir), closed),

@@ -41,13 +41,14 @@ func redirectedPod(t *testing.T, h *harness.H, proxyArgs ...string) *ie.Env {
 // connections reach the sidecar over loopback.
 var fastpathModes = []string{"REDIRECT", "EBPF"}
 
-// interceptedPod is redirectedPod in interception mode REDIRECT or EBPF.
-// An EBPF pod's registration is removed when t ends (before its namespace
-// goes), so that the programs can be detached without force.
+// interceptedPod is redirectedPod in interception mode REDIRECT, TPROXY
+// (the proxy transparent) or EBPF. An EBPF pod's registration is removed
+// when t ends (before its namespace goes), so that the programs can be
+// detached without force.
 func interceptedPod(t *testing.T, h *harness.H, mode string, proxyArgs ...string) *ie.Env {
 	t.Helper()
 	e := ie.New(t, h)
-	e.StartProxy(false, proxyArgs...)
+	e.StartProxy(mode == "TPROXY", proxyArgs...)
 	e.MustIptablesInit("-m", mode, "-i", "*", "-b", "*")
 	if mode == "EBPF" {
 		t.Cleanup(func() {
@@ -207,14 +208,7 @@ func TestFastpathTraffic(t *testing.T) {
 				t.Run(mode, func(t *testing.T) {
 					h := harness.New(t)
 					fastpathAttach(t, h, flags...)
-					var e *ie.Env
-					if mode == "TPROXY" {
-						e = ie.New(t, h)
-						e.StartProxy(true)
-						e.MustIptablesInit("-m", mode, "-i", "*", "-b", "*")
-					} else {
-						e = interceptedPod(t, h, mode)
-					}
+					e := interceptedPod(t, h, mode)
 					for _, fam := range interceptFamilies {
 						t.Run(fam.name, func(t *testing.T) {
 							fastpathCarried(t, h, e, fam.v6, flags != nil)

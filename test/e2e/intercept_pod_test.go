@@ -30,9 +30,7 @@ func TestInterceptPerPod(t *testing.T) {
 		{"type":"intercept","istio-service-cidr":"*","istio-inbound-ports":"*","dual-stack":true,
 		 "capabilities":{%q:true}}]}`, "io.kubernetes.cri.pod-annotations"))
 	attach := func(ns string, annotations map[string]string) *harness.Attachment {
-		a := h.Attach(list, e.Pod, "lo", map[string]any{"io.kubernetes.cri.pod-annotations": annotations})
-		a.RT.Args = [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", ns}, {"K8S_POD_NAME", "p1"}, {"K8S_POD_INFRA_CONTAINER_ID", a.RT.ContainerID}}
-		return a
+		return ie.PodAttach(h, list, e.Pod, ns, annotations)
 	}
 	remote, pod := ie.AP(ie.RemoteV4, ie.RemotePort), ie.AP(ie.PodV4, ie.AppPort)
 	relo := func() {
@@ -152,9 +150,7 @@ func TestInterceptIstioCNI(t *testing.T) {
 	}
 	list := h.ConfList(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"mwti-mesh","plugins":[%s,%s]}`, conf.Plugins[0], conf.Plugins[3]))
 	attach := func(annotations map[string]string) *harness.Attachment {
-		a := h.Attach(list, e.Pod, "lo", map[string]any{"io.kubernetes.cri.pod-annotations": annotations})
-		a.RT.Args = [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "shop"}, {"K8S_POD_NAME", "p1"}, {"K8S_POD_INFRA_CONTAINER_ID", a.RT.ContainerID}}
-		return a
+		return ie.PodAttach(h, list, e.Pod, "shop", annotations)
 	}
 	del := func(a *harness.Attachment) {
 		t.Helper()

@@ -8,6 +8,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/containernetworking/cni/libcni"
+
 	"github.com/meshwire/meshwire/ebpf/capture"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/test/harness"
@@ -78,13 +80,20 @@ func NoNetfilter(ns *harness.NS) error {
 }
 
 // ChainedIntercept is the chained intercept plugin (after loopback) as
-// containerd runs it for a Kubernetes pod in namespace ns with these
-// annotations (the pod-annotations capability, K8S_POD_* in CNI_ARGS).
+// containerd runs it for a Kubernetes pod of namespace "shop" in network
+// namespace ns with these annotations.
 func ChainedIntercept(h *harness.H, name string, ns *harness.NS, annotations map[string]string) *harness.Attachment {
 	list := h.ConfList(fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"plugins":[{"type":"loopback"},
 		{"type":"intercept","istio-service-cidr":"*","istio-inbound-ports":"*","dual-stack":true,
 		 "capabilities":{%q:true}}]}`, name, "io.kubernetes.cri.pod-annotations"))
+	return PodAttach(h, list, ns, "shop", annotations)
+}
+
+// PodAttach attaches list to lo in network namespace ns as containerd
+// does for Kubernetes pod p1 of namespace podNamespace: its annotations
+// as the pod-annotations capability, K8S_POD_* in CNI_ARGS.
+func PodAttach(h *harness.H, list *libcni.NetworkConfigList, ns *harness.NS, podNamespace string, annotations map[string]string) *harness.Attachment {
 	a := h.Attach(list, ns, "lo", map[string]any{"io.kubernetes.cri.pod-annotations": annotations})
-	a.RT.Args = [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "shop"}, {"K8S_POD_NAME", "p1"}, {"K8S_POD_INFRA_CONTAINER_ID", a.RT.ContainerID}}
+	a.RT.Args = [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", podNamespace}, {"K8S_POD_NAME", "p1"}, {"K8S_POD_INFRA_CONTAINER_ID", a.RT.ContainerID}}
 	return a
 }
