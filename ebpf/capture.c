@@ -21,11 +21,19 @@
 //             bpf_sk_assign; the accepted socket keeps the original
 //             destination as its local address, and the rest of the
 //             connection is found by the kernel's own lookup.
+//   DNS:      with DNS capture, TCP and UDP to port 53 (of the pod's
+//             nameservers, or any) go to the proxy's DNS port on loopback
+//             instead: connect4/6 for TCP and connected UDP, sendmsg4/6
+//             for datagrams sent with an address. The socket keeps the
+//             server's address, and recvmsg4/6 and getpeername4/6 put it
+//             back where the answers' source would show the proxy, as
+//             conntrack's reverse translation does for the rules.
 //   answers:  cgroup getsockopt answers SO_ORIGINAL_DST and
 //             IP6T_SO_ORIGINAL_DST where conntrack has nothing: the filed
 //             destination for a connection accepted on a capture port,
 //             else the socket's local address (what conntrack reports for
-//             a connection it did not rewrite).
+//             a connection it did not rewrite). getpeername on a
+//             redirected socket answers its original destination.
 #include <linux/bpf.h>
 #include <linux/types.h>
 #include <bpf/bpf_helpers.h>
@@ -35,7 +43,11 @@
 #define AF_INET 2
 #define AF_INET6 10
 #define SOCK_STREAM 1
+#define SOCK_DGRAM 2
 #define IPPROTO_TCP 6
+#define IPPROTO_UDP 17
+#define DNS_PORT 15053 // the proxy's DNS port (intercept.DNSCapturePort)
+#define DNS_SERVER_PORT 53
 #define SOL_IP 0
 #define SOL_IPV6 41
 #define SO_ORIGINAL_DST 80 // also IP6T_SO_ORIGINAL_DST
@@ -127,6 +139,9 @@ enum pod_flag {
 	CAP_IN = 1 << 2,              // inbound capture at all (-b not empty)
 	CAP_LOOPBACK_INCLUDED = 1 << 3, // -i names a loopback range
 	CAP_GROUPS_ONLY = 1 << 4,     // the owner groups are the only ones captured
+	CAP_DNS = 1 << 5,             // DNS capture (redirect-dns)
+	CAP_DNS_ALL = 1 << 6,         // to every server (capture-all-dns), else
+	                              // to the CIDR_DNS ones (the nameservers)
 };
 
 // A meshed pod's capture settings (mw_cap_pods' value), from its config.
@@ -164,6 +179,7 @@ enum cidr_kind {
 	CIDR_EXCLUDE = 1, // -x
 	CIDR_INCLUDE = 2, // -i (a list)
 	CIDR_LOCAL = 3,   // the pod's own addresses: reached over lo
+	CIDR_DNS = 4,     // the pod's nameservers (DNS capture without "all")
 };
 
 // mw_cap_cidrs' key: the LPM prefix covers kind and netns whole, then the
@@ -224,13 +240,21 @@ struct {
 	__type(value, struct target);
 } mw_cap_origdst SEC(".maps");
 
-// The original destination of a redirected socket, from connect() until
-// sockops files it.
+// A redirected socket's original destination (for UDP sent with an
+// address: the last one captured) and the port it was sent to instead.
+struct sk_target {
+	struct target t;
+	__u16 to; // 0: the socket's last connect() was not redirected
+	__u8 pad[2];
+};
+
+// Per socket, from connect() (or sendmsg) for its life: sockops files it
+// when the SYN leaves, recvmsg and getpeername answer from it.
 struct {
 	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
 	__uint(map_flags, BPF_F_NO_PREALLOC);
 	__type(key, int);
-	__type(value, struct target);
+	__type(value, struct sk_target);
 } mw_cap_sk SEC(".maps");
 
 enum counter {
@@ -310,13 +334,21 @@ static __always_inline int is_passthrough(const struct addr *a)
 	return a->a[0] == 0 && a->a[1] == 0 && a->a[2] == 0 && a->a[3] == bpf_htonl(6);
 }
 
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
+
 // owner reads the socket's owner as iptables' owner match sees it: the uid
-// it was created with, the gid of the file it belongs to.
-static __always_inline void owner(struct bpf_sock *bsk, __u32 *uid, __u32 *gid)
+// it was created with, the gid of the file it belongs to. A UDP socket has
+// no checked conversion (bpf_skc_to_udp6_sock takes IPv6 sockets only), so
+// it is read through a read-only cast (Linux 6.2).
+static __always_inline void owner(struct bpf_sock *bsk, int udp, __u32 *uid, __u32 *gid)
 {
 	*uid = (__u32)-1;
 	*gid = (__u32)-1;
-	struct sock *sk = (struct sock *)bpf_skc_to_tcp_sock(bsk);
+	struct sock *sk;
+	if (udp)
+		sk = bpf_rdonly_cast(bsk, bpf_core_type_id_kernel(struct sock));
+	else
+		sk = (struct sock *)bpf_skc_to_tcp_sock(bsk);
 	if (!sk)
 		return;
 	*uid = sk->sk_uid.val;
@@ -331,34 +363,44 @@ static __always_inline void owner(struct bpf_sock *bsk, __u32 *uid, __u32 *gid)
 		*gid = c->fsgid.val;
 }
 
-enum verdict { LEAVE, TO_OUTBOUND, TO_INBOUND };
+enum verdict { LEAVE, TO_OUTBOUND, TO_INBOUND, TO_DNS };
 
-// decide is the REDIRECT rules' verdict on an outbound TCP connection,
-// in the order of the ISTIO_OUTPUT chain (internal/intercept/build.go's
-// run): excluded ports; the passthrough source; for each proxy owner, its
-// connections to the pod itself to the inbound port and the rest left
-// alone, other loopback traffic left alone; the owner group filter; the
-// loopback range; excluded ranges; included ports; included ranges.
+// decide is the REDIRECT rules' verdict on an outbound TCP connection or
+// UDP datagram, in the order of the ISTIO_OUTPUT chain
+// (internal/intercept/build.go's run): excluded ports; the passthrough
+// source; for each proxy owner, its TCP connections to the pod itself to
+// the inbound port and the rest left alone, other loopback TCP left alone
+// (with DNS capture: but port 53); the owner group filter; DNS; then, TCP
+// only, the loopback range, excluded ranges, included ports, included
+// ranges.
 static __always_inline int decide(const struct pod_capture *pod, __u64 ns, const struct addr *dst, __u16 port,
-				  const struct addr *src, __u32 uid, __u32 gid)
+				  const struct addr *src, __u32 uid, __u32 gid, int udp)
 {
+	int dns = (pod->flags & CAP_DNS) != 0;
+	if (udp && !dns)
+		return LEAVE; // no UDP rule but DNS's
 	if (has_port(ns, PORT_OUT_EXCLUDE, port))
 		return LEAVE;
 	int local = is_local(ns, dst);
 	if (local && is_passthrough(src))
 		return LEAVE;
 	int lo = in_lo_range(pod, dst);
+	int dns_port = dns && port == DNS_SERVER_PORT;
 	for (int i = 0; i < MAX_OWNERS; i++) {
 		if (i >= pod->owners)
 			break;
 		__u32 id = pod->owner_id[i];
-		int match = (pod->owner_gid & (1u << i)) ? gid == id : uid == id;
+		int is_gid = (pod->owner_gid & (1u << i)) != 0;
+		int match = is_gid ? gid == id : uid == id;
 		if (match) {
-			if (local && !lo && (pod->tunnel_port == 0 || port != pod->tunnel_port))
+			// The proxy's own DNS to its pod is not the inbound side's
+			// for a uid owner (istio's "! --dport 53" with DNS capture).
+			if (!udp && local && !lo && (pod->tunnel_port == 0 || port != pod->tunnel_port) &&
+			    !(dns_port && !is_gid))
 				return TO_INBOUND;
 			return LEAVE;
 		}
-		if (local && !(pod->flags & CAP_LOOPBACK_INCLUDED))
+		if (!udp && local && !(pod->flags & CAP_LOOPBACK_INCLUDED) && !dns_port)
 			return LEAVE;
 	}
 	if (pod->groups > 0 || (pod->flags & CAP_GROUPS_ONLY)) {
@@ -372,6 +414,10 @@ static __always_inline int decide(const struct pod_capture *pod, __u64 ns, const
 		if (member != !!(pod->flags & CAP_GROUPS_ONLY))
 			return LEAVE;
 	}
+	if (dns_port && ((pod->flags & CAP_DNS_ALL) || in_cidrs(ns, CIDR_DNS, dst)))
+		return TO_DNS;
+	if (udp)
+		return LEAVE;
 	if (lo)
 		return LEAVE;
 	if (in_cidrs(ns, CIDR_EXCLUDE, dst))
@@ -385,24 +431,43 @@ static __always_inline int decide(const struct pod_capture *pod, __u64 ns, const
 	return LEAVE;
 }
 
-// redirect decides for a connect() to dst:port and, when captured, keeps
-// the original destination with the socket and returns the port to
-// connect to instead (0: leave it).
-static __always_inline __u16 redirect(struct bpf_sock_addr *ctx, const struct addr *dst, __u16 port, const struct addr *src)
+// forget marks the socket's connection as not redirected (a connect()
+// that was not captured after one that was).
+static __always_inline void forget(struct bpf_sock *sk)
 {
-	if (ctx->type != SOCK_STREAM || ctx->protocol != IPPROTO_TCP)
-		return 0;
-	__u64 ns = bpf_get_netns_cookie(ctx);
-	struct pod_capture *pod = bpf_map_lookup_elem(&mw_cap_pods, &ns);
-	if (!pod)
+	struct sk_target *t = bpf_sk_storage_get(&mw_cap_sk, sk, 0, 0);
+	if (t)
+		t->to = 0;
+}
+
+// redirect decides for a connect() (or, sendmsg, a datagram sent) to
+// dst:port and, when captured, keeps the original destination with the
+// socket and returns the port to send to instead on loopback (0: leave
+// it).
+static __always_inline __u16 redirect(struct bpf_sock_addr *ctx, const struct addr *dst, __u16 port, const struct addr *src,
+				      int sendmsg)
+{
+	int udp;
+	if (ctx->type == SOCK_STREAM && ctx->protocol == IPPROTO_TCP)
+		udp = 0;
+	else if (ctx->type == SOCK_DGRAM && ctx->protocol == IPPROTO_UDP)
+		udp = 1;
+	else
 		return 0;
 	struct bpf_sock *sk = ctx->sk;
 	if (!sk)
 		return 0;
+	__u64 ns = bpf_get_netns_cookie(ctx);
+	struct pod_capture *pod = bpf_map_lookup_elem(&mw_cap_pods, &ns);
+	if (!pod) {
+		if (!sendmsg)
+			forget(sk);
+		return 0;
+	}
 	__u32 uid, gid;
-	owner(sk, &uid, &gid);
+	owner(sk, udp, &uid, &gid);
 	__u16 to;
-	switch (decide(pod, ns, dst, port, src, uid, gid)) {
+	switch (decide(pod, ns, dst, port, src, uid, gid, udp)) {
 	case TO_OUTBOUND:
 		to = pod->outbound_port;
 		count(CC_OUTBOUND);
@@ -411,63 +476,174 @@ static __always_inline __u16 redirect(struct bpf_sock_addr *ctx, const struct ad
 		to = pod->inbound_port;
 		count(CC_INBOUND_LO);
 		break;
+	case TO_DNS:
+		to = DNS_PORT; // not counted: the pinned counters map of layout v2 has no slot
+		break;
 	default:
+		// A datagram to elsewhere leaves the socket's captured queries
+		// be; a connect() elsewhere ends them.
+		if (!sendmsg)
+			forget(sk);
 		return 0;
 	}
-	struct target *t = bpf_sk_storage_get(&mw_cap_sk, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	struct sk_target *t = bpf_sk_storage_get(&mw_cap_sk, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	if (!t)
 		return 0; // nowhere to keep the destination: not captured
-	t->addr = *dst;
-	t->port = port;
+	t->t.addr = *dst;
+	t->t.port = port;
+	t->to = to;
 	return to;
 }
 
-SEC("cgroup/connect4")
-int mw_connect4(struct bpf_sock_addr *ctx)
+// set_ip4 and set_ip6 point a sock_addr context at loopback:port, the
+// IPv4 or IPv6 loopback address as dst's family has it (::ffff:127.0.0.1
+// for an IPv4 destination of an IPv6 socket).
+static __always_inline void set_ip4(struct bpf_sock_addr *ctx, __u16 port)
+{
+	ctx->user_ip4 = bpf_htonl(0x7f000001);
+	ctx->user_port = bpf_htons(port);
+}
+
+static __always_inline void set_ip6(struct bpf_sock_addr *ctx, const struct addr *dst, __u16 port)
+{
+	ctx->user_ip6[0] = 0;
+	ctx->user_ip6[1] = 0;
+	if (is_v4(dst)) {
+		ctx->user_ip6[2] = bpf_htonl(0xffff);
+		ctx->user_ip6[3] = bpf_htonl(0x7f000001);
+	} else {
+		ctx->user_ip6[2] = 0;
+		ctx->user_ip6[3] = bpf_htonl(1);
+	}
+	ctx->user_port = bpf_htons(port);
+}
+
+static __always_inline void addr6_of(struct bpf_sock_addr *ctx, struct addr *a)
+{
+	a->a[0] = ctx->user_ip6[0];
+	a->a[1] = ctx->user_ip6[1];
+	a->a[2] = ctx->user_ip6[2];
+	a->a[3] = ctx->user_ip6[3];
+}
+
+static __always_inline void src6_of(struct bpf_sock_addr *ctx, struct addr *src)
+{
+	struct bpf_sock *sk = ctx->sk;
+	if (sk) {
+		src->a[0] = sk->src_ip6[0];
+		src->a[1] = sk->src_ip6[1];
+		src->a[2] = sk->src_ip6[2];
+		src->a[3] = sk->src_ip6[3];
+	}
+}
+
+static __always_inline int out4(struct bpf_sock_addr *ctx, int sendmsg)
 {
 	struct addr dst, src;
 	v4mapped(&dst, ctx->user_ip4);
-	v4mapped(&src, ctx->sk ? ctx->sk->src_ip4 : 0);
-	__u16 to = redirect(ctx, &dst, bpf_ntohs((__u16)ctx->user_port), &src);
-	if (to) {
-		ctx->user_ip4 = bpf_htonl(0x7f000001);
-		ctx->user_port = bpf_htons(to);
+	if (sendmsg)
+		v4mapped(&src, ctx->msg_src_ip4);
+	else
+		v4mapped(&src, ctx->sk ? ctx->sk->src_ip4 : 0);
+	__u16 to = redirect(ctx, &dst, bpf_ntohs((__u16)ctx->user_port), &src, sendmsg);
+	if (to)
+		set_ip4(ctx, to);
+	return 1;
+}
+
+static __always_inline int out6(struct bpf_sock_addr *ctx, int sendmsg)
+{
+	struct addr dst, src = {};
+	addr6_of(ctx, &dst);
+	if (sendmsg) {
+		src.a[0] = ctx->msg_src_ip6[0];
+		src.a[1] = ctx->msg_src_ip6[1];
+		src.a[2] = ctx->msg_src_ip6[2];
+		src.a[3] = ctx->msg_src_ip6[3];
+	} else {
+		src6_of(ctx, &src);
+	}
+	__u16 to = redirect(ctx, &dst, bpf_ntohs((__u16)ctx->user_port), &src, sendmsg);
+	if (to)
+		set_ip6(ctx, &dst, to);
+	return 1;
+}
+
+SEC("cgroup/connect4")
+int mw_connect4(struct bpf_sock_addr *ctx) { return out4(ctx, 0); }
+
+SEC("cgroup/connect6")
+int mw_connect6(struct bpf_sock_addr *ctx) { return out6(ctx, 0); }
+
+SEC("cgroup/sendmsg4")
+int mw_sendmsg4(struct bpf_sock_addr *ctx) { return out4(ctx, 1); }
+
+SEC("cgroup/sendmsg6")
+int mw_sendmsg6(struct bpf_sock_addr *ctx) { return out6(ctx, 1); }
+
+// original: where a redirected socket sees loopback:port (the address a
+// datagram came from, or its peer), the destination it was redirected
+// from; 0 when the socket's traffic to there was not redirected.
+static __always_inline struct target *original(struct bpf_sock_addr *ctx, const struct addr *seen)
+{
+	struct bpf_sock *sk = ctx->sk;
+	if (!sk)
+		return 0;
+	struct sk_target *t = bpf_sk_storage_get(&mw_cap_sk, sk, 0, 0);
+	if (!t || t->to == 0 || bpf_ntohs((__u16)ctx->user_port) != t->to)
+		return 0;
+	if (is_v4(seen)) {
+		if (seen->a[3] != bpf_htonl(0x7f000001))
+			return 0;
+	} else if (seen->a[0] != 0 || seen->a[1] != 0 || seen->a[2] != 0 || seen->a[3] != bpf_htonl(1)) {
+		return 0;
+	}
+	return &t->t;
+}
+
+static __always_inline int back4(struct bpf_sock_addr *ctx)
+{
+	struct addr seen;
+	v4mapped(&seen, ctx->user_ip4);
+	struct target *t = original(ctx, &seen);
+	if (t && is_v4(&t->addr)) {
+		ctx->user_ip4 = t->addr.a[3];
+		ctx->user_port = bpf_htons(t->port);
 	}
 	return 1;
 }
 
-SEC("cgroup/connect6")
-int mw_connect6(struct bpf_sock_addr *ctx)
+static __always_inline int back6(struct bpf_sock_addr *ctx)
 {
-	struct addr dst = {{ctx->user_ip6[0], ctx->user_ip6[1], ctx->user_ip6[2], ctx->user_ip6[3]}};
-	struct addr src = {};
-	struct bpf_sock *sk = ctx->sk;
-	if (sk) {
-		src.a[0] = sk->src_ip6[0];
-		src.a[1] = sk->src_ip6[1];
-		src.a[2] = sk->src_ip6[2];
-		src.a[3] = sk->src_ip6[3];
-	}
-	__u16 to = redirect(ctx, &dst, bpf_ntohs((__u16)ctx->user_port), &src);
-	if (to) {
-		// ::ffff:127.0.0.1 for an IPv4 destination, else ::1.
-		ctx->user_ip6[0] = 0;
-		ctx->user_ip6[1] = 0;
-		if (is_v4(&dst)) {
-			ctx->user_ip6[2] = bpf_htonl(0xffff);
-			ctx->user_ip6[3] = bpf_htonl(0x7f000001);
-		} else {
-			ctx->user_ip6[2] = 0;
-			ctx->user_ip6[3] = bpf_htonl(1);
-		}
-		ctx->user_port = bpf_htons(to);
+	struct addr seen;
+	addr6_of(ctx, &seen);
+	struct target *t = original(ctx, &seen);
+	if (t) {
+		ctx->user_ip6[0] = t->addr.a[0];
+		ctx->user_ip6[1] = t->addr.a[1];
+		ctx->user_ip6[2] = t->addr.a[2];
+		ctx->user_ip6[3] = t->addr.a[3];
+		ctx->user_port = bpf_htons(t->port);
 	}
 	return 1;
 }
+
+SEC("cgroup/recvmsg4")
+int mw_recvmsg4(struct bpf_sock_addr *ctx) { return back4(ctx); }
+
+SEC("cgroup/recvmsg6")
+int mw_recvmsg6(struct bpf_sock_addr *ctx) { return back6(ctx); }
+
+SEC("cgroup/getpeername4")
+int mw_getpeername4(struct bpf_sock_addr *ctx) { return back4(ctx); }
+
+SEC("cgroup/getpeername6")
+int mw_getpeername6(struct bpf_sock_addr *ctx) { return back6(ctx); }
 
 // mw_cap_ops files a redirected socket's original destination under its
 // endpoint when the SYN is about to leave, and forgets any earlier one of
-// that endpoint for a connection that was not redirected.
+// that endpoint for a connection that was not redirected. The socket keeps
+// its own (for getpeername).
 SEC("sockops")
 int mw_cap_ops(struct bpf_sock_ops *skops)
 {
@@ -489,10 +665,9 @@ int mw_cap_ops(struct bpf_sock_ops *skops)
 	e.addr.a[3] = skops->local_ip6[3];
 	if (family == AF_INET)
 		v4mapped(&e.addr, ip4);
-	struct target *t = bpf_sk_storage_get(&mw_cap_sk, sk, 0, 0);
-	if (t) {
-		bpf_map_update_elem(&mw_cap_origdst, &e, t, BPF_ANY);
-		bpf_sk_storage_delete(&mw_cap_sk, sk);
+	struct sk_target *t = bpf_sk_storage_get(&mw_cap_sk, sk, 0, 0);
+	if (t && t->to) {
+		bpf_map_update_elem(&mw_cap_origdst, &e, &t->t, BPF_ANY);
 	} else {
 		bpf_map_delete_elem(&mw_cap_origdst, &e);
 	}
@@ -527,7 +702,7 @@ int mw_getsockopt(struct bpf_sockopt *ctx)
 		v4mapped(&t.addr, src4);
 		v4mapped(&e.addr, dst4);
 	}
-	if (t.port == pod->outbound_port || t.port == pod->inbound_port) {
+	if (t.port == pod->outbound_port || t.port == pod->inbound_port || t.port == DNS_PORT) {
 		struct target *filed = bpf_map_lookup_elem(&mw_cap_origdst, &e);
 		if (filed)
 			t = *filed;

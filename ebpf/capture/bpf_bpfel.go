@@ -59,6 +59,13 @@ type bpfPortKey struct {
 	Pad   [5]uint8
 }
 
+type bpfSkTarget struct {
+	_   structs.HostLayout
+	T   bpfTarget
+	To  uint16
+	Pad [2]uint8
+}
+
 type bpfTarget struct {
 	_    structs.HostLayout
 	Addr struct {
@@ -111,11 +118,17 @@ type bpfSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bpfProgramSpecs struct {
-	MwCapIngress *ebpf.ProgramSpec `ebpf:"mw_cap_ingress"`
-	MwCapOps     *ebpf.ProgramSpec `ebpf:"mw_cap_ops"`
-	MwConnect4   *ebpf.ProgramSpec `ebpf:"mw_connect4"`
-	MwConnect6   *ebpf.ProgramSpec `ebpf:"mw_connect6"`
-	MwGetsockopt *ebpf.ProgramSpec `ebpf:"mw_getsockopt"`
+	MwCapIngress   *ebpf.ProgramSpec `ebpf:"mw_cap_ingress"`
+	MwCapOps       *ebpf.ProgramSpec `ebpf:"mw_cap_ops"`
+	MwConnect4     *ebpf.ProgramSpec `ebpf:"mw_connect4"`
+	MwConnect6     *ebpf.ProgramSpec `ebpf:"mw_connect6"`
+	MwGetpeername4 *ebpf.ProgramSpec `ebpf:"mw_getpeername4"`
+	MwGetpeername6 *ebpf.ProgramSpec `ebpf:"mw_getpeername6"`
+	MwGetsockopt   *ebpf.ProgramSpec `ebpf:"mw_getsockopt"`
+	MwRecvmsg4     *ebpf.ProgramSpec `ebpf:"mw_recvmsg4"`
+	MwRecvmsg6     *ebpf.ProgramSpec `ebpf:"mw_recvmsg6"`
+	MwSendmsg4     *ebpf.ProgramSpec `ebpf:"mw_sendmsg4"`
+	MwSendmsg6     *ebpf.ProgramSpec `ebpf:"mw_sendmsg6"`
 }
 
 // bpfMapSpecs contains maps before they are loaded into the kernel.
@@ -185,11 +198,17 @@ type bpfVariables struct {
 //
 // It can be passed to loadBpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bpfPrograms struct {
-	MwCapIngress *ebpf.Program `ebpf:"mw_cap_ingress"`
-	MwCapOps     *ebpf.Program `ebpf:"mw_cap_ops"`
-	MwConnect4   *ebpf.Program `ebpf:"mw_connect4"`
-	MwConnect6   *ebpf.Program `ebpf:"mw_connect6"`
-	MwGetsockopt *ebpf.Program `ebpf:"mw_getsockopt"`
+	MwCapIngress   *ebpf.Program `ebpf:"mw_cap_ingress"`
+	MwCapOps       *ebpf.Program `ebpf:"mw_cap_ops"`
+	MwConnect4     *ebpf.Program `ebpf:"mw_connect4"`
+	MwConnect6     *ebpf.Program `ebpf:"mw_connect6"`
+	MwGetpeername4 *ebpf.Program `ebpf:"mw_getpeername4"`
+	MwGetpeername6 *ebpf.Program `ebpf:"mw_getpeername6"`
+	MwGetsockopt   *ebpf.Program `ebpf:"mw_getsockopt"`
+	MwRecvmsg4     *ebpf.Program `ebpf:"mw_recvmsg4"`
+	MwRecvmsg6     *ebpf.Program `ebpf:"mw_recvmsg6"`
+	MwSendmsg4     *ebpf.Program `ebpf:"mw_sendmsg4"`
+	MwSendmsg6     *ebpf.Program `ebpf:"mw_sendmsg6"`
 }
 
 func (p *bpfPrograms) Close() error {
@@ -198,7 +217,13 @@ func (p *bpfPrograms) Close() error {
 		p.MwCapOps,
 		p.MwConnect4,
 		p.MwConnect6,
+		p.MwGetpeername4,
+		p.MwGetpeername6,
 		p.MwGetsockopt,
+		p.MwRecvmsg4,
+		p.MwRecvmsg6,
+		p.MwSendmsg4,
+		p.MwSendmsg6,
 	)
 }
 

@@ -1,7 +1,8 @@
 // Package capture loads, attaches, pins, upgrades and reports meshwire's
 // netfilter-free interception (the "ebpf" mode; the programs are in
-// ../capture.c, see its header). Attach puts connect4, connect6, sockops
-// and getsockopt on the cgroup v2 root and pins their links, the maps and
+// ../capture.c, see its header). Attach puts connect4/6, sendmsg4/6,
+// recvmsg4/6, getpeername4/6, sockops and getsockopt on the cgroup v2 root
+// and pins their links, the maps and
 // the inbound tc program under the pin directory, so that they outlive the
 // command; pods are registered by the intercept plugin (package pods).
 // `meshwire fastpath attach` attaches them with the fast path.
@@ -30,12 +31,18 @@ type hook struct {
 	prog   func(*bpfObjects) *ebpf.Program
 }
 
-// hooks in attach order: what answers the proxy (sockops files original
-// destinations, getsockopt answers) before what redirects; connect4's
-// link, pinned last, is what "attached" means.
+// hooks in attach order: what answers (sockops files original
+// destinations, getsockopt, recvmsg and getpeername answer) before what
+// redirects; connect4's link, pinned last, is what "attached" means.
 var hooks = []hook{
 	{"sockops_link", ebpf.AttachCGroupSockOps, func(o *bpfObjects) *ebpf.Program { return o.MwCapOps }},
 	{"getsockopt_link", ebpf.AttachCGroupGetsockopt, func(o *bpfObjects) *ebpf.Program { return o.MwGetsockopt }},
+	{"getpeername4_link", ebpf.AttachCgroupInet4GetPeername, func(o *bpfObjects) *ebpf.Program { return o.MwGetpeername4 }},
+	{"getpeername6_link", ebpf.AttachCgroupInet6GetPeername, func(o *bpfObjects) *ebpf.Program { return o.MwGetpeername6 }},
+	{"recvmsg6_link", ebpf.AttachCGroupUDP6Recvmsg, func(o *bpfObjects) *ebpf.Program { return o.MwRecvmsg6 }},
+	{pods.PinDNSHook, ebpf.AttachCGroupUDP4Recvmsg, func(o *bpfObjects) *ebpf.Program { return o.MwRecvmsg4 }},
+	{"sendmsg6_link", ebpf.AttachCGroupUDP6Sendmsg, func(o *bpfObjects) *ebpf.Program { return o.MwSendmsg6 }},
+	{"sendmsg4_link", ebpf.AttachCGroupUDP4Sendmsg, func(o *bpfObjects) *ebpf.Program { return o.MwSendmsg4 }},
 	{"connect6_link", ebpf.AttachCGroupInet6Connect, func(o *bpfObjects) *ebpf.Program { return o.MwConnect6 }},
 	{"connect4_link", ebpf.AttachCGroupInet4Connect, func(o *bpfObjects) *ebpf.Program { return o.MwConnect4 }},
 }
@@ -111,7 +118,7 @@ func Attach(cgroup, dir string) (Result, error) {
 	}
 	defer objs.Close()
 	if attached {
-		return upgrade(dir, objs)
+		return upgrade(cg, dir, objs)
 	}
 	return fastpath.Attached, attachFresh(cg, dir, objs)
 }
@@ -155,27 +162,43 @@ func attachFresh(cg, dir string, objs *bpfObjects) error {
 		return fmt.Errorf("pin the inbound program: %w", err)
 	}
 	for _, h := range hooks {
-		l, err := link.AttachCgroup(link.CgroupOptions{Path: cg, Attach: h.attach, Program: h.prog(objs)})
-		if err != nil {
-			return fmt.Errorf("%w: attach %s to the cgroup %s: %v", fastpath.ErrUnsupported, h.attach, cg, err)
-		}
-		err = l.Pin(filepath.Join(dir, h.pin))
-		l.Close()
-		if err != nil {
-			return fmt.Errorf("pin %s: %w", h.pin, err)
+		if err := attachHook(cg, dir, h, objs); err != nil {
+			return err
 		}
 	}
 	done = true
 	return nil
 }
 
+// attachHook attaches one program at the cgroup cg and pins its link.
+func attachHook(cg, dir string, h hook, objs *bpfObjects) error {
+	l, err := link.AttachCgroup(link.CgroupOptions{Path: cg, Attach: h.attach, Program: h.prog(objs)})
+	if err != nil {
+		return fmt.Errorf("%w: attach %s to the cgroup %s: %v", fastpath.ErrUnsupported, h.attach, cg, err)
+	}
+	err = l.Pin(filepath.Join(dir, h.pin))
+	l.Close()
+	if err != nil {
+		return fmt.Errorf("pin %s: %w", h.pin, err)
+	}
+	return nil
+}
+
 // upgrade moves the pinned links to objs' programs where their tags
-// differ, and pins objs' inbound program for pods registered from now on
-// (pods already registered keep the program their filters hold).
-func upgrade(dir string, objs *bpfObjects) (Result, error) {
+// differ, attaches the hooks an older build did not have (the DNS ones),
+// and pins objs' inbound program for pods registered from now on (pods
+// already registered keep the program their filters hold).
+func upgrade(cg, dir string, objs *bpfObjects) (Result, error) {
 	result := fastpath.AlreadyAttached
 	for _, h := range hooks {
 		l, err := link.LoadPinnedLink(filepath.Join(dir, h.pin), nil)
+		if errors.Is(err, os.ErrNotExist) {
+			result = fastpath.Replaced
+			if err := attachHook(cg, dir, h, objs); err != nil {
+				return result, err
+			}
+			continue
+		}
 		if err != nil {
 			return result, fmt.Errorf("open the pinned %s: %w", h.pin, err)
 		}

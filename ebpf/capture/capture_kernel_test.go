@@ -3,15 +3,18 @@
 package capture
 
 import (
+	"errors"
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/meshwire/meshwire/ebpf/capture/pods"
+	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/internal/intercept"
 	"github.com/meshwire/meshwire/internal/kerneltest"
 	"github.com/meshwire/meshwire/internal/netns"
@@ -156,5 +159,46 @@ func TestStale(t *testing.T) {
 	}
 	if stale, err := pods.Stale(dir, netns.Live); err != nil || len(stale) != 0 {
 		t.Fatalf("after ForgetStale, Stale = %v, %v; want none", stale, err)
+	}
+}
+
+// TestDNSHooksUpgrade: over programs of a build without the DNS hooks
+// (their links unpinned, which detaches them), a pod with DNS capture is
+// refused, naming the fix; attach from this build adds the hooks in
+// place, and the pod registers.
+func TestDNSHooksUpgrade(t *testing.T) {
+	kerneltest.Require(t)
+	dir := attachForTest(t)
+	dnsHooks := []string{"getpeername4_link", "getpeername6_link", "recvmsg6_link", pods.PinDNSHook, "sendmsg6_link", "sendmsg4_link"}
+	for _, pin := range dnsHooks {
+		if err := os.Remove(filepath.Join(dir, pin)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, path := kerneltest.NewNS(t, "capture-dns")
+	cfg := intercept.Default()
+	cfg.RedirectDNS, cfg.CaptureAllDNS = true, true
+	s, err := pods.SettingsOf(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	register := func() error { return netns.Enter(path, func() error { return pods.Register(dir, s) }) }
+	if err := register(); !errors.Is(err, pods.ErrNoDNSHooks) {
+		t.Fatalf("a DNS pod over programs without the DNS hooks: %v, want ErrNoDNSHooks", err)
+	}
+	if st, err := ReadStatus(dir); err != nil || st.Pods != 0 {
+		t.Fatalf("after the refusal: %+v, %v; want no pod registered", st, err)
+	}
+	res, err := Attach("", dir)
+	if err != nil || res != fastpath.Replaced {
+		t.Fatalf("attach over the older build: %v, %v; want Replaced", res, err)
+	}
+	for _, pin := range dnsHooks {
+		if _, err := os.Stat(filepath.Join(dir, pin)); err != nil {
+			t.Fatalf("after the upgrade: %v", err)
+		}
+	}
+	if err := register(); err != nil {
+		t.Fatalf("a DNS pod after the upgrade: %v", err)
 	}
 }

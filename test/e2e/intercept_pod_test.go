@@ -190,7 +190,7 @@ func TestInterceptIstioCNI(t *testing.T) {
 		}
 		before := len(e.RemoteDNSSources())
 		interceptQuery(t, e, dns, "proxy:remote-dns:")
-		if srcs := e.RemoteDNSSources(); len(srcs) != before+1 {
+		if srcs := e.RemoteDNSSources(); len(srcs) != before+3 {
 			t.Fatalf("the proxy's upstream query did not reach the server: %v", srcs)
 		}
 		del(a)

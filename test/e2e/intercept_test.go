@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -224,10 +225,41 @@ func TestInterceptTraffic(t *testing.T) {
 				}
 			})
 
+			t.Run("dns", func(t *testing.T) {
+				run("-i", "*", "-b", "*", "--redirect-dns", "--capture-all-dns")
+				for _, fam := range interceptFamilies {
+					pod, remote := ie.Pod(fam.v6), ie.Remote(fam.v6)
+					before := len(e.RemoteDNSSources())
+					interceptQuery(t, e, ie.AP(remote, ie.DNSPort), "proxy:remote-dns:")
+					// The proxy's own upstream queries reached the remote
+					// (they were not captured again; with the rules,
+					// conntrack zones kept them apart from the app's).
+					if srcs := e.RemoteDNSSources(); len(srcs) != before+3 || slices.ContainsFunc(srcs[before:], func(s string) bool { return s != ie.PodV4.String() }) {
+						t.Fatalf("%s: remote DNS server saw %v after the queries, want three more from the proxy at %s", fam.name, srcs, ie.PodV4)
+					}
+					// A namespace that is not a pod is left alone.
+					if ans, from, err := ie.Query(e.Remote, ie.Connected, ie.AP(remote, ie.DNSPort), "r"); err != nil || ans != "remote-dns:r" || from != ie.AP(remote, ie.DNSPort) {
+						t.Fatalf("%s: the remote's own query: %q from %s, %v", fam.name, ans, from, err)
+					}
+					// DNS over TCP goes to the proxy's DNS port.
+					interceptExpect(t, e, e.Pod, ie.AP(remote, ie.DNSPort), "remote", pod.String(), "dns-tcp")
+				}
+				// Only the pod's nameservers when not capturing all.
+				resolv := filepath.Join(t.TempDir(), "resolv.conf")
+				if err := os.WriteFile(resolv, []byte("search example\nnameserver "+ie.RemoteV4.String()+"\nnameserver "+ie.RemoteV6.String()+"\n"), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				run("-i", "*", "-b", "*", "--redirect-dns", "--resolv-conf", resolv)
+				for _, fam := range interceptFamilies {
+					interceptQuery(t, e, ie.AP(ie.Remote(fam.v6), ie.DNSPort), "proxy:remote-dns:")
+					interceptQuery(t, e, ie.AP(ie.Extra(fam.v6), ie.DNSPort), "remote-dns:")
+				}
+			})
+
 			if ebpf {
 				// The rest is not available in EBPF mode (refused: -k,
-				// -c, DNS capture). After all the traffic, the namespace
-				// has neither rule nor conntrack entry.
+				// -c). After all the traffic, the namespace has neither
+				// rule nor conntrack entry.
 				interceptEBPFChecks(t, e)
 				return
 			}
@@ -256,50 +288,31 @@ func TestInterceptTraffic(t *testing.T) {
 				}
 			})
 
-			t.Run("dns", func(t *testing.T) {
-				run("-i", "*", "-b", "*", "--redirect-dns", "--capture-all-dns")
-				for _, fam := range interceptFamilies {
-					pod, remote := ie.Pod(fam.v6), ie.Remote(fam.v6)
-					before := len(e.RemoteDNSSources())
-					interceptQuery(t, e, ie.AP(remote, ie.DNSPort), "proxy:remote-dns:")
-					// The proxy's own upstream query reached the remote
-					// (it was not captured again, conntrack zones kept
-					// it apart from the app's).
-					if srcs := e.RemoteDNSSources(); len(srcs) != before+1 || srcs[before] != ie.PodV4.String() {
-						t.Fatalf("%s: remote DNS server saw %v after the query, want one more from the proxy at %s", fam.name, srcs, ie.PodV4)
-					}
-					// DNS over TCP goes to the proxy's DNS port.
-					interceptExpect(t, e, e.Pod, ie.AP(remote, ie.DNSPort), "remote", pod.String(), "dns-tcp")
-				}
-				// Only the pod's nameservers when not capturing all.
-				resolv := filepath.Join(t.TempDir(), "resolv.conf")
-				if err := os.WriteFile(resolv, []byte("search example\nnameserver "+ie.RemoteV4.String()+"\nnameserver "+ie.RemoteV6.String()+"\n"), 0o644); err != nil {
-					t.Fatal(err)
-				}
-				run("-i", "*", "-b", "*", "--redirect-dns", "--resolv-conf", resolv)
-				for _, fam := range interceptFamilies {
-					interceptQuery(t, e, ie.AP(ie.Remote(fam.v6), ie.DNSPort), "proxy:remote-dns:")
-					interceptQuery(t, e, ie.AP(ie.Extra(fam.v6), ie.DNSPort), "remote-dns:")
-				}
-			})
 		})
 	}
 }
 
+// interceptQuery sends a DNS query to dst from the pod, from each kind of
+// UDP socket resolvers use, and checks the answer (wantPrefix "proxy:..."
+// when the proxy's DNS port should have answered it) and that it comes
+// from dst as the app sees it (captured: as the rules' NAT, or EBPF mode's
+// hooks, put it back).
 func interceptQuery(t *testing.T, e *ie.Env, dst netip.AddrPort, wantPrefix string) {
 	t.Helper()
-	mark := e.Proxy.Mark()
-	q := fmt.Sprintf("q%d", mark)
-	ans, err := ie.Query(e.Pod, dst, q)
-	if err != nil {
-		t.Fatalf("DNS query to %s: %v", dst, err)
-	}
-	if ans != wantPrefix+q {
-		t.Fatalf("DNS query to %s: answer %q, want %q", dst, ans, wantPrefix+q)
-	}
-	recs := e.Proxy.Since(mark)
-	if captured := strings.HasPrefix(wantPrefix, "proxy:"); captured != (len(recs) == 1 && recs[0].Event == "dns") {
-		t.Fatalf("DNS query to %s: proxy records %+v (captured: %v)", dst, recs, captured)
+	for _, k := range []ie.QuerySocket{ie.Connected, ie.Unconnected, ie.DualStack} {
+		mark := e.Proxy.Mark()
+		q := fmt.Sprintf("q%d", mark)
+		ans, from, err := ie.Query(e.Pod, k, dst, q)
+		if err != nil {
+			t.Fatalf("DNS query to %s (%s socket): %v", dst, k, err)
+		}
+		if ans != wantPrefix+q || from != dst {
+			t.Fatalf("DNS query to %s (%s socket): answer %q from %s, want %q from %s", dst, k, ans, from, wantPrefix+q, dst)
+		}
+		recs := e.Proxy.Since(mark)
+		if captured := strings.HasPrefix(wantPrefix, "proxy:"); captured != (len(recs) == 1 && recs[0].Event == "dns") {
+			t.Fatalf("DNS query to %s (%s socket): proxy records %+v (captured: %v)", dst, k, recs, captured)
+		}
 	}
 }
 

@@ -12,12 +12,13 @@ import (
 
 // TestInterceptEBPFPod runs the chained intercept plugin through libcni as
 // containerd runs it, for an Istio pod whose meshwire annotation selects
-// EBPF mode, with the interception programs attached: ADD registers the
-// pod (CHECK agrees), its connections go through the sidecar both ways
-// with no netfilter in the pod. Then the pod is deleted with connections
-// open: they keep working through the sidecar to their end, a new
-// connection is no longer captured, and DEL left no registration and no
-// inbound filter. (The fast path in EBPF mode: the TestFastpath* tests.)
+// EBPF mode and Istio's DNS capture, with the interception programs
+// attached: ADD registers the pod (CHECK agrees), its connections go
+// through the sidecar both ways and its DNS queries to the sidecar's DNS
+// port, with no netfilter in the pod. Then the pod is deleted with
+// connections open: they keep working through the sidecar to their end,
+// a new connection or query is no longer captured, and DEL left no
+// registration and no inbound filter. (The fast path in EBPF mode: the TestFastpath* tests.)
 func TestInterceptEBPFPod(t *testing.T) {
 	h := harness.New(t)
 	// Last: every socket of the test closed, the fast path's sockhash is
@@ -29,6 +30,7 @@ func TestInterceptEBPFPod(t *testing.T) {
 	a := ie.ChainedIntercept(h, "mwti-ebpf", e.Pod, map[string]string{
 		"sidecar.istio.io/status":    `{"containers":["istio-proxy"]}`,
 		"intercept.meshwire.io/mode": "EBPF",
+		"proxy.istio.io/config":      "proxyMetadata:\n  ISTIO_META_DNS_CAPTURE: \"true\"\n",
 	})
 	a.MustAdd()
 	deleted := false
@@ -46,6 +48,8 @@ func TestInterceptEBPFPod(t *testing.T) {
 	remote, pod := ie.AP(ie.RemoteV4, ie.RemotePort), ie.AP(ie.PodV4, ie.AppPort)
 	interceptExpect(t, e, e.Pod, remote, "remote", ie.PodV4.String(), "outbound")
 	interceptExpect(t, e, e.Remote, pod, "app", "127.0.0.6", "inbound")
+	dns := ie.AP(ie.RemoteV4, ie.DNSPort)
+	interceptQuery(t, e, dns, "proxy:remote-dns:")
 
 	out, err := ie.Dial(e.Pod, remote)
 	if err != nil {
@@ -79,6 +83,7 @@ func TestInterceptEBPFPod(t *testing.T) {
 	// A new one is not captured any more, either way.
 	interceptExpect(t, e, e.Pod, remote, "remote", ie.PodV4.String(), "")
 	interceptExpect(t, e, e.Remote, pod, "app", ie.RemoteV4.String(), "")
+	interceptQuery(t, e, dns, "remote-dns:")
 	if st := captureStatus(t, h); st.Pods != 0 {
 		t.Fatalf("after DEL, %d pods registered, want 0", st.Pods)
 	}

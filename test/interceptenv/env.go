@@ -281,13 +281,18 @@ func (e *Env) RemoteDNSSources() []string {
 }
 
 // Request sends one line over TCP from inside ns (as the test process: root,
-// not the proxy) and returns the reply line.
+// not the proxy) and returns the reply line. The socket's peer
+// (getpeername) must be dst, captured or not, as it is with the rules'
+// NAT.
 func Request(ns *harness.NS, dst netip.AddrPort, msg string) (string, error) {
 	c, err := probe.InNS(ns.Path, func() (net.Conn, error) { return net.DialTimeout("tcp", dst.String(), 3*time.Second) })
 	if err != nil {
 		return "", err
 	}
 	defer c.Close()
+	if peer := unmapped(c.RemoteAddr().(*net.TCPAddr).AddrPort()); peer != dst {
+		return "", fmt.Errorf("the connection's peer is %s, not %s", peer, dst)
+	}
 	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
 	if _, err := io.WriteString(c, msg+"\n"); err != nil {
 		return "", err
@@ -305,20 +310,66 @@ func Dial(ns *harness.NS, dst netip.AddrPort) (*net.TCPConn, error) {
 	return c.(*net.TCPConn), nil
 }
 
-// Query sends one UDP datagram from inside ns and returns the answer.
-func Query(ns *harness.NS, dst netip.AddrPort, msg string) (string, error) {
-	c, err := probe.InNS(ns.Path, func() (net.Conn, error) { return net.Dial("udp", dst.String()) })
+// UDP sockets a query is sent from, as resolvers use them.
+type QuerySocket int
+
+const (
+	Connected   QuerySocket = iota // connect(), send, recv (Go, glibc)
+	Unconnected                    // sendto, recvfrom on a socket of dst's family (musl)
+	DualStack                      // sendto, recvfrom on an IPv6 socket, IPv4 as v4-mapped
+)
+
+func (k QuerySocket) String() string {
+	return [...]string{"connected", "unconnected", "dual-stack"}[k]
+}
+
+// Query sends one UDP datagram from inside ns from a socket of kind k and
+// returns the answer and where it came from as the app sees it (for a
+// connected socket, its peer as getpeername has it).
+func Query(ns *harness.NS, k QuerySocket, dst netip.AddrPort, msg string) (string, netip.AddrPort, error) {
+	network := "udp4"
+	switch {
+	case k == DualStack:
+		network = "udp" // an IPv6 socket, not IPv6 only
+	case dst.Addr().Is6():
+		network = "udp6"
+	}
+	if k == Connected {
+		c, err := probe.InNS(ns.Path, func() (net.Conn, error) { return net.Dial("udp", dst.String()) })
+		if err != nil {
+			return "", netip.AddrPort{}, err
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+		if _, err := io.WriteString(c, msg); err != nil {
+			return "", netip.AddrPort{}, err
+		}
+		buf := make([]byte, 2048)
+		n, err := c.Read(buf)
+		return string(buf[:n]), unmapped(c.RemoteAddr().(*net.UDPAddr).AddrPort()), err
+	}
+	c, err := probe.InNS(ns.Path, func() (*net.UDPConn, error) {
+		return net.ListenUDP(network, nil)
+	})
 	if err != nil {
-		return "", err
+		return "", netip.AddrPort{}, err
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
-	if _, err := io.WriteString(c, msg); err != nil {
-		return "", err
+	to := dst
+	if k == DualStack {
+		to = netip.AddrPortFrom(netip.AddrFrom16(dst.Addr().As16()), dst.Port())
+	}
+	if _, err := c.WriteToUDPAddrPort([]byte(msg), to); err != nil {
+		return "", netip.AddrPort{}, err
 	}
 	buf := make([]byte, 2048)
-	n, err := c.Read(buf)
-	return string(buf[:n]), err
+	n, from, err := c.ReadFromUDPAddrPort(buf)
+	return string(buf[:n]), unmapped(from), err
+}
+
+func unmapped(a netip.AddrPort) netip.AddrPort {
+	return netip.AddrPortFrom(a.Addr().Unmap(), a.Port())
 }
 
 // IptablesInit runs the built iptables-init in the pod namespace (as an init

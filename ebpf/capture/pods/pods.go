@@ -41,6 +41,9 @@ const (
 	PinOrigDst  = "origdst"
 	PinCounters = "counters"
 	PinIngress  = "ingress" // the tc program each pod's interfaces run
+	// PinDNSHook is recvmsg4's link: attached by builds that capture DNS
+	// (an older build's programs, still attached, would not).
+	PinDNSHook = "recvmsg4_link"
 )
 
 // Limits of struct pod_capture.
@@ -56,6 +59,8 @@ const (
 	FlagIn
 	FlagLoopbackIncluded
 	FlagGroupsOnly
+	FlagDNS    // DNS capture (redirect-dns)
+	FlagDNSAll // to every server, else the CIDRDNS ones
 )
 
 // Capture is struct pod_capture, mw_cap_pods' value.
@@ -95,6 +100,7 @@ const (
 	CIDRExclude = 1 + iota
 	CIDRInclude
 	CIDRLocal
+	CIDRDNS // the nameservers DNS capture is for
 )
 
 // CIDRKey is struct cidr_key, mw_cap_cidrs' key: an LPM prefix over kind,
@@ -126,8 +132,6 @@ func unsupportedSetting(format string, a ...any) error {
 func SettingsOf(c intercept.Config, local []netip.Addr) (Settings, error) {
 	var s Settings
 	switch {
-	case c.RedirectDNS:
-		return s, unsupportedSetting("DNS capture (redirect-dns)")
 	case len(c.KubeVirtInterfaces) > 0:
 		return s, unsupportedSetting("kube-virt-interfaces")
 	case len(c.ProxyUIDs)+len(c.ProxyGIDs) > MaxOwners:
@@ -208,6 +212,18 @@ func SettingsOf(c intercept.Config, local []netip.Addr) (Settings, error) {
 			cidr(CIDRInclude, pr)
 		}
 	}
+	// DNS capture as the rules have it: on only with servers to capture
+	// (or all of them).
+	if c.RedirectDNS && (c.CaptureAllDNS || len(c.DNSServers) > 0) {
+		p.Flags |= FlagDNS
+		if c.CaptureAllDNS {
+			p.Flags |= FlagDNSAll
+		}
+		for _, a := range c.DNSServers {
+			a = a.Unmap()
+			cidr(CIDRDNS, netip.PrefixFrom(a, a.BitLen()))
+		}
+	}
 	for _, a := range local {
 		a = a.Unmap()
 		if !a.IsLoopback() {
@@ -232,6 +248,9 @@ func (m *maps) Close() {
 
 // ErrNotAttached: the capture programs are not attached on this node.
 var ErrNotAttached = errors.New("the ebpf interception programs are not attached on this node (run `meshwire fastpath attach`, or the node agent)")
+
+// ErrNoDNSHooks: the attached programs are of a build without DNS capture.
+var ErrNoDNSHooks = errors.New("the ebpf interception programs attached on this node lack the sendmsg and recvmsg hooks (an older meshwire attached them; run this version's `meshwire fastpath attach` to upgrade them in place)")
 
 func pinDir(dir string) string {
 	if dir == "" {
@@ -282,6 +301,11 @@ func Register(dir string, s Settings) error {
 		return err
 	}
 	defer m.Close()
+	if s.Capture.Flags&FlagDNS != 0 {
+		if _, err := os.Stat(filepath.Join(pinDir(dir), PinDNSHook)); err != nil {
+			return fmt.Errorf("DNS capture: %w", ErrNoDNSHooks)
+		}
+	}
 	ns, err := netns.Cookie()
 	if err != nil {
 		return err

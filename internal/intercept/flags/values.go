@@ -220,8 +220,6 @@ func contradictions(o Options) error {
 		return bad("iptables-probe-port", "%d is a capture port; the probe needs a port of its own", o.ProbePort)
 	case c.Mode == intercept.ModeTProxy && c.TProxyMark == intercept.OutboundMark:
 		return bad("istio-inbound-tproxy-mark", "%d is the mark of the proxy's own loopback connections in TPROXY mode; pick another", c.TProxyMark)
-	case c.Mode == intercept.ModeEBPF && c.RedirectDNS:
-		return bad("redirect-dns", "DNS capture is not available in EBPF mode yet (use REDIRECT or TPROXY for it)")
 	case c.Mode == intercept.ModeEBPF && len(c.KubeVirtInterfaces) > 0:
 		return bad("kube-virt-interfaces", "not available in EBPF mode (use REDIRECT or TPROXY for it)")
 	case c.Mode == intercept.ModeEBPF && len(c.ExcludeInterfaces) > 0:
