@@ -121,7 +121,10 @@ func cleanup(ctx context.Context, cfg intercept.Config, dryRun bool, stdout io.W
 func install(ctx context.Context, o flags.Options, cfg intercept.Config, ipv6 bool, local []netip.Addr, stdout io.Writer, rep *reporter) int {
 	req := apply.Request{Config: cfg, IPv6: ipv6, Backend: o.Backend, Reconcile: o.Reconcile, Force: o.ForceApply, Local: local}
 	if cfg.Mode == intercept.ModeEBPF {
-		return installEBPF(ctx, o, req, stdout, rep)
+		if code, done := installEBPF(ctx, o, req, stdout, rep); done {
+			return code
+		}
+		req.Config.Mode = o.EBPFFallback
 	}
 	plan, err := apply.Prepare(ctx, req)
 	if o.DryRun && plan != nil {
@@ -159,17 +162,24 @@ func install(ctx context.Context, o flags.Options, cfg intercept.Config, ipv6 bo
 
 // installEBPF is install in EBPF mode: the pod registered in the node's
 // eBPF maps, no rule.
-func installEBPF(ctx context.Context, o flags.Options, req apply.Request, stdout io.Writer, rep *reporter) int {
+// installEBPF installs EBPF mode; not done where the node cannot capture
+// the pod and --ebpf-fallback names the mode to install instead.
+func installEBPF(ctx context.Context, o flags.Options, req apply.Request, stdout io.Writer, rep *reporter) (code int, done bool) {
 	if o.DryRun {
 		fmt.Fprint(stdout, apply.DescribeEBPF(req))
-		return ExitOK
+		return ExitOK, true
 	}
-	if err := apply.InstallEBPF(ctx, req); err != nil {
-		rep.errorf("%v", err)
-		return ExitFailed
+	err := apply.InstallEBPF(ctx, req)
+	switch {
+	case err == nil:
+		rep.info("EBPF interception installed (no netfilter rule in the namespace)")
+		return ExitOK, true
+	case o.EBPFFallback != "" && apply.EBPFUnavailable(err):
+		rep.warn("%v; installing %s rules instead (--ebpf-fallback)", err, o.EBPFFallback)
+		return 0, false
 	}
-	rep.info("EBPF interception installed (no netfilter rule in the namespace)")
-	return ExitOK
+	rep.errorf("%v", err)
+	return ExitFailed, true
 }
 
 // validate is --run-validation.

@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -91,4 +92,79 @@ func TestInterceptEBPFPod(t *testing.T) {
 		t.Fatalf("after DEL, the pod's interface still has an inbound filter (%v):\n%s", err, out)
 	}
 	assertNoNetfilter(t, e.Pod)
+}
+
+// TestInterceptEBPFFallback: on a node where the interception programs are
+// not attached, an EBPF pod's ADD fails saying so and installs nothing;
+// with "ebpf-fallback": "REDIRECT" in the config the pod gets REDIRECT's
+// rules instead (its traffic goes through the sidecar both ways), CHECK
+// agrees, and DEL removes them. iptables-init --ebpf-fallback does the
+// same for an init container.
+func TestInterceptEBPFFallback(t *testing.T) {
+	h := harness.New(t)
+	if st := captureStatus(t, h); st.Attached {
+		t.Fatalf("the ebpf interception programs are attached before the test (%s)", st.PinDir)
+	}
+	e := ie.New(t, h)
+	e.StartProxy(false)
+	clean := interceptRuleState(t, e, "nft")
+	annotations := map[string]string{
+		"sidecar.istio.io/status":    `{"containers":["istio-proxy"]}`,
+		"intercept.meshwire.io/mode": "EBPF",
+	}
+	attach := func(name, extra string) *harness.Attachment {
+		list := h.ConfList(fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"plugins":[{"type":"loopback"},
+			{"type":"intercept","istio-service-cidr":"*","istio-inbound-ports":"*"%s,
+			 "capabilities":{"io.kubernetes.cri.pod-annotations":true}}]}`, name, extra))
+		return ie.PodAttach(h, list, e.Pod, "shop", annotations)
+	}
+	// loopback's DEL sets lo down; the pod keeps using it.
+	relo := func() {
+		t.Helper()
+		if out, err := e.Pod.Exec("ip", "link", "set", "lo", "up"); err != nil {
+			t.Fatalf("lo up: %v %s", err, out)
+		}
+	}
+	remote, pod := ie.AP(ie.RemoteV4, ie.RemotePort), ie.AP(ie.PodV4, ie.AppPort)
+
+	a := attach("mwti-ebpf-nofallback", "")
+	if _, err := a.Add(); err == nil || !strings.Contains(err.Error(), "not attached") {
+		t.Fatalf("ADD without the programs: %v; want an error saying they are not attached", err)
+	}
+	if got := interceptRuleState(t, e, "nft"); got != clean {
+		t.Fatalf("a failed EBPF ADD changed the namespace:\n%s", got)
+	}
+	if err := a.Del(); err != nil {
+		t.Fatalf("DEL after the failed ADD: %v", err)
+	}
+	relo()
+
+	a = attach("mwti-ebpf-fallback", `,"ebpf-fallback":"REDIRECT"`)
+	a.MustAdd()
+	if err := a.Check(); err != nil {
+		t.Fatalf("CHECK of the fallback: %v", err)
+	}
+	if !strings.Contains(interceptRuleState(t, e, "nft"), "ISTIO_OUTPUT") {
+		t.Fatal("no REDIRECT rules after the fallback ADD")
+	}
+	interceptExpect(t, e, e.Pod, remote, "remote", ie.PodV4.String(), "outbound")
+	interceptExpect(t, e, e.Remote, pod, "app", "127.0.0.6", "inbound")
+	if err := a.Del(); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	relo()
+	if got := interceptRuleState(t, e, "nft"); got != clean {
+		t.Fatalf("rules left after DEL:\n%s", got)
+	}
+
+	if code, out := e.IptablesInit("-m", "EBPF", "--ebpf-fallback", "REDIRECT", "-i", "*", "-b", "*"); code != 0 || !strings.Contains(out, "--ebpf-fallback") {
+		t.Fatalf("iptables-init -m EBPF --ebpf-fallback REDIRECT: exit %d\n%s", code, out)
+	}
+	interceptExpect(t, e, e.Pod, remote, "remote", ie.PodV4.String(), "outbound")
+	if code, out := e.IptablesInit("--cleanup-only"); code != 0 {
+		t.Fatalf("--cleanup-only: exit %d\n%s", code, out)
+	}
+	if got := interceptRuleState(t, e, "nft"); got != clean {
+		t.Fatalf("rules left after --cleanup-only:\n%s", got)
+	}
 }

@@ -291,6 +291,28 @@ func openMap(dir, name string) (*ebpf.Map, error) {
 	return m, nil
 }
 
+// Ready reports whether the programs pinned at dir can capture a pod with
+// settings s: ErrNotAttached, or ErrNoDNSHooks for DNS capture over
+// programs of a build without it.
+func Ready(dir string, s Settings) error {
+	m, err := open(dir)
+	if err != nil {
+		return err
+	}
+	m.Close()
+	return dnsReady(dir, s)
+}
+
+func dnsReady(dir string, s Settings) error {
+	if s.Capture.Flags&FlagDNS == 0 {
+		return nil
+	}
+	if _, err := os.Stat(filepath.Join(pinDir(dir), PinDNSHook)); err != nil {
+		return fmt.Errorf("DNS capture: %w", ErrNoDNSHooks)
+	}
+	return nil
+}
+
 // Register writes the settings of the pod whose network namespace the
 // calling thread is in (inside netns.Enter) under the programs pinned at
 // dir. The ports and ranges go first, the pod's entry (which turns capture
@@ -301,10 +323,8 @@ func Register(dir string, s Settings) error {
 		return err
 	}
 	defer m.Close()
-	if s.Capture.Flags&FlagDNS != 0 {
-		if _, err := os.Stat(filepath.Join(pinDir(dir), PinDNSHook)); err != nil {
-			return fmt.Errorf("DNS capture: %w", ErrNoDNSHooks)
-		}
+	if err := dnsReady(dir, s); err != nil {
+		return err
 	}
 	ns, err := netns.Cookie()
 	if err != nil {

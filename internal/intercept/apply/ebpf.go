@@ -19,11 +19,15 @@ import (
 // InstallEBPF registers the pod for EBPF mode with req.Config and
 // req.Local. Interception rules of another mode found in the
 // namespace are removed with req.Reconcile (or Force) and refused
-// otherwise, as Prepare refuses other settings; nothing is changed then.
-// A failure after the registration undoes it.
+// otherwise, as Prepare refuses other settings; nothing is changed then,
+// nor when the node cannot capture the pod (EBPFUnavailable). A failure
+// after the registration undoes it.
 func InstallEBPF(ctx context.Context, req Request) error {
 	s, err := pods.SettingsOf(req.Config, req.Local)
 	if err != nil {
+		return err
+	}
+	if err := pods.Ready("", s); err != nil {
 		return err
 	}
 	present, err := rulesPresent(ctx, req)
@@ -58,6 +62,21 @@ func InstallEBPF(ctx context.Context, req Request) error {
 		}
 	}
 	return err
+}
+
+// EBPFUnavailable reports whether err, from InstallEBPF, says that this
+// node cannot capture the pod in EBPF mode (the programs are not
+// attached, or were attached by a build without a hook the pod needs),
+// which --ebpf-fallback answers with another mode's rules.
+func EBPFUnavailable(err error) bool {
+	return errors.Is(err, pods.ErrNotAttached) || errors.Is(err, pods.ErrNoDNSHooks)
+}
+
+// EBPFRegistered reports whether the pod whose namespace the thread is in
+// is registered for EBPF mode (false too where nothing is attached).
+func EBPFRegistered() bool {
+	_, ok, err := pods.Registered("")
+	return err == nil && ok
 }
 
 // CheckEBPF reports what differs from EBPF mode installed with

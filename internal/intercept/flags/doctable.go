@@ -27,6 +27,9 @@ var flagDocs = map[string]flagDoc{
 	"proxy-gid": {def: "the uids", meaning: "gids of the proxy, same"},
 	"istio-inbound-interception-mode": {meaning: "`REDIRECT` (nat; the proxy reads `SO_ORIGINAL_DST`) or `TPROXY` " +
 		"(mangle + policy routing; the proxy needs `IP_TRANSPARENT` and sees the client's address)"},
+	"ebpf-fallback": {def: "none: fail", meaning: "`REDIRECT` or `TPROXY`: with `-m EBPF`, the rules of that mode " +
+		"where the node cannot capture the pod (programs not attached, or attached by a build without a hook it needs). " +
+		"Meshwire extension; ignored in the other modes"},
 	"istio-inbound-tproxy-mark":          {meaning: "mark of TPROXY-diverted packets"},
 	"istio-inbound-tproxy-route-table":   {meaning: "routing table for marked packets (`local default dev lo`)"},
 	"istio-inbound-ports":                {meaning: "inbound ports to capture: `*` all, a list, or empty for none"},

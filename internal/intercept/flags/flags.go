@@ -35,7 +35,10 @@ type Options struct {
 	Backend       firewall.Backend // zero: detect
 	NetNS         string
 	ResolvConf    string
-	Log           Log
+	// EBPFFallback is the mode installed instead of EBPF mode where the
+	// node cannot capture the pod ("": fail).
+	EBPFFallback intercept.Mode
+	Log          Log
 	// Notes say, one sentence each, what was asked for and has no effect;
 	// the command shows them as warnings.
 	Notes []string
@@ -78,6 +81,7 @@ var flagDefs = []flagDef{
 	{long: "proxy-uid", short: "u", def: "", usage: "comma-separated uids of the proxy: their connections are not captured (default: the uid of user $ENVOY_USER, istio-proxy, else 1337)"},
 	{long: "proxy-gid", short: "g", def: "", usage: "comma-separated gids of the proxy (default: the uids)"},
 	{long: "istio-inbound-interception-mode", short: "m", def: "REDIRECT", envFallbacks: []string{"INBOUND_INTERCEPTION_MODE"}, usage: "REDIRECT, TPROXY or EBPF (no netfilter rule: the node's eBPF programs capture; see docs/ebpf-interception.md)"},
+	{long: "ebpf-fallback", def: "", usage: "with EBPF mode, where this node cannot capture the pod (programs not attached, or without a hook it needs): REDIRECT or TPROXY rules instead of failing"},
 	{long: "istio-inbound-tproxy-mark", short: "t", def: "1337", envFallbacks: []string{"INBOUND_TPROXY_MARK"}, usage: "packet mark of TPROXY-diverted packets"},
 	{long: "istio-inbound-tproxy-route-table", short: "r", def: "133", usage: "routing table TPROXY-marked packets are looked up in"},
 	{long: "istio-inbound-ports", short: "b", def: "", usage: `inbound ports to capture: "*" for all, a comma-separated list, or empty for none`},

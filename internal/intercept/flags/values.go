@@ -85,6 +85,15 @@ func (p *parser) inboundMode() error {
 	default:
 		return p.bad("istio-inbound-interception-mode", "%q is not a mode (want REDIRECT, TPROXY or EBPF)", mode)
 	}
+	switch fb := p.str("ebpf-fallback"); strings.ToUpper(fb) {
+	case "":
+	case "REDIRECT":
+		p.o.EBPFFallback = intercept.ModeRedirect
+	case "TPROXY":
+		p.o.EBPFFallback = intercept.ModeTProxy
+	default:
+		return p.bad("ebpf-fallback", "%q is not a mode to fall back to (want REDIRECT or TPROXY)", fb)
+	}
 	mark, err := strconv.ParseUint(p.str("istio-inbound-tproxy-mark"), 0, 32)
 	if err != nil || mark == 0 {
 		return p.bad("istio-inbound-tproxy-mark", "%q is not a mark (want a number from 1 to 0xffffffff)", p.str("istio-inbound-tproxy-mark"))

@@ -25,7 +25,7 @@ const pluginType = "intercept"
 // place in a plugin config.
 var ruleKeys = []string{
 	"envoy-port", "inbound-capture-port", "inbound-tunnel-port", "proxy-uid", "proxy-gid",
-	"istio-inbound-interception-mode", "istio-inbound-tproxy-mark", "istio-inbound-tproxy-route-table",
+	"istio-inbound-interception-mode", "ebpf-fallback", "istio-inbound-tproxy-mark", "istio-inbound-tproxy-route-table",
 	"istio-inbound-ports", "istio-local-exclude-ports", "istio-service-cidr", "istio-service-exclude-cidr",
 	"istio-outbound-ports", "istio-local-outbound-ports-exclude", "kube-virt-interfaces", "istio-exclude-interfaces",
 	"redirect-dns", "capture-all-dns", "drop-invalid", "dual-stack", "iptables-backend",

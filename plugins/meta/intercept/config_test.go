@@ -51,6 +51,7 @@ func TestParseConfigErrors(t *testing.T) {
 		{`"istio-service-cidr":"10.0.0.0/40"`, 7, "istio-service-cidr"},
 		{`"istio-inbound-interception-mode":"NAT"`, 7, "istio-inbound-interception-mode"},
 		{`"redirect-dns":"yes"`, 7, "redirect-dns"},
+		{`"ebpf-fallback":"EBPF"`, 7, "ebpf-fallback"},
 		{`"istio-inbound-ports":[{"a":1}]`, 7, "istio-inbound-ports"},
 		{`"dry-run":true`, 7, "dry-run"},
 		{`"cleanup-only":true`, 7, "cleanup-only"},

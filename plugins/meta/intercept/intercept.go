@@ -69,14 +69,19 @@ func cmdAdd(args *skel.CmdArgs) error {
 			return err
 		}
 		if o.Config.Mode == intercept.ModeEBPF {
-			if err := apply.InstallEBPF(ctx, req); err != nil {
+			err := apply.InstallEBPF(ctx, req)
+			if err == nil {
+				slog.Info("pod registered for ebpf interception (no netfilter rule)", "why", d.Why)
+				if d.Fastpath != nil {
+					setFastpathPolicy(*d.Fastpath)
+				}
+				return nil
+			}
+			if o.EBPFFallback == "" || !apply.EBPFUnavailable(err) {
 				return err
 			}
-			slog.Info("pod registered for ebpf interception (no netfilter rule)", "why", d.Why)
-			if d.Fastpath != nil {
-				setFastpathPolicy(*d.Fastpath)
-			}
-			return nil
+			slog.Warn("this node cannot capture the pod in ebpf mode; installing the fallback mode's rules", "mode", string(o.EBPFFallback), "error", err)
+			o.Config.Mode, req.Config.Mode = o.EBPFFallback, o.EBPFFallback
 		}
 		// A repeated ADD converges on the config: same rules, nothing done;
 		// other rules (a config change), replaced without a gap.
@@ -141,10 +146,15 @@ func cmdCheck(args *skel.CmdArgs) error {
 			return err
 		}
 		if d.Intercept && o.Config.Mode == intercept.ModeEBPF {
-			if err := apply.CheckEBPF(req); err != nil {
+			err := apply.CheckEBPF(req)
+			switch {
+			case err == nil:
+				return nil
+			case o.EBPFFallback == "" || apply.EBPFRegistered():
 				return cnierr.CheckFailed("%s: %v", args.Netns, err)
 			}
-			return nil
+			// Not registered, with a fallback: ADD installed its rules.
+			req.Config.Mode = o.EBPFFallback
 		}
 		plan, err := apply.Prepare(context.Background(), req)
 		if !d.Intercept {
