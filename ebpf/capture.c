@@ -459,11 +459,8 @@ static __always_inline __u16 redirect(struct bpf_sock_addr *ctx, const struct ad
 		return 0;
 	__u64 ns = bpf_get_netns_cookie(ctx);
 	struct pod_capture *pod = bpf_map_lookup_elem(&mw_cap_pods, &ns);
-	if (!pod) {
-		if (!sendmsg)
-			forget(sk);
-		return 0;
-	}
+	if (!pod)
+		return 0; // host processes and unmeshed pods: nothing more
 	__u32 uid, gid;
 	owner(sk, udp, &uid, &gid);
 	__u16 to;
