@@ -144,7 +144,10 @@ type Status struct {
 	ProxyGID     *uint32 `json:"proxy_gid,omitempty"`
 	OutboundPort uint16  `json:"outbound_port,omitempty"`
 	IntoProxy    bool    `json:"into_proxy"`
-	LiveSockets  int     `json:"live_sockets"`
+	// KernelSplices: the kernel's splice() reads redirected bytes
+	// (SplicesRedirected), so every proxy is fed, whatever IntoProxy says.
+	KernelSplices bool `json:"kernel_splices"`
+	LiveSockets   int  `json:"live_sockets"`
 	// PodPolicies counts the meshed pods with a policy (mw_pods).
 	PodPolicies int `json:"pod_policies"`
 	Counters
@@ -515,7 +518,10 @@ func load(cfg Config, loadSpec func() (*ebpf.CollectionSpec, error)) (*bpfObject
 	if err != nil {
 		return nil, fmt.Errorf("read the fast path's BPF object: %w", err)
 	}
-	consts := map[string]any{"proxy_uid": cfg.ProxyUID, "outbound_port": cfg.OutboundPort, "into_proxy": boolByte(cfg.IntoProxy)}
+	// Where the kernel splices redirected bytes, every receiver may be
+	// fed; the control map keeps what attach was asked (IntoProxy).
+	splices, _ := SplicesRedirected()
+	consts := map[string]any{"proxy_uid": cfg.ProxyUID, "outbound_port": cfg.OutboundPort, "into_proxy": boolByte(cfg.IntoProxy || splices)}
 	if cfg.ProxyGID != nil {
 		consts["proxy_gid"], consts["match_gid"] = *cfg.ProxyGID, uint8(1)
 	}
@@ -699,6 +705,7 @@ func ReadStatus(dir string) (Status, error) {
 	if err := readSettings(dir, &st); err != nil {
 		return st, err
 	}
+	st.KernelSplices, _ = SplicesRedirected()
 	li, err := pinnedLink(dir)
 	if err != nil {
 		return st, err

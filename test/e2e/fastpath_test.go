@@ -6,6 +6,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -348,6 +349,57 @@ func TestFastpathSpliceProxy(t *testing.T) {
 		}
 		return e
 	})
+}
+
+// TestFastpathSpliceNegativeControl: the hazard the default protects
+// against is real, and the kernel probe tells it. With --into-proxy a
+// splice-copying proxy is fed by the fast path: on a kernel whose splice()
+// does not read redirected bytes (fastpath.SplicesRedirected false, every
+// released kernel) its connection stalls; on one that does, it works.
+func TestFastpathSpliceNegativeControl(t *testing.T) {
+	h := harness.New(t)
+	fastpathAttach(t, h, "--into-proxy")
+	e := redirectedPod(t, h, "-copy", "splice")
+	splices, err := fastpath.SplicesRedirected()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := fastpathStatus(t, h); st.KernelSplices != splices {
+		t.Fatalf("status says kernel_splices %v, the probe %v", st.KernelSplices, splices)
+	}
+	c, err := ie.Dial(e.Pod, ie.AP(ie.RemoteV4, ie.RemotePort))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	before := fastpathStatus(t, h)
+	// The first message may race the pairing and go on TCP, which the
+	// proxy splices; the next ones go on the fast path.
+	r := bufio.NewReader(c)
+	stalled := false
+	for i := 0; i < 5 && !stalled; i++ {
+		_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+		if _, err := fmt.Fprintf(c, "splice-%d\n", i); err != nil {
+			t.Fatal(err)
+		}
+		line, err := r.ReadString('\n')
+		var ne net.Error
+		switch {
+		case errors.As(err, &ne) && ne.Timeout():
+			stalled = true
+		case err != nil:
+			t.Fatalf("round %d: %v", i, err)
+		case !strings.HasSuffix(line, fmt.Sprintf("splice-%d\n", i)):
+			t.Fatalf("round %d: reply %q", i, line)
+		}
+	}
+	fed := fastpathStatus(t, h).Counters.Sub(before.Counters)
+	if fed.RedirectedMessages == 0 {
+		t.Fatalf("the fast path carried nothing (%+v): the control tests nothing", fed)
+	}
+	if stalled == splices {
+		t.Fatalf("a splice-copying proxy fed by the fast path stalled: %v; the kernel probe says splice reads redirected bytes: %v", stalled, splices)
+	}
 }
 
 // dialFrom opens a connection from inside ns from a fixed local address.

@@ -187,6 +187,9 @@ func (e *env) fastpathStatus(args []string) error {
 	tw := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(tw, "fast path:\tattached (%s)\n", st.PinDir)
 	fmt.Fprintf(tw, "proxy uid, outbound port:\t%d, %d (into proxy: %v)\n", st.ProxyUID, st.OutboundPort, st.IntoProxy)
+	if st.KernelSplices {
+		fmt.Fprintf(tw, "kernel splices redirected bytes:\tyes (every proxy is fed)\n")
+	}
 	if st.ProxyGID != nil {
 		fmt.Fprintf(tw, "proxy gid:\t%d\n", *st.ProxyGID)
 	}
