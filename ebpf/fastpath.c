@@ -131,8 +131,8 @@ enum pod_flag {
 };
 
 struct pod_policy {
-	__u32 flags; // enum pod_flag
-	__u32 pad;
+	__u32 flags;    // enum pod_flag
+	__u32 netns_ino; // the namespace's nsfs inode, for the node agent's GC
 };
 
 enum counter {
@@ -162,7 +162,8 @@ struct {
 
 // Meshed pods' policies, written by the intercept plugin at ADD and removed
 // at DEL. An entry whose namespace went before its DEL names a cookie the
-// kernel never hands out again: LRU lets such entries go first.
+// kernel never hands out again: the node agent removes it (by netns_ino),
+// and LRU lets such entries go first.
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, 65536);

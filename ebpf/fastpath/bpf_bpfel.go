@@ -39,9 +39,9 @@ type bpfEndpointUse struct {
 }
 
 type bpfPodPolicy struct {
-	_     structs.HostLayout
-	Flags uint32
-	Pad   uint32
+	_        structs.HostLayout
+	Flags    uint32
+	NetnsIno uint32
 }
 
 type bpfReader struct {

@@ -55,9 +55,9 @@ type Agent struct {
 	attaches uint64 // attachments the agent made
 	stopping bool
 
-	lastSweep time.Time // of the registrations (FastpathOwner.Collect)
-	sweepErr  error
-	collected uint64
+	lastSweep                    time.Time // of the registrations (FastpathOwner.Collect)
+	sweepErr                     error
+	collected, collectedPolicies uint64
 }
 
 // sweepEvery is how many intervals apart the agent looks for registrations
@@ -182,7 +182,7 @@ func (a *Agent) tick() {
 			}
 			a.sweepErr = err
 			a.mu.Lock()
-			a.collected = a.fp.Collected()
+			a.collected, a.collectedPolicies = a.fp.Collected()
 			a.mu.Unlock()
 		}
 	}
@@ -280,7 +280,7 @@ func (a *Agent) metrics(w http.ResponseWriter, _ *http.Request) {
 func (a *Agent) writeFastpath(e *exposition) {
 	dir, cgroup := fastpath.DefaultPinDir, ""
 	a.mu.Lock()
-	attaches, collected := a.attaches, a.collected
+	attaches, collected, collectedPolicies := a.attaches, a.collected, a.collectedPolicies
 	if a.fp != nil {
 		dir, cgroup = a.fp.Config.PinDir, a.fp.Config.Cgroup
 	}
@@ -298,6 +298,7 @@ func (a *Agent) writeFastpath(e *exposition) {
 		e.single("meshwire_capture_pods", "gauge", "Pods registered for ebpf interception.", float64(cst.Pods))
 	}
 	e.single("meshwire_capture_collected_total", "counter", "Registrations for ebpf interception this agent forgot because their pod's namespace was gone without a DEL.", float64(collected))
+	e.single("meshwire_fastpath_policies_collected_total", "counter", "Fast-path pod policies this agent forgot because their pod's namespace was gone without a DEL.", float64(collectedPolicies))
 	st, err := fastpath.ReadStatus(dir)
 	e.single("meshwire_fastpath_attached", "gauge", "Whether the fast path is attached.", boolValue(st.Attached))
 	if err != nil || !st.Attached {

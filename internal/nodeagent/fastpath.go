@@ -7,6 +7,7 @@ import (
 	"github.com/meshwire/meshwire/ebpf/capture"
 	"github.com/meshwire/meshwire/ebpf/capture/pods"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
+	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
@@ -29,45 +30,78 @@ type FastpathOwner struct {
 	// interception programs; from then on they are only attached again
 	// when they go.
 	captured bool
-	// suspects are the registrations the last sweep found without a
-	// namespace (cookie -> nsfs inode); collected, those forgotten.
+	// The sweeps of the pinned entries kept per pod: ebpf interception's
+	// registrations and the fast path's pod policies.
+	captureGC, policyGC nsSweep
+}
+
+// nsSweep collects the entries of one map keyed by namespace cookie whose
+// namespace is gone without a DEL.
+type nsSweep struct {
+	// suspects are the entries the last sweep found without a namespace
+	// (cookie -> nsfs inode).
 	suspects  map[uint64]uint64
 	collected uint64
 }
 
-// Collect forgets the ebpf interception registrations of pods whose
-// network namespace is gone without a DEL (a crashed runtime, a node
-// restored from a snapshot of its pins). A registration goes when two
-// sweeps in a row found its namespace gone: a namespace that moved between
-// holders (a task, an open file, a bind mount) while one sweep walked /proc
-// is seen by the next. Outside the host's PID namespace it does nothing
-// and says why (netns.ErrPartialView): there, live pods would look gone.
-func (f *FastpathOwner) Collect() error {
-	stale, err := pods.Stale("", netns.Live)
-	if errors.Is(err, pods.ErrNotAttached) {
-		f.suspects = nil
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("collect the registrations of namespaces that are gone: %w", err)
-	}
+// sweep forgets the entries that stale reports now and reported the last
+// time too, with the same inode: a namespace that moved between holders
+// (a task, an open file, a bind mount) while one sweep walked /proc is
+// seen by the next. forget removes one entry if it still has that inode.
+func (s *nsSweep) sweep(stale map[uint64]uint64, forget func(ns, ino uint64) error, logf func(ns, ino uint64)) error {
 	for ns, ino := range stale {
-		if prev, ok := f.suspects[ns]; !ok || prev != ino {
+		if prev, ok := s.suspects[ns]; !ok || prev != ino {
 			continue
 		}
-		if err := pods.ForgetStale("", ns, ino); err != nil {
-			return fmt.Errorf("forget the registration of a namespace that is gone: %w", err)
+		if err := forget(ns, ino); err != nil {
+			return err
 		}
 		delete(stale, ns)
-		f.collected++
-		f.Logf("forgot the ebpf interception registration of a pod whose namespace is gone without a DEL (netns cookie %d, nsfs inode %d)", ns, ino)
+		s.collected++
+		logf(ns, ino)
 	}
-	f.suspects = stale
+	s.suspects = stale
 	return nil
 }
 
-// Collected counts the registrations Collect forgot.
-func (f *FastpathOwner) Collected() uint64 { return f.collected }
+// Collect forgets the ebpf interception registrations and the fast-path
+// policies of pods whose network namespace is gone without a DEL (a
+// crashed runtime, a node restored from a snapshot of its pins): an entry
+// goes when two sweeps in a row found its namespace gone. Outside the
+// host's PID namespace it does nothing and says why
+// (netns.ErrPartialView): there, live pods would look gone.
+func (f *FastpathOwner) Collect() error {
+	stale, err := pods.Stale("", netns.Live)
+	switch {
+	case errors.Is(err, pods.ErrNotAttached):
+		f.captureGC.suspects = nil
+	case err != nil:
+		return fmt.Errorf("collect the registrations of namespaces that are gone: %w", err)
+	default:
+		err := f.captureGC.sweep(stale, func(ns, ino uint64) error { return pods.ForgetStale("", ns, ino) }, func(ns, ino uint64) {
+			f.Logf("forgot the ebpf interception registration of a pod whose namespace is gone without a DEL (netns cookie %d, nsfs inode %d)", ns, ino)
+		})
+		if err != nil {
+			return fmt.Errorf("forget the registration of a namespace that is gone: %w", err)
+		}
+	}
+	dir := f.Config.PinDir
+	if stale, err = podpolicy.Stale(dir, netns.Live); err != nil {
+		return fmt.Errorf("collect the fast-path policies of namespaces that are gone: %w", err)
+	}
+	err = f.policyGC.sweep(stale, func(ns, ino uint64) error { return podpolicy.ForgetStale(dir, ns, ino) }, func(ns, ino uint64) {
+		f.Logf("forgot the fast-path policy of a pod whose namespace is gone without a DEL (netns cookie %d, nsfs inode %d)", ns, ino)
+	})
+	if err != nil {
+		return fmt.Errorf("forget the fast-path policy of a namespace that is gone: %w", err)
+	}
+	return nil
+}
+
+// Collected counts the registrations and the policies Collect forgot.
+func (f *FastpathOwner) Collected() (registrations, policies uint64) {
+	return f.captureGC.collected, f.policyGC.collected
+}
 
 // Ensure attaches the fast path unless it is attached. It returns nil when
 // the fast path is attached afterwards; the caller reports the error.

@@ -19,6 +19,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/meshwire/meshwire/ebpf/fastpath"
+	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
 	"github.com/meshwire/meshwire/internal/installer"
 	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/test/harness"
@@ -194,19 +195,31 @@ func TestNodeAgent(t *testing.T) {
 	if st := captureStatus(t, h); st.Pods != 1 {
 		t.Fatalf("%d pods registered, want 1", st.Pods)
 	}
+	// Its fast-path policy too, as the chained plugin writes it.
+	policies := scrape(t, addr)["meshwire_fastpath_pod_policies"]
+	if err := netns.Enter(gonePath, func() error {
+		_, err := podpolicy.Set("", podpolicy.Policy{IntoProxy: true})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
 	time.Sleep(3 * time.Second) // sweeps while the namespace is there
-	if m := scrape(t, addr); m["meshwire_capture_pods"] != 1 || m["meshwire_capture_collected_total"] != 0 {
-		t.Fatalf("a live pod's registration was collected: %v", m)
+	if m := scrape(t, addr); m["meshwire_capture_pods"] != 1 || m["meshwire_capture_collected_total"] != 0 ||
+		m["meshwire_fastpath_pod_policies"] != policies+1 || m["meshwire_fastpath_policies_collected_total"] != 0 {
+		t.Fatalf("a live pod's registration or policy was collected: %v", m)
 	}
 	if err := netns.Delete(goneName); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 10*time.Second, "the registration of the gone namespace forgotten", func() bool {
+	waitUntil(t, 10*time.Second, "the registration and policy of the gone namespace forgotten", func() bool {
 		m := scrape(t, addr)
-		return m["meshwire_capture_collected_total"] == 1 && m["meshwire_capture_pods"] == 0
+		return m["meshwire_capture_collected_total"] == 1 && m["meshwire_capture_pods"] == 0 &&
+			m["meshwire_fastpath_policies_collected_total"] == 1 && m["meshwire_fastpath_pod_policies"] == policies
 	})
-	if !strings.Contains(stderr.String(), "forgot the ebpf interception registration of a pod whose namespace is gone") {
-		t.Errorf("log does not say the registration was forgotten:\n%s", stderr.String())
+	for _, want := range []string{"forgot the ebpf interception registration of a pod whose namespace is gone", "forgot the fast-path policy of a pod whose namespace is gone"} {
+		if !strings.Contains(stderr.String(), want) {
+			t.Errorf("log does not say %q:\n%s", want, stderr.String())
+		}
 	}
 
 	// An accelerated connection, open across SIGTERM.

@@ -17,6 +17,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/meshwire/meshwire/ebpf/nsmap"
 	"github.com/meshwire/meshwire/internal/intercept"
 	"github.com/meshwire/meshwire/internal/netns"
 )
@@ -422,38 +423,17 @@ func (m *maps) forget(ns uint64) error {
 
 // Stale returns the registrations (namespace cookie -> nsfs inode) whose
 // namespace live, called after the registrations were read, does not list:
-// pods whose namespace went without a DEL. A namespace registered after
-// the read is not among them, so a pod being added is never stale.
+// pods whose namespace went without a DEL (nsmap.Stale).
 func Stale(dir string, live func() (map[uint64]bool, error)) (map[uint64]uint64, error) {
 	m, err := openMap(dir, PinPods)
 	if err != nil {
 		return nil, err
 	}
 	defer m.Close()
-	regs := map[uint64]uint64{}
-	var ns uint64
-	var c Capture
-	it := m.Iterate()
-	for it.Next(&ns, &c) {
-		regs[ns] = c.NetnsIno
-	}
-	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("walk the capture pods: %w", err)
-	}
-	if len(regs) == 0 {
-		return nil, nil
-	}
-	alive, err := live()
-	if err != nil {
-		return nil, err
-	}
-	for ns, ino := range regs {
-		if alive[ino] {
-			delete(regs, ns)
-		}
-	}
-	return regs, nil
+	return nsmap.Stale(m, captureInode, live)
 }
+
+func captureInode(c *Capture) uint64 { return c.NetnsIno }
 
 // ForgetStale removes the registration of namespace cookie ns, which Stale
 // reported with nsfs inode ino, if it is still there with that inode.
@@ -463,16 +443,7 @@ func ForgetStale(dir string, ns, ino uint64) error {
 		return err
 	}
 	defer m.Close()
-	var c Capture
-	switch err := m.pods.Lookup(ns, &c); {
-	case errors.Is(err, ebpf.ErrKeyNotExist):
-		return nil
-	case err != nil:
-		return fmt.Errorf("read a pod's capture settings: %w", err)
-	case c.NetnsIno != ino:
-		return nil
-	}
-	return m.forget(ns)
+	return nsmap.ForgetStale(m.pods, captureInode, ns, ino, func() error { return m.forget(ns) })
 }
 
 // Registered reads the settings registered for the pod whose network

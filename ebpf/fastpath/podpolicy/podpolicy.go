@@ -20,6 +20,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/meshwire/meshwire/ebpf/nsmap"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
@@ -48,7 +49,11 @@ type Policy struct {
 // Value is struct pod_policy, mw_pods' value.
 type Value struct {
 	Flags uint32
-	Pad   uint32
+	// NetnsIno is the namespace's nsfs inode (an inode number of nsfs is
+	// 32 bits wide), written by Set so that Stale finds the policies of
+	// namespaces gone without a DEL; 0 in entries of earlier builds, whose
+	// padding it was.
+	NetnsIno uint32
 }
 
 // FlagIntoProxy is POD_INTO_PROXY.
@@ -92,7 +97,13 @@ func Set(dir string, p Policy) (bool, error) {
 	if err != nil {
 		return true, err
 	}
-	if err := m.Put(cookie, p.value()); err != nil {
+	v := p.value()
+	ino, err := netns.Inode()
+	if err != nil {
+		return true, err
+	}
+	v.NetnsIno = uint32(ino)
+	if err := m.Put(cookie, v); err != nil {
 		return true, fmt.Errorf("write the pod's fast-path policy: %w", err)
 	}
 	return true, nil
@@ -136,4 +147,35 @@ func Get(dir string) (p Policy, ok bool, err error) {
 		return p, false, fmt.Errorf("read the pod's fast-path policy: %w", err)
 	}
 	return Policy{IntoProxy: v.Flags&FlagIntoProxy != 0}, true, nil
+}
+
+// Stale returns the policies (namespace cookie -> nsfs inode) whose
+// namespace live, called after the policies were read, does not list:
+// pods whose namespace went without a DEL (nsmap.Stale). None when the
+// fast path is not attached at dir.
+func Stale(dir string, live func() (map[uint64]bool, error)) (map[uint64]uint64, error) {
+	m, err := open(dir)
+	if m == nil || err != nil {
+		return nil, err
+	}
+	defer m.Close()
+	return nsmap.Stale(m, valueInode, live)
+}
+
+func valueInode(v *Value) uint64 { return uint64(v.NetnsIno) }
+
+// ForgetStale removes the policy of namespace cookie ns, which Stale
+// reported with nsfs inode ino, if it is still there with that inode.
+func ForgetStale(dir string, ns, ino uint64) error {
+	m, err := open(dir)
+	if m == nil || err != nil {
+		return err
+	}
+	defer m.Close()
+	return nsmap.ForgetStale(m, valueInode, ns, ino, func() error {
+		if err := m.Delete(ns); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+			return fmt.Errorf("remove a fast-path policy: %w", err)
+		}
+		return nil
+	})
 }
