@@ -31,6 +31,21 @@
 // off (draining) moves new messages back to TCP, which keeps their order: a
 // receiver reads its psock queue before its TCP queue.
 //
+// Sidecar to sidecar: a connection between two meshed pods of this node
+// (from the client pod's proxy to the server pod's address) is paired
+// across the two namespaces, so that its bytes skip both stacks, the veth
+// pair and the bridge. When the server pod's namespace receives the SYN
+// (a request socket, before the SYN-ACK), mw_peer_syns notes the client
+// endpoint; the client's socket, established next, is keyed by that
+// endpoint with no namespace (ROLE_PEER_CLIENT) and files in
+// mw_endpoints both initial sequence numbers it saw; the server's socket
+// pairs with it (ROLE_PEER_SERVER) only if it saw the same two (its
+// rcv_nxt and snd_una less the bytes since): two sockets that agree on
+// both random ISNs are the two ends of one connection, whatever other
+// namespace of the node uses the same addresses. Both pods need a policy
+// in mw_pods (the chained plugin's: meshed pods) without POD_NO_PEER
+// (a pod whose traffic the node shapes keeps its bytes on its veth).
+//
 // splice(): bytes handed over wait in the receiver's psock queue, which
 // splice() (tcp_read_sock) never reads, and this kernel offers no hook
 // (fentry) to tell a splicing reader from a recvmsg one. The proxy's sockets
@@ -74,7 +89,7 @@ volatile const __u16 outbound_port = 15001;
 // splice (Go's io.Copy between two TCP connections does).
 volatile const __u8 into_proxy = 0;
 
-enum role { ROLE_CLIENT = 1, ROLE_SERVER = 2 };
+enum role { ROLE_CLIENT = 1, ROLE_SERVER = 2, ROLE_PEER_CLIENT = 3, ROLE_PEER_SERVER = 4 };
 
 struct sock_key {
 	__u64 netns;
@@ -99,6 +114,10 @@ struct endpoint {
 struct endpoint_use {
 	__u64 client;   // cookie of the client socket that holds it
 	__u64 sockets;  // live client sockets with this endpoint
+	// Of a peer client (sidecar to sidecar): its snd_una and rcv_nxt when
+	// it was established, its ISN + 1 and its server's.
+	__u32 client_isn;
+	__u32 server_isn;
 };
 
 enum state_flag {
@@ -122,12 +141,14 @@ struct reader {
 	__u32 copied;
 	__u32 proxy;   // owned by the proxy's uid
 	__u64 read;    // bytes read: bytes_received - (rcv_nxt - copied_seq)
+	__u64 netns;   // its network namespace cookie (its pod's policy)
 };
 
 // A meshed pod's fast-path policy, in mw_pods under its network namespace
 // cookie.
 enum pod_flag {
 	POD_INTO_PROXY = 1 << 0, // its proxy may be fed (it reads with recv/readv)
+	POD_NO_PEER = 1 << 1,    // never paired with another pod (sidecar to sidecar)
 };
 
 struct pod_policy {
@@ -143,6 +164,7 @@ enum counter {
 	C_FALLBACKS,    // messages of tracked sockets sent on TCP
 	C_AMBIGUOUS,    // client sockets that shared an endpoint with another
 	C_KEPT_FOR_PROXY, // of those, messages to the proxy (into_proxy off)
+	C_PEER_PAIRS,   // of C_PAIRS, connections between two pods' sidecars
 	C_MAX,
 };
 
@@ -185,6 +207,16 @@ struct {
 	__type(key, struct sock_key);
 	__type(value, struct reader);
 } mw_readers SEC(".maps");
+
+// Client endpoints (no namespace) of SYNs a meshed pod's namespace
+// received, until the client's socket is established; LRU lets those of
+// connections that never were go.
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, struct endpoint);
+	__type(value, __u64); // the server's namespace cookie
+} mw_peer_syns SEC(".maps");
 
 // Client endpoints in use; the entry goes when its last socket closes.
 struct {
@@ -344,7 +376,7 @@ static __always_inline void mark_sidecar(struct bpf_sock_ops *skops)
 static __always_inline void track(struct bpf_sock_ops *skops, struct bpf_sock *sk, struct sock_state *st, const struct sock_key *k, __u32 proxy)
 {
 	// Nothing read yet: copied_seq == rcv_nxt on a socket just established.
-	struct reader r = {.copied = skops->rcv_nxt, .proxy = proxy};
+	struct reader r = {.copied = skops->rcv_nxt, .proxy = proxy, .netns = bpf_get_netns_cookie(skops)};
 	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
 	if (tp)
 		r.read = tp->bytes_received;
@@ -352,6 +384,58 @@ static __always_inline void track(struct bpf_sock_ops *skops, struct bpf_sock *s
 	bpf_map_update_elem(&mw_readers, k, &r, BPF_ANY);
 	bpf_sock_ops_cb_flags_set(skops, skops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
 	count(C_SOCKETS, 1);
+}
+
+// peers_allowed: the pod of network namespace ns is meshed (has a policy)
+// and may be paired with another pod's sidecar.
+static __always_inline int peers_allowed(__u64 ns)
+{
+	struct pod_policy *p = bpf_map_lookup_elem(&mw_pods, &ns);
+	return p && !(p->flags & POD_NO_PEER);
+}
+
+// peer_syn notes a SYN that a meshed pod's namespace received (skops is
+// its request socket): the client's socket may be another pod's sidecar.
+static __always_inline void peer_syn(struct bpf_sock_ops *skops)
+{
+	__u64 ns = bpf_get_netns_cookie(skops);
+	if (!bpf_map_lookup_elem(&mw_sidecars, &ns) || !peers_allowed(ns))
+		return;
+	struct endpoint c = {};
+	remote_endpoint(skops, &c);
+	if (is_loopback(&c))
+		return;
+	c.netns = 0;
+	bpf_map_update_elem(&mw_peer_syns, &c, &ns, BPF_ANY);
+}
+
+// track_client puts a client socket into mw_socks under endpoint e (its
+// local one) and role, and files its endpoint in mw_endpoints with the
+// sequence numbers it saw (for a peer client).
+static __always_inline void track_client(struct bpf_sock_ops *skops, struct bpf_sock *sk, const struct endpoint *e, __u8 role, __u32 proxy)
+{
+	struct sock_state *st = bpf_sk_storage_get(&mw_state, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st)
+		return;
+	__u64 cookie = bpf_get_socket_cookie(skops);
+	struct sock_key k = {};
+	key_of(&k, e, role, cookie);
+	if (bpf_sock_hash_update(skops, &mw_socks, &k, BPF_NOEXIST) != 0)
+		return;
+	track(skops, sk, st, &k, proxy);
+	// The server end's key carries this socket's cookie: it exists once
+	// that end has paired with this socket, and names no other.
+	key_of(&st->peer, e, role + 1, cookie);
+	// Count the endpoint's users; the close callback gives it back.
+	struct endpoint_use use = {.client = cookie, .sockets = 1, .client_isn = skops->snd_una, .server_isn = skops->rcv_nxt};
+	if (bpf_map_update_elem(&mw_endpoints, e, &use, BPF_NOEXIST) != 0) {
+		struct endpoint_use *u = bpf_map_lookup_elem(&mw_endpoints, e);
+		if (!u)
+			return;
+		__sync_fetch_and_add(&u->sockets, 1);
+		count(C_AMBIGUOUS, 1);
+	}
+	__sync_fetch_and_or(&st->flags, F_CLIENT);
 }
 
 static __always_inline void client_established(struct bpf_sock_ops *skops)
@@ -366,39 +450,30 @@ static __always_inline void client_established(struct bpf_sock_ops *skops)
 		// The sidecar's connection to its application (inbound).
 		if (!proxy)
 			return;
-	} else {
-		// An application's outbound connection: only in a namespace
-		// with a sidecar, not the sidecar's own, not to loopback except
-		// to the sidecar's outbound port, where EBPF interception's
-		// connect() hook points a captured connection (127.0.0.1 or ::1).
-		if (proxy || !bpf_map_lookup_elem(&mw_sidecars, &e.netns))
-			return;
-		remote_endpoint(skops, &remote);
-		if (is_loopback(&remote) && remote.port != outbound_port)
-			return;
-	}
-	struct sock_state *st = bpf_sk_storage_get(&mw_state, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-	if (!st)
+		track_client(skops, sk, &e, ROLE_CLIENT, proxy);
 		return;
-	__u64 cookie = bpf_get_socket_cookie(skops);
-	struct sock_key k = {};
-	key_of(&k, &e, ROLE_CLIENT, cookie);
-	if (bpf_sock_hash_update(skops, &mw_socks, &k, BPF_NOEXIST) != 0)
-		return;
-	track(skops, sk, st, &k, proxy);
-	// The server end's key carries this socket's cookie: it exists once
-	// that end has paired with this socket, and names no other.
-	key_of(&st->peer, &e, ROLE_SERVER, cookie);
-	// Count the endpoint's users; the close callback gives it back.
-	struct endpoint_use use = {.client = cookie, .sockets = 1};
-	if (bpf_map_update_elem(&mw_endpoints, &e, &use, BPF_NOEXIST) != 0) {
-		struct endpoint_use *u = bpf_map_lookup_elem(&mw_endpoints, &e);
-		if (!u)
-			return;
-		__sync_fetch_and_add(&u->sockets, 1);
-		count(C_AMBIGUOUS, 1);
 	}
-	__sync_fetch_and_or(&st->flags, F_CLIENT);
+	remote_endpoint(skops, &remote);
+	if (proxy) {
+		// The sidecar's own connection: to another meshed pod of this
+		// node, whose namespace noted the SYN, it is a peer client.
+		struct endpoint c = e;
+		c.netns = 0;
+		if (is_loopback(&remote) || !peers_allowed(e.netns) || !bpf_map_lookup_elem(&mw_peer_syns, &c))
+			return;
+		bpf_map_delete_elem(&mw_peer_syns, &c);
+		track_client(skops, sk, &c, ROLE_PEER_CLIENT, proxy);
+		return;
+	}
+	// An application's outbound connection: only in a namespace with a
+	// sidecar, not to loopback except to the sidecar's outbound port,
+	// where EBPF interception's connect() hook points a captured
+	// connection (127.0.0.1 or ::1).
+	if (!bpf_map_lookup_elem(&mw_sidecars, &e.netns))
+		return;
+	if (is_loopback(&remote) && remote.port != outbound_port)
+		return;
+	track_client(skops, sk, &e, ROLE_CLIENT, proxy);
 }
 
 static __always_inline void closed(struct bpf_sock_ops *skops)
@@ -421,6 +496,47 @@ static __always_inline void closed(struct bpf_sock_ops *skops)
 		bpf_map_delete_elem(&mw_endpoints, &e);
 }
 
+// track_server puts a server socket into mw_socks under its client's
+// endpoint e and role, paired with client socket cookie client.
+static __always_inline void track_server(struct bpf_sock_ops *skops, struct bpf_sock *sk, const struct endpoint *e, __u8 role, __u64 client, __u32 proxy)
+{
+	struct sock_state *st = bpf_sk_storage_get(&mw_state, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!st)
+		return;
+	struct sock_key k = {};
+	key_of(&k, e, role, client);
+	if (bpf_sock_hash_update(skops, &mw_socks, &k, BPF_NOEXIST) != 0)
+		return;
+	track(skops, sk, st, &k, proxy);
+	key_of(&st->peer, e, role - 1, client);
+	count(C_PAIRS, 1);
+	if (role == ROLE_PEER_SERVER)
+		count(C_PEER_PAIRS, 1);
+}
+
+// peer_server_established pairs a socket a meshed pod accepted from
+// another pod's sidecar on this node (e: the client's endpoint), when the
+// client filed the same two initial sequence numbers this socket saw.
+static __always_inline void peer_server_established(struct bpf_sock_ops *skops, struct bpf_sock *sk, struct endpoint *e, __u32 proxy)
+{
+	if (is_loopback(e) || !peers_allowed(e->netns))
+		return;
+	e->netns = 0;
+	struct endpoint_use *u = bpf_map_lookup_elem(&mw_endpoints, e);
+	if (!u || u->sockets != 1)
+		return;
+	__u64 client = u->client;
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	if (!tp)
+		return;
+	// Nothing sent or received yet but the handshake: rcv_nxt is the
+	// client's ISN + 1, snd_una this socket's.
+	if (skops->rcv_nxt - (__u32)tp->bytes_received != u->client_isn ||
+	    skops->snd_una - (__u32)tp->bytes_acked != u->server_isn)
+		return;
+	track_server(skops, sk, e, ROLE_PEER_SERVER, client, proxy);
+}
+
 static __always_inline void server_established(struct bpf_sock_ops *skops)
 {
 	struct endpoint e = {};
@@ -436,10 +552,14 @@ static __always_inline void server_established(struct bpf_sock_ops *skops)
 		__u64 ns = bpf_get_netns_cookie(skops);
 		proxy = bpf_map_lookup_elem(&mw_sidecars, &ns) != 0;
 	}
-	if (skops->local_port == outbound_port && proxy)
+	if (skops->local_port == outbound_port && proxy) {
 		mark_sidecar(skops); // the sidecar accepted an app's connection
-	else if (!is_passthrough(&e) || proxy)
-		return;              // else only the app accepting its sidecar's
+	} else if (!is_passthrough(&e)) {
+		peer_server_established(skops, sk, &e, proxy);
+		return;
+	} else if (proxy) {
+		return; // else only the app accepting its sidecar's
+	}
 
 	struct endpoint_use *u = bpf_map_lookup_elem(&mw_endpoints, &e);
 	if (!u)
@@ -447,16 +567,7 @@ static __always_inline void server_established(struct bpf_sock_ops *skops)
 	__u64 client = u->client;
 	if (u->sockets != 1)
 		return; // two clients share the endpoint: which one is ours?
-	struct sock_state *st = bpf_sk_storage_get(&mw_state, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
-	if (!st)
-		return;
-	struct sock_key k = {};
-	key_of(&k, &e, ROLE_SERVER, client);
-	if (bpf_sock_hash_update(skops, &mw_socks, &k, BPF_NOEXIST) != 0)
-		return;
-	track(skops, sk, st, &k, proxy);
-	key_of(&st->peer, &e, ROLE_CLIENT, client);
-	count(C_PAIRS, 1);
+	track_server(skops, sk, &e, ROLE_SERVER, client, proxy);
 }
 
 SEC("sockops")
@@ -477,6 +588,11 @@ int mw_sockops(struct bpf_sock_ops *skops)
 			if (sk && owned_by_proxy(sk))
 				mark_sidecar(skops);
 		}
+		break;
+	case BPF_SOCK_OPS_RWND_INIT:
+		// A request socket: a SYN is being answered.
+		if (!skops->is_fullsock)
+			peer_syn(skops);
 		break;
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
 		client_established(skops);
@@ -515,7 +631,7 @@ static __always_inline int ready(struct bpf_sock *me, const struct sock_key *pee
 	struct reader *r = bpf_map_lookup_elem(&mw_readers, peer);
 	if (!r)
 		return 0;
-	if (r->proxy && !feeds_proxy(peer->netns)) {
+	if (r->proxy && !feeds_proxy(r->netns)) {
 		count(C_KEPT_FOR_PROXY, 1);
 		return 0;
 	}

@@ -33,9 +33,11 @@ type bpfEndpoint struct {
 }
 
 type bpfEndpointUse struct {
-	_       structs.HostLayout
-	Client  uint64
-	Sockets uint64
+	_         structs.HostLayout
+	Client    uint64
+	Sockets   uint64
+	ClientIsn uint32
+	ServerIsn uint32
 }
 
 type bpfPodPolicy struct {
@@ -49,6 +51,7 @@ type bpfReader struct {
 	Copied uint32
 	Proxy  uint32
 	Read   uint64
+	Netns  uint64
 }
 
 type bpfSockKey struct {
@@ -122,6 +125,7 @@ type bpfMapSpecs struct {
 	MwControl   *ebpf.MapSpec `ebpf:"mw_control"`
 	MwCounters  *ebpf.MapSpec `ebpf:"mw_counters"`
 	MwEndpoints *ebpf.MapSpec `ebpf:"mw_endpoints"`
+	MwPeerSyns  *ebpf.MapSpec `ebpf:"mw_peer_syns"`
 	MwPods      *ebpf.MapSpec `ebpf:"mw_pods"`
 	MwReaders   *ebpf.MapSpec `ebpf:"mw_readers"`
 	MwSidecars  *ebpf.MapSpec `ebpf:"mw_sidecars"`
@@ -163,6 +167,7 @@ type bpfMaps struct {
 	MwControl   *ebpf.Map `ebpf:"mw_control"`
 	MwCounters  *ebpf.Map `ebpf:"mw_counters"`
 	MwEndpoints *ebpf.Map `ebpf:"mw_endpoints"`
+	MwPeerSyns  *ebpf.Map `ebpf:"mw_peer_syns"`
 	MwPods      *ebpf.Map `ebpf:"mw_pods"`
 	MwReaders   *ebpf.Map `ebpf:"mw_readers"`
 	MwSidecars  *ebpf.Map `ebpf:"mw_sidecars"`
@@ -175,6 +180,7 @@ func (m *bpfMaps) Close() error {
 		m.MwControl,
 		m.MwCounters,
 		m.MwEndpoints,
+		m.MwPeerSyns,
 		m.MwPods,
 		m.MwReaders,
 		m.MwSidecars,

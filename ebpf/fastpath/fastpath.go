@@ -101,6 +101,9 @@ type Counters struct {
 	Fallbacks          uint64 `json:"fallbacks"`
 	Ambiguous          uint64 `json:"ambiguous"`
 	KeptForProxy       uint64 `json:"kept_for_proxy"`
+	// PeerPairs: of Pairs, connections between the sidecars of two pods
+	// of this node.
+	PeerPairs uint64 `json:"peer_pairs"`
 }
 
 // Sub returns c - o, counter by counter (what happened between two reads).
@@ -109,6 +112,7 @@ func (c Counters) Sub(o Counters) Counters {
 		Sockets: c.Sockets - o.Sockets, Pairs: c.Pairs - o.Pairs,
 		RedirectedMessages: c.RedirectedMessages - o.RedirectedMessages, RedirectedBytes: c.RedirectedBytes - o.RedirectedBytes,
 		Fallbacks: c.Fallbacks - o.Fallbacks, Ambiguous: c.Ambiguous - o.Ambiguous, KeptForProxy: c.KeptForProxy - o.KeptForProxy,
+		PeerPairs: c.PeerPairs - o.PeerPairs,
 	}
 }
 
@@ -118,6 +122,7 @@ func (c Counters) Add(o Counters) Counters {
 		Sockets: c.Sockets + o.Sockets, Pairs: c.Pairs + o.Pairs,
 		RedirectedMessages: c.RedirectedMessages + o.RedirectedMessages, RedirectedBytes: c.RedirectedBytes + o.RedirectedBytes,
 		Fallbacks: c.Fallbacks + o.Fallbacks, Ambiguous: c.Ambiguous + o.Ambiguous, KeptForProxy: c.KeptForProxy + o.KeptForProxy,
+		PeerPairs: c.PeerPairs + o.PeerPairs,
 	}
 }
 
@@ -130,6 +135,7 @@ const (
 	cFallbacks
 	cAmbiguous
 	cKeptForProxy
+	cPeerPairs
 	cMax
 )
 
@@ -756,7 +762,7 @@ func readCounters(path string) (Counters, error) {
 	return Counters{
 		Sockets: sum[cSockets], Pairs: sum[cPairs], RedirectedMessages: sum[cMessages],
 		RedirectedBytes: sum[cBytes], Fallbacks: sum[cFallbacks], Ambiguous: sum[cAmbiguous],
-		KeptForProxy: sum[cKeptForProxy],
+		KeptForProxy: sum[cKeptForProxy], PeerPairs: sum[cPeerPairs],
 	}, nil
 }
 
@@ -771,6 +777,9 @@ func SumCounters(path string, n int) ([]uint64, error) {
 	defer m.Close()
 	sum := make([]uint64, n)
 	for i := range sum {
+		if uint32(i) >= m.MaxEntries() {
+			break // an earlier build's programs, with fewer counters
+		}
 		var perCPU []uint64
 		if err := m.Lookup(uint32(i), &perCPU); err != nil {
 			return nil, fmt.Errorf("read counter %d: %w", i, err)

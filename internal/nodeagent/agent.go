@@ -312,6 +312,7 @@ func (a *Agent) writeFastpath(e *exposition) {
 	}{
 		{"meshwire_fastpath_sockets_total", "Sockets taken onto the fast path since it was attached.", st.Sockets},
 		{"meshwire_fastpath_pairs_total", "Connections paired (both ends on the fast path) since it was attached.", st.Pairs},
+		{"meshwire_fastpath_peer_pairs_total", "Of the pairs, connections between the sidecars of two pods of this node.", st.PeerPairs},
 		{"meshwire_fastpath_redirected_messages_total", "Messages the fast path's program redirected since it was attached (its verdicts: a redirect the kernel then refuses still counts).", st.RedirectedMessages},
 		{"meshwire_fastpath_redirected_bytes_total", "Bytes of those messages.", st.RedirectedBytes},
 		{"meshwire_fastpath_fallback_messages_total", "Messages of fast-path sockets sent on TCP since it was attached.", st.Fallbacks},

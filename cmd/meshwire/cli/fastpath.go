@@ -194,7 +194,7 @@ func (e *env) fastpathStatus(args []string) error {
 		fmt.Fprintf(tw, "proxy gid:\t%d\n", *st.ProxyGID)
 	}
 	fmt.Fprintf(tw, "sockets now / since attach:\t%d / %d\n", st.LiveSockets, st.Sockets)
-	fmt.Fprintf(tw, "connections paired:\t%d\n", st.Pairs)
+	fmt.Fprintf(tw, "connections paired:\t%d (sidecar to sidecar: %d)\n", st.Pairs, st.PeerPairs)
 	fmt.Fprintf(tw, "messages, bytes redirected:\t%d, %d\n", st.RedirectedMessages, st.RedirectedBytes)
 	fmt.Fprintf(tw, "messages on TCP (fallbacks):\t%d (to the proxy, kept: %d)\n", st.Fallbacks, st.KeptForProxy)
 	fmt.Fprintf(tw, "ambiguous endpoints:\t%d\n", st.Ambiguous)

@@ -44,6 +44,10 @@ type Policy struct {
 	// direction), because it reads with recv/readv, as Envoy does; a
 	// proxy that copies with splice() would stall on fed bytes.
 	IntoProxy bool
+	// NoPeer: the pod's connections with other pods of the node are never
+	// taken off its veth (sidecar to sidecar pairing), as for a pod whose
+	// traffic the node shapes (the bandwidth plugin's qdiscs are there).
+	NoPeer bool
 }
 
 // Value is struct pod_policy, mw_pods' value.
@@ -56,13 +60,19 @@ type Value struct {
 	NetnsIno uint32
 }
 
-// FlagIntoProxy is POD_INTO_PROXY.
-const FlagIntoProxy = 1 << 0
+// Flags of struct pod_policy (enum pod_flag).
+const (
+	FlagIntoProxy = 1 << 0 // POD_INTO_PROXY
+	FlagNoPeer    = 1 << 1 // POD_NO_PEER
+)
 
 func (p Policy) value() Value {
 	var v Value
 	if p.IntoProxy {
 		v.Flags |= FlagIntoProxy
+	}
+	if p.NoPeer {
+		v.Flags |= FlagNoPeer
 	}
 	return v
 }
@@ -146,7 +156,7 @@ func Get(dir string) (p Policy, ok bool, err error) {
 	case err != nil:
 		return p, false, fmt.Errorf("read the pod's fast-path policy: %w", err)
 	}
-	return Policy{IntoProxy: v.Flags&FlagIntoProxy != 0}, true, nil
+	return Policy{IntoProxy: v.Flags&FlagIntoProxy != 0, NoPeer: v.Flags&FlagNoPeer != 0}, true, nil
 }
 
 // Stale returns the policies (namespace cookie -> nsfs inode) whose

@@ -197,7 +197,7 @@ func setFastpathPolicy(p podpolicy.Policy) {
 	case err != nil:
 		slog.Warn("could not write the pod's fast-path policy: it gets the default (only the application is fed)", "error", err)
 	case attached:
-		slog.Info("fast-path policy written", "intoProxy", p.IntoProxy)
+		slog.Info("fast-path policy written", "intoProxy", p.IntoProxy, "noPeer", p.NoPeer)
 	}
 }
 

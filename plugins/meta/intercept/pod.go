@@ -34,6 +34,11 @@ const (
 	// annMode picks the pod's interception mode: REDIRECT, TPROXY or
 	// EBPF (no netfilter rule in the pod).
 	annMode = "intercept.meshwire.io/mode"
+	// Kubernetes' traffic shaping annotations (the bandwidth plugin's,
+	// through containerd): a shaped pod is never paired with another
+	// pod's sidecar by the fast path, whose bytes would skip the qdiscs.
+	annIngressBandwidth = "kubernetes.io/ingress-bandwidth"
+	annEgressBandwidth  = "kubernetes.io/egress-bandwidth"
 )
 
 // annotationFlags are the annotations Istio's injector turns into
@@ -131,8 +136,9 @@ func decide(p pod, excluded []string, meshMeta map[string]string, cfgArgs []stri
 	}
 	// policy is the fast path's for a meshed pod whose proxy is Envoy or
 	// not: the annotation, else fed only when it is Envoy.
+	shaped := a[annIngressBandwidth] != "" || a[annEgressBandwidth] != ""
 	policy := func(envoy bool) *podpolicy.Policy {
-		return &podpolicy.Policy{IntoProxy: into == "true" || (!intoSet && envoy)}
+		return &podpolicy.Policy{IntoProxy: into == "true" || (!intoSet && envoy), NoPeer: shaped}
 	}
 	switch {
 	case mw == "false":

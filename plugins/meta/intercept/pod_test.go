@@ -147,6 +147,8 @@ func TestDecideFastpath(t *testing.T) {
 		{name: "podman: no policy"},
 		{name: "istio: fed", ann: map[string]string{annIstioStatus: istio}, want: &podpolicy.Policy{IntoProxy: true}},
 		{name: "istio opted out", ann: map[string]string{annIstioStatus: istio, annIntoProxy: "false"}, want: &podpolicy.Policy{}},
+		{name: "istio, shaped: never paired with another pod", ann: map[string]string{annIstioStatus: istio, annEgressBandwidth: "10M"}, want: &podpolicy.Policy{IntoProxy: true, NoPeer: true}},
+		{name: "istio, ingress shaped", ann: map[string]string{annIstioStatus: istio, annIngressBandwidth: "1G"}, want: &podpolicy.Policy{IntoProxy: true, NoPeer: true}},
 		{name: "istio-init pod: the plugin still writes it", ann: map[string]string{annIstioStatus: `{"initContainers":["istio-init"],"containers":["istio-proxy"]}`},
 			want: &podpolicy.Policy{IntoProxy: true}},
 		{name: "another mesh: not fed", ann: map[string]string{annMeshwire: "true"}, want: &podpolicy.Policy{}},
