@@ -241,7 +241,11 @@ func captureBenchRun(b *testing.B, h *harness.H, cfg captureBenchConfig, res *ca
 		defer captureBenchProxy(e, e.Remote, cfg).Stop()
 	}
 	waitSettled(b, cfg.name+", sidecar to sidecar")
+	peers := fastpathBenchStatus(b, h).PeerPairs
 	captureBenchRoundTrips(b, e.Pod, ie.AP(ie.RemoteV4, ie.RemotePort), &res.s2s)
+	if cfg.fast && fastpathBenchStatus(b, h).PeerPairs == peers {
+		b.Fatalf("%s: the two sidecars' connection was not paired", cfg.name)
+	}
 
 	if cfg.mode == "EBPF" {
 		for _, ns := range []*harness.NS{e.Pod, e.Remote} {
