@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshwire/meshwire/internal/kerneltest"
 	"github.com/meshwire/meshwire/internal/netns"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // detectWithTools is Detect as the tools alone answer it (what Detect did
@@ -18,7 +19,7 @@ import (
 func detectWithTools(ctx context.Context) Backend {
 	for _, v := range []Variant{VariantLegacy, VariantNFT} {
 		b := Backend{Kind: IPTables, Variant: v}
-		for _, f := range []Family{V4, V6} {
+		for _, f := range []ruleset.IPVersion{ruleset.V4, ruleset.V6} {
 			if _, err := exec.LookPath(b.tool(f, "save")); err != nil {
 				continue
 			}

@@ -1,10 +1,13 @@
-// Package firewall applies rule sets through the host's firewall tools, one
-// atomic transaction at a time: `iptables-restore --noflush` per address
-// family for iptables (legacy or nf_tables variant), `nft -f -` for native
-// nftables. Rules that live in nf_tables are also read, appended and removed
-// over netlink (internal/nftnl), which is much cheaper than starting a
-// tool. Rule generation lives with each feature; this package only detects
-// the backend, applies, reads back and removes.
+// Package firewall is the one front door to the host's firewall: it
+// resolves the backend (configured, else the node's cached detection),
+// applies typed transactions (ruleset.Tx) one atomic transaction at a time
+// and reads back typed tables (package installed), through Interface.
+// Host, the real one, writes over netlink what needs no tool
+// (fwnetlink), else renders the transaction (fwtext) for
+// `iptables-restore --noflush` of one address family or `nft -f -`; it
+// reads nf_tables over netlink and legacy iptables through its tools'
+// text and one getsockopt. Rule generation lives with each feature; the
+// in-memory fake that applies the same transactions is fwfake.
 package firewall
 
 import (
@@ -19,6 +22,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
 	"github.com/meshwire/meshwire/internal/nftnl"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
@@ -70,18 +74,10 @@ func Parse(s string) (Backend, error) {
 	return Backend{}, fmt.Errorf("unknown firewall backend %q (want iptables, nftables, legacy or nft)", s)
 }
 
-// Family is an address family: 4 or 6 (ruleset's IPVersion).
-type Family = ruleset.IPVersion
-
-const (
-	V4 = ruleset.V4
-	V6 = ruleset.V6
-)
-
 // tool returns the binary name for an iptables tool ("restore", "save").
-func (b Backend) tool(f Family, what string) string {
+func (b Backend) tool(f ruleset.IPVersion, what string) string {
 	base := "iptables"
-	if f == V6 {
+	if f == ruleset.V6 {
 		base = "ip6tables"
 	}
 	if b.Variant != VariantDefault {
@@ -96,7 +92,7 @@ const lockWait = 10 * time.Second
 // Restore applies an iptables-restore payload with --noflush: the tables it
 // names are changed in one transaction and nothing else is touched. A busy
 // xtables lock ends in CNI code 11.
-func (b Backend) Restore(ctx context.Context, f Family, payload string) error {
+func (b Backend) Restore(ctx context.Context, f ruleset.IPVersion, payload string) error {
 	if b.Kind != IPTables {
 		return fmt.Errorf("Restore needs an iptables backend, have %s", b)
 	}
@@ -106,7 +102,7 @@ func (b Backend) Restore(ctx context.Context, f Family, payload string) error {
 }
 
 // Save returns iptables-save output for one table (all tables when table is "").
-func (b Backend) Save(ctx context.Context, f Family, table string) (string, error) {
+func (b Backend) Save(ctx context.Context, f ruleset.IPVersion, table string) (string, error) {
 	if b.Kind != IPTables {
 		return "", fmt.Errorf("Save needs an iptables backend, have %s", b)
 	}
@@ -121,7 +117,7 @@ func (b Backend) Save(ctx context.Context, f Family, table string) (string, erro
 // line (for user chains) and the chain's rules as iptables-save writes them.
 // It reads one chain, which is much cheaper than Save on a busy node. A
 // missing chain is an error.
-func (b Backend) ListChain(ctx context.Context, f Family, table, chain string) (string, error) {
+func (b Backend) ListChain(ctx context.Context, f ruleset.IPVersion, table, chain string) (string, error) {
 	if b.Kind != IPTables {
 		return "", fmt.Errorf("ListChain needs an iptables backend, have %s", b)
 	}
@@ -147,7 +143,7 @@ func (b Backend) Available(ctx context.Context) error {
 	var err error
 	switch b.Kind {
 	case IPTables:
-		_, err = b.Save(ctx, V4, "nat")
+		_, err = b.Save(ctx, ruleset.V4, "nat")
 	case NFTables:
 		_, err = Nft(ctx, "list", "tables")
 	default:
@@ -214,7 +210,7 @@ func (b Backend) Usable() bool { return b.Kind == NFTables || b.ToolsInstalled()
 func (b Backend) ToolsInstalled() bool {
 	name := "nft"
 	if b.Kind == IPTables {
-		name = b.tool(V4, "restore")
+		name = b.tool(ruleset.V4, "restore")
 	}
 	_, err := exec.LookPath(name)
 	return err == nil
@@ -268,16 +264,16 @@ var nftablesReachable = func() bool {
 		return false
 	}
 	defer c.Close()
-	_, err = c.Tables(Inet)
+	_, err = c.Tables(ruleset.Inet)
 	return err == nil
 }
 
 func hasRules(ctx context.Context, b Backend) bool {
-	for _, f := range []Family{V4, V6} {
+	for _, f := range []ruleset.IPVersion{ruleset.V4, ruleset.V6} {
 		if _, err := exec.LookPath(b.tool(f, "save")); err != nil {
 			continue
 		}
-		if b.Variant == VariantLegacy && !legacyTablesLoaded(f.Tables()) {
+		if b.Variant == VariantLegacy && !fwtext.LegacyTablesLoaded(f.Tables()) {
 			continue // iptables-save would list no table
 		}
 		out, err := b.Save(ctx, f, "")
@@ -299,17 +295,17 @@ func lookInNFTables(b Backend) (rules, native bool, err error) {
 	}
 	defer c.Close()
 	_, nftErr := exec.LookPath("nft")
-	for _, fam := range []TableFamily{IP, IP6, Inet, ruleset.ARP, Bridge, ruleset.Netdev} {
+	for _, fam := range []ruleset.Family{ruleset.IP, ruleset.IP6, ruleset.Inet, ruleset.ARP, ruleset.Bridge, ruleset.Netdev} {
 		names, err := c.Tables(fam)
 		if err != nil {
 			return false, false, err
 		}
-		_, toolErr := exec.LookPath(b.tool(V4, "save"))
-		if fam == IP6 {
-			_, toolErr = exec.LookPath(b.tool(V6, "save"))
+		_, toolErr := exec.LookPath(b.tool(ruleset.V4, "save"))
+		if fam == ruleset.IP6 {
+			_, toolErr = exec.LookPath(b.tool(ruleset.V6, "save"))
 		}
 		for _, n := range names {
-			if (fam != IP && fam != IP6) || !iptablesNFTTables[n] {
+			if (fam != ruleset.IP && fam != ruleset.IP6) || !iptablesNFTTables[n] {
 				native = native || nftErr == nil
 				continue
 			}

@@ -1,6 +1,10 @@
 package firewall
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/meshwire/meshwire/internal/ruleset"
+)
 
 func TestParse(t *testing.T) {
 	cases := map[string]string{
@@ -22,13 +26,13 @@ func TestParse(t *testing.T) {
 func TestTools(t *testing.T) {
 	cases := []struct {
 		b    Backend
-		f    Family
+		f    ruleset.IPVersion
 		want string
 	}{
-		{Backend{Kind: IPTables}, V4, "iptables-restore"},
-		{Backend{Kind: IPTables}, V6, "ip6tables-restore"},
-		{Backend{Kind: IPTables, Variant: VariantLegacy}, V4, "iptables-legacy-restore"},
-		{Backend{Kind: IPTables, Variant: VariantNFT}, V6, "ip6tables-nft-restore"},
+		{Backend{Kind: IPTables}, ruleset.V4, "iptables-restore"},
+		{Backend{Kind: IPTables}, ruleset.V6, "ip6tables-restore"},
+		{Backend{Kind: IPTables, Variant: VariantLegacy}, ruleset.V4, "iptables-legacy-restore"},
+		{Backend{Kind: IPTables, Variant: VariantNFT}, ruleset.V6, "ip6tables-nft-restore"},
 	}
 	for _, c := range cases {
 		if got := c.b.tool(c.f, "restore"); got != c.want {

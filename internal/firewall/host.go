@@ -11,71 +11,26 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/meshwire/meshwire/internal/firewall/fwnetlink"
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
+	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/nftnl"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
-// Interface is the firewall as ipmasq, portmap and intercept use it: one
-// backend, in the calling thread's network namespace. Host is the real one,
-// Fake an in-memory one for tests.
+// Interface is the firewall as ipmasq, portmap, refrules, bridge and
+// intercept use it: one backend, in the calling thread's network
+// namespace. Host is the real one; fwfake.Fake an in-memory one for
+// tests. Writes are typed transactions (ruleset.Tx); reads give back
+// package installed's typed tables, chains and rules. A caller that needs
+// less takes a smaller interface (Reader, Writer).
 //
 // Tables are named by family and name: an iptables table of family V4 is
-// (V4.Tables(), "nat"). Reads of a table or chain that is not there return
-// nil and no error.
+// (IP, "nat"). Reads of a table or chain that is not there return nil and
+// no error.
 type Interface interface {
-	// Backend is the backend this firewall programs.
-	Backend() Backend
-
-	// ReadTable reads a table: its chains, in order, with their rules.
-	ReadTable(ctx context.Context, fam TableFamily, table string) (*Table, error)
-	// ReadTables reads several tables of fam, leaving out those not there:
-	// for legacy iptables with one iptables-save, and none at all when
-	// the namespace never loaded any of them.
-	ReadTables(ctx context.Context, fam TableFamily, names []string) ([]*Table, error)
-	// ReadChain reads one chain with its rules (much cheaper than a table
-	// on a busy node).
-	ReadChain(ctx context.Context, fam TableFamily, table, chain string) (*Chain, error)
-	// Tables lists the names of the native nftables tables of fam.
-	Tables(ctx context.Context, fam TableFamily) ([]string, error)
-	// HasTable and HasChain tell whether a table or chain is there, as
-	// cheaply as the backend allows, with no tool run (one netlink
-	// request; for legacy iptables, /proc/thread-self/net/ip{,6}_tables_names
-	// and, for a chain of a loaded table, one getsockopt).
-	HasTable(ctx context.Context, fam TableFamily, table string) (bool, error)
-	HasChain(ctx context.Context, fam TableFamily, table, chain string) (bool, error)
-	// ChainNames lists the chains of a table, with no tool run: for
-	// nf_tables one netlink chain dump; for legacy iptables the built-in
-	// chains (in hook order) and the user chains, with one getsockopt,
-	// and none without instantiating a table the namespace never loaded.
-	// A table that is not there has none (nil, no error; HasTable tells
-	// it from an empty one).
-	ChainNames(ctx context.Context, fam TableFamily, table string) ([]string, error)
-
-	// Restore applies an iptables-restore --noflush payload to family f
-	// as one transaction (iptables backends). A busy xtables lock ends in
-	// CNI code 11.
-	Restore(ctx context.Context, f Family, payload string) error
-	// ApplyNft applies an nft script as one transaction.
-	ApplyNft(ctx context.Context, script string) error
-	// ReplaceTable writes a native nftables table of meshwire's own whole
-	// (ruleset.Table), in one transaction that replaces it, over netlink:
-	// it needs no firewall tool.
-	ReplaceTable(ctx context.Context, t ruleset.Table) error
-	// AppendRules appends typed rules to the chains of an iptables table
-	// (of each rule's family) over netlink in one transaction, encoded as
-	// iptables-nft encodes them (nf_tables-backed iptables only; a missing
-	// table or chain fails it, and the caller uses Restore). Only the
-	// shape of meshwire's masquerade rules is encodable (see encode.go).
-	AppendRules(ctx context.Context, table string, rules []ruleset.Rule) error
-	// DeleteRules removes rules read back (by handle for nf_tables, by
-	// their iptables spec for legacy iptables) in one transaction per
-	// family; a rule already gone fails it with an error that
-	// errors.Is(err, ErrNotFound).
-	DeleteRules(ctx context.Context, rules []Rule) error
-	// DeleteTables deletes native nftables tables with everything in them
-	// in one transaction; a table not there is no error.
-	DeleteTables(ctx context.Context, fam TableFamily, names []string) error
-
+	Writer
+	Reader
 	// Release ends the firewall's use. When a netlink transaction removed
 	// something, it returns the netlink socket, whose last close waits for
 	// the kernel to free what was removed: the caller hands it to a
@@ -84,30 +39,75 @@ type Interface interface {
 	Release() *os.File
 }
 
+// Writer applies transactions.
+type Writer interface {
+	// Backend is the backend this firewall programs.
+	Backend() Backend
+	// Apply applies tx as one transaction, written the cheapest way the
+	// backend allows (Route): over netlink when every operation is one
+	// netlink writes with no tool, else one nft -f, or one
+	// iptables-restore --noflush per address family (IPv4 first; a
+	// transaction of both families is one per family).
+	// A busy xtables lock ends in CNI code 11; a rule or chain to delete
+	// that is not there fails with an error that errors.Is(err,
+	// ErrNotFound).
+	Apply(ctx context.Context, tx *ruleset.Tx) error
+}
+
+// Reader reads what the firewall holds.
+type Reader interface {
+	Backend() Backend
+	// ReadTable reads a table: its chains, in order, with their rules.
+	ReadTable(ctx context.Context, fam ruleset.Family, table string) (*installed.Table, error)
+	// ReadTables reads several tables of fam, leaving out those not there:
+	// for legacy iptables with one iptables-save, and none at all when
+	// the namespace never loaded any of them.
+	ReadTables(ctx context.Context, fam ruleset.Family, names []string) ([]*installed.Table, error)
+	// ReadChain reads one chain with its rules (much cheaper than a table
+	// on a busy node).
+	ReadChain(ctx context.Context, fam ruleset.Family, table, chain string) (*installed.Chain, error)
+	// Tables lists the names of the native nftables tables of fam.
+	Tables(ctx context.Context, fam ruleset.Family) ([]string, error)
+	// HasTable and HasChain tell whether a table or chain is there, as
+	// cheaply as the backend allows, with no tool run (one netlink
+	// request; for legacy iptables, /proc/thread-self/net/ip{,6}_tables_names
+	// and, for a chain of a loaded table, one getsockopt).
+	HasTable(ctx context.Context, fam ruleset.Family, table string) (bool, error)
+	HasChain(ctx context.Context, fam ruleset.Family, table, chain string) (bool, error)
+	// ChainNames lists the chains of a table, with no tool run: for
+	// nf_tables one netlink chain dump; for legacy iptables the built-in
+	// chains (in hook order) and the user chains, with one getsockopt,
+	// and none without instantiating a table the namespace never loaded.
+	// A table that is not there has none (nil, no error; HasTable tells
+	// it from an empty one).
+	ChainNames(ctx context.Context, fam ruleset.Family, table string) ([]string, error)
+}
+
 // ErrNotFound is what a deletion of something that is not there fails with.
 var ErrNotFound = unix.ENOENT
 
 // DeleteMatching removes the rules of a chain that sel accepts, in one
 // transaction, and reports how many went. A concurrent removal of some of
 // them is tolerated: the chain is read again and what is left removed.
-func DeleteMatching(ctx context.Context, fw Interface, fam TableFamily, table, chain string, sel func(Rule) bool) (int, error) {
+func DeleteMatching(ctx context.Context, fw Interface, fam ruleset.Family, table, chain string, sel func(installed.Rule) bool) (int, error) {
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
-		var c *Chain
+		var c *installed.Chain
 		if c, err = fw.ReadChain(ctx, fam, table, chain); err != nil || c == nil {
 			return 0, err
 		}
-		var del []Rule
+		tx := &ruleset.Tx{}
+		id := ruleset.TableID{Family: fam, Name: table}
 		for _, r := range c.Rules {
 			if sel(r) {
-				del = append(del, r)
+				tx.DeleteRef(id, r.Ref())
 			}
 		}
-		if len(del) == 0 {
+		if tx.Empty() {
 			return 0, nil
 		}
-		if err = fw.DeleteRules(ctx, del); err == nil {
-			return len(del), nil
+		if err = fw.Apply(ctx, tx); err == nil {
+			return tx.Len(), nil
 		}
 		if !errors.Is(err, ErrNotFound) {
 			return 0, err
@@ -144,8 +144,8 @@ func (h *Host) Backend() Backend { return h.b }
 // netlinkReads: the tables of fam live in nf_tables (and are read over
 // netlink) for native nftables, and for iptables tables of an
 // nf_tables-backed iptables.
-func (h *Host) netlinkReads(fam TableFamily) bool {
-	if fam == IP || fam == IP6 {
+func (h *Host) netlinkReads(fam ruleset.Family) bool {
+	if fam == ruleset.IP || fam == ruleset.IP6 {
 		return h.b.Kind == NFTables || h.b.NFTablesBacked()
 	}
 	return true
@@ -179,23 +179,23 @@ func (h *Host) Close() {
 	}
 }
 
-func tableFamilyOf(fam TableFamily) (Family, error) {
+func tableFamilyOf(fam ruleset.Family) (ruleset.IPVersion, error) {
 	switch fam {
-	case IP:
-		return V4, nil
-	case IP6:
-		return V6, nil
+	case ruleset.IP:
+		return ruleset.V4, nil
+	case ruleset.IP6:
+		return ruleset.V6, nil
 	}
 	return 0, fmt.Errorf("%s tables are not iptables tables", fam.Name())
 }
 
-func (h *Host) ReadTable(ctx context.Context, fam TableFamily, table string) (*Table, error) {
+func (h *Host) ReadTable(ctx context.Context, fam ruleset.Family, table string) (*installed.Table, error) {
 	if h.netlinkReads(fam) {
 		c, err := h.c()
 		if err != nil {
 			return nil, err
 		}
-		return readTable(c, fam, table)
+		return fwnetlink.ReadTable(c, fam, table)
 	}
 	f, err := tableFamilyOf(fam)
 	if err != nil {
@@ -205,7 +205,7 @@ func (h *Host) ReadTable(ctx context.Context, fam TableFamily, table string) (*T
 	if err != nil {
 		return nil, err
 	}
-	for _, t := range ParseIPTablesSave(f, table, out) {
+	for _, t := range fwtext.ParseIPTablesSave(f, table, out) {
 		if t.Name == table {
 			return t, nil
 		}
@@ -213,8 +213,8 @@ func (h *Host) ReadTable(ctx context.Context, fam TableFamily, table string) (*T
 	return nil, nil
 }
 
-func (h *Host) ReadTables(ctx context.Context, fam TableFamily, names []string) ([]*Table, error) {
-	var out []*Table
+func (h *Host) ReadTables(ctx context.Context, fam ruleset.Family, names []string) ([]*installed.Table, error) {
+	var out []*installed.Table
 	if h.netlinkReads(fam) {
 		for _, n := range names {
 			t, err := h.ReadTable(ctx, fam, n)
@@ -231,7 +231,7 @@ func (h *Host) ReadTables(ctx context.Context, fam TableFamily, names []string) 
 	if err != nil {
 		return nil, err
 	}
-	have, err := legacyTables(fam)
+	have, err := fwtext.LegacyTables(fam)
 	if err != nil {
 		return nil, err
 	}
@@ -252,7 +252,7 @@ func (h *Host) ReadTables(ctx context.Context, fam TableFamily, names []string) 
 	if err != nil {
 		return nil, err
 	}
-	for _, t := range ParseIPTablesSave(f, table, save) {
+	for _, t := range fwtext.ParseIPTablesSave(f, table, save) {
 		if slices.Contains(loaded, t.Name) {
 			out = append(out, t)
 		}
@@ -260,13 +260,13 @@ func (h *Host) ReadTables(ctx context.Context, fam TableFamily, names []string) 
 	return out, nil
 }
 
-func (h *Host) ReadChain(ctx context.Context, fam TableFamily, table, chain string) (*Chain, error) {
+func (h *Host) ReadChain(ctx context.Context, fam ruleset.Family, table, chain string) (*installed.Chain, error) {
 	if h.netlinkReads(fam) {
 		c, err := h.c()
 		if err != nil {
 			return nil, err
 		}
-		return readChain(c, fam, table, chain)
+		return fwnetlink.ReadChain(c, fam, table, chain)
 	}
 	f, err := tableFamilyOf(fam)
 	if err != nil {
@@ -279,12 +279,12 @@ func (h *Host) ReadChain(ctx context.Context, fam TableFamily, table, chain stri
 		}
 		return nil, err
 	}
-	for _, t := range ParseIPTablesSave(f, table, out) {
+	for _, t := range fwtext.ParseIPTablesSave(f, table, out) {
 		if c := t.Chain(chain); c != nil {
 			return c, nil
 		}
 	}
-	return &Chain{Family: fam, Table: table, Name: chain, Hook: builtinHook(chain)}, nil
+	return &installed.Chain{Family: fam, Table: table, Name: chain, Hook: ruleset.BuiltinHook(chain)}, nil
 }
 
 // noSuchChain: how iptables says the chain (or table) is not there.
@@ -310,7 +310,7 @@ func retryDump(fn func() (string, error)) (string, error) {
 	return out, err
 }
 
-func (h *Host) Tables(ctx context.Context, fam TableFamily) ([]string, error) {
+func (h *Host) Tables(ctx context.Context, fam ruleset.Family) ([]string, error) {
 	c, err := h.c()
 	if err != nil {
 		return nil, err
@@ -318,129 +318,129 @@ func (h *Host) Tables(ctx context.Context, fam TableFamily) ([]string, error) {
 	return c.Tables(fam)
 }
 
-func (h *Host) HasTable(ctx context.Context, fam TableFamily, table string) (bool, error) {
+func (h *Host) HasTable(ctx context.Context, fam ruleset.Family, table string) (bool, error) {
 	if h.netlinkReads(fam) {
 		c, err := h.c()
 		if err != nil {
 			return false, err
 		}
-		return hasTable(c, fam, table)
+		return fwnetlink.HasTable(c, fam, table)
 	}
-	return legacyTableLoaded(fam, table)
+	return fwtext.LegacyTableLoaded(fam, table)
 }
 
-func (h *Host) HasChain(ctx context.Context, fam TableFamily, table, chain string) (bool, error) {
+func (h *Host) HasChain(ctx context.Context, fam ruleset.Family, table, chain string) (bool, error) {
 	if h.netlinkReads(fam) {
 		c, err := h.c()
 		if err != nil {
 			return false, err
 		}
-		return hasChain(c, fam, table, chain)
+		return fwnetlink.HasChain(c, fam, table, chain)
 	}
 	names, err := h.ChainNames(ctx, fam, table)
 	return slices.Contains(names, chain), err
 }
 
-func (h *Host) ChainNames(ctx context.Context, fam TableFamily, table string) ([]string, error) {
+func (h *Host) ChainNames(ctx context.Context, fam ruleset.Family, table string) ([]string, error) {
 	if h.netlinkReads(fam) {
 		c, err := h.c()
 		if err != nil {
 			return nil, err
 		}
-		return chainNames(c, fam, table)
+		return fwnetlink.ChainNames(c, fam, table)
 	}
 	f, err := tableFamilyOf(fam)
 	if err != nil {
 		return nil, err
 	}
-	return legacyChainNames(f, table)
+	return fwtext.LegacyChainNames(f, table)
 }
 
-func (h *Host) Restore(ctx context.Context, f Family, payload string) error {
-	return h.b.Restore(ctx, f, payload)
+// Route names how a transaction is written on backend b: "netlink" when
+// every operation is one that netlink writes with no tool (fwnetlink.Encode;
+// rules appended to iptables tables only when b's live in nf_tables),
+// else "restore v4" or "restore v6" (one iptables-restore) for iptables,
+// "nft" (one nft -f) for nftables. The fake names its transactions the
+// same way.
+func Route(b Backend, tx *ruleset.Tx) string {
+	if _, ok := fwnetlink.Encode(tx, b.NFTablesBacked()); ok {
+		return "netlink"
+	}
+	return ToolRoute(b, tx)
 }
 
-func (h *Host) ApplyNft(ctx context.Context, script string) error { return NftApply(ctx, script) }
-
-func (h *Host) AppendRules(ctx context.Context, table string, rules []ruleset.Rule) error {
-	if !h.b.NFTablesBacked() {
-		return fmt.Errorf("AppendRules needs an nf_tables-backed iptables, have %s", h.b)
+// ToolRoute names how tx is written on backend b by its tool.
+func ToolRoute(b Backend, tx *ruleset.Tx) string {
+	if b.Kind == NFTables {
+		return "nft"
 	}
-	encoded, err := encodeRules(table, rules)
-	if err != nil {
-		return err
+	var r []string
+	for _, part := range fwtext.ByFamily(tx) {
+		v, _ := fwtext.IPTablesFamily(part)
+		r = append(r, fmt.Sprintf("restore v%d", int(v)))
 	}
-	c, err := h.c()
-	if err != nil {
-		return err
-	}
-	return c.AppendRules(encoded)
+	return strings.Join(r, ", ")
 }
 
-func (h *Host) DeleteRules(ctx context.Context, rules []Rule) error {
-	if len(rules) == 0 {
+// Apply writes tx: over netlink when Route says so, else with the tool.
+// Rules appended over netlink to an iptables table that is not there yet
+// (iptables-nft makes its tables on first use) go through
+// iptables-restore instead.
+func (h *Host) Apply(ctx context.Context, tx *ruleset.Tx) error {
+	if tx.Empty() {
 		return nil
 	}
-	if h.netlinkReads(rules[0].Family) {
+	if batch, ok := fwnetlink.Encode(tx, h.b.NFTablesBacked()); ok {
 		c, err := h.c()
-		if err != nil {
+		if err == nil {
+			err = batch.Apply(c)
+		}
+		if err == nil || !appendOnly(tx) {
 			return err
 		}
-		return deleteHandles(c, rules)
 	}
-	for _, f := range []Family{V4, V6} {
-		payload, err := deletePayload(f, rules)
+	if h.b.Kind == NFTables {
+		script, err := fwtext.NftScript(tx)
 		if err != nil {
 			return err
 		}
-		if payload == "" {
-			continue
+		return notFound(NftApply(ctx, script))
+	}
+	for _, part := range fwtext.ByFamily(tx) {
+		v, err := fwtext.IPTablesFamily(part)
+		if err != nil {
+			return err
 		}
-		if err := h.b.Restore(ctx, f, payload); err != nil {
-			if strings.Contains(err.Error(), "does a matching rule exist") || noSuchChain(err) {
-				return fmt.Errorf("%w: %v", ErrNotFound, err)
-			}
+		payload, err := fwtext.IPTablesRestore(part)
+		if err != nil {
+			return err
+		}
+		if err := notFound(h.b.Restore(ctx, v, payload)); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// deletePayload renders the removal of family f's rules as one
-// iptables-restore payload ("" when none is of f).
-func deletePayload(f Family, rules []Rule) (string, error) {
-	var b strings.Builder
-	table := ""
-	for _, r := range rules {
-		if r.Family != f.Tables() {
-			continue
+// appendOnly: every operation of tx appends a rule (to an iptables table;
+// the tool makes the table when netlink finds none).
+func appendOnly(tx *ruleset.Tx) bool {
+	for _, o := range tx.Ops() {
+		if o.Verb != ruleset.Add || o.Rule == nil {
+			return false
 		}
-		spec, ok := r.IPTablesSpec()
-		if !ok {
-			return "", fmt.Errorf("rule %d of %s %s has no iptables form to delete it by", r.Position, r.Table, r.Chain)
-		}
-		if r.Table != table {
-			if table != "" {
-				b.WriteString("COMMIT\n")
-			}
-			table = r.Table
-			fmt.Fprintf(&b, "*%s\n", table)
-		}
-		fmt.Fprintf(&b, "-D %s %s\n", r.Chain, spec)
 	}
-	if table != "" {
-		b.WriteString("COMMIT\n")
-	}
-	return b.String(), nil
+	return true
 }
 
-func (h *Host) DeleteTables(ctx context.Context, fam TableFamily, names []string) error {
-	if len(names) == 0 {
+// notFound marks the tools' "not there" as ErrNotFound.
+func notFound(err error) error {
+	if err == nil {
 		return nil
 	}
-	c, err := h.c()
-	if err != nil {
-		return err
+	s := err.Error()
+	if strings.Contains(s, "does a matching rule exist") || noSuchChain(err) || strings.Contains(s, "No such file or directory") {
+		return fmt.Errorf("%w: %v", ErrNotFound, err)
 	}
-	return c.DeleteTables(fam, names)
+	return err
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // withoutTools runs the test with no firewall tool on PATH and the node's
@@ -31,9 +32,9 @@ func TestMissingToolNamesThePackage(t *testing.T) {
 		err  error
 		pkg  string
 	}{
-		{"iptables-restore", Backend{Kind: IPTables}.Restore(ctx, V4, "*nat\nCOMMIT\n"), "iptables"},
+		{"iptables-restore", Backend{Kind: IPTables}.Restore(ctx, ruleset.V4, "*nat\nCOMMIT\n"), "iptables"},
 		{"ip6tables-legacy-save", func() error {
-			_, err := (Backend{Kind: IPTables, Variant: VariantLegacy}).Save(ctx, V6, "nat")
+			_, err := (Backend{Kind: IPTables, Variant: VariantLegacy}).Save(ctx, ruleset.V6, "nat")
 			return err
 		}(), "iptables"},
 		{"nft", NftApply(ctx, "list tables"), "nftables"},

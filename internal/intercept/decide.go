@@ -7,7 +7,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/installed"
 )
 
 // CapturedOutbound tells whether the rules of cfg send an application's
@@ -83,7 +83,7 @@ func ParseResolvConf(text string) []netip.Addr {
 // TProxyMarks lists the marks the TPROXY rules of tables read back set
 // (iptables' mangle tables, or meshwire's nftables tables), so that
 // cleanup finds policy routing installed with other flags.
-func TProxyMarks(tables ...*firewall.Table) []uint32 {
+func TProxyMarks(tables ...*installed.Table) []uint32 {
 	var out []uint32
 	for _, t := range tables {
 		for _, r := range t.Rules() {

@@ -2,19 +2,22 @@ package intercept
 
 import (
 	"context"
-	"fmt"
 	"net/netip"
 	"reflect"
 	"strings"
 	"testing"
 
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/fwfake"
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
+	"github.com/meshwire/meshwire/internal/firewall/installed"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // stateOf reads the state of iptables-save output, as install reads it
 // from legacy iptables.
 func stateOf(save string) *State {
-	return ReadState(firewall.ParseIPTablesSave(V4, "", save)...)
+	return ReadState(fwtext.ParseIPTablesSave(V4, "", save)...)
 }
 
 // saveOf turns a rendered fresh payload into what iptables-save would show
@@ -48,7 +51,7 @@ func TestCompareAndRestore(t *testing.T) {
 	tp.Mode = ModeTProxy
 	b := Build(tp, V4)
 	foreign := ":FOREIGN - [0:0]\n-A OUTPUT -p udp -j FOREIGN\n-A FOREIGN -j RETURN\n"
-	installedA := saveOf(Restore(a, &State{}), foreign)
+	installedA := saveOf(restoreText(a, &State{}), foreign)
 
 	st := stateOf(installedA)
 	if got := Compare(a, st); got != Current {
@@ -73,7 +76,7 @@ func TestCompareAndRestore(t *testing.T) {
 	// inbound chain, which keeps only the tunnel port's rule, as in
 	// istio), own chains declared, and the table that gains TPROXY
 	// (mangle) committed before nat.
-	p := Restore(b, st)
+	p := restoreText(b, st)
 	if strings.Index(p, "*mangle") > strings.Index(p, "*nat") {
 		t.Fatalf("mangle (gaining the inbound capture) must commit before nat (losing it):\n%s", p)
 	}
@@ -90,11 +93,11 @@ func TestCompareAndRestore(t *testing.T) {
 	}
 
 	// Cleanup: only meshwire's.
-	c := Restore(&RuleSet{Family: V4}, st)
+	c := restoreText(&RuleSet{Family: V4}, st)
 	if strings.Contains(c, "-A ") || strings.Contains(c, "FOREIGN") || !strings.Contains(c, "-X ISTIO_OUTPUT") {
 		t.Fatalf("cleanup payload:\n%s", c)
 	}
-	if Restore(&RuleSet{Family: V4}, &State{Tables: map[string]*TableState{}}) != "" {
+	if !Restore(&RuleSet{Family: V4}, &State{Tables: map[string]*TableState{}}).Empty() {
 		t.Fatal("cleanup of nothing is not empty")
 	}
 }
@@ -122,20 +125,20 @@ COMMIT
 
 // nftFake is a native nftables firewall holding the rule set as Nft
 // writes it.
-func nftFake(t *testing.T, rs *RuleSet) *firewall.Fake {
+func nftFake(t *testing.T, rs *RuleSet) *fwfake.Fake {
 	t.Helper()
-	fw := firewall.NewFake(firewall.Backend{Kind: firewall.NFTables})
-	if err := fw.ApplyNft(context.Background(), Nft(rs)); err != nil {
+	fw := fwfake.New(firewall.Backend{Kind: firewall.NFTables})
+	if err := fw.Apply(context.Background(), Nft(rs)); err != nil {
 		t.Fatal(err)
 	}
 	return fw
 }
 
 // nftTables reads istio's inet tables from fw, as install does.
-func nftTables(fw *firewall.Fake) map[string]*firewall.Table {
-	have := map[string]*firewall.Table{}
+func nftTables(fw *fwfake.Fake) map[string]*installed.Table {
+	have := map[string]*installed.Table{}
 	for _, nt := range NftTables {
-		if tb := fw.Table(firewall.Inet, nt.Name); tb != nil {
+		if tb := fw.Table(ruleset.Inet, nt.Name); tb != nil {
 			have[nt.Name] = tb
 		}
 	}
@@ -159,7 +162,7 @@ func TestNftStatus(t *testing.T) {
 			handle = r.Handle
 		}
 	}
-	if err := fw.ApplyNft(context.Background(), fmt.Sprintf("delete rule inet istio-proxy-nat istio-output handle %d", handle)); handle == 0 || err != nil {
+	if err := fw.Apply(context.Background(), (&ruleset.Tx{}).DeleteRef(ruleset.TableID{Family: ruleset.Inet, Name: "istio-proxy-nat"}, ruleset.RuleRef{Chain: "istio-output", Handle: handle})); handle == 0 || err != nil {
 		t.Fatalf("remove the jump to istio-redirect (handle %d): %v", handle, err)
 	}
 	if NftStatus(a, nftTables(fw)) != Different {
@@ -178,7 +181,7 @@ func TestFingerprintDependsOnRules(t *testing.T) {
 		for _, f := range []Family{V4, V6} {
 			rs := Build(c, f)
 			fp := rs.Fingerprint()
-			text := Restore(rs, &State{})
+			text := restoreText(rs, &State{})
 			if other, ok := seen[fp]; ok && other != text {
 				t.Fatalf("%s %s: fingerprint %s shared by different rule sets", name, f, fp)
 			}
@@ -264,23 +267,23 @@ func TestTProxyMarks(t *testing.T) {
 	c.TProxyMark = 0x64
 	rs := Build(c, V4)
 	for _, v := range []firewall.Variant{firewall.VariantLegacy, firewall.VariantNFT} {
-		fw := firewall.NewFake(firewall.Backend{Kind: firewall.IPTables, Variant: v})
-		if err := fw.Restore(ctx, V4, Restore(rs, &State{})); err != nil {
+		fw := fwfake.New(firewall.Backend{Kind: firewall.IPTables, Variant: v})
+		if err := fw.Apply(ctx, Restore(rs, &State{})); err != nil {
 			t.Fatal(err)
 		}
-		if got := TProxyMarks(fw.Table(firewall.IP, Mangle)); !reflect.DeepEqual(got, []uint32{0x64}) {
+		if got := TProxyMarks(fw.Table(ruleset.IP, Mangle)); !reflect.DeepEqual(got, []uint32{0x64}) {
 			t.Fatalf("iptables-%s: %v", v, got)
 		}
 	}
-	if got := TProxyMarks(nftFake(t, BuildNft(c, false)).Table(firewall.Inet, "istio-proxy-mangle")); !reflect.DeepEqual(got, []uint32{0x64}) {
+	if got := TProxyMarks(nftFake(t, BuildNft(c, false)).Table(ruleset.Inet, "istio-proxy-mangle")); !reflect.DeepEqual(got, []uint32{0x64}) {
 		t.Fatalf("nft: %v", got)
 	}
 	redirect := Build(Default(), V4)
-	fw := firewall.NewFake(firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantLegacy})
-	if err := fw.Restore(ctx, V4, Restore(redirect, &State{})); err != nil {
+	fw := fwfake.New(firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantLegacy})
+	if err := fw.Apply(ctx, Restore(redirect, &State{})); err != nil {
 		t.Fatal(err)
 	}
-	if got := TProxyMarks(fw.Table(firewall.IP, Mangle), fw.Table(firewall.IP, NAT)); len(got) != 0 {
+	if got := TProxyMarks(fw.Table(ruleset.IP, Mangle), fw.Table(ruleset.IP, NAT)); len(got) != 0 {
 		t.Fatalf("REDIRECT: %v", got)
 	}
 }

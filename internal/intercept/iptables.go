@@ -6,10 +6,9 @@ import (
 	"fmt"
 	"slices"
 	"sort"
-	"strconv"
 	"strings"
 
-	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
@@ -42,7 +41,7 @@ type TableState struct {
 	// Builtin are meshwire's rules in built-in chains: those carrying the
 	// Tag comment, and any that jumps into an own chain (so that a rule
 	// set left by istio-iptables is found too).
-	Builtin []firewall.Rule
+	Builtin []installed.Rule
 	Rules   map[string]int // number of rules in each own chain
 }
 
@@ -65,7 +64,7 @@ func (s *State) Empty() bool {
 // back through the firewall (nil tables, those not there, are skipped):
 // the user chains of OwnChains, and the rules of built-in chains that
 // carry the Tag comment or jump into an own chain.
-func ReadState(tables ...*firewall.Table) *State {
+func ReadState(tables ...*installed.Table) *State {
 	s := &State{Tables: map[string]*TableState{}}
 	for _, t := range tables {
 		if t == nil {
@@ -175,16 +174,16 @@ func sameSet(a, b []string) bool {
 	return true
 }
 
-// Restore renders the iptables-restore (--noflush) payload that turns the
-// installed state st into the desired rule set, in one transaction per
-// table: own chains are declared (created or flushed), meshwire's old rules
-// in built-in chains deleted, the new rules appended, and own chains no
-// longer wanted removed. Tables that gain rules come before tables that
+// Restore is the transaction (one iptables-restore --noflush) that turns
+// the installed state st into the desired rule set, in one block per
+// table: own chains are declared (created or flushed), meshwire's old
+// rules in built-in chains deleted, the new rules appended, and own chains
+// no longer wanted removed. Tables that gain rules come before tables that
 // lose them all, so that while iptables-restore commits table after table
 // there is never a moment where neither the old nor the new interception
 // holds. With st empty this is a fresh install; with desired empty, a
-// cleanup. It returns "" when there is nothing to do.
-func Restore(desired *RuleSet, st *State) string {
+// cleanup. It is empty when there is nothing to do.
+func Restore(desired *RuleSet, st *State) *ruleset.Tx {
 	tag := TagFor(desired.Fingerprint())
 	var order []string
 	for _, t := range desired.Tables {
@@ -195,8 +194,9 @@ func Restore(desired *RuleSet, st *State) string {
 			order = append(order, n)
 		}
 	}
-	var b strings.Builder
+	tx := &ruleset.Tx{}
 	for _, name := range order {
+		id := ruleset.TableID{Family: desired.Family.Tables(), Name: name}
 		want := desired.Table(name)
 		if want == nil {
 			want = &TableRules{Name: name}
@@ -205,7 +205,6 @@ func Restore(desired *RuleSet, st *State) string {
 		if have == nil {
 			have = &TableState{}
 		}
-		fmt.Fprintf(&b, "*%s\n", name)
 		chains := append([]string(nil), want.Chains...)
 		for _, c := range have.Chains {
 			if !slices.Contains(chains, c) {
@@ -213,39 +212,35 @@ func Restore(desired *RuleSet, st *State) string {
 			}
 		}
 		for _, c := range chains {
-			fmt.Fprintf(&b, ":%s - [0:0]\n", c)
+			tx.AddChain(id, ruleset.Chain{Name: c})
 		}
-		for _, d := range deletions(have.Builtin) {
-			fmt.Fprintf(&b, "-D %s %s\n", d[0], d[1])
+		for _, ref := range deletions(have.Builtin) {
+			tx.DeleteRef(id, ref)
 		}
 		for _, r := range want.Rules {
-			args := r.IPTables()
 			if ruleset.IsBuiltin(r.Chain) {
-				n := targetStart(args)
-				args = append(append(append([]string(nil), args[:n]...), "-m", "comment", "--comment", tag), args[n:]...)
+				r.Comment = tag
 			}
-			fmt.Fprintf(&b, "-A %s %s\n", r.Chain, strings.Join(args, " "))
+			tx.AddRule(id, r)
 		}
 		for _, c := range have.Chains {
 			if !slices.Contains(want.Chains, c) {
-				fmt.Fprintf(&b, "-X %s\n", c)
+				tx.DeleteChain(id, c)
 			}
 		}
-		b.WriteString("COMMIT\n")
 	}
-	return b.String()
+	return tx
 }
 
-// deletions renders how the payload removes meshwire's rules from
-// built-in chains, as the arguments after "-D CHAIN": the rule as
-// iptables-save printed it when it was read from text (legacy iptables),
-// else its position (read over netlink, where the typed fields cannot
-// render matches such as owner or conntrack). Positions count in the
+// deletions names meshwire's rules in built-in chains for their removal:
+// by the rule as iptables-save printed it when it was read from text
+// (legacy iptables), else by its position (read over netlink, where the
+// typed fields cannot render matches such as owner or conntrack). Positions count in the
 // state read, so they go first, last rule first, and the rules named by
 // their text after them. Only meshwire writes a pod's interception rules,
 // so the positions read are those the transaction finds.
-func deletions(rules []firewall.Rule) [][2]string {
-	var byPos, bySpec []firewall.Rule
+func deletions(rules []installed.Rule) []ruleset.RuleRef {
+	var byPos, bySpec []installed.Rule
 	for _, r := range rules {
 		if r.Spec != "" {
 			bySpec = append(bySpec, r)
@@ -253,27 +248,18 @@ func deletions(rules []firewall.Rule) [][2]string {
 			byPos = append(byPos, r)
 		}
 	}
-	slices.SortStableFunc(byPos, func(a, b firewall.Rule) int {
+	slices.SortStableFunc(byPos, func(a, b installed.Rule) int {
 		if a.Chain != b.Chain {
 			return strings.Compare(a.Chain, b.Chain)
 		}
 		return b.Position - a.Position
 	})
-	var out [][2]string
+	var out []ruleset.RuleRef
 	for _, r := range byPos {
-		out = append(out, [2]string{r.Chain, strconv.Itoa(r.Position)})
+		out = append(out, ruleset.RuleRef{Chain: r.Chain, Position: r.Position})
 	}
 	for _, r := range bySpec {
-		out = append(out, [2]string{r.Chain, r.Spec})
+		out = append(out, ruleset.RuleRef{Chain: r.Chain, Spec: r.Spec})
 	}
 	return out
-}
-
-func targetStart(args []string) int {
-	for i, a := range args {
-		if a == "-j" {
-			return i
-		}
-	}
-	return len(args)
 }

@@ -1,10 +1,7 @@
 package intercept
 
 import (
-	"fmt"
-	"strings"
-
-	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
@@ -14,13 +11,13 @@ const LegacyNftTable = "meshwire_intercept"
 
 // baseChains describes how an iptables built-in chain is hooked in
 // nftables, as istio-nftables hooks it.
-var baseChains = map[string]string{
-	Raw + "/PREROUTING":    "type filter hook prerouting priority -300;",
-	Raw + "/OUTPUT":        "type filter hook output priority -300;",
-	Mangle + "/PREROUTING": "type filter hook prerouting priority -150;",
-	Mangle + "/OUTPUT":     "type route hook output priority -150;",
-	NAT + "/PREROUTING":    "type nat hook prerouting priority -100;",
-	NAT + "/OUTPUT":        "type nat hook output priority -100;",
+var baseChains = map[string]ruleset.BaseChain{
+	Raw + "/PREROUTING":    {Type: "filter", Hook: "prerouting", Priority: -300},
+	Raw + "/OUTPUT":        {Type: "filter", Hook: "output", Priority: -300},
+	Mangle + "/PREROUTING": {Type: "filter", Hook: "prerouting", Priority: -150},
+	Mangle + "/OUTPUT":     {Type: "route", Hook: "output", Priority: -150},
+	NAT + "/PREROUTING":    {Type: "nat", Hook: "prerouting", Priority: -100},
+	NAT + "/OUTPUT":        {Type: "nat", Hook: "output", Priority: -100},
 }
 
 // nftTableName is the inet table holding an iptables table's rules.
@@ -33,11 +30,11 @@ func nftTableName(table string) string {
 	return ""
 }
 
-// Nft renders the nftables rule set (BuildNft) as one script, one
-// transaction: each of istio's tables is created if absent and deleted
-// (istio-nftables flushes them: the same), then those with rules defined
-// anew, each with a comment naming the rule set's fingerprint. An empty
-// rule set only removes the tables (cleanup).
+// Nft is the nftables rule set (BuildNft) as one transaction: each of
+// istio's tables is removed if there (istio-nftables flushes them: the
+// same), then those with rules written anew, each with a comment naming
+// the rule set's fingerprint. An empty rule set only removes the tables
+// (cleanup).
 //
 // One deliberate difference from istio-nftables: a TPROXY rule is
 // followed by the same match with a drop. iptables' TPROXY target drops a
@@ -45,10 +42,10 @@ func nftTableName(table string) string {
 // application (so with istio-nftables, connections reach the application
 // around the proxy while it is not listening); the drop keeps nftables as
 // fail-closed as iptables (docs/reference-differences.md).
-func Nft(rs *RuleSet) string {
-	var b strings.Builder
+func Nft(rs *RuleSet) *ruleset.Tx {
+	tx := &ruleset.Tx{}
 	for _, nt := range NftTables {
-		fmt.Fprintf(&b, "table inet %s\ndelete table inet %s\n", nt.Name, nt.Name)
+		tx.DestroyTable(ruleset.TableID{Family: ruleset.Inet, Name: nt.Name})
 	}
 	tag := TagFor(rs.Fingerprint())
 	for _, nt := range NftTables {
@@ -56,20 +53,24 @@ func Nft(rs *RuleSet) string {
 		if t == nil {
 			continue
 		}
-		fmt.Fprintf(&b, "table inet %s {\n\tcomment %q\n", nt.Name, tag)
+		def := ruleset.Table{Family: ruleset.Inet, Name: nt.Name, Comment: tag}
 		for _, c := range t.Chains {
-			fmt.Fprintf(&b, "\tchain %s {\n", NftChain(c))
-			if hook, ok := baseChains[t.Name+"/"+c]; ok {
-				fmt.Fprintf(&b, "\t\t%s policy accept;\n", hook)
+			ch := ruleset.Chain{Name: NftChain(c)}
+			if base, ok := baseChains[t.Name+"/"+c]; ok {
+				ch.Base = &base
 			}
 			for _, r := range nftRules(t, c) {
-				fmt.Fprintf(&b, "\t\t%s\n", r.NFT(NftChain))
+				r.Chain, r.Counter = ch.Name, true
+				if r.Target.Kind == ruleset.Jump {
+					r.Target.Chain = NftChain(r.Target.Chain)
+				}
+				ch.Rules = append(ch.Rules, r)
 			}
-			b.WriteString("\t}\n")
+			def.Chains = append(def.Chains, ch)
 		}
-		b.WriteString("}\n")
+		tx.AddTable(def)
 	}
-	return b.String()
+	return tx
 }
 
 // nftRules are the rules Nft writes into chain c of t: the chain's rules,
@@ -90,15 +91,14 @@ func nftRules(t *TableRules, c string) []ruleset.Rule {
 	return out
 }
 
-// NftLegacyRemoval renders the removal of the tables of earlier meshwire
-// versions, for the families given.
-func NftLegacyRemoval(fams ...Family) string {
-	var b strings.Builder
+// NftLegacyRemoval removes the tables of earlier meshwire versions, for
+// the families given.
+func NftLegacyRemoval(fams ...Family) *ruleset.Tx {
+	tx := &ruleset.Tx{}
 	for _, f := range fams {
-		fam := f.Tables().Name()
-		fmt.Fprintf(&b, "table %s %s\ndelete table %s %s\n", fam, LegacyNftTable, fam, LegacyNftTable)
+		tx.DestroyTable(ruleset.TableID{Family: f.Tables(), Name: LegacyNftTable})
 	}
-	return b.String()
+	return tx
 }
 
 // NftStatus compares istio's inet tables as read back through the firewall
@@ -106,7 +106,7 @@ func NftLegacyRemoval(fams ...Family) string {
 // table's comment names the fingerprint of the rule set written, and each
 // chain must hold the rules Nft writes into it (so that a chain emptied
 // behind meshwire's back is noticed).
-func NftStatus(desired *RuleSet, have map[string]*firewall.Table) Status {
+func NftStatus(desired *RuleSet, have map[string]*installed.Table) Status {
 	present := 0
 	for _, t := range have {
 		if t != nil {

@@ -4,15 +4,15 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // Family is an address family: 4 or 6 (firewall's, defined once).
-type Family = firewall.Family
+type Family = ruleset.IPVersion
 
 const (
-	V4 = firewall.V4
-	V6 = firewall.V6
+	V4 = ruleset.V4
+	V6 = ruleset.V6
 )
 
 // Table names, as iptables spells them.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/fwfake"
 )
 
 // TestBehaviour runs ADD, re-ADD, CHECK, DEL (twice) and GC of two
@@ -24,7 +25,7 @@ func TestBehaviour(t *testing.T) {
 	for _, b := range backends {
 		t.Run(b.String(), func(t *testing.T) {
 			ctx := context.Background()
-			fw := firewall.NewFake(b)
+			fw := fwfake.New(b)
 			present := func(a attachment.ID, ad []net.IPNet) bool {
 				t.Helper()
 				ok, err := Present(ctx, fw, a, ad)
@@ -43,7 +44,7 @@ func TestBehaviour(t *testing.T) {
 			if b.Kind == firewall.IPTables && b.Variant == firewall.VariantNFT {
 				// The first ADD made the nat tables with the tools, the
 				// next ones appended over netlink.
-				if ops := fw.Ops(); ops[0] != "restore v4" || ops[len(ops)-1] != "append" {
+				if ops := fw.Ops(); ops[0] != "restore v4, restore v6" || ops[len(ops)-1] != "netlink" {
 					t.Fatalf("writes %v", ops)
 				}
 			}
@@ -86,7 +87,7 @@ func TestBehaviour(t *testing.T) {
 
 // TestSetupFailure: a refused transaction is an error.
 func TestSetupFailure(t *testing.T) {
-	fw := firewall.NewFake(firewall.Backend{Kind: firewall.NFTables})
+	fw := fwfake.New(firewall.Backend{Kind: firewall.NFTables})
 	fw.Fail = func(string) error { return net.ErrClosed }
 	if err := Setup(context.Background(), fw, att, []net.IPNet{cidr("198.18.16.5/24")}); err == nil {
 		t.Fatal("Setup succeeded with the firewall refusing")

@@ -19,13 +19,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/netip"
 	"strings"
 
 	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
@@ -90,27 +90,35 @@ func masqRule(a attachment.ID, ad net.IPNet) ruleset.Rule {
 	}
 }
 
-// IPTablesAdd renders the iptables-restore payload that masquerades addrs
-// (all of one family) of attachment a: one rule per address in the nat
-// table's POSTROUTING (iptables-nft reads the whole table on every change, so
-// fewer rules per pod make every pod's ADD and DEL cheaper).
-func IPTablesAdd(a attachment.ID, addrs []net.IPNet) string { return ipPayload("-A", a, addrs) }
+// natTable is the iptables nat table of family f.
+func natTable(f ruleset.IPVersion) ruleset.TableID {
+	return ruleset.TableID{Family: f.Tables(), Name: "nat"}
+}
 
-// IPTablesDelGuess renders the removal of what IPTablesAdd installed for
-// addrs, without reading the ruleset first: it fails (as a whole) when the
-// rules are not exactly there, and the caller then falls back to IPTablesDel
-// on the saved ruleset.
-func IPTablesDelGuess(a attachment.ID, addrs []net.IPNet) string { return ipPayload("-D", a, addrs) }
-
-func ipPayload(op string, a attachment.ID, addrs []net.IPNet) string {
-	var b strings.Builder
-	b.WriteString("*nat\n")
+// AddTx is the transaction that masquerades addrs of attachment a: one
+// rule per address appended to the nat table's POSTROUTING of its family
+// (iptables-nft reads the whole table on every change, so fewer rules per
+// pod make every pod's ADD and DEL cheaper). On an nf_tables-backed
+// iptables the firewall appends them over netlink.
+func AddTx(a attachment.ID, addrs []net.IPNet) *ruleset.Tx {
+	tx := &ruleset.Tx{}
 	for _, ad := range addrs {
 		r := masqRule(a, ad)
-		b.WriteString(op + " " + r.Chain + " " + r.IPTablesSpec() + "\n")
+		tx.AddRule(natTable(r.Family), r)
 	}
-	b.WriteString("COMMIT\n")
-	return b.String()
+	return tx
+}
+
+// DelGuessTx is the removal of what AddTx installed for addrs, without
+// reading the ruleset first: it fails (as a whole) when the rules are not
+// exactly there, and the caller then finds them by their tag.
+func DelGuessTx(a attachment.ID, addrs []net.IPNet) *ruleset.Tx {
+	tx := &ruleset.Tx{}
+	for _, ad := range addrs {
+		r := masqRule(a, ad)
+		tx.DeleteRule(natTable(r.Family), r)
+	}
+	return tx
 }
 
 // nftTable is the attachment's native table: its masquerade rules, IPv4
@@ -126,13 +134,19 @@ func nftTable(a attachment.ID, addrs []net.IPNet) ruleset.Table {
 			mc = "ff00::/8"
 		}
 		r.Match[2] = ruleset.Match{Kind: ruleset.MatchDst, Not: true, Prefix: netip.MustParsePrefix(mc)} // masqRule's multicast match
+		for i := range r.Match {
+			r.Match[i].Host = true // nft lists single addresses bare
+		}
 		r.Chain, r.Comment = "", ""
 		rules = append(rules, r)
 	}
 	return ruleset.Table{
-		Family: firewall.Inet, Name: a.MasqTable(), Comment: comment(a),
-		Chain: ruleset.BaseChain{Name: "postrouting", Type: "nat", Hook: "postrouting", Priority: 100},
-		Rules: rules,
+		Family: ruleset.Inet, Name: a.MasqTable(), Comment: comment(a),
+		Chains: []ruleset.Chain{{
+			Name:  "postrouting",
+			Base:  &ruleset.BaseChain{Type: "nat", Hook: "postrouting", Priority: 100, PriorityName: "srcnat"},
+			Rules: rules,
+		}},
 	}
 }
 
@@ -140,18 +154,18 @@ func nftTable(a attachment.ID, addrs []net.IPNet) ruleset.Table {
 func NftAdd(a attachment.ID, addrs []net.IPNet) string { return nftTable(a, addrs).Script() }
 
 // The chain of the nat table that holds the masquerade rules.
-const natTable, natChain = "nat", "POSTROUTING"
+const natChain = "POSTROUTING"
 
 // families pairs each address family with its addresses.
 func families(addrs []net.IPNet) []struct {
-	f     firewall.Family
+	f     ruleset.IPVersion
 	addrs []net.IPNet
 } {
 	v4, v6 := split(addrs)
 	return []struct {
-		f     firewall.Family
+		f     ruleset.IPVersion
 		addrs []net.IPNet
-	}{{firewall.V4, v4}, {firewall.V6, v6}}
+	}{{ruleset.V4, v4}, {ruleset.V6, v6}}
 }
 
 // Available is STATUS for ipMasq on backend b: with native nftables,
@@ -174,37 +188,16 @@ func Setup(ctx context.Context, fw firewall.Interface, a attachment.ID, addrs []
 	b := fw.Backend()
 	if b.Kind == firewall.NFTables {
 		// Over netlink: no nft process, and none needed on the node.
-		if err := fw.ReplaceTable(ctx, nftTable(a, addrs)); err != nil {
+		tx := (&ruleset.Tx{}).ReplaceTable(nftTable(a, addrs))
+		if err := fw.Apply(ctx, tx); err != nil {
 			return fmt.Errorf("ipMasq (nftables): %w", err)
 		}
 		return nil
 	}
-	if b.NFTablesBacked() {
-		err := fw.AppendRules(ctx, natTable, masqRules(a, addrs))
-		if err == nil {
-			return nil
-		}
-		// The usual reason: iptables-nft has not made the nat table yet.
-		slog.Debug("ipMasq over netlink not done, using the tools", "error", err)
-	}
-	for _, fam := range families(addrs) {
-		if len(fam.addrs) == 0 {
-			continue
-		}
-		if err := fw.Restore(ctx, fam.f, IPTablesAdd(a, fam.addrs)); err != nil {
-			return fmt.Errorf("ipMasq (%s, IPv%d): %w", b, fam.f, err)
-		}
+	if err := fw.Apply(ctx, AddTx(a, addrs)); err != nil {
+		return fmt.Errorf("ipMasq (%s): %w", b, err)
 	}
 	return nil
-}
-
-// masqRules are the rules of addrs, in order.
-func masqRules(a attachment.ID, addrs []net.IPNet) []ruleset.Rule {
-	rules := make([]ruleset.Rule, 0, len(addrs))
-	for _, ad := range addrs {
-		rules = append(rules, masqRule(a, ad))
-	}
-	return rules
 }
 
 // Teardown removes what Setup installed for a. Native nftables tables and
@@ -217,7 +210,8 @@ func masqRules(a attachment.ID, addrs []net.IPNet) []ruleset.Rule {
 func Teardown(ctx context.Context, fw firewall.Interface, a attachment.ID, addrs []net.IPNet) error {
 	b := fw.Backend()
 	if b.Kind == firewall.NFTables {
-		if err := fw.DeleteTables(ctx, firewall.Inet, []string{a.MasqTable()}); err != nil {
+		tx := (&ruleset.Tx{}).DestroyTable(ruleset.TableID{Family: ruleset.Inet, Name: a.MasqTable()})
+		if err := fw.Apply(ctx, tx); err != nil {
 			return fmt.Errorf("ipMasq teardown (nftables): %w", err)
 		}
 		return nil
@@ -229,11 +223,11 @@ func Teardown(ctx context.Context, fw firewall.Interface, a attachment.ID, addrs
 			if len(fam.addrs) == 0 && len(addrs) > 0 {
 				continue
 			}
-			if len(fam.addrs) > 0 && fw.Restore(ctx, fam.f, IPTablesDelGuess(a, fam.addrs)) == nil {
+			if len(fam.addrs) > 0 && fw.Apply(ctx, DelGuessTx(a, fam.addrs)) == nil {
 				continue
 			}
 		}
-		if _, err := firewall.DeleteMatching(ctx, fw, fam.f.Tables(), natTable, natChain, func(r firewall.Rule) bool {
+		if _, err := firewall.DeleteMatching(ctx, fw, fam.f.Tables(), "nat", natChain, func(r installed.Rule) bool {
 			return commentTag(r.Comment) == tag
 		}); err != nil {
 			errs = append(errs, fmt.Errorf("ipMasq teardown (%s, IPv%d): %w", b, fam.f, err))
@@ -266,22 +260,22 @@ func GC(ctx context.Context, fw firewall.Interface, network string, valid []atta
 	}
 	b := fw.Backend()
 	if b.Kind == firewall.NFTables {
-		tables, err := fw.Tables(ctx, firewall.Inet)
+		tables, err := fw.Tables(ctx, ruleset.Inet)
 		if err != nil {
 			return fmt.Errorf("ipMasq GC (%s): %w", b, err)
 		}
-		var stale []string
+		tx := &ruleset.Tx{}
 		for _, t := range tables {
 			if strings.HasPrefix(t, attachment.MasqTablePrefix(network)) && !keep[t] {
-				stale = append(stale, t)
+				tx.DestroyTable(ruleset.TableID{Family: ruleset.Inet, Name: t})
 			}
 		}
-		return fw.DeleteTables(ctx, firewall.Inet, stale)
+		return fw.Apply(ctx, tx)
 	}
 	p := attachment.MasqTagPrefix(network)
 	var errs []error
-	for _, f := range []firewall.Family{firewall.V4, firewall.V6} {
-		if _, err := firewall.DeleteMatching(ctx, fw, f.Tables(), natTable, natChain, func(r firewall.Rule) bool {
+	for _, f := range []ruleset.IPVersion{ruleset.V4, ruleset.V6} {
+		if _, err := firewall.DeleteMatching(ctx, fw, f.Tables(), "nat", natChain, func(r installed.Rule) bool {
 			t := commentTag(r.Comment)
 			return strings.HasPrefix(t, p) && !keep[t]
 		}); err != nil {
@@ -295,14 +289,14 @@ func GC(ctx context.Context, fw firewall.Interface, network string, valid []atta
 // every family of addrs (CHECK).
 func Present(ctx context.Context, fw firewall.Interface, a attachment.ID, addrs []net.IPNet) (bool, error) {
 	if fw.Backend().Kind == firewall.NFTables {
-		return fw.HasTable(ctx, firewall.Inet, a.MasqTable())
+		return fw.HasTable(ctx, ruleset.Inet, a.MasqTable())
 	}
 	tag := a.MasqTag()
 	for _, fam := range families(addrs) {
 		if len(fam.addrs) == 0 {
 			continue
 		}
-		c, err := fw.ReadChain(ctx, fam.f.Tables(), natTable, natChain)
+		c, err := fw.ReadChain(ctx, fam.f.Tables(), "nat", natChain)
 		if err != nil {
 			return false, err
 		}

@@ -13,10 +13,11 @@ import (
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/kerneltest"
 	"github.com/meshwire/meshwire/internal/netns"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // TestSetupOverNetlinkIsTheIPTablesRuleset: on iptables-nft, Setup writes
-// over netlink (once the nat table exists) exactly the rules IPTablesAdd
+// over netlink (once the nat table exists) exactly the rules AddTx
 // describes, as iptables-save prints them; Present sees them and Teardown
 // removes them, leaving another attachment's.
 func TestSetupOverNetlinkIsTheIPTablesRuleset(t *testing.T) {
@@ -45,14 +46,14 @@ func TestSetupOverNetlinkIsTheIPTablesRuleset(t *testing.T) {
 		defer fw.Release()
 		v4, v6 := split(addrs)
 		for _, fam := range []struct {
-			f     firewall.Family
+			f     ruleset.IPVersion
 			addrs []net.IPNet
-		}{{firewall.V4, v4}, {firewall.V6, v6}} {
+		}{{ruleset.V4, v4}, {ruleset.V6, v6}} {
 			save, err := b.Save(ctx, fam.f, "nat")
 			if err != nil {
 				return err
 			}
-			want := strings.TrimSuffix(strings.TrimPrefix(IPTablesAdd(att, fam.addrs), "*nat\n"), "COMMIT\n")
+			want := strings.TrimSuffix(strings.TrimPrefix(iptText(t, AddTx(att, fam.addrs)), "*nat\n"), "COMMIT\n")
 			if !strings.Contains(save, want) {
 				return fmt.Errorf("IPv%d: iptables-save\n%s\ndoes not hold\n%s", fam.f, save, want)
 			}

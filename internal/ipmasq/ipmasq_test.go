@@ -3,12 +3,16 @@ package ipmasq
 import (
 	"context"
 	"net"
+	"net/netip"
 	"strings"
 	"testing"
 
 	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/fwfake"
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
 	"github.com/meshwire/meshwire/internal/golden"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 func cidr(s string) net.IPNet {
@@ -25,9 +29,9 @@ var att = attachment.ID{Network: "mwtb-net", ContainerID: "0123456789abcdef01234
 func TestRenderGolden(t *testing.T) {
 	v4 := []net.IPNet{cidr("198.18.16.5/24")}
 	v6 := []net.IPNet{cidr("fd20:0:0:16::5/64")}
-	golden.Check(t, "iptables-add-v4", IPTablesAdd(att, v4))
-	golden.Check(t, "iptables-add-v6", IPTablesAdd(att, v6))
-	golden.Check(t, "iptables-del-guess-v4", IPTablesDelGuess(att, v4))
+	golden.Check(t, "iptables-add-v4", iptText(t, AddTx(att, v4)))
+	golden.Check(t, "iptables-add-v6", iptText(t, AddTx(att, v6)))
+	golden.Check(t, "iptables-del-guess-v4", iptText(t, DelGuessTx(att, v4)))
 	golden.Check(t, "nft-add-dual", NftAdd(att, append(v4, v6...)))
 }
 
@@ -39,22 +43,25 @@ func TestIPTablesDelFromSave(t *testing.T) {
 	ctx := context.Background()
 	other := attachment.ID{Network: "mwtb-net", ContainerID: "ffff", IfName: "eth0"}
 	addrs := []net.IPNet{cidr("198.18.16.5/24"), cidr("198.18.17.5/24")}
-	fw := firewall.NewFake(firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantLegacy})
-	must(t, fw.Restore(ctx, firewall.V4, "*nat\n:CNI-abc - [0:0]\nCOMMIT\n"))
+	fw := fwfake.New(firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantLegacy})
+	nat := ruleset.TableID{Family: ruleset.IP, Name: "nat"}
+	must(t, fw.Apply(ctx, (&ruleset.Tx{}).AddChain(nat, ruleset.Chain{Name: "CNI-abc"})))
 	must(t, Setup(ctx, fw, att, addrs))
 	must(t, Setup(ctx, fw, other, []net.IPNet{cidr("198.18.16.6/24")}))
-	must(t, fw.Restore(ctx, firewall.V4, "*nat\n-A POSTROUTING -s 10.0.0.0/8 -m comment --comment \"meshwire-masqx\" -j CNI-abc\nCOMMIT\n"))
+	must(t, fw.Apply(ctx, (&ruleset.Tx{}).AddRule(nat, ruleset.Rule{Chain: "POSTROUTING",
+		Match: []ruleset.Match{{Kind: ruleset.MatchSrc, Prefix: netip.MustParsePrefix("10.0.0.0/8")}}, Comment: "meshwire-masqx",
+		Target: ruleset.Target{Kind: ruleset.Jump, Chain: "CNI-abc"}})))
 	must(t, Teardown(ctx, fw, att, nil))
 	log := fw.Log()
-	got := log[len(log)-1].Text
+	got := iptText(t, log[len(log)-1].Tx)
 	golden.Check(t, "iptables-del-from-save", got)
 	if strings.Count(got, "-D ") != 2 {
 		t.Fatalf("removal must name both addresses' rules:\n%s", got)
 	}
-	if g := IPTablesDelGuess(att, addrs); g != got {
+	if g := iptText(t, DelGuessTx(att, addrs)); g != got {
 		t.Fatalf("guess\n%s\ndiffers from the removal found in the ruleset\n%s", g, got)
 	}
-	post := fw.Table(firewall.IP, "nat").Chain("POSTROUTING")
+	post := fw.Table(ruleset.IP, "nat").Chain("POSTROUTING")
 	if len(post.Rules) != 2 || commentTag(post.Rules[0].Comment) != other.MasqTag() || post.Rules[1].Jump != "CNI-abc" {
 		t.Fatalf("Teardown touched what is not the attachment's:\n%s", fw.Dump())
 	}
@@ -63,6 +70,16 @@ func TestIPTablesDelFromSave(t *testing.T) {
 	if len(fw.Ops()) != n {
 		t.Fatalf("a second Teardown wrote: %v", fw.Ops()[n:])
 	}
+}
+
+// iptText is tx as iptables-restore gets it.
+func iptText(t *testing.T, tx *ruleset.Tx) string {
+	t.Helper()
+	s, err := fwtext.IPTablesRestore(tx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 func must(t *testing.T, err error) {

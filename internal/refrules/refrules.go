@@ -54,6 +54,8 @@ import (
 
 	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/installed"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // Each function works through fw's siblings (firewall.Host.Sibling), one
@@ -99,7 +101,7 @@ func hostNode(fw *firewall.Host) *node {
 	}
 }
 
-var families = []firewall.Family{firewall.V4, firewall.V6}
+var families = []ruleset.IPVersion{ruleset.V4, ruleset.V6}
 
 // iptForms are the iptables variants, legacy first.
 func (n *node) iptForms() []firewall.Interface { return []firewall.Interface{n.legacy, n.nft} }
@@ -109,7 +111,7 @@ func (n *node) iptForms() []firewall.Interface { return []firewall.Interface{n.l
 // one (ChainNames: one getsockopt, nothing when nat was never loaded);
 // nf_tables answers each chain with one request, which costs the same
 // however many chains the node has (HasChain).
-func hasChains(ctx context.Context, fw firewall.Interface, f firewall.Family, chains ...string) (map[string]bool, error) {
+func hasChains(ctx context.Context, fw firewall.Interface, f ruleset.IPVersion, chains ...string) (map[string]bool, error) {
 	has := map[string]bool{}
 	if !fw.Backend().NFTablesBacked() {
 		all, err := fw.ChainNames(ctx, f.Tables(), "nat")
@@ -141,7 +143,7 @@ func absent(err error) error {
 
 // legacyHasPrefix reports whether legacy iptables' nat table of family f
 // has a chain whose name starts with prefix (GC's cheap check).
-func (n *node) legacyHasPrefix(ctx context.Context, f firewall.Family, prefix string) (bool, error) {
+func (n *node) legacyHasPrefix(ctx context.Context, f ruleset.IPVersion, prefix string) (bool, error) {
 	all, err := n.legacy.ChainNames(ctx, f.Tables(), "nat")
 	if err != nil {
 		return false, err
@@ -151,24 +153,23 @@ func (n *node) legacyHasPrefix(ctx context.Context, f firewall.Family, prefix st
 
 // dropChains removes user chains of the nat table of family f, with every
 // jump to them from the entry chains.
-func dropChains(ctx context.Context, fw firewall.Interface, f firewall.Family, entries, chains []string) error {
+func dropChains(ctx context.Context, fw firewall.Interface, f ruleset.IPVersion, entries, chains []string) error {
 	if len(chains) == 0 {
 		return nil
 	}
 	for _, e := range entries {
-		if _, err := firewall.DeleteMatching(ctx, fw, f.Tables(), "nat", e, func(r firewall.Rule) bool {
+		if _, err := firewall.DeleteMatching(ctx, fw, f.Tables(), "nat", e, func(r installed.Rule) bool {
 			return slices.Contains(chains, r.Jump)
 		}); err != nil {
 			return err
 		}
 	}
-	var b strings.Builder
-	b.WriteString("*nat\n")
+	tx := &ruleset.Tx{}
+	nat := ruleset.TableID{Family: f.Tables(), Name: "nat"}
 	for _, c := range chains {
-		fmt.Fprintf(&b, "-F %s\n-X %s\n", c, c)
+		tx.FlushChain(nat, c).DeleteChain(nat, c)
 	}
-	b.WriteString("COMMIT\n")
-	err := fw.Restore(ctx, f, b.String())
+	err := fw.Apply(ctx, tx)
 	if err == nil {
 		return nil
 	}
@@ -218,7 +219,7 @@ func (n *node) gcMasq(ctx context.Context, network string, valid []types.GCAttac
 					continue
 				}
 			}
-			stale, err := staleJumps(ctx, fw, f, attachment.RefMasqEntryChain, func(r firewall.Rule) (string, bool) {
+			stale, err := staleJumps(ctx, fw, f, attachment.RefMasqEntryChain, func(r installed.Rule) (string, bool) {
 				id, ok := idFromComment(r.Comment, "name: "+strconv.Quote(network)+" id: ", strconv.Unquote)
 				return id, ok && r.Jump == attachment.Reference{Network: network, ContainerID: id}.MasqChain()
 			}, ids)
@@ -235,7 +236,7 @@ func (n *node) gcMasq(ctx context.Context, network string, valid []types.GCAttac
 
 // staleJumps reads entry and returns the chains it jumps to whose owner
 // (what owner finds in the jump) is not in valid.
-func staleJumps(ctx context.Context, fw firewall.Interface, f firewall.Family, entry string, owner func(firewall.Rule) (string, bool), valid map[string]bool) ([]string, error) {
+func staleJumps(ctx context.Context, fw firewall.Interface, f ruleset.IPVersion, entry string, owner func(installed.Rule) (string, bool), valid map[string]bool) ([]string, error) {
 	c, err := fw.ReadChain(ctx, f.Tables(), "nat", entry)
 	if err != nil || c == nil {
 		return nil, absent(err)
@@ -272,10 +273,10 @@ func plainUnquote(s string) (string, error) {
 // dropMasqNft removes the rules of masq_checks whose comment sel accepts;
 // when no other rule is left, the whole table goes.
 func (n *node) dropMasqNft(ctx context.Context, sel func(comment string) bool) error {
-	if ok, err := n.nft.HasTable(ctx, firewall.Inet, attachment.RefMasqTable); err != nil || !ok {
+	if ok, err := n.nft.HasTable(ctx, ruleset.Inet, attachment.RefMasqTable); err != nil || !ok {
 		return absent(err)
 	}
-	return n.dropNftRules(ctx, firewall.Inet, attachment.RefMasqTable, []string{attachment.RefMasqNftChain}, sel)
+	return n.dropNftRules(ctx, ruleset.Inet, attachment.RefMasqTable, []string{attachment.RefMasqNftChain}, sel)
 }
 
 // dropNftRules removes the rules of the chains of a native table whose
@@ -283,36 +284,36 @@ func (n *node) dropMasqNft(ctx context.Context, sel func(comment string) bool) e
 // A table it removes no rule from stays, empty or not: the reference
 // plugins' own state, which meshwire removes only with the last attachment
 // it takes over.
-func (n *node) dropNftRules(ctx context.Context, fam firewall.TableFamily, table string, chains []string, sel func(string) bool) error {
+func (n *node) dropNftRules(ctx context.Context, fam ruleset.Family, table string, chains []string, sel func(string) bool) error {
 	t, err := n.nft.ReadTable(ctx, fam, table)
 	if err != nil || t == nil {
 		return err
 	}
-	var del []firewall.Rule
+	del := &ruleset.Tx{}
 	others := 0
 	for _, name := range chains {
 		if c := t.Chain(name); c != nil {
 			for _, r := range c.Rules {
 				if sel(r.Comment) {
-					del = append(del, r)
+					del.DeleteRef(t.ID(), r.Ref())
 				} else {
 					others++
 				}
 			}
 		}
 	}
-	if len(del) == 0 {
+	if del.Empty() {
 		return nil
 	}
 	if others == 0 {
-		return n.nft.DeleteTables(ctx, fam, []string{table})
+		return n.nft.Apply(ctx, (&ruleset.Tx{}).DestroyTable(t.ID()))
 	}
-	if err := n.nft.DeleteRules(ctx, del); err == nil || !errors.Is(err, firewall.ErrNotFound) {
+	if err := n.nft.Apply(ctx, del); err == nil || !errors.Is(err, firewall.ErrNotFound) {
 		return err
 	}
 	// Some went meanwhile: read each chain again.
 	for _, name := range chains {
-		if _, err := firewall.DeleteMatching(ctx, n.nft, fam, table, name, func(r firewall.Rule) bool { return sel(r.Comment) }); err != nil {
+		if _, err := firewall.DeleteMatching(ctx, n.nft, fam, table, name, func(r installed.Rule) bool { return sel(r.Comment) }); err != nil {
 			return err
 		}
 	}
@@ -351,7 +352,7 @@ func (n *node) delPortmap(ctx context.Context, r attachment.Reference) error {
 		}
 	}
 	comment := r.PortmapNftComment()
-	for _, fam := range []firewall.TableFamily{firewall.IP, firewall.IP6} {
+	for _, fam := range []ruleset.Family{ruleset.IP, ruleset.IP6} {
 		errs = append(errs, n.dropHostportNft(ctx, fam, func(c string) bool { return c == comment }))
 	}
 	return errors.Join(errs...)
@@ -373,7 +374,7 @@ func (n *node) gcPortmap(ctx context.Context, network string, valid []types.GCAt
 					continue
 				}
 			}
-			stale, err := staleJumps(ctx, fw, f, attachment.RefHostportDNAT, func(r firewall.Rule) (string, bool) {
+			stale, err := staleJumps(ctx, fw, f, attachment.RefHostportDNAT, func(r installed.Rule) (string, bool) {
 				id, ok := idFromComment(r.Comment, `dnat name: "`+network+`" id: `, plainUnquote)
 				return id, ok && r.Jump == attachment.Reference{Network: network, ContainerID: id}.PortmapDNATChain()
 			}, ids)
@@ -393,7 +394,7 @@ func (n *node) gcPortmap(ctx context.Context, network string, valid []types.GCAt
 			}
 		}
 	}
-	for _, fam := range []firewall.TableFamily{firewall.IP, firewall.IP6} {
+	for _, fam := range []ruleset.Family{ruleset.IP, ruleset.IP6} {
 		errs = append(errs, n.dropHostportNft(ctx, fam, func(string) bool { return false }))
 	}
 	return errors.Join(errs...)
@@ -401,7 +402,7 @@ func (n *node) gcPortmap(ctx context.Context, network string, valid []types.GCAt
 
 // dropHostportNft removes the rules of table cni_hostport of fam whose
 // comment sel accepts, or the table once nothing else is in its chains.
-func (n *node) dropHostportNft(ctx context.Context, fam firewall.TableFamily, sel func(string) bool) error {
+func (n *node) dropHostportNft(ctx context.Context, fam ruleset.Family, sel func(string) bool) error {
 	if ok, err := n.nft.HasTable(ctx, fam, attachment.RefHostportTable); err != nil || !ok {
 		return absent(err)
 	}
@@ -411,7 +412,7 @@ func (n *node) dropHostportNft(ctx context.Context, fam firewall.TableFamily, se
 // dropHostportBase removes the reference portmap's shared iptables chains
 // of family f once they serve no attachment: CNI-HOSTPORT-DNAT and -SNAT
 // hold no rule and no CNI-DN or CNI-SN chain is left.
-func dropHostportBase(ctx context.Context, fw firewall.Interface, f firewall.Family) error {
+func dropHostportBase(ctx context.Context, fw firewall.Interface, f ruleset.IPVersion) error {
 	t, err := fw.ReadTable(ctx, f.Tables(), "nat")
 	if err != nil || t == nil {
 		return err

@@ -36,6 +36,8 @@ const (
 	MatchGID                       // socket owner's gid (Value)
 	MatchEtherSrc                  // source MAC address (Name: "0a:58:...", bridge tables)
 	MatchDstType                   // destination address type (Name: "LOCAL", "MULTICAST")
+	MatchNfproto                   // address family in an inet table (Name: "ipv4", "ipv6"; nft only)
+	MatchRaw                       // a user's own match text (Args), rendered verbatim: iptables arguments or nft words
 )
 
 // Match is one condition of a rule; Not negates it.
@@ -44,8 +46,15 @@ type Match struct {
 	Not    bool
 	Name   string
 	Prefix netip.Prefix
-	Ports  []uint16
-	Value  uint32
+	// Host: the address is one host, which nft writes without its prefix
+	// length (ip daddr 10.0.0.1); otherwise Prefix is written whole.
+	Host  bool
+	Ports []uint16
+	Value uint32
+	// Mask of MatchMark: (mark & Mask) == Value; 0 compares the whole mark.
+	Mask uint32
+	// Args of MatchRaw: the user's text, one argument (or nft word) each.
+	Args []string
 }
 
 // TargetKind is what a rule does with a matching packet.
@@ -63,6 +72,8 @@ const (
 	ConnmarkRestore // CONNMARK --restore-mark
 	CTZone          // CT --zone Zone
 	Masquerade      // MASQUERADE (nft: masquerade)
+	DNAT            // DNAT --to-destination To (nft: dnat ip to To)
+	None            // no target: a rule that only matches (a comment holder)
 )
 
 // Target is what a rule does with a matching packet.
@@ -71,7 +82,11 @@ type Target struct {
 	Chain string // Jump
 	Port  uint16 // Redirect, TProxy
 	Mark  uint32 // TProxy, SetMark
-	Zone  uint16 // CTZone
+	// Mask of SetMark: the bits set (MARK --set-xmark Mark/Mask); 0 sets
+	// the whole mark. A Mask equal to Mark sets those bits (nft: or).
+	Mask uint32
+	Zone uint16         // CTZone
+	To   netip.AddrPort // DNAT (port 0: the address only)
 }
 
 // Rule is one firewall rule in a backend-neutral form: its matches in the
@@ -86,6 +101,9 @@ type Rule struct {
 	// Comment is the rule's own comment (iptables' comment match, after
 	// the other matches; nft's rule comment).
 	Comment string
+	// Counter puts nft's counter statement before the verdict (istio's
+	// nftables rules have one); iptables counts every rule anyway.
+	Counter bool
 }
 
 // Has reports whether the rule has a match of kind k.
@@ -111,14 +129,15 @@ func (r Rule) IPTables() []string {
 			proto = m.Name
 		}
 	}
-	for _, k := range []MatchKind{MatchSrc, MatchDst, MatchIn, MatchOut} {
+	// Addresses, then interfaces, each in the rule's order.
+	for _, kinds := range [][2]MatchKind{{MatchSrc, MatchDst}, {MatchIn, MatchOut}} {
 		for _, m := range r.Match {
-			if m.Kind != k {
+			if m.Kind != kinds[0] && m.Kind != kinds[1] {
 				continue
 			}
-			flag := map[MatchKind]string{MatchSrc: "-s", MatchDst: "-d", MatchIn: "-i", MatchOut: "-o"}[k]
+			flag := map[MatchKind]string{MatchSrc: "-s", MatchDst: "-d", MatchIn: "-i", MatchOut: "-o"}[m.Kind]
 			v := m.Name
-			if k == MatchSrc || k == MatchDst {
+			if m.Kind == MatchSrc || m.Kind == MatchDst {
 				v = m.Prefix.String()
 			}
 			head = append(head, strings.Fields(not(m.Not)+flag+" "+v)...)
@@ -140,7 +159,11 @@ func (r Rule) IPTables() []string {
 			}
 			mods = append(mods, strings.Fields("-m "+mod+" "+not(m.Not)+flag+" "+joinPorts(m.Ports, ","))...)
 		case MatchMark:
-			mods = append(mods, strings.Fields(fmt.Sprintf("-m mark %s--mark 0x%x", not(m.Not), m.Value))...)
+			v := fmt.Sprintf("0x%x", m.Value)
+			if m.Mask != 0 {
+				v += fmt.Sprintf("/0x%x", m.Mask)
+			}
+			mods = append(mods, strings.Fields(fmt.Sprintf("-m mark %s--mark %s", not(m.Not), v))...)
 		case MatchConnMark:
 			mods = append(mods, strings.Fields(fmt.Sprintf("-m connmark %s--mark 0x%x", not(m.Not), m.Value))...)
 		case MatchCTState:
@@ -155,6 +178,8 @@ func (r Rule) IPTables() []string {
 				flag = "--gid-owner"
 			}
 			mods = append(mods, strings.Fields(fmt.Sprintf("-m owner %s%s %d", not(m.Not), flag, m.Value))...)
+		case MatchRaw:
+			mods = append(mods, m.Args...)
 		}
 	}
 	if proto != "" {
@@ -184,6 +209,14 @@ func QuoteArg(s string) string {
 	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
 }
 
+// addrPort writes an address with its port, or alone when the port is 0.
+func addrPort(ap netip.AddrPort) string {
+	if ap.Port() == 0 {
+		return ap.Addr().String()
+	}
+	return ap.String()
+}
+
 func joinPorts(ports []uint16, sep string) string {
 	s := make([]string, len(ports))
 	for i, p := range ports {
@@ -207,7 +240,11 @@ func (t Target) iptables() []string {
 	case TProxy:
 		return []string{"-j", "TPROXY", "--on-port", fmt.Sprint(t.Port), "--tproxy-mark", fmt.Sprintf("0x%x/0xffffffff", t.Mark)}
 	case SetMark:
-		return []string{"-j", "MARK", "--set-xmark", fmt.Sprintf("0x%x/0xffffffff", t.Mark)}
+		mask := t.Mask
+		if mask == 0 {
+			mask = 0xffffffff
+		}
+		return []string{"-j", "MARK", "--set-xmark", fmt.Sprintf("0x%x/0x%x", t.Mark, mask)}
 	case ConnmarkSave:
 		return []string{"-j", "CONNMARK", "--save-mark", "--nfmask", "0xffffffff", "--ctmask", "0xffffffff"}
 	case ConnmarkRestore:
@@ -216,6 +253,10 @@ func (t Target) iptables() []string {
 		return []string{"-j", "CT", "--zone", fmt.Sprint(t.Zone)}
 	case Masquerade:
 		return []string{"-j", "MASQUERADE"}
+	case DNAT:
+		return []string{"-j", "DNAT", "--to-destination", addrPort(t.To)}
+	case None:
+		return nil
 	}
 	panic(fmt.Sprintf("unknown target kind %d", t.Kind))
 }
@@ -224,23 +265,21 @@ func (t Target) iptables() []string {
 // it: the matches in order, a counter, the target; chainName gives the nft
 // name of a jump's chain.
 func (r Rule) NFT(chainName func(string) string) string {
-	return r.nft(nftStyle{chainName: chainName, counter: true})
+	r.Counter = true
+	return r.nft(chainName)
 }
 
-// nftStyle is how a rule's statement is written: with a counter (as
-// istio-nftables writes its rules), addresses always as prefixes (it writes
-// 127.0.0.6/32) or single addresses bare (as nft lists them).
-type nftStyle struct {
-	chainName func(string) string
-	counter   bool
+// Statement is the rule as nft writes it: the matches in order, the
+// counter when Counter, the target, the comment.
+func (r Rule) Statement() string {
+	return r.nft(func(c string) string { return c })
 }
 
-func (r Rule) nft(st nftStyle) string {
+func (r Rule) nft(chainName func(string) string) string {
 	counter := ""
-	if st.counter {
+	if r.Counter {
 		counter = "counter "
 	}
-	chainName := st.chainName
 	var a []string
 	op := func(neg bool) string {
 		if neg {
@@ -265,7 +304,7 @@ func (r Rule) nft(st nftStyle) string {
 				dir = "daddr"
 			}
 			v := m.Prefix.String()
-			if !st.counter && m.Prefix.IsSingleIP() {
+			if m.Host && m.Prefix.IsSingleIP() {
 				v = m.Prefix.Addr().String()
 			}
 			a = append(a, fmt.Sprintf("%s %s %s%s", ip, dir, op(m.Not), v))
@@ -280,7 +319,11 @@ func (r Rule) nft(st nftStyle) string {
 			}
 			a = append(a, fmt.Sprintf("%s %s %s%s", m.Name, dir, op(m.Not), v))
 		case MatchMark:
-			a = append(a, fmt.Sprintf("meta mark %s0x%x", op(m.Not), m.Value))
+			if m.Mask != 0 {
+				a = append(a, fmt.Sprintf("meta mark & %#08x %s %#08x", m.Mask, map[bool]string{false: "==", true: "!="}[m.Not], m.Value))
+			} else {
+				a = append(a, fmt.Sprintf("meta mark %s0x%x", op(m.Not), m.Value))
+			}
 		case MatchConnMark:
 			a = append(a, fmt.Sprintf("ct mark %s0x%x", op(m.Not), m.Value))
 		case MatchCTState:
@@ -295,6 +338,10 @@ func (r Rule) nft(st nftStyle) string {
 			a = append(a, "ether saddr "+op(m.Not)+m.Name)
 		case MatchDstType:
 			a = append(a, "fib daddr type "+op(m.Not)+strings.ToLower(m.Name))
+		case MatchNfproto:
+			a = append(a, "meta nfproto "+op(m.Not)+m.Name)
+		case MatchRaw:
+			a = append(a, strings.Join(m.Args, " "))
 		}
 	}
 	t := r.Target
@@ -316,7 +363,14 @@ func (r Rule) nft(st nftStyle) string {
 		}
 		a = append(a, fmt.Sprintf("tproxy %s to :%d meta mark set 0x%x %saccept", ip, t.Port, t.Mark, counter))
 	case SetMark:
-		a = append(a, fmt.Sprintf("%smeta mark set 0x%x", counter, t.Mark))
+		switch t.Mask {
+		case 0, 0xffffffff:
+			a = append(a, fmt.Sprintf("%smeta mark set 0x%x", counter, t.Mark))
+		case t.Mark:
+			a = append(a, fmt.Sprintf("%smeta mark set meta mark or %#08x", counter, t.Mark))
+		default:
+			a = append(a, fmt.Sprintf("%smeta mark set meta mark & %#08x ^ %#08x", counter, ^t.Mask, t.Mark))
+		}
 	case ConnmarkSave:
 		a = append(a, counter+"ct mark set meta mark")
 	case ConnmarkRestore:
@@ -325,9 +379,28 @@ func (r Rule) nft(st nftStyle) string {
 		a = append(a, fmt.Sprintf("%sct zone set %d", counter, t.Zone))
 	case Masquerade:
 		a = append(a, counter+"masquerade")
+	case DNAT:
+		ip := "ip"
+		if t.To.Addr().Is6() {
+			ip = "ip6"
+		}
+		a = append(a, fmt.Sprintf("%sdnat %s to %s", counter, ip, addrPort(t.To)))
+	case None:
+		if r.Counter {
+			a = append(a, "counter")
+		}
 	}
 	if r.Comment != "" {
 		a = append(a, fmt.Sprintf("comment %q", r.Comment))
 	}
 	return strings.Join(a, " ")
+}
+
+// BuiltinHook is the netfilter hook of an iptables built-in chain
+// ("prerouting" for PREROUTING), "" for any other chain.
+func BuiltinHook(chain string) string {
+	if IsBuiltin(chain) {
+		return strings.ToLower(chain)
+	}
+	return ""
 }

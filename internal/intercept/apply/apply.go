@@ -21,8 +21,11 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
+	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/intercept"
 	"github.com/meshwire/meshwire/internal/killpoint"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // ErrDifferent is returned by Prepare when other interception rules are
@@ -94,10 +97,10 @@ type Plan struct {
 	Sets     map[intercept.Family]*intercept.RuleSet // iptables, per family
 	NftSet   *intercept.RuleSet                      // nftables, both families
 	Status   map[intercept.Family]intercept.Status
-	Restore  map[intercept.Family]string // iptables-restore payloads ("" when nothing to do)
-	Nft      string                      // nftables script ("" when nothing to do)
-	Add      []intercept.Step            // routing to ensure
-	Remove   []intercept.Step            // routing to remove (a mode or family no longer used)
+	Restore  map[intercept.Family]*ruleset.Tx // iptables transactions, one per family (empty when nothing to do)
+	Nft      *ruleset.Tx                      // the nftables transaction (empty when nothing to do)
+	Add      []intercept.Step                 // routing to ensure
+	Remove   []intercept.Step                 // routing to remove (a mode or family no longer used)
 	// Others are the backends other than Backend that hold meshwire's
 	// rules: reconciling removes them there.
 	Others []firewall.Backend
@@ -147,7 +150,8 @@ func Prepare(ctx context.Context, req Request) (*Plan, error) {
 		Backend: b, Families: families(req.IPv6),
 		Sets:       map[intercept.Family]*intercept.RuleSet{},
 		Status:     map[intercept.Family]intercept.Status{},
-		Restore:    map[intercept.Family]string{},
+		Restore:    map[intercept.Family]*ruleset.Tx{},
+		Nft:        &ruleset.Tx{},
 		Forced:     req.Force,
 		routing:    req.routing(),
 		forgetEBPF: req.forgetEBPF,
@@ -201,7 +205,8 @@ func Prepare(ctx context.Context, req Request) (*Plan, error) {
 			p.Status[f] = st
 		}
 		if st != intercept.Current || req.Force && !want.Empty() {
-			p.Nft = intercept.NftLegacyRemoval(have.legacyNft...) + intercept.Nft(want)
+			p.Nft = intercept.NftLegacyRemoval(have.legacyNft...)
+			p.Nft.Append(intercept.Nft(want))
 		}
 	}
 	for _, o := range allBackends {
@@ -261,12 +266,12 @@ func (p *Plan) String() string {
 		fmt.Fprintf(&b, "# %s\n", s)
 	}
 	for _, f := range bothFamilies {
-		if p.Restore[f] != "" {
-			fmt.Fprintf(&b, "# %s --noflush\n%s", restoreTool(p.Backend, f), p.Restore[f])
+		if !p.Restore[f].Empty() {
+			fmt.Fprintf(&b, "# %s --noflush\n%s", restoreTool(p.Backend, f), text(p.Backend, p.Restore[f]))
 		}
 	}
-	if p.Nft != "" {
-		fmt.Fprintf(&b, "# nft -f -\n%s", p.Nft)
+	if !p.Nft.Empty() {
+		fmt.Fprintf(&b, "# nft -f -\n%s", text(p.Backend, p.Nft))
 	}
 	for _, s := range p.Remove {
 		fmt.Fprintf(&b, "# remove if present: %s\n", s)
@@ -278,6 +283,20 @@ func (p *Plan) String() string {
 		b.WriteString("# rules already installed as asked: nothing to do\n")
 	}
 	return b.String()
+}
+
+// text renders a transaction as the tool of b would get it (the dry
+// run's output).
+func text(b firewall.Backend, tx *ruleset.Tx) string {
+	render := fwtext.IPTablesRestore
+	if b.Kind == firewall.NFTables {
+		render = fwtext.NftScript
+	}
+	s, err := render(tx)
+	if err != nil {
+		return "# " + err.Error() + "\n"
+	}
+	return s
 }
 
 // restoreTool names the iptables-restore of a backend and family.
@@ -303,16 +322,16 @@ func (p *Plan) Apply(ctx context.Context) error {
 	}
 	killpoint.Here("routing")
 	for _, f := range bothFamilies {
-		if p.Restore[f] == "" {
+		if p.Restore[f].Empty() {
 			continue
 		}
-		if err := p.fw.Restore(ctx, f, p.Restore[f]); err != nil {
+		if err := p.fw.Apply(ctx, p.Restore[f]); err != nil {
 			return fmt.Errorf("apply %s rules: %w", f, err)
 		}
 		killpoint.Here("rules " + f.String())
 	}
-	if p.Nft != "" {
-		if err := p.fw.ApplyNft(ctx, p.Nft); err != nil {
+	if !p.Nft.Empty() {
+		if err := p.fw.Apply(ctx, p.Nft); err != nil {
 			return fmt.Errorf("apply nftables rules: %w", err)
 		}
 		killpoint.Here("nftables rules")
@@ -401,10 +420,10 @@ type holding struct {
 	// ipt is meshwire's part of each family's iptables tables, with the
 	// tables themselves (iptables backends).
 	ipt    map[intercept.Family]*intercept.State
-	tables map[intercept.Family][]*firewall.Table
+	tables map[intercept.Family][]*installed.Table
 	// nft are istio's inet tables found, by name (nftables); legacyNft
 	// the families holding the table of earlier meshwire versions.
-	nft       map[string]*firewall.Table
+	nft       map[string]*installed.Table
 	legacyNft []intercept.Family
 	// errs are the families that could not be read (no ip6tables, say).
 	errs map[intercept.Family]error
@@ -412,14 +431,14 @@ type holding struct {
 
 func read(ctx context.Context, b firewall.Backend, fw firewall.Interface) *holding {
 	h := &holding{b: b, fw: fw,
-		ipt: map[intercept.Family]*intercept.State{}, tables: map[intercept.Family][]*firewall.Table{},
-		nft: map[string]*firewall.Table{}, errs: map[intercept.Family]error{}}
+		ipt: map[intercept.Family]*intercept.State{}, tables: map[intercept.Family][]*installed.Table{},
+		nft: map[string]*installed.Table{}, errs: map[intercept.Family]error{}}
 	if b.Kind == firewall.NFTables {
 		var names []string
 		for _, nt := range intercept.NftTables {
 			names = append(names, nt.Name)
 		}
-		tables, err := fw.ReadTables(ctx, firewall.Inet, names)
+		tables, err := fw.ReadTables(ctx, ruleset.Inet, names)
 		if err != nil {
 			h.errs[intercept.V4] = fmt.Errorf("read inet tables %s: %w", strings.Join(names, ", "), err)
 		}
@@ -454,7 +473,7 @@ func (h *holding) empty() bool { return h.script() == "" }
 
 // marks lists the marks the TPROXY rules found set.
 func (h *holding) marks() []uint32 {
-	var tables []*firewall.Table
+	var tables []*installed.Table
 	for _, f := range bothFamilies {
 		tables = append(tables, h.tables[f]...)
 	}
@@ -464,48 +483,40 @@ func (h *holding) marks() []uint32 {
 	return intercept.TProxyMarks(tables...)
 }
 
-// removal renders the transactions that remove what was found: an
-// iptables-restore payload per family, or one nftables script.
-func (h *holding) removal() (map[intercept.Family]string, string) {
-	payloads := map[intercept.Family]string{}
+// removal is the transactions that remove what was found: one per
+// family (iptables), or one nftables transaction.
+func (h *holding) removal() []*ruleset.Tx {
+	var out []*ruleset.Tx
 	for _, f := range bothFamilies {
 		if st := h.ipt[f]; st != nil && !st.Empty() {
-			payloads[f] = intercept.Restore(&intercept.RuleSet{Family: f}, st)
+			out = append(out, intercept.Restore(&intercept.RuleSet{Family: f}, st))
 		}
 	}
 	nft := intercept.NftLegacyRemoval(h.legacyNft...)
 	if len(h.nft) > 0 {
-		nft += intercept.Nft(&intercept.RuleSet{})
+		nft.Append(intercept.Nft(&intercept.RuleSet{}))
 	}
-	return payloads, nft
+	if !nft.Empty() {
+		out = append(out, nft)
+	}
+	return out
 }
 
 // script is the removal as text (dry runs), "" when there is nothing.
 func (h *holding) script() string {
-	payloads, nft := h.removal()
 	var b strings.Builder
-	for _, f := range bothFamilies {
-		b.WriteString(payloads[f])
+	for _, tx := range h.removal() {
+		b.WriteString(text(h.b, tx))
 	}
-	b.WriteString(nft)
 	return b.String()
 }
 
 // remove removes what was found, one transaction per family (iptables)
 // or one in all (nftables).
 func (h *holding) remove(ctx context.Context) error {
-	payloads, nft := h.removal()
-	for _, f := range bothFamilies {
-		if payloads[f] == "" {
-			continue
-		}
-		if err := h.fw.Restore(ctx, f, payloads[f]); err != nil {
-			return fmt.Errorf("remove %s rules from %s: %w", f, h.b, err)
-		}
-	}
-	if nft != "" {
-		if err := h.fw.ApplyNft(ctx, nft); err != nil {
-			return fmt.Errorf("remove nftables rules: %w", err)
+	for _, tx := range h.removal() {
+		if err := h.fw.Apply(ctx, tx); err != nil {
+			return fmt.Errorf("remove meshwire's rules from %s: %w", h.b, err)
 		}
 	}
 	return nil

@@ -10,10 +10,13 @@ import (
 	"testing"
 
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/fwfake"
+	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/intercept"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
-// Install behaviour on firewall.Fake: what Prepare, Apply and Cleanup write,
+// Install behaviour on fwfake.Fake: what Prepare, Apply and Cleanup write,
 // for each backend and both families, without root.
 
 var (
@@ -51,14 +54,14 @@ func sameSteps(a, b []intercept.Step) bool {
 
 // pod is a pod namespace: a Fake per backend installed, and its routing.
 type pod struct {
-	fakes   map[firewall.Backend]*firewall.Fake
+	fakes   map[firewall.Backend]*fwfake.Fake
 	routing *fakeRouting
 }
 
 func newPod(backends ...firewall.Backend) *pod {
-	p := &pod{fakes: map[firewall.Backend]*firewall.Fake{}, routing: &fakeRouting{}}
+	p := &pod{fakes: map[firewall.Backend]*fwfake.Fake{}, routing: &fakeRouting{}}
 	for _, b := range backends {
-		p.fakes[b] = firewall.NewFake(b)
+		p.fakes[b] = fwfake.New(b)
 	}
 	return p
 }
@@ -90,22 +93,22 @@ func (p *pod) writes() []string {
 // rules is what a firewall holds, for comparisons: every user chain and
 // every chain with rules, by family, table and chain, with the rules'
 // typed fields (handles, which differ between runs, cleared).
-func rules(fw *firewall.Fake) map[string][]firewall.Rule {
-	out := map[string][]firewall.Rule{}
+func rules(fw *fwfake.Fake) map[string][]installed.Rule {
+	out := map[string][]installed.Rule{}
 	type named struct {
-		fam  firewall.TableFamily
+		fam  ruleset.Family
 		name string
 	}
 	var tables []named
 	if fw.Backend().Kind == firewall.IPTables {
-		for _, fam := range []firewall.TableFamily{firewall.IP, firewall.IP6} {
+		for _, fam := range []ruleset.Family{ruleset.IP, ruleset.IP6} {
 			for _, n := range iptablesTables {
 				tables = append(tables, named{fam, n})
 			}
 		}
 	} else {
 		for _, nt := range intercept.NftTables {
-			tables = append(tables, named{firewall.Inet, nt.Name})
+			tables = append(tables, named{ruleset.Inet, nt.Name})
 		}
 	}
 	{
@@ -131,7 +134,7 @@ func rules(fw *firewall.Fake) map[string][]firewall.Rule {
 }
 
 // fresh is what a fresh install of c holds on backend b.
-func fresh(t *testing.T, c intercept.Config, b firewall.Backend, ipv6 bool) map[string][]firewall.Rule {
+func fresh(t *testing.T, c intercept.Config, b firewall.Backend, ipv6 bool) map[string][]installed.Rule {
 	t.Helper()
 	p := newPod(b)
 	plan, err := Prepare(context.Background(), p.req(c, b, ipv6))
@@ -144,7 +147,7 @@ func fresh(t *testing.T, c intercept.Config, b firewall.Backend, ipv6 bool) map[
 	return rules(p.fakes[b])
 }
 
-func assertHolds(t *testing.T, p *pod, b firewall.Backend, want map[string][]firewall.Rule, what string) {
+func assertHolds(t *testing.T, p *pod, b firewall.Backend, want map[string][]installed.Rule, what string) {
 	t.Helper()
 	got := rules(p.fakes[b])
 	if !maps.EqualFunc(got, want, slices.Equal) {
@@ -152,7 +155,7 @@ func assertHolds(t *testing.T, p *pod, b firewall.Backend, want map[string][]fir
 	}
 }
 
-func dump(m map[string][]firewall.Rule) string {
+func dump(m map[string][]installed.Rule) string {
 	var b strings.Builder
 	for _, k := range slices.Sorted(maps.Keys(m)) {
 		fmt.Fprintf(&b, "%s:\n", k)
@@ -250,7 +253,7 @@ func TestInstallLifecycle(t *testing.T) {
 				if w := p.writes()[before:]; len(w) != perChange {
 					t.Fatalf("cleanup wrote %q", w)
 				}
-				assertHolds(t, p, b, map[string][]firewall.Rule{}, "cleanup")
+				assertHolds(t, p, b, map[string][]installed.Rule{}, "cleanup")
 				if len(p.routing.have) != 0 {
 					t.Fatalf("routing left: %v", p.routing.have)
 				}
@@ -305,7 +308,7 @@ func TestReconcileMovesBackend(t *testing.T) {
 				if !slices.Equal(plan.Others, []firewall.Backend{from}) {
 					t.Fatalf("others: %v", plan.Others)
 				}
-				assertHolds(t, p, from, map[string][]firewall.Rule{}, "left backend")
+				assertHolds(t, p, from, map[string][]installed.Rule{}, "left backend")
 				assertHolds(t, p, to, fresh(t, c, to, true), "new backend")
 			})
 		}
@@ -317,14 +320,19 @@ func TestReconcileMovesBackend(t *testing.T) {
 // position counts them).
 func TestForeignRulesKept(t *testing.T) {
 	ctx := context.Background()
-	foreign := "*nat\n-I OUTPUT 1 -p udp -j RETURN\n-A OUTPUT -p icmp -j RETURN\n-I PREROUTING 1 -p udp -j RETURN\nCOMMIT\n"
+	nat := ruleset.TableID{Family: ruleset.IP, Name: intercept.NAT}
+	proto := func(chain, p string) ruleset.Rule {
+		return ruleset.Rule{Chain: chain, Match: []ruleset.Match{{Kind: ruleset.MatchProto, Name: p}}, Target: ruleset.Target{Kind: ruleset.Return}}
+	}
+	foreign := (&ruleset.Tx{}).InsertRule(nat, 0, proto("OUTPUT", "udp")).AddRule(nat, proto("OUTPUT", "icmp")).
+		InsertRule(nat, 0, proto("PREROUTING", "udp"))
 	for _, b := range []firewall.Backend{legacy, iptNFT} {
 		t.Run(b.String(), func(t *testing.T) {
 			p := newPod(b)
 			c := intercept.Default()
 			c.RedirectDNS, c.CaptureAllDNS = true, true
 			run(t, p, p.req(c, b, false))
-			if err := p.fakes[b].Restore(ctx, firewall.V4, foreign); err != nil {
+			if err := p.fakes[b].Apply(ctx, foreign); err != nil {
 				t.Fatal(err)
 			}
 			req := p.req(tproxy(0x539, 133), b, false)
@@ -347,20 +355,22 @@ func TestForeignRulesKept(t *testing.T) {
 // TestIstioRulesReplaced: a rule set istio-iptables left (untagged jumps)
 // is different, and reconciling replaces it.
 func TestIstioRulesReplaced(t *testing.T) {
-	istio := `*nat
-:ISTIO_INBOUND - [0:0]
-:ISTIO_OUTPUT - [0:0]
-:ISTIO_REDIRECT - [0:0]
--A PREROUTING -p tcp -j ISTIO_INBOUND
--A OUTPUT -p tcp -j ISTIO_OUTPUT
--A ISTIO_OUTPUT -j ISTIO_REDIRECT
--A ISTIO_REDIRECT -p tcp -j REDIRECT --to-ports 15001
-COMMIT
-`
+	// What istio-iptables leaves: its chains, and untagged jumps.
+	nat := ruleset.TableID{Family: ruleset.IP, Name: intercept.NAT}
+	tcp := []ruleset.Match{{Kind: ruleset.MatchProto, Name: "tcp"}}
+	jump := func(c string) ruleset.Target { return ruleset.Target{Kind: ruleset.Jump, Chain: c} }
+	istio := (&ruleset.Tx{}).
+		AddChain(nat, ruleset.Chain{Name: intercept.ChainInbound}).
+		AddChain(nat, ruleset.Chain{Name: intercept.ChainOutput}).
+		AddChain(nat, ruleset.Chain{Name: intercept.ChainRedirect}).
+		AddRule(nat, ruleset.Rule{Chain: "PREROUTING", Match: tcp, Target: jump(intercept.ChainInbound)}).
+		AddRule(nat, ruleset.Rule{Chain: "OUTPUT", Match: tcp, Target: jump(intercept.ChainOutput)}).
+		AddRule(nat, ruleset.Rule{Chain: intercept.ChainOutput, Target: jump(intercept.ChainRedirect)}).
+		AddRule(nat, ruleset.Rule{Chain: intercept.ChainRedirect, Match: tcp, Target: ruleset.Target{Kind: ruleset.Redirect, Port: 15001}})
 	for _, b := range []firewall.Backend{legacy, iptNFT} {
 		t.Run(b.String(), func(t *testing.T) {
 			p := newPod(b)
-			if err := p.fakes[b].Restore(context.Background(), firewall.V4, istio); err != nil {
+			if err := p.fakes[b].Apply(context.Background(), istio); err != nil {
 				t.Fatal(err)
 			}
 			c := intercept.Default()
@@ -394,16 +404,16 @@ func TestPlanString(t *testing.T) {
 // counting counts a Fake's reads: what a real firewall does as netlink
 // dumps, or for legacy iptables as one iptables-save per read.
 type counting struct {
-	*firewall.Fake
+	*fwfake.Fake
 	reads *int
 }
 
-func (c counting) ReadTable(ctx context.Context, fam firewall.TableFamily, table string) (*firewall.Table, error) {
+func (c counting) ReadTable(ctx context.Context, fam ruleset.Family, table string) (*installed.Table, error) {
 	*c.reads++
 	return c.Fake.ReadTable(ctx, fam, table)
 }
 
-func (c counting) ReadTables(ctx context.Context, fam firewall.TableFamily, names []string) ([]*firewall.Table, error) {
+func (c counting) ReadTables(ctx context.Context, fam ruleset.Family, names []string) ([]*installed.Table, error) {
 	*c.reads++
 	return c.Fake.ReadTables(ctx, fam, names)
 }

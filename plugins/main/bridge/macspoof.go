@@ -32,14 +32,17 @@ func macSpoofID(c *config, args *skel.CmdArgs) attid.ID {
 // sees them.
 func macSpoofTable(table, hostIf string, mac net.HardwareAddr) ruleset.Table {
 	return ruleset.Table{
-		Family: firewall.Bridge, Name: table,
-		Chain: ruleset.BaseChain{Name: "prerouting", Type: "filter", Hook: "prerouting", Priority: -300},
-		Rules: []ruleset.Rule{{
-			Match: []ruleset.Match{
-				{Kind: ruleset.MatchIn, Name: hostIf},
-				{Kind: ruleset.MatchEtherSrc, Not: true, Name: mac.String()},
-			},
-			Target: ruleset.Target{Kind: ruleset.Drop},
+		Family: ruleset.Bridge, Name: table,
+		Chains: []ruleset.Chain{{
+			Name: "prerouting",
+			Base: &ruleset.BaseChain{Type: "filter", Hook: "prerouting", Priority: -300},
+			Rules: []ruleset.Rule{{
+				Match: []ruleset.Match{
+					{Kind: ruleset.MatchIn, Name: hostIf},
+					{Kind: ruleset.MatchEtherSrc, Not: true, Name: mac.String()},
+				},
+				Target: ruleset.Target{Kind: ruleset.Drop},
+			}},
 		}},
 	}
 }
@@ -51,7 +54,8 @@ func macSpoofSetup(ctx context.Context, c *config, args *skel.CmdArgs, hostIf st
 }
 
 func macSpoofInstall(ctx context.Context, fw firewall.Interface, a attid.ID, hostIf string, mac net.HardwareAddr) error {
-	if err := fw.ReplaceTable(ctx, macSpoofTable(a.MacSpoofTable(), hostIf, mac)); err != nil {
+	tx := (&ruleset.Tx{}).ReplaceTable(macSpoofTable(a.MacSpoofTable(), hostIf, mac))
+	if err := fw.Apply(ctx, tx); err != nil {
 		return cnierr.Internal("macspoofchk: %v", err)
 	}
 	return nil
@@ -67,7 +71,8 @@ func macSpoofTeardown(c *config, args *skel.CmdArgs) (*os.File, error) {
 }
 
 func macSpoofRemove(ctx context.Context, fw firewall.Interface, a attid.ID) error {
-	if err := fw.DeleteTables(ctx, firewall.Bridge, []string{a.MacSpoofTable()}); err != nil {
+	tx := (&ruleset.Tx{}).DestroyTable(ruleset.TableID{Family: ruleset.Bridge, Name: a.MacSpoofTable()})
+	if err := fw.Apply(ctx, tx); err != nil {
 		return cnierr.Internal("macspoofchk teardown: %v", err)
 	}
 	return nil
@@ -81,7 +86,7 @@ func macSpoofGC(network string, valid []attid.ID) error {
 
 // macSpoofCollect removes the tables of network's attachments not in valid.
 func macSpoofCollect(ctx context.Context, fw firewall.Interface, network string, valid []attid.ID) error {
-	tables, err := fw.Tables(ctx, firewall.Bridge)
+	tables, err := fw.Tables(ctx, ruleset.Bridge)
 	if err != nil {
 		return cnierr.Internal("macspoofchk GC: %v", err)
 	}
@@ -91,13 +96,13 @@ func macSpoofCollect(ctx context.Context, fw firewall.Interface, network string,
 		keep[v.MacSpoofTable()] = true
 	}
 	prefix := attid.MacSpoofTablePrefix(network)
-	var stale []string
+	stale := &ruleset.Tx{}
 	for _, t := range tables {
 		if strings.HasPrefix(t, prefix) && !keep[t] {
-			stale = append(stale, t)
+			stale.DestroyTable(ruleset.TableID{Family: ruleset.Bridge, Name: t})
 		}
 	}
-	if err := fw.DeleteTables(ctx, firewall.Bridge, stale); err != nil {
+	if err := fw.Apply(ctx, stale); err != nil {
 		return cnierr.Internal("macspoofchk GC: %v", err)
 	}
 	return nil

@@ -12,6 +12,7 @@ import (
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/kerneltest"
 	"github.com/meshwire/meshwire/internal/netns"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // TestMacSpoofOverNetlink: the macspoof table is written over netlink with
@@ -42,7 +43,7 @@ func TestMacSpoofOverNetlink(t *testing.T) {
 			if err := macSpoofRemove(ctx, fw, a); err != nil {
 				return err
 			}
-			names, err := fw.Tables(ctx, firewall.Bridge)
+			names, err := fw.Tables(ctx, ruleset.Bridge)
 			if err != nil || len(names) != 0 {
 				return fmt.Errorf("bridge tables after DEL: %v, %v", names, err)
 			}

@@ -6,14 +6,15 @@ import (
 	"testing"
 
 	attid "github.com/meshwire/meshwire/internal/attachment"
-	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/fwfake"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // TestMacSpoof: ADD, re-ADD, DEL (twice) and GC of the mac spoof tables,
 // through the in-memory firewall.
 func TestMacSpoof(t *testing.T) {
 	ctx := context.Background()
-	fw := firewall.NewFake(macSpoofBackend)
+	fw := fwfake.New(macSpoofBackend)
 	mac, _ := net.ParseMAC("02:00:00:00:00:01")
 	a := attid.ID{Network: "mwtb", ContainerID: "c1", IfName: "eth0"}
 	b := attid.ID{Network: "mwtb", ContainerID: "c2", IfName: "eth0"}
@@ -23,7 +24,7 @@ func TestMacSpoof(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	tb := fw.Table(firewall.Bridge, a.MacSpoofTable())
+	tb := fw.Table(ruleset.Bridge, a.MacSpoofTable())
 	if tb == nil || len(tb.Chains) != 1 || len(tb.Chains[0].Rules) != 1 || tb.Chains[0].Hook != "prerouting" {
 		t.Fatalf("table after a repeated ADD:\n%s", fw.Dump())
 	}
@@ -35,13 +36,13 @@ func TestMacSpoof(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if names, _ := fw.Tables(ctx, firewall.Bridge); len(names) != 2 {
+	if names, _ := fw.Tables(ctx, ruleset.Bridge); len(names) != 2 {
 		t.Fatalf("tables after DEL: %v", names)
 	}
 	if err := macSpoofCollect(ctx, fw, "mwtb", nil); err != nil {
 		t.Fatal(err)
 	}
-	if names, _ := fw.Tables(ctx, firewall.Bridge); len(names) != 1 || names[0] != foreign.MacSpoofTable() {
+	if names, _ := fw.Tables(ctx, ruleset.Bridge); len(names) != 1 || names[0] != foreign.MacSpoofTable() {
 		t.Fatalf("tables after GC: %v", names)
 	}
 }

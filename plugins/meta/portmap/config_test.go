@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 func conf(keys string) []byte {
@@ -160,7 +161,7 @@ func TestPlan(t *testing.T) {
 	v6 := &net.IPNet{IP: net.ParseIP("fd50:48::5"), Mask: net.CIDRMask(64, 128)}
 	a := attachment.ID{ContainerID: "c", IfName: "eth0", Network: "n"}
 	ps := plan(c, a, v4, v6)
-	if len(ps) != 2 || ps[0].Family != firewall.V4 || ps[1].Family != firewall.V6 {
+	if len(ps) != 2 || ps[0].Family != ruleset.V4 || ps[1].Family != ruleset.V6 {
 		t.Fatalf("plans %+v", ps)
 	}
 	// v4: 2 mappings x (hairpin, localhost, dnat); v6: 2 mappings x (hairpin, dnat)
@@ -173,10 +174,10 @@ func TestPlan(t *testing.T) {
 	if ps := plan(c, a, nil, nil); len(ps) != 0 {
 		t.Fatal("no addresses, yet a plan")
 	}
-	if got := udpPorts(c.Mappings, firewall.V4); len(got) != 1 || got[0] != 30081 {
+	if got := udpPorts(c.Mappings, ruleset.V4); len(got) != 1 || got[0] != 30081 {
 		t.Fatalf("udp ports v4 %v", got)
 	}
-	if got := udpPorts(c.Mappings, firewall.V6); len(got) != 0 {
+	if got := udpPorts(c.Mappings, ruleset.V6); len(got) != 0 {
 		t.Fatalf("udp ports v6 %v", got)
 	}
 	c.SNAT = false

@@ -14,7 +14,9 @@ import (
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/filelock"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/killpoint"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // stateDir holds the node-wide lock of the slow paths and the hints that
@@ -65,7 +67,7 @@ type driver interface {
 	// del removes the attachment, found by any of its keys (the current
 	// one first), in the given families. With wantUDP it returns the UDP
 	// host ports its rules mapped (for conntrack).
-	del(ctx context.Context, keys []string, fams []firewall.Family, wantUDP bool) (map[firewall.Family][]int, error)
+	del(ctx context.Context, keys []string, fams []ruleset.IPVersion, wantUDP bool) (map[ruleset.IPVersion][]int, error)
 	// check verifies that the attachment's rules match the plans.
 	check(ctx context.Context, a attachment.ID, plans []famPlan) error
 	// gc removes attachments of the network that are not in valid (keys).
@@ -108,14 +110,14 @@ func (h baseHint) set(present bool) {
 // firstTry applies the first of two alternative transactions that
 // succeeds: the single-transaction ADD onto an existing base, or the one
 // that creates the base too; the hint picks which to try first.
-func firstTry(hint baseHint, onBase, fresh string, apply func(string) error) error {
-	tries := []string{onBase, fresh}
+func firstTry(hint baseHint, onBase, fresh *ruleset.Tx, apply func(*ruleset.Tx) error) error {
+	tries := []*ruleset.Tx{onBase, fresh}
 	if !hint.present() {
 		tries[0], tries[1] = fresh, onBase
 	}
 	var err error
-	for _, payload := range tries {
-		if err = apply(payload); err == nil || isTryAgain(err) {
+	for _, tx := range tries {
+		if err = apply(tx); err == nil || isTryAgain(err) {
 			break
 		}
 	}
@@ -143,7 +145,7 @@ func gcStale(keys []string, tagOf func(string) string, network string, valid map
 // checkedKey is the key whose chain CHECK compares: the current key's,
 // else the first older key's that the table has (an attachment made by an
 // earlier meshwire), else the current key (reported missing).
-func checkedKey(st *firewall.Table, prefix string, a attachment.ID) string {
+func checkedKey(st *installed.Table, prefix string, a attachment.ID) string {
 	if k := presentKeys(st, prefix, a.PortmapKeys()); len(k) > 0 {
 		return k[0]
 	}
@@ -157,7 +159,7 @@ type iptDriver struct{ fw firewall.Interface }
 func (d *iptDriver) b() firewall.Backend { return d.fw.Backend() }
 
 // read reads the nat table of family f.
-func (d *iptDriver) read(ctx context.Context, f firewall.Family) (*firewall.Table, error) {
+func (d *iptDriver) read(ctx context.Context, f ruleset.IPVersion) (*installed.Table, error) {
 	t, err := d.fw.ReadTable(ctx, f.Tables(), "nat")
 	if err != nil {
 		return nil, cnierr.Wrap(err, "read the %s nat table (IPv%d)", d.b(), f)
@@ -166,24 +168,24 @@ func (d *iptDriver) read(ctx context.Context, f firewall.Family) (*firewall.Tabl
 }
 
 // chain reads one chain of the nat table of family f (nil: not there).
-func (d *iptDriver) chain(ctx context.Context, f firewall.Family, name string) (*firewall.Chain, error) {
+func (d *iptDriver) chain(ctx context.Context, f ruleset.IPVersion, name string) (*installed.Chain, error) {
 	return d.fw.ReadChain(ctx, f.Tables(), "nat", name)
 }
 
-func (d *iptDriver) restore(ctx context.Context, f firewall.Family, payload string) error {
-	slog.Debug("iptables-restore", "backend", d.b().String(), "family", int(f), "payload", payload)
-	return d.fw.Restore(ctx, f, payload)
+func (d *iptDriver) apply(ctx context.Context, tx *ruleset.Tx) error {
+	slog.Debug("firewall transaction", "backend", d.b().String(), "operations", tx.Len())
+	return d.fw.Apply(ctx, tx)
 }
 
-func (d *iptDriver) hint(f firewall.Family) baseHint {
+func (d *iptDriver) hint(f ruleset.IPVersion) baseHint {
 	return baseHint(fmt.Sprintf("%s-v%d", d.b(), f))
 }
 
 func (d *iptDriver) add(ctx context.Context, a attachment.ID, plans []famPlan) error {
 	for _, p := range plans {
 		// A wrong hint costs one refused transaction, never a wrong rule.
-		err := firstTry(d.hint(p.Family), renderIPTAddNew(p), renderIPTAddFresh(p), func(payload string) error {
-			return d.restore(ctx, p.Family, payload)
+		err := firstTry(d.hint(p.Family), renderIPTAddNew(p), renderIPTAddFresh(p), func(tx *ruleset.Tx) error {
+			return d.apply(ctx, tx)
 		})
 		if err == nil {
 			killpoint.Here(fmt.Sprintf("rules IPv%d", p.Family))
@@ -208,7 +210,7 @@ func (d *iptDriver) ensure(ctx context.Context, p famPlan) error {
 		if err != nil {
 			return err
 		}
-		if err := d.restore(ctx, p.Family, renderIPTEnsure(st, p)); err != nil {
+		if err := d.apply(ctx, renderIPTEnsure(st, p)); err != nil {
 			return cnierr.Wrap(err, "install the port mappings (IPv%d, %s)", p.Family, d.b())
 		}
 		d.hint(p.Family).set(true)
@@ -216,8 +218,8 @@ func (d *iptDriver) ensure(ctx context.Context, p famPlan) error {
 	})
 }
 
-func (d *iptDriver) del(ctx context.Context, keys []string, fams []firewall.Family, wantUDP bool) (map[firewall.Family][]int, error) {
-	udp := map[firewall.Family][]int{}
+func (d *iptDriver) del(ctx context.Context, keys []string, fams []ruleset.IPVersion, wantUDP bool) (map[ruleset.IPVersion][]int, error) {
+	udp := map[ruleset.IPVersion][]int{}
 	for _, f := range fams {
 		if wantUDP {
 			// The attachment's chain, under the first key that has one.
@@ -228,7 +230,7 @@ func (d *iptDriver) del(ctx context.Context, keys []string, fams []firewall.Fami
 				}
 			}
 		}
-		err := d.restore(ctx, f, renderIPTDel(keys[0]))
+		err := d.apply(ctx, renderIPTDel(f, keys[0]))
 		switch {
 		case err == nil:
 			d.maybeTeardown(ctx, f)
@@ -247,21 +249,21 @@ func (d *iptDriver) del(ctx context.Context, keys []string, fams []firewall.Fami
 
 // remove deletes attachments as the table shows them (and the base when
 // nothing is left), under the node lock.
-func (d *iptDriver) remove(ctx context.Context, f firewall.Family, keys []string) error {
+func (d *iptDriver) remove(ctx context.Context, f ruleset.IPVersion, keys []string) error {
 	return locked(func() error {
 		// With the base: refused as a whole if an ADD (which takes no lock)
 		// added an attachment since the read; then again without it.
 		var err error
 		for _, teardown := range []bool{true, false} {
-			var st *firewall.Table
+			var st *installed.Table
 			if st, err = d.read(ctx, f); err != nil {
 				return err
 			}
-			payload := renderIPTRemove(st, keys, teardown)
-			if payload == "" {
+			tx := renderIPTRemove(f, st, keys, teardown)
+			if tx.Empty() {
 				return nil
 			}
-			if err = d.restore(ctx, f, payload); err == nil {
+			if err = d.apply(ctx, tx); err == nil {
 				if teardown && remaining(attachmentKeys(st, iptPrefix), keys) == 0 {
 					d.hint(f).set(false)
 				}
@@ -278,7 +280,7 @@ func (d *iptDriver) remove(ctx context.Context, f firewall.Family, keys []string
 // maybeTeardown removes the base when the top chain is empty. The probe
 // reads one chain; the teardown itself runs under the node lock and is
 // refused by the kernel if an attachment was added meanwhile.
-func (d *iptDriver) maybeTeardown(ctx context.Context, f firewall.Family) {
+func (d *iptDriver) maybeTeardown(ctx context.Context, f ruleset.IPVersion) {
 	top, err := d.chain(ctx, f, iptTop)
 	if err != nil || top == nil || len(top.Rules) > 0 {
 		return
@@ -313,7 +315,7 @@ func (d *iptDriver) check(ctx context.Context, a attachment.ID, plans []famPlan)
 }
 
 func (d *iptDriver) gc(ctx context.Context, network string, valid map[string]bool) error {
-	for _, f := range []firewall.Family{firewall.V4, firewall.V6} {
+	for _, f := range []ruleset.IPVersion{ruleset.V4, ruleset.V6} {
 		st, err := d.read(ctx, f)
 		if err != nil {
 			return err
@@ -337,14 +339,14 @@ type nftDriver struct{ fw firewall.Interface }
 
 const nftHint = baseHint("nftables")
 
-func (d *nftDriver) apply(ctx context.Context, script string) error {
-	slog.Debug("nft -f", "script", script)
-	return d.fw.ApplyNft(ctx, script)
+func (d *nftDriver) apply(ctx context.Context, tx *ruleset.Tx) error {
+	slog.Debug("firewall transaction", "backend", "nftables", "operations", tx.Len())
+	return d.fw.Apply(ctx, tx)
 }
 
 // read reads the table (nil: not there).
-func (d *nftDriver) read(ctx context.Context) (*firewall.Table, error) {
-	t, err := d.fw.ReadTable(ctx, firewall.Inet, nftTable)
+func (d *nftDriver) read(ctx context.Context) (*installed.Table, error) {
+	t, err := d.fw.ReadTable(ctx, ruleset.Inet, nftTable)
 	if err != nil {
 		return nil, cnierr.Wrap(err, "read nftables table %s", nftFQ)
 	}
@@ -352,8 +354,8 @@ func (d *nftDriver) read(ctx context.Context) (*firewall.Table, error) {
 }
 
 // chain reads one chain of the table (nil: no table or no chain).
-func (d *nftDriver) chain(ctx context.Context, name string) (*firewall.Chain, error) {
-	c, err := d.fw.ReadChain(ctx, firewall.Inet, nftTable, name)
+func (d *nftDriver) chain(ctx context.Context, name string) (*installed.Chain, error) {
+	c, err := d.fw.ReadChain(ctx, ruleset.Inet, nftTable, name)
 	if err != nil {
 		return nil, cnierr.Wrap(err, "read nftables chain %s %s", nftFQ, name)
 	}
@@ -364,8 +366,8 @@ func (d *nftDriver) add(ctx context.Context, a attachment.ID, plans []famPlan) e
 	if len(plans) == 0 {
 		return nil
 	}
-	err := firstTry(nftHint, renderNFTAddNew(a, plans), renderNFTAddFresh(a, plans), func(script string) error {
-		return d.apply(ctx, script)
+	err := firstTry(nftHint, renderNFTAddNew(a, plans), renderNFTAddFresh(a, plans), func(tx *ruleset.Tx) error {
+		return d.apply(ctx, tx)
 	})
 	if err == nil || isTryAgain(err) {
 		return err
@@ -384,13 +386,13 @@ func (d *nftDriver) add(ctx context.Context, a attachment.ID, plans []famPlan) e
 	})
 }
 
-func (d *nftDriver) del(ctx context.Context, keys []string, _ []firewall.Family, wantUDP bool) (map[firewall.Family][]int, error) {
-	udp := map[firewall.Family][]int{}
+func (d *nftDriver) del(ctx context.Context, keys []string, _ []ruleset.IPVersion, wantUDP bool) (map[ruleset.IPVersion][]int, error) {
+	udp := map[ruleset.IPVersion][]int{}
 	hp, err := d.chain(ctx, nftHostports)
 	if err != nil || hp == nil {
 		return udp, err // no table: nothing of anyone's is left
 	}
-	chains := []*firewall.Chain{hp}
+	chains := []*installed.Chain{hp}
 	var present []string
 	mine := 0
 	for _, k := range keys {
@@ -402,7 +404,7 @@ func (d *nftDriver) del(ctx context.Context, keys []string, _ []firewall.Family,
 		present, mine = append(present, k), mine+n
 		// The jump exists, so the chain does (the kernel refuses jumps to
 		// missing chains); it is read only for its UDP ports.
-		c := &firewall.Chain{Name: ch}
+		c := &installed.Chain{Name: ch}
 		if wantUDP {
 			if read, err := d.chain(ctx, ch); err == nil && read != nil {
 				c = read
@@ -437,7 +439,7 @@ func (d *nftDriver) del(ctx context.Context, keys []string, _ []firewall.Family,
 // transaction that the kernel refuses while any refers to the anchor.
 func (d *nftDriver) tryTeardown(ctx context.Context) {
 	_ = locked(func() error {
-		if err := d.apply(ctx, nftScript(nftTeardownLines())); err != nil {
+		if err := d.apply(ctx, nftTeardown()); err != nil {
 			slog.Debug("table kept", "reason", err)
 			return nil
 		}
@@ -453,7 +455,7 @@ func (d *nftDriver) remove(ctx context.Context, keys []string) error {
 	return locked(func() error {
 		var err error
 		for _, teardown := range []bool{true, false} {
-			var st *firewall.Table
+			var st *installed.Table
 			if st, err = d.read(ctx); err != nil {
 				return err
 			}
@@ -464,11 +466,11 @@ func (d *nftDriver) remove(ctx context.Context, keys []string) error {
 				}
 			}
 			teardown = teardown && remaining(attachmentKeys(st, nftPrefix), present) == 0
-			script := renderNFTRemove(st, present, teardown)
-			if script == "" {
+			tx := renderNFTRemove(st, present, teardown)
+			if tx.Empty() {
 				return nil
 			}
-			if err = d.apply(ctx, script); err == nil {
+			if err = d.apply(ctx, tx); err == nil {
 				if teardown {
 					d.forget()
 				}

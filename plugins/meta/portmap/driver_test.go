@@ -13,6 +13,9 @@ import (
 	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/fwfake"
+	"github.com/meshwire/meshwire/internal/firewall/installed"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // ADD, DEL, CHECK and GC against the firewall's in-memory Fake, for every
@@ -31,7 +34,7 @@ type fakeNode struct {
 	t   *testing.T
 	ctx context.Context
 	b   firewall.Backend
-	fw  *firewall.Fake
+	fw  *fwfake.Fake
 	d   driver
 }
 
@@ -40,7 +43,7 @@ func newFakeNode(t *testing.T, b firewall.Backend) *fakeNode {
 	old := stateDir
 	stateDir = t.TempDir()
 	t.Cleanup(func() { stateDir = old })
-	fw := firewall.NewFake(b)
+	fw := fwfake.New(b)
 	return &fakeNode{t: t, ctx: context.Background(), b: b, fw: fw, d: newDriver(fw)}
 }
 
@@ -81,9 +84,9 @@ func (n *fakeNode) add(a attachment.ID, mappings string) []famPlan {
 	return plans
 }
 
-func (n *fakeNode) del(a attachment.ID, wantUDP bool) map[firewall.Family][]int {
+func (n *fakeNode) del(a attachment.ID, wantUDP bool) map[ruleset.IPVersion][]int {
 	n.t.Helper()
-	udp, err := n.d.del(n.ctx, a.PortmapKeys(), []firewall.Family{firewall.V4, firewall.V6}, wantUDP)
+	udp, err := n.d.del(n.ctx, a.PortmapKeys(), []ruleset.IPVersion{ruleset.V4, ruleset.V6}, wantUDP)
 	if err != nil {
 		n.t.Fatalf("DEL %s: %v", a.ContainerID, err)
 	}
@@ -98,11 +101,11 @@ func (n *fakeNode) mustCheck(a attachment.ID, plans []famPlan) {
 }
 
 // tables are the tables portmap owns or shares on the node.
-func (n *fakeNode) tables() []*firewall.Table {
+func (n *fakeNode) tables() []*installed.Table {
 	if n.iptables() {
-		return []*firewall.Table{n.fw.Table(firewall.IP, "nat"), n.fw.Table(firewall.IP6, "nat")}
+		return []*installed.Table{n.fw.Table(ruleset.IP, "nat"), n.fw.Table(ruleset.IP6, "nat")}
 	}
-	return []*firewall.Table{n.fw.Table(firewall.Inet, nftTable)}
+	return []*installed.Table{n.fw.Table(ruleset.Inet, nftTable)}
 }
 
 func (n *fakeNode) prefix() string {
@@ -163,13 +166,13 @@ func (n *fakeNode) flush(a attachment.ID) {
 	n.t.Helper()
 	var err error
 	if n.iptables() {
-		for _, f := range []firewall.Family{firewall.V4, firewall.V6} {
-			if err = n.fw.Restore(n.ctx, f, iptPayload([]string{"-F " + iptAttChain(a.PortmapKey())})); err != nil {
+		for _, f := range []ruleset.IPVersion{ruleset.V4, ruleset.V6} {
+			if err = n.fw.Apply(n.ctx, (&ruleset.Tx{}).FlushChain(iptNat(f), iptAttChain(a.PortmapKey()))); err != nil {
 				break
 			}
 		}
 	} else {
-		err = n.fw.ApplyNft(n.ctx, fmt.Sprintf("flush chain %s %s\n", nftFQ, nftAttChain(a.PortmapKey())))
+		err = n.fw.Apply(n.ctx, (&ruleset.Tx{}).FlushChain(nftID, nftAttChain(a.PortmapKey())))
 	}
 	if err != nil {
 		n.t.Fatal(err)
@@ -222,7 +225,7 @@ func TestFakeAddCheckDel(t *testing.T) {
 
 			// DEL without mappings reports the UDP ports its rules had.
 			udp := n.del(a1, true)
-			if fmt.Sprint(udp[firewall.V4], udp[firewall.V6]) != "[30081] [30081]" {
+			if fmt.Sprint(udp[ruleset.V4], udp[ruleset.V6]) != "[30081] [30081]" {
 				t.Fatalf("UDP ports of the deleted rules: %v", udp)
 			}
 			n.wantKeys("after DEL", a2)
@@ -291,16 +294,10 @@ func TestFakeOlderKey(t *testing.T) {
 			a := pod("n1", "c-old")
 			older := a.PortmapKeys()[1]
 			plans := n.plans(a, tcpUDP)
-			var err error
-			if n.iptables() {
-				for i := range plans {
-					plans[i].Key = older
-				}
-				err = n.d.add(n.ctx, a, plans)
-			} else {
-				err = n.fw.ApplyNft(n.ctx, strings.ReplaceAll(renderNFTAddFresh(a, plans), a.PortmapKey(), older))
+			for i := range plans {
+				plans[i].Key = older
 			}
-			if err != nil {
+			if err := n.d.add(n.ctx, a, plans); err != nil {
 				t.Fatal(err)
 			}
 			if got := n.keys(); !strings.Contains(got, older) {
@@ -314,7 +311,7 @@ func TestFakeOlderKey(t *testing.T) {
 			if err := n.d.gc(n.ctx, "n1", keep); err != nil || !strings.Contains(n.keys(), older) {
 				t.Fatalf("GC with the attachment valid: %v, left %s", err, n.keys())
 			}
-			if udp := n.del(a, true); len(udp[firewall.V4]) != 1 {
+			if udp := n.del(a, true); len(udp[ruleset.V4]) != 1 {
 				t.Fatalf("UDP ports of the older chain: %v", udp)
 			}
 			n.wantKeys("after DEL")
@@ -331,8 +328,9 @@ func TestFakeForeignRules(t *testing.T) {
 	for _, b := range fakeBackends[:2] {
 		t.Run(b.String(), func(t *testing.T) {
 			n := newFakeNode(t, b)
-			foreign := "-A PREROUTING -p tcp -m tcp --dport 30999 -m comment --comment mwtp-foreign -j RETURN"
-			if err := n.fw.Restore(n.ctx, firewall.V4, iptPayload([]string{foreign})); err != nil {
+			foreign := ruleset.Rule{Chain: "PREROUTING", Match: []ruleset.Match{{Kind: ruleset.MatchDPort, Name: "tcp", Ports: []uint16{30999}}},
+				Comment: "mwtp-foreign", Target: ruleset.Target{Kind: ruleset.Return}}
+			if err := n.fw.Apply(n.ctx, (&ruleset.Tx{}).AddRule(iptNat(ruleset.V4), foreign)); err != nil {
 				t.Fatal(err)
 			}
 			a := pod("n1", "c1")
@@ -344,7 +342,7 @@ func TestFakeForeignRules(t *testing.T) {
 			if n.baseLeft() {
 				t.Fatalf("the base is left:\n%s", n.fw.Dump())
 			}
-			pre := rulesOf(n.fw.Table(firewall.IP, "nat"), "PREROUTING")
+			pre := rulesOf(n.fw.Table(ruleset.IP, "nat"), "PREROUTING")
 			if len(pre) != 1 || pre[0].Comment != "mwtp-foreign" {
 				t.Fatalf("PREROUTING is %+v, want the foreign rule alone", pre)
 			}
@@ -382,7 +380,7 @@ func TestFakeTeardownRace(t *testing.T) {
 				}
 				return nil
 			}
-			if _, err := n.d.del(n.ctx, old.PortmapKeys(), []firewall.Family{firewall.V4}, false); err != nil {
+			if _, err := n.d.del(n.ctx, old.PortmapKeys(), []ruleset.IPVersion{ruleset.V4}, false); err != nil {
 				t.Fatal(err)
 			}
 			if armed {

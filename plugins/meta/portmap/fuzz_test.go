@@ -35,14 +35,14 @@ func FuzzConfig(f *testing.F) {
 		v4 := &net.IPNet{IP: net.ParseIP("198.18.48.5").To4(), Mask: net.CIDRMask(24, 32)}
 		v6 := &net.IPNet{IP: net.ParseIP("fd50:48::5"), Mask: net.CIDRMask(64, 128)}
 		plans := plan(c, a, v4, v6)
-		nft := renderNFTAddNew(a, plans)
-		if got, want := strings.Count(nft, "\n"), strings.Count(renderNFTEnsure(nil, a, plans), "\n"); got > want {
+		nft := nftText(t, renderNFTAddNew(a, plans))
+		if got, want := strings.Count(nft, "\n"), strings.Count(nftText(t, renderNFTEnsure(nil, a, plans)), "\n"); got > want {
 			t.Fatalf("fast path has more lines than the slow path:\n%s", nft)
 		}
 		lines := 1 // the tag
 		for _, p := range plans {
 			lines += len(p.Rules)
-			payload := renderIPTAddNew(p)
+			payload := iptText(t, renderIPTAddNew(p))
 			// *nat, -N, tag, rules, jump, COMMIT
 			if n := strings.Count(payload, "\n"); n != len(p.Rules)+5 {
 				t.Fatalf("iptables payload has %d lines for %d rules:\n%s", n, len(p.Rules), payload)

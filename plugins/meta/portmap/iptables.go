@@ -3,11 +3,11 @@ package main
 import (
 	"fmt"
 	"net"
+	"net/netip"
 	"slices"
-	"strconv"
 	"strings"
 
-	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
@@ -39,94 +39,103 @@ const (
 
 func iptAttChain(key string) string { return iptPrefix + key }
 func iptMarkChain(bit int) string   { return fmt.Sprintf("%s%d", iptMarkPrefx, bit) }
-func markValue(bit int) string      { return fmt.Sprintf("%#x/%#x", uint32(1)<<bit, uint32(1)<<bit) }
 
-// iptQuote quotes one argument for iptables-restore.
-func iptQuote(s string) string { return ruleset.QuoteArg(s) }
+// iptNat is the nat table of family f.
+func iptNat(f ruleset.IPVersion) ruleset.TableID {
+	return ruleset.TableID{Family: f.Tables(), Name: "nat"}
+}
 
-func iptArgs(args []string) string {
-	q := make([]string, len(args))
-	for i, a := range args {
-		q[i] = iptQuote(a)
+// hostPrefix is ip as a one-address prefix (nft writes it bare).
+func hostPrefix(ip net.IP) netip.Prefix {
+	a := addrOf(ip)
+	return netip.PrefixFrom(a, a.BitLen())
+}
+
+func addrOf(ip net.IP) netip.Addr {
+	if v4 := ip.To4(); v4 != nil {
+		ip = v4
 	}
-	return strings.Join(q, " ")
+	a, _ := netip.AddrFromSlice(ip)
+	return a
 }
 
-func hostCIDR(ip net.IP) string {
-	if ip.To4() != nil {
-		return ip.String() + "/32"
-	}
-	return ip.String() + "/128"
+func prefixOf(n *net.IPNet) netip.Prefix {
+	ones, _ := n.Mask.Size()
+	return netip.PrefixFrom(addrOf(n.IP), ones)
 }
 
-func ipPort(ip net.IP, port int) string {
-	return net.JoinHostPort(ip.String(), strconv.Itoa(port))
-}
-
-// iptRuleSpec renders one rule of an attachment chain (without "-A CHAIN").
-func iptRuleSpec(p famPlan, r rule) string {
-	var b []string
+// mappingMatches are the matches of a mapping rule, in the order both
+// backends write them: the host address, the marked sources, the port.
+func mappingMatches(r rule) []ruleset.Match {
+	var m []ruleset.Match
 	if r.HostIP != nil {
-		b = append(b, "-d", hostCIDR(r.HostIP))
+		m = append(m, ruleset.Match{Kind: ruleset.MatchDst, Prefix: hostPrefix(r.HostIP), Host: true})
 	}
 	if r.Action == actMark && r.Src != nil {
-		b = append(b, "-s", r.Src.String())
+		m = append(m, ruleset.Match{Kind: ruleset.MatchSrc, Prefix: prefixOf(r.Src)})
 	}
-	b = append(b, "-p", r.Proto, "-m", r.Proto, "--dport", strconv.Itoa(r.HostPort))
-	s := strings.Join(b, " ")
+	return append(m, ruleset.Match{Kind: ruleset.MatchDPort, Name: r.Proto, Ports: []uint16{uint16(r.HostPort)}})
+}
+
+// mappingTarget is what a mapping rule does: mark (by jumping to the
+// marking chain markChain) or DNAT to the container.
+func mappingTarget(r rule, markChain string) ruleset.Target {
+	if r.Action == actMark {
+		return ruleset.Target{Kind: ruleset.Jump, Chain: markChain}
+	}
+	return ruleset.Target{Kind: ruleset.DNAT, To: netip.AddrPortFrom(addrOf(r.To), uint16(r.ToPort))}
+}
+
+func jumpTo(chain, target string) ruleset.Rule {
+	return ruleset.Rule{Chain: chain, Target: ruleset.Target{Kind: ruleset.Jump, Chain: target}}
+}
+
+// iptRule is one rule of an attachment chain: the mapping's matches, the
+// user's conditions (conditionsV4/V6, verbatim), the target.
+func iptRule(p famPlan, r rule) ruleset.Rule {
+	m := mappingMatches(r)
 	if len(p.Conds) > 0 {
-		s += " " + iptArgs(p.Conds)
+		m = append(m, ruleset.Match{Kind: ruleset.MatchRaw, Args: p.Conds})
 	}
-	switch r.Action {
-	case actMark:
-		target := p.ExternalMark
-		if target == "" {
-			target = iptMarkChain(p.MarkBit)
-		}
-		s += " -j " + target
-	case actDNAT:
-		s += " -j DNAT --to-destination " + ipPort(r.To, r.ToPort)
+	mark := p.ExternalMark
+	if mark == "" {
+		mark = iptMarkChain(p.MarkBit)
 	}
-	return s
+	return ruleset.Rule{Family: p.Family, Chain: iptAttChain(p.Key), Match: m, Target: mappingTarget(r, mark)}
 }
 
-// iptAttachmentLines are the rules of the attachment chain, tag first.
-func iptAttachmentLines(p famPlan) []string {
-	ch := iptAttChain(p.Key)
-	lines := []string{fmt.Sprintf("-A %s -m comment --comment %s", ch, iptQuote(tag(p.Att, iptCommentMax)))}
+// iptAttachment fills the attachment chain: the tag first (a rule that
+// only carries the comment), then the rules.
+func iptAttachment(tx *ruleset.Tx, p famPlan) {
+	nat := iptNat(p.Family)
+	tx.AddRule(nat, ruleset.Rule{Chain: iptAttChain(p.Key), Comment: tag(p.Att, iptCommentMax), Target: ruleset.Target{Kind: ruleset.None}})
 	for _, r := range p.Rules {
-		lines = append(lines, "-A "+ch+" "+iptRuleSpec(p, r))
+		tx.AddRule(nat, iptRule(p, r))
 	}
-	return lines
-}
-
-func iptPayload(lines []string) string {
-	return "*nat\n" + strings.Join(lines, "\n") + "\nCOMMIT\n"
 }
 
 // renderIPTAddNew is the one-transaction ADD of an attachment the table
 // does not have yet, on a table that has the base chains. It fails as a
 // whole (and changes nothing) when the attachment chain already exists or a
 // base chain it refers to is missing.
-func renderIPTAddNew(p famPlan) string {
-	lines := []string{"-N " + iptAttChain(p.Key)}
-	lines = append(lines, iptAttachmentLines(p)...)
-	lines = append(lines, fmt.Sprintf("-A %s -j %s", iptTop, iptAttChain(p.Key)))
-	return iptPayload(lines)
+func renderIPTAddNew(p famPlan) *ruleset.Tx {
+	tx := (&ruleset.Tx{}).CreateChain(iptNat(p.Family), ruleset.Chain{Name: iptAttChain(p.Key)})
+	iptAttachment(tx, p)
+	return tx.AddRule(iptNat(p.Family), jumpTo(iptTop, iptAttChain(p.Key)))
 }
 
 // renderIPTDel removes an attachment in one transaction; it fails as a
 // whole when the attachment is not (or not entirely) there.
-func renderIPTDel(key string) string {
-	ch := iptAttChain(key)
-	return iptPayload([]string{"-D " + iptTop + " -j " + ch, "-F " + ch, "-X " + ch})
+func renderIPTDel(f ruleset.IPVersion, key string) *ruleset.Tx {
+	ch, nat := iptAttChain(key), iptNat(f)
+	return (&ruleset.Tx{}).DeleteRule(nat, jumpTo(iptTop, ch)).FlushChain(nat, ch).DeleteChain(nat, ch)
 }
 
 // The renderers below work from the nat table of one family as read back
 // (nil: no table, or none read).
 
 // iptTag returns the tag comment of an attachment chain.
-func iptTag(st *firewall.Table, key string) string {
+func iptTag(st *installed.Table, key string) string {
 	for _, r := range rulesOf(st, iptAttChain(key)) {
 		if strings.HasPrefix(r.Comment, tagPrefix) {
 			return r.Comment
@@ -135,145 +144,145 @@ func iptTag(st *firewall.Table, key string) string {
 	return ""
 }
 
-// iptDecl declares a chain in an iptables-restore payload: ":C - [0:0]"
-// creates it or flushes it if present; "-N C" (fresh) fails when it exists.
-func iptDecl(chain string, fresh bool) string {
+// iptDecl declares a chain: Add creates it or flushes it if present;
+// Create (fresh) fails when it exists.
+func iptDecl(tx *ruleset.Tx, nat ruleset.TableID, chain string, fresh bool) {
 	if fresh {
-		return "-N " + chain
+		tx.CreateChain(nat, ruleset.Chain{Name: chain})
+	} else {
+		tx.AddChain(nat, ruleset.Chain{Name: chain})
 	}
-	return ":" + chain + " - [0:0]"
 }
 
 // renderIPTAddFresh is the one-transaction ADD on a table without any
 // meshwire portmap chain (the first attachment on the node, or the first
 // after the last one left): base and attachment together. Chains are
-// created with -N, so it fails as a whole when any of them exists.
-func renderIPTAddFresh(p famPlan) string { return iptPayload(iptEnsureLines(nil, p, true)) }
+// created (-N), so it fails as a whole when any of them exists.
+func renderIPTAddFresh(p famPlan) *ruleset.Tx { return iptEnsure(nil, p, true) }
 
 // renderIPTEnsure is the slow-path ADD: it creates whatever base piece the
 // table lacks, (re)fills the attachment chain and adds the jump unless it is
 // there. st is the table as read under the node lock.
-func renderIPTEnsure(st *firewall.Table, p famPlan) string {
-	return iptPayload(iptEnsureLines(st, p, false))
-}
+func renderIPTEnsure(st *installed.Table, p famPlan) *ruleset.Tx { return iptEnsure(st, p, false) }
 
-func iptEnsureLines(st *firewall.Table, p famPlan, fresh bool) []string {
-	lines := iptBaseLines(st, p.MarkBit, fresh)
+func iptEnsure(st *installed.Table, p famPlan, fresh bool) *ruleset.Tx {
+	tx := &ruleset.Tx{}
+	nat := iptNat(p.Family)
+	iptBase(tx, nat, st, p.MarkBit, fresh)
 	ch := iptAttChain(p.Key)
-	lines = append(lines, iptDecl(ch, fresh)) // create, or flush if present
-	lines = append(lines, iptAttachmentLines(p)...)
+	iptDecl(tx, nat, ch, fresh) // create, or flush if present
+	iptAttachment(tx, p)
 	if len(jumps(st, iptTop, ch)) == 0 {
-		lines = append(lines, fmt.Sprintf("-A %s -j %s", iptTop, ch))
+		tx.AddRule(nat, jumpTo(iptTop, ch))
 	}
-	return lines
+	return tx
 }
 
-// iptBaseLines creates the missing base chains and jumps. markBit < 0 means
+// iptBase creates the missing base chains and jumps. markBit < 0 means
 // the attachment needs no marking chain.
-func iptBaseLines(st *firewall.Table, markBit int, fresh bool) []string {
-	var lines []string
+func iptBase(tx *ruleset.Tx, nat ruleset.TableID, st *installed.Table, markBit int, fresh bool) {
 	if st.Chain(iptTop) == nil {
-		lines = append(lines, iptDecl(iptTop, fresh))
+		iptDecl(tx, nat, iptTop, fresh)
 	}
 	for _, hook := range []string{"PREROUTING", "OUTPUT"} {
 		if len(jumps(st, hook, iptTop)) == 0 {
-			lines = append(lines, fmt.Sprintf("-A %s -m addrtype --dst-type LOCAL -m comment --comment %s -j %s", hook, iptQuote(iptBaseNote), iptTop))
+			r := jumpTo(hook, iptTop)
+			r.Match, r.Comment = []ruleset.Match{{Kind: ruleset.MatchDstType, Name: "LOCAL"}}, iptBaseNote
+			tx.AddRule(nat, r)
 		}
 	}
 	if markBit < 0 {
-		return lines
+		return
 	}
 	if st.Chain(iptMasq) == nil {
-		lines = append(lines, iptDecl(iptMasq, fresh))
+		iptDecl(tx, nat, iptMasq, fresh)
 	}
 	if len(jumps(st, "POSTROUTING", iptMasq)) == 0 {
-		lines = append(lines, fmt.Sprintf("-I POSTROUTING 1 -m comment --comment %s -j %s", iptQuote(iptMasqNote), iptMasq))
+		r := jumpTo("POSTROUTING", iptMasq)
+		r.Comment = iptMasqNote
+		tx.InsertRule(nat, 0, r)
 	}
+	bit := uint32(1) << markBit
 	mark := iptMarkChain(markBit)
 	if st.Chain(mark) == nil {
-		lines = append(lines, iptDecl(mark, fresh), fmt.Sprintf("-A %s -j MARK --set-xmark %s", mark, markValue(markBit)))
+		iptDecl(tx, nat, mark, fresh)
+		tx.AddRule(nat, ruleset.Rule{Chain: mark, Target: ruleset.Target{Kind: ruleset.SetMark, Mark: bit, Mask: bit}})
 	}
 	if !slices.ContainsFunc(rulesOf(st, iptMasq), masqueradesBit(markBit)) {
-		lines = append(lines, fmt.Sprintf("-A %s -m mark --mark %s -j MASQUERADE", iptMasq, markValue(markBit)))
+		tx.AddRule(nat, ruleset.Rule{Chain: iptMasq, Match: []ruleset.Match{{Kind: ruleset.MatchMark, Value: bit, Mask: bit}},
+			Target: ruleset.Target{Kind: ruleset.Masquerade}})
 	}
-	return lines
 }
 
 // masqueradesBit: the rule of MWHP-MASQ for a mark bit
 // (-m mark --mark bit/bit -j MASQUERADE).
-func masqueradesBit(bit int) func(firewall.Rule) bool {
+func masqueradesBit(bit int) func(installed.Rule) bool {
 	v := uint32(1) << bit
-	return func(r firewall.Rule) bool {
+	return func(r installed.Rule) bool {
 		return r.Target == "MASQUERADE" && r.HasMark && !r.NotMark && r.Mark == v && r.MarkMask == v &&
 			r.Unknown == "" && !r.Src.IsValid() && !r.Dst.IsValid() && r.Proto == ""
 	}
 }
 
-// iptDelete is the line that removes a rule read back, in an
-// iptables-restore payload. A rule the typed fields do not wholly describe
-// (never one of meshwire's) gets none: the transaction then fails on the
-// chain it leaves behind, which changes nothing.
-func iptDelete(r firewall.Rule) []string {
-	spec, ok := r.IPTablesSpec()
-	if !ok {
-		return nil
+// iptDelete removes a rule read back, by its iptables form. A rule the
+// typed fields do not wholly describe (never one of meshwire's) is left:
+// the transaction then fails on the chain it leaves behind, which changes
+// nothing.
+func iptDelete(tx *ruleset.Tx, nat ruleset.TableID, r installed.Rule) {
+	if spec, ok := r.IPTablesSpec(); ok {
+		tx.DeleteRef(nat, ruleset.RuleRef{Chain: r.Chain, Spec: spec})
 	}
-	return []string{fmt.Sprintf("-D %s %s", r.Chain, spec)}
 }
 
 // renderIPTRemove removes the given attachments (jump, rules, chain) as the
-// table shows them and, with teardown, the base when nothing else is left
-// in it. It returns "" when there is nothing to do.
-func renderIPTRemove(st *firewall.Table, keys []string, teardown bool) string {
-	var lines []string
+// table of family f shows them and, with teardown, the base when nothing
+// else is left in it. It is empty when there is nothing to do.
+func renderIPTRemove(f ruleset.IPVersion, st *installed.Table, keys []string, teardown bool) *ruleset.Tx {
+	tx := &ruleset.Tx{}
+	nat := iptNat(f)
 	for _, k := range keys {
 		ch := iptAttChain(k)
 		if st != nil {
 			for _, c := range st.Chains {
 				for _, r := range jumpsIn(c.Rules, ch) {
-					lines = append(lines, iptDelete(r)...)
+					iptDelete(tx, nat, r)
 				}
 			}
 		}
 		if st.Chain(ch) != nil {
-			lines = append(lines, "-F "+ch, "-X "+ch)
+			tx.FlushChain(nat, ch).DeleteChain(nat, ch)
 		}
 	}
 	if teardown && remaining(attachmentKeys(st, iptPrefix), keys) == 0 {
-		lines = append(lines, iptTeardownLines(st)...)
+		iptTeardown(tx, nat, st)
 	}
-	if len(lines) == 0 {
-		return ""
-	}
-	return iptPayload(lines)
+	return tx
 }
 
-// iptTeardownLines removes the base. `-X` of a chain that still has rules
-// or references fails, which aborts the whole transaction: an attachment
+// iptTeardown removes the base. Deleting a chain that still has rules or
+// references fails, which aborts the whole transaction: an attachment
 // added concurrently keeps the base alive.
-func iptTeardownLines(st *firewall.Table) []string {
-	var lines []string
+func iptTeardown(tx *ruleset.Tx, nat ruleset.TableID, st *installed.Table) {
 	for _, hook := range []string{"PREROUTING", "OUTPUT"} {
 		for _, r := range jumps(st, hook, iptTop) {
-			lines = append(lines, iptDelete(r)...)
+			iptDelete(tx, nat, r)
 		}
 	}
 	for _, r := range jumps(st, "POSTROUTING", iptMasq) {
-		lines = append(lines, iptDelete(r)...)
+		iptDelete(tx, nat, r)
 	}
 	if st.Chain(iptTop) != nil {
-		lines = append(lines, "-X "+iptTop)
+		tx.DeleteChain(nat, iptTop)
 	}
 	for _, ch := range sortedChains(st, iptMarkPrefx) {
-		lines = append(lines, "-F "+ch, "-X "+ch)
+		tx.FlushChain(nat, ch).DeleteChain(nat, ch)
 	}
 	if st.Chain(iptMasq) != nil {
-		lines = append(lines, "-F "+iptMasq, "-X "+iptMasq)
+		tx.FlushChain(nat, iptMasq).DeleteChain(nat, iptMasq)
 	}
-	return lines
 }
 
 // iptHasBase reports whether any base piece is present.
-func iptHasBase(st *firewall.Table) bool {
+func iptHasBase(st *installed.Table) bool {
 	return st.Chain(iptTop) != nil || st.Chain(iptMasq) != nil || len(sortedChains(st, iptMarkPrefx)) > 0
 }

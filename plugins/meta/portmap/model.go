@@ -8,7 +8,7 @@ import (
 	current "github.com/containernetworking/cni/pkg/types/100"
 
 	"github.com/meshwire/meshwire/internal/attachment"
-	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // An attachment is an attachment.ID: one (container, interface) pair on
@@ -93,7 +93,7 @@ type rule struct {
 
 // famPlan is everything one ADD installs for one address family.
 type famPlan struct {
-	Family firewall.Family
+	Family ruleset.IPVersion
 	Key    string
 	Att    attachment.ID
 	Conds  []string
@@ -112,10 +112,10 @@ type famPlan struct {
 func plan(c *config, a attachment.ID, v4, v6 *net.IPNet) []famPlan {
 	var out []famPlan
 	for _, fam := range []struct {
-		f     firewall.Family
+		f     ruleset.IPVersion
 		addr  *net.IPNet
 		conds []string
-	}{{firewall.V4, v4, c.CondV4}, {firewall.V6, v6, c.CondV6}} {
+	}{{ruleset.V4, v4, c.CondV4}, {ruleset.V6, v6, c.CondV6}} {
 		if fam.addr == nil {
 			continue
 		}
@@ -139,7 +139,7 @@ func plan(c *config, a attachment.ID, v4, v6 *net.IPNet) []famPlan {
 					hp.Src = subnet
 				}
 				p.Rules = append(p.Rules, hp)
-				if fam.f == firewall.V4 && !c.MasqAll {
+				if fam.f == ruleset.V4 && !c.MasqAll {
 					lo := base
 					lo.Action = actMark
 					lo.Src = &net.IPNet{IP: net.IPv4(127, 0, 0, 1).To4(), Mask: net.CIDRMask(32, 32)}
@@ -157,11 +157,11 @@ func plan(c *config, a attachment.ID, v4, v6 *net.IPNet) []famPlan {
 	return out
 }
 
-func appliesTo(m mapping, f firewall.Family) bool {
+func appliesTo(m mapping, f ruleset.IPVersion) bool {
 	if m.HostIP == nil {
 		return true
 	}
-	return (m.HostIP.To4() != nil) == (f == firewall.V4)
+	return (m.HostIP.To4() != nil) == (f == ruleset.V4)
 }
 
 // needsLocalnet reports whether 127.0.0.1 can be a destination of the IPv4
@@ -180,7 +180,7 @@ func needsLocalnet(c *config) bool {
 }
 
 // udpPorts lists the UDP host ports of the mappings that apply to a family.
-func udpPorts(ms []mapping, f firewall.Family) []int {
+func udpPorts(ms []mapping, f ruleset.IPVersion) []int {
 	var out []int
 	for _, m := range ms {
 		if m.Protocol == "udp" && appliesTo(m, f) {

@@ -7,7 +7,8 @@ import (
 	"strings"
 
 	"github.com/meshwire/meshwire/internal/attachment"
-	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/installed"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // nftables layout: one table for both families.
@@ -41,80 +42,72 @@ const (
 func nftAttChain(key string) string { return nftPrefix + key }
 func nftMarkChain(bit int) string   { return fmt.Sprintf("%s%d", nftMarkPrefix, bit) }
 
-func nftFamily(f firewall.Family) (nfproto, ipx string) {
-	if f == firewall.V6 {
-		return "ipv6", "ip6"
+// nftID is the table.
+var nftID = ruleset.TableID{Family: ruleset.Inet, Name: nftTable}
+
+// nftRule is one rule of an attachment chain: the family, the user's
+// conditions (conditionsV4/V6, verbatim), the mapping's matches, the
+// target.
+func nftRule(p famPlan, r rule) ruleset.Rule {
+	nfproto := "ipv4"
+	if p.Family == ruleset.V6 {
+		nfproto = "ipv6"
 	}
-	return "ipv4", "ip"
+	m := []ruleset.Match{{Kind: ruleset.MatchNfproto, Name: nfproto}}
+	if len(p.Conds) > 0 {
+		m = append(m, ruleset.Match{Kind: ruleset.MatchRaw, Args: p.Conds})
+	}
+	m = append(m, mappingMatches(r)...)
+	return ruleset.Rule{Family: p.Family, Chain: nftAttChain(p.Key), Match: m, Target: mappingTarget(r, nftMarkChain(p.MarkBit))}
 }
 
-func nftQuote(s string) string {
-	return `"` + strings.NewReplacer(`\`, ``, `"`, `'`).Replace(s) + `"`
-}
-
-// nftRuleExpr renders one rule of an attachment chain.
-func nftRuleExpr(p famPlan, r rule) string {
-	nfproto, ipx := nftFamily(p.Family)
-	b := []string{"meta nfproto " + nfproto}
-	b = append(b, p.Conds...)
-	if r.HostIP != nil {
-		b = append(b, ipx+" daddr "+r.HostIP.String())
-	}
-	if r.Action == actMark && r.Src != nil {
-		b = append(b, ipx+" saddr "+r.Src.String())
-	}
-	b = append(b, fmt.Sprintf("%s dport %d", r.Proto, r.HostPort))
-	switch r.Action {
-	case actMark:
-		b = append(b, "jump "+nftMarkChain(p.MarkBit))
-	case actDNAT:
-		b = append(b, fmt.Sprintf("dnat %s to %s", ipx, ipPort(r.To, r.ToPort)))
-	}
-	return strings.Join(b, " ")
-}
-
-// nftAttachmentLines fill an existing, empty attachment chain: the anchor
+// nftAttachment fills an existing, empty attachment chain: the anchor
 // reference, then the rules of each family.
-func nftAttachmentLines(key string, plans []famPlan) []string {
+func nftAttachment(tx *ruleset.Tx, key string, plans []famPlan) {
 	ch := nftAttChain(key)
-	lines := []string{fmt.Sprintf("add rule %s %s jump %s", nftFQ, ch, nftAnchor)}
+	tx.AddRule(nftID, jumpTo(ch, nftAnchor))
 	for _, p := range plans {
 		for _, r := range p.Rules {
-			lines = append(lines, fmt.Sprintf("add rule %s %s %s", nftFQ, ch, nftRuleExpr(p, r)))
+			tx.AddRule(nftID, nftRule(p, r))
 		}
 	}
-	return lines
 }
 
-func nftChainDecl(verb, key string, a attachment.ID) string {
-	return fmt.Sprintf("%s chain %s %s { comment %s; }", verb, nftFQ, nftAttChain(key), nftQuote(tag(a, nftCommentMax)))
+// planKey is the key the plans name the attachment by (a's current key
+// when there are none).
+func planKey(a attachment.ID, plans []famPlan) string {
+	if len(plans) > 0 {
+		return plans[0].Key
+	}
+	return a.PortmapKey()
 }
 
-func nftScript(lines []string) string { return strings.Join(lines, "\n") + "\n" }
+func nftAttDecl(key string, a attachment.ID) ruleset.Chain {
+	return ruleset.Chain{Name: nftAttChain(key), Comment: tag(a, nftCommentMax)}
+}
 
 // renderNFTAddNew is the one-transaction ADD of an attachment the table does
 // not have yet, on a table that has the base (and the mark chains the plans
 // use). Both families go into the same transaction.
-func renderNFTAddNew(a attachment.ID, plans []famPlan) string {
-	key := a.PortmapKey()
-	lines := []string{nftChainDecl("create", key, a)}
-	lines = append(lines, nftAttachmentLines(key, plans)...)
-	lines = append(lines, fmt.Sprintf("add rule %s %s jump %s", nftFQ, nftHostports, nftAttChain(key)))
-	return nftScript(lines)
+func renderNFTAddNew(a attachment.ID, plans []famPlan) *ruleset.Tx {
+	key := planKey(a, plans)
+	tx := (&ruleset.Tx{}).CreateChain(nftID, nftAttDecl(key, a))
+	nftAttachment(tx, key, plans)
+	return tx.AddRule(nftID, jumpTo(nftHostports, nftAttChain(key)))
 }
 
 // renderNFTAddFresh is the one-transaction ADD on a node without the
-// table: `create table` fails when it exists, which aborts the whole
+// table: creating the table fails when it exists, which aborts the whole
 // transaction.
-func renderNFTAddFresh(a attachment.ID, plans []famPlan) string {
-	return nftScript(nftEnsureLines(nil, a, plans, "create"))
+func renderNFTAddFresh(a attachment.ID, plans []famPlan) *ruleset.Tx {
+	return nftEnsure(nil, a, plans, true)
 }
 
 // The renderers below work from the table inet meshwire_portmap as read
 // back (nil: no table), or from the few chains of it a fast path read.
 
 // nftMarkBits lists the mark bits whose mark chain is in the table.
-func nftMarkBits(st *firewall.Table) []int {
+func nftMarkBits(st *installed.Table) []int {
 	var bits []int
 	for _, name := range sortedChains(st, nftMarkPrefix) {
 		if b, err := strconv.Atoi(strings.TrimPrefix(name, nftMarkPrefix)); err == nil {
@@ -129,11 +122,11 @@ func nftMarkBits(st *firewall.Table) []int {
 // table or chain that exists is a no-op; the hook chains are flushed and
 // refilled, so they never hold duplicates), the attachment chain is created
 // or flushed and filled, and the jump is added unless present.
-func renderNFTEnsure(st *firewall.Table, a attachment.ID, plans []famPlan) string {
-	return nftScript(nftEnsureLines(st, a, plans, "add"))
+func renderNFTEnsure(st *installed.Table, a attachment.ID, plans []famPlan) *ruleset.Tx {
+	return nftEnsure(st, a, plans, false)
 }
 
-func nftEnsureLines(st *firewall.Table, a attachment.ID, plans []famPlan, tableVerb string) []string {
+func nftEnsure(st *installed.Table, a attachment.ID, plans []famPlan, fresh bool) *ruleset.Tx {
 	bits := map[int]bool{}
 	for _, b := range nftMarkBits(st) {
 		bits[b] = true
@@ -143,80 +136,84 @@ func nftEnsureLines(st *firewall.Table, a attachment.ID, plans []famPlan, tableV
 			bits[p.MarkBit] = true
 		}
 	}
-	lines := nftBaseLines(bits, tableVerb)
-	key := a.PortmapKey()
+	tx := nftBase(bits, fresh)
+	key := planKey(a, plans)
 	ch := nftAttChain(key)
 	if st.Chain(ch) != nil {
-		lines = append(lines, fmt.Sprintf("flush chain %s %s", nftFQ, ch))
+		tx.FlushChain(nftID, ch)
 	} else {
-		lines = append(lines, nftChainDecl("add", key, a))
+		tx.AddChain(nftID, nftAttDecl(key, a))
 	}
-	lines = append(lines, nftAttachmentLines(key, plans)...)
+	nftAttachment(tx, key, plans)
 	if len(jumps(st, nftHostports, ch)) == 0 {
-		lines = append(lines, fmt.Sprintf("add rule %s %s jump %s", nftFQ, nftHostports, ch))
+		tx.AddRule(nftID, jumpTo(nftHostports, ch))
 	}
-	return lines
+	return tx
 }
 
-func nftBaseLines(bits map[int]bool, tableVerb string) []string {
-	lines := []string{
-		fmt.Sprintf("%s table %s { comment %s; }", tableVerb, nftFQ, nftQuote("meshwire portmap: host ports of pods")),
-		fmt.Sprintf("add chain %s %s", nftFQ, nftHostports),
-		fmt.Sprintf("add chain %s %s { comment %s; }", nftFQ, nftAnchor, nftQuote("every attachment chain refers to this chain: it keeps the table while attachments exist")),
-		fmt.Sprintf("add chain %s prerouting { type nat hook prerouting priority dstnat; policy accept; }", nftFQ),
-		fmt.Sprintf("add chain %s output { type nat hook output priority -100; policy accept; }", nftFQ),
-		fmt.Sprintf("add chain %s postrouting { type nat hook postrouting priority srcnat; policy accept; }", nftFQ),
-		fmt.Sprintf("flush chain %s prerouting", nftFQ),
-		fmt.Sprintf("add rule %s prerouting fib daddr type local jump %s", nftFQ, nftHostports),
-		fmt.Sprintf("flush chain %s output", nftFQ),
-		fmt.Sprintf("add rule %s output fib daddr type local jump %s", nftFQ, nftHostports),
-		fmt.Sprintf("flush chain %s postrouting", nftFQ),
+// nftBase declares the table and its base chains (created, with fresh)
+// and refills the hook chains and the mark chains of bits.
+func nftBase(bits map[int]bool, fresh bool) *ruleset.Tx {
+	tx := &ruleset.Tx{}
+	table := ruleset.Table{Family: ruleset.Inet, Name: nftTable, Comment: "meshwire portmap: host ports of pods"}
+	if fresh {
+		tx.CreateTable(table)
+	} else {
+		tx.AddTable(table)
 	}
+	nat := func(hook string, prio int, name string) *ruleset.BaseChain {
+		return &ruleset.BaseChain{Type: "nat", Hook: hook, Priority: prio, PriorityName: name}
+	}
+	local := []ruleset.Match{{Kind: ruleset.MatchDstType, Name: "LOCAL"}}
+	tx.AddChain(nftID, ruleset.Chain{Name: nftHostports}).
+		AddChain(nftID, ruleset.Chain{Name: nftAnchor, Comment: "every attachment chain refers to this chain: it keeps the table while attachments exist"}).
+		AddChain(nftID, ruleset.Chain{Name: "prerouting", Base: nat("prerouting", -100, "dstnat")}).
+		AddChain(nftID, ruleset.Chain{Name: "output", Base: nat("output", -100, "")}).
+		AddChain(nftID, ruleset.Chain{Name: "postrouting", Base: nat("postrouting", 100, "srcnat")})
+	for _, hook := range []string{"prerouting", "output"} {
+		r := jumpTo(hook, nftHostports)
+		r.Match = local
+		tx.FlushChain(nftID, hook).AddRule(nftID, r)
+	}
+	tx.FlushChain(nftID, "postrouting")
 	var sorted []int
 	for b := range bits {
 		sorted = append(sorted, b)
 	}
 	sort.Ints(sorted)
 	for _, b := range sorted {
-		v := fmt.Sprintf("%#08x", uint32(1)<<b)
-		lines = append(lines,
-			fmt.Sprintf("add rule %s postrouting meta mark & %s == %s masquerade", nftFQ, v, v),
-			fmt.Sprintf("add chain %s %s", nftFQ, nftMarkChain(b)),
-			fmt.Sprintf("flush chain %s %s", nftFQ, nftMarkChain(b)),
-			fmt.Sprintf("add rule %s %s meta mark set meta mark or %s", nftFQ, nftMarkChain(b), v),
-		)
+		v := uint32(1) << b
+		mark := nftMarkChain(b)
+		tx.AddRule(nftID, ruleset.Rule{Chain: "postrouting", Match: []ruleset.Match{{Kind: ruleset.MatchMark, Value: v, Mask: v}},
+			Target: ruleset.Target{Kind: ruleset.Masquerade}})
+		tx.AddChain(nftID, ruleset.Chain{Name: mark}).FlushChain(nftID, mark).
+			AddRule(nftID, ruleset.Rule{Chain: mark, Target: ruleset.Target{Kind: ruleset.SetMark, Mark: v, Mask: v}})
 	}
-	return lines
+	return tx
 }
 
 // renderNFTRemove removes the given attachments as the table (or the
 // chains read of it) shows them; with teardown it also removes the table,
 // guarded by the anchor.
-func renderNFTRemove(st *firewall.Table, keys []string, teardown bool) string {
-	var lines []string
+func renderNFTRemove(st *installed.Table, keys []string, teardown bool) *ruleset.Tx {
+	tx := &ruleset.Tx{}
 	for _, k := range keys {
 		ch := nftAttChain(k)
 		for _, r := range jumps(st, nftHostports, ch) {
-			lines = append(lines, fmt.Sprintf("delete rule %s %s handle %d", nftFQ, nftHostports, r.Handle))
+			tx.DeleteRef(nftID, ruleset.RuleRef{Chain: nftHostports, Handle: r.Handle})
 		}
 		if st.Chain(ch) != nil {
-			lines = append(lines, fmt.Sprintf("delete chain %s %s", nftFQ, ch))
+			tx.DeleteChain(nftID, ch)
 		}
 	}
 	if teardown && st != nil {
-		lines = append(lines, nftTeardownLines()...)
+		tx.Append(nftTeardown())
 	}
-	if len(lines) == 0 {
-		return ""
-	}
-	return nftScript(lines)
+	return tx
 }
 
-// nftTeardownLines delete the table; deleting the anchor first fails while
+// nftTeardown deletes the table; deleting the anchor first fails while
 // any attachment chain (one added after the listing, too) refers to it.
-func nftTeardownLines() []string {
-	return []string{
-		fmt.Sprintf("delete chain %s %s", nftFQ, nftAnchor),
-		fmt.Sprintf("delete table %s", nftFQ),
-	}
+func nftTeardown() *ruleset.Tx {
+	return (&ruleset.Tx{}).DeleteChain(nftID, nftAnchor).DeleteTable(nftID)
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/killpoint"
 	"github.com/meshwire/meshwire/internal/refrules"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 const cmdTimeout = 60 * time.Second
@@ -89,7 +90,7 @@ func withDriver(ctx context.Context, c *config, fn func(driver, *firewall.Host) 
 func install(ctx context.Context, d driver, c *config, a attachment.ID, plans []famPlan, v4 *net.IPNet) error {
 	err := d.add(ctx, a, plans)
 	killpoint.Here("rules")
-	if err == nil && v4 != nil && planned(plans, firewall.V4) && needsLocalnet(c) {
+	if err == nil && v4 != nil && planned(plans, ruleset.V4) && needsLocalnet(c) {
 		err = enableLocalnet(v4.IP)
 	}
 	if err != nil {
@@ -104,7 +105,7 @@ func install(ctx context.Context, d driver, c *config, a attachment.ID, plans []
 	return nil
 }
 
-func planned(plans []famPlan, f firewall.Family) bool {
+func planned(plans []famPlan, f ruleset.IPVersion) bool {
 	for _, p := range plans {
 		if p.Family == f {
 			return true
@@ -113,8 +114,8 @@ func planned(plans []famPlan, f firewall.Family) bool {
 	return false
 }
 
-func families(plans []famPlan) []firewall.Family {
-	var out []firewall.Family
+func families(plans []famPlan) []ruleset.IPVersion {
+	var out []ruleset.IPVersion
 	for _, p := range plans {
 		out = append(out, p.Family)
 	}
@@ -130,7 +131,7 @@ func cmdDel(args *skel.CmdArgs) error {
 	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()
 	fams := delFamilies(c, args.IfName)
-	var udp map[firewall.Family][]int
+	var udp map[ruleset.IPVersion][]int
 	err = withDriver(ctx, c, func(d driver, fw *firewall.Host) error {
 		var err error
 		if udp, err = d.del(ctx, a.PortmapKeys(), fams, len(c.Mappings) == 0); err != nil || len(c.Mappings) == 0 {
@@ -156,19 +157,19 @@ func cmdDel(args *skel.CmdArgs) error {
 
 // delFamilies narrows DEL to the families the container had addresses in
 // when the runtime passes prevResult (the ADD result); without it, both.
-func delFamilies(c *config, ifName string) []firewall.Family {
-	both := []firewall.Family{firewall.V4, firewall.V6}
+func delFamilies(c *config, ifName string) []ruleset.IPVersion {
+	both := []ruleset.IPVersion{ruleset.V4, ruleset.V6}
 	prev, err := c.raw.PrevResultCurrent()
 	if err != nil || prev == nil {
 		return both
 	}
 	v4, v6 := containerAddrs(prev, ifName)
-	var out []firewall.Family
+	var out []ruleset.IPVersion
 	if v4 != nil {
-		out = append(out, firewall.V4)
+		out = append(out, ruleset.V4)
 	}
 	if v6 != nil {
-		out = append(out, firewall.V6)
+		out = append(out, ruleset.V6)
 	}
 	if len(out) == 0 {
 		return both
@@ -252,12 +253,12 @@ func enableLocalnet(containerIP net.IP) error {
 // so that a client that kept sending to a port before it was mapped (or
 // after it was unmapped) does not stay stuck on a stale entry. Failures
 // are logged only: the mapping itself is in place.
-func flushUDP(f firewall.Family, ports []int) {
+func flushUDP(f ruleset.IPVersion, ports []int) {
 	if len(ports) == 0 {
 		return
 	}
 	family := netlink.InetFamily(unix.AF_INET)
-	if f == firewall.V6 {
+	if f == ruleset.V6 {
 		family = unix.AF_INET6
 	}
 	var filters []netlink.CustomConntrackFilter

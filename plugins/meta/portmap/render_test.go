@@ -9,7 +9,11 @@ import (
 
 	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/fwfake"
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
+	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/golden"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // goldenCases are the configs whose rendered rules are reviewed as golden
@@ -61,52 +65,73 @@ func TestGolden(t *testing.T) {
 			}
 			if kind == firewall.IPTables {
 				for _, p := range plans {
-					fmt.Fprintf(&b, "## iptables IPv%d: ADD (new attachment)\n%s\n", p.Family, renderIPTAddNew(p))
-					var empty *firewall.Table // no nat table read
-					fmt.Fprintf(&b, "## iptables IPv%d: ADD (first attachment, no meshwire chain yet)\n%s\n", p.Family, renderIPTAddFresh(p))
-					fmt.Fprintf(&b, "## iptables IPv%d: ADD (slow path, empty table)\n%s\n", p.Family, renderIPTEnsure(empty, p))
+					fmt.Fprintf(&b, "## iptables IPv%d: ADD (new attachment)\n%s\n", p.Family, iptText(t, renderIPTAddNew(p)))
+					var empty *installed.Table // no nat table read
+					fmt.Fprintf(&b, "## iptables IPv%d: ADD (first attachment, no meshwire chain yet)\n%s\n", p.Family, iptText(t, renderIPTAddFresh(p)))
+					fmt.Fprintf(&b, "## iptables IPv%d: ADD (slow path, empty table)\n%s\n", p.Family, iptText(t, renderIPTEnsure(empty, p)))
 					applied := applyIPT(t, p, renderIPTEnsure(empty, p))
-					fmt.Fprintf(&b, "## iptables IPv%d: ADD (slow path, repeated)\n%s\n", p.Family, renderIPTEnsure(applied, p))
-					fmt.Fprintf(&b, "## iptables IPv%d: DEL\n%s\n", p.Family, renderIPTDel(p.Key))
-					fmt.Fprintf(&b, "## iptables IPv%d: remove the last attachment and the base\n%s\n", p.Family, renderIPTRemove(applied, []string{p.Key}, true))
+					fmt.Fprintf(&b, "## iptables IPv%d: ADD (slow path, repeated)\n%s\n", p.Family, iptText(t, renderIPTEnsure(applied, p)))
+					fmt.Fprintf(&b, "## iptables IPv%d: DEL\n%s\n", p.Family, iptText(t, renderIPTDel(p.Family, p.Key)))
+					fmt.Fprintf(&b, "## iptables IPv%d: remove the last attachment and the base\n%s\n", p.Family, iptText(t, renderIPTRemove(p.Family, applied, []string{p.Key}, true)))
 				}
 			}
 			if kind == firewall.NFTables || c.Backend == nil && c.Implied == "" {
-				fmt.Fprintf(&b, "## nftables: ADD (new attachment)\n%s\n", renderNFTAddNew(goldenAtt, plans))
-				var empty *firewall.Table // no table
-				fmt.Fprintf(&b, "## nftables: ADD (first attachment, no table yet)\n%s\n", renderNFTAddFresh(goldenAtt, plans))
-				fmt.Fprintf(&b, "## nftables: ADD (slow path, empty table)\n%s\n", renderNFTEnsure(empty, goldenAtt, plans))
+				fmt.Fprintf(&b, "## nftables: ADD (new attachment)\n%s\n", nftText(t, renderNFTAddNew(goldenAtt, plans)))
+				var empty *installed.Table // no table
+				fmt.Fprintf(&b, "## nftables: ADD (first attachment, no table yet)\n%s\n", nftText(t, renderNFTAddFresh(goldenAtt, plans)))
+				fmt.Fprintf(&b, "## nftables: ADD (slow path, empty table)\n%s\n", nftText(t, renderNFTEnsure(empty, goldenAtt, plans)))
 				st := nftListing(goldenAtt.PortmapKey(), plans)
-				fmt.Fprintf(&b, "## nftables: DEL of the last attachment\n%s\n", renderNFTRemove(st, []string{goldenAtt.PortmapKey()}, true))
+				fmt.Fprintf(&b, "## nftables: DEL of the last attachment\n%s\n", nftText(t, renderNFTRemove(st, []string{goldenAtt.PortmapKey()}, true)))
 			}
 			golden.Check(t, gc.name, b.String())
 		})
 	}
 }
 
-// applyIPT is the nat table of p's family after payload, as an
-// nf_tables-backed iptables reads it back (typed rules, no text: the
-// removal then renders its -D lines from the typed fields). The node has
-// the external marking chain p uses, if any.
-func applyIPT(t *testing.T, p famPlan, payload string) *firewall.Table {
+// iptText is tx as iptables-restore gets it.
+func iptText(t *testing.T, tx *ruleset.Tx) string {
+	t.Helper()
+	s, err := fwtext.IPTablesRestore(tx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// nftText is tx as nft -f gets it.
+func nftText(t *testing.T, tx *ruleset.Tx) string {
+	t.Helper()
+	s, err := fwtext.NftScript(tx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// applyIPT is the nat table of p's family after tx, as an nf_tables-backed
+// iptables reads it back (typed rules, no text: the removal then renders
+// its -D lines from the typed fields). The node has the external marking
+// chain p uses, if any.
+func applyIPT(t *testing.T, p famPlan, tx *ruleset.Tx) *installed.Table {
 	t.Helper()
 	f := p.Family
-	fake := firewall.NewFake(firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantNFT})
+	fake := fwfake.New(firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantNFT})
 	if p.ExternalMark != "" {
-		if err := fake.Restore(context.Background(), f, iptPayload([]string{iptDecl(p.ExternalMark, true)})); err != nil {
+		ext := (&ruleset.Tx{}).CreateChain(iptNat(f), ruleset.Chain{Name: p.ExternalMark})
+		if err := fake.Apply(context.Background(), ext); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := fake.Restore(context.Background(), f, payload); err != nil {
-		t.Fatalf("restore:\n%s\n%v", payload, err)
+	if err := fake.Apply(context.Background(), tx); err != nil {
+		t.Fatalf("apply:\n%s\n%v", iptText(t, tx), err)
 	}
 	return fake.Table(f.Tables(), "nat")
 }
 
 // nftListing is the table as read back after the attachment's ADD.
-func nftListing(key string, plans []famPlan) *firewall.Table {
+func nftListing(key string, plans []famPlan) *installed.Table {
 	return tableOf(nftTable,
-		&firewall.Chain{Name: nftHostports, Rules: []firewall.Rule{{Chain: nftHostports, Jump: nftAttChain(key), Handle: 7}}},
-		&firewall.Chain{Name: nftAttChain(key), Comment: tag(goldenAtt, nftCommentMax)},
-		&firewall.Chain{Name: nftAnchor})
+		&installed.Chain{Name: nftHostports, Rules: []installed.Rule{{Chain: nftHostports, Jump: nftAttChain(key), Handle: 7}}},
+		&installed.Chain{Name: nftAttChain(key), Comment: tag(goldenAtt, nftCommentMax)},
+		&installed.Chain{Name: nftAnchor})
 }

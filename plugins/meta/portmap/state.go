@@ -3,22 +3,24 @@ package main
 import (
 	"cmp"
 	"fmt"
+	"net/netip"
 	"slices"
 	"sort"
 	"strings"
 
 	"github.com/meshwire/meshwire/internal/attachment"
-	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/installed"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // What portmap reads back: its own objects only, as typed rules from the
 // firewall front door (firewall.Interface), never as the tools' text. For
 // iptables that is the nat table of one family, for nftables the table
 // inet meshwire_portmap; the fast paths read one chain of it. A nil
-// *firewall.Table or *firewall.Chain is one that is not there.
+// *installed.Table or *installed.Chain is one that is not there.
 
 // rulesOf returns the rules of chain in t.
-func rulesOf(t *firewall.Table, chain string) []firewall.Rule {
+func rulesOf(t *installed.Table, chain string) []installed.Rule {
 	if c := t.Chain(chain); c != nil {
 		return c.Rules
 	}
@@ -26,8 +28,8 @@ func rulesOf(t *firewall.Table, chain string) []firewall.Rule {
 }
 
 // jumpsIn returns the rules that jump to target.
-func jumpsIn(rules []firewall.Rule, target string) []firewall.Rule {
-	var out []firewall.Rule
+func jumpsIn(rules []installed.Rule, target string) []installed.Rule {
+	var out []installed.Rule
 	for _, r := range rules {
 		if r.Jump == target {
 			out = append(out, r)
@@ -37,7 +39,7 @@ func jumpsIn(rules []firewall.Rule, target string) []firewall.Rule {
 }
 
 // jumps returns the rules of chain in t that jump to target.
-func jumps(t *firewall.Table, chain, target string) []firewall.Rule {
+func jumps(t *installed.Table, chain, target string) []installed.Rule {
 	return jumpsIn(rulesOf(t, chain), target)
 }
 
@@ -57,7 +59,7 @@ func isKey(s string) bool {
 
 // attachmentKeys lists the keys of t's attachment chains (prefix + key),
 // sorted.
-func attachmentKeys(t *firewall.Table, prefix string) []string {
+func attachmentKeys(t *installed.Table, prefix string) []string {
 	var keys []string
 	if t != nil {
 		for _, c := range t.Chains {
@@ -72,12 +74,12 @@ func attachmentKeys(t *firewall.Table, prefix string) []string {
 
 // tableOf is a table holding just the chains given (those read one by one
 // on a fast path), in the order given.
-func tableOf(name string, chains ...*firewall.Chain) *firewall.Table {
-	return &firewall.Table{Name: name, Chains: chains}
+func tableOf(name string, chains ...*installed.Chain) *installed.Table {
+	return &installed.Table{Name: name, Chains: chains}
 }
 
 // presentKeys are the keys whose attachment chain is in t.
-func presentKeys(t *firewall.Table, prefix string, keys []string) []string {
+func presentKeys(t *installed.Table, prefix string, keys []string) []string {
 	var out []string
 	for _, k := range keys {
 		if t.Chain(prefix+k) != nil {
@@ -106,20 +108,20 @@ func planSigs(p famPlan) []string {
 		if r.HostIP != nil {
 			h = r.HostIP.String()
 		}
-		out = append(out, mappingSig(r.Proto, r.HostPort, h, ipPort(r.To, r.ToPort)))
+		out = append(out, mappingSig(r.Proto, r.HostPort, h, netip.AddrPortFrom(addrOf(r.To), uint16(r.ToPort)).String()))
 	}
 	sort.Strings(out)
 	return out
 }
 
 // isDNAT: a rule that maps a host port (what planSigs describes).
-func isDNAT(r firewall.Rule) bool {
+func isDNAT(r installed.Rule) bool {
 	return r.Target == "DNAT" && r.ToDest.IsValid() && r.Proto != "" && r.DPort != 0
 }
 
 // mappingSigs reads the DNAT rules of an attachment chain back (for
 // nftables, of both families).
-func mappingSigs(rules []firewall.Rule) []string {
+func mappingSigs(rules []installed.Rule) []string {
 	var out []string
 	for _, r := range rules {
 		if !isDNAT(r) {
@@ -140,15 +142,15 @@ func mappingSigs(rules []firewall.Rule) []string {
 
 // udpPortsOf lists the UDP host ports of an attachment chain's DNAT rules,
 // per family (that of the address they map to).
-func udpPortsOf(rules []firewall.Rule) map[firewall.Family][]int {
-	out := map[firewall.Family][]int{}
+func udpPortsOf(rules []installed.Rule) map[ruleset.IPVersion][]int {
+	out := map[ruleset.IPVersion][]int{}
 	for _, r := range rules {
 		if !isDNAT(r) || r.Proto != "udp" {
 			continue
 		}
-		f := firewall.V4
+		f := ruleset.V4
 		if !r.ToDest.Addr().Unmap().Is4() {
-			f = firewall.V6
+			f = ruleset.V6
 		}
 		out[f] = append(out[f], int(r.DPort))
 	}
@@ -156,7 +158,7 @@ func udpPortsOf(rules []firewall.Rule) map[firewall.Family][]int {
 }
 
 // mergePorts adds the ports of more to into.
-func mergePorts(into, more map[firewall.Family][]int) {
+func mergePorts(into, more map[ruleset.IPVersion][]int) {
 	for f, ports := range more {
 		into[f] = append(into[f], ports...)
 	}
@@ -164,7 +166,7 @@ func mergePorts(into, more map[firewall.Family][]int) {
 
 // sortedChains lists the chains of t whose name starts with prefix,
 // sorted.
-func sortedChains(t *firewall.Table, prefix string) []string {
+func sortedChains(t *installed.Table, prefix string) []string {
 	var out []string
 	if t != nil {
 		for _, c := range t.Chains {

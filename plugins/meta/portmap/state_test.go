@@ -5,7 +5,9 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
+	"github.com/meshwire/meshwire/internal/firewall/installed"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // A real iptables-save -t nat with two attachments and someone else's rules.
@@ -44,8 +46,8 @@ COMMIT
 // TestIPTState: what portmap makes of the nat table as read back (here
 // from legacy iptables' text, which the firewall front door parses).
 func TestIPTState(t *testing.T) {
-	var st *firewall.Table
-	for _, tb := range firewall.ParseIPTablesSave(firewall.V4, "nat", sampleSave) {
+	var st *installed.Table
+	for _, tb := range fwtext.ParseIPTablesSave(ruleset.V4, "nat", sampleSave) {
 		if tb.Name == "nat" {
 			st = tb
 		}
@@ -60,28 +62,28 @@ func TestIPTState(t *testing.T) {
 	if strings.Join(sigs, " ") != "tcp/30080@*->198.18.48.5:80 udp/30081@198.18.48.1->198.18.48.5:81" {
 		t.Fatalf("sigs %v", sigs)
 	}
-	if p := udpPortsOf(rulesOf(st, "MWHP-ec43057c07aaa51f"))[firewall.V4]; len(p) != 1 || p[0] != 30081 {
+	if p := udpPortsOf(rulesOf(st, "MWHP-ec43057c07aaa51f"))[ruleset.V4]; len(p) != 1 || p[0] != 30081 {
 		t.Fatalf("udp ports %v", p)
 	}
 	// Removing one attachment keeps the base; removing both tears it down,
 	// and KUBE-SERVICES is never touched.
-	one := renderIPTRemove(st, []string{"ec43057c07aaa51f"}, true)
+	one := iptText(t, renderIPTRemove(ruleset.V4, st, []string{"ec43057c07aaa51f"}, true))
 	if strings.Contains(one, "-X "+iptTop) || !strings.Contains(one, "-X MWHP-ec43057c07aaa51f") {
 		t.Fatalf("remove one:\n%s", one)
 	}
-	both := renderIPTRemove(st, attachmentKeys(st, iptPrefix), true)
+	both := iptText(t, renderIPTRemove(ruleset.V4, st, attachmentKeys(st, iptPrefix), true))
 	for _, want := range []string{"-X " + iptTop, "-X " + iptMasq, "-X MWHP-MARK-13", "-D PREROUTING -m addrtype"} {
 		if !strings.Contains(both, want) {
 			t.Fatalf("remove all lacks %q:\n%s", want, both)
 		}
 	}
-	if keep := renderIPTRemove(st, attachmentKeys(st, iptPrefix), false); strings.Contains(keep, "-X "+iptTop) || !strings.Contains(keep, "-X MWHP-f61abc13cde44594") {
+	if keep := iptText(t, renderIPTRemove(ruleset.V4, st, attachmentKeys(st, iptPrefix), false)); strings.Contains(keep, "-X "+iptTop) || !strings.Contains(keep, "-X MWHP-f61abc13cde44594") {
 		t.Fatalf("remove all without teardown:\n%s", keep)
 	}
 	if strings.Contains(one+both, "KUBE") {
 		t.Fatal("touched another owner's rules")
 	}
-	if renderIPTRemove(nil, []string{"ec43057c07aaa51f"}, true) != "" {
+	if !renderIPTRemove(ruleset.V4, nil, []string{"ec43057c07aaa51f"}, true).Empty() {
 		t.Fatal("removal from an empty table is not a no-op")
 	}
 }
@@ -106,26 +108,26 @@ func TestIPTState(t *testing.T) {
 //		meta nfproto ipv6 udp dport 30080 dnat ip6 to [fd50:48::5]:80 # handle 44
 //	}
 //	chain pm-f61abc13cde44594 { comment "meshwire-portmap net=n2 if=eth0 id=c2"; jump anchor # handle 46 }
-func sampleNFT() *firewall.Table {
+func sampleNFT() *installed.Table {
 	att := "pm-ec43057c07aaa51f"
 	ap := netip.MustParseAddrPort
 	return tableOf(nftTable,
-		&firewall.Chain{Name: nftHostports, Rules: []firewall.Rule{
+		&installed.Chain{Name: nftHostports, Rules: []installed.Rule{
 			{Chain: nftHostports, Handle: 21, Jump: att},
 			{Chain: nftHostports, Handle: 55, Jump: "pm-f61abc13cde44594"},
 		}},
-		&firewall.Chain{Name: nftAnchor, Comment: "every attachment chain refers to this chain: it keeps the table while attachments exist"},
-		&firewall.Chain{Name: "prerouting", Hook: "prerouting", Rules: []firewall.Rule{{Chain: "prerouting", Handle: 32, DstLocal: true, Jump: nftHostports}}},
-		&firewall.Chain{Name: "output", Hook: "output", Rules: []firewall.Rule{{Chain: "output", Handle: 33, DstLocal: true, Jump: nftHostports}}},
-		&firewall.Chain{Name: "mark-13", Rules: []firewall.Rule{{Chain: "mark-13", Handle: 35, Target: "MARK", SetMark: 0x2000}}},
-		&firewall.Chain{Name: att, Comment: "meshwire-portmap net=n1 if=eth0 id=c1", Rules: []firewall.Rule{
+		&installed.Chain{Name: nftAnchor, Comment: "every attachment chain refers to this chain: it keeps the table while attachments exist"},
+		&installed.Chain{Name: "prerouting", Hook: "prerouting", Rules: []installed.Rule{{Chain: "prerouting", Handle: 32, DstLocal: true, Jump: nftHostports}}},
+		&installed.Chain{Name: "output", Hook: "output", Rules: []installed.Rule{{Chain: "output", Handle: 33, DstLocal: true, Jump: nftHostports}}},
+		&installed.Chain{Name: "mark-13", Rules: []installed.Rule{{Chain: "mark-13", Handle: 35, Target: "MARK", SetMark: 0x2000}}},
+		&installed.Chain{Name: att, Comment: "meshwire-portmap net=n1 if=eth0 id=c1", Rules: []installed.Rule{
 			{Chain: att, Handle: 36, Jump: nftAnchor},
-			{Chain: att, Handle: 37, IPFamily: firewall.V4, Src: netip.MustParsePrefix("198.18.48.0/24"), Proto: "tcp", DPort: 30080, Jump: "mark-13"},
-			{Chain: att, Handle: 39, IPFamily: firewall.V4, Proto: "tcp", DPort: 30080, Target: "DNAT", ToDest: ap("198.18.48.5:80")},
-			{Chain: att, Handle: 42, IPFamily: firewall.V4, Dst: netip.MustParsePrefix("198.18.48.1/32"), Proto: "udp", DPort: 30081, Target: "DNAT", ToDest: ap("198.18.48.5:81")},
-			{Chain: att, Handle: 44, IPFamily: firewall.V6, Proto: "udp", DPort: 30080, Target: "DNAT", ToDest: ap("[fd50:48::5]:80")},
+			{Chain: att, Handle: 37, IPFamily: ruleset.V4, Src: netip.MustParsePrefix("198.18.48.0/24"), Proto: "tcp", DPort: 30080, Jump: "mark-13"},
+			{Chain: att, Handle: 39, IPFamily: ruleset.V4, Proto: "tcp", DPort: 30080, Target: "DNAT", ToDest: ap("198.18.48.5:80")},
+			{Chain: att, Handle: 42, IPFamily: ruleset.V4, Dst: netip.MustParsePrefix("198.18.48.1/32"), Proto: "udp", DPort: 30081, Target: "DNAT", ToDest: ap("198.18.48.5:81")},
+			{Chain: att, Handle: 44, IPFamily: ruleset.V6, Proto: "udp", DPort: 30080, Target: "DNAT", ToDest: ap("[fd50:48::5]:80")},
 		}},
-		&firewall.Chain{Name: "pm-f61abc13cde44594", Comment: "meshwire-portmap net=n2 if=eth0 id=c2", Rules: []firewall.Rule{
+		&installed.Chain{Name: "pm-f61abc13cde44594", Comment: "meshwire-portmap net=n2 if=eth0 id=c2", Rules: []installed.Rule{
 			{Chain: "pm-f61abc13cde44594", Handle: 46, Jump: nftAnchor},
 		}},
 	)
@@ -150,14 +152,14 @@ func TestNFTState(t *testing.T) {
 		t.Fatalf("sigs %s", got)
 	}
 	udp := udpPortsOf(c.Rules)
-	if len(udp[firewall.V4]) != 1 || udp[firewall.V4][0] != 30081 || len(udp[firewall.V6]) != 1 {
+	if len(udp[ruleset.V4]) != 1 || udp[ruleset.V4][0] != 30081 || len(udp[ruleset.V6]) != 1 {
 		t.Fatalf("udp %v", udp)
 	}
-	script := renderNFTRemove(st, []string{"f61abc13cde44594"}, false)
+	script := nftText(t, renderNFTRemove(st, []string{"f61abc13cde44594"}, false))
 	if script != "delete rule inet meshwire_portmap hostports handle 55\ndelete chain inet meshwire_portmap pm-f61abc13cde44594\n" {
 		t.Fatalf("remove script:\n%s", script)
 	}
-	if renderNFTRemove(nil, nil, true) != "" {
+	if !renderNFTRemove(nil, nil, true).Empty() {
 		t.Fatal("empty listing")
 	}
 }

@@ -1,4 +1,4 @@
-package firewall
+package fwtext
 
 import (
 	"bytes"
@@ -9,6 +9,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // Reads of legacy iptables without its tools: which tables the namespace
@@ -23,9 +25,9 @@ import (
 // the thread group leader's namespace, not the one a thread entered:
 // /proc/thread-self/net is read, with one open and one read (this is on
 // every DEL's path).
-func legacyTables(fam TableFamily) ([]string, error) {
+func LegacyTables(fam ruleset.Family) ([]string, error) {
 	path := "/proc/thread-self/net/ip_tables_names"
-	if fam == IP6 {
+	if fam == ruleset.IP6 {
 		path = "/proc/thread-self/net/ip6_tables_names"
 	}
 	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
@@ -57,8 +59,8 @@ func legacyTables(fam TableFamily) ([]string, error) {
 
 // legacyTableLoaded tells whether the calling thread's namespace loaded
 // the legacy iptables table (see legacyTables).
-func legacyTableLoaded(fam TableFamily, table string) (bool, error) {
-	names, err := legacyTables(fam)
+func LegacyTableLoaded(fam ruleset.Family, table string) (bool, error) {
+	names, err := LegacyTables(fam)
 	for _, n := range names {
 		if n == table {
 			return true, err
@@ -69,8 +71,8 @@ func legacyTableLoaded(fam TableFamily, table string) (bool, error) {
 
 // legacyTablesLoaded: the namespace loaded a legacy iptables table of fam
 // (unreadable reads as none).
-func legacyTablesLoaded(fam TableFamily) bool {
-	names, _ := legacyTables(fam)
+func LegacyTablesLoaded(fam ruleset.Family) bool {
+	names, _ := LegacyTables(fam)
 	return len(names) > 0
 }
 
@@ -82,7 +84,7 @@ var legacyHooks = [...]string{"PREROUTING", "INPUT", "FORWARD", "OUTPUT", "POSTR
 // no tool started): the built-in chains in hook order, then the user
 // chains in the table's order. A table the namespace never loaded is not
 // read (reading it would instantiate it): nil, nil.
-func legacyChainNames(f Family, table string) ([]string, error) {
+func LegacyChainNames(f ruleset.IPVersion, table string) ([]string, error) {
 	if len(table) >= 32 {
 		return nil, fmt.Errorf("legacy iptables: table name %q too long", table)
 	}
@@ -90,11 +92,11 @@ func legacyChainNames(f Family, table string) ([]string, error) {
 	// struct ipt_entry: target_offset and next_offset follow struct ipt_ip
 	// (84 bytes) and nfcache.
 	offTarget := 88
-	if f == V6 {
+	if f == ruleset.V6 {
 		level, domain = unix.IPPROTO_IPV6, unix.AF_INET6
 		offTarget = 140 // struct ip6t_ip6 is 136 bytes
 	}
-	loaded, err := legacyTableLoaded(f.Tables(), table)
+	loaded, err := LegacyTableLoaded(f.Tables(), table)
 	if err != nil || !loaded {
 		return nil, err
 	}
@@ -138,14 +140,14 @@ func legacyChainNames(f Family, table string) ([]string, error) {
 				names = append(names, name)
 			}
 		}
-		return errorTargets(names, buf[entriesOff:], offTarget)
+		return ErrorTargets(names, buf[entriesOff:], offTarget)
 	}
 }
 
 // errorTargets walks the entries of a table blob and appends to names
 // the names that ERROR targets carry: the heads of user chains (the
 // blob's final "ERROR" entry is left out).
-func errorTargets(names []string, blob []byte, offTarget int) ([]string, error) {
+func ErrorTargets(names []string, blob []byte, offTarget int) ([]string, error) {
 	for off := 0; off < len(blob); {
 		if off+offTarget+4 > len(blob) {
 			return nil, fmt.Errorf("legacy iptables: truncated entry at %d", off)

@@ -1,4 +1,4 @@
-package firewall
+package fwnetlink
 
 import (
 	"fmt"
@@ -25,7 +25,7 @@ import (
 func encodeRule(table string, r ruleset.Rule) (nftnl.NewRule, error) {
 	fam := r.Family.Tables()
 	where := fmt.Sprintf("append to %s %s %s", fam.Name(), table, r.Chain)
-	if r.Family != V4 && r.Family != V6 {
+	if r.Family != ruleset.V4 && r.Family != ruleset.V6 {
 		return nftnl.NewRule{}, fmt.Errorf("append to table %s %s: a rule of no IP family (only iptables tables, ip and ip6, are appended to)", table, r.Chain)
 	}
 	var exprs []nftnl.Expr
@@ -74,7 +74,7 @@ func encodeRule(table string, r ruleset.Rule) (nftnl.NewRule, error) {
 // addrMatch encodes a source or destination address match (m.Kind
 // MatchSrc or MatchDst) for family fam (IP or IP6), as iptables-nft and
 // nft both encode it.
-func addrMatch(fam TableFamily, m ruleset.Match) ([]nftnl.Expr, error) {
+func addrMatch(fam ruleset.Family, m ruleset.Match) ([]nftnl.Expr, error) {
 	n, err := ipNet(fam, m.Prefix)
 	if err != nil {
 		return nil, err
@@ -83,9 +83,9 @@ func addrMatch(fam TableFamily, m ruleset.Match) ([]nftnl.Expr, error) {
 }
 
 // ipNet is a prefix of the table's address family as a net.IPNet.
-func ipNet(fam TableFamily, p netip.Prefix) (net.IPNet, error) {
+func ipNet(fam ruleset.Family, p netip.Prefix) (net.IPNet, error) {
 	a := p.Addr()
-	if a.Is4() != (fam == IP) || a.Is4In6() {
+	if a.Is4() != (fam == ruleset.IP) || a.Is4In6() {
 		return net.IPNet{}, fmt.Errorf("address %s in an %s table", p, fam.Name())
 	}
 	return net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(p.Bits(), a.BitLen())}, nil
@@ -101,11 +101,4 @@ func encodeRules(table string, rules []ruleset.Rule) ([]nftnl.NewRule, error) {
 		}
 	}
 	return out, nil
-}
-
-// decodeAppended reads an encoded rule the way a netlink read would.
-func decodeAppended(nr nftnl.NewRule) Rule {
-	r := Rule{Family: nr.Family, Table: nr.Table, Chain: nr.Chain}
-	decodeExprs(nftnl.EncodeExprs(nr.Exprs), &r)
-	return r
 }

@@ -1,10 +1,11 @@
 //go:build kernel
 
-package firewall
+package fwnetlink
 
 import (
 	"context"
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -13,13 +14,14 @@ import (
 	"github.com/meshwire/meshwire/internal/kerneltest"
 	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/internal/nftnl"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // BenchmarkReadChain reads the nat POSTROUTING chain of an iptables-nft
 // node holding the ipMasq rules of 100 and of 1,000 pods, which is what
 // every bridge and veth CHECK and DEL with ipMasq does:
 //
-//	go test -run '^$' -bench ReadChain ./internal/firewall/
+//	go test -tags kernel -run '^$' -bench ReadChain ./internal/firewall/fwnetlink/
 //
 // "decode" is the decoder alone, on the chain's rules as the kernel dumped
 // them; "read" is ReadChain on an open connection (kernel dump included).
@@ -38,7 +40,6 @@ func BenchmarkReadChain(b *testing.B) {
 // own: each enters the namespace).
 func benchReadChain(b *testing.B, nsPath string, pods int) error {
 	ctx := context.Background()
-	bk := Backend{Kind: IPTables, Variant: VariantNFT}
 	var payload strings.Builder
 	payload.WriteString("*nat\n")
 	for i := 0; i < pods; i++ {
@@ -48,21 +49,23 @@ func benchReadChain(b *testing.B, nsPath string, pods int) error {
 	payload.WriteString("COMMIT\n")
 	var objs [][]byte
 	err := netns.Enter(nsPath, func() error {
-		if err := bk.Restore(ctx, V4, payload.String()); err != nil {
-			return err
+		restore := exec.CommandContext(ctx, "iptables-nft-restore", "--noflush")
+		restore.Stdin = strings.NewReader(payload.String())
+		if out, err := restore.CombinedOutput(); err != nil {
+			return fmt.Errorf("iptables-nft-restore: %v: %s", err, out)
 		}
 		c, err := nftnl.Open()
 		if err != nil {
 			return err
 		}
 		defer c.Close()
-		return c.Dump(unix.NFT_MSG_GETRULE, IP, []nftnl.Attr{nftnl.StrAttr(unix.NFTA_RULE_TABLE, "nat"), nftnl.StrAttr(unix.NFTA_RULE_CHAIN, "POSTROUTING")},
+		return c.Dump(unix.NFT_MSG_GETRULE, ruleset.IP, []nftnl.Attr{nftnl.StrAttr(unix.NFTA_RULE_TABLE, "nat"), nftnl.StrAttr(unix.NFTA_RULE_CHAIN, "POSTROUTING")},
 			func() { objs = objs[:0] }, func(obj []byte) { objs = append(objs, append([]byte(nil), obj...)) })
 	})
 	if err != nil || len(objs) != pods {
 		return fmt.Errorf("dumped %d rules of %d: %v", len(objs), pods, err)
 	}
-	if r := decodeRule(IP, objs[0], nil); r.Target != "MASQUERADE" || r.Unknown != "" || !r.NotDstMulticast {
+	if r := decodeRule(ruleset.IP, objs[0], nil); r.Target != "MASQUERADE" || r.Unknown != "" || !r.NotDstMulticast {
 		return fmt.Errorf("decoded %+v", r)
 	}
 	b.Run(fmt.Sprintf("decode/%d", pods), func(b *testing.B) {
@@ -70,18 +73,21 @@ func benchReadChain(b *testing.B, nsPath string, pods int) error {
 		for i := 0; i < b.N; i++ {
 			names := strs{}
 			for _, o := range objs {
-				decodeRule(IP, o, names)
+				decodeRule(ruleset.IP, o, names)
 			}
 		}
 	})
 	b.Run(fmt.Sprintf("read/%d", pods), func(b *testing.B) {
 		err := netns.Enter(nsPath, func() error {
-			h := New(bk)
-			defer h.Close()
+			c, err := nftnl.Open()
+			if err != nil {
+				return err
+			}
+			defer c.Close()
 			b.ReportAllocs()
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				ch, err := h.ReadChain(ctx, IP, "nat", "POSTROUTING")
+				ch, err := ReadChain(c, ruleset.IP, "nat", "POSTROUTING")
 				if err != nil || ch == nil || len(ch.Rules) != pods {
 					return fmt.Errorf("read %v, want %d rules: %v", ch != nil, pods, err)
 				}

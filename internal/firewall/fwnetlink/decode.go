@@ -1,4 +1,4 @@
-package firewall
+package fwnetlink
 
 import (
 	"encoding/binary"
@@ -9,7 +9,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/nftnl"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // Typed reads over netlink (internal/nftnl): tables, chains and rules of
@@ -38,8 +40,8 @@ var hookNames = map[uint32]string{
 
 // readTable reads a table with its chains and their rules; nil when the
 // table is not there.
-func readTable(c *nftnl.Conn, fam TableFamily, name string) (*Table, error) {
-	t := &Table{Family: fam, Name: name}
+func readTable(c *nftnl.Conn, fam ruleset.Family, name string) (*installed.Table, error) {
+	t := &installed.Table{Family: fam, Name: name}
 	err := c.Get(unix.NFT_MSG_GETTABLE, fam, []nftnl.Attr{nftnl.StrAttr(unix.NFTA_TABLE_NAME, name)}, func(obj []byte) {
 		nftnl.EachAttr(obj, func(typ uint16, d []byte) {
 			if typ == nftaTableUserdata {
@@ -53,7 +55,7 @@ func readTable(c *nftnl.Conn, fam TableFamily, name string) (*Table, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nf_tables: read table %s %s: %w", fam.Name(), name, err)
 	}
-	var rules []Rule
+	var rules []installed.Rule
 	err = c.Dump(unix.NFT_MSG_GETCHAIN, fam, []nftnl.Attr{nftnl.StrAttr(unix.NFTA_CHAIN_TABLE, name)},
 		func() { t.Chains = t.Chains[:0] },
 		func(obj []byte) {
@@ -81,11 +83,11 @@ func readTable(c *nftnl.Conn, fam TableFamily, name string) (*Table, error) {
 
 // readChain reads one chain with its rules; nil when the chain (or its
 // table) is not there.
-func readChain(c *nftnl.Conn, fam TableFamily, table, chain string) (*Chain, error) {
-	var ch *Chain
+func readChain(c *nftnl.Conn, fam ruleset.Family, table, chain string) (*installed.Chain, error) {
+	var ch *installed.Chain
 	err := c.Get(unix.NFT_MSG_GETCHAIN, fam, []nftnl.Attr{nftnl.StrAttr(unix.NFTA_CHAIN_TABLE, table), nftnl.StrAttr(unix.NFTA_CHAIN_NAME, chain)},
 		func(obj []byte) { ch = decodeChain(fam, obj) })
-	var rules []Rule
+	var rules []installed.Rule
 	if err == nil {
 		rules, err = readRules(c, fam, table, chain)
 	}
@@ -106,7 +108,7 @@ func readChain(c *nftnl.Conn, fam TableFamily, table, chain string) (*Chain, err
 }
 
 // hasTable tells whether a table is there (one request).
-func hasTable(c *nftnl.Conn, fam TableFamily, name string) (bool, error) {
+func hasTable(c *nftnl.Conn, fam ruleset.Family, name string) (bool, error) {
 	err := c.Get(unix.NFT_MSG_GETTABLE, fam, []nftnl.Attr{nftnl.StrAttr(unix.NFTA_TABLE_NAME, name)}, func([]byte) {})
 	if errors.Is(err, unix.ENOENT) {
 		return false, nil
@@ -115,7 +117,7 @@ func hasTable(c *nftnl.Conn, fam TableFamily, name string) (bool, error) {
 }
 
 // hasChain tells whether a chain is there (one request).
-func hasChain(c *nftnl.Conn, fam TableFamily, table, chain string) (bool, error) {
+func hasChain(c *nftnl.Conn, fam ruleset.Family, table, chain string) (bool, error) {
 	err := c.Get(unix.NFT_MSG_GETCHAIN, fam, []nftnl.Attr{nftnl.StrAttr(unix.NFTA_CHAIN_TABLE, table), nftnl.StrAttr(unix.NFTA_CHAIN_NAME, chain)}, func([]byte) {})
 	if errors.Is(err, unix.ENOENT) {
 		return false, nil
@@ -126,7 +128,7 @@ func hasChain(c *nftnl.Conn, fam TableFamily, table, chain string) (bool, error)
 // chainNames lists the chains of a table with one chain dump (the kernel
 // dumps the family's chains; those of other tables are skipped); none when
 // the table is not there.
-func chainNames(c *nftnl.Conn, fam TableFamily, table string) ([]string, error) {
+func chainNames(c *nftnl.Conn, fam ruleset.Family, table string) ([]string, error) {
 	var names []string
 	err := c.Dump(unix.NFT_MSG_GETCHAIN, fam, []nftnl.Attr{nftnl.StrAttr(unix.NFTA_CHAIN_TABLE, table)},
 		func() { names = names[:0] },
@@ -157,12 +159,12 @@ func chainNames(c *nftnl.Conn, fam TableFamily, table string) ([]string, error) 
 }
 
 // readRules dumps the rules of a table, or of one of its chains.
-func readRules(c *nftnl.Conn, fam TableFamily, table, chain string) ([]Rule, error) {
+func readRules(c *nftnl.Conn, fam ruleset.Family, table, chain string) ([]installed.Rule, error) {
 	attrs := []nftnl.Attr{nftnl.StrAttr(unix.NFTA_RULE_TABLE, table)}
 	if chain != "" {
 		attrs = append(attrs, nftnl.StrAttr(unix.NFTA_RULE_CHAIN, chain))
 	}
-	var rules []Rule
+	var rules []installed.Rule
 	names := strs{}
 	err := c.Dump(unix.NFT_MSG_GETRULE, fam, attrs,
 		func() { rules = rules[:0] },
@@ -187,8 +189,8 @@ func (m strs) of(b []byte) string {
 	return s
 }
 
-func decodeChain(fam TableFamily, obj []byte) *Chain {
-	ch := &Chain{Family: fam}
+func decodeChain(fam ruleset.Family, obj []byte) *installed.Chain {
+	ch := &installed.Chain{Family: fam}
 	nftnl.EachAttr(obj, func(typ uint16, d []byte) {
 		switch typ {
 		case unix.NFTA_CHAIN_TABLE:
@@ -209,7 +211,7 @@ func decodeChain(fam TableFamily, obj []byte) *Chain {
 }
 
 // deleteHandles removes rules read back, by handle, in one transaction.
-func deleteHandles(c *nftnl.Conn, rules []Rule) error {
+func deleteHandles(c *nftnl.Conn, rules []installed.Rule) error {
 	ids := make([]nftnl.RuleID, len(rules))
 	for i, r := range rules {
 		ids[i] = nftnl.RuleID{Family: r.Family, Table: r.Table, Chain: r.Chain, Handle: r.Handle}
@@ -224,8 +226,8 @@ func deleteHandles(c *nftnl.Conn, rules []Rule) error {
 // comment, mostly): a CHECK or DEL reads every pod's rule of a chain, so
 // expressions are decoded into fixed arrays (exprAttrs, regs), not maps.
 // `go test -run '^$' -bench ReadChain ./internal/firewall/` measures it.
-func decodeRule(fam TableFamily, obj []byte, names strs) Rule {
-	r := Rule{Family: fam}
+func decodeRule(fam ruleset.Family, obj []byte, names strs) installed.Rule {
+	r := installed.Rule{Family: fam}
 	nftnl.EachAttr(obj, func(typ uint16, d []byte) {
 		switch typ {
 		case unix.NFTA_RULE_TABLE:
@@ -303,7 +305,7 @@ func (rs *regs) set(n uint32, x reg) {
 }
 
 // decodeExprs reads a rule's expression list into r.
-func decodeExprs(list []byte, r *Rule) {
+func decodeExprs(list []byte, r *installed.Rule) {
 	var rs regs
 	nftnl.EachExpr(list, func(name, data []byte) { decodeExpr(name, data, r, &rs) })
 }
@@ -340,12 +342,12 @@ func dataValue(d []byte) []byte {
 	return v
 }
 
-func decodeExpr(name, data []byte, r *Rule, regs *regs) {
+func decodeExpr(name, data []byte, r *installed.Rule, regs *regs) {
 	a := attrsOf(data)
 	switch string(name) {
 	case "payload":
 		if a[unix.NFTA_PAYLOAD_SREG] != nil {
-			r.unknown("payload set")
+			r.AddUnknown("payload set")
 			return
 		}
 		regs.set(u32(a[unix.NFTA_PAYLOAD_DREG]), reg{kind: regPayload, base: u32(a[unix.NFTA_PAYLOAD_BASE]), offset: u32(a[unix.NFTA_PAYLOAD_OFFSET])})
@@ -368,7 +370,7 @@ func decodeExpr(name, data []byte, r *Rule, regs *regs) {
 			}
 			return
 		}
-		r.unknown("meta set")
+		r.AddUnknown("meta set")
 	case "fib":
 		regs.set(u32(a[unix.NFTA_FIB_DREG]), reg{kind: regFib, key: u32(a[unix.NFTA_FIB_RESULT]), offset: u32(a[unix.NFTA_FIB_FLAGS])})
 	case "ct":
@@ -402,7 +404,7 @@ func decodeExpr(name, data []byte, r *Rule, regs *regs) {
 		src := regs.loaded(u32(a[unix.NFTA_CMP_SREG]))
 		neq := u32(a[unix.NFTA_CMP_OP]) == unix.NFT_CMP_NEQ
 		if src == nil || (u32(a[unix.NFTA_CMP_OP]) != unix.NFT_CMP_EQ && !neq) {
-			r.unknown("cmp")
+			r.AddUnknown("cmp")
 			return
 		}
 		decodeCmp(src, dataValue(a[unix.NFTA_CMP_DATA]), neq, r)
@@ -439,7 +441,7 @@ func decodeExpr(name, data []byte, r *Rule, regs *regs) {
 		decodeXTTarget(nftnl.CStr(a[unix.NFTA_TARGET_NAME]), u32(a[unix.NFTA_TARGET_REV]), a[unix.NFTA_TARGET_INFO], r)
 	case "counter":
 	default:
-		r.unknown(string(name))
+		r.AddUnknown(string(name))
 	}
 }
 
@@ -463,7 +465,7 @@ func beUint(b []byte) uint32 {
 	return v
 }
 
-func decodeVerdict(d []byte, r *Rule) {
+func decodeVerdict(d []byte, r *installed.Rule) {
 	var code int32
 	var chain string
 	nftnl.EachAttr(d, func(typ uint16, x []byte) {
@@ -494,28 +496,28 @@ func decodeVerdict(d []byte, r *Rule) {
 }
 
 // addrFamily is the address family of a rule's network-header loads.
-func addrFamily(r *Rule) Family {
+func addrFamily(r *installed.Rule) ruleset.IPVersion {
 	switch {
 	case r.IPFamily != 0:
 		return r.IPFamily
-	case r.Family == IP6:
-		return V6
+	case r.Family == ruleset.IP6:
+		return ruleset.V6
 	}
-	return V4
+	return ruleset.V4
 }
 
-func decodeCmp(src *reg, v []byte, neq bool, r *Rule) {
+func decodeCmp(src *reg, v []byte, neq bool, r *installed.Rule) {
 	switch src.kind {
 	case regPayload:
 		switch src.base {
 		case unix.NFT_PAYLOAD_NETWORK_HEADER:
 			f := addrFamily(r)
 			size, srcOff, dstOff := 4, uint32(12), uint32(16)
-			if f == V6 || (r.IPFamily == 0 && (src.offset == 8 || src.offset == 24)) {
-				f, size, srcOff, dstOff = V6, 16, 8, 24
+			if f == ruleset.V6 || (r.IPFamily == 0 && (src.offset == 8 || src.offset == 24)) {
+				f, size, srcOff, dstOff = ruleset.V6, 16, 8, 24
 			}
 			if src.offset != srcOff && src.offset != dstOff {
-				r.unknown("payload network")
+				r.AddUnknown("payload network")
 				return
 			}
 			full := make([]byte, size)
@@ -537,7 +539,7 @@ func decodeCmp(src *reg, v []byte, neq bool, r *Rule) {
 			} else {
 				r.Dst, r.NotDst = p, neq
 			}
-			if r.IPFamily == 0 && (r.Family == Inet || r.Family == Bridge) {
+			if r.IPFamily == 0 && (r.Family == ruleset.Inet || r.Family == ruleset.Bridge) {
 				r.IPFamily = f
 			}
 		case unix.NFT_PAYLOAD_TRANSPORT_HEADER:
@@ -547,10 +549,10 @@ func decodeCmp(src *reg, v []byte, neq bool, r *Rule) {
 			case 2:
 				r.DPort, r.NotDPort = uint16(beUint(v)), neq
 			default:
-				r.unknown("payload transport")
+				r.AddUnknown("payload transport")
 			}
 		default:
-			r.unknown("payload")
+			r.AddUnknown("payload")
 		}
 	case regMeta:
 		switch src.key {
@@ -562,9 +564,9 @@ func decodeCmp(src *reg, v []byte, neq bool, r *Rule) {
 			if len(v) > 0 {
 				switch v[0] {
 				case unix.NFPROTO_IPV4:
-					r.IPFamily = V4
+					r.IPFamily = ruleset.V4
 				case unix.NFPROTO_IPV6:
-					r.IPFamily = V6
+					r.IPFamily = ruleset.V6
 				}
 			}
 		case unix.NFT_META_IIFNAME:
@@ -577,16 +579,16 @@ func decodeCmp(src *reg, v []byte, neq bool, r *Rule) {
 				r.MarkMask = nativeUint(src.mask)
 			}
 		default:
-			r.unknown("meta " + strconv.Itoa(int(src.key)))
+			r.AddUnknown("meta " + strconv.Itoa(int(src.key)))
 		}
 	case regFib:
 		if src.key == unix.NFT_FIB_RESULT_ADDRTYPE && src.offset&unix.NFTA_FIB_F_DADDR != 0 && nativeUint(v) == unix.RTN_LOCAL && !neq {
 			r.DstLocal = true
 			return
 		}
-		r.unknown("fib")
+		r.AddUnknown("fib")
 	default:
-		r.unknown(src.kind.String())
+		r.AddUnknown(src.kind.String())
 	}
 }
 
@@ -617,7 +619,7 @@ func protoName(p byte) string {
 
 // decodeXTMatch reads the xtables matches iptables-nft uses for meshwire's
 // rules (the info blobs are the kernel's structs, in host byte order).
-func decodeXTMatch(nameB []byte, rev uint32, info []byte, r *Rule) {
+func decodeXTMatch(nameB []byte, rev uint32, info []byte, r *installed.Rule) {
 	ne := binary.NativeEndian
 	switch string(nameB) {
 	case "comment":
@@ -630,12 +632,12 @@ func decodeXTMatch(nameB []byte, rev uint32, info []byte, r *Rule) {
 			name, invAt = "tcp", 11
 		}
 		if len(info) <= invAt {
-			r.unknown(name)
+			r.AddUnknown(name)
 			return
 		}
 		inv := info[invAt]
 		if name == "tcp" && (info[8] != 0 || info[9] != 0) {
-			r.unknown("tcp flags") // --tcp-option, --tcp-flags
+			r.AddUnknown("tcp flags") // --tcp-option, --tcp-flags
 		}
 		// A range of one port is typed; 0:65535 is no match; other
 		// ranges and a negated source port are not held by the fields.
@@ -644,14 +646,14 @@ func decodeXTMatch(nameB []byte, rev uint32, info []byte, r *Rule) {
 		case sl == sh && sl != 0 && inv&0x01 == 0:
 			r.SPort = sl
 		default:
-			r.unknown(name + " sport")
+			r.AddUnknown(name + " sport")
 		}
 		switch lo, hi := ne.Uint16(info[4:]), ne.Uint16(info[6:]); {
 		case lo == 0 && hi == 0xffff && inv&0x02 == 0:
 		case lo == hi && lo != 0:
 			r.DPort, r.NotDPort = lo, inv&0x02 != 0
 		default:
-			r.unknown(name + " dport")
+			r.AddUnknown(name + " dport")
 		}
 		if r.Proto == "" {
 			r.Proto = name
@@ -671,20 +673,20 @@ func decodeXTMatch(nameB []byte, rev uint32, info []byte, r *Rule) {
 		case dest == 1<<unix.RTN_MULTICAST && invDest:
 			r.NotDstMulticast = true
 		default:
-			r.unknown("addrtype")
+			r.AddUnknown("addrtype")
 		}
 	case "mark":
 		if len(info) >= 9 {
 			r.HasMark, r.Mark, r.MarkMask, r.NotMark = true, ne.Uint32(info), ne.Uint32(info[4:]), info[8] != 0
 		}
 	default:
-		r.unknown(string(nameB))
+		r.AddUnknown(string(nameB))
 	}
 }
 
 // decodeXTTarget reads an xtables target's name and the options the typed
 // fields hold.
-func decodeXTTarget(nameB []byte, rev uint32, info []byte, r *Rule) {
+func decodeXTTarget(nameB []byte, rev uint32, info []byte, r *installed.Rule) {
 	r.Target = targetName(nameB)
 	ne := binary.NativeEndian
 	be := binary.BigEndian
@@ -699,7 +701,7 @@ func decodeXTTarget(nameB []byte, rev uint32, info []byte, r *Rule) {
 		} else if len(info) >= 38 {
 			raw := info[4:20]
 			var ip netip.Addr
-			if r.Family == IP || r.IPFamily == V4 {
+			if r.Family == ruleset.IP || r.IPFamily == ruleset.V4 {
 				ip, _ = netip.AddrFromSlice(raw[:4])
 			} else {
 				ip, _ = netip.AddrFromSlice(raw)
@@ -708,7 +710,7 @@ func decodeXTTarget(nameB []byte, rev uint32, info []byte, r *Rule) {
 		}
 	case "REDIRECT":
 		switch {
-		case r.Family == IP6 && len(info) >= 38:
+		case r.Family == ruleset.IP6 && len(info) >= 38:
 			r.ToPort = be.Uint16(info[36:])
 		case len(info) >= 18:
 			r.ToPort = be.Uint16(info[16:])

@@ -1,4 +1,4 @@
-package firewall
+package fwtext
 
 import (
 	"bytes"
@@ -8,20 +8,17 @@ import (
 	"testing"
 	"unicode"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/meshwire/meshwire/internal/nftnl"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
-// Fuzz targets of the parsers that read the host's state: iptables text
-// (legacy iptables' reads), nf_tables rules over netlink, and legacy
-// iptables' table blob. Whatever the input, none may panic or report what
-// is not in it. The seeds under testdata/fuzz are real: iptables-save
-// output and rule lines of both variants, rules as the kernel dumps them
-// (iptables-nft's and native nftables', every family) and legacy nat
-// blobs of both families, plus what fuzzing found.
+// Fuzz targets of the parsers that read the host's state as text or
+// blobs: iptables text (legacy iptables' reads) and legacy iptables'
+// table blob. Whatever the input, none may panic or report what is not
+// in it. The seeds under testdata/fuzz are real: iptables-save output and
+// rule lines of both variants and legacy nat blobs of both families, plus
+// what fuzzing found.
 //
-//	go test -run '^$' -fuzz FuzzDecodeRule -fuzztime 60s ./internal/firewall/
+//	go test -run '^$' -fuzz FuzzParseIPTablesRule -fuzztime 60s ./internal/firewall/fwtext/
 
 // FuzzParseIPTablesRule: a rule line reads into a rule of the chain it
 // names; when the typed fields hold the whole rule, the spec rendered from
@@ -32,7 +29,7 @@ func FuzzParseIPTablesRule(f *testing.F) {
 	f.Add(`-A MWT -p tcp -m tcp ! --dport 22 -m mark --mark 0x10/0x10 -g CNI-X`)
 	f.Add(`-A OUTPUT`)
 	f.Fuzz(func(t *testing.T, line string) {
-		for _, fam := range []Family{V4, V6} {
+		for _, fam := range []ruleset.IPVersion{ruleset.V4, ruleset.V6} {
 			r, err := ParseIPTablesRule(fam, "nat", line)
 			if err != nil {
 				continue
@@ -71,7 +68,7 @@ func FuzzParseIPTablesSave(f *testing.F) {
 	f.Add("*nat\n:PREROUTING ACCEPT [0:0]\n:CNI-X - [0:0]\n-A PREROUTING -j CNI-X\nCOMMIT\n")
 	f.Add("-P OUTPUT ACCEPT\n-N X\n-A X -j RETURN\n")
 	f.Fuzz(func(t *testing.T, save string) {
-		for _, fam := range []Family{V4, V6} {
+		for _, fam := range []ruleset.IPVersion{ruleset.V4, ruleset.V6} {
 			for _, tb := range ParseIPTablesSave(fam, "nat", save) {
 				if tb.Family != fam.Tables() {
 					t.Fatalf("table %s of family %s", tb.Name, tb.Family)
@@ -89,74 +86,6 @@ func FuzzParseIPTablesSave(f *testing.F) {
 			}
 		}
 	})
-}
-
-// FuzzDecodeRule: a rule's netlink attributes (as a dump passes them)
-// decode, in every family, into a rule whose names, comment and handle
-// come from the message.
-func FuzzDecodeRule(f *testing.F) {
-	f.Add([]byte{})
-	cm, _ := nftnl.Comment("hi")
-	exprs := nftnl.EncodeExprs([]nftnl.Expr{nftnl.NotMulticastDst(), cm, nftnl.Counter(), nftnl.Masquerade(IP)})
-	f.Add(ruleAttrs(exprs))
-	// The xtables matches and targets decoded, with info blobs of the
-	// sizes the kernel's structs have (and one byte short of them).
-	for _, x := range []struct {
-		kind, name string
-		rev        uint32
-		size       int
-	}{
-		{"match", "tcp", 0, 12}, {"match", "udp", 0, 10}, {"match", "tcp", 0, 8}, {"match", "udp", 0, 8},
-		{"match", "addrtype", 1, 8}, {"match", "addrtype", 0, 12}, {"match", "mark", 1, 12}, {"match", "comment", 0, 256},
-		{"target", "DNAT", 0, 20}, {"target", "DNAT", 2, 52}, {"target", "REDIRECT", 0, 20}, {"target", "TPROXY", 1, 28},
-		{"target", "TPROXY", 0, 16}, {"target", "MARK", 2, 8},
-	} {
-		for _, size := range []int{x.size, x.size - 1} {
-			info := bytes.Repeat([]byte{1}, size) // port ranges of one port
-			nameT, revT, infoT := uint16(unix.NFTA_MATCH_NAME), uint16(unix.NFTA_MATCH_REV), uint16(unix.NFTA_MATCH_INFO)
-			if x.kind == "target" {
-				nameT, revT, infoT = unix.NFTA_TARGET_NAME, unix.NFTA_TARGET_REV, unix.NFTA_TARGET_INFO
-			}
-			data := appendAttrs(nil, nftnl.StrAttr(nameT, x.name), nftnl.Attr{Type: revT, Data: binary.BigEndian.AppendUint32(nil, x.rev)}, nftnl.Attr{Type: infoT, Data: info})
-			elem := appendAttrs(nil, nftnl.StrAttr(unix.NFTA_EXPR_NAME, x.kind), nftnl.Attr{Type: unix.NFTA_EXPR_DATA | unix.NLA_F_NESTED, Data: data})
-			f.Add(ruleAttrs(appendAttrs(nil, nftnl.Attr{Type: unix.NFTA_LIST_ELEM | unix.NLA_F_NESTED, Data: elem})))
-		}
-	}
-	f.Fuzz(func(t *testing.T, obj []byte) {
-		for _, fam := range []TableFamily{IP, IP6, Inet, Bridge} {
-			r := decodeRule(fam, obj, nil)
-			if r.Family != fam {
-				t.Fatalf("family %s, want %s", r.Family, fam)
-			}
-			if r.Handle != 0 && !bytes.Contains(obj, binary.BigEndian.AppendUint64(nil, r.Handle)) {
-				t.Fatalf("handle %d is not in the message", r.Handle)
-			}
-			for _, s := range []string{r.Table, r.Chain, r.Comment, r.Jump, r.In, r.Out} {
-				if s != "" && !bytes.Contains(obj, []byte(s)) {
-					t.Fatalf("%q is not in the message", s)
-				}
-			}
-		}
-	})
-}
-
-// appendAttrs appends netlink attributes (4-byte aligned) to b.
-func appendAttrs(b []byte, attrs ...nftnl.Attr) []byte {
-	for _, a := range attrs {
-		b = binary.NativeEndian.AppendUint16(b, uint16(4+len(a.Data)))
-		b = binary.NativeEndian.AppendUint16(b, a.Type)
-		b = append(b, a.Data...)
-		b = append(b, make([]byte, (4-len(a.Data)%4)%4)...)
-	}
-	return b
-}
-
-// ruleAttrs is a rule of nat POSTROUTING, handle 42, with the expression
-// list exprs, as a dump passes it.
-func ruleAttrs(exprs []byte) []byte {
-	return appendAttrs(nil, nftnl.StrAttr(unix.NFTA_RULE_TABLE, "nat"), nftnl.StrAttr(unix.NFTA_RULE_CHAIN, "POSTROUTING"),
-		nftnl.Attr{Type: unix.NFTA_RULE_HANDLE, Data: binary.BigEndian.AppendUint64(nil, 42)},
-		nftnl.Attr{Type: unix.NFTA_RULE_EXPRESSIONS | unix.NLA_F_NESTED, Data: exprs})
 }
 
 // FuzzErrorTargets: any bytes given as a legacy table blob either fail or
@@ -181,7 +110,7 @@ func FuzzErrorTargets(f *testing.F) {
 		if v6 {
 			off = 140
 		}
-		names, err := errorTargets(nil, blob, off)
+		names, err := ErrorTargets(nil, blob, off)
 		if err != nil {
 			return
 		}
@@ -202,13 +131,13 @@ func TestParseIPTablesRuleSpec(t *testing.T) {
 		"  -A\tPOSTROUTING\t-j MASQUERADE  ":  "-j MASQUERADE",
 		"-A OUTPUT":                           "",
 	} {
-		r, err := ParseIPTablesRule(V4, "nat", line)
+		r, err := ParseIPTablesRule(ruleset.V4, "nat", line)
 		if err != nil || r.Spec != want {
 			t.Errorf("%q: spec %q, %v; want %q", line, r.Spec, err, want)
 		}
 	}
 	for _, line := range []string{`-A ""`, "-A", "-N X"} {
-		if _, err := ParseIPTablesRule(V4, "nat", line); err == nil {
+		if _, err := ParseIPTablesRule(ruleset.V4, "nat", line); err == nil {
 			t.Errorf("%q read as a rule", line)
 		}
 	}

@@ -1,7 +1,6 @@
-package firewall
+package fwnetlink
 
 import (
-	"context"
 	"fmt"
 	"net"
 
@@ -30,10 +29,11 @@ var hooks = map[string]uint32{
 	"postrouting": unix.NF_INET_POST_ROUTING,
 }
 
-// tableExprs encodes t's rules, or says what cannot be written.
-func tableExprs(t ruleset.Table) ([][]nftnl.Expr, error) {
-	out := make([][]nftnl.Expr, 0, len(t.Rules))
-	for i, r := range t.Rules {
+// tableExprs encodes the rules of t's one chain, or says what cannot be
+// written.
+func tableExprs(t ruleset.Table, c ruleset.Chain) ([][]nftnl.Expr, error) {
+	out := make([][]nftnl.Expr, 0, len(c.Rules))
+	for i, r := range c.Rules {
 		exprs, err := tableRuleExprs(t.Family, r)
 		if err != nil {
 			return nil, fmt.Errorf("table %s %s, rule %d (%s): %w", t.Family, t.Name, i+1, r.Statement(), err)
@@ -43,23 +43,23 @@ func tableExprs(t ruleset.Table) ([][]nftnl.Expr, error) {
 	return out, nil
 }
 
-func tableRuleExprs(fam TableFamily, r ruleset.Rule) ([]nftnl.Expr, error) {
+func tableRuleExprs(fam ruleset.Family, r ruleset.Rule) ([]nftnl.Expr, error) {
 	var exprs []nftnl.Expr
 	nfproto := false
 	for _, m := range r.Match {
 		switch m.Kind {
 		case ruleset.MatchSrc, ruleset.MatchDst:
-			af, v := IP, ruleset.V4
+			af, v := ruleset.IP, ruleset.V4
 			if m.Prefix.Addr().Is6() {
-				af, v = IP6, ruleset.V6
+				af, v = ruleset.IP6, ruleset.V6
 			}
 			if r.Family != 0 && r.Family != v {
 				return nil, fmt.Errorf("address %s in an IPv%d rule", m.Prefix, r.Family)
 			}
 			switch {
-			case fam == Inet && !nfproto:
+			case fam == ruleset.Inet && !nfproto:
 				exprs, nfproto = append(exprs, nftnl.MetaNfproto(af)...), true
-			case fam != Inet && fam != af:
+			case fam != ruleset.Inet && fam != af:
 				return nil, fmt.Errorf("address %s in a %s table", m.Prefix, fam)
 			}
 			am, err := addrMatch(af, m)
@@ -74,7 +74,7 @@ func tableRuleExprs(fam TableFamily, r ruleset.Rule) ([]nftnl.Expr, error) {
 			exprs = append(exprs, nftnl.IfnameMatch(m.Kind == ruleset.MatchOut, m.Not, m.Name)...)
 		case ruleset.MatchEtherSrc:
 			mac, err := net.ParseMAC(m.Name)
-			if err != nil || len(mac) != 6 || fam != Bridge {
+			if err != nil || len(mac) != 6 || fam != ruleset.Bridge {
 				return nil, fmt.Errorf("source MAC %q (six bytes, in a bridge table)", m.Name)
 			}
 			exprs = append(exprs, nftnl.EtherSrcMatch(m.Not, mac)...)
@@ -95,51 +95,27 @@ func tableRuleExprs(fam TableFamily, r ruleset.Rule) ([]nftnl.Expr, error) {
 	return exprs, nil
 }
 
-// ReplaceTable writes t over netlink in one transaction: no tool runs.
-func (h *Host) ReplaceTable(_ context.Context, t ruleset.Table) error {
-	rules, hook, err := checkTable(t)
+// ReplaceTable writes t over netlink in one transaction that replaces
+// the table: no tool runs.
+func ReplaceTable(c *nftnl.Conn, t ruleset.Table) error {
+	rules, bc, err := CheckTable(t)
 	if err != nil {
 		return err
 	}
-	c, err := h.c()
-	if err != nil {
-		return err
-	}
-	bc := nftnl.BaseChain{Name: t.Chain.Name, Type: t.Chain.Type, Hook: hook, Priority: int32(t.Chain.Priority)}
 	return c.ReplaceTable(t.Family, t.Name, t.Comment, bc, rules)
 }
 
-// checkTable encodes t's rules and finds its chain's hook.
-func checkTable(t ruleset.Table) ([][]nftnl.Expr, uint32, error) {
-	hook, ok := hooks[t.Chain.Hook]
-	if !ok || t.Chain.Name == "" || t.Chain.Type == "" {
-		return nil, 0, fmt.Errorf("table %s %s: base chain %q of type %q on hook %q", t.Family, t.Name, t.Chain.Name, t.Chain.Type, t.Chain.Hook)
+// CheckTable encodes t, a table with one base chain (what is written over
+// netlink), or says why it cannot be.
+func CheckTable(t ruleset.Table) ([][]nftnl.Expr, nftnl.BaseChain, error) {
+	if len(t.Chains) != 1 || t.Chains[0].Base == nil {
+		return nil, nftnl.BaseChain{}, fmt.Errorf("table %s %s: one base chain is written over netlink, not %d chains", t.Family, t.Name, len(t.Chains))
 	}
-	rules, err := tableExprs(t)
-	return rules, hook, err
-}
-
-// ReplaceTable puts t in place as the kernel would, from the typed table:
-// each rule is kept as a netlink read of its encoding gives it back, with
-// its statement as Spec (as for the Fake's other nftables rules).
-func (f *Fake) ReplaceTable(_ context.Context, t ruleset.Table) error {
-	rules, _, err := checkTable(t)
-	if err != nil {
-		return err
+	c := t.Chains[0]
+	hook, ok := hooks[c.Base.Hook]
+	if !ok || c.Name == "" || c.Base.Type == "" {
+		return nil, nftnl.BaseChain{}, fmt.Errorf("table %s %s: base chain %q of type %q on hook %q", t.Family, t.Name, c.Name, c.Base.Type, c.Base.Hook)
 	}
-	return f.tx("replace-table", func(state map[tableKey]*fakeTable) error {
-		ft := &fakeTable{comment: t.Comment}
-		c := &Chain{Family: t.Family, Table: t.Name, Name: t.Chain.Name, Hook: t.Chain.Hook}
-		ft.chains = []*Chain{c}
-		for i, exprs := range rules {
-			r := Rule{Family: t.Family}
-			decodeExprs(nftnl.EncodeExprs(exprs), &r)
-			r.Spec = t.Rules[i].Statement()
-			if err := ft.addRule(c, r, -1); err != nil {
-				return err
-			}
-		}
-		state[tableKey{t.Family, t.Name}] = ft
-		return nil
-	})
+	rules, err := tableExprs(t, c)
+	return rules, nftnl.BaseChain{Name: c.Name, Type: c.Base.Type, Hook: hook, Priority: int32(c.Base.Priority)}, err
 }

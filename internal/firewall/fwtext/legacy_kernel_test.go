@@ -1,6 +1,6 @@
 //go:build kernel
 
-package firewall
+package fwtext_test
 
 import (
 	"context"
@@ -10,7 +10,10 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
 	"github.com/meshwire/meshwire/internal/kerneltest"
+	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // kernelNS runs fn in a throwaway network namespace (the caller holds the
@@ -27,12 +30,12 @@ func kernelNS(t *testing.T, fn func(name string) error) {
 func TestLegacyChains(t *testing.T) {
 	kerneltest.Require(t)
 	kernelNS(t, func(name string) error {
-		for _, f := range []Family{V4, V6} {
-			got, err := legacyChainNames(f, "nat")
+		for _, f := range []ruleset.IPVersion{ruleset.V4, ruleset.V6} {
+			got, err := fwtext.LegacyChainNames(f, "nat")
 			if err != nil || got != nil {
 				return fmt.Errorf("IPv%d before any use: %v, %v", f, got, err)
 			}
-			if loaded, err := legacyTableLoaded(f.Tables(), "nat"); loaded || err != nil {
+			if loaded, err := fwtext.LegacyTableLoaded(f.Tables(), "nat"); loaded || err != nil {
 				return fmt.Errorf("IPv%d: reading instantiated nat (%v)", f, err)
 			}
 		}
@@ -55,19 +58,19 @@ func TestLegacyChains(t *testing.T) {
 			}
 		}
 		builtin := []string{"PREROUTING", "INPUT", "OUTPUT", "POSTROUTING"}
-		want := map[Family][]string{
-			V4: append(slices.Clone(builtin), "CNI-HOSTPORT-DNAT", "CNI-f0bca4ac77cde1bf2f3da5df"),
-			V6: append(slices.Clone(builtin), "CNI-DN-f0bca4ac77cde1bf2f3da"),
+		want := map[ruleset.IPVersion][]string{
+			ruleset.V4: append(slices.Clone(builtin), "CNI-HOSTPORT-DNAT", "CNI-f0bca4ac77cde1bf2f3da5df"),
+			ruleset.V6: append(slices.Clone(builtin), "CNI-DN-f0bca4ac77cde1bf2f3da"),
 		}
 		// No tool from here on.
 		path := os.Getenv("PATH")
 		defer os.Setenv("PATH", path)
 		os.Setenv("PATH", "/nonexistent")
 		ctx := context.Background()
-		h := New(Backend{Kind: IPTables, Variant: VariantLegacy})
+		h := firewall.New(firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantLegacy})
 		defer h.Close()
-		for _, f := range []Family{V4, V6} {
-			got, err := legacyChainNames(f, "nat")
+		for _, f := range []ruleset.IPVersion{ruleset.V4, ruleset.V6} {
+			got, err := fwtext.LegacyChainNames(f, "nat")
 			if err != nil || !slices.Equal(got, want[f]) {
 				return fmt.Errorf("IPv%d chains %v, %v; want %v", f, got, err, want[f])
 			}
@@ -85,7 +88,7 @@ func TestLegacyChains(t *testing.T) {
 			if got, err := h.ChainNames(ctx, f.Tables(), "mangle"); got != nil || err != nil {
 				return fmt.Errorf("ChainNames IPv%d of an unloaded table = %v, %v", f, got, err)
 			}
-			if loaded, _ := legacyTableLoaded(f.Tables(), "mangle"); loaded {
+			if loaded, _ := fwtext.LegacyTableLoaded(f.Tables(), "mangle"); loaded {
 				return fmt.Errorf("IPv%d: reading instantiated mangle", f)
 			}
 		}

@@ -1,12 +1,15 @@
-package firewall
+package fwnetlink
 
 import (
 	"bytes"
 	"net"
 	"net/netip"
 	"slices"
+	"strings"
 	"testing"
 
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
+	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/nftnl"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
@@ -17,15 +20,15 @@ import (
 // prints for that line.
 func TestEncodeMasqueradeRule(t *testing.T) {
 	for _, c := range []struct {
-		f        Family
+		f        ruleset.IPVersion
 		src, dst string
 		notSrc   bool
 	}{
-		{V4, "198.18.16.5/32", "198.18.16.0/24", false},
-		{V4, "198.18.16.5/32", "198.18.16.4/30", false},
-		{V4, "198.18.16.0/20", "198.18.0.0/16", true},
-		{V6, "fd20::5/128", "fd20::/64", false},
-		{V6, "fd20::5/128", "fd20:0:0:ab80::/57", false},
+		{ruleset.V4, "198.18.16.5/32", "198.18.16.0/24", false},
+		{ruleset.V4, "198.18.16.5/32", "198.18.16.4/30", false},
+		{ruleset.V4, "198.18.16.0/20", "198.18.0.0/16", true},
+		{ruleset.V6, "fd20::5/128", "fd20::/64", false},
+		{ruleset.V6, "fd20::5/128", "fd20:0:0:ab80::/57", false},
 	} {
 		r := ruleset.Rule{
 			Family: c.f, Chain: "POSTROUTING",
@@ -50,7 +53,7 @@ func TestEncodeMasqueradeRule(t *testing.T) {
 		if nr.Family != f || nr.Table != "nat" || nr.Chain != "POSTROUTING" || !bytes.Equal(nftnl.EncodeExprs(nr.Exprs), nftnl.EncodeExprs(want)) {
 			t.Errorf("%s %s: encoded otherwise than the line's expressions", c.src, c.dst)
 		}
-		read, _ := ParseIPTablesRule(c.f, "nat", "-A POSTROUTING "+r.IPTablesSpec())
+		read, _ := fwtext.ParseIPTablesRule(c.f, "nat", "-A POSTROUTING "+r.IPTablesSpec())
 		read.Spec = ""
 		if got := decodeAppended(nr); got != read {
 			t.Errorf("decoded back as\n%+v\nwant what iptables-save's line reads as\n%+v", got, read)
@@ -61,7 +64,7 @@ func TestEncodeMasqueradeRule(t *testing.T) {
 func TestEncodeRefuses(t *testing.T) {
 	masq := ruleset.Target{Kind: ruleset.Masquerade}
 	src := ruleset.Match{Kind: ruleset.MatchSrc, Prefix: netip.MustParsePrefix("198.18.0.1/32")}
-	base := ruleset.Rule{Family: V4, Chain: "POSTROUTING", Match: []ruleset.Match{src}, Target: masq}
+	base := ruleset.Rule{Family: ruleset.V4, Chain: "POSTROUTING", Match: []ruleset.Match{src}, Target: masq}
 	with := func(f func(*ruleset.Rule)) ruleset.Rule {
 		x := base
 		x.Match = slices.Clone(base.Match)
@@ -93,5 +96,49 @@ func TestEncodeRefuses(t *testing.T) {
 	}
 	if _, err := encodeRule("nat", base); err != nil {
 		t.Errorf("a plain rule: %v", err)
+	}
+}
+
+// decodeAppended reads an encoded rule the way a netlink read would.
+func decodeAppended(nr nftnl.NewRule) installed.Rule {
+	r := installed.Rule{Family: nr.Family, Table: nr.Table, Chain: nr.Chain}
+	decodeExprs(nftnl.EncodeExprs(nr.Exprs), &r)
+	return r
+}
+
+// TestCheckTableRefuses: what a table of meshwire's own cannot hold over
+// netlink is refused (and Encode leaves such a table to the tool), with
+// the rule named.
+func TestCheckTableRefuses(t *testing.T) {
+	base := ruleset.Table{Family: ruleset.Inet, Name: "mw-t", Chains: []ruleset.Chain{{Name: "postrouting",
+		Base: &ruleset.BaseChain{Type: "nat", Hook: "postrouting", Priority: 100}}}}
+	masq := ruleset.Target{Kind: ruleset.Masquerade}
+	for name, tc := range map[string]struct {
+		rules []ruleset.Rule
+		hook  string
+		want  string
+	}{
+		"redirect target":              {[]ruleset.Rule{{Target: ruleset.Target{Kind: ruleset.Redirect, Port: 15001}}}, "", "target of kind"},
+		"IPv6 address in an IPv4 rule": {[]ruleset.Rule{{Family: ruleset.V4, Match: []ruleset.Match{{Kind: ruleset.MatchSrc, Prefix: netip.MustParsePrefix("fd00::1/128")}}, Target: masq}}, "", "in an IPv4 rule"},
+		"MAC outside a bridge table":   {[]ruleset.Rule{{Match: []ruleset.Match{{Kind: ruleset.MatchEtherSrc, Name: "02:00:00:00:00:01"}}, Target: masq}}, "", "in a bridge table"},
+		"uid match":                    {[]ruleset.Rule{{Match: []ruleset.Match{{Kind: ruleset.MatchUID, Value: 1337}}, Target: masq}}, "", "not written over netlink"},
+		"unknown hook":                 {nil, "egress", "on hook"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			tb := base
+			c := tb.Chains[0]
+			c.Rules = tc.rules
+			if tc.hook != "" {
+				c.Base = &ruleset.BaseChain{Type: "nat", Hook: tc.hook}
+			}
+			tb.Chains = []ruleset.Chain{c}
+			_, _, err := CheckTable(tb)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("err = %v, want one saying %q", err, tc.want)
+			}
+			if _, ok := Encode((&ruleset.Tx{}).ReplaceTable(tb), false); ok {
+				t.Fatal("Encode took a table it cannot write")
+			}
+		})
 	}
 }

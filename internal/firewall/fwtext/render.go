@@ -1,0 +1,218 @@
+package fwtext
+
+import (
+	"fmt"
+	"strings"
+
+	"github.com/meshwire/meshwire/internal/ruleset"
+)
+
+// IPTablesFamily is the address family of an iptables transaction: that
+// of its tables, which must all be iptables tables of one family (IP or
+// IP6).
+func IPTablesFamily(tx *ruleset.Tx) (ruleset.IPVersion, error) {
+	var v ruleset.IPVersion
+	for _, o := range tx.Ops() {
+		w := ruleset.V4
+		switch o.Table.Family {
+		case ruleset.IP:
+		case ruleset.IP6:
+			w = ruleset.V6
+		default:
+			return 0, fmt.Errorf("%s: not an iptables table", o)
+		}
+		if v != 0 && v != w {
+			return 0, fmt.Errorf("%s: an iptables transaction is of one address family (one iptables-restore)", o)
+		}
+		v = w
+	}
+	return v, nil
+}
+
+// IPTablesRestore renders tx as one iptables-restore --noflush payload:
+// each run of operations on one table is a "*table ... COMMIT" block.
+// Chains are declared (Add: ":C - [0:0]", which also empties one that is
+// there), created (-N), flushed (-F) and deleted (-X); rules appended
+// (-A), inserted (-I) and deleted (-D: by their iptables form, a rule
+// read back by its Spec or else its position). Tables are neither added
+// nor deleted in iptables.
+func IPTablesRestore(tx *ruleset.Tx) (string, error) {
+	if _, err := IPTablesFamily(tx); err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	table := ""
+	for _, o := range tx.Ops() {
+		line, err := iptablesLine(o)
+		if err != nil {
+			return "", err
+		}
+		if o.Table.Name != table {
+			if table != "" {
+				b.WriteString("COMMIT\n")
+			}
+			table = o.Table.Name
+			fmt.Fprintf(&b, "*%s\n", table)
+		}
+		b.WriteString(line + "\n")
+	}
+	if table != "" {
+		b.WriteString("COMMIT\n")
+	}
+	return b.String(), nil
+}
+
+func iptablesLine(o ruleset.Op) (string, error) {
+	switch o.Object() {
+	case "chain":
+		c := o.Chain.Name
+		switch o.Verb {
+		case ruleset.Add:
+			return ":" + c + " - [0:0]", nil
+		case ruleset.Create:
+			return "-N " + c, nil
+		case ruleset.Flush:
+			return "-F " + c, nil
+		case ruleset.Delete:
+			return "-X " + c, nil
+		}
+	case "rule":
+		c := o.ChainName()
+		switch {
+		case o.Verb == ruleset.Add:
+			return "-A " + c + " " + o.Rule.IPTablesSpec(), nil
+		case o.Verb == ruleset.Insert:
+			return fmt.Sprintf("-I %s %d %s", c, o.Index+1, o.Rule.IPTablesSpec()), nil
+		case o.Verb == ruleset.Delete && o.Rule != nil:
+			return "-D " + c + " " + o.Rule.IPTablesSpec(), nil
+		case o.Verb == ruleset.Delete && o.Ref.Spec != "":
+			return "-D " + c + " " + o.Ref.Spec, nil
+		case o.Verb == ruleset.Delete && o.Ref.Position > 0:
+			return fmt.Sprintf("-D %s %d", c, o.Ref.Position), nil
+		case o.Verb == ruleset.Delete:
+			return "", fmt.Errorf("%s: a rule read back with neither its iptables form nor its position", o)
+		}
+	}
+	return "", fmt.Errorf("%s: not an iptables-restore operation", o)
+}
+
+// NftScript renders tx as one nft -f script (one transaction). A table
+// added with chains is written as a block ("table F N { ... }"); other
+// operations are one command each ("add chain F T C { ... }", "add rule
+// F T C ...", "delete rule F T C handle H"). Destroy is the declaration
+// and deletion of the table ("table F N", "delete table F N": no error
+// when it is not there, on every nft version); Replace is that followed
+// by the block.
+func NftScript(tx *ruleset.Tx) (string, error) {
+	var b strings.Builder
+	for _, o := range tx.Ops() {
+		s, err := nftCommand(o)
+		if err != nil {
+			return "", err
+		}
+		b.WriteString(s)
+	}
+	return b.String(), nil
+}
+
+func nftCommand(o ruleset.Op) (string, error) {
+	where := o.Table.String()
+	switch o.Object() {
+	case "table":
+		switch o.Verb {
+		case ruleset.Add, ruleset.Create:
+			if o.Def != nil && len(o.Def.Chains) > 0 {
+				if o.Verb == ruleset.Create {
+					return "create table " + where + "\n" + o.Def.Block(), nil
+				}
+				return o.Def.Block(), nil
+			}
+			return fmt.Sprintf("%s table %s%s\n", o.Verb, where, braces(comment(o.Def))), nil
+		case ruleset.Flush, ruleset.Delete:
+			return fmt.Sprintf("%s table %s\n", o.Verb, where), nil
+		case ruleset.Destroy:
+			return fmt.Sprintf("table %s\ndelete table %s\n", where, where), nil
+		case ruleset.Replace:
+			if o.Def == nil {
+				break
+			}
+			return o.Def.Script(), nil
+		}
+	case "chain":
+		c := o.Chain
+		switch o.Verb {
+		case ruleset.Add, ruleset.Create:
+			var opts []string
+			if c.Base != nil {
+				opts = append(opts, strings.TrimSuffix(c.Base.Spec(), ";"))
+			}
+			if c.Comment != "" {
+				opts = append(opts, "comment "+Quote(c.Comment))
+			}
+			return fmt.Sprintf("%s chain %s %s%s\n", o.Verb, where, c.Name, braces(opts)), nil
+		case ruleset.Flush, ruleset.Delete:
+			return fmt.Sprintf("%s chain %s %s\n", o.Verb, where, c.Name), nil
+		}
+	case "rule":
+		c := o.ChainName()
+		switch {
+		case o.Verb == ruleset.Add:
+			return fmt.Sprintf("add rule %s %s %s\n", where, c, o.Rule.Statement()), nil
+		case o.Verb == ruleset.Insert && o.Index == 0:
+			return fmt.Sprintf("insert rule %s %s %s\n", where, c, o.Rule.Statement()), nil
+		case o.Verb == ruleset.Insert:
+			return fmt.Sprintf("insert rule %s %s index %d %s\n", where, c, o.Index, o.Rule.Statement()), nil
+		case o.Verb == ruleset.Delete && o.Ref != nil && o.Ref.Handle != 0:
+			return fmt.Sprintf("delete rule %s %s handle %d\n", where, c, o.Ref.Handle), nil
+		case o.Verb == ruleset.Delete:
+			return "", fmt.Errorf("%s: nftables deletes a rule by its handle", o)
+		}
+	}
+	return "", fmt.Errorf("%s: not an nft operation", o)
+}
+
+func comment(t *ruleset.Table) []string {
+	if t == nil || t.Comment == "" {
+		return nil
+	}
+	return []string{"comment " + Quote(t.Comment)}
+}
+
+// braces writes nft's inline block of a command: " { a; b; }", or
+// nothing.
+func braces(stmts []string) string {
+	if len(stmts) == 0 {
+		return ""
+	}
+	return " { " + strings.Join(stmts, "; ") + "; }"
+}
+
+// Quote writes an nft string: nft has no escapes, so a double quote
+// becomes a single one and a backslash goes.
+func Quote(s string) string {
+	return `"` + strings.NewReplacer(`\`, ``, `"`, `'`).Replace(s) + `"`
+}
+
+// ByFamily splits an iptables transaction into one per address family
+// (IPv4's first), each operation kept in its order; a transaction of one
+// family (or of none, a native one) is itself.
+func ByFamily(tx *ruleset.Tx) []*ruleset.Tx {
+	var v4, v6 ruleset.Tx
+	for _, o := range tx.Ops() {
+		switch o.Table.Family {
+		case ruleset.IP:
+			v4.AppendOps(o)
+		case ruleset.IP6:
+			v6.AppendOps(o)
+		default:
+			return []*ruleset.Tx{tx}
+		}
+	}
+	var out []*ruleset.Tx
+	for _, part := range []*ruleset.Tx{&v4, &v6} {
+		if !part.Empty() {
+			out = append(out, part)
+		}
+	}
+	return out
+}
