@@ -395,7 +395,7 @@ func (h *Host) Apply(ctx context.Context, tx *ruleset.Tx) error {
 		if err == nil {
 			err = batch.Apply(c)
 		}
-		if err == nil || !appendOnly(tx) {
+		if err == nil || !tx.OnlyAddsRules() {
 			return err
 		}
 	}
@@ -420,17 +420,6 @@ func (h *Host) Apply(ctx context.Context, tx *ruleset.Tx) error {
 		}
 	}
 	return nil
-}
-
-// appendOnly: every operation of tx appends a rule (to an iptables table;
-// the tool makes the table when netlink finds none).
-func appendOnly(tx *ruleset.Tx) bool {
-	for _, o := range tx.Ops() {
-		if o.Verb != ruleset.Add || o.Rule == nil {
-			return false
-		}
-	}
-	return true
 }
 
 // notFound marks the tools' "not there" as ErrNotFound.

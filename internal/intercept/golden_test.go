@@ -7,7 +7,6 @@ import (
 
 	"github.com/meshwire/meshwire/internal/firewall/fwtext"
 	"github.com/meshwire/meshwire/internal/golden"
-	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // goldenCases are the flag combinations whose rendered rules are reviewed
@@ -81,33 +80,15 @@ func render(c Config) string {
 	v4, v6 := Build(c, V4), Build(c, V6)
 	for _, rs := range []*RuleSet{v4, v6} {
 		b.WriteString("# iptables-restore --noflush, " + rs.Family.String() + " (fresh install)\n")
-		b.WriteString(restoreText(rs, &State{}))
+		b.WriteString(fwtext.Text(Restore(rs, &State{}), false))
 	}
 	b.WriteString("# nft -f -\n")
-	b.WriteString(nftText(Nft(BuildNft(c, true))))
+	b.WriteString(fwtext.Text(Nft(BuildNft(c, true)), true))
 	b.WriteString("# policy routing\n")
 	for _, step := range Routing(c, true) {
 		b.WriteString(step.String() + "\n")
 	}
 	return b.String()
-}
-
-// restoreText is Restore's transaction as iptables-restore gets it.
-func restoreText(rs *RuleSet, st *State) string {
-	s, err := fwtext.IPTablesRestore(Restore(rs, st))
-	if err != nil {
-		panic(err)
-	}
-	return s
-}
-
-// nftText is a transaction as nft -f gets it.
-func nftText(tx *ruleset.Tx) string {
-	s, err := fwtext.NftScript(tx)
-	if err != nil {
-		panic(err)
-	}
-	return s
 }
 
 func TestGolden(t *testing.T) {

@@ -51,7 +51,7 @@ func TestCompareAndRestore(t *testing.T) {
 	tp.Mode = ModeTProxy
 	b := Build(tp, V4)
 	foreign := ":FOREIGN - [0:0]\n-A OUTPUT -p udp -j FOREIGN\n-A FOREIGN -j RETURN\n"
-	installedA := saveOf(restoreText(a, &State{}), foreign)
+	installedA := saveOf(fwtext.Text(Restore(a, &State{}), false), foreign)
 
 	st := stateOf(installedA)
 	if got := Compare(a, st); got != Current {
@@ -76,7 +76,7 @@ func TestCompareAndRestore(t *testing.T) {
 	// inbound chain, which keeps only the tunnel port's rule, as in
 	// istio), own chains declared, and the table that gains TPROXY
 	// (mangle) committed before nat.
-	p := restoreText(b, st)
+	p := fwtext.Text(Restore(b, st), false)
 	if strings.Index(p, "*mangle") > strings.Index(p, "*nat") {
 		t.Fatalf("mangle (gaining the inbound capture) must commit before nat (losing it):\n%s", p)
 	}
@@ -93,7 +93,7 @@ func TestCompareAndRestore(t *testing.T) {
 	}
 
 	// Cleanup: only meshwire's.
-	c := restoreText(&RuleSet{Family: V4}, st)
+	c := fwtext.Text(Restore(&RuleSet{Family: V4}, st), false)
 	if strings.Contains(c, "-A ") || strings.Contains(c, "FOREIGN") || !strings.Contains(c, "-X ISTIO_OUTPUT") {
 		t.Fatalf("cleanup payload:\n%s", c)
 	}
@@ -181,7 +181,7 @@ func TestFingerprintDependsOnRules(t *testing.T) {
 		for _, f := range []Family{V4, V6} {
 			rs := Build(c, f)
 			fp := rs.Fingerprint()
-			text := restoreText(rs, &State{})
+			text := fwtext.Text(Restore(rs, &State{}), false)
 			if other, ok := seen[fp]; ok && other != text {
 				t.Fatalf("%s %s: fingerprint %s shared by different rule sets", name, f, fp)
 			}

@@ -100,23 +100,21 @@ func natTable(f ruleset.IPVersion) ruleset.TableID {
 // (iptables-nft reads the whole table on every change, so fewer rules per
 // pod make every pod's ADD and DEL cheaper). On an nf_tables-backed
 // iptables the firewall appends them over netlink.
-func AddTx(a attachment.ID, addrs []net.IPNet) *ruleset.Tx {
-	tx := &ruleset.Tx{}
-	for _, ad := range addrs {
-		r := masqRule(a, ad)
-		tx.AddRule(natTable(r.Family), r)
-	}
-	return tx
-}
+func AddTx(a attachment.ID, addrs []net.IPNet) *ruleset.Tx { return masqTx(ruleset.Add, a, addrs) }
 
 // DelGuessTx is the removal of what AddTx installed for addrs, without
 // reading the ruleset first: it fails (as a whole) when the rules are not
 // exactly there, and the caller then finds them by their tag.
 func DelGuessTx(a attachment.ID, addrs []net.IPNet) *ruleset.Tx {
+	return masqTx(ruleset.Delete, a, addrs)
+}
+
+// masqTx adds (Add) or deletes (Delete) the rule of each address.
+func masqTx(v ruleset.Verb, a attachment.ID, addrs []net.IPNet) *ruleset.Tx {
 	tx := &ruleset.Tx{}
 	for _, ad := range addrs {
 		r := masqRule(a, ad)
-		tx.DeleteRule(natTable(r.Family), r)
+		tx.AppendOps(ruleset.Op{Verb: v, Table: natTable(r.Family), Rule: &r})
 	}
 	return tx
 }

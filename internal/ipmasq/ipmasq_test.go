@@ -29,9 +29,9 @@ var att = attachment.ID{Network: "mwtb-net", ContainerID: "0123456789abcdef01234
 func TestRenderGolden(t *testing.T) {
 	v4 := []net.IPNet{cidr("198.18.16.5/24")}
 	v6 := []net.IPNet{cidr("fd20:0:0:16::5/64")}
-	golden.Check(t, "iptables-add-v4", iptText(t, AddTx(att, v4)))
-	golden.Check(t, "iptables-add-v6", iptText(t, AddTx(att, v6)))
-	golden.Check(t, "iptables-del-guess-v4", iptText(t, DelGuessTx(att, v4)))
+	golden.Check(t, "iptables-add-v4", fwtext.Text(AddTx(att, v4), false))
+	golden.Check(t, "iptables-add-v6", fwtext.Text(AddTx(att, v6), false))
+	golden.Check(t, "iptables-del-guess-v4", fwtext.Text(DelGuessTx(att, v4), false))
 	golden.Check(t, "nft-add-dual", NftAdd(att, append(v4, v6...)))
 }
 
@@ -53,12 +53,12 @@ func TestIPTablesDelFromSave(t *testing.T) {
 		Target: ruleset.Target{Kind: ruleset.Jump, Chain: "CNI-abc"}})))
 	must(t, Teardown(ctx, fw, att, nil))
 	log := fw.Log()
-	got := iptText(t, log[len(log)-1].Tx)
+	got := fwtext.Text(log[len(log)-1].Tx, false)
 	golden.Check(t, "iptables-del-from-save", got)
 	if strings.Count(got, "-D ") != 2 {
 		t.Fatalf("removal must name both addresses' rules:\n%s", got)
 	}
-	if g := iptText(t, DelGuessTx(att, addrs)); g != got {
+	if g := fwtext.Text(DelGuessTx(att, addrs), false); g != got {
 		t.Fatalf("guess\n%s\ndiffers from the removal found in the ruleset\n%s", g, got)
 	}
 	post := fw.Table(ruleset.IP, "nat").Chain("POSTROUTING")
@@ -70,16 +70,6 @@ func TestIPTablesDelFromSave(t *testing.T) {
 	if len(fw.Ops()) != n {
 		t.Fatalf("a second Teardown wrote: %v", fw.Ops()[n:])
 	}
-}
-
-// iptText is tx as iptables-restore gets it.
-func iptText(t *testing.T, tx *ruleset.Tx) string {
-	t.Helper()
-	s, err := fwtext.IPTablesRestore(tx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
 }
 
 func must(t *testing.T, err error) {

@@ -1,11 +1,12 @@
 // Package nftnl speaks nf_tables' netlink protocol for meshwire's firewall
-// (internal/firewall, its only user): reads (Conn.Get, and Conn.Dump,
+// (internal/firewall and its netlink half, internal/firewall/fwnetlink,
+// its only users): reads (Conn.Get, and Conn.Dump,
 // checked against the ruleset's generation so that a dump that a commit
 // cut into is read again), transactions (appending rules, removing rules
 // by handle, removing tables) and the encoding of the few rule shapes
 // meshwire writes, expression for expression as iptables-nft writes them
 // (AddrMatch, Comment, NotMulticastDst, Masquerade, Counter). What the
-// attributes mean (typed rules) is internal/firewall's.
+// attributes mean (typed rules) is internal/firewall/fwnetlink's.
 //
 // Why not a tool: a firewall tool costs a process start and, for
 // iptables-nft, a read of the whole table plus a generation-checked commit

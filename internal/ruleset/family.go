@@ -1,8 +1,11 @@
-// Package ruleset is meshwire's typed firewall rule model: the families,
-// the rules (matches in order, a target) and their rendering as
-// iptables-restore arguments and nft statements. Features build rules as
-// values; the firewall (internal/firewall) renders and applies them, and
-// reads back what the kernel holds. It touches no kernel.
+// Package ruleset is the typed model of what meshwire writes to the
+// firewall: the families, rules (matches in order, a target), tables and
+// chains, and Tx, a transaction of typed operations on them, in the
+// manner of knftables. Features build transactions as values; the
+// firewall (internal/firewall) renders and applies them (fwtext, the
+// text of iptables-restore and nft; fwnetlink, netlink) and its fake
+// (fwfake) applies the same operations. What the host holds, read back,
+// is the other layer: internal/firewall/installed. It touches no kernel.
 package ruleset
 
 import "fmt"

@@ -124,6 +124,16 @@ func (tx *Tx) Empty() bool { return tx == nil || len(tx.ops) == 0 }
 // Len is the number of operations.
 func (tx *Tx) Len() int { return len(tx.ops) }
 
+// OnlyAddsRules reports whether every operation appends a rule.
+func (tx *Tx) OnlyAddsRules() bool {
+	for _, o := range tx.Ops() {
+		if o.Verb != Add || o.Rule == nil {
+			return false
+		}
+	}
+	return !tx.Empty()
+}
+
 // Append adds the operations of other, after tx's.
 func (tx *Tx) Append(other *Tx) {
 	if other != nil {

@@ -157,7 +157,7 @@ func (f *Fake) Apply(_ context.Context, tx *ruleset.Tx) error {
 		return fmt.Errorf("%s on a %s firewall", route, f.b)
 	}
 	state, err := f.try(tx, route == "netlink")
-	if err != nil && route == "netlink" && appendOnly(tx) {
+	if err != nil && route == "netlink" && tx.OnlyAddsRules() {
 		// As Host: iptables-restore makes the table netlink did not find.
 		route = firewall.ToolRoute(f.b, tx)
 		state, err = f.try(tx, false)
@@ -168,15 +168,6 @@ func (f *Fake) Apply(_ context.Context, tx *ruleset.Tx) error {
 	f.tables = state
 	f.log = append(f.log, Applied{Route: route, Tx: tx})
 	return nil
-}
-
-func appendOnly(tx *ruleset.Tx) bool {
-	for _, o := range tx.Ops() {
-		if o.Verb != ruleset.Add || o.Rule == nil {
-			return false
-		}
-	}
-	return true
 }
 
 // try applies tx to a copy of the tables. Over netlink, iptables tables

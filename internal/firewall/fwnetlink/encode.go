@@ -9,7 +9,7 @@ import (
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
-// Rules appended over netlink (AppendRules) are given as typed rules
+// Rules appended over netlink (Encode, for Tx.AddRule) are given as typed rules
 // (ruleset.Rule) and encoded as iptables-nft encodes their iptables-restore
 // line (internal/nftnl checks the bytes against iptables-nft itself). Only
 // what meshwire appends is encodable:

@@ -22,7 +22,7 @@ import (
 
 // FuzzParseIPTablesRule: a rule line reads into a rule of the chain it
 // names; when the typed fields hold the whole rule, the spec rendered from
-// them reads back to the same rule (what DeleteRules and a caller's -D
+// them reads back to the same rule (what a deletion by Rule.Ref and a caller's -D
 // lines rely on).
 func FuzzParseIPTablesRule(f *testing.F) {
 	f.Add(`-A POSTROUTING -s 10.1.0.2/32 ! -d 10.1.0.0/24 -m comment --comment "name: \"x\" id: \"y\"" -j MASQUERADE`)

@@ -216,3 +216,25 @@ func ByFamily(tx *ruleset.Tx) []*ruleset.Tx {
 	}
 	return out
 }
+
+// Text renders tx for the tool that applies it (nft -f with nft, else
+// iptables-restore, one payload per address family), for dry runs, logs
+// and golden files; what cannot be rendered is a comment line naming why.
+func Text(tx *ruleset.Tx, nft bool) string {
+	if nft {
+		s, err := NftScript(tx)
+		if err != nil {
+			return "# " + err.Error() + "\n"
+		}
+		return s
+	}
+	var b strings.Builder
+	for _, part := range ByFamily(tx) {
+		s, err := IPTablesRestore(part)
+		if err != nil {
+			return "# " + err.Error() + "\n"
+		}
+		b.WriteString(s)
+	}
+	return b.String()
+}

@@ -6,7 +6,7 @@
 // family (or the one nftables transaction) that turns it into the desired
 // rule set, and applies it together with the TPROXY policy routing
 // (through netlink). Both the iptables-init command and the intercept CNI
-// plugin use it; tests give it firewall.Fakes (Request.Firewall).
+// plugin use it; tests give it fwfake.Fakes (Request.Firewall).
 package apply
 
 import (
@@ -288,15 +288,7 @@ func (p *Plan) String() string {
 // text renders a transaction as the tool of b would get it (the dry
 // run's output).
 func text(b firewall.Backend, tx *ruleset.Tx) string {
-	render := fwtext.IPTablesRestore
-	if b.Kind == firewall.NFTables {
-		render = fwtext.NftScript
-	}
-	s, err := render(tx)
-	if err != nil {
-		return "# " + err.Error() + "\n"
-	}
-	return s
+	return fwtext.Text(tx, b.Kind == firewall.NFTables)
 }
 
 // restoreTool names the iptables-restore of a backend and family.

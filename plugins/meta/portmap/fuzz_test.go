@@ -8,6 +8,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/meshwire/meshwire/internal/attachment"
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
 )
 
 // FuzzConfig feeds arbitrary stdin to the config parser and, when it is
@@ -35,14 +36,14 @@ func FuzzConfig(f *testing.F) {
 		v4 := &net.IPNet{IP: net.ParseIP("198.18.48.5").To4(), Mask: net.CIDRMask(24, 32)}
 		v6 := &net.IPNet{IP: net.ParseIP("fd50:48::5"), Mask: net.CIDRMask(64, 128)}
 		plans := plan(c, a, v4, v6)
-		nft := nftText(t, renderNFTAddNew(a, plans))
-		if got, want := strings.Count(nft, "\n"), strings.Count(nftText(t, renderNFTEnsure(nil, a, plans)), "\n"); got > want {
+		nft := fwtext.Text(renderNFTAddNew(a, plans), true)
+		if got, want := strings.Count(nft, "\n"), strings.Count(fwtext.Text(renderNFTEnsure(nil, a, plans), true), "\n"); got > want {
 			t.Fatalf("fast path has more lines than the slow path:\n%s", nft)
 		}
 		lines := 1 // the tag
 		for _, p := range plans {
 			lines += len(p.Rules)
-			payload := iptText(t, renderIPTAddNew(p))
+			payload := fwtext.Text(renderIPTAddNew(p), false)
 			// *nat, -N, tag, rules, jump, COMMIT
 			if n := strings.Count(payload, "\n"); n != len(p.Rules)+5 {
 				t.Fatalf("iptables payload has %d lines for %d rules:\n%s", n, len(p.Rules), payload)

@@ -65,47 +65,27 @@ func TestGolden(t *testing.T) {
 			}
 			if kind == firewall.IPTables {
 				for _, p := range plans {
-					fmt.Fprintf(&b, "## iptables IPv%d: ADD (new attachment)\n%s\n", p.Family, iptText(t, renderIPTAddNew(p)))
+					fmt.Fprintf(&b, "## iptables IPv%d: ADD (new attachment)\n%s\n", p.Family, fwtext.Text(renderIPTAddNew(p), false))
 					var empty *installed.Table // no nat table read
-					fmt.Fprintf(&b, "## iptables IPv%d: ADD (first attachment, no meshwire chain yet)\n%s\n", p.Family, iptText(t, renderIPTAddFresh(p)))
-					fmt.Fprintf(&b, "## iptables IPv%d: ADD (slow path, empty table)\n%s\n", p.Family, iptText(t, renderIPTEnsure(empty, p)))
+					fmt.Fprintf(&b, "## iptables IPv%d: ADD (first attachment, no meshwire chain yet)\n%s\n", p.Family, fwtext.Text(renderIPTAddFresh(p), false))
+					fmt.Fprintf(&b, "## iptables IPv%d: ADD (slow path, empty table)\n%s\n", p.Family, fwtext.Text(renderIPTEnsure(empty, p), false))
 					applied := applyIPT(t, p, renderIPTEnsure(empty, p))
-					fmt.Fprintf(&b, "## iptables IPv%d: ADD (slow path, repeated)\n%s\n", p.Family, iptText(t, renderIPTEnsure(applied, p)))
-					fmt.Fprintf(&b, "## iptables IPv%d: DEL\n%s\n", p.Family, iptText(t, renderIPTDel(p.Family, p.Key)))
-					fmt.Fprintf(&b, "## iptables IPv%d: remove the last attachment and the base\n%s\n", p.Family, iptText(t, renderIPTRemove(p.Family, applied, []string{p.Key}, true)))
+					fmt.Fprintf(&b, "## iptables IPv%d: ADD (slow path, repeated)\n%s\n", p.Family, fwtext.Text(renderIPTEnsure(applied, p), false))
+					fmt.Fprintf(&b, "## iptables IPv%d: DEL\n%s\n", p.Family, fwtext.Text(renderIPTDel(p.Family, p.Key), false))
+					fmt.Fprintf(&b, "## iptables IPv%d: remove the last attachment and the base\n%s\n", p.Family, fwtext.Text(renderIPTRemove(p.Family, applied, []string{p.Key}, true), false))
 				}
 			}
 			if kind == firewall.NFTables || c.Backend == nil && c.Implied == "" {
-				fmt.Fprintf(&b, "## nftables: ADD (new attachment)\n%s\n", nftText(t, renderNFTAddNew(goldenAtt, plans)))
+				fmt.Fprintf(&b, "## nftables: ADD (new attachment)\n%s\n", fwtext.Text(renderNFTAddNew(goldenAtt, plans), true))
 				var empty *installed.Table // no table
-				fmt.Fprintf(&b, "## nftables: ADD (first attachment, no table yet)\n%s\n", nftText(t, renderNFTAddFresh(goldenAtt, plans)))
-				fmt.Fprintf(&b, "## nftables: ADD (slow path, empty table)\n%s\n", nftText(t, renderNFTEnsure(empty, goldenAtt, plans)))
+				fmt.Fprintf(&b, "## nftables: ADD (first attachment, no table yet)\n%s\n", fwtext.Text(renderNFTAddFresh(goldenAtt, plans), true))
+				fmt.Fprintf(&b, "## nftables: ADD (slow path, empty table)\n%s\n", fwtext.Text(renderNFTEnsure(empty, goldenAtt, plans), true))
 				st := nftListing(goldenAtt.PortmapKey(), plans)
-				fmt.Fprintf(&b, "## nftables: DEL of the last attachment\n%s\n", nftText(t, renderNFTRemove(st, []string{goldenAtt.PortmapKey()}, true)))
+				fmt.Fprintf(&b, "## nftables: DEL of the last attachment\n%s\n", fwtext.Text(renderNFTRemove(st, []string{goldenAtt.PortmapKey()}, true), true))
 			}
 			golden.Check(t, gc.name, b.String())
 		})
 	}
-}
-
-// iptText is tx as iptables-restore gets it.
-func iptText(t *testing.T, tx *ruleset.Tx) string {
-	t.Helper()
-	s, err := fwtext.IPTablesRestore(tx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
-}
-
-// nftText is tx as nft -f gets it.
-func nftText(t *testing.T, tx *ruleset.Tx) string {
-	t.Helper()
-	s, err := fwtext.NftScript(tx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
 }
 
 // applyIPT is the nat table of p's family after tx, as an nf_tables-backed
@@ -123,7 +103,7 @@ func applyIPT(t *testing.T, p famPlan, tx *ruleset.Tx) *installed.Table {
 		}
 	}
 	if err := fake.Apply(context.Background(), tx); err != nil {
-		t.Fatalf("apply:\n%s\n%v", iptText(t, tx), err)
+		t.Fatalf("apply:\n%s\n%v", fwtext.Text(tx, false), err)
 	}
 	return fake.Table(f.Tables(), "nat")
 }

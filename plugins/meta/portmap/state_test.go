@@ -67,17 +67,17 @@ func TestIPTState(t *testing.T) {
 	}
 	// Removing one attachment keeps the base; removing both tears it down,
 	// and KUBE-SERVICES is never touched.
-	one := iptText(t, renderIPTRemove(ruleset.V4, st, []string{"ec43057c07aaa51f"}, true))
+	one := fwtext.Text(renderIPTRemove(ruleset.V4, st, []string{"ec43057c07aaa51f"}, true), false)
 	if strings.Contains(one, "-X "+iptTop) || !strings.Contains(one, "-X MWHP-ec43057c07aaa51f") {
 		t.Fatalf("remove one:\n%s", one)
 	}
-	both := iptText(t, renderIPTRemove(ruleset.V4, st, attachmentKeys(st, iptPrefix), true))
+	both := fwtext.Text(renderIPTRemove(ruleset.V4, st, attachmentKeys(st, iptPrefix), true), false)
 	for _, want := range []string{"-X " + iptTop, "-X " + iptMasq, "-X MWHP-MARK-13", "-D PREROUTING -m addrtype"} {
 		if !strings.Contains(both, want) {
 			t.Fatalf("remove all lacks %q:\n%s", want, both)
 		}
 	}
-	if keep := iptText(t, renderIPTRemove(ruleset.V4, st, attachmentKeys(st, iptPrefix), false)); strings.Contains(keep, "-X "+iptTop) || !strings.Contains(keep, "-X MWHP-f61abc13cde44594") {
+	if keep := fwtext.Text(renderIPTRemove(ruleset.V4, st, attachmentKeys(st, iptPrefix), false), false); strings.Contains(keep, "-X "+iptTop) || !strings.Contains(keep, "-X MWHP-f61abc13cde44594") {
 		t.Fatalf("remove all without teardown:\n%s", keep)
 	}
 	if strings.Contains(one+both, "KUBE") {
@@ -155,7 +155,7 @@ func TestNFTState(t *testing.T) {
 	if len(udp[ruleset.V4]) != 1 || udp[ruleset.V4][0] != 30081 || len(udp[ruleset.V6]) != 1 {
 		t.Fatalf("udp %v", udp)
 	}
-	script := nftText(t, renderNFTRemove(st, []string{"f61abc13cde44594"}, false))
+	script := fwtext.Text(renderNFTRemove(st, []string{"f61abc13cde44594"}, false), true)
 	if script != "delete rule inet meshwire_portmap hostports handle 55\ndelete chain inet meshwire_portmap pm-f61abc13cde44594\n" {
 		t.Fatalf("remove script:\n%s", script)
 	}
