@@ -344,56 +344,63 @@ func (r Rule) nft(chainName func(string) string) string {
 			a = append(a, strings.Join(m.Args, " "))
 		}
 	}
-	t := r.Target
-	switch t.Kind {
-	case Jump:
-		a = append(a, counter+"jump "+chainName(t.Chain))
-	case Return:
-		a = append(a, counter+"return")
-	case Accept:
-		a = append(a, counter+"accept")
-	case Drop:
-		a = append(a, counter+"drop")
-	case Redirect:
-		a = append(a, fmt.Sprintf("%sredirect to :%d", counter, t.Port))
-	case TProxy:
-		ip := "ip"
-		if r.Family == V6 {
-			ip = "ip6"
-		}
-		a = append(a, fmt.Sprintf("tproxy %s to :%d meta mark set 0x%x %saccept", ip, t.Port, t.Mark, counter))
-	case SetMark:
-		switch t.Mask {
-		case 0, 0xffffffff:
-			a = append(a, fmt.Sprintf("%smeta mark set 0x%x", counter, t.Mark))
-		case t.Mark:
-			a = append(a, fmt.Sprintf("%smeta mark set meta mark or %#08x", counter, t.Mark))
-		default:
-			a = append(a, fmt.Sprintf("%smeta mark set meta mark & %#08x ^ %#08x", counter, ^t.Mask, t.Mark))
-		}
-	case ConnmarkSave:
-		a = append(a, counter+"ct mark set meta mark")
-	case ConnmarkRestore:
-		a = append(a, counter+"meta mark set ct mark")
-	case CTZone:
-		a = append(a, fmt.Sprintf("%sct zone set %d", counter, t.Zone))
-	case Masquerade:
-		a = append(a, counter+"masquerade")
-	case DNAT:
-		ip := "ip"
-		if t.To.Addr().Is6() {
-			ip = "ip6"
-		}
-		a = append(a, fmt.Sprintf("%sdnat %s to %s", counter, ip, addrPort(t.To)))
-	case None:
-		if r.Counter {
-			a = append(a, "counter")
-		}
+	if v := r.nftVerdict(chainName, counter); v != "" {
+		a = append(a, v)
 	}
 	if r.Comment != "" {
 		a = append(a, fmt.Sprintf("comment %q", r.Comment))
 	}
 	return strings.Join(a, " ")
+}
+
+// nftVerdict is the statement of the rule's target (with the counter
+// before its verdict), "" for a rule without one.
+func (r Rule) nftVerdict(chainName func(string) string, counter string) string {
+	t := r.Target
+	switch t.Kind {
+	case Jump:
+		return counter + "jump " + chainName(t.Chain)
+	case Return:
+		return counter + "return"
+	case Accept:
+		return counter + "accept"
+	case Drop:
+		return counter + "drop"
+	case Redirect:
+		return fmt.Sprintf("%sredirect to :%d", counter, t.Port)
+	case TProxy:
+		ip := "ip"
+		if r.Family == V6 {
+			ip = "ip6"
+		}
+		return fmt.Sprintf("tproxy %s to :%d meta mark set 0x%x %saccept", ip, t.Port, t.Mark, counter)
+	case SetMark:
+		switch t.Mask {
+		case 0, 0xffffffff:
+			return fmt.Sprintf("%smeta mark set 0x%x", counter, t.Mark)
+		case t.Mark:
+			return fmt.Sprintf("%smeta mark set meta mark or %#08x", counter, t.Mark)
+		default:
+			return fmt.Sprintf("%smeta mark set meta mark & %#08x ^ %#08x", counter, ^t.Mask, t.Mark)
+		}
+	case ConnmarkSave:
+		return counter + "ct mark set meta mark"
+	case ConnmarkRestore:
+		return counter + "meta mark set ct mark"
+	case CTZone:
+		return fmt.Sprintf("%sct zone set %d", counter, t.Zone)
+	case Masquerade:
+		return counter + "masquerade"
+	case DNAT:
+		ip := "ip"
+		if t.To.Addr().Is6() {
+			ip = "ip6"
+		}
+		return fmt.Sprintf("%sdnat %s to %s", counter, ip, addrPort(t.To))
+	case None:
+		return strings.TrimSpace(counter)
+	}
+	return ""
 }
 
 // BuiltinHook is the netfilter hook of an iptables built-in chain
