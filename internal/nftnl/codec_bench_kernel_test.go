@@ -37,8 +37,9 @@ import (
 //	      families' chains, delete them by handle, release;
 //	dump  read a chain holding 1,000 attachments' rules, on an open
 //	      connection;
-//	fresh one ADD in a fresh process (the test binary run again), which is
-//	      how a plugin meets the code: cold, once.
+//	fresh one ADD, or one DEL, in a fresh process (the test binary run
+//	      again), which is how a plugin meets the code: cold, once; timed
+//	      inside the process and as the process's whole wall time.
 //
 // Both sides do the same thing with the same semantics (a generation-checked
 // dump, the socket duplicated on release so that the RCU wait of the last
@@ -72,7 +73,8 @@ func BenchmarkCodecVsLibrary(b *testing.B) {
 	b.Run("add", func(b *testing.B) { benchInNS(b, benchAdd) })
 	b.Run("del", func(b *testing.B) { benchInNS(b, benchDel) })
 	b.Run("dump1000", func(b *testing.B) { benchInNS(b, benchDump) })
-	b.Run("fresh-add", func(b *testing.B) { benchInNS(b, benchFresh) })
+	b.Run("fresh-add", func(b *testing.B) { benchInNS(b, benchFresh("add")) })
+	b.Run("fresh-del", func(b *testing.B) { benchInNS(b, benchFresh("del")) })
 }
 
 // benchInNS runs fn in a throwaway network namespace that it removes.
@@ -697,48 +699,64 @@ func benchDump(b *testing.B, _ string) error {
 	return nil
 }
 
-// benchFresh: each ADD runs in a new process (this test binary, running
-// TestCodecBenchChild), timed inside the child around open, append and
-// release (cold: first use of the code), and outside as the process's
-// wall time.
-func benchFresh(b *testing.B, nsPath string) error {
-	if err := background(0, benchBackground); err != nil {
-		return err
-	}
-	var codec, lib, codecWall, libWall side
-	for i := 0; i < b.N; i++ {
-		p := podOf(benchBackground + 1 + i)
-		run := func(s, wall *side, which string) func() error {
-			return func() error {
-				cmd := exec.Command(os.Args[0], "-test.run=^TestCodecBenchChild$", "-test.count=1")
-				cmd.Env = append(os.Environ(), "MW_CODEC_BENCH_CHILD="+which, "MW_CODEC_BENCH_NS="+nsPath, "MW_CODEC_BENCH_POD="+strconv.Itoa(benchBackground+1+i))
-				var out, errb bytes.Buffer
-				cmd.Stdout, cmd.Stderr = &out, &errb
-				t := time.Now()
-				err := cmd.Run()
-				wall.add(time.Since(t), 0, 0)
-				if err != nil {
-					return fmt.Errorf("child %s: %v: %s%s", which, err, out.String(), errb.String())
-				}
-				var ns, bytes, allocs uint64
-				if _, err := fmt.Sscanf(lastLine(out.String(), "CHILD "), "CHILD %d %d %d", &ns, &bytes, &allocs); err != nil {
-					return fmt.Errorf("child %s said %q: %v", which, out.String(), err)
-				}
-				s.add(time.Duration(ns), bytes, allocs)
-				if n, _, err := podRules(p); err != nil || n != 2 {
-					return fmt.Errorf("after a fresh ADD: %d of the pod's rules, %v", n, err)
-				}
-				return closeTail(codecDel(p))
-			}
-		}
-		if err := both(i, run(&codec, &codecWall, "codec"), run(&lib, &libWall, "lib")); err != nil {
+// benchFresh: each ADD (op "add") or DEL ("del") runs in a new process
+// (this test binary, running TestCodecBenchChild), timed inside the child
+// around open, the change and release (cold: first use of the code), and
+// outside as the process's wall time. A DEL's rules are appended first by
+// the parent (with the codec).
+func benchFresh(op string) func(b *testing.B, nsPath string) error {
+	return func(b *testing.B, nsPath string) error {
+		if err := background(0, benchBackground); err != nil {
 			return err
 		}
+		var codec, lib, codecWall, libWall side
+		for i := 0; i < b.N; i++ {
+			p := podOf(benchBackground + 1 + i)
+			run := func(s, wall *side, which string) func() error {
+				return func() error {
+					if op == "del" {
+						if err := closeTail(codecAdd(p)); err != nil {
+							return err
+						}
+					}
+					cmd := exec.Command(os.Args[0], "-test.run=^TestCodecBenchChild$", "-test.count=1")
+					cmd.Env = append(os.Environ(), "MW_CODEC_BENCH_CHILD="+which, "MW_CODEC_BENCH_OP="+op,
+						"MW_CODEC_BENCH_NS="+nsPath, "MW_CODEC_BENCH_POD="+strconv.Itoa(benchBackground+1+i))
+					var out, errb bytes.Buffer
+					cmd.Stdout, cmd.Stderr = &out, &errb
+					t := time.Now()
+					err := cmd.Run()
+					wall.add(time.Since(t), 0, 0)
+					if err != nil {
+						return fmt.Errorf("child %s: %v: %s%s", which, err, out.String(), errb.String())
+					}
+					var ns, bytes, allocs uint64
+					if _, err := fmt.Sscanf(lastLine(out.String(), "CHILD "), "CHILD %d %d %d", &ns, &bytes, &allocs); err != nil {
+						return fmt.Errorf("child %s said %q: %v", which, out.String(), err)
+					}
+					s.add(time.Duration(ns), bytes, allocs)
+					n, _, err := podRules(p)
+					if op == "del" {
+						if err != nil || n != 0 {
+							return fmt.Errorf("after a fresh DEL: %d of the pod's rules, %v", n, err)
+						}
+						return nil
+					}
+					if err != nil || n != 2 {
+						return fmt.Errorf("after a fresh ADD: %d of the pod's rules, %v", n, err)
+					}
+					return closeTail(codecDel(p))
+				}
+			}
+			if err := both(i, run(&codec, &codecWall, "codec"), run(&lib, &libWall, "lib")); err != nil {
+				return err
+			}
+		}
+		report(b, &codec, &lib)
+		b.ReportMetric(codecWall.mean(), "codec-process-ns/op")
+		b.ReportMetric(libWall.mean(), "lib-process-ns/op")
+		return nil
 	}
-	report(b, &codec, &lib)
-	b.ReportMetric(codecWall.mean(), "codec-process-ns/op")
-	b.ReportMetric(libWall.mean(), "lib-process-ns/op")
-	return nil
 }
 
 func lastLine(out, prefix string) string {
@@ -763,14 +781,14 @@ func TestCodecBenchChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	add := codecAdd
-	if which == "lib" {
-		add = libAdd
+	change := map[string]func(benchPod) (*os.File, error){"codec add": codecAdd, "lib add": libAdd, "codec del": codecDel, "lib del": libDel}[which+" "+os.Getenv("MW_CODEC_BENCH_OP")]
+	if change == nil {
+		t.Fatalf("MW_CODEC_BENCH_CHILD %q, MW_CODEC_BENCH_OP %q", which, os.Getenv("MW_CODEC_BENCH_OP"))
 	}
 	var s side
 	err = netns.Enter(os.Getenv("MW_CODEC_BENCH_NS"), func() error {
 		var tail *os.File
-		err := s.measure(func() (err error) { tail, err = add(podOf(i)); return err })
+		err := s.measure(func() (err error) { tail, err = change(podOf(i)); return err })
 		return closeTail(tail, err)
 	})
 	if err != nil {
