@@ -65,6 +65,15 @@
 
 #include "sock_owner.h"
 
+// The meshed pods' interception settings, mirrored (mw_rules_pods, _ports,
+// _cidrs; the intercept plugin writes them beside the policy): an
+// application's connection is tracked only when the pod's interception
+// captured it, so that connections to excluded ports and ranges pay
+// nothing. A pod without them has every connection tracked (the sidecar's
+// accept pairs only the captured ones).
+#define RULES_MAP(name) mw_rules_##name
+#include "capture_rules.h"
+
 // Kernel types, only the fields read here; CO-RE relocates their offsets
 // against the running kernel's BTF.
 struct tcp_sock {
@@ -328,28 +337,40 @@ static __always_inline void key_of(struct sock_key *k, const struct endpoint *e,
 	k->client = client;
 }
 
-// owned_by_proxy: the socket was created by the proxy's uid (an accepted
-// socket inherits its listener's), or with match_gid belongs to a file
-// opened with the proxy's gid, as iptables' owner match sees them. A socket
-// accepted but not yet returned by accept() has no file: its gid is
-// unknown here (server_established relies on the sidecar's listener).
-static __always_inline __u32 owned_by_proxy(struct bpf_sock *bsk)
+// owner_ids reads the socket's owner as iptables' owner match sees it: the
+// uid it was created with (an accepted socket inherits its listener's),
+// the file-system gid of the file it belongs to (none, -1, for a socket
+// accepted but not yet returned by accept()).
+static __always_inline int owner_ids(struct bpf_sock *bsk, __u32 *uid, __u32 *gid)
 {
+	*uid = (__u32)-1;
+	*gid = (__u32)-1;
 	struct sock *sk = (struct sock *)bpf_skc_to_tcp_sock(bsk);
 	if (!sk)
 		return 0;
-	if (sk->sk_uid.val == proxy_uid)
-		return 1;
-	if (!match_gid)
-		return 0;
+	*uid = sk->sk_uid.val;
 	struct socket *so = sk->sk_socket;
 	if (!so)
-		return 0;
+		return 1;
 	struct file *f = so->file;
 	if (!f)
-		return 0;
+		return 1;
 	const struct cred *c = f->f_cred;
-	return c && c->fsgid.val == proxy_gid;
+	if (c)
+		*gid = c->fsgid.val;
+	return 1;
+}
+
+// owned_by_proxy: the socket was created by the proxy's uid, or with
+// match_gid belongs to a file opened with the proxy's gid
+// (server_established relies on the sidecar's listener for a socket not
+// yet accepted).
+static __always_inline __u32 owned_by_proxy(struct bpf_sock *bsk)
+{
+	__u32 uid, gid;
+	if (!owner_ids(bsk, &uid, &gid))
+		return 0;
+	return uid == proxy_uid || (match_gid && gid == proxy_gid);
 }
 
 // endpoint_of is key_of's inverse: the endpoint a key was made of.
@@ -438,6 +459,37 @@ static __always_inline void track_client(struct bpf_sock_ops *skops, struct bpf_
 	__sync_fetch_and_or(&st->flags, F_CLIENT);
 }
 
+static __always_inline void addr_of(struct addr *a, const struct endpoint *e)
+{
+	if (e->family == AF_INET) {
+		v4mapped(a, e->addr[0]);
+		return;
+	}
+	a->a[0] = e->addr[0];
+	a->a[1] = e->addr[1];
+	a->a[2] = e->addr[2];
+	a->a[3] = e->addr[3];
+}
+
+// captured reports whether the pod's interception captured the
+// application's connection from local to remote, by the pod's mirrored
+// settings: in EBPF mode the connect() hook pointed it at the outbound
+// port on loopback; with rules, the rules' verdict. Without settings, yes.
+static __always_inline int captured(struct bpf_sock *sk, const struct endpoint *local, const struct endpoint *remote)
+{
+	struct pod_capture *pod = bpf_map_lookup_elem(&mw_rules_pods, &local->netns);
+	if (!pod)
+		return 1;
+	if (pod->flags & CAP_EBPF_MODE)
+		return is_loopback(remote) && remote->port == outbound_port;
+	struct addr dst = {}, src = {};
+	addr_of(&dst, remote);
+	addr_of(&src, local);
+	__u32 uid, gid;
+	owner_ids(sk, &uid, &gid);
+	return decide(pod, local->netns, &dst, remote->port, &src, uid, gid, 0) == TO_OUTBOUND;
+}
+
 static __always_inline void client_established(struct bpf_sock_ops *skops)
 {
 	struct endpoint e = {}, remote = {};
@@ -472,6 +524,8 @@ static __always_inline void client_established(struct bpf_sock_ops *skops)
 	if (!bpf_map_lookup_elem(&mw_sidecars, &e.netns))
 		return;
 	if (is_loopback(&remote) && remote.port != outbound_port)
+		return;
+	if (!captured(sk, &e, &remote))
 		return;
 	track_client(skops, sk, &e, ROLE_CLIENT, proxy);
 }

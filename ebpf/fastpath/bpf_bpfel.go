@@ -13,6 +13,17 @@ import (
 	"github.com/cilium/ebpf"
 )
 
+type bpfCidrKey struct {
+	_         structs.HostLayout
+	Prefixlen uint32
+	Kind      uint32
+	Netns     uint64
+	Addr      struct {
+		_ structs.HostLayout
+		A [4]uint32
+	}
+}
+
 type bpfControl struct {
 	_            structs.HostLayout
 	Draining     uint32
@@ -40,10 +51,34 @@ type bpfEndpointUse struct {
 	ServerIsn uint32
 }
 
+type bpfPodCapture struct {
+	_            structs.HostLayout
+	Flags        uint32
+	OutboundPort uint16
+	InboundPort  uint16
+	TunnelPort   uint16
+	Owners       uint8
+	Groups       uint8
+	OwnerGid     uint32
+	Lo4          uint32
+	Lo4Mask      uint32
+	OwnerId      [8]uint32
+	Group        [64]uint32
+	NetnsIno     uint64
+}
+
 type bpfPodPolicy struct {
 	_        structs.HostLayout
 	Flags    uint32
 	NetnsIno uint32
+}
+
+type bpfPortKey struct {
+	_     structs.HostLayout
+	Netns uint64
+	Port  uint16
+	Kind  uint8
+	Pad   [5]uint8
 }
 
 type bpfReader struct {
@@ -122,15 +157,18 @@ type bpfProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type bpfMapSpecs struct {
-	MwControl   *ebpf.MapSpec `ebpf:"mw_control"`
-	MwCounters  *ebpf.MapSpec `ebpf:"mw_counters"`
-	MwEndpoints *ebpf.MapSpec `ebpf:"mw_endpoints"`
-	MwPeerSyns  *ebpf.MapSpec `ebpf:"mw_peer_syns"`
-	MwPods      *ebpf.MapSpec `ebpf:"mw_pods"`
-	MwReaders   *ebpf.MapSpec `ebpf:"mw_readers"`
-	MwSidecars  *ebpf.MapSpec `ebpf:"mw_sidecars"`
-	MwSocks     *ebpf.MapSpec `ebpf:"mw_socks"`
-	MwState     *ebpf.MapSpec `ebpf:"mw_state"`
+	MwControl    *ebpf.MapSpec `ebpf:"mw_control"`
+	MwCounters   *ebpf.MapSpec `ebpf:"mw_counters"`
+	MwEndpoints  *ebpf.MapSpec `ebpf:"mw_endpoints"`
+	MwPeerSyns   *ebpf.MapSpec `ebpf:"mw_peer_syns"`
+	MwPods       *ebpf.MapSpec `ebpf:"mw_pods"`
+	MwReaders    *ebpf.MapSpec `ebpf:"mw_readers"`
+	MwRulesCidrs *ebpf.MapSpec `ebpf:"mw_rules_cidrs"`
+	MwRulesPods  *ebpf.MapSpec `ebpf:"mw_rules_pods"`
+	MwRulesPorts *ebpf.MapSpec `ebpf:"mw_rules_ports"`
+	MwSidecars   *ebpf.MapSpec `ebpf:"mw_sidecars"`
+	MwSocks      *ebpf.MapSpec `ebpf:"mw_socks"`
+	MwState      *ebpf.MapSpec `ebpf:"mw_state"`
 }
 
 // bpfVariableSpecs contains global variables before they are loaded into the kernel.
@@ -164,15 +202,18 @@ func (o *bpfObjects) Close() error {
 //
 // It can be passed to loadBpfObjects or ebpf.CollectionSpec.LoadAndAssign.
 type bpfMaps struct {
-	MwControl   *ebpf.Map `ebpf:"mw_control"`
-	MwCounters  *ebpf.Map `ebpf:"mw_counters"`
-	MwEndpoints *ebpf.Map `ebpf:"mw_endpoints"`
-	MwPeerSyns  *ebpf.Map `ebpf:"mw_peer_syns"`
-	MwPods      *ebpf.Map `ebpf:"mw_pods"`
-	MwReaders   *ebpf.Map `ebpf:"mw_readers"`
-	MwSidecars  *ebpf.Map `ebpf:"mw_sidecars"`
-	MwSocks     *ebpf.Map `ebpf:"mw_socks"`
-	MwState     *ebpf.Map `ebpf:"mw_state"`
+	MwControl    *ebpf.Map `ebpf:"mw_control"`
+	MwCounters   *ebpf.Map `ebpf:"mw_counters"`
+	MwEndpoints  *ebpf.Map `ebpf:"mw_endpoints"`
+	MwPeerSyns   *ebpf.Map `ebpf:"mw_peer_syns"`
+	MwPods       *ebpf.Map `ebpf:"mw_pods"`
+	MwReaders    *ebpf.Map `ebpf:"mw_readers"`
+	MwRulesCidrs *ebpf.Map `ebpf:"mw_rules_cidrs"`
+	MwRulesPods  *ebpf.Map `ebpf:"mw_rules_pods"`
+	MwRulesPorts *ebpf.Map `ebpf:"mw_rules_ports"`
+	MwSidecars   *ebpf.Map `ebpf:"mw_sidecars"`
+	MwSocks      *ebpf.Map `ebpf:"mw_socks"`
+	MwState      *ebpf.Map `ebpf:"mw_state"`
 }
 
 func (m *bpfMaps) Close() error {
@@ -183,6 +224,9 @@ func (m *bpfMaps) Close() error {
 		m.MwPeerSyns,
 		m.MwPods,
 		m.MwReaders,
+		m.MwRulesCidrs,
+		m.MwRulesPods,
+		m.MwRulesPorts,
 		m.MwSidecars,
 		m.MwSocks,
 		m.MwState,

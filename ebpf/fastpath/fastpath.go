@@ -21,6 +21,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -28,6 +29,7 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
+	"github.com/meshwire/meshwire/ebpf/capture/pods"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
 	"github.com/meshwire/meshwire/internal/filelock"
 )
@@ -217,6 +219,7 @@ func attach(cfg Config, loadSpec func() (*ebpf.CollectionSpec, error)) (Result, 
 	defer objs.Close()
 	result := Attached
 	var kept map[uint64]podpolicy.Value // the replaced build's pod policies
+	var keptRules []keptEntry            // and their mirrored interception settings
 	if IsAttached(dir) {
 		st := Status{}
 		if err := readSettings(dir, &st); err != nil {
@@ -247,6 +250,9 @@ func attach(cfg Config, loadSpec func() (*ebpf.CollectionSpec, error)) (Result, 
 		// The meshed pods' policies were written at their ADD, which
 		// does not come again: they move to the new maps.
 		if kept, err = readPodPolicies(dir); err != nil {
+			return 0, err
+		}
+		if keptRules, err = readRules(dir); err != nil {
 			return 0, err
 		}
 		if _, err := detach(dir); err != nil {
@@ -280,6 +286,9 @@ func attach(cfg Config, loadSpec func() (*ebpf.CollectionSpec, error)) (Result, 
 			return 0, fmt.Errorf("carry over the pod policies: %w", err)
 		}
 	}
+	if err := writeRules(objs, keptRules); err != nil {
+		return 0, err
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return 0, fmt.Errorf("create the pin directory: %w", err)
 	}
@@ -289,7 +298,11 @@ func attach(cfg Config, loadSpec func() (*ebpf.CollectionSpec, error)) (Result, 
 			_ = removePins(dir)
 		}
 	}()
-	for name, m := range map[string]*ebpf.Map{pinSocks: objs.MwSocks, pinCounters: objs.MwCounters, pinControl: objs.MwControl, pinPods: objs.MwPods} {
+	if err := os.MkdirAll(podpolicy.RulesDir(dir), 0o700); err != nil {
+		return 0, fmt.Errorf("create the pin directory: %w", err)
+	}
+	for name, m := range map[string]*ebpf.Map{pinSocks: objs.MwSocks, pinCounters: objs.MwCounters, pinControl: objs.MwControl, pinPods: objs.MwPods,
+		rulesPin(dir, pods.PinPods): objs.MwRulesPods, rulesPin(dir, pods.PinPorts): objs.MwRulesPorts, rulesPin(dir, pods.PinCIDRs): objs.MwRulesCidrs} {
 		if err := m.Pin(filepath.Join(dir, name)); err != nil {
 			return 0, fmt.Errorf("pin %s: %w", name, err)
 		}
@@ -329,6 +342,68 @@ func readPodPolicies(dir string) (map[uint64]podpolicy.Value, error) {
 		return nil, fmt.Errorf("read the pod policies: %w", err)
 	}
 	return out, nil
+}
+
+// rulesPin is the pin, relative to dir, of one of the maps that mirror the
+// meshed pods' interception settings (package pods writes them under
+// podpolicy.RulesDir, as it writes ebpf interception's).
+func rulesPin(dir, name string) string {
+	rel, _ := filepath.Rel(dir, filepath.Join(podpolicy.RulesDir(dir), name))
+	return rel
+}
+
+// keptEntry is one entry of a mirrored-settings map, as bytes: pin names
+// the map.
+type keptEntry struct {
+	pin        string
+	key, value []byte
+}
+
+// readRules reads the mirrored interception settings pinned under dir (an
+// attached build's, to carry over); none when it pinned none (an earlier
+// build).
+func readRules(dir string) ([]keptEntry, error) {
+	var out []keptEntry
+	for _, name := range []string{pods.PinPods, pods.PinPorts, pods.PinCIDRs} {
+		m, err := ebpf.LoadPinnedMap(filepath.Join(podpolicy.RulesDir(dir), name), nil)
+		if errors.Is(err, os.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("open the pinned interception settings: %w", err)
+		}
+		var k, v []byte
+		it := m.Iterate()
+		for it.Next(&k, &v) {
+			out = append(out, keptEntry{name, slices.Clone(k), slices.Clone(v)})
+		}
+		err = it.Err()
+		m.Close()
+		if err != nil {
+			return nil, fmt.Errorf("read the interception settings: %w", err)
+		}
+	}
+	return out, nil
+}
+
+// writeRules writes entries read by readRules into objs' maps: ports and
+// ranges before the pods' entries, as pods.Register does.
+func writeRules(objs *bpfObjects, entries []keptEntry) error {
+	to := map[string]*ebpf.Map{pods.PinPods: objs.MwRulesPods, pods.PinPorts: objs.MwRulesPorts, pods.PinCIDRs: objs.MwRulesCidrs}
+	for _, pass := range []func(string) bool{
+		func(pin string) bool { return pin != pods.PinPods },
+		func(pin string) bool { return pin == pods.PinPods },
+	} {
+		for _, e := range entries {
+			if !pass(e.pin) {
+				continue
+			}
+			if err := to[e.pin].Put(e.key, e.value); err != nil {
+				return fmt.Errorf("carry over the interception settings: %w", err)
+			}
+		}
+	}
+	return nil
 }
 
 // sameTags reports whether the programs attached at dir (sockops through

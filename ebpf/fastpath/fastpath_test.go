@@ -10,6 +10,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/meshwire/meshwire/ebpf/capture/pods"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
 )
 
@@ -77,6 +78,35 @@ func TestPodPolicyLayout(t *testing.T) {
 	got, want := fields(podpolicy.Value{}), fields(bpfPodPolicy{})
 	if !slices.Equal(got, want) {
 		t.Fatalf("podpolicy.Value is %v, struct pod_policy %v", got, want)
+	}
+}
+
+// TestRulesLayout: the mirrored interception settings, which package pods
+// writes as it writes ebpf interception's, have fastpath.c's layouts
+// (capture_rules.h, shared with capture.c; capture's TestLayoutsMatch
+// checks the other object).
+func TestRulesLayout(t *testing.T) {
+	fields := func(v any) []string {
+		var out []string
+		ty := reflect.TypeOf(v)
+		for i := range ty.NumField() {
+			if f := ty.Field(i); f.Name != "_" {
+				out = append(out, fmt.Sprintf("@%d:%d", f.Offset, f.Type.Size()))
+			}
+		}
+		return append(out, fmt.Sprint(ty.Size()))
+	}
+	for _, c := range []struct {
+		name      string
+		ours, gen any
+	}{
+		{"struct pod_capture", pods.Capture{}, bpfPodCapture{}},
+		{"struct port_key", pods.PortKey{}, bpfPortKey{}},
+		{"struct cidr_key", pods.CIDRKey{}, bpfCidrKey{}},
+	} {
+		if got, want := fields(c.ours), fields(c.gen); !slices.Equal(got, want) {
+			t.Errorf("%s: package pods has %v, the object %v", c.name, got, want)
+		}
 	}
 }
 

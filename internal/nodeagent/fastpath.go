@@ -32,7 +32,7 @@ type FastpathOwner struct {
 	captured bool
 	// The sweeps of the pinned entries kept per pod: ebpf interception's
 	// registrations and the fast path's pod policies.
-	captureGC, policyGC nsSweep
+	captureGC, policyGC, rulesGC nsSweep
 }
 
 // nsSweep collects the entries of one map keyed by namespace cookie whose
@@ -64,36 +64,44 @@ func (s *nsSweep) sweep(stale map[uint64]uint64, forget func(ns, ino uint64) err
 	return nil
 }
 
-// Collect forgets the ebpf interception registrations and the fast-path
-// policies of pods whose network namespace is gone without a DEL (a
-// crashed runtime, a node restored from a snapshot of its pins): an entry
-// goes when two sweeps in a row found its namespace gone. Outside the
-// host's PID namespace it does nothing and says why
-// (netns.ErrPartialView): there, live pods would look gone.
+// Collect forgets the ebpf interception registrations, the fast-path
+// policies and the fast path's copies of interception settings of pods
+// whose network namespace is gone without a DEL (a crashed runtime, a node
+// restored from a snapshot of its pins): an entry goes when two sweeps in
+// a row found its namespace gone. Outside the host's PID namespace it does
+// nothing and says why (netns.ErrPartialView): there, live pods would look
+// gone.
 func (f *FastpathOwner) Collect() error {
-	stale, err := pods.Stale("", netns.Live)
-	switch {
-	case errors.Is(err, pods.ErrNotAttached):
-		f.captureGC.suspects = nil
-	case err != nil:
-		return fmt.Errorf("collect the registrations of namespaces that are gone: %w", err)
-	default:
-		err := f.captureGC.sweep(stale, func(ns, ino uint64) error { return pods.ForgetStale("", ns, ino) }, func(ns, ino uint64) {
-			f.Logf("forgot the ebpf interception registration of a pod whose namespace is gone without a DEL (netns cookie %d, nsfs inode %d)", ns, ino)
-		})
-		if err != nil {
-			return fmt.Errorf("forget the registration of a namespace that is gone: %w", err)
+	dir, rules := f.Config.PinDir, podpolicy.RulesDir(f.Config.PinDir)
+	for _, c := range []struct {
+		what   string
+		sweep  *nsSweep
+		stale  func() (map[uint64]uint64, error)
+		forget func(ns, ino uint64) error
+	}{
+		{"ebpf interception registration", &f.captureGC,
+			func() (map[uint64]uint64, error) { return pods.Stale("", netns.Live) },
+			func(ns, ino uint64) error { return pods.ForgetStale("", ns, ino) }},
+		{"fast-path policy", &f.policyGC,
+			func() (map[uint64]uint64, error) { return podpolicy.Stale(dir, netns.Live) },
+			func(ns, ino uint64) error { return podpolicy.ForgetStale(dir, ns, ino) }},
+		{"fast path's copy of the interception settings", &f.rulesGC,
+			func() (map[uint64]uint64, error) { return pods.Stale(rules, netns.Live) },
+			func(ns, ino uint64) error { return pods.ForgetStale(rules, ns, ino) }},
+	} {
+		stale, err := c.stale()
+		if errors.Is(err, pods.ErrNotAttached) {
+			c.sweep.suspects = nil
+			continue
 		}
-	}
-	dir := f.Config.PinDir
-	if stale, err = podpolicy.Stale(dir, netns.Live); err != nil {
-		return fmt.Errorf("collect the fast-path policies of namespaces that are gone: %w", err)
-	}
-	err = f.policyGC.sweep(stale, func(ns, ino uint64) error { return podpolicy.ForgetStale(dir, ns, ino) }, func(ns, ino uint64) {
-		f.Logf("forgot the fast-path policy of a pod whose namespace is gone without a DEL (netns cookie %d, nsfs inode %d)", ns, ino)
-	})
-	if err != nil {
-		return fmt.Errorf("forget the fast-path policy of a namespace that is gone: %w", err)
+		if err == nil {
+			err = c.sweep.sweep(stale, c.forget, func(ns, ino uint64) {
+				f.Logf("forgot the %s of a pod whose namespace is gone without a DEL (netns cookie %d, nsfs inode %d)", c.what, ns, ino)
+			})
+		}
+		if err != nil {
+			return fmt.Errorf("collect the %s of namespaces that are gone: %w", c.what, err)
+		}
 	}
 	return nil
 }

@@ -62,6 +62,9 @@ const (
 	FlagGroupsOnly
 	FlagDNS    // DNS capture (redirect-dns)
 	FlagDNSAll // to every server, else the CIDRDNS ones
+	// FlagEBPFMode, in the fast path's mirror (MirrorOf): the pod is in
+	// EBPF interception mode, whose connect() hook captures.
+	FlagEBPFMode
 )
 
 // Capture is struct pod_capture, mw_cap_pods' value.
@@ -312,6 +315,24 @@ func dnsReady(dir string, s Settings) error {
 		return fmt.Errorf("DNS capture: %w", ErrNoDNSHooks)
 	}
 	return nil
+}
+
+// MirrorOf is what the fast path keeps of a meshed pod's interception
+// (under podpolicy.RulesDir, written with Register): its outbound settings
+// for the rules' verdict (fastpath.c tracks only what they capture), or,
+// in EBPF mode, FlagEBPFMode. DNS capture is left out: the fast path
+// carries TCP between an application and its sidecar's outbound port.
+func MirrorOf(c intercept.Config, local []netip.Addr) (Settings, error) {
+	s, err := SettingsOf(c, local)
+	if err != nil {
+		return s, err
+	}
+	s.Capture.Flags &^= FlagDNS | FlagDNSAll
+	s.CIDRs = slices.DeleteFunc(s.CIDRs, func(k CIDRKey) bool { return k.Kind == CIDRDNS })
+	if c.Mode == intercept.ModeEBPF {
+		s.Capture.Flags |= FlagEBPFMode
+	}
+	return s, nil
 }
 
 // Register writes the settings of the pod whose network namespace the

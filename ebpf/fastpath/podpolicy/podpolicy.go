@@ -38,6 +38,18 @@ const DefaultPinDir = Root + "/" + LayoutVersion
 // PinName is mw_pods' pin under the pin directory.
 const PinName = "pods"
 
+// RulesDir is where, under the fast path's pin directory dir
+// (DefaultPinDir when empty), the maps that mirror the meshed pods'
+// interception settings are pinned: package pods writes and removes a
+// pod's there as it does ebpf interception's (the intercept plugin, beside
+// the policy), and the fast path tracks only the connections they capture.
+func RulesDir(dir string) string {
+	if dir == "" {
+		dir = DefaultPinDir
+	}
+	return filepath.Join(dir, "rules")
+}
+
 // Policy is what the fast path may do for one pod.
 type Policy struct {
 	// IntoProxy: the pod's proxy may be fed too (the app -> sidecar

@@ -9,6 +9,7 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/meshwire/meshwire/ebpf/capture/pods"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/firewall"
@@ -55,7 +56,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 		if d.Fastpath != nil {
 			// Its init container installs the rules; the fast path's
 			// policy is still the plugin's to write.
-			err := netns.Enter(args.Netns, func() error { setFastpathPolicy(*d.Fastpath); return nil })
+			err := netns.Enter(args.Netns, func() error { setFastpathPolicy(*d.Fastpath, nil); return nil })
 			if err != nil {
 				return cnierr.Wrap(err, "enter %s", args.Netns)
 			}
@@ -73,7 +74,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 			if err == nil {
 				slog.Info("pod registered for ebpf interception (no netfilter rule)", "why", d.Why)
 				if d.Fastpath != nil {
-					setFastpathPolicy(*d.Fastpath)
+					setFastpathPolicy(*d.Fastpath, &req)
 				}
 				return nil
 			}
@@ -100,7 +101,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 		}
 		slog.Info("interception rules installed", "why", d.Why, "mode", string(o.Config.Mode), "ipv6", req.IPv6, "backend", plan.Backend.String(), "alreadyInPlace", plan.UpToDate())
 		if d.Fastpath != nil {
-			setFastpathPolicy(*d.Fastpath)
+			setFastpathPolicy(*d.Fastpath, &req)
 		}
 		return nil
 	})
@@ -121,6 +122,9 @@ func cmdDel(args *skel.CmdArgs) error {
 	err = netns.Enter(args.Netns, func() error {
 		if err := podpolicy.Forget(""); err != nil {
 			slog.Warn("could not remove the pod's fast-path policy (the map's LRU lets it go first)", "error", err)
+		}
+		if err := pods.Forget(podpolicy.RulesDir("")); err != nil {
+			slog.Warn("could not remove the fast path's copy of the pod's interception settings (the node agent collects it)", "error", err)
 		}
 		_, err := apply.Cleanup(context.Background(), apply.Request{Config: o.Config}, false)
 		return err
@@ -188,16 +192,38 @@ func cmdCheck(args *skel.CmdArgs) error {
 }
 
 // setFastpathPolicy writes the fast path's policy for the pod whose
-// namespace the thread is in, when the fast path is attached. A failure is
+// namespace the thread is in, when the fast path is attached, and with req
+// (the interception installed here) the fast path's copy of its settings,
+// so that it tracks only the connections they capture. A failure is
 // logged, not returned: the pod works without the fast path, and a pod with
-// no policy gets the safe default (only its application is fed).
-func setFastpathPolicy(p podpolicy.Policy) {
+// no policy gets the safe default (only its application is fed); one with
+// no copy has all its connections tracked.
+func setFastpathPolicy(p podpolicy.Policy, req *apply.Request) {
 	attached, err := podpolicy.Set("", p)
 	switch {
 	case err != nil:
 		slog.Warn("could not write the pod's fast-path policy: it gets the default (only the application is fed)", "error", err)
-	case attached:
-		slog.Info("fast-path policy written", "intoProxy", p.IntoProxy, "noPeer", p.NoPeer)
+		return
+	case !attached:
+		return
+	}
+	slog.Info("fast-path policy written", "intoProxy", p.IntoProxy, "noPeer", p.NoPeer)
+	if req == nil {
+		return // the rules are the init container's
+	}
+	dir := podpolicy.RulesDir("")
+	s, err := pods.MirrorOf(req.Config, req.Local)
+	if err == nil {
+		err = pods.Register(dir, s)
+	}
+	switch {
+	case errors.Is(err, pods.ErrNotAttached):
+		// A fast path of an earlier build: it mirrors nothing.
+	case err != nil:
+		slog.Warn("the fast path tracks every connection of the pod: could not copy its interception settings", "error", err)
+		if ferr := pods.Forget(dir); ferr != nil {
+			slog.Warn("remove the fast path's earlier copy of the pod's settings", "error", ferr)
+		}
 	}
 }
 
