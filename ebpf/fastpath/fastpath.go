@@ -219,7 +219,7 @@ func attach(cfg Config, loadSpec func() (*ebpf.CollectionSpec, error)) (Result, 
 	defer objs.Close()
 	result := Attached
 	var kept map[uint64]podpolicy.Value // the replaced build's pod policies
-	var keptRules []keptEntry            // and their mirrored interception settings
+	var keptRules []keptEntry           // and their mirrored interception settings
 	if IsAttached(dir) {
 		st := Status{}
 		if err := readSettings(dir, &st); err != nil {
