@@ -61,21 +61,28 @@ func TestObjectMatchesLoader(t *testing.T) {
 	}
 }
 
+// layout describes a struct's fields (bpf2go's padding left out): offset
+// and size, with their names when named is set, then the struct's size.
+func layout(v any, named bool) []string {
+	var out []string
+	ty := reflect.TypeOf(v)
+	for i := range ty.NumField() {
+		if f := ty.Field(i); f.Name != "_" {
+			name := ""
+			if named {
+				name = f.Name
+			}
+			out = append(out, fmt.Sprintf("%s@%d:%d", name, f.Offset, f.Type.Size()))
+		}
+	}
+	return append(out, fmt.Sprint(ty.Size()))
+}
+
 // TestPodPolicyLayout: podpolicy's value, which the intercept plugin writes
 // without loading the object, is fastpath.c's struct pod_policy field for
 // field (TestFastpathPodPolicy checks the flag by its effect).
 func TestPodPolicyLayout(t *testing.T) {
-	fields := func(v any) []string {
-		var out []string
-		ty := reflect.TypeOf(v)
-		for i := range ty.NumField() {
-			if f := ty.Field(i); f.Name != "_" {
-				out = append(out, fmt.Sprintf("%s@%d:%d", f.Name, f.Offset, f.Type.Size()))
-			}
-		}
-		return out
-	}
-	got, want := fields(podpolicy.Value{}), fields(bpfPodPolicy{})
+	got, want := layout(podpolicy.Value{}, true), layout(bpfPodPolicy{}, true)
 	if !slices.Equal(got, want) {
 		t.Fatalf("podpolicy.Value is %v, struct pod_policy %v", got, want)
 	}
@@ -86,16 +93,6 @@ func TestPodPolicyLayout(t *testing.T) {
 // (capture_rules.h, shared with capture.c; capture's TestLayoutsMatch
 // checks the other object).
 func TestRulesLayout(t *testing.T) {
-	fields := func(v any) []string {
-		var out []string
-		ty := reflect.TypeOf(v)
-		for i := range ty.NumField() {
-			if f := ty.Field(i); f.Name != "_" {
-				out = append(out, fmt.Sprintf("@%d:%d", f.Offset, f.Type.Size()))
-			}
-		}
-		return append(out, fmt.Sprint(ty.Size()))
-	}
 	for _, c := range []struct {
 		name      string
 		ours, gen any
@@ -104,7 +101,7 @@ func TestRulesLayout(t *testing.T) {
 		{"struct port_key", pods.PortKey{}, bpfPortKey{}},
 		{"struct cidr_key", pods.CIDRKey{}, bpfCidrKey{}},
 	} {
-		if got, want := fields(c.ours), fields(c.gen); !slices.Equal(got, want) {
+		if got, want := layout(c.ours, false), layout(c.gen, false); !slices.Equal(got, want) {
 			t.Errorf("%s: package pods has %v, the object %v", c.name, got, want)
 		}
 	}
