@@ -8,6 +8,7 @@ import (
 	"github.com/meshwire/meshwire/ebpf/capture/pods"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
+	"github.com/meshwire/meshwire/ebpf/fastpath/podrecord"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
@@ -32,7 +33,7 @@ type FastpathOwner struct {
 	captured bool
 	// The sweeps of the pinned entries kept per pod: ebpf interception's
 	// registrations and the fast path's pod policies.
-	captureGC, policyGC, rulesGC nsSweep
+	captureGC, policyGC, rulesGC, recordGC nsSweep
 }
 
 // nsSweep collects the entries of one map keyed by namespace cookie whose
@@ -65,7 +66,8 @@ func (s *nsSweep) sweep(stale map[uint64]uint64, forget func(ns, ino uint64) err
 }
 
 // Collect forgets the ebpf interception registrations, the fast-path
-// policies and the fast path's copies of interception settings of pods
+// policies, the fast path's copies of interception settings and the
+// fast-path records (podrecord) of pods
 // whose network namespace is gone without a DEL (a crashed runtime, a node
 // restored from a snapshot of its pins): an entry goes when two sweeps in
 // a row found its namespace gone. Outside the host's PID namespace it does
@@ -88,6 +90,9 @@ func (f *FastpathOwner) Collect() error {
 		{"fast path's copy of the interception settings", &f.rulesGC,
 			func() (map[uint64]uint64, error) { return pods.Stale(rules, netns.Live) },
 			func(ns, ino uint64) error { return pods.ForgetStale(rules, ns, ino) }},
+		{"fast-path record", &f.recordGC,
+			func() (map[uint64]uint64, error) { return podrecord.Stale("", netns.Live) },
+			func(ns, ino uint64) error { return podrecord.ForgetStale("", ns, ino) }},
 	} {
 		stale, err := c.stale()
 		if errors.Is(err, pods.ErrNotAttached) {
@@ -144,9 +149,23 @@ func (f *FastpathOwner) Ensure() error {
 		}
 		f.owned = true
 		f.attaches++
+		f.replayRecords()
 	}
 	f.lastErr = err
 	return err
+}
+
+// replayRecords writes the meshed pods' fast-path records (podrecord) into
+// the fast path just attached: their policies survive this agent's restart
+// (which detaches) and reach pods created while it was not attached.
+func (f *FastpathOwner) replayRecords() {
+	done, err := podrecord.Replay("", f.Config.PinDir, netns.Live)
+	if done.Pods > 0 || done.Dropped > 0 {
+		f.Logf("restored the fast-path policies of %d meshed pods from %s (%d records of namespaces gone removed)", done.Pods, podrecord.Dir, done.Dropped)
+	}
+	if err != nil {
+		f.Logf("restoring the meshed pods' fast-path policies: %v", err)
+	}
 }
 
 // ensureCapture attaches the ebpf interception programs unless they are

@@ -4,11 +4,15 @@ package e2e
 
 import (
 	"net/netip"
+	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/meshwire/meshwire/ebpf/capture/pods"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
+	"github.com/meshwire/meshwire/ebpf/fastpath/podrecord"
 	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/test/harness"
 	ie "github.com/meshwire/meshwire/test/interceptenv"
@@ -105,5 +109,68 @@ func TestFastpathTracksCapturedOnly(t *testing.T) {
 				t.Fatalf("lo up: %v %s", err, out)
 			}
 		})
+	}
+}
+
+// TestFastpathPoliciesReplayed: the chained plugin records a meshed pod's
+// fast-path policy and settings copy at ADD also with no fast path
+// attached; attach (as the node agent's start does) restores them, and
+// again after a detach (the agent's restart); DEL removes the record.
+func TestFastpathPoliciesReplayed(t *testing.T) {
+	h := harness.New(t)
+	e := ie.New(t, h)
+	e.StartProxy(false)
+	a := ie.ChainedIntercept(h, "mwtfp-replay", e.Pod, map[string]string{
+		"sidecar.istio.io/status":                       istioStatus,
+		"traffic.sidecar.istio.io/excludeOutboundPorts": strconv.Itoa(ie.RemotePort2),
+	})
+	a.MustAdd()
+	deleted := false
+	defer func() {
+		if !deleted {
+			_ = a.Del()
+		}
+	}()
+	// Detached however the test ends (a detach of nothing succeeds).
+	t.Cleanup(func() { fastpathDetach(t, h) })
+	record := filepath.Join(podrecord.Dir, podrecord.Name(a.RT.ContainerID, a.RT.IfName))
+	if _, err := os.Stat(record); err != nil {
+		t.Fatalf("ADD with no fast path attached left no record: %v", err)
+	}
+	for _, step := range []string{"attach after the pod's ADD", "attach again after a detach"} {
+		if step != "attach after the pod's ADD" {
+			fastpathDetach(t, h)
+		}
+		if code, out := fastpathCmd(t, h, "attach"); code != 0 || !strings.Contains(out, "policies restored") {
+			t.Fatalf("%s: exit %d: %s", step, code, out)
+		}
+		if p, ok := podPolicy(t, e.Pod); !ok || !p.IntoProxy {
+			t.Fatalf("%s: policy %+v (present %v), want the Istio pod's", step, p, ok)
+		}
+		if _, ok := mirrored(t, e.Pod); !ok {
+			t.Fatalf("%s: no copy of the pod's interception settings", step)
+		}
+		// Both directions of a captured connection are carried: the
+		// proxy is fed, as the restored policy says.
+		before := fastpathStatus(t, h).Counters
+		conn, err := ie.Dial(e.Pod, ie.AP(ie.RemoteV4, ie.RemotePort))
+		if err != nil {
+			t.Fatal(err)
+		}
+		pingPong(t, conn, 5, randomLine(100), "remote "+ie.PodV4.String()+" ")
+		conn.Close()
+		if got := fastpathStatus(t, h).Counters.Sub(before); got.Pairs != 1 || got.KeptForProxy != 0 || got.RedirectedMessages < 8 {
+			t.Fatalf("%s: %+v, want one pair carried both ways", step, got)
+		}
+	}
+	deleted = true
+	if err := a.Del(); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	if _, err := os.Stat(record); !os.IsNotExist(err) {
+		t.Fatalf("DEL left the record: %v", err)
+	}
+	if out, err := e.Pod.Exec("ip", "link", "set", "lo", "up"); err != nil {
+		t.Fatalf("lo up: %v %s", err, out)
 	}
 }

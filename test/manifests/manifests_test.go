@@ -18,6 +18,7 @@ import (
 	"testing"
 
 	"github.com/meshwire/meshwire/cmd/meshwire/cli"
+	"github.com/meshwire/meshwire/ebpf/fastpath/podrecord"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -148,6 +149,9 @@ func TestDaemonSet(t *testing.T) {
 	for flag, dir := range map[string]string{
 		"--cni-bin-dir": flags["--cni-bin-dir"], "--cni-conf-dir": flags["--cni-conf-dir"], "--cgroup": flags["--cgroup"],
 		"--plugin-log": filepath.Dir(flags["--plugin-log"]),
+		// the intercept plugin's records, which the agent replays when it
+		// attaches the fast path
+		"--fastpath": podrecord.Dir,
 	} {
 		if !mounts[dir] {
 			t.Errorf("%s: %q is not a mounted host directory", flag, dir)

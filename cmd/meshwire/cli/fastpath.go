@@ -12,6 +12,8 @@ import (
 
 	"github.com/meshwire/meshwire/ebpf/capture"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
+	"github.com/meshwire/meshwire/ebpf/fastpath/podrecord"
+	"github.com/meshwire/meshwire/internal/netns"
 )
 
 const fastpathUsage = `usage: meshwire fastpath attach [--proxy-uid UID] [--proxy-gid GID] [--outbound-port PORT] [--into-proxy] [--pin-dir DIR] [--cgroup DIR]
@@ -89,6 +91,9 @@ func (e *env) fastpathAttach(args []string) error {
 	default:
 		fmt.Fprintf(e.out, "fast path attached (pinned in %s)\n", cfg.PinDir)
 	}
+	if res != fastpath.AlreadyAttached {
+		e.replayRecords(cfg.PinDir)
+	}
 	// The ebpf interception programs (pods opt in with EBPF mode) go with
 	// the fast path; their failure leaves the fast path attached.
 	switch res, err := capture.Attach(cfg.Cgroup, ""); {
@@ -105,6 +110,19 @@ func (e *env) fastpathAttach(args []string) error {
 		fmt.Fprintf(e.out, "warning: other sockops programs are attached at %s: %s; they see the same sockets, and one that redirects their messages competes with the fast path\n", dir, describePrograms(others))
 	}
 	return nil
+}
+
+// replayRecords writes the meshed pods' fast-path records (policies and
+// copies of their interception settings, podrecord) into the fast path
+// just attached at pinDir; a failure is reported, not fatal.
+func (e *env) replayRecords(pinDir string) {
+	done, err := podrecord.Replay("", pinDir, netns.Live)
+	if done.Pods > 0 || done.Dropped > 0 {
+		fmt.Fprintf(e.out, "meshed pods' policies restored from %s: %d (%d of namespaces gone, removed)\n", podrecord.Dir, done.Pods, done.Dropped)
+	}
+	if err != nil {
+		fmt.Fprintf(e.out, "warning: restoring the meshed pods' policies: %v\n", err)
+	}
 }
 
 // describePrograms names programs for a message: "id 12 (name, tag ...)".

@@ -340,6 +340,20 @@ func MirrorOf(c intercept.Config, local []netip.Addr) (Settings, error) {
 // dir. The ports and ranges go first, the pod's entry (which turns capture
 // on) last, then the entries of an earlier registration that are not in s.
 func Register(dir string, s Settings) error {
+	ns, err := netns.Cookie()
+	if err != nil {
+		return err
+	}
+	ino, err := netns.Inode()
+	if err != nil {
+		return err
+	}
+	return RegisterNS(dir, ns, ino, s)
+}
+
+// RegisterNS is Register for the pod of network namespace cookie ns, whose
+// nsfs inode is ino (podrecord's replay names namespaces so).
+func RegisterNS(dir string, ns, ino uint64, s Settings) error {
 	m, err := open(dir)
 	if err != nil {
 		return err
@@ -348,13 +362,7 @@ func Register(dir string, s Settings) error {
 	if err := dnsReady(dir, s); err != nil {
 		return err
 	}
-	ns, err := netns.Cookie()
-	if err != nil {
-		return err
-	}
-	if s.Capture.NetnsIno, err = netns.Inode(); err != nil {
-		return err
-	}
+	s.Capture.NetnsIno = ino
 	one := uint8(1)
 	for _, k := range s.Ports {
 		k.Netns = ns

@@ -110,22 +110,30 @@ func open(dir string) (*ebpf.Map, error) {
 // reports whether the fast path is attached; when it is not, it does
 // nothing.
 func Set(dir string, p Policy) (bool, error) {
+	cookie, err := netns.Cookie()
+	if err != nil {
+		return false, err
+	}
+	ino, err := netns.Inode()
+	if err != nil {
+		return false, err
+	}
+	return Put(dir, cookie, ino, p)
+}
+
+// Put writes the policy of the pod of network namespace cookie ns, whose
+// nsfs inode is ino, under the fast path pinned at dir: Set's work, for a
+// namespace named by its cookie (podrecord's replay). It reports whether
+// the fast path is attached; when it is not, it does nothing.
+func Put(dir string, ns, ino uint64, p Policy) (bool, error) {
 	m, err := open(dir)
 	if m == nil || err != nil {
 		return false, err
 	}
 	defer m.Close()
-	cookie, err := netns.Cookie()
-	if err != nil {
-		return true, err
-	}
 	v := p.value()
-	ino, err := netns.Inode()
-	if err != nil {
-		return true, err
-	}
 	v.NetnsIno = uint32(ino)
-	if err := m.Put(cookie, v); err != nil {
+	if err := m.Put(ns, v); err != nil {
 		return true, fmt.Errorf("write the pod's fast-path policy: %w", err)
 	}
 	return true, nil

@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshwire/meshwire/ebpf/capture/pods"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
+	"github.com/meshwire/meshwire/ebpf/fastpath/podrecord"
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/intercept"
@@ -56,7 +57,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 		if d.Fastpath != nil {
 			// Its init container installs the rules; the fast path's
 			// policy is still the plugin's to write.
-			err := netns.Enter(args.Netns, func() error { setFastpathPolicy(*d.Fastpath, nil); return nil })
+			err := netns.Enter(args.Netns, func() error { setFastpathPolicy(args, *d.Fastpath, nil); return nil })
 			if err != nil {
 				return cnierr.Wrap(err, "enter %s", args.Netns)
 			}
@@ -74,7 +75,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 			if err == nil {
 				slog.Info("pod registered for ebpf interception (no netfilter rule)", "why", d.Why)
 				if d.Fastpath != nil {
-					setFastpathPolicy(*d.Fastpath, &req)
+					setFastpathPolicy(args, *d.Fastpath, &req)
 				}
 				return nil
 			}
@@ -101,7 +102,7 @@ func cmdAdd(args *skel.CmdArgs) error {
 		}
 		slog.Info("interception rules installed", "why", d.Why, "mode", string(o.Config.Mode), "ipv6", req.IPv6, "backend", plan.Backend.String(), "alreadyInPlace", plan.UpToDate())
 		if d.Fastpath != nil {
-			setFastpathPolicy(*d.Fastpath, &req)
+			setFastpathPolicy(args, *d.Fastpath, &req)
 		}
 		return nil
 	})
@@ -115,6 +116,9 @@ func cmdDel(args *skel.CmdArgs) error {
 	_, o, err := parseConfig(args.StdinData)
 	if err != nil {
 		return err
+	}
+	if err := podrecord.Remove("", podrecord.Name(args.ContainerID, args.IfName)); err != nil {
+		return cnierr.Wrap(err, "remove the pod's fast-path record")
 	}
 	if args.Netns == "" {
 		return nil // the rules lived in the namespace, gone with it
@@ -191,15 +195,36 @@ func cmdCheck(args *skel.CmdArgs) error {
 	})
 }
 
-// setFastpathPolicy writes the fast path's policy for the pod whose
-// namespace the thread is in, when the fast path is attached, and with req
-// (the interception installed here) the fast path's copy of its settings,
-// so that it tracks only the connections they capture. A failure is
-// logged, not returned: the pod works without the fast path, and a pod with
-// no policy gets the safe default (only its application is fed); one with
-// no copy has all its connections tracked.
-func setFastpathPolicy(p podpolicy.Policy, req *apply.Request) {
-	attached, err := podpolicy.Set("", p)
+// setFastpathPolicy records the fast path's policy for the pod whose
+// namespace the thread is in, and with req (the interception installed
+// here) the copy of its settings by which the fast path tracks only the
+// connections they capture (podrecord: attach replays the records), and
+// writes both when the fast path is attached. A failure is logged, not
+// returned: the pod works without the fast path, and a pod with no policy
+// gets the safe default (only its application is fed); one with no copy
+// has all its connections tracked.
+func setFastpathPolicy(args *skel.CmdArgs, p podpolicy.Policy, req *apply.Request) {
+	rec := podrecord.Record{Policy: p}
+	var err error
+	if rec.Netns, err = netns.Cookie(); err == nil {
+		rec.NetnsIno, err = netns.Inode()
+	}
+	if err != nil {
+		slog.Warn("could not name the pod's namespace for the fast path: it gets the default (only the application is fed)", "error", err)
+		return
+	}
+	if req != nil {
+		s, err := pods.MirrorOf(req.Config, req.Local)
+		if err == nil {
+			rec.Mirror = &s
+		} else {
+			slog.Info("the fast path tracks every connection of the pod: ebpf interception's settings cannot express its interception", "error", err)
+		}
+	}
+	if err := podrecord.Write("", podrecord.Name(args.ContainerID, args.IfName), rec); err != nil {
+		slog.Warn("could not record the pod's fast-path policy: a later attach will not know it", "error", err)
+	}
+	attached, err := podpolicy.Put("", rec.Netns, rec.NetnsIno, p)
 	switch {
 	case err != nil:
 		slog.Warn("could not write the pod's fast-path policy: it gets the default (only the application is fed)", "error", err)
@@ -208,18 +233,13 @@ func setFastpathPolicy(p podpolicy.Policy, req *apply.Request) {
 		return
 	}
 	slog.Info("fast-path policy written", "intoProxy", p.IntoProxy, "noPeer", p.NoPeer)
-	if req == nil {
-		return // the rules are the init container's
-	}
 	dir := podpolicy.RulesDir("")
-	s, err := pods.MirrorOf(req.Config, req.Local)
-	if err == nil {
-		err = pods.Register(dir, s)
+	if rec.Mirror != nil {
+		err = pods.RegisterNS(dir, rec.Netns, rec.NetnsIno, *rec.Mirror)
+	} else {
+		err = pods.Forget(dir)
 	}
-	switch {
-	case errors.Is(err, pods.ErrNotAttached):
-		// A fast path of an earlier build: it mirrors nothing.
-	case err != nil:
+	if err != nil && !errors.Is(err, pods.ErrNotAttached) {
 		slog.Warn("the fast path tracks every connection of the pod: could not copy its interception settings", "error", err)
 		if ferr := pods.Forget(dir); ferr != nil {
 			slog.Warn("remove the fast path's earlier copy of the pod's settings", "error", ferr)

@@ -1,0 +1,226 @@
+// Package podrecord keeps, on the node, what the chained intercept plugin
+// decided for each meshed pod about the fast path: its policy and the copy
+// of its interception settings, under its network namespace's cookie. The
+// plugin writes a record at ADD (whether the fast path is attached or not)
+// and removes it at DEL; attach replays the records into the new maps. So
+// a pod keeps its policy across a detach and an attach (the node agent's
+// restart, a DaemonSet update) and gets it when the fast path is attached
+// after the pod was created.
+//
+// A record names the namespace by cookie (never handed out twice: a record
+// of a gone namespace writes entries no socket will ever match) and by its
+// nsfs inode, by which a replay that can see every namespace holder
+// (netns.Live) drops records of namespaces that went without a DEL.
+package podrecord
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/meshwire/meshwire/ebpf/capture/pods"
+	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
+	"github.com/meshwire/meshwire/internal/netns"
+)
+
+// Dir is where the records are kept: beside the other plugins' state in
+// /var/lib/cni, which the node agent's DaemonSet mounts.
+const Dir = "/var/lib/cni/meshwire/fastpath"
+
+// Record is one pod's.
+type Record struct {
+	Netns    uint64           `json:"netns_cookie"`
+	NetnsIno uint64           `json:"netns_ino"`
+	Policy   podpolicy.Policy `json:"policy"`
+	// Mirror is the copy of its interception settings (pods.MirrorOf);
+	// nil when the rules are not the plugin's (an init container's).
+	Mirror *pods.Settings `json:"mirror,omitempty"`
+}
+
+// Name is a record's file name for the attachment of container id on
+// interface ifName: one record per attachment, as the runtime's DEL names
+// it.
+func Name(id, ifName string) string {
+	return strings.NewReplacer("/", "_", "\x00", "_").Replace(id + "-" + ifName)
+}
+
+// Write keeps r as name under dir (Dir when empty), whole or not at all
+// (a temporary file renamed).
+func Write(dir, name string, r Record) error {
+	dir = dirOf(dir)
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("create the fast-path records' directory: %w", err)
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	f, err := os.CreateTemp(dir, ".tmp-*")
+	if err != nil {
+		return fmt.Errorf("write the pod's fast-path record: %w", err)
+	}
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), filepath.Join(dir, name))
+	}
+	if err != nil {
+		_ = os.Remove(f.Name())
+		return fmt.Errorf("write the pod's fast-path record: %w", err)
+	}
+	return nil
+}
+
+// Remove removes record name; none is not an error.
+func Remove(dir, name string) error {
+	if err := os.Remove(filepath.Join(dirOf(dir), name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove the pod's fast-path record: %w", err)
+	}
+	return nil
+}
+
+func dirOf(dir string) string {
+	if dir == "" {
+		return Dir
+	}
+	return dir
+}
+
+// Replayed is what Replay did.
+type Replayed struct {
+	Pods    int // records written into the maps
+	Dropped int // records of namespaces gone, removed
+}
+
+// Replay writes every record under dir (Dir when empty) into the maps of
+// the fast path pinned at pinDir. With live (netns.Live), records of
+// namespaces it does not list are removed instead; where live cannot see
+// every holder (netns.ErrPartialView) every record is written. A record
+// that cannot be read is removed (a write cut short leaves only a
+// temporary file, which goes too).
+func Replay(dir, pinDir string, live func() (map[uint64]bool, error)) (Replayed, error) {
+	var done Replayed
+	dir = dirOf(dir)
+	entries, err := os.ReadDir(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return done, nil
+	}
+	if err != nil {
+		return done, fmt.Errorf("read the fast-path records: %w", err)
+	}
+	if len(entries) == 0 {
+		return done, nil
+	}
+	alive, err := live()
+	if errors.Is(err, netns.ErrPartialView) {
+		alive, err = nil, nil
+	}
+	if err != nil {
+		return done, err
+	}
+	var errs []error
+	absent := false
+	for _, e := range entries {
+		path := filepath.Join(dir, e.Name())
+		var r Record
+		b, err := os.ReadFile(path)
+		if err == nil {
+			err = json.Unmarshal(b, &r)
+		}
+		if err != nil || strings.HasPrefix(e.Name(), ".tmp-") {
+			errs = append(errs, os.Remove(path))
+			continue
+		}
+		if alive != nil && !alive[r.NetnsIno] {
+			errs = append(errs, os.Remove(path))
+			done.Dropped++
+			continue
+		}
+		if absent {
+			continue
+		}
+		attached, err := podpolicy.Put(pinDir, r.Netns, r.NetnsIno, r.Policy)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if !attached {
+			absent = true // no fast path at pinDir: nothing to replay into
+			continue
+		}
+		if r.Mirror != nil {
+			// A fast path of an earlier build has no copies to write.
+			err := pods.RegisterNS(podpolicy.RulesDir(pinDir), r.Netns, r.NetnsIno, *r.Mirror)
+			if err != nil && !errors.Is(err, pods.ErrNotAttached) {
+				errs = append(errs, err)
+				continue
+			}
+		}
+		done.Pods++
+	}
+	return done, errors.Join(errs...)
+}
+
+// read reads every record under dir: file name -> record; unreadable
+// files are left out.
+func read(dir string) (map[string]Record, error) {
+	entries, err := os.ReadDir(dirOf(dir))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read the fast-path records: %w", err)
+	}
+	out := map[string]Record{}
+	for _, e := range entries {
+		var r Record
+		b, err := os.ReadFile(filepath.Join(dirOf(dir), e.Name()))
+		if err == nil && json.Unmarshal(b, &r) == nil {
+			out[e.Name()] = r
+		}
+	}
+	return out, nil
+}
+
+// Stale returns the records (namespace cookie -> nsfs inode) whose
+// namespace live, called after the records were read, does not list: pods
+// gone without a DEL, as pods.Stale finds registrations.
+func Stale(dir string, live func() (map[uint64]bool, error)) (map[uint64]uint64, error) {
+	recs, err := read(dir)
+	if err != nil || len(recs) == 0 {
+		return nil, err
+	}
+	alive, err := live()
+	if err != nil {
+		return nil, err
+	}
+	stale := map[uint64]uint64{}
+	for _, r := range recs {
+		if !alive[r.NetnsIno] {
+			stale[r.Netns] = r.NetnsIno
+		}
+	}
+	return stale, nil
+}
+
+// ForgetStale removes the records of namespace cookie ns that still have
+// nsfs inode ino.
+func ForgetStale(dir string, ns, ino uint64) error {
+	recs, err := read(dir)
+	if err != nil {
+		return err
+	}
+	for name, r := range recs {
+		if r.Netns == ns && r.NetnsIno == ino {
+			if err := Remove(dir, name); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
