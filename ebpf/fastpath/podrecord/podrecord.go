@@ -97,101 +97,103 @@ type Replayed struct {
 	Dropped int // records of namespaces gone, removed
 }
 
+// Apply writes r's policy and copy into the fast path pinned at pinDir
+// and reports whether it is attached there (when not, it does nothing). A
+// fast path of an earlier build, with no maps for copies, gets the policy.
+func Apply(pinDir string, r Record) (bool, error) {
+	attached, err := podpolicy.Put(pinDir, r.Netns, r.NetnsIno, r.Policy)
+	if err != nil || !attached || r.Mirror == nil {
+		return attached, err
+	}
+	err = pods.RegisterNS(podpolicy.RulesDir(pinDir), r.Netns, r.NetnsIno, *r.Mirror)
+	if errors.Is(err, pods.ErrNotAttached) {
+		err = nil
+	}
+	return true, err
+}
+
 // Replay writes every record under dir (Dir when empty) into the maps of
-// the fast path pinned at pinDir. With live (netns.Live), records of
-// namespaces it does not list are removed instead; where live cannot see
-// every holder (netns.ErrPartialView) every record is written. A record
-// that cannot be read is removed (a write cut short leaves only a
-// temporary file, which goes too).
+// the fast path pinned at pinDir (Apply). With live (netns.Live), records
+// of namespaces it does not list are removed instead; where live cannot
+// see every holder (netns.ErrPartialView) every record is written. A file
+// that cannot be read as a record is removed (a write cut short leaves
+// only a temporary file, which goes too).
 func Replay(dir, pinDir string, live func() (map[uint64]bool, error)) (Replayed, error) {
 	var done Replayed
-	dir = dirOf(dir)
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return done, nil
-	}
+	recs, bad, err := read(dir)
 	if err != nil {
-		return done, fmt.Errorf("read the fast-path records: %w", err)
+		return done, err
 	}
-	if len(entries) == 0 {
-		return done, nil
+	var errs []error
+	for _, name := range bad {
+		errs = append(errs, Remove(dir, name))
+	}
+	if len(recs) == 0 {
+		return done, errors.Join(errs...)
 	}
 	alive, err := live()
 	if errors.Is(err, netns.ErrPartialView) {
 		alive, err = nil, nil
 	}
 	if err != nil {
-		return done, err
+		return done, errors.Join(append(errs, err)...)
 	}
-	var errs []error
 	absent := false
-	for _, e := range entries {
-		path := filepath.Join(dir, e.Name())
-		var r Record
-		b, err := os.ReadFile(path)
-		if err == nil {
-			err = json.Unmarshal(b, &r)
-		}
-		if err != nil || strings.HasPrefix(e.Name(), ".tmp-") {
-			errs = append(errs, os.Remove(path))
-			continue
-		}
+	for name, r := range recs {
 		if alive != nil && !alive[r.NetnsIno] {
-			errs = append(errs, os.Remove(path))
+			errs = append(errs, Remove(dir, name))
 			done.Dropped++
 			continue
 		}
 		if absent {
 			continue
 		}
-		attached, err := podpolicy.Put(pinDir, r.Netns, r.NetnsIno, r.Policy)
-		if err != nil {
+		attached, err := Apply(pinDir, r)
+		switch {
+		case err != nil:
 			errs = append(errs, err)
-			continue
-		}
-		if !attached {
+		case !attached:
 			absent = true // no fast path at pinDir: nothing to replay into
-			continue
+		default:
+			done.Pods++
 		}
-		if r.Mirror != nil {
-			// A fast path of an earlier build has no copies to write.
-			err := pods.RegisterNS(podpolicy.RulesDir(pinDir), r.Netns, r.NetnsIno, *r.Mirror)
-			if err != nil && !errors.Is(err, pods.ErrNotAttached) {
-				errs = append(errs, err)
-				continue
-			}
-		}
-		done.Pods++
 	}
 	return done, errors.Join(errs...)
 }
 
-// read reads every record under dir: file name -> record; unreadable
-// files are left out.
-func read(dir string) (map[string]Record, error) {
-	entries, err := os.ReadDir(dirOf(dir))
+// read reads every record under dir: file name -> record, and the names
+// of the files that are not records (temporary files of a write cut
+// short, unreadable ones).
+func read(dir string) (recs map[string]Record, bad []string, err error) {
+	dir = dirOf(dir)
+	entries, err := os.ReadDir(dir)
 	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil
+		return nil, nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("read the fast-path records: %w", err)
+		return nil, nil, fmt.Errorf("read the fast-path records: %w", err)
 	}
-	out := map[string]Record{}
+	recs = map[string]Record{}
 	for _, e := range entries {
 		var r Record
-		b, err := os.ReadFile(filepath.Join(dirOf(dir), e.Name()))
-		if err == nil && json.Unmarshal(b, &r) == nil {
-			out[e.Name()] = r
+		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
+		if err == nil {
+			err = json.Unmarshal(b, &r)
 		}
+		if err != nil || strings.HasPrefix(e.Name(), ".tmp-") {
+			bad = append(bad, e.Name())
+			continue
+		}
+		recs[e.Name()] = r
 	}
-	return out, nil
+	return recs, bad, nil
 }
 
 // Stale returns the records (namespace cookie -> nsfs inode) whose
 // namespace live, called after the records were read, does not list: pods
 // gone without a DEL, as pods.Stale finds registrations.
 func Stale(dir string, live func() (map[uint64]bool, error)) (map[uint64]uint64, error) {
-	recs, err := read(dir)
+	recs, _, err := read(dir)
 	if err != nil || len(recs) == 0 {
 		return nil, err
 	}
@@ -211,7 +213,7 @@ func Stale(dir string, live func() (map[uint64]bool, error)) (map[uint64]uint64,
 // ForgetStale removes the records of namespace cookie ns that still have
 // nsfs inode ino.
 func ForgetStale(dir string, ns, ino uint64) error {
-	recs, err := read(dir)
+	recs, _, err := read(dir)
 	if err != nil {
 		return err
 	}

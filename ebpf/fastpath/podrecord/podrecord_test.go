@@ -41,7 +41,7 @@ func TestRecords(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, b)); !os.IsNotExist(err) {
 		t.Fatalf("the stale record is still there: %v", err)
 	}
-	recs, err := read(dir)
+	recs, _, err := read(dir)
 	if err != nil || len(recs) != 1 || !recs[a].Policy.IntoProxy {
 		t.Fatalf("records %+v (%v), want %s with its policy", recs, err, a)
 	}

@@ -224,26 +224,22 @@ func setFastpathPolicy(args *skel.CmdArgs, p podpolicy.Policy, req *apply.Reques
 	if err := podrecord.Write("", podrecord.Name(args.ContainerID, args.IfName), rec); err != nil {
 		slog.Warn("could not record the pod's fast-path policy: a later attach will not know it", "error", err)
 	}
-	attached, err := podpolicy.Put("", rec.Netns, rec.NetnsIno, p)
+	attached, err := podrecord.Apply("", rec)
 	switch {
 	case err != nil:
-		slog.Warn("could not write the pod's fast-path policy: it gets the default (only the application is fed)", "error", err)
-		return
+		slog.Warn("could not write the pod's fast-path policy and settings copy: it gets the default (only the application is fed, every connection tracked)", "error", err)
 	case !attached:
 		return
-	}
-	slog.Info("fast-path policy written", "intoProxy", p.IntoProxy, "noPeer", p.NoPeer)
-	dir := podpolicy.RulesDir("")
-	if rec.Mirror != nil {
-		err = pods.RegisterNS(dir, rec.Netns, rec.NetnsIno, *rec.Mirror)
-	} else {
-		err = pods.Forget(dir)
-	}
-	if err != nil && !errors.Is(err, pods.ErrNotAttached) {
-		slog.Warn("the fast path tracks every connection of the pod: could not copy its interception settings", "error", err)
-		if ferr := pods.Forget(dir); ferr != nil {
-			slog.Warn("remove the fast path's earlier copy of the pod's settings", "error", ferr)
+	default:
+		slog.Info("fast-path policy written", "intoProxy", p.IntoProxy, "noPeer", p.NoPeer, "settingsCopied", rec.Mirror != nil)
+		if rec.Mirror != nil {
+			return
 		}
+	}
+	// No copy (the rules are the init container's, or the copy failed):
+	// an earlier one would mirror settings the pod no longer has.
+	if err := pods.Forget(podpolicy.RulesDir("")); err != nil {
+		slog.Warn("remove the fast path's earlier copy of the pod's settings", "error", err)
 	}
 }
 
