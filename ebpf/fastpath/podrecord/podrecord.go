@@ -58,7 +58,9 @@ func Write(dir, name string, r Record) error {
 	if err != nil {
 		return err
 	}
-	f, err := os.CreateTemp(dir, ".tmp-*")
+	// Named after the record, so that the DEL after a kill between the
+	// write and the rename finds it (Remove).
+	f, err := os.CreateTemp(dir, tmpPrefix(name)+"*")
 	if err != nil {
 		return fmt.Errorf("write the pod's fast-path record: %w", err)
 	}
@@ -76,13 +78,30 @@ func Write(dir, name string, r Record) error {
 	return nil
 }
 
-// Remove removes record name; none is not an error.
+// Remove removes record name, and what a write of it cut short left;
+// none is not an error.
 func Remove(dir, name string) error {
-	if err := os.Remove(filepath.Join(dirOf(dir), name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	dir = dirOf(dir)
+	if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove the pod's fast-path record: %w", err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("read the fast-path records: %w", err)
+	}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), tmpPrefix(name)) {
+			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("remove the pod's fast-path record: %w", err)
+			}
+		}
 	}
 	return nil
 }
+
+// tmpPrefix begins the name of the temporary file a write of record name
+// uses.
+func tmpPrefix(name string) string { return ".tmp-" + name + "-" }
 
 func dirOf(dir string) string {
 	if dir == "" {

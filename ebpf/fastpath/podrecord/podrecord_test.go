@@ -60,7 +60,15 @@ func TestRecords(t *testing.T) {
 	if len(left) != 1 || left[0].Name() != a {
 		t.Fatalf("left %v, want only %s", left, a)
 	}
+	// A write of a cut short (killed before its rename) left its
+	// temporary file: the DEL's Remove takes it with the record.
+	if err := os.WriteFile(filepath.Join(dir, tmpPrefix(a)+"42"), []byte("{"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	if err := Remove(dir, a); err != nil || Remove(dir, a) != nil {
 		t.Fatalf("remove twice: %v", err)
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Fatalf("left %v after the DEL's Remove", left)
 	}
 }
