@@ -40,6 +40,9 @@ import (
 //     pod of its own (the same mode, its own test proxy), so a request goes
 //     app -> sidecar -> remote's sidecar -> remote's app and back; 64 B
 //     round trips on one connection (no interception: app -> remote app);
+//   - with no interception, the hop and sidecar to sidecar also over Unix
+//     sockets between the same processes (unixref_bench_test.go), stated
+//     beside their targets;
 //   - pod ADD time of the chained intercept plugin through libcni
 //     (loopback + intercept, an Istio pod's annotations, the mode from
 //     meshwire's annotation), REDIRECT against EBPF, each ADD followed by
@@ -125,6 +128,9 @@ type captureBenchResult struct {
 	conntrack []float64 // entries per connection, one per run
 	rate      []float64 // connections per second, one per run
 	hop, s2s  harness.Samples
+	// no interception only: the hop and sidecar to sidecar over Unix
+	// sockets (unixref_bench_test.go)
+	unixHop, unixS2S harness.Samples
 }
 
 var captureBenchFlows = regexp.MustCompile(`(\d+) flow entries have been shown`)
@@ -232,6 +238,10 @@ func captureBenchRun(b *testing.B, h *harness.H, cfg captureBenchConfig, res *ca
 	waitSettled(b, cfg.name+", hop")
 	captureBenchRoundTrips(b, e.Pod, hopDst, &res.hop)
 	e.StopProxy()
+	if !meshed {
+		unixRefHop(b, e, captureBenchWarmup, captureBenchRounds, &res.unixHop)
+		unixRefChain(b, e, captureBenchWarmup, captureBenchRounds, &res.unixS2S)
+	}
 
 	// Sidecar to sidecar: the remote meshed too.
 	if meshed {
@@ -387,10 +397,14 @@ func captureBenchReport(b *testing.B, res []*captureBenchResult, adds map[string
 	tg.Add("ADD, EBPF no slower than REDIRECT", fmt.Sprintf("%s (%s vs %s ms)", harness.Ratio(ea, ra), ms(ea), ms(ra)), verdict(ea <= ra))
 	tg.Add("connection rate, EBPF at least REDIRECT's", fmt.Sprintf("%.2fx (%.0f vs %.0f /s)", mean(ebpf.rate)/mean(redir.rate), mean(ebpf.rate), mean(redir.rate)), verdict(mean(ebpf.rate) >= mean(redir.rate)))
 	hr := float64(fast.hop.Median()) / float64(redir.hop.Median())
-	tg.Add("hop 64 B round trip, EBPF + fast path <= 0.5x REDIRECT", fmt.Sprintf("%.2fx (%s vs %s µs)", hr, fastpathBenchUs(fast.hop.Median()), fastpathBenchUs(redir.hop.Median())), verdict(hr <= 0.5))
+	tg.Add("hop 64 B round trip, EBPF + fast path <= 0.5x REDIRECT",
+		fmt.Sprintf("%.2fx (%s vs %s µs; %s)", hr, fastpathBenchUs(fast.hop.Median()), fastpathBenchUs(redir.hop.Median()), unixRefFigure(none.unixHop.Median(), redir.hop.Median())),
+		verdict(hr <= 0.5))
 	closed, _ := gapClosed(fast.s2s.Median(), redir.s2s.Median(), none.s2s.Median())
+	unixClosed, _ := gapClosed(none.unixS2S.Median(), redir.s2s.Median(), none.s2s.Median())
 	tg.Add("sidecar to sidecar, EBPF + fast path >= 30% of the way from REDIRECT to none",
-		fmt.Sprintf("%.0f%% (%s µs; none %s, REDIRECT %s)", 100*closed, fastpathBenchUs(fast.s2s.Median()), fastpathBenchUs(none.s2s.Median()), fastpathBenchUs(redir.s2s.Median())),
+		fmt.Sprintf("%.0f%% (%s µs; none %s, REDIRECT %s; the same four processes over Unix sockets %s µs, %.0f%% of the way)", 100*closed,
+			fastpathBenchUs(fast.s2s.Median()), fastpathBenchUs(none.s2s.Median()), fastpathBenchUs(redir.s2s.Median()), fastpathBenchUs(none.unixS2S.Median()), 100*unixClosed),
 		verdict(closed >= 0.3))
 	tg.Write(os.Stdout)
 

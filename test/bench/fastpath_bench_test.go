@@ -55,6 +55,10 @@ import (
 //   - the whole path: app -> sidecar -> remote echo server and back (the
 //     proxy forwards), and with no interception app -> remote directly.
 //
+// With no interception the hop is also timed over a Unix socket between
+// the same two processes (unixref_bench_test.go), stated beside the hop's
+// target: what the two processes' wake-ups cost with no TCP/IP at all.
+//
 // Measures: 64 B and 4 KiB request/response round trips on one persistent
 // connection (median and p95 after a warm-up), 64 B round trips on 50
 // concurrent connections (median over every round trip of every
@@ -150,6 +154,7 @@ const (
 // fastpathBenchResult is one configuration on one path, pooled over runs.
 type fastpathBenchResult struct {
 	rtt64, rtt4k, conc harness.Samples
+	unix               harness.Samples // no interception, hop: 64 B over a Unix socket (unixref_bench_test.go)
 	mbps               []float64       // bulk, one per run (whole path only)
 	run64, runConc     []time.Duration // each run's own median, in repetition order
 	ctr                fastpath.Counters
@@ -238,6 +243,9 @@ func fastpathBenchRun(b *testing.B, h *harness.H, cfg fastpathBenchConfig, hop, 
 	hop.runs++
 	check("hop", before, after)
 	e.StopProxy()
+	if cfg.mode == "" {
+		unixRefHop(b, e, fastpathBenchWarmup, fastpathBenchRounds, &hop.unix)
+	}
 
 	// The whole path: the proxy forwards to the remote.
 	if cfg.mode != "" {
@@ -509,6 +517,7 @@ func fastpathBenchReport(b *testing.B, res map[string][]*fastpathBenchResult, re
 	}
 	hop := res["hop"]
 	redirHop := hop[fastpathBenchRedirect].rtt64.Median()
+	unixHop := hop[fastpathBenchNone].unix.Median()
 	for i, cfg := range fastpathBenchConfigs {
 		if !cfg.pod {
 			continue
@@ -516,7 +525,7 @@ func fastpathBenchReport(b *testing.B, res map[string][]*fastpathBenchResult, re
 		d := hop[i].rtt64.Median()
 		ratio := float64(d) / float64(redirHop)
 		tg.Add("hop 64 B round trip <= 0.55x REDIRECT alone", cfg.name,
-			fmt.Sprintf("%.2fx (%s µs vs %s µs)", ratio, fastpathBenchUs(d), fastpathBenchUs(redirHop)), verdict(ratio <= 0.55))
+			fmt.Sprintf("%.2fx (%s µs vs %s µs; %s)", ratio, fastpathBenchUs(d), fastpathBenchUs(redirHop), unixRefFigure(unixHop, redirHop)), verdict(ratio <= 0.55))
 	}
 	redirTP := fastpathBenchMean(whole[fastpathBenchRedirect].mbps)
 	for i, cfg := range fastpathBenchConfigs {

@@ -11,12 +11,17 @@
 // Run it as the proxy's uid (1337), in the pod's network namespace; TPROXY
 // needs CAP_NET_ADMIN (an ambient capability) for IP_TRANSPARENT.
 //
-//	proxy [-mode redirect|tproxy] [-outbound 15001] [-inbound 15006] [-dns 15053 -dns-upstream ADDR:53] [-copy loop|splice] [-answer]
+//	proxy [-mode redirect|tproxy] [-outbound 15001] [-inbound 15006] [-dns 15053 -dns-upstream ADDR:53] [-copy loop|splice] [-answer] [-unix PATH [-unix-to PATH]]
 //
 // -copy splice copies with io.Copy between the two TCP connections, which
 // Go turns into splice(2) (the receiver the sockmap fast path must not
 // starve); -answer echoes each captured connection's bytes back itself
 // instead of forwarding them (the app <-> sidecar hop alone).
+//
+// -unix PATH also listens on a Unix stream socket at PATH and echoes what
+// it gets there, or with -unix-to forwards it to the Unix socket at that
+// path: the same process and copy loop with no TCP, no netfilter and no
+// BPF on the way, which the benchmarks time beside the interception modes.
 //
 //	proxy dial ADDR MESSAGE   # one request as the current user: prints the reply
 package main
@@ -71,6 +76,8 @@ func main() {
 	upstream := flag.String("dns-upstream", "", "DNS server to forward captured queries to")
 	copyMode := flag.String("copy", "loop", "how bytes are copied: loop (read/write) or splice (io.Copy)")
 	flag.BoolVar(&answer, "answer", false, "echo captured connections back instead of forwarding them")
+	unixPath := flag.String("unix", "", "also listen on a Unix stream socket at this path (a benchmark reference)")
+	unixTo := flag.String("unix-to", "", "forward what -unix accepts to the Unix socket at this path instead of echoing it")
 	flag.Parse()
 	switch *copyMode {
 	case "loop":
@@ -112,6 +119,15 @@ func main() {
 			}
 			go serveDNS(pc, *upstream)
 		}
+	}
+	if *unixPath != "" {
+		ln, err := net.Listen("unix", *unixPath)
+		if err != nil {
+			fatal(err)
+		}
+		go serveUnix(ln, *unixTo)
+	} else if *unixTo != "" {
+		fatal(fmt.Errorf("-unix-to needs -unix"))
 	}
 	emit(Record{Event: "ready"})
 	// SIGUSR1 asks for a "sync" line: every record of a connection that
@@ -210,12 +226,43 @@ func handle(c *net.TCPConn, name string, tproxy bool) {
 	pipe(c, up.(*net.TCPConn))
 }
 
+// serveUnix echoes each connection ln accepts, or forwards it to the Unix
+// socket at to.
+func serveUnix(ln net.Listener, to string) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func(c *net.UnixConn) {
+			defer c.Close()
+			if to == "" {
+				pipe(c, c)
+				return
+			}
+			up, err := net.Dial("unix", to)
+			if err != nil {
+				emit(Record{Event: "error", Listener: "unix", Err: err.Error()})
+				return
+			}
+			defer up.Close()
+			pipe(c, up.(*net.UnixConn))
+		}(c.(*net.UnixConn))
+	}
+}
+
+// conn is a stream connection that can be half-closed (TCP or Unix).
+type conn interface {
+	net.Conn
+	CloseWrite() error
+}
+
 // pipe copies both ways until both sides are done, passing half-closes on
 // (with a == b, it echoes).
-func pipe(a, b *net.TCPConn) {
+func pipe(a, b conn) {
 	var wg sync.WaitGroup
 	wg.Add(2)
-	cp := func(dst, src *net.TCPConn) {
+	cp := func(dst, src conn) {
 		defer wg.Done()
 		if spliceCopy {
 			_, _ = io.Copy(dst, src)
