@@ -57,7 +57,10 @@ import (
 //
 // With no interception the hop is also timed over a Unix socket between
 // the same two processes (unixref_bench_test.go), stated beside the hop's
-// target: what the two processes' wake-ups cost with no TCP/IP at all.
+// target: what the two processes' wake-ups cost with no TCP/IP at all. And
+// in every configuration the hop's 64 B round trips are split at the app's
+// system calls (syscalls_bench_test.go): what is inside write(2) and read(2)
+// is what a faster hand-off can shrink, the rest is not.
 //
 // Measures: 64 B and 4 KiB request/response round trips on one persistent
 // connection (median and p95 after a warm-up), 64 B round trips on 50
@@ -155,6 +158,7 @@ const (
 type fastpathBenchResult struct {
 	rtt64, rtt4k, conc harness.Samples
 	unix               harness.Samples // no interception, hop: 64 B over a Unix socket (unixref_bench_test.go)
+	split              sysSplit        // hop: 64 B round trips split at the app's system calls (syscalls_bench_test.go)
 	mbps               []float64       // bulk, one per run (whole path only)
 	run64, runConc     []time.Duration // each run's own median, in repetition order
 	ctr                fastpath.Counters
@@ -238,6 +242,7 @@ func fastpathBenchRun(b *testing.B, h *harness.H, cfg fastpathBenchConfig, hop, 
 	waitSettled(b, cfg.name+", hop")
 	before := counters()
 	fastpathBenchRoundTrips(b, e, dst, hop)
+	fastpathBenchSyscalls(b, e, dst, fastpathBenchWarmup, fastpathBenchRounds, &hop.split)
 	after := counters()
 	hop.ctr = hop.ctr.Add(after.Sub(before))
 	hop.runs++
@@ -494,6 +499,18 @@ func fastpathBenchReport(b *testing.B, res map[string][]*fastpathBenchResult, re
 		sp.Add(cfg.name, runs(res["hop"][i].run64), runs(res["hop"][i].runConc), runs(whole[i].run64), runs(whole[i].runConc))
 	}
 	sp.Write(os.Stdout)
+
+	hs := &harness.Table{
+		Title: fmt.Sprintf("fast path, the hop: where a 64 B round trip goes (µs, medians of %d; the app's write(2) and the read(2) that returned the reply, timed; the proxy's echo makes the same two calls; the rest is the processes waking up, being scheduled and running their own code)",
+			fastpathBenchRounds*reps),
+		Header: []string{"configuration", "round trip", "app's write", "app's read", "rest: round trip - 2 x (write + read)", "rest / REDIRECT's round trip"},
+	}
+	redirSplit := res["hop"][fastpathBenchRedirect].split.rtt.Median()
+	for i, cfg := range fastpathBenchConfigs {
+		sp := res["hop"][i].split
+		hs.Add(cfg.name, fastpathBenchUs(sp.rtt.Median()), fastpathBenchUs(sp.w.Median()), fastpathBenchUs(sp.r.Median()), fastpathBenchUs(sp.rest.Median()), harness.Ratio(sp.rest.Median(), redirSplit))
+	}
+	hs.Write(os.Stdout)
 
 	ct := &harness.Table{
 		Title:  fmt.Sprintf("fast path counters (meshwire fastpath status --json, growth over each path's measurements, %d runs)", reps),
