@@ -40,6 +40,7 @@ import (
 //     pod of its own (the same mode, its own test proxy), so a request goes
 //     app -> sidecar -> remote's sidecar -> remote's app and back; 64 B
 //     round trips on one connection (no interception: app -> remote app);
+//     the remote's app is an echo process of its own (startRemoteEcho);
 //   - with no interception, the hop and sidecar to sidecar also over Unix
 //     sockets between the same processes (unixref_bench_test.go), stated
 //     beside their targets;
@@ -206,6 +207,7 @@ func captureBenchAttach(b *testing.B, h *harness.H, cfg captureBenchConfig) func
 // captureBenchRun runs one configuration once in a fresh pod and remote.
 func captureBenchRun(b *testing.B, h *harness.H, cfg captureBenchConfig, res *captureBenchResult) {
 	e := ie.New(b, h)
+	startRemoteEcho(e)
 	// Detached on every way out, also a b.Fatal (runtime.Goexit runs
 	// defers); the namespaces' registrations go before (defers run last
 	// first).
@@ -252,7 +254,7 @@ func captureBenchRun(b *testing.B, h *harness.H, cfg captureBenchConfig, res *ca
 	}
 	waitSettled(b, cfg.name+", sidecar to sidecar")
 	peers := fastpathBenchStatus(b, h).PeerPairs
-	captureBenchRoundTrips(b, e.Pod, ie.AP(ie.RemoteV4, ie.RemotePort), &res.s2s)
+	captureBenchRoundTrips(b, e.Pod, ie.AP(ie.RemoteV4, ie.EchoPort), &res.s2s)
 	if cfg.fast && fastpathBenchStatus(b, h).PeerPairs == peers {
 		b.Fatalf("%s: the two sidecars' connection was not paired", cfg.name)
 	}

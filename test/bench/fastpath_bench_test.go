@@ -54,6 +54,8 @@ import (
 //     it is other code: bufio, a formatted reply with a prefix.)
 //   - the whole path: app -> sidecar -> remote echo server and back (the
 //     proxy forwards), and with no interception app -> remote directly.
+//     The remote's echo is a process of its own (startRemoteEcho), as a
+//     server in another pod is.
 //
 // With no interception the hop is also timed over a Unix socket between
 // the same two processes (unixref_bench_test.go), stated beside the hop's
@@ -188,6 +190,7 @@ func fastpathBenchStatus(b *testing.B, h *harness.H) fastpath.Status {
 // the fast path attached if asked, the hop then the whole path.
 func fastpathBenchRun(b *testing.B, h *harness.H, cfg fastpathBenchConfig, hop, whole *fastpathBenchResult) {
 	e := ie.New(b, h)
+	startRemoteEcho(e)
 	if cfg.fast {
 		// Detach on every way out of this function: a b.Fatal below
 		// ends the goroutine through runtime.Goexit, which runs defers.
@@ -258,7 +261,7 @@ func fastpathBenchRun(b *testing.B, h *harness.H, cfg fastpathBenchConfig, hop, 
 	}
 	waitSettled(b, cfg.name+", whole path")
 	before = counters()
-	fastpathBenchRoundTrips(b, e, ie.AP(ie.RemoteV4, ie.RemotePort), whole)
+	fastpathBenchRoundTrips(b, e, ie.AP(ie.RemoteV4, ie.EchoPort), whole)
 	whole.mbps = append(whole.mbps, fastpathBenchBulk(b, e))
 	after = counters()
 	whole.ctr = whole.ctr.Add(after.Sub(before))

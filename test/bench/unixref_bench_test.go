@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -53,45 +54,23 @@ func unixRefHop(b *testing.B, e *ie.Env, warm, n int, s *harness.Samples) {
 
 // unixRefChain times 64 B round trips app -> sidecar -> sidecar -> app over
 // Unix sockets: the benchmark's process to the pod's test proxy, which
-// forwards to the remote's test proxy, which forwards to an echo in the
-// benchmark's process answering as the remote's app does ("remote PEER
-// MSG" in one write).
+// forwards to the remote's test proxy, which forwards to the remote app's
+// echo process (startRemoteEcho's, over a Unix socket).
 func unixRefChain(b *testing.B, e *ie.Env, warm, n int, s *harness.Samples) {
 	dir := unixRefDir(b)
 	app, remote, pod := filepath.Join(dir, "app.sock"), filepath.Join(dir, "remote.sock"), filepath.Join(dir, "pod.sock")
-	ln, err := net.Listen("unix", app)
-	if err == nil {
-		err = os.Chmod(app, 0o777) // the remote's proxy connects as its uid
-	}
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				r := bufio.NewReader(c)
-				for {
-					line, err := r.ReadString('\n')
-					if err != nil {
-						return
-					}
-					if _, err := fmt.Fprintf(c, "remote unix %s", line); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
+	defer e.StartEcho(e.Remote, ie.OtherUID, ie.OtherUID, "unix", app).Stop()
 	defer e.StartProxyIn(e.Remote, ie.ProxyUID, ie.ProxyUID, false, "-unix", remote, "-unix-to", app).Stop()
 	defer e.StartProxyIn(e.Pod, ie.ProxyUID, ie.ProxyUID, false, "-unix", pod, "-unix-to", remote).Stop()
 	waitSettled(b, "the Unix-socket reference, sidecar to sidecar")
 	unixRefRoundTrips(b, pod, warm, n, s)
+}
+
+// startRemoteEcho starts the remote app's echo process on ie.EchoPort, as
+// a user that is not the proxy (when the remote is meshed its sidecar
+// forwards to it).
+func startRemoteEcho(e *ie.Env) {
+	e.StartEcho(e.Remote, ie.OtherUID, ie.OtherUID, "tcp", ":"+strconv.Itoa(ie.EchoPort))
 }
 
 func unixRefRoundTrips(b *testing.B, sock string, warm, n int, s *harness.Samples) {

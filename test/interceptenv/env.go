@@ -52,6 +52,7 @@ const (
 	RemotePort   = 8080  // remote: captured outbound
 	RemotePort2  = 9090  // remote: for port exclusions
 	SinkPort     = 8090  // both: counts the bytes it receives (throughput)
+	EchoPort     = 8082  // remote: an echo process of its own, when started (StartEcho)
 	DNSPort      = 53
 	ProxyUID     = 1337
 	OtherUID     = 4242 // a user that is not the proxy
@@ -523,7 +524,22 @@ func (e *Env) StartProxyIn(ns *harness.NS, uid, gid uint32, tproxy bool, extra .
 		mode = "tproxy"
 	}
 	args := append([]string{"-mode", mode, "-dns-upstream", AP(RemoteV4, DNSPort).String()}, extra...)
-	cmd := e.command(uid, gid, tproxy, args...)
+	return e.start(ns, e.command(uid, gid, tproxy, args...), "the test proxy")
+}
+
+// StartEcho runs `proxy echo NETWORK ADDR` in ns as uid/gid: an echo
+// server in a process of its own, as a remote pod's app is (the servers
+// New starts run in the test's own process). It is killed when the test
+// ends, or by Stop.
+func (e *Env) StartEcho(ns *harness.NS, uid, gid uint32, network, addr string) *Proxy {
+	e.T.Helper()
+	return e.start(ns, e.command(uid, gid, false, "echo", network, addr), "the echo server")
+}
+
+// start runs the test proxy binary as cmd in ns and waits until it says
+// it is ready.
+func (e *Env) start(ns *harness.NS, cmd *exec.Cmd, what string) *Proxy {
+	e.T.Helper()
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		e.T.Fatal(err)
@@ -532,7 +548,7 @@ func (e *Env) StartProxyIn(ns *harness.NS, uid, gid uint32, tproxy bool, extra .
 	p := &Proxy{cmd: cmd}
 	p.cond = sync.NewCond(&p.mu)
 	if err := ns.Do(cmd.Start); err != nil {
-		e.T.Fatalf("start the test proxy: %v", err)
+		e.T.Fatalf("start %s: %v", what, err)
 	}
 	e.T.Cleanup(func() {
 		_ = cmd.Process.Kill()
@@ -562,11 +578,11 @@ func (e *Env) StartProxyIn(ns *harness.NS, uid, gid uint32, tproxy bool, extra .
 	p.mu.Unlock()
 	for _, r := range recs {
 		if r.Event == "error" {
-			e.T.Fatalf("test proxy failed to start: %s", r.Err)
+			e.T.Fatalf("%s failed to start: %s", what, r.Err)
 		}
 	}
 	if len(recs) == 0 {
-		e.T.Fatal("test proxy exited before it was ready")
+		e.T.Fatalf("%s exited before it was ready", what)
 	}
 	return p
 }

@@ -24,6 +24,7 @@
 // BPF on the way, which the benchmarks time beside the interception modes.
 //
 //	proxy dial ADDR MESSAGE   # one request as the current user: prints the reply
+//	proxy echo tcp|unix ADDR  # an echo server as its own process (a remote app)
 package main
 
 import (
@@ -68,6 +69,10 @@ func emit(r Record) {
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "dial" {
 		os.Exit(dial(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "echo" {
+		echo(os.Args[2:])
+		return
 	}
 	mode := flag.String("mode", "redirect", "inbound interception mode: redirect or tproxy")
 	outPort := flag.Int("outbound", 15001, "outbound capture port")
@@ -224,6 +229,36 @@ func handle(c *net.TCPConn, name string, tproxy bool) {
 	}
 	defer up.Close()
 	pipe(c, up.(*net.TCPConn))
+}
+
+// echo serves "tcp ADDR" (IPv4 and IPv6 when ADDR has no host) or "unix
+// PATH", echoing every connection with the copy loop, until killed: the
+// benchmarks' remote app, in a process of its own as a pod's app is.
+func echo(args []string) {
+	if len(args) != 2 || (args[0] != "tcp" && args[0] != "unix") {
+		fatal(fmt.Errorf("usage: proxy echo tcp|unix ADDR"))
+	}
+	ln, err := net.Listen(args[0], args[1])
+	if err != nil {
+		fatal(err)
+	}
+	if args[0] == "unix" {
+		// Whoever the benchmark runs the forwarding proxy as connects.
+		if err := os.Chmod(args[1], 0o777); err != nil {
+			fatal(err)
+		}
+	}
+	emit(Record{Event: "ready"})
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			fatal(err)
+		}
+		go func(c conn) {
+			defer c.Close()
+			pipe(c, c)
+		}(c.(conn))
+	}
 }
 
 // serveUnix echoes each connection ln accepts, or forwards it to the Unix
