@@ -275,6 +275,13 @@ func fastpathBenchRun(b *testing.B, h *harness.H, cfg fastpathBenchConfig, hop, 
 	}
 }
 
+// startRemoteEcho starts the remote app's echo process on ie.EchoPort, as
+// a user that is not the proxy (when the remote is meshed its sidecar
+// forwards to it).
+func startRemoteEcho(e *ie.Env) {
+	e.StartEcho(e.Remote, ie.OtherUID, ie.OtherUID, "tcp", ":"+strconv.Itoa(ie.EchoPort))
+}
+
 // fastpathBenchRoundTrips measures 64 B and 4 KiB round trips on one
 // connection and 64 B round trips on fastpathBenchConns connections at once,
 // from the pod to dst.

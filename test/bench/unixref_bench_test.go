@@ -8,7 +8,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
 	"testing"
 	"time"
 
@@ -55,7 +54,7 @@ func unixRefHop(b *testing.B, e *ie.Env, warm, n int, s *harness.Samples) {
 // unixRefChain times 64 B round trips app -> sidecar -> sidecar -> app over
 // Unix sockets: the benchmark's process to the pod's test proxy, which
 // forwards to the remote's test proxy, which forwards to the remote app's
-// echo process (startRemoteEcho's, over a Unix socket).
+// echo process (as startRemoteEcho's, over a Unix socket).
 func unixRefChain(b *testing.B, e *ie.Env, warm, n int, s *harness.Samples) {
 	dir := unixRefDir(b)
 	app, remote, pod := filepath.Join(dir, "app.sock"), filepath.Join(dir, "remote.sock"), filepath.Join(dir, "pod.sock")
@@ -64,13 +63,6 @@ func unixRefChain(b *testing.B, e *ie.Env, warm, n int, s *harness.Samples) {
 	defer e.StartProxyIn(e.Pod, ie.ProxyUID, ie.ProxyUID, false, "-unix", pod, "-unix-to", remote).Stop()
 	waitSettled(b, "the Unix-socket reference, sidecar to sidecar")
 	unixRefRoundTrips(b, pod, warm, n, s)
-}
-
-// startRemoteEcho starts the remote app's echo process on ie.EchoPort, as
-// a user that is not the proxy (when the remote is meshed its sidecar
-// forwards to it).
-func startRemoteEcho(e *ie.Env) {
-	e.StartEcho(e.Remote, ie.OtherUID, ie.OtherUID, "tcp", ":"+strconv.Itoa(ie.EchoPort))
 }
 
 func unixRefRoundTrips(b *testing.B, sock string, warm, n int, s *harness.Samples) {
