@@ -1,10 +1,11 @@
 package capture
 
 import (
-	"reflect"
+	"slices"
 	"testing"
 
 	"github.com/meshwire/meshwire/ebpf/capture/pods"
+	"github.com/meshwire/meshwire/internal/structlayout"
 )
 
 // TestLayoutsMatch: the map layouts package pods writes without loading
@@ -19,24 +20,8 @@ func TestLayoutsMatch(t *testing.T) {
 		{"struct port_key", pods.PortKey{}, bpfPortKey{}},
 		{"struct cidr_key", pods.CIDRKey{}, bpfCidrKey{}},
 	} {
-		o, g := reflect.TypeOf(c.ours), reflect.TypeOf(c.gen)
-		if o.Size() != g.Size() {
-			t.Fatalf("%s: %d bytes in package pods, %d in the object", c.name, o.Size(), g.Size())
-		}
-		var gf []reflect.StructField
-		for i := range g.NumField() {
-			if f := g.Field(i); f.Name != "_" {
-				gf = append(gf, f)
-			}
-		}
-		if o.NumField() != len(gf) {
-			t.Fatalf("%s: %d fields in package pods, %d in the object", c.name, o.NumField(), len(gf))
-		}
-		for i, f := range gf {
-			of := o.Field(i)
-			if of.Offset != f.Offset || of.Type.Size() != f.Type.Size() {
-				t.Errorf("%s: field %s at %d (%d bytes) in package pods, %s at %d (%d bytes) in the object", c.name, of.Name, of.Offset, of.Type.Size(), f.Name, f.Offset, f.Type.Size())
-			}
+		if got, want := structlayout.Describe(c.ours, false), structlayout.Describe(c.gen, false); !slices.Equal(got, want) {
+			t.Errorf("%s: package pods has %v, the object %v", c.name, got, want)
 		}
 	}
 }

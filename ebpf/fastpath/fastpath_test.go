@@ -1,10 +1,8 @@
 package fastpath
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
-	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -12,6 +10,7 @@ import (
 
 	"github.com/meshwire/meshwire/ebpf/capture/pods"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
+	"github.com/meshwire/meshwire/internal/structlayout"
 )
 
 func TestCgroup2FromMountinfo(t *testing.T) {
@@ -61,28 +60,11 @@ func TestObjectMatchesLoader(t *testing.T) {
 	}
 }
 
-// layout describes a struct's fields (bpf2go's padding left out): offset
-// and size, with their names when named is set, then the struct's size.
-func layout(v any, named bool) []string {
-	var out []string
-	ty := reflect.TypeOf(v)
-	for i := range ty.NumField() {
-		if f := ty.Field(i); f.Name != "_" {
-			name := ""
-			if named {
-				name = f.Name
-			}
-			out = append(out, fmt.Sprintf("%s@%d:%d", name, f.Offset, f.Type.Size()))
-		}
-	}
-	return append(out, fmt.Sprint(ty.Size()))
-}
-
 // TestPodPolicyLayout: podpolicy's value, which the intercept plugin writes
 // without loading the object, is fastpath.c's struct pod_policy field for
 // field (TestFastpathPodPolicy checks the flag by its effect).
 func TestPodPolicyLayout(t *testing.T) {
-	got, want := layout(podpolicy.Value{}, true), layout(bpfPodPolicy{}, true)
+	got, want := structlayout.Describe(podpolicy.Value{}, true), structlayout.Describe(bpfPodPolicy{}, true)
 	if !slices.Equal(got, want) {
 		t.Fatalf("podpolicy.Value is %v, struct pod_policy %v", got, want)
 	}
@@ -101,7 +83,7 @@ func TestRulesLayout(t *testing.T) {
 		{"struct port_key", pods.PortKey{}, bpfPortKey{}},
 		{"struct cidr_key", pods.CIDRKey{}, bpfCidrKey{}},
 	} {
-		if got, want := layout(c.ours, false), layout(c.gen, false); !slices.Equal(got, want) {
+		if got, want := structlayout.Describe(c.ours, false), structlayout.Describe(c.gen, false); !slices.Equal(got, want) {
 			t.Errorf("%s: package pods has %v, the object %v", c.name, got, want)
 		}
 	}
