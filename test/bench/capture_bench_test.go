@@ -3,7 +3,6 @@
 package bench
 
 import (
-	"bufio"
 	"fmt"
 	"net/netip"
 	"os"
@@ -314,11 +313,7 @@ func captureBenchRoundTrips(b *testing.B, ns *harness.NS, dst netip.AddrPort, s 
 	if err != nil {
 		b.Fatalf("dial %s: %v", dst, err)
 	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Minute))
-	if err := fastpathBenchPingPong(c, bufio.NewReaderSize(c, 4<<10), fastpathBenchMsg(64), captureBenchWarmup, captureBenchRounds, s); err != nil {
-		b.Fatalf("round trips to %s: %v", dst, err)
-	}
+	pingPong64(b, c, dst.String(), captureBenchWarmup, captureBenchRounds, s)
 }
 
 // captureBenchAdds times the chained intercept plugin's ADD through libcni

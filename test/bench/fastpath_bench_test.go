@@ -391,6 +391,16 @@ func fastpathBenchPingPong(c net.Conn, r *bufio.Reader, msg []byte, warm, n int,
 	return nil
 }
 
+// pingPong64 times warm+n 64 B round trips on c to what (fastpathBenchPingPong),
+// recording the last n, and closes c.
+func pingPong64(b *testing.B, c net.Conn, what string, warm, n int, s *harness.Samples) {
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Minute))
+	if err := fastpathBenchPingPong(c, bufio.NewReaderSize(c, 4<<10), fastpathBenchMsg(64), warm, n, s); err != nil {
+		b.Fatalf("round trips to %s: %v", what, err)
+	}
+}
+
 // fastpathBenchBulk pushes fastpathBenchBytes from the pod to the remote's
 // sink in fastpathBenchWrite writes and returns MB/s, from the first write
 // to the sink's count.

@@ -3,7 +3,6 @@
 package bench
 
 import (
-	"bufio"
 	"fmt"
 	"net"
 	"os"
@@ -70,11 +69,7 @@ func unixRefRoundTrips(b *testing.B, sock string, warm, n int, s *harness.Sample
 	if err != nil {
 		b.Fatal(err)
 	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(2 * time.Minute))
-	if err := fastpathBenchPingPong(c, bufio.NewReaderSize(c, 4<<10), fastpathBenchMsg(64), warm, n, s); err != nil {
-		b.Fatalf("round trips over %s: %v", sock, err)
-	}
+	pingPong64(b, c, sock, warm, n, s)
 }
 
 // unixRefFigure states the Unix-socket reference ref beside redir, the
