@@ -161,13 +161,45 @@ func (p *Pod) Remove() error { return p.c.RemovePod(p.ID) }
 func (c *Containerd) RemovePod(id string) error {
 	ctx, cancel := Ctx()
 	defer cancel()
-	if _, err := c.Runtime.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id}); err != nil {
+	_, err := c.Runtime.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id})
+	if err != nil && c.dropTruncatedCNICache(id) {
+		_, err = c.Runtime.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: id})
+	}
+	if err != nil {
 		return fmt.Errorf("StopPodSandbox %s: %w", id, err)
 	}
 	if _, err := c.Runtime.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: id}); err != nil {
 		return fmt.Errorf("RemovePodSandbox %s: %w", id, err)
 	}
 	return nil
+}
+
+// cniResultsDir is where containerd's libcni caches each attachment's
+// result (go-cni's default cache directory, /var/lib/cni).
+const cniResultsDir = "/var/lib/cni/results"
+
+// dropTruncatedCNICache removes the cached results of sandbox id that are
+// not JSON, and reports whether it removed any. containerd 1.6's libcni
+// writes that cache in place, so containerd killed during the write
+// leaves a truncated file, and every StopPodSandbox of the pod then fails
+// before any plugin runs ("failed to get network ... cached result:
+// unexpected end of JSON input"). Without the file containerd runs the
+// DEL from the configuration, as an operator's fix would have it; the
+// plugins must then clean up with no previous result.
+func (c *Containerd) dropTruncatedCNICache(id string) bool {
+	files, _ := filepath.Glob(filepath.Join(cniResultsDir, "*-"+id+"-*"))
+	dropped := false
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil || json.Valid(b) {
+			continue
+		}
+		if err := os.Remove(f); err == nil {
+			c.T.Logf("pod %s: containerd's cached CNI result %s is truncated (%d bytes; containerd was killed writing it): removed, so that StopPodSandbox runs the DEL from the configuration", id, f, len(b))
+			dropped = true
+		}
+	}
+	return dropped
 }
 
 // ContainerSpec is a container of Image.

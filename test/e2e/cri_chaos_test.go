@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -38,20 +39,7 @@ func TestCRIContainerdKilled(t *testing.T) {
 			before[e.Name()] = true
 		}
 	}
-	br := "mwtk" + harness.RandomID()[:6]
-	t.Cleanup(func() {
-		if l, err := netlink.LinkByName(br); err == nil {
-			_ = netlink.LinkDel(l)
-		}
-	})
-	dataDir := t.TempDir()
-	chained, err := installer.Chain([]byte(fmt.Sprintf(`{"cniVersion":"1.0.0","name":"mwt-crikill","plugins":[
-		{"type":"bridge","bridge":%q,"isDefaultGateway":true,"hostVethPrefix":"mwck",
-		 "ipam":{"type":"host-local","ranges":[[{"subnet":"198.18.58.0/24"}]],"dataDir":%q}}]}`, br, dataDir)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := cri.Start(t, cri.Config{BinDir: h.BinDir, ConfList: string(chained.Out)})
+	c, dataDir := criKillContainerd(t, h)
 
 	const workers, kills = 6, 3
 	var created, removed, failed int
@@ -151,6 +139,73 @@ func TestCRIContainerdKilled(t *testing.T) {
 		t.Logf("namespace %s: made by containerd before it was killed, never recorded; empty, removed", e.Name())
 		if err := netns.DeletePath("/var/run/netns/" + e.Name()); err != nil {
 			t.Fatal(err)
+		}
+	}
+}
+
+// criKillContainerd starts containerd with bridge and host-local (under a
+// fresh bridge and data directory, removed at cleanup), and portmap,
+// bandwidth and intercept chained as `meshwire install --chain` writes
+// them: network "mwt-crikill".
+func criKillContainerd(t *testing.T, h *harness.H) (c *cri.Containerd, dataDir string) {
+	br := "mwtk" + harness.RandomID()[:6]
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(br); err == nil {
+			_ = netlink.LinkDel(l)
+		}
+	})
+	dataDir = t.TempDir()
+	chained, err := installer.Chain([]byte(fmt.Sprintf(`{"cniVersion":"1.0.0","name":"mwt-crikill","plugins":[
+		{"type":"bridge","bridge":%q,"isDefaultGateway":true,"hostVethPrefix":"mwck",
+		 "ipam":{"type":"host-local","ranges":[[{"subnet":"198.18.58.0/24"}]],"dataDir":%q}}]}`, br, dataDir)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cri.Start(t, cri.Config{BinDir: h.BinDir, ConfList: string(chained.Out)}), dataDir
+}
+
+// TestCRITruncatedResultCache: containerd 1.6 writes its cached CNI result
+// in place, so a containerd killed during that write leaves the file
+// truncated, and every StopPodSandbox of the pod then fails before any
+// plugin runs (what TestCRIContainerdKilled meets when a kill lands
+// there). The test client removes such a file (cri.Containerd.RemovePod)
+// and containerd runs the DEL from the configuration, with no previous
+// result: the plugins must still remove everything the ADD made. A meshed
+// pod with a host port and a bandwidth annotation is set up, its cached
+// result emptied, and the pod removed: no veth, ifb, rule, reservation or
+// namespace stays.
+func TestCRITruncatedResultCache(t *testing.T) {
+	h := harness.New(t)
+	nodeBaseline(t)
+	h.CheckNoLeaks()
+	c, dataDir := criKillContainerd(t, h)
+	p := c.RunPod(cri.PodSpec{Name: "truncated", Namespace: "chaos",
+		PortMappings: []*runtimeapi.PortMapping{{Protocol: runtimeapi.Protocol_TCP, ContainerPort: 80, HostPort: 35900}},
+		Annotations: map[string]string{"kubernetes.io/egress-bandwidth": "20M",
+			"sidecar.istio.io/status": `{"initContainers":["istio-validation"],"containers":["istio-proxy"]}`}})
+	files, err := filepath.Glob("/var/lib/cni/results/mwt-crikill-" + p.ID + "-*")
+	if err != nil || len(files) != 1 {
+		t.Fatalf("containerd's cached result of pod %s: %v %v (want one file)", p.ID, files, err)
+	}
+	if err := os.Truncate(files[0], 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.Remove(); err != nil {
+		t.Fatalf("removing the pod with its cached result truncated: %v", err)
+	}
+	if _, err := os.Stat(files[0]); !os.IsNotExist(err) {
+		t.Errorf("the truncated cached result %s is still there (%v)", files[0], err)
+	}
+	if n := harness.Reservations(t, dataDir, "mwt-crikill"); n != 0 {
+		t.Errorf("%d addresses still reserved after the pod was removed", n)
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range links {
+		if n := l.Attrs().Name; strings.HasPrefix(n, "mwck") || l.Type() == "ifb" && strings.HasPrefix(n, "mwbw") {
+			t.Errorf("%s left on the host", n)
 		}
 	}
 }
