@@ -9,6 +9,8 @@ package cnierr
 import (
 	"errors"
 	"fmt"
+	"log/slog"
+	"runtime/debug"
 
 	"github.com/containernetworking/cni/pkg/types"
 )
@@ -104,4 +106,19 @@ func Wrap(err error, format string, a ...any) error {
 // reference plugins, meshwire uses the generic one (999).
 func CheckFailed(format string, a ...any) *types.Error {
 	return newf(CodeInternal, "check failed: %s", fmt.Sprintf(format, a...))
+}
+
+// Catch runs fn and turns a panic in it into an internal error (code 999),
+// logged with its stack as a "panic" record (the node agent counts those).
+// The plugin frame recovers a panic of the main goroutine; every goroutine
+// a plugin starts runs its work through Catch, so that no input ends in a
+// Go stack trace instead of a CNI error.
+func Catch(fn func() error) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			slog.Error("panic", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
+			err = Internal("internal error: %v", r)
+		}
+	}()
+	return fn()
 }

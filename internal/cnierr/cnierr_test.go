@@ -1,8 +1,10 @@
 package cnierr
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -40,5 +42,32 @@ func TestCodeAndWrap(t *testing.T) {
 	}
 	if Code(Wrap(errors.New("boom"), "x")) != CodeInternal || Wrap(nil, "x") != nil {
 		t.Fatal("Wrap of plain or nil error")
+	}
+}
+
+// TestCatchInGoroutine: a panic in a goroutine run through Catch comes back
+// as a code-999 error, logged as a "panic" record with its stack, and the
+// process goes on.
+func TestCatchInGoroutine(t *testing.T) {
+	var buf bytes.Buffer
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewJSONHandler(&buf, nil)))
+	t.Cleanup(func() { slog.SetDefault(prev) })
+	done := make(chan error, 1)
+	go func() {
+		done <- Catch(func() error {
+			var m map[string]*int
+			return fmt.Errorf("%d", *m["x"])
+		})
+	}()
+	err := <-done
+	if Code(err) != CodeInternal || !strings.Contains(err.Error(), "nil pointer") {
+		t.Fatalf("got %v (code %d)", err, Code(err))
+	}
+	if !strings.Contains(buf.String(), `"msg":"panic"`) || !strings.Contains(buf.String(), "stack") {
+		t.Fatalf("no panic record: %s", buf.String())
+	}
+	if err := Catch(func() error { return TryAgain("busy") }); Code(err) != CodeTryAgainLater {
+		t.Fatalf("an error without a panic changed: %v", err)
 	}
 }

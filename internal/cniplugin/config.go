@@ -11,6 +11,7 @@ package cniplugin
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -49,12 +50,71 @@ func Decode(data []byte, pluginType string, conf Conf) error {
 	if err := b.Log.Validate(); err != nil {
 		return cnierr.Field("log."+err.Field, "%s", err.Msg)
 	}
-	if b.RawPrevResult != nil {
-		if err := version.ParsePrevResult(&b.PluginConf); err != nil {
-			return cnierr.Field("prevResult", "%v", err)
+	return ParsePrevResult(&b.PluginConf)
+}
+
+// ParsePrevResult parses the config's prevResult, when there is one, into
+// pc.PrevResult, and rejects with code 7, naming the entry, what the
+// library's decoding and conversion would accept but no plugin can use: a
+// null or non-object entry in interfaces, ips or routes, an address
+// missing, an interface index out of range. The library's conversion
+// between spec versions dereferences such entries, so they are found on
+// the raw JSON first.
+func ParsePrevResult(pc *types.PluginConf) error {
+	if pc.RawPrevResult == nil {
+		return nil
+	}
+	for _, list := range []string{"interfaces", "ips", "routes"} {
+		v, ok := pc.RawPrevResult[list]
+		if !ok || v == nil {
+			continue
+		}
+		entries, ok := v.([]any)
+		if !ok {
+			return cnierr.Field("prevResult."+list, "expected a list, got %s", jsonValueKind(v))
+		}
+		for i, e := range entries {
+			if _, ok := e.(map[string]any); !ok {
+				return cnierr.Field(fmt.Sprintf("prevResult.%s[%d]", list, i), "expected an object, got %s", jsonValueKind(e))
+			}
+		}
+	}
+	err := cnierr.Catch(func() error { return version.ParsePrevResult(pc) })
+	if err != nil {
+		return cnierr.Field("prevResult", "%v", err)
+	}
+	r, err := current.NewResultFromResult(pc.PrevResult)
+	if err != nil {
+		return cnierr.Field("prevResult", "cannot convert to CNI %s: %v", current.ImplementedSpecVersion, err)
+	}
+	for i, ip := range r.IPs {
+		if ip.Address.IP == nil {
+			return cnierr.Field(fmt.Sprintf("prevResult.ips[%d].address", i), "missing")
+		}
+		if ip.Interface != nil && (*ip.Interface < 0 || *ip.Interface >= len(r.Interfaces)) {
+			return cnierr.Field(fmt.Sprintf("prevResult.ips[%d].interface", i), "index %d is not one of prevResult.interfaces (%d listed)", *ip.Interface, len(r.Interfaces))
 		}
 	}
 	return nil
+}
+
+// jsonValueKind names the JSON type of a value decoded into any.
+func jsonValueKind(v any) string {
+	switch v.(type) {
+	case nil:
+		return "null"
+	case map[string]any:
+		return "an object"
+	case []any:
+		return "a list"
+	case string:
+		return "a string"
+	case bool:
+		return "true or false"
+	case float64:
+		return "a number"
+	}
+	return fmt.Sprintf("%T", v)
 }
 
 func typeAccepted(t, pluginType string) bool {

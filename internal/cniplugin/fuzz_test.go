@@ -17,6 +17,13 @@ func FuzzDecode(f *testing.F) {
 		`{"cniVersion":"0.2.0","name":"n","type":"t","prevResult":{"ip4":{"ip":"198.18.0.2/24"}}}`,
 		`{"name":"n","type":"t","mtu":-1,"names":[],"nested":{}}`,
 		``, `null`, `[]`, `{`, `"x"`,
+		// prevResult entries the library decodes but no plugin can use: each
+		// made a plugin panic before Decode rejected it.
+		`{"cniVersion":"1.1.0","name":"n","type":"t","prevResult":{"cniVersion":"1.1.0","interfaces":[null],"ips":[null],"routes":[null]}}`,
+		`{"cniVersion":"0.4.0","name":"n","type":"t","prevResult":{"cniVersion":"0.4.0","interfaces":[null],"ips":[{"version":"4","address":"198.18.0.2/24","interface":0}]}}`,
+		`{"cniVersion":"1.0.0","name":"n","type":"t","prevResult":{"cniVersion":"1.0.0","interfaces":[{"name":"eth0"}],"ips":[{"address":"198.18.0.2/24","interface":7}]}}`,
+		`{"cniVersion":"0.3.1","name":"n","type":"t","prevResult":{"cniVersion":"0.3.1","interfaces":[{"name":"eth0"}],"ips":[{"version":"6","address":"fd99::2/64","interface":-1},{"interface":0}]}}`,
+		`{"cniVersion":"1.1.0","name":"n","type":"t","prevResult":{"cniVersion":"1.1.0","interfaces":{},"ips":"x","dns":null}}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -27,6 +34,7 @@ func FuzzDecode(f *testing.F) {
 			if conf.Type != "t" {
 				t.Fatalf("accepted type %q", conf.Type)
 			}
+			checkAcceptedPrevResult(t, &conf.Base)
 			return
 		}
 		var e *types.Error
@@ -37,4 +45,36 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("code %d for %q: %s", e.Code, data, e.Msg)
 		}
 	})
+}
+
+// checkAcceptedPrevResult: a prevResult that Decode accepted converts to the
+// current version with every entry present and every interface index in
+// range, which is what the plugins rely on.
+func checkAcceptedPrevResult(t *testing.T, b *Base) {
+	t.Helper()
+	r, err := b.PrevResultCurrent()
+	if err != nil {
+		t.Fatalf("accepted prevResult does not convert: %v", err)
+	}
+	if r == nil {
+		return
+	}
+	for i, intf := range r.Interfaces {
+		if intf == nil {
+			t.Fatalf("accepted prevResult.interfaces[%d] null", i)
+		}
+	}
+	for i, ip := range r.IPs {
+		if ip == nil || ip.Address.IP == nil {
+			t.Fatalf("accepted prevResult.ips[%d] without an address", i)
+		}
+		if ip.Interface != nil && (*ip.Interface < 0 || *ip.Interface >= len(r.Interfaces)) {
+			t.Fatalf("accepted prevResult.ips[%d].interface %d of %d", i, *ip.Interface, len(r.Interfaces))
+		}
+	}
+	for i, rt := range r.Routes {
+		if rt == nil {
+			t.Fatalf("accepted prevResult.routes[%d] null", i)
+		}
+	}
 }

@@ -14,7 +14,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"runtime/debug"
 	"strings"
 	"time"
 
@@ -119,10 +118,6 @@ func wrap(name, cmd string, fn func(*skel.CmdArgs) error, getenv func(string) st
 		slog.SetDefault(logger)
 		start := time.Now()
 		defer func() {
-			if r := recover(); r != nil {
-				logger.Error("panic", "panic", fmt.Sprint(r), "stack", string(debug.Stack()))
-				err = cnierr.Internal("meshwire %s %s: internal error: %v", name, cmd, r)
-			}
 			attrs := []any{"durationMs", float64(time.Since(start).Microseconds()) / 1000}
 			if err != nil {
 				logger.Warn("failed", append(attrs, "code", cnierr.Code(err), "error", err.Error())...)
@@ -136,7 +131,7 @@ func wrap(name, cmd string, fn func(*skel.CmdArgs) error, getenv func(string) st
 		}
 		killpoint.SetCommand(name + ":" + cmd)
 		killpoint.Here("enter")
-		if err := fn(args); err != nil {
+		if err := cnierr.Catch(func() error { return fn(args) }); err != nil {
 			return err
 		}
 		killpoint.Here("printed") // the result out, the exit status not yet

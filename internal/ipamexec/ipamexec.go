@@ -195,7 +195,10 @@ func Start(ctx context.Context, typ string, stdin []byte) *Pending {
 	p := &Pending{done: make(chan struct{})}
 	go func() {
 		defer close(p.done)
-		p.res, p.release, p.err = Add(ctx, typ, stdin)
+		p.err = cnierr.Catch(func() (err error) {
+			p.res, p.release, err = Add(ctx, typ, stdin)
+			return err
+		})
 	}()
 	return p
 }

@@ -29,8 +29,10 @@ func (a *Attachment) Check(ctx context.Context, own func(prev *current.Result) e
 	ipamDone := a.startCheckIPAM(ctx)
 	masq := make(chan error, 1)
 	go func() {
-		addrs := IPNets(addressing.IPsFor(a.Prev.IPs, ContainerIndex(a.Prev, a.Args.IfName, a.Args.Netns)))
-		masq <- a.checkMasq(ctx, addrs)
+		masq <- cnierr.Catch(func() error {
+			addrs := IPNets(addressing.IPsFor(a.Prev.IPs, ContainerIndex(a.Prev, a.Args.IfName, a.Args.Netns)))
+			return a.checkMasq(ctx, addrs)
+		})
 	}()
 	err := own(a.Prev)
 	masqErr, ipamErr := <-masq, ipamDone()
@@ -70,7 +72,9 @@ func (a *Attachment) startCheckIPAM(ctx context.Context) func() error {
 		return func() error { return nil }
 	}
 	done := make(chan error, 1)
-	go func() { done <- ipamexec.Check(ctx, a.IPAMType, a.Args.StdinData) }()
+	go func() {
+		done <- cnierr.Catch(func() error { return ipamexec.Check(ctx, a.IPAMType, a.Args.StdinData) })
+	}()
 	return func() error { return <-done }
 }
 

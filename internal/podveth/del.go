@@ -33,7 +33,7 @@ func (a *Attachment) Del(ctx context.Context, extra func() (tail *os.File, err e
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[i] = timed(step, fn)
+			errs[i] = cnierr.Catch(func() error { return timed(step, fn) })
 		}()
 	}
 	if a.IPAMType != "" {

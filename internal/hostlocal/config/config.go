@@ -189,8 +189,8 @@ func Load(stdin []byte, cniArgs string) (*IPAM, error) {
 		return nil, err
 	}
 	if n.RawPrevResult != nil {
-		if err := version.ParsePrevResult(&n.PluginConf); err != nil {
-			return nil, cnierr.Field("prevResult", "%v", err)
+		if err := cniplugin.ParsePrevResult(&n.PluginConf); err != nil {
+			return nil, err
 		}
 		c.PrevResult = n.PrevResult
 	}

@@ -54,6 +54,8 @@ func FuzzParseConfig(f *testing.F, pluginType string, parse func(data []byte, cn
 		`{"cniVersion":"1.1.0","name":"n","type":"%s","bridge":"br0","vlan":5,"vlanTrunk":[{"minID":1,"maxID":3},{"id":9}],"ipMasq":true,"ipMasqBackend":"nftables","mtu":1400,"ipam":{"type":"host-local"}}`,
 		`{"cniVersion":"1.1.0","name":"n","type":"%s","runtimeConfig":{"mac":"02:00:00:00:00:01"},"args":{"cni":{"mac":"x"}},"ipam":{"type":"host-local"}}`,
 		`{"type":"%s","vlanTrunk":[null]}`,
+		`{"cniVersion":"1.1.0","name":"n","type":"%s","ipMasq":true,"ipam":{"type":"host-local"},"prevResult":{"cniVersion":"1.1.0","interfaces":[null],"ips":[{"address":"198.18.0.2/24","interface":3}],"routes":[null]}}`,
+		`{"cniVersion":"0.4.0","name":"n","type":"%s","ipam":{"type":"host-local"},"prevResult":{"cniVersion":"0.4.0","interfaces":[{"name":"eth0"}],"ips":[null]}}`,
 	} {
 		f.Add([]byte(fmt.Sprintf(s, pluginType)), "MAC=02:00:00:00:00:02")
 	}
