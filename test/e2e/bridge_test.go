@@ -13,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
@@ -118,10 +119,21 @@ func bridgeIPs(t *testing.T, r *current.Result) (v4, v6 net.IP) {
 	return v4, v6
 }
 
+// bridgeMustPing pings ip from ns. An IPv6 address may still be tentative
+// (duplicate address detection, on either end) or its neighbour not yet
+// resolved when the first echo goes out: IPv6 pings go on until one is
+// answered or 10 s have passed, where one 2 s ping was a known CI flake.
 func bridgeMustPing(t *testing.T, ns *harness.NS, ip string) {
 	t.Helper()
-	if _, err := probePing(ns.Path, ip); err != nil {
-		t.Fatalf("ping %s from %s: %v", ip, ns.Name, err)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, err := probePing(ns.Path, ip)
+		if err == nil {
+			return
+		}
+		if net.ParseIP(ip).To4() != nil || time.Now().After(deadline) {
+			t.Fatalf("ping %s from %s: %v", ip, ns.Name, err)
+		}
 	}
 }
 
