@@ -261,56 +261,60 @@ func chaosIPv4(t *testing.T, r *current.Result) net.IP {
 // TestChaosLoopbackAndIntercept: loopback, and intercept chained after it
 // (every pod of the network intercepted), killed at every point of ADD and
 // DEL at least 100 times each; after the runtime's DEL nothing is left in
-// the host's namespace nor in the pod's (its rules, policy routing and ::6
-// gone before the pod is), and the DEL after an interrupted one succeeds.
+// the host's namespace nor in the pod's: the pod's whole network state
+// (links, addresses, routes of every table, rules, sysctls, qdiscs, every
+// firewall backend) is what it was before ADD, and the DEL after an
+// interrupted one succeeds.
 func TestChaosLoopbackAndIntercept(t *testing.T) {
 	h := harness.New(t)
 	h.CheckNoLeaks()
 	list := `{"cniVersion":"1.1.0","name":"mwt-chaos-icpt","plugins":[{"type":"loopback"},
 		{"type":"intercept","istio-service-cidr":"*","istio-inbound-ports":"*","istio-inbound-interception-mode":"TPROXY","dual-stack":true}]}`
-	var pods []*harness.NS
+	type pod struct {
+		ns     *harness.NS
+		before *harness.Snapshot
+	}
+	var pods []pod
 	kills := chaosRun(t, h, list, nil, []chaosPlugin{
 		{"loopback", []string{"enter", "printed"}, []string{"enter", "printed"}},
 		{"intercept", []string{"enter", "planned", "routing", "rules IPv4", "rules IPv6", "printed"}, []string{"enter", "printed"}},
 	}, func() *harness.NS {
 		ns := h.NewNS("chaos")
-		// A pod with an IPv6 address, so that both families are programmed.
-		if out, err := ns.Exec("ip", "link", "add", "eth9", "type", "veth", "peer", "name", "eth8"); err != nil {
-			t.Fatalf("%v: %s", err, out)
-		}
-		if out, err := ns.Exec("ip", "addr", "add", "fd42:6d77::2/64", "dev", "eth9", "nodad"); err != nil {
-			t.Fatalf("%v: %s", err, out)
-		}
-		pods = append(pods, ns)
+		// A pod with an IPv6 address, so that both families are programmed;
+		// lo once up and down, as loopback's ADD and DEL leave it (the
+		// kernel keeps 127.0.0.1 and its local routes on a lo set down).
+		chaosPodSetup(t, ns, [][]string{{"ip", "link", "add", "eth9", "type", "veth", "peer", "name", "eth8"},
+			{"ip", "addr", "add", "fd42:6d77::2/64", "dev", "eth9", "nodad"},
+			{"ip", "link", "set", "lo", "up"}, {"ip", "link", "set", "lo", "down"}})
+		pods = append(pods, pod{ns, chaosPodSnapshot(t, ns)})
 		return ns
 	})
 	chaosReport(t, kills)
-	for _, ns := range pods {
-		if got := chaosPodState(t, ns); got != "" {
-			t.Fatalf("%s after the DEL that followed a kill:\n%s", ns.Name, got)
+	for _, p := range pods {
+		if diff := p.before.Diff(chaosPodSnapshot(t, p.ns)); len(diff) > 0 {
+			t.Fatalf("%s after the DEL that followed a kill:\n  %s", p.ns.Name, strings.Join(diff, "\n  "))
 		}
 	}
 }
 
-// chaosPodState is what a pod namespace holds of interception: rules of
-// every backend, policy routing beyond the kernel's own, ::6 on lo ("" for
-// nothing).
-func chaosPodState(t *testing.T, ns *harness.NS) string {
+// chaosPodSetup runs the commands that make a pod of ns.
+func chaosPodSetup(t *testing.T, ns *harness.NS, cmds [][]string) {
 	t.Helper()
-	var b strings.Builder
-	for _, tool := range []string{"iptables-nft-save", "ip6tables-nft-save", "iptables-legacy-save", "ip6tables-legacy-save", "nft -s list ruleset", "ip -4 rule", "ip -6 rule", "ip -6 addr show dev lo"} {
-		f := strings.Fields(tool)
-		out, err := ns.Exec(f[0], f[1:]...)
-		if err != nil {
-			t.Fatalf("%s in %s: %v: %s", tool, ns.Name, err, out)
-		}
-		for _, line := range strings.Split(out, "\n") {
-			if strings.Contains(line, "ISTIO") || strings.Contains(line, "istio-") || strings.Contains(line, "fwmark") || strings.Contains(line, "::6/128") {
-				fmt.Fprintf(&b, "%s: %s\n", tool, strings.TrimSpace(line))
-			}
+	for _, c := range cmds {
+		if out, err := ns.Exec(c[0], c[1:]...); err != nil {
+			t.Fatalf("%q in %s: %v: %s", c, ns.Name, err, out)
 		}
 	}
-	return b.String()
+}
+
+// chaosPodSnapshot is the whole network state of a pod namespace.
+func chaosPodSnapshot(t *testing.T, ns *harness.NS) *harness.Snapshot {
+	t.Helper()
+	s, err := harness.SnapshotNS(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
 }
 
 // TestChaosIptablesInit kills iptables-init at each point of its install,
@@ -325,12 +329,8 @@ func TestChaosIptablesInit(t *testing.T) {
 	args := []string{"-m", "TPROXY", "-i", "*", "-b", "*", "-d", "15090,15021,15020", "--dual-stack"}
 	newPod := func() *harness.NS {
 		ns := h.NewNS("chaos")
-		for _, c := range [][]string{{"ip", "link", "set", "lo", "up"}, {"ip", "link", "add", "eth9", "type", "veth", "peer", "name", "eth8"},
-			{"ip", "addr", "add", "198.18.56.2/24", "dev", "eth9"}, {"ip", "addr", "add", "fd42:6d78::2/64", "dev", "eth9", "nodad"}} {
-			if out, err := ns.Exec(c[0], c[1:]...); err != nil {
-				t.Fatalf("%q: %v: %s", c, err, out)
-			}
-		}
+		chaosPodSetup(t, ns, [][]string{{"ip", "link", "set", "lo", "up"}, {"ip", "link", "add", "eth9", "type", "veth", "peer", "name", "eth8"},
+			{"ip", "addr", "add", "198.18.56.2/24", "dev", "eth9"}, {"ip", "addr", "add", "fd42:6d78::2/64", "dev", "eth9", "nodad"}})
 		return ns
 	}
 	run := func(ns *harness.NS, killAt string, a ...string) error {
@@ -344,11 +344,13 @@ func TestChaosIptablesInit(t *testing.T) {
 		}
 		return nil
 	}
+	fresh := newPod()
+	empty := chaosPodSnapshot(t, fresh)
 	ref := newPod()
 	if err := run(ref, "", args...); err != nil {
 		t.Fatal(err)
 	}
-	want := chaosPodState(t, ref)
+	want := chaosPodSnapshot(t, ref)
 	points := []string{"routing", "rules IPv4", "rules IPv6"}
 	kills := 0
 	for kills < chaosKills {
@@ -361,14 +363,14 @@ func TestChaosIptablesInit(t *testing.T) {
 			if err := run(ns, "", args...); err != nil {
 				t.Fatalf("the run after a kill at %s: %v", pt, err)
 			}
-			if got := chaosPodState(t, ns); got != want {
-				t.Fatalf("after a kill at %s and a second run:\n%s\nwant, as an undisturbed run:\n%s", pt, got, want)
+			if diff := want.Diff(chaosPodSnapshot(t, ns)); len(diff) > 0 {
+				t.Fatalf("after a kill at %s and a second run, against an undisturbed run:\n  %s", pt, strings.Join(diff, "\n  "))
 			}
 			if err := run(ns, "", "--cleanup-only"); err != nil {
 				t.Fatal(err)
 			}
-			if got := chaosPodState(t, ns); got != "" {
-				t.Fatalf("--cleanup-only left:\n%s", got)
+			if diff := empty.Diff(chaosPodSnapshot(t, ns)); len(diff) > 0 {
+				t.Fatalf("--cleanup-only left, against a fresh pod:\n  %s", strings.Join(diff, "\n  "))
 			}
 		}
 	}

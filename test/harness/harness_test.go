@@ -129,3 +129,19 @@ func TestSaveLinesLeavesOutEmptyTables(t *testing.T) {
 		t.Fatalf("got %q\nwant %q", got, want)
 	}
 }
+
+func TestNftLinesLeavesOutEmptyXtablesTables(t *testing.T) {
+	in := "table ip nat {\n\tchain OUTPUT {\n\t\ttype nat hook output priority -100; policy accept;\n\t}\n}\n" +
+		"table ip mangle {\n\tchain OUTPUT {\n\t\ttype route hook output priority mangle; policy accept;\n\t\tmeta mark 0x539 accept\n\t}\n}\n" +
+		"table inet meshwire-x {\n}\n" +
+		"table ip filter {\n\tchain FORWARD {\n\t\ttype filter hook forward priority filter; policy drop;\n\t}\n}\n"
+	got := strings.Join(nftLines(in), "\n")
+	for _, want := range []string{"table ip mangle {", "meta mark 0x539 accept", "table inet meshwire-x {", "policy drop;"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("%q left out:\n%s", want, got)
+		}
+	}
+	if strings.Contains(got, "table ip nat") {
+		t.Errorf("empty nat table kept:\n%s", got)
+	}
+}

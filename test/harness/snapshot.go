@@ -2,32 +2,122 @@ package harness
 
 import (
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/cilium/ebpf"
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 
+	"github.com/meshwire/meshwire/internal/hostlocal/store"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
-// Snapshot is what the host shows of the things a plugin could leak: links,
-// addresses, routes, named namespaces, firewall rules of every backend present,
-// and files under the given directories.
+// Snapshot is what a namespace shows of everything a meshwire command
+// could leave behind: links, addresses, routes of every table, policy
+// routing rules, the sysctls meshwire writes, qdiscs and tc filters,
+// firewall rules of every backend present (iptables, legacy too, and nft);
+// and for the host also named namespaces, bpffs pins with the entries of
+// every pinned map, and files under /var/lib/cni, /run/meshwire and the
+// given directories.
 type Snapshot struct {
 	Parts map[string][]string
 }
 
 var counters = regexp.MustCompile(`\[\d+:\d+\]`)
 
-// TakeSnapshot reads the host's state. dirs are walked for files (IPAM stores,
-// caches) that must not be left behind.
+// StateDirs are the node directories every host snapshot walks: the CNI
+// state (host-local stores, results caches, fast-path records) and
+// meshwire's runtime files.
+var StateDirs = []string{"/var/lib/cni", "/run/meshwire"}
+
+// BPFFS is where the host snapshot looks for pins.
+const BPFFS = "/sys/fs/bpf"
+
+// TakeSnapshot reads the host's state. dirs are walked for files (IPAM
+// stores, caches) that must not be left behind, beside StateDirs.
 func TakeSnapshot(dirs ...string) (*Snapshot, error) {
+	s, err := netState()
+	if err != nil {
+		return nil, err
+	}
+	names, err := netns.List()
+	if err != nil {
+		return nil, err
+	}
+	s.Parts["netns"] = names
+	if err := s.addPins(BPFFS); err != nil {
+		return nil, err
+	}
+	for _, d := range append(slices.Clone(StateDirs), dirs...) {
+		if err := s.addFiles(d); err != nil {
+			return nil, err
+		}
+	}
+	s.sort()
+	return s, nil
+}
+
+// addFiles lists the files under dir. Directories are not listed (a
+// runtime or a plugin makes its state directory once per node), nor are a
+// host-local store's database and lock, which stay on a node that ran
+// pods: the addresses the store holds are listed instead, each with its
+// owner, so a reservation left behind is a leak and an empty store is not.
+func (s *Snapshot) addFiles(dir string) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return nil
+		}
+		switch d.Name() {
+		case store.LockName:
+			return nil
+		case store.DBName:
+			held, err := store.ReadAll(p, 10*time.Second)
+			if err != nil {
+				return err
+			}
+			for _, a := range held {
+				s.Parts["reservations"] = append(s.Parts["reservations"], fmt.Sprintf("%s %s %s/%s", filepath.Dir(p), a.IP, a.Owner.ID, a.Owner.IfName))
+			}
+			return nil
+		}
+		s.Parts["files"] = append(s.Parts["files"], p)
+		return nil
+	})
+}
+
+// SnapshotNS reads the same network state inside a pod's namespace: what
+// judges a pod after its DEL (or a second iptables-init run) against a
+// fresh pod's, with no grepping for names.
+func SnapshotNS(n *NS) (*Snapshot, error) {
+	var s *Snapshot
+	err := n.Do(func() (err error) {
+		s, err = netState()
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("snapshot of %s: %w", n.Name, err)
+	}
+	s.sort()
+	return s, nil
+}
+
+func (s *Snapshot) sort() {
+	for k := range s.Parts {
+		sort.Strings(s.Parts[k])
+	}
+}
+
+// netState reads the network state of the calling thread's namespace.
+func netState() (*Snapshot, error) {
 	s := &Snapshot{Parts: map[string][]string{}}
 	links, err := netlinksafe.LinkList()
 	if err != nil {
@@ -51,12 +141,18 @@ func TakeSnapshot(dirs ...string) (*Snapshot, error) {
 		for _, r := range routes {
 			s.Parts["routes"] = append(s.Parts["routes"], fmt.Sprintf("table=%d %s", r.Table, r.String()))
 		}
+		rules, err := netlinksafe.RuleList(fam)
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range rules {
+			s.Parts["rules"] = append(s.Parts["rules"], ruleLine(fam, r))
+		}
 	}
-	names, err := netns.List()
-	if err != nil {
+	s.addSysctls(links)
+	if err := s.addTC(links); err != nil {
 		return nil, err
 	}
-	s.Parts["netns"] = names
 	for _, tool := range []string{"iptables-save", "ip6tables-save", "iptables-legacy-save", "ip6tables-legacy-save"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			continue
@@ -73,24 +169,129 @@ func TakeSnapshot(dirs ...string) (*Snapshot, error) {
 		if err != nil {
 			return nil, fmt.Errorf("nft -s list ruleset: %v", err)
 		}
-		for _, line := range strings.Split(string(out), "\n") {
-			if strings.TrimSpace(line) != "" {
-				s.Parts["nft"] = append(s.Parts["nft"], line)
+		s.Parts["nft"] = nftLines(string(out))
+	}
+	return s, nil
+}
+
+// ruleLine describes a policy routing rule by what selects and where it
+// sends (TPROXY's "fwmark 0x539 lookup 133", the kernel's own three).
+func ruleLine(fam int, r netlink.Rule) string {
+	f := "v4"
+	if fam == netlink.FAMILY_V6 {
+		f = "v6"
+	}
+	b := fmt.Sprintf("%s pref=%d table=%d", f, r.Priority, r.Table)
+	if r.Mark != 0 || r.Mask != nil {
+		b += fmt.Sprintf(" fwmark=%#x", r.Mark)
+		if r.Mask != nil {
+			b += fmt.Sprintf("/%#x", *r.Mask)
+		}
+	}
+	if r.Src != nil {
+		b += " from=" + r.Src.String()
+	}
+	if r.Dst != nil {
+		b += " to=" + r.Dst.String()
+	}
+	if r.IifName != "" {
+		b += " iif=" + r.IifName
+	}
+	if r.OifName != "" {
+		b += " oif=" + r.OifName
+	}
+	if r.Invert {
+		b += " not"
+	}
+	if r.Type != 0 && r.Type != unix.RTN_UNICAST {
+		b += fmt.Sprintf(" type=%d", r.Type)
+	}
+	return b
+}
+
+// Sysctls meshwire writes: forwarding on the node, and per link the
+// router-advertisement and localnet switches (see the plugins' pages).
+var (
+	globalSysctls  = []string{"net/ipv4/ip_forward", "net/ipv6/conf/all/forwarding", "net/ipv4/conf/all/route_localnet"}
+	perLinkSysctls = []string{"net/ipv4/conf/%s/route_localnet", "net/ipv6/conf/%s/accept_ra", "net/ipv6/conf/%s/accept_dad"}
+)
+
+// addSysctls reads them; a key missing (IPv6 off on a link) is skipped.
+func (s *Snapshot) addSysctls(links []netlink.Link) {
+	keys := slices.Clone(globalSysctls)
+	for _, l := range links {
+		for _, k := range perLinkSysctls {
+			keys = append(keys, fmt.Sprintf(k, l.Attrs().Name))
+		}
+	}
+	for _, k := range keys {
+		if v, err := os.ReadFile(filepath.Join("/proc/sys", k)); err == nil {
+			s.Parts["sysctls"] = append(s.Parts["sysctls"], k+"="+strings.TrimSpace(string(v)))
+		}
+	}
+}
+
+// addTC reads every link's qdiscs and the filters under each of them (the
+// ingress and clsact hooks included).
+func (s *Snapshot) addTC(links []netlink.Link) error {
+	for _, l := range links {
+		name := l.Attrs().Name
+		qdiscs, err := netlinksafe.QdiscList(l)
+		if err != nil {
+			return fmt.Errorf("qdiscs of %s: %w", name, err)
+		}
+		parents := map[uint32]bool{}
+		for _, q := range qdiscs {
+			a := q.Attrs()
+			s.Parts["qdiscs"] = append(s.Parts["qdiscs"], fmt.Sprintf("%s %s handle=%s parent=%s", name, q.Type(), netlink.HandleStr(a.Handle), netlink.HandleStr(a.Parent)))
+			parents[a.Handle] = true
+			if q.Type() == "ingress" || q.Type() == "clsact" {
+				parents[netlink.HANDLE_MIN_INGRESS] = true
+				parents[netlink.HANDLE_MIN_EGRESS] = true
+			}
+		}
+		for parent := range parents {
+			filters, err := netlinksafe.FilterList(l, parent)
+			if err != nil {
+				continue // a classless qdisc takes no filter
+			}
+			for _, f := range filters {
+				a := f.Attrs()
+				s.Parts["filters"] = append(s.Parts["filters"], fmt.Sprintf("%s parent=%s %s prio=%d proto=%#x", name, netlink.HandleStr(parent), f.Type(), a.Priority, a.Protocol))
 			}
 		}
 	}
-	for _, d := range dirs {
-		_ = filepath.Walk(d, func(p string, info os.FileInfo, err error) error {
-			if err == nil {
-				s.Parts["files"] = append(s.Parts["files"], p)
-			}
+	return nil
+}
+
+// addPins lists the pins under dir and, for every pinned map, its keys:
+// the fast path's and capture's per-pod entries.
+func (s *Snapshot) addPins(dir string) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || p == dir {
 			return nil
-		})
-	}
-	for k := range s.Parts {
-		sort.Strings(s.Parts[k])
-	}
-	return s, nil
+		}
+		s.Parts["pins"] = append(s.Parts["pins"], p)
+		if d.IsDir() {
+			return nil
+		}
+		m, err := ebpf.LoadPinnedMap(p, &ebpf.LoadPinOptions{ReadOnly: true})
+		if err != nil {
+			return nil // a program or a link
+		}
+		defer m.Close()
+		// Keys only: a sockhash's values (sockets) cannot be read back.
+		var key any // nil: the first key
+		for {
+			next := make([]byte, m.KeySize())
+			if m.NextKey(key, &next) != nil {
+				break
+			}
+			s.Parts["map entries"] = append(s.Parts["map entries"], fmt.Sprintf("%s %x", p, next))
+			key = next
+		}
+		return nil
+	})
 }
 
 // saveLines are the lines of iptables-save output that say something,
@@ -124,6 +325,44 @@ func saveLines(save string) []string {
 		}
 	}
 	return out
+}
+
+// xtablesTable matches the header of a table iptables-nft creates.
+var xtablesTable = regexp.MustCompile(`^table (ip|ip6|inet|arp|bridge) (filter|nat|mangle|raw|security) \{$`)
+
+// xtablesEmptyLine matches what an untouched iptables-nft table holds: its
+// built-in chains with policy accept and no rule.
+var xtablesEmptyLine = regexp.MustCompile(`^(chain (PREROUTING|INPUT|FORWARD|OUTPUT|POSTROUTING) \{|type \w+ hook \w+ priority [-\w]+; policy accept;|\})$`)
+
+// nftLines are the non-empty lines of `nft -s list ruleset`, leaving out
+// each iptables-nft table that holds nothing but its built-in chains with
+// policy accept: what the nft variant of iptables leaves once a rule was
+// written and removed (it never deletes a table), as saveLines leaves out
+// legacy tables a read instantiated. A table of meshwire's own (named
+// otherwise) is always kept, empty or not.
+func nftLines(ruleset string) []string {
+	var out, table []string
+	empty := false
+	for _, line := range strings.Split(ruleset, "\n") {
+		if strings.TrimSpace(line) == "" {
+			continue
+		}
+		switch {
+		case strings.HasPrefix(line, "table "):
+			table, empty = []string{line}, xtablesTable.MatchString(line)
+		case line == "}" && table != nil:
+			if !empty {
+				out = append(out, append(table, line)...)
+			}
+			table = nil
+		case table != nil:
+			table = append(table, line)
+			empty = empty && xtablesEmptyLine.MatchString(strings.TrimSpace(line))
+		default:
+			out = append(out, line)
+		}
+	}
+	return append(out, table...)
 }
 
 // Diff lists what is in after but not in s, and what disappeared, per part.

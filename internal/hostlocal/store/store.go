@@ -213,6 +213,22 @@ func (s *Store) Close() {
 	s.lock.Release()
 }
 
+// ReadAll returns the allocations of the database file path, opened
+// read-only (no lock, no import of reference files, nothing written): what
+// an inspection of a node reads, e.g. the tests' leak snapshot.
+func ReadAll(path string, timeout time.Duration) ([]Allocation, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: timeout, ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("open store %s read-only: %w", path, err)
+	}
+	defer db.Close()
+	var out []Allocation
+	err = db.View(func(btx *bolt.Tx) error {
+		return newTx(btx).ForEach(func(a Allocation) error { out = append(out, a); return nil })
+	})
+	return out, wrapDB(err)
+}
+
 // Update runs fn in one read-write transaction: everything fn changes is
 // committed atomically, or nothing when fn fails.
 func (s *Store) Update(fn func(*Tx) error) error {
