@@ -55,6 +55,9 @@ type Agent struct {
 	attaches uint64 // attachments the agent made
 	stopping bool
 
+	rep       *Repairer
+	repairing atomic.Bool // a round of rep is running
+
 	lastSweep                    time.Time // of the registrations (FastpathOwner.Collect)
 	sweepErr                     error
 	collected, collectedPolicies uint64
@@ -92,7 +95,7 @@ func New(o Options) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{o: o, in: in}
+	a := &Agent{o: o, in: in, rep: &Repairer{BinDir: o.Install.BinDir, Logf: o.Logf}}
 	if o.Fastpath != nil {
 		a.fp = &FastpathOwner{Config: *o.Fastpath, Adopt: true, Logf: o.Logf}
 		if a.fp.Config.PinDir == "" {
@@ -189,6 +192,22 @@ func (a *Agent) tick() {
 	if a.plog != nil {
 		a.plog.read()
 	}
+	a.startRepair()
+}
+
+// startRepair starts a round of the meshed pods' checks in the background
+// unless one is running (a round runs one CHECK per pod, more than a tick
+// should wait for).
+func (a *Agent) startRepair() {
+	if !a.repairing.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer a.repairing.Store(false)
+		if err := a.rep.Round(context.Background()); err != nil {
+			a.o.Logf("check the meshed pods: %v", err)
+		}
+	}()
 }
 
 // Handler serves /healthz, /readyz and /metrics.
@@ -266,6 +285,12 @@ func (a *Agent) metrics(w http.ResponseWriter, _ *http.Request) {
 	e.single("meshwire_installer_config_applied", "gauge", "Whether the last check of the CNI config directory left meshwire's config in place.", boolValue(st.Applied))
 	e.single("meshwire_installer_applies_total", "counter", "Checks of the CNI config directory that left meshwire's config in place (rewriting it when needed).", float64(st.Applies))
 	e.single("meshwire_installer_apply_failures_total", "counter", "Checks of the CNI config directory that failed (see the agent's log).", float64(st.Failures))
+
+	rs := a.rep.Stats()
+	e.single("meshwire_intercept_pods", "gauge", "Meshed pods whose interception the agent checks every interval (the intercept plugin's recorded calls).", float64(rs.Pods))
+	e.single("meshwire_intercept_repairs_total", "counter", "Pods whose interception the agent found missing or changed and installed again.", float64(rs.Repairs))
+	e.single("meshwire_intercept_repair_failures_total", "counter", "Repairs that failed (see the agent's log).", float64(rs.Failures))
+	e.single("meshwire_intercept_check_errors_total", "counter", "Checks of a meshed pod that failed otherwise than on drift (see the agent's log).", float64(rs.Errors))
 
 	a.writeFastpath(&e)
 	if a.plog != nil {

@@ -14,16 +14,12 @@
 package podrecord
 
 import (
-	"encoding/json"
 	"errors"
-	"fmt"
-	"os"
-	"path/filepath"
-	"strings"
 
 	"github.com/meshwire/meshwire/ebpf/capture/pods"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
 	"github.com/meshwire/meshwire/internal/netns"
+	"github.com/meshwire/meshwire/internal/recordfile"
 )
 
 // Dir is where the records are kept: beside the other plugins' state in
@@ -41,67 +37,21 @@ type Record struct {
 }
 
 // Name is a record's file name for the attachment of container id on
-// interface ifName: one record per attachment, as the runtime's DEL names
-// it.
-func Name(id, ifName string) string {
-	return strings.NewReplacer("/", "_", "\x00", "_").Replace(id + "-" + ifName)
-}
+// interface ifName (recordfile.Name).
+func Name(id, ifName string) string { return recordfile.Name(id, ifName) }
 
-// Write keeps r as name under dir (Dir when empty), whole or not at all
-// (a temporary file renamed).
+const what = "the pod's fast-path record"
+
+// Write keeps r as name under dir (Dir when empty), whole or not at all.
 func Write(dir, name string, r Record) error {
-	dir = dirOf(dir)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("create the fast-path records' directory: %w", err)
-	}
-	b, err := json.Marshal(r)
-	if err != nil {
-		return err
-	}
-	// Named after the record, so that the DEL after a kill between the
-	// write and the rename finds it (Remove).
-	f, err := os.CreateTemp(dir, tmpPrefix(name)+"*")
-	if err != nil {
-		return fmt.Errorf("write the pod's fast-path record: %w", err)
-	}
-	_, err = f.Write(b)
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(f.Name(), filepath.Join(dir, name))
-	}
-	if err != nil {
-		_ = os.Remove(f.Name())
-		return fmt.Errorf("write the pod's fast-path record: %w", err)
-	}
-	return nil
+	return recordfile.Write(dirOf(dir), name, what, r)
 }
 
 // Remove removes record name, and what a write of it cut short left;
 // none is not an error.
 func Remove(dir, name string) error {
-	dir = dirOf(dir)
-	if err := os.Remove(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("remove the pod's fast-path record: %w", err)
-	}
-	entries, err := os.ReadDir(dir)
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return fmt.Errorf("read the fast-path records: %w", err)
-	}
-	for _, e := range entries {
-		if strings.HasPrefix(e.Name(), tmpPrefix(name)) {
-			if err := os.Remove(filepath.Join(dir, e.Name())); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return fmt.Errorf("remove the pod's fast-path record: %w", err)
-			}
-		}
-	}
-	return nil
+	return recordfile.Remove(dirOf(dir), name, what)
 }
-
-// tmpPrefix begins the name of the temporary file a write of record name
-// uses.
-func tmpPrefix(name string) string { return ".tmp-" + name + "-" }
 
 func dirOf(dir string) string {
 	if dir == "" {
@@ -184,28 +134,7 @@ func Replay(dir, pinDir string, live func() (map[uint64]bool, error)) (Replayed,
 // of the files that are not records (temporary files of a write cut
 // short, unreadable ones).
 func read(dir string) (recs map[string]Record, bad []string, err error) {
-	dir = dirOf(dir)
-	entries, err := os.ReadDir(dir)
-	if errors.Is(err, os.ErrNotExist) {
-		return nil, nil, nil
-	}
-	if err != nil {
-		return nil, nil, fmt.Errorf("read the fast-path records: %w", err)
-	}
-	recs = map[string]Record{}
-	for _, e := range entries {
-		var r Record
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err == nil {
-			err = json.Unmarshal(b, &r)
-		}
-		if err != nil || strings.HasPrefix(e.Name(), ".tmp-") {
-			bad = append(bad, e.Name())
-			continue
-		}
-		recs[e.Name()] = r
-	}
-	return recs, bad, nil
+	return recordfile.ReadAll[Record](dirOf(dir), "the fast-path records")
 }
 
 // Stale returns the records (namespace cookie -> nsfs inode) whose

@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
+	"github.com/meshwire/meshwire/internal/recordfile"
 )
 
 // TestRecords: records are written whole, read back, found stale by their
@@ -62,7 +63,7 @@ func TestRecords(t *testing.T) {
 	}
 	// A write of a cut short (killed before its rename) left its
 	// temporary file: the DEL's Remove takes it with the record.
-	if err := os.WriteFile(filepath.Join(dir, tmpPrefix(a)+"42"), []byte("{"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, recordfile.TmpPrefix(a)+"42"), []byte("{"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	if err := Remove(dir, a); err != nil || Remove(dir, a) != nil {

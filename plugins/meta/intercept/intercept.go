@@ -18,6 +18,7 @@ import (
 	"github.com/meshwire/meshwire/internal/intercept/apply"
 	"github.com/meshwire/meshwire/internal/intercept/flags"
 	"github.com/meshwire/meshwire/internal/killpoint"
+	"github.com/meshwire/meshwire/internal/meshedpods"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
@@ -51,6 +52,10 @@ func cmdAdd(args *skel.CmdArgs) error {
 	conf, o, d, prev, err := chained(args)
 	if err != nil {
 		return err
+	}
+	if meshedpods.Repairing() && !meshedpods.Exists("", args.ContainerID, args.IfName) {
+		slog.Info("the node agent's repair found the pod's DEL done; nothing to repair")
+		return types.PrintResult(prev, conf.CNIVersion)
 	}
 	if !d.Intercept {
 		slog.Info("pod not intercepted", "why", d.Why)
@@ -109,13 +114,31 @@ func cmdAdd(args *skel.CmdArgs) error {
 	if err != nil {
 		return cnierr.Wrap(err, "install interception rules in %s", args.Netns)
 	}
+	keepCall(args)
 	return types.PrintResult(prev, conf.CNIVersion)
+}
+
+// keepCall records the runtime's ADD of a pod whose interception the
+// plugin installed, so that the node agent checks it every interval and
+// repeats it when the pod's rules went (meshedpods). A failure is logged:
+// the pod is meshed, only not watched.
+func keepCall(args *skel.CmdArgs) {
+	if meshedpods.Repairing() {
+		return
+	}
+	c := meshedpods.Call{ContainerID: args.ContainerID, Netns: args.Netns, IfName: args.IfName, Args: args.Args, Config: args.StdinData}
+	if err := meshedpods.Write("", c); err != nil {
+		slog.Warn("could not record the pod for the node agent's checks: drift in its interception will not be repaired", "error", err)
+	}
 }
 
 func cmdDel(args *skel.CmdArgs) error {
 	_, o, err := parseConfig(args.StdinData)
 	if err != nil {
 		return err
+	}
+	if err := meshedpods.Remove("", args.ContainerID, args.IfName); err != nil {
+		return cnierr.Wrap(err, "remove the pod's intercept call")
 	}
 	if err := podrecord.Remove("", podrecord.Name(args.ContainerID, args.IfName)); err != nil {
 		return cnierr.Wrap(err, "remove the pod's fast-path record")

@@ -1,0 +1,155 @@
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/containernetworking/cni/pkg/invoke"
+	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/meshedpods"
+)
+
+// interceptPlugin is the chained plugin whose calls the agent repeats.
+const interceptPlugin = "intercept"
+
+// repairTimeout bounds one CHECK or ADD the agent runs for one pod.
+const repairTimeout = 30 * time.Second
+
+// pluginExec is the part of libcni's invoke.RawExec the agent uses.
+type pluginExec interface {
+	ExecPlugin(ctx context.Context, pluginPath string, stdinData []byte, environ []string) ([]byte, error)
+}
+
+// Repairer checks every meshed pod (meshedpods) and repairs drift: it runs
+// the intercept plugin's CHECK with the pod's recorded call and, when
+// CHECK finds the pod's interception missing or changed (rules flushed in
+// the pod, lost while the agent was down, an EBPF registration gone), the
+// same ADD again, which converges on the pod's config. The plugin decides
+// everything, the backend in the pod included, exactly as at the pod's
+// start: the agent holds no state that could change what it picks.
+type Repairer struct {
+	// BinDir holds the intercept plugin (the host's CNI bin directory).
+	BinDir string
+	// Dir holds the calls (meshedpods.Dir when empty).
+	Dir  string
+	Logf func(format string, a ...any)
+
+	// exec runs the plugin (invoke.RawExec when nil; tests replace it).
+	exec pluginExec
+
+	mu                sync.Mutex
+	pods              int    // calls kept, at the last round
+	repairs, failures uint64 // ADDs repeated that succeeded, failed
+	checkFailures     uint64 // CHECKs that failed otherwise than on drift
+	lastFailure       map[string]string
+}
+
+// RepairStats is what the metrics show of the repairs.
+type RepairStats struct {
+	Pods                      int
+	Repairs, Failures, Errors uint64
+}
+
+// Stats returns the counters.
+func (r *Repairer) Stats() RepairStats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return RepairStats{Pods: r.pods, Repairs: r.repairs, Failures: r.failures, Errors: r.checkFailures}
+}
+
+// Round checks every meshed pod once and repairs the drifted ones. A pod
+// whose namespace path is not there (gone, its DEL on its way) is left to
+// its DEL.
+func (r *Repairer) Round(ctx context.Context) error {
+	calls, err := meshedpods.List(r.Dir)
+	if err != nil {
+		return err
+	}
+	r.mu.Lock()
+	r.pods = len(calls)
+	if r.lastFailure == nil {
+		r.lastFailure = map[string]string{}
+	}
+	r.mu.Unlock()
+	for _, c := range calls {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if _, err := os.Stat(c.Netns); err != nil {
+			continue
+		}
+		r.one(ctx, c)
+	}
+	return nil
+}
+
+// one checks one pod and repairs it when CHECK reports drift.
+func (r *Repairer) one(ctx context.Context, c meshedpods.Call) {
+	err := r.run(ctx, "CHECK", c)
+	if err == nil {
+		r.note(c, "")
+		return
+	}
+	var ce *types.Error
+	if !errors.As(err, &ce) || ce.Code != cnierr.CodeInternal || !strings.HasPrefix(ce.Msg, "check failed") {
+		// Not drift (a config this plugin build refuses, a version
+		// without CHECK, a plugin that cannot run): nothing to repeat.
+		r.mu.Lock()
+		r.checkFailures++
+		r.mu.Unlock()
+		r.note(c, "cannot check the interception of pod "+c.ContainerID+": "+err.Error())
+		return
+	}
+	drift := ce.Msg
+	if err := r.run(ctx, "ADD", c); err != nil {
+		r.mu.Lock()
+		r.failures++
+		r.mu.Unlock()
+		r.note(c, "could not repair the interception of pod "+c.ContainerID+" ("+drift+"): "+err.Error())
+		return
+	}
+	r.mu.Lock()
+	r.repairs++
+	r.mu.Unlock()
+	r.Logf("repaired the interception of pod %s in %s: %s", c.ContainerID, c.Netns, drift)
+	r.note(c, "")
+}
+
+// note logs a failure once per pod until it changes or the pod is well.
+func (r *Repairer) note(c meshedpods.Call, failure string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if failure == "" {
+		delete(r.lastFailure, c.Name())
+		return
+	}
+	if r.lastFailure[c.Name()] != failure {
+		r.Logf("%s", failure)
+	}
+	r.lastFailure[c.Name()] = failure
+}
+
+// run executes the plugin as the runtime did, cmd with the pod's call;
+// an ADD says it is a repair (meshedpods.EnvRepair).
+func (r *Repairer) run(ctx context.Context, cmd string, c meshedpods.Call) error {
+	ctx, cancel := context.WithTimeout(ctx, repairTimeout)
+	defer cancel()
+	args := invoke.Args{Command: cmd, ContainerID: c.ContainerID, NetNS: c.Netns, PluginArgsStr: c.Args, IfName: c.IfName, Path: r.BinDir}
+	env := args.AsEnv()
+	if cmd == "ADD" {
+		env = append(env, meshedpods.EnvRepair+"=1")
+	}
+	var ex pluginExec = &invoke.RawExec{Stderr: os.Stderr}
+	if r.exec != nil {
+		ex = r.exec
+	}
+	_, err := ex.ExecPlugin(ctx, filepath.Join(r.BinDir, interceptPlugin), c.Config, env)
+	return err
+}
