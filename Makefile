@@ -27,7 +27,7 @@ COMMANDS  := meshwire iptables-init
 TEST_TIMEOUT ?= 60m
 BENCH ?= .
 
-.PHONY: all build test unit deps demo bench generate install clean fuzz vet image
+.PHONY: all build test unit deps demo bench generate install clean fuzz vet image chaos
 
 all: build
 
@@ -64,6 +64,15 @@ test: deps build vet
 # namespace, no firewall tool.
 unit:
 	$(GO) test -count=1 ./...
+
+# The crash tests in full: every command killed at random instants
+# CHAOS_KILLS times per plugin command (make test runs a sample of 6).
+CHAOS_KILLS ?= 60
+chaos: deps build
+	@test/seed-host.sh add
+	@MESHWIRE_CHAOS_KILLS=$(CHAOS_KILLS) MESHWIRE_BIN_DIR=$(BIN) $(GO) test -tags kernel -count=1 -v -timeout 120m -run '^TestChaos' ./test/e2e/ >$(BIN)/chaos.log 2>&1; \
+	  st=$$?; grep -E 'kills|^(--- FAIL|ok|FAIL)' $(BIN)/chaos.log; echo "full log: $(BIN)/chaos.log"; \
+	  test/seed-host.sh remove || st=1; exit $$st
 
 # Short coverage-guided fuzzing of every fuzz target (FUZZTIME each).
 FUZZTIME ?= 30s

@@ -287,3 +287,31 @@ func TestTProxyMarks(t *testing.T) {
 		t.Fatalf("REDIRECT: %v", got)
 	}
 }
+
+// TestComparePartial: TPROXY's nat table written and its mangle table not
+// (an install killed between the two tables' commits) is Partial for the
+// same settings, which the next install completes, and Different for
+// other settings.
+func TestComparePartial(t *testing.T) {
+	tp := Default()
+	tp.Mode = ModeTProxy
+	b := Build(tp, V4)
+	full := saveOf(fwtext.Text(Restore(b, &State{}), false), "")
+	i := strings.Index(full, "*mangle")
+	if i < 0 {
+		t.Fatalf("no mangle table in TPROXY's rules:\n%s", full)
+	}
+	j := strings.Index(full[i:], "COMMIT\n")
+	natOnly := full[:i] + full[i+j+len("COMMIT\n"):]
+	if got := Compare(b, stateOf(natOnly)); got != Partial {
+		t.Fatalf("nat written, mangle not, compare with the same settings: %v", got)
+	}
+	other := tp
+	other.ProxyPort = 15099
+	if got := Compare(Build(other, V4), stateOf(natOnly)); got != Different {
+		t.Fatalf("nat written, mangle not, compare with other settings: %v", got)
+	}
+	if got := Compare(b, stateOf(full)); got != Current {
+		t.Fatalf("all written: %v", got)
+	}
+}

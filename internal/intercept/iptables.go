@@ -98,10 +98,15 @@ const (
 	Absent    Status = iota // nothing of meshwire's is installed
 	Current                 // exactly the desired rule set is installed
 	Different               // something else of meshwire's (or istio-iptables') is installed
+	// Partial: some tables hold exactly the desired rule set's (their
+	// rules carry its fingerprint), the others nothing: an install of the
+	// same settings cut short between two tables' commits (a killed init
+	// container), which the next install completes without a reconcile.
+	Partial
 )
 
 func (s Status) String() string {
-	return [...]string{"absent", "current", "different"}[s]
+	return [...]string{"absent", "current", "different", "partial"}[s]
 }
 
 // Compare tells whether the state holds exactly the desired rule set.
@@ -120,6 +125,7 @@ func Compare(desired *RuleSet, st *State) Status {
 	for _, t := range desired.Tables {
 		names[t.Name] = true
 	}
+	missing := 0
 	for n := range names {
 		have := st.Tables[n]
 		if have == nil {
@@ -128,6 +134,10 @@ func Compare(desired *RuleSet, st *State) Status {
 		want := desired.Table(n)
 		if want == nil {
 			want = &TableRules{Name: n}
+		}
+		if len(have.Chains) == 0 && len(have.Builtin) == 0 && len(want.Rules) > 0 {
+			missing++ // not written yet
+			continue
 		}
 		if !sameSet(have.Chains, want.Chains) {
 			return Different
@@ -154,6 +164,9 @@ func Compare(desired *RuleSet, st *State) Status {
 				return Different
 			}
 		}
+	}
+	if missing > 0 {
+		return Partial
 	}
 	return Current
 }

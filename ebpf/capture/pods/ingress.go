@@ -56,7 +56,10 @@ func AttachIngress(dir string, skip []string) error {
 }
 
 // DetachIngress removes the inbound program's filters from the calling
-// thread's namespace.
+// thread's namespace, and then every clsact qdisc left with no filter on
+// either hook: the one AttachIngress added (a qdisc carries no owner, and
+// a kill between its creation and the filter's leaves it bare; inside a
+// pod's namespace an empty clsact does nothing for anyone).
 func DetachIngress() error {
 	links, err := podLinks(nil)
 	if err != nil {
@@ -71,6 +74,35 @@ func DetachIngress() error {
 			if err := netlink.FilterDel(f); err != nil && !errors.Is(err, unix.ENOENT) {
 				return fmt.Errorf("remove the inbound capture program from %s: %w", l.Attrs().Name, err)
 			}
+		}
+		if err := removeBareClsact(l); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// removeBareClsact deletes l's clsact qdisc when no filter is under it.
+func removeBareClsact(l netlink.Link) error {
+	qs, err := netlinksafe.QdiscList(l)
+	if err != nil {
+		return fmt.Errorf("list the qdiscs of %s: %w", l.Attrs().Name, err)
+	}
+	for _, q := range qs {
+		if q.Type() != "clsact" {
+			continue
+		}
+		for _, hook := range []uint32{netlink.HANDLE_MIN_INGRESS, netlink.HANDLE_MIN_EGRESS} {
+			fs, err := netlinksafe.FilterList(l, hook)
+			if err != nil {
+				return fmt.Errorf("list the filters of %s: %w", l.Attrs().Name, err)
+			}
+			if len(fs) > 0 {
+				return nil
+			}
+		}
+		if err := netlink.QdiscDel(q); err != nil && !errors.Is(err, unix.ENOENT) && !errors.Is(err, unix.EINVAL) {
+			return fmt.Errorf("remove the clsact qdisc of %s: %w", l.Attrs().Name, err)
 		}
 	}
 	return nil
