@@ -277,6 +277,10 @@ func fnChainTimes(b *testing.B, logPath string) (add, del map[string]time.Durati
 	return add, del
 }
 
+// fnBound is how much slower, at most, meshwire's plugin chain may be on
+// a full node than on an empty one (the last batch against the first).
+const fnBound = 1.5
+
 // fnBatchMedian is the median of samples [first, first+fnBatch).
 func fnBatchMedian(s []time.Duration, first int) time.Duration {
 	return harness.Samples(s[first : first+fnBatch]).Median()
@@ -314,6 +318,17 @@ func fnReport(b *testing.B, mw, ref []*fnRun, refName string) {
 			}
 			t.Add(fmt.Sprint(i+1), name+" ("+what+")", "",
 				harness.Ms(c1), harness.Ms(c2), harness.Ratio(c2, c1), harness.Ms(e1), harness.Ms(e2), harness.Ratio(e1, e2))
+			// The bound meshwire holds: its own chain's ADD and DEL of the
+			// last batch within 1.5x of the first (containerd's part of
+			// the CRI call is not meshwire's to bound).
+			if plugin == "" && name == "meshwire" {
+				if float64(c2) > fnBound*float64(c1) {
+					b.Errorf("run %d: meshwire's chain ADD of pods 226-250 takes %s, %.2fx pods 1-25's %s (bound %.1fx)", i+1, c2, float64(c2)/float64(c1), c1, fnBound)
+				}
+				if float64(e1) > fnBound*float64(e2) {
+					b.Errorf("run %d: meshwire's chain DEL with 250 pods takes %s, %.2fx that with 25 (%s) (bound %.1fx)", i+1, e1, float64(e1)/float64(e2), e2, fnBound)
+				}
+			}
 		}
 	}
 	for i := range mw {

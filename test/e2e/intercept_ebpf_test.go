@@ -4,6 +4,8 @@ package e2e
 
 import (
 	"net"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -81,4 +83,34 @@ func captureStatus(t *testing.T, h *harness.H) capture.Status {
 		t.Fatal(err)
 	}
 	return st
+}
+
+// TestInterceptEBPFHiddenBPFFS: iptables-init -m EBPF run where the host's
+// bpffs is not visible (`ip netns exec` remounts /sys, as a pod without
+// the hostPath) says exactly that and how to fix it, not that the
+// programs are not attached; run with the host's mounts (nsenter) it
+// registers the pod.
+func TestInterceptEBPFHiddenBPFFS(t *testing.T) {
+	h := harness.New(t)
+	interceptEBPFAttach(t, h)
+	h.CheckNoLeaks()
+	ns := h.NewNS("bpffs")
+	bin := filepath.Join(h.BinDir, "iptables-init")
+	out, err := ns.Exec(bin, "-m", "EBPF", "-i", "*", "-b", "*")
+	if err == nil {
+		t.Fatalf("iptables-init -m EBPF under ip netns exec succeeded:\n%s", out)
+	}
+	for _, want := range []string{"not on a bpf file system", "ip netns exec", "nsenter", "hostPath", "mount -t bpf"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("the error does not say %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "not attached on this node") {
+		t.Fatalf("the error says the programs are not attached, which they are:\n%s", out)
+	}
+	for _, args := range [][]string{{"-m", "EBPF", "-i", "*", "-b", "*"}, {"--cleanup-only"}} {
+		if out, err := harness.Run("nsenter", append([]string{"--net=" + ns.Path, bin}, args...)...); err != nil {
+			t.Fatalf("iptables-init %q with the host's mounts: %v\n%s", args, err, out)
+		}
+	}
 }

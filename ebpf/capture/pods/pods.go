@@ -16,6 +16,7 @@ import (
 	"slices"
 
 	"github.com/cilium/ebpf"
+	"golang.org/x/sys/unix"
 
 	"github.com/meshwire/meshwire/ebpf/nsmap"
 	"github.com/meshwire/meshwire/internal/intercept"
@@ -281,12 +282,47 @@ func open(dir string) (*maps, error) {
 	return m, nil
 }
 
+// noBPFFSError: the pins' directory is not on a bpf file system in this
+// mount namespace, so whether the programs are attached on the node cannot
+// be seen from here. It is an ErrNotAttached for the callers that fall back
+// (--ebpf-fallback), with a message that says what to do.
+type noBPFFSError struct{ dir, mount string }
+
+func (e noBPFFSError) Error() string {
+	return fmt.Sprintf("%s is not on a bpf file system in this mount namespace (%s is not bpffs), so the ebpf interception programs the node attached cannot be seen from here: "+
+		"`ip netns exec` remounts /sys (use `nsenter --net=/var/run/netns/NAME` to keep the host's mounts), and a pod needs a hostPath volume for /sys/fs/bpf; "+
+		"on a host with no bpffs, `mount -t bpf bpf /sys/fs/bpf`", e.dir, e.mount)
+}
+
+func (e noBPFFSError) Is(target error) bool { return target == ErrNotAttached }
+
+// notBPFFS returns the closest existing ancestor of dir (dir included)
+// when it is not on a bpf file system, "" when it is (or cannot be told).
+func notBPFFS(dir string) string {
+	for d := filepath.Clean(dir); ; d = filepath.Dir(d) {
+		var st unix.Statfs_t
+		err := unix.Statfs(d, &st)
+		if err == nil {
+			if st.Type == unix.BPF_FS_MAGIC {
+				return ""
+			}
+			return d
+		}
+		if !errors.Is(err, unix.ENOENT) || d == "/" {
+			return ""
+		}
+	}
+}
+
 // openMap opens one pinned map under dir; ErrNotAttached when it is not
 // there.
 func openMap(dir, name string) (*ebpf.Map, error) {
 	dir = pinDir(dir)
 	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, name), nil)
 	if errors.Is(err, os.ErrNotExist) {
+		if fs := notBPFFS(dir); fs != "" {
+			return nil, noBPFFSError{dir: dir, mount: fs}
+		}
 		return nil, ErrNotAttached
 	}
 	if err != nil {
