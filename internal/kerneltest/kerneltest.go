@@ -38,8 +38,14 @@ func Require(t testing.TB) {
 	if os.Geteuid() != 0 {
 		t.Fatal("a kernel test (network namespaces, links, firewall, BPF) must run as root: run `make test` as root; `make unit` leaves it out")
 	}
-	once.Do(func() { held, lockErr = filelock.Acquire(LockFile, 60*time.Minute) })
-	if lockErr != nil {
-		t.Fatalf("waiting for other meshwire kernel tests: %v", lockErr)
+	if err := Lock(); err != nil {
+		t.Fatalf("waiting for other meshwire kernel tests: %v", err)
 	}
+}
+
+// Lock takes the node-wide lock once per process, as Require does, for a
+// TestMain that cleans up before any test runs.
+func Lock() error {
+	once.Do(func() { held, lockErr = filelock.Acquire(LockFile, 60*time.Minute) })
+	return lockErr
 }

@@ -4,6 +4,7 @@ package harness
 
 import (
 	"fmt"
+	"github.com/meshwire/meshwire/internal/netns"
 	"slices"
 	"strings"
 	"testing"
@@ -143,5 +144,36 @@ func TestNftLinesLeavesOutEmptyXtablesTables(t *testing.T) {
 	}
 	if strings.Contains(got, "table ip nat") {
 		t.Errorf("empty nat table kept:\n%s", got)
+	}
+}
+
+// TestRemoveStale: a namespace left by a killed run (mwt-*, nobody to
+// remove it) is removed; another tool's is not.
+func TestRemoveStale(t *testing.T) {
+	h := New(t)
+	for _, n := range []string{"mwt-stale-" + RandomID()[:6], "other-" + RandomID()[:6]} {
+		if _, err := netns.Create(n); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = netns.Delete(n) })
+	}
+	removed, err := RemoveStale(h.BinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	names, _ := netns.List()
+	for _, n := range names {
+		if strings.HasPrefix(n, "mwt-stale-") {
+			t.Fatalf("%s left (removed %q)", n, removed)
+		}
+	}
+	others := 0
+	for _, n := range names {
+		if strings.HasPrefix(n, "other-") {
+			others++
+		}
+	}
+	if others == 0 {
+		t.Fatal("another tool's namespace was removed")
 	}
 }
