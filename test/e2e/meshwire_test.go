@@ -10,13 +10,17 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"github.com/vishvananda/netlink"
 
+	"github.com/meshwire/meshwire/cmd/meshwire/cli"
 	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/internal/probe"
 	"github.com/meshwire/meshwire/test/harness"
@@ -309,4 +313,59 @@ func meshwireFetch(addr string) (string, error) {
 	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
 	b, err := io.ReadAll(c)
 	return strings.TrimSpace(string(b)), err
+}
+
+// TestMeshwireHelp: the built binary prints every command's usage on
+// stdout for --help and `help CMD` (exit 0, every flag named), a usage
+// error's message and usage on stderr (exit 2), and a bash completion
+// script that bash loads.
+func TestMeshwireHelp(t *testing.T) {
+	bin := filepath.Join(harness.New(t).BinDir, "meshwire")
+	run := func(args ...string) (string, string, int) {
+		cmd := exec.Command(bin, args...)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return out.String(), errb.String(), code
+	}
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if c.Hidden {
+			return
+		}
+		path := strings.Fields(strings.TrimPrefix(c.CommandPath(), "meshwire"))
+		for _, args := range [][]string{append(slices.Clone(path), "--help"), append([]string{"help"}, path...)} {
+			out, errOut, code := run(args...)
+			if code != 0 || errOut != "" || !strings.Contains(out, "Usage:\n  "+c.CommandPath()) {
+				t.Errorf("meshwire %q: exit %d, stderr %q, stdout:\n%s", args, code, errOut, out)
+				continue
+			}
+			c.Flags().VisitAll(func(f *pflag.Flag) {
+				if !strings.Contains(out, "--"+f.Name) {
+					t.Errorf("meshwire %q does not name --%s:\n%s", args, f.Name, out)
+				}
+			})
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(cli.Commands())
+
+	out, errOut, code := run("install", "--cni-bin-dir")
+	if first, _, _ := strings.Cut(errOut, "\n"); code != 2 || out != "" || first != "meshwire: install: flag needs an argument: --cni-bin-dir" ||
+		!strings.Contains(errOut, "Usage:\n  meshwire install ") || !strings.Contains(errOut, "--cni-conf-dir DIR") {
+		t.Errorf("usage error: exit %d, stdout %q, stderr:\n%s", code, out, errOut)
+	}
+
+	b, err := exec.Command("bash", "-c", "source <("+bin+" completion bash) && complete -p meshwire").CombinedOutput()
+	if err != nil || !strings.Contains(string(b), "-F __start_meshwire meshwire") {
+		t.Errorf("bash does not load `meshwire completion bash`: %v\n%s", err, b)
+	}
 }
