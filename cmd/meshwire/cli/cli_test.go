@@ -88,6 +88,7 @@ func TestUsageErrors(t *testing.T) {
 	}{
 		{nil, "no command given", "meshwire COMMAND"},
 		{[]string{"frob"}, `unknown command "frob"`, "meshwire COMMAND"},
+		{[]string{"fastpth"}, `unknown command "fastpth" (did you mean fastpath?)`, "meshwire COMMAND"},
 		{[]string{"add"}, "add: want exactly one namespace NAME, got 0 arguments", "meshwire add NAME"},
 		{[]string{"add", "x", "--nope"}, "add: unknown flag: --nope", "meshwire add NAME"},
 		{[]string{"add", "x", "--port", "99999:80"}, "host port", "meshwire add NAME"},

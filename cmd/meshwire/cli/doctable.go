@@ -3,13 +3,14 @@ package cli
 //go:generate go run gendoc.go ../../../docs/meshwire.md
 
 import (
-	"bytes"
 	"fmt"
 	"io"
 	"strings"
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/meshwire/meshwire/internal/docgen"
 )
 
 // Markers around the generated flag tables in docs/meshwire.md.
@@ -94,16 +95,5 @@ func joinAnd(s []string) string {
 // SpliceFlagTables returns doc with the text between FlagTablesBegin and
 // FlagTablesEnd replaced by MarkdownFlagTables.
 func SpliceFlagTables(doc []byte) ([]byte, error) {
-	begin := bytes.Index(doc, []byte(FlagTablesBegin))
-	end := bytes.Index(doc, []byte(FlagTablesEnd))
-	if begin < 0 || end < begin {
-		return nil, fmt.Errorf("no %q ... %q markers in order", FlagTablesBegin, FlagTablesEnd)
-	}
-	var out bytes.Buffer
-	out.Write(doc[:begin+len(FlagTablesBegin)])
-	out.WriteString("\n\n")
-	out.WriteString(MarkdownFlagTables())
-	out.WriteString("\n")
-	out.Write(doc[end:])
-	return out.Bytes(), nil
+	return docgen.Splice(doc, FlagTablesBegin, FlagTablesEnd, MarkdownFlagTables())
 }

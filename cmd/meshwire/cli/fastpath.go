@@ -69,12 +69,7 @@ func fastpathFlags(fs *pflag.FlagSet, cfg *fastpath.Config) (check func(cmd stri
 
 func (e *env) fastpathAttachCmd() *cobra.Command {
 	cfg := fastpath.Defaults()
-	c := &cobra.Command{
-		Use:               "attach",
-		Short:             "load the eBPF sockmap fast path and attach it at the cgroup v2 root",
-		Args:              noArgs,
-		ValidArgsFunction: cobra.NoFileCompletions,
-	}
+	c := leafCmd("attach", "load the eBPF sockmap fast path and attach it at the cgroup v2 root", "")
 	check := fastpathFlags(c.Flags(), &cfg)
 	c.RunE = func(*cobra.Command, []string) error {
 		if err := check("fastpath attach"); err != nil {
@@ -147,13 +142,8 @@ func describePrograms(ps []fastpath.Program) string {
 func (e *env) fastpathDetachCmd() *cobra.Command {
 	var dir string
 	var force bool
-	c := &cobra.Command{
-		Use:               "detach",
-		Short:             "remove the fast path (connections on it keep working until they close)",
-		Args:              noArgs,
-		ValidArgsFunction: cobra.NoFileCompletions,
-		RunE:              func(*cobra.Command, []string) error { return e.fastpathDetach(dir, force) },
-	}
+	c := leafCmd("detach", "remove the fast path (connections on it keep working until they close)", "")
+	c.RunE = func(*cobra.Command, []string) error { return e.fastpathDetach(dir, force) }
 	c.Flags().StringVar(&dir, "pin-dir", fastpath.DefaultPinDir, "bpffs directory of the pins")
 	c.Flags().BoolVar(&force, "force", false, "also detach the ebpf interception programs while pods use them (their new connections then bypass their sidecars)")
 	return c
@@ -189,20 +179,15 @@ func (e *env) fastpathStatusCmd() *cobra.Command {
 	var format outputFormat
 	var asJSON bool
 	var dir, cgroup string
-	c := &cobra.Command{
-		Use:               "status",
-		Short:             "whether the fast path is attached, with its counters",
-		Args:              noArgs,
-		ValidArgsFunction: cobra.NoFileCompletions,
-		RunE: func(c *cobra.Command, _ []string) error {
-			if asJSON {
-				if c.Flags().Changed("output") && format != "json" {
-					return usagef("fastpath status: --json is -o json, not -o %s", format)
-				}
-				format = "json"
+	c := leafCmd("status", "whether the fast path is attached, with its counters", "")
+	c.RunE = func(c *cobra.Command, _ []string) error {
+		if asJSON {
+			if c.Flags().Changed("output") && format != "json" {
+				return usagef("fastpath status: --json is -o json, not -o %s", format)
 			}
-			return e.fastpathStatus(format == "json", dir, cgroup)
-		},
+			format = "json"
+		}
+		return e.fastpathStatus(format == "json", dir, cgroup)
 	}
 	format.bind(c)
 	c.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: the same as -o json")

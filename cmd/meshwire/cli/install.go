@@ -73,15 +73,11 @@ func installerFlags(fs *pflag.FlagSet, o *installer.Options) (finish func(e *env
 // installer).
 func (e *env) installCmd() *cobra.Command {
 	var o installer.Options
-	c := &cobra.Command{
-		Use:   "install --cni-bin-dir DIR --cni-conf-dir DIR",
-		Short: "install meshwire on a node: the plugins, and meshwire's conflist or intercept chained",
-		Long: "The node installer (a DaemonSet's container): copy the plugins into the CNI bin dir, write\n" +
-			"meshwire's conflist or, with --chain, chain intercept into the node's primary config; keep it\n" +
-			"applied until SIGTERM (--once: apply and exit).",
-		Args:              noArgs,
-		ValidArgsFunction: cobra.NoFileCompletions,
-	}
+	c := leafCmd("install --cni-bin-dir DIR --cni-conf-dir DIR",
+		"install meshwire on a node: the plugins, and meshwire's conflist or intercept chained",
+		"The node installer (a DaemonSet's container): copy the plugins into the CNI bin dir, write\n"+
+			"meshwire's conflist or, with --chain, chain intercept into the node's primary config; keep it\n"+
+			"applied until SIGTERM (--once: apply and exit).")
 	fs := c.Flags()
 	finish := installerFlags(fs, &o)
 	fs.BoolVar(&o.Once, "once", false, "apply once and exit instead of watching")

@@ -16,15 +16,11 @@ import (
 // nodeCmd is `meshwire node`, the node agent (see package nodeagent).
 func (e *env) nodeCmd() *cobra.Command {
 	var o nodeagent.Options
-	c := &cobra.Command{
-		Use:   "node --cni-bin-dir DIR --cni-conf-dir DIR",
-		Short: "run the node agent: the installer's work, the fast path kept attached, probes, metrics",
-		Long: "The node agent (a DaemonSet's one container): the installer's work, the fast path attached\n" +
-			"and kept attached (--fastpath), /healthz, /readyz and /metrics on --listen; on SIGTERM it\n" +
-			"detaches and cleans up.",
-		Args:              noArgs,
-		ValidArgsFunction: cobra.NoFileCompletions,
-	}
+	c := leafCmd("node --cni-bin-dir DIR --cni-conf-dir DIR",
+		"run the node agent: the installer's work, the fast path kept attached, probes, metrics",
+		"The node agent (a DaemonSet's one container): the installer's work, the fast path attached\n"+
+			"and kept attached (--fastpath), /healthz, /readyz and /metrics on --listen; on SIGTERM it\n"+
+			"detaches and cleans up.")
 	fs := c.Flags()
 	finish := installerFlags(fs, &o.Install)
 	withFastpath := fs.Bool("fastpath", false, "attach the eBPF fast path, keep it attached, detach it on SIGTERM")

@@ -36,11 +36,9 @@ func (e *env) addCmd() *cobra.Command {
 			if err != nil {
 				return usagef("%v", err)
 			}
-			conflist := e.defaultConflist
-			if conf != "" {
-				if conflist, err = os.ReadFile(conf); err != nil {
-					return fmt.Errorf("--conf: %w", err)
-				}
+			conflist, err := e.conflist(conf)
+			if err != nil {
+				return err
 			}
 			rt, err := e.runtime()
 			if err != nil {
@@ -131,26 +129,21 @@ func (e *env) delCmd() *cobra.Command {
 
 func (e *env) lsCmd() *cobra.Command {
 	var format outputFormat
-	c := &cobra.Command{
-		Use:               "ls",
-		Short:             "list the namespaces meshwire manages, with their addresses",
-		Args:              noArgs,
-		ValidArgsFunction: cobra.NoFileCompletions,
-		RunE: func(c *cobra.Command, _ []string) error {
-			rt, err := e.runtime()
-			if err != nil {
-				return err
-			}
-			recs, err := rt.List()
-			if err != nil {
-				return err
-			}
-			if format == "json" {
-				return cniruntime.WriteJSON(e.out, recs)
-			}
-			cniruntime.WriteTable(e.out, recs)
-			return nil
-		},
+	c := leafCmd("ls", "list the namespaces meshwire manages, with their addresses", "")
+	c.RunE = func(*cobra.Command, []string) error {
+		rt, err := e.runtime()
+		if err != nil {
+			return err
+		}
+		recs, err := rt.List()
+		if err != nil {
+			return err
+		}
+		if format == "json" {
+			return cniruntime.WriteJSON(e.out, recs)
+		}
+		cniruntime.WriteTable(e.out, recs)
+		return nil
 	}
 	format.bind(c)
 	return c
@@ -158,33 +151,28 @@ func (e *env) lsCmd() *cobra.Command {
 
 func (e *env) gcCmd() *cobra.Command {
 	var conf string
-	c := &cobra.Command{
-		Use:               "gc",
-		Short:             "CNI GC of every known network, keeping the attachments meshwire manages",
-		Args:              noArgs,
-		ValidArgsFunction: cobra.NoFileCompletions,
-		RunE: func(c *cobra.Command, _ []string) error {
-			extra := [][]byte{e.defaultConflist}
-			if conf != "" {
-				b, err := os.ReadFile(conf)
-				if err != nil {
-					return fmt.Errorf("--conf: %w", err)
-				}
-				extra = append(extra, b)
-			}
-			rt, err := e.runtime()
+	c := leafCmd("gc", "CNI GC of every known network, keeping the attachments meshwire manages", "")
+	c.RunE = func(*cobra.Command, []string) error {
+		extra := [][]byte{e.defaultConflist}
+		if conf != "" {
+			b, err := e.conflist(conf)
 			if err != nil {
 				return err
 			}
-			ctx, cancel := signalContext()
-			defer cancel()
-			nets, err := rt.GC(ctx, extra...)
-			if err != nil {
-				return fmt.Errorf("gc: %w", err)
-			}
-			fmt.Fprintf(e.out, "gc done for networks: %s\n", strings.Join(nets, ", "))
-			return nil
-		},
+			extra = append(extra, b)
+		}
+		rt, err := e.runtime()
+		if err != nil {
+			return err
+		}
+		ctx, cancel := signalContext()
+		defer cancel()
+		nets, err := rt.GC(ctx, extra...)
+		if err != nil {
+			return fmt.Errorf("gc: %w", err)
+		}
+		fmt.Fprintf(e.out, "gc done for networks: %s\n", strings.Join(nets, ", "))
+		return nil
 	}
 	c.Flags().StringVar(&conf, "conf", "", "also GC this conflist's network (the default conflist's network and those of the wired namespaces always are)")
 	return c
@@ -194,24 +182,16 @@ func (e *env) gcCmd() *cobra.Command {
 // --conf, on its own state dir unless --state-dir names one.
 func (e *env) demoCmd() *cobra.Command {
 	var conf string
-	c := &cobra.Command{
-		Use:   "demo",
-		Short: "wire two namespaces with the default conflist, show what works, clean up",
-		Long: "Wire two namespaces (and a meshed third one) with the default conflist or --conf, show\n" +
-			"what works, clean up (after --hold, or at once on Ctrl-C). Without --state-dir the demo\n" +
-			"keeps its records in " + demo.StateDir + ".",
-		Args:              noArgs,
-		ValidArgsFunction: cobra.NoFileCompletions,
-	}
+	c := leafCmd("demo", "wire two namespaces with the default conflist, show what works, clean up",
+		"Wire two namespaces (and a meshed third one) with the default conflist or --conf, show\n"+
+			"what works, clean up (after --hold, or at once on Ctrl-C). Without --state-dir the demo\n"+
+			"keeps its records in "+demo.StateDir+".")
 	hold := c.Flags().Duration("hold", 0, "keep the pods up this long before cleaning up")
 	c.Flags().StringVar(&conf, "conf", "", "conflist file to demo (default: the embedded default conflist)")
 	c.RunE = func(c *cobra.Command, _ []string) error {
-		conflist := e.defaultConflist
-		if conf != "" {
-			var err error
-			if conflist, err = os.ReadFile(conf); err != nil {
-				return fmt.Errorf("--conf: %w", err)
-			}
+		conflist, err := e.conflist(conf)
+		if err != nil {
+			return err
 		}
 		if !c.Flags().Changed("state-dir") {
 			e.stateDir = demo.StateDir
@@ -225,6 +205,18 @@ func (e *env) demoCmd() *cobra.Command {
 		return demo.Run(ctx, demo.Options{Conflist: conflist, Runtime: rt, Out: e.out, ErrOut: e.errOut, Hold: *hold})
 	}
 	return c
+}
+
+// conflist reads the conflist --conf names, or gives the default one.
+func (e *env) conflist(conf string) ([]byte, error) {
+	if conf == "" {
+		return e.defaultConflist, nil
+	}
+	b, err := os.ReadFile(conf)
+	if err != nil {
+		return nil, fmt.Errorf("--conf: %w", err)
+	}
+	return b, nil
 }
 
 // outputFormat is -o/--output: table (the default) or json.

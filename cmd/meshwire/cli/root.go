@@ -34,11 +34,15 @@ func newRoot(e *env) *cobra.Command {
 			if len(args) == 0 {
 				return usagef("no command given")
 			}
+			if s := c.SuggestionsFor(args[0]); len(s) > 0 {
+				return usagef("unknown command %q (did you mean %s?)", args[0], strings.Join(s, " or "))
+			}
 			return usagef("unknown command %q", args[0])
 		},
-		SilenceErrors:     true,
-		SilenceUsage:      true,
-		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
+		SuggestionsMinimumDistance: 2,
+		SilenceErrors:              true,
+		SilenceUsage:               true,
+		CompletionOptions:          cobra.CompletionOptions{DisableDefaultCmd: true},
 	}
 	gf := root.PersistentFlags()
 	gf.StringVar(&e.cniPath, "cni-path", "", "colon-separated directories the CNI plugins are run from (default: the meshwire binary's directory, then /opt/cni/bin)")
@@ -96,13 +100,15 @@ func printVersion(c *cobra.Command) error {
 }
 
 func versionCmd() *cobra.Command {
-	return &cobra.Command{
-		Use:               "version",
-		Short:             "print the meshwire version",
-		Args:              noArgs,
-		ValidArgsFunction: cobra.NoFileCompletions,
-		RunE:              func(c *cobra.Command, _ []string) error { return printVersion(c) },
-	}
+	c := leafCmd("version", "print the meshwire version", "")
+	c.RunE = func(c *cobra.Command, _ []string) error { return printVersion(c) }
+	return c
+}
+
+// leafCmd is a command without subcommands or arguments (its flags and
+// RunE are the caller's).
+func leafCmd(use, short, long string) *cobra.Command {
+	return &cobra.Command{Use: use, Short: short, Long: long, Args: noArgs, ValidArgsFunction: cobra.NoFileCompletions}
 }
 
 // helpCmd is `meshwire help [COMMAND [SUBCOMMAND]]`: the command's usage

@@ -119,31 +119,33 @@ func flagGroups(c *cobra.Command) (own, global []*pflag.Flag) {
 }
 
 // writeFlags writes one line per flag: names, meaning, default, same as.
+// Names longer than maxLeft put the rest on the next line.
 func writeFlags(b *strings.Builder, flags []*pflag.Flag) {
 	const maxLeft = 36
 	infos := make([]flagInfo, len(flags))
+	lefts := make([]string, len(flags))
 	width := 0
 	for k, f := range flags {
 		infos[k] = describeFlag(f)
-		if n := len(infos[k].names()); n > width && n <= maxLeft {
+		lefts[k] = infos[k].names()
+		if infos[k].short == "" {
+			lefts[k] = "    " + lefts[k]
+		}
+		if n := len(lefts[k]); n > width && n <= maxLeft {
 			width = n
 		}
 	}
-	for _, i := range infos {
-		left := i.names()
-		if i.short == "" {
-			left = "    " + left
-		}
+	for k, i := range infos {
 		right := i.meaning + " (default: " + plain(i.def)
 		if i.same != "" {
 			right += "; same as " + plain(i.same)
 		}
 		right += ")"
-		if len(i.names()) > maxLeft {
-			fmt.Fprintf(b, "  %s\n  %-*s    %s\n", left, width+4, "", right)
+		if len(lefts[k]) > maxLeft {
+			fmt.Fprintf(b, "  %s\n  %-*s  %s\n", lefts[k], width, "", right)
 			continue
 		}
-		fmt.Fprintf(b, "  %-*s  %s\n", width+4, left, right)
+		fmt.Fprintf(b, "  %-*s  %s\n", width, lefts[k], right)
 	}
 }
 
