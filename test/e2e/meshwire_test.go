@@ -5,6 +5,7 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"io"
 	"net"
 	"os"
@@ -21,6 +22,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/meshwire/meshwire/cmd/meshwire/cli"
+	"github.com/meshwire/meshwire/internal/cniruntime"
 	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/internal/probe"
 	"github.com/meshwire/meshwire/test/harness"
@@ -136,6 +138,17 @@ func TestMeshwireLifecycle(t *testing.T) {
 	ls := m.mustRun("ls")
 	if !strings.Contains(ls, name) || !strings.Contains(ls, "lo=127.0.0.1/8") || !strings.Contains(ls, "eth0=198.18.240.") {
 		t.Fatalf("ls does not show the pod and its addresses:\n%s", ls)
+	}
+	var pods []cniruntime.Pod
+	if err := json.Unmarshal([]byte(m.mustRun("ls", "-o", "json")), &pods); err != nil {
+		t.Fatalf("ls -o json: %v", err)
+	}
+	if i := slices.IndexFunc(pods, func(p cniruntime.Pod) bool { return p.Name == name }); i < 0 ||
+		!slices.Contains(pods[i].Networks, cniruntime.PodNetwork{Network: "mwt-cmd", IfName: "eth0"}) ||
+		!slices.ContainsFunc(pods[i].Addresses, func(a cniruntime.PodAddress) bool {
+			return a.IfName == "eth0" && strings.HasPrefix(a.Address, "198.18.240.")
+		}) {
+		t.Fatalf("ls -o json does not show the pod, its network and its address: %+v", pods)
 	}
 	if out := m.mustRun("gc", "--conf", conf); !strings.Contains(out, "mwt-cmd") {
 		t.Fatalf("gc output: %s", out)
@@ -362,6 +375,18 @@ func TestMeshwireHelp(t *testing.T) {
 	if first, _, _ := strings.Cut(errOut, "\n"); code != 2 || out != "" || first != "meshwire: install: flag needs an argument: --cni-bin-dir" ||
 		!strings.Contains(errOut, "Usage:\n  meshwire install ") || !strings.Contains(errOut, "--cni-conf-dir DIR") {
 		t.Errorf("usage error: exit %d, stdout %q, stderr:\n%s", code, out, errOut)
+	}
+
+	// fastpath status: -o json is the --json object the tests read.
+	pins := t.TempDir()
+	asJSON, _, code1 := run("fastpath", "status", "--json", "--pin-dir", pins)
+	withO, _, code2 := run("fastpath", "status", "-o", "json", "--pin-dir", pins)
+	var st struct {
+		Attached bool   `json:"attached"`
+		PinDir   string `json:"pin_dir"`
+	}
+	if code1 != 0 || code2 != 0 || asJSON != withO || json.Unmarshal([]byte(withO), &st) != nil || st.Attached || st.PinDir != pins {
+		t.Errorf("fastpath status --json (exit %d) and -o json (exit %d) differ or are not the status:\n%s\n%s", code1, code2, asJSON, withO)
 	}
 
 	b, err := exec.Command("bash", "-c", "source <("+bin+" completion bash) && complete -p meshwire").CombinedOutput()
