@@ -61,13 +61,7 @@ func writeFlagTable(b *strings.Builder, flags []*pflag.Flag) {
 	b.WriteString("| flag | default | same as | meaning |\n|---|---|---|---|\n")
 	for _, f := range flags {
 		i := describeFlag(f)
-		names := "`--" + i.long + "`"
-		if i.arg != "" {
-			names = "`--" + i.long + " " + i.arg + "`"
-		}
-		if i.short != "" {
-			names = "`-" + i.short + "`, " + names
-		}
+		names := "`" + i.names() + "`"
 		def := "`" + i.def + "`"
 		if i.def == "none" || strings.Contains(i.def, " ") {
 			def = i.def

@@ -56,11 +56,11 @@ func describeFlag(f *pflag.Flag) flagInfo {
 	placeholder, usage := pflag.UnquoteUsage(f)
 	i := flagInfo{short: f.Shorthand, long: f.Name, arg: note.arg, same: note.same}
 	i.meaning, i.def = splitDefault(usage)
-	if i.arg == "" && f.NoOptDefVal == "" {
-		i.arg = strings.ToUpper(placeholder)
-	}
-	if f.NoOptDefVal != "" {
+	switch {
+	case f.NoOptDefVal != "": // a bool: no value
 		i.arg = ""
+	case i.arg == "":
+		i.arg = strings.ToUpper(placeholder)
 	}
 	if i.def == "" {
 		switch f.Value.Type() {
@@ -104,7 +104,6 @@ func plain(md string) string { return strings.ReplaceAll(md, "`", "") }
 // persistent flags), each in the order of definition.
 func flagGroups(c *cobra.Command) (own, global []*pflag.Flag) {
 	globals := c.Root().PersistentFlags()
-	c.InitDefaultHelpFlag()
 	c.Flags().VisitAll(func(f *pflag.Flag) {
 		if !f.Hidden && globals.Lookup(f.Name) == nil {
 			own = append(own, f)
