@@ -5,18 +5,24 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"github.com/vishvananda/netlink"
 
+	"github.com/meshwire/meshwire/cmd/meshwire/cli"
+	"github.com/meshwire/meshwire/internal/cniruntime"
 	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/internal/probe"
 	"github.com/meshwire/meshwire/test/harness"
@@ -132,6 +138,17 @@ func TestMeshwireLifecycle(t *testing.T) {
 	ls := m.mustRun("ls")
 	if !strings.Contains(ls, name) || !strings.Contains(ls, "lo=127.0.0.1/8") || !strings.Contains(ls, "eth0=198.18.240.") {
 		t.Fatalf("ls does not show the pod and its addresses:\n%s", ls)
+	}
+	var pods []cniruntime.Pod
+	if err := json.Unmarshal([]byte(m.mustRun("ls", "-o", "json")), &pods); err != nil {
+		t.Fatalf("ls -o json: %v", err)
+	}
+	if i := slices.IndexFunc(pods, func(p cniruntime.Pod) bool { return p.Name == name }); i < 0 ||
+		!slices.Contains(pods[i].Networks, cniruntime.PodNetwork{Network: "mwt-cmd", IfName: "eth0"}) ||
+		!slices.ContainsFunc(pods[i].Addresses, func(a cniruntime.PodAddress) bool {
+			return a.IfName == "eth0" && strings.HasPrefix(a.Address, "198.18.240.")
+		}) {
+		t.Fatalf("ls -o json does not show the pod, its network and its address: %+v", pods)
 	}
 	if out := m.mustRun("gc", "--conf", conf); !strings.Contains(out, "mwt-cmd") {
 		t.Fatalf("gc output: %s", out)
@@ -309,4 +326,71 @@ func meshwireFetch(addr string) (string, error) {
 	_ = c.SetDeadline(time.Now().Add(3 * time.Second))
 	b, err := io.ReadAll(c)
 	return strings.TrimSpace(string(b)), err
+}
+
+// TestMeshwireHelp: the built binary prints every command's usage on
+// stdout for --help and `help CMD` (exit 0, every flag named), a usage
+// error's message and usage on stderr (exit 2), and a bash completion
+// script that bash loads.
+func TestMeshwireHelp(t *testing.T) {
+	bin := filepath.Join(harness.New(t).BinDir, "meshwire")
+	run := func(args ...string) (string, string, int) {
+		cmd := exec.Command(bin, args...)
+		var out, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		err := cmd.Run()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return out.String(), errb.String(), code
+	}
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		if c.Hidden {
+			return
+		}
+		path := strings.Fields(strings.TrimPrefix(c.CommandPath(), "meshwire"))
+		for _, args := range [][]string{append(slices.Clone(path), "--help"), append([]string{"help"}, path...)} {
+			out, errOut, code := run(args...)
+			if code != 0 || errOut != "" || !strings.Contains(out, "Usage:\n  "+c.CommandPath()) {
+				t.Errorf("meshwire %q: exit %d, stderr %q, stdout:\n%s", args, code, errOut, out)
+				continue
+			}
+			c.Flags().VisitAll(func(f *pflag.Flag) {
+				if !strings.Contains(out, "--"+f.Name) {
+					t.Errorf("meshwire %q does not name --%s:\n%s", args, f.Name, out)
+				}
+			})
+		}
+		for _, sub := range c.Commands() {
+			walk(sub)
+		}
+	}
+	walk(cli.Commands())
+
+	out, errOut, code := run("install", "--cni-bin-dir")
+	if first, _, _ := strings.Cut(errOut, "\n"); code != 2 || out != "" || first != "meshwire: install: flag needs an argument: --cni-bin-dir" ||
+		!strings.Contains(errOut, "Usage:\n  meshwire install ") || !strings.Contains(errOut, "--cni-conf-dir DIR") {
+		t.Errorf("usage error: exit %d, stdout %q, stderr:\n%s", code, out, errOut)
+	}
+
+	// fastpath status: -o json is the --json object the tests read.
+	pins := t.TempDir()
+	asJSON, _, code1 := run("fastpath", "status", "--json", "--pin-dir", pins)
+	withO, _, code2 := run("fastpath", "status", "-o", "json", "--pin-dir", pins)
+	var st struct {
+		Attached bool   `json:"attached"`
+		PinDir   string `json:"pin_dir"`
+	}
+	if code1 != 0 || code2 != 0 || asJSON != withO || json.Unmarshal([]byte(withO), &st) != nil || st.Attached || st.PinDir != pins {
+		t.Errorf("fastpath status --json (exit %d) and -o json (exit %d) differ or are not the status:\n%s\n%s", code1, code2, asJSON, withO)
+	}
+
+	b, err := exec.Command("bash", "-c", "source <("+bin+" completion bash) && complete -p meshwire").CombinedOutput()
+	if err != nil || !strings.Contains(string(b), "-F __start_meshwire meshwire") {
+		t.Errorf("bash does not load `meshwire completion bash`: %v\n%s", err, b)
+	}
 }

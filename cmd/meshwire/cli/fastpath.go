@@ -3,12 +3,14 @@ package cli
 import (
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"os"
 	"strconv"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/meshwire/meshwire/ebpf/capture"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
@@ -16,32 +18,31 @@ import (
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
-const fastpathUsage = `usage: meshwire fastpath attach [--proxy-uid UID] [--proxy-gid GID] [--outbound-port PORT] [--into-proxy] [--pin-dir DIR] [--cgroup DIR]
-       meshwire fastpath detach [--pin-dir DIR] [--force]
-       meshwire fastpath status [--json] [--pin-dir DIR] [--cgroup DIR]`
-
-// fastpath runs `meshwire fastpath attach|detach|status`.
-func (e *env) fastpath(args []string) error {
-	if len(args) == 0 {
-		return usagef("fastpath: want attach, detach or status\n%s", fastpathUsage)
+// fastpathCmd is `meshwire fastpath attach|detach|status`.
+func (e *env) fastpathCmd() *cobra.Command {
+	c := &cobra.Command{
+		Use:   "fastpath attach|detach|status",
+		Short: "attach, detach or report the eBPF sockmap fast path",
+		Long: "Load the eBPF sockmap fast path and attach it at the cgroup v2 root (attach), remove it\n" +
+			"(detach; connections on it keep working until they close), or report it (status).\n" +
+			"See docs/fastpath.md.",
+		Args: cobra.ArbitraryArgs,
+		RunE: func(c *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usagef("fastpath: want attach, detach or status")
+			}
+			return usagef("fastpath: unknown subcommand %q (want attach, detach or status)", args[0])
+		},
 	}
-	sub, rest := args[0], args[1:]
-	switch sub {
-	case "attach":
-		return e.fastpathAttach(rest)
-	case "detach":
-		return e.fastpathDetach(rest)
-	case "status":
-		return e.fastpathStatus(rest)
-	}
-	return usagef("fastpath: unknown subcommand %q (want attach, detach or status)", sub)
+	c.AddCommand(e.fastpathAttachCmd(), e.fastpathDetachCmd(), e.fastpathStatusCmd())
+	return c
 }
 
 // fastpathFlags binds the fast path's settings, which `fastpath attach` and
 // `node` share; check validates them once the flags are parsed.
-func fastpathFlags(fs *flag.FlagSet, cfg *fastpath.Config) (check func(cmd string) error) {
+func fastpathFlags(fs *pflag.FlagSet, cfg *fastpath.Config) (check func(cmd string) error) {
 	uid := fs.Uint("proxy-uid", uint(cfg.ProxyUID), "the sidecar's uid")
-	gid := fs.String("proxy-gid", "", "also the sidecar's: sockets of this gid, whatever their uid (iptables-init's --proxy-gid)")
+	gid := fs.String("proxy-gid", "", "also the sidecar's: sockets of this gid, whatever their uid")
 	port := fs.Uint("outbound-port", uint(cfg.OutboundPort), "the sidecar's outbound capture port")
 	fs.BoolVar(&cfg.IntoProxy, "into-proxy", false, "also hand the app's bytes to the proxy (only for proxies that read with recv/readv, never splice)")
 	fs.StringVar(&cfg.PinDir, "pin-dir", cfg.PinDir, "bpffs directory for the pins")
@@ -66,16 +67,20 @@ func fastpathFlags(fs *flag.FlagSet, cfg *fastpath.Config) (check func(cmd strin
 	}
 }
 
-func (e *env) fastpathAttach(args []string) error {
+func (e *env) fastpathAttachCmd() *cobra.Command {
 	cfg := fastpath.Defaults()
-	fs := e.flags("fastpath attach")
-	check := fastpathFlags(fs, &cfg)
-	if _, err := parse(fs, args, 0); err != nil {
-		return err
+	c := leafCmd("attach", "load the eBPF sockmap fast path and attach it at the cgroup v2 root", "")
+	check := fastpathFlags(c.Flags(), &cfg)
+	c.RunE = func(*cobra.Command, []string) error {
+		if err := check("fastpath attach"); err != nil {
+			return err
+		}
+		return e.fastpathAttach(cfg)
 	}
-	if err := check("fastpath attach"); err != nil {
-		return err
-	}
+	return c
+}
+
+func (e *env) fastpathAttach(cfg fastpath.Config) error {
 	if os.Geteuid() != 0 {
 		return errors.New("fastpath attach: must run as root (it loads BPF programs and attaches them to the cgroup v2 root)")
 	}
@@ -134,23 +139,27 @@ func describePrograms(ps []fastpath.Program) string {
 	return strings.Join(parts, ", ")
 }
 
-func (e *env) fastpathDetach(args []string) error {
-	fs := e.flags("fastpath detach")
-	dir := fs.String("pin-dir", fastpath.DefaultPinDir, "bpffs directory of the pins")
-	force := fs.Bool("force", false, "also detach the ebpf interception programs while pods use them (their new connections then bypass their sidecars)")
-	if _, err := parse(fs, args, 0); err != nil {
-		return err
-	}
+func (e *env) fastpathDetachCmd() *cobra.Command {
+	var dir string
+	var force bool
+	c := leafCmd("detach", "remove the fast path (connections on it keep working until they close)", "")
+	c.RunE = func(*cobra.Command, []string) error { return e.fastpathDetach(dir, force) }
+	c.Flags().StringVar(&dir, "pin-dir", fastpath.DefaultPinDir, "bpffs directory of the pins")
+	c.Flags().BoolVar(&force, "force", false, "also detach the ebpf interception programs while pods use them (their new connections then bypass their sidecars)")
+	return c
+}
+
+func (e *env) fastpathDetach(dir string, force bool) error {
 	if os.Geteuid() != 0 {
 		return errors.New("fastpath detach: must run as root")
 	}
-	switch was, err := capture.Detach("", *force); {
+	switch was, err := capture.Detach("", force); {
 	case err != nil:
 		fmt.Fprintf(e.out, "ebpf interception left attached: %v\n", err)
 	case was:
 		fmt.Fprintln(e.out, "ebpf interception detached")
 	}
-	d, err := fastpath.Detach(*dir)
+	d, err := fastpath.Detach(dir)
 	if err != nil {
 		return fmt.Errorf("fastpath detach: %w", err)
 	}
@@ -166,24 +175,38 @@ func (e *env) fastpathDetach(args []string) error {
 	return nil
 }
 
-func (e *env) fastpathStatus(args []string) error {
-	fs := e.flags("fastpath status")
-	asJSON := fs.Bool("json", false, "print one JSON object")
-	dir := fs.String("pin-dir", fastpath.DefaultPinDir, "bpffs directory of the pins")
-	cgroup := fs.String("cgroup", "", "cgroup v2 directory to list other sockops programs at (default: the cgroup2 mount)")
-	if _, err := parse(fs, args, 0); err != nil {
-		return err
+func (e *env) fastpathStatusCmd() *cobra.Command {
+	var format outputFormat
+	var asJSON bool
+	var dir, cgroup string
+	c := leafCmd("status", "whether the fast path is attached, with its counters", "")
+	c.RunE = func(c *cobra.Command, _ []string) error {
+		if asJSON {
+			if c.Flags().Changed("output") && format != "json" {
+				return usagef("fastpath status: --json is -o json, not -o %s", format)
+			}
+			format = "json"
+		}
+		return e.fastpathStatus(format == "json", dir, cgroup)
 	}
-	st, err := fastpath.ReadStatus(*dir)
+	format.bind(c)
+	c.Flags().BoolVar(&asJSON, "json", false, "print one JSON object: the same as -o json")
+	c.Flags().StringVar(&dir, "pin-dir", fastpath.DefaultPinDir, "bpffs directory of the pins")
+	c.Flags().StringVar(&cgroup, "cgroup", "", "cgroup v2 directory to list other sockops programs at (default: the cgroup2 mount)")
+	return c
+}
+
+func (e *env) fastpathStatus(asJSON bool, dir, cgroup string) error {
+	st, err := fastpath.ReadStatus(dir)
 	if err != nil {
 		return fmt.Errorf("fastpath status: %w", err)
 	}
-	cgDir, others, othersErr := fastpath.OtherSockops(*cgroup)
+	cgDir, others, othersErr := fastpath.OtherSockops(cgroup)
 	cst, err := capture.ReadStatus("")
 	if err != nil {
 		return fmt.Errorf("fastpath status: %w", err)
 	}
-	if *asJSON {
+	if asJSON {
 		out := struct {
 			fastpath.Status
 			OtherSockops []fastpath.Program `json:"other_sockops,omitempty"`

@@ -2,24 +2,26 @@ package cli
 
 import (
 	"errors"
-	"flag"
 	"fmt"
 	"log"
 	"os"
 	"path/filepath"
 	"strings"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/internal/installer"
 	"github.com/meshwire/meshwire/internal/nodeagent"
 )
 
-const installUsage = `usage: meshwire install --cni-bin-dir DIR --cni-conf-dir DIR [--chain [--proxy-metadata KEY=VALUE]...] [--once] [--cleanup-on-exit] [--source-dir DIR] [--plugin-log FILE] [--fastpath]`
-
 // keyValues is a repeatable KEY=VALUE flag.
 type keyValues map[string]string
 
 func (kv keyValues) String() string { return fmt.Sprint(map[string]string(kv)) }
+
+func (kv keyValues) Type() string { return "stringToString" }
 
 func (kv keyValues) Set(s string) error {
 	k, v, ok := strings.Cut(s, "=")
@@ -32,7 +34,7 @@ func (kv keyValues) Set(s string) error {
 
 // installerFlags binds the installer's flags, which `install` and `node`
 // share; finish completes the options once the flags are parsed.
-func installerFlags(fs *flag.FlagSet, o *installer.Options) (finish func(e *env, cmd string) error) {
+func installerFlags(fs *pflag.FlagSet, o *installer.Options) (finish func(e *env, cmd string) error) {
 	fs.StringVar(&o.BinDir, "cni-bin-dir", "", "the host's CNI plugin directory (mounted)")
 	fs.StringVar(&o.ConfDir, "cni-conf-dir", "", "the host's CNI config directory (mounted)")
 	fs.StringVar(&o.SourceDir, "source-dir", "", "where the plugins to install are (default: the meshwire binary's directory)")
@@ -67,23 +69,30 @@ func installerFlags(fs *flag.FlagSet, o *installer.Options) (finish func(e *env,
 	}
 }
 
-// install runs `meshwire install`, the node installer (see package
+// installCmd is `meshwire install`, the node installer (see package
 // installer).
-func (e *env) install(args []string) error {
-	fs := e.flags("install")
+func (e *env) installCmd() *cobra.Command {
 	var o installer.Options
+	c := leafCmd("install --cni-bin-dir DIR --cni-conf-dir DIR",
+		"install meshwire on a node: the plugins, and meshwire's conflist or intercept chained",
+		"The node installer (a DaemonSet's container): copy the plugins into the CNI bin dir, write\n"+
+			"meshwire's conflist or, with --chain, chain intercept into the node's primary config; keep it\n"+
+			"applied until SIGTERM (--once: apply and exit).")
+	fs := c.Flags()
 	finish := installerFlags(fs, &o)
 	fs.BoolVar(&o.Once, "once", false, "apply once and exit instead of watching")
 	withFastpath := fs.Bool("fastpath", false, "also attach the eBPF fast path (and detach it on exit with --cleanup-on-exit)")
-	if _, err := parse(fs, args, 0); err != nil {
-		return err
-	}
-	if err := finish(e, "install"); err != nil {
-		if errors.Is(err, errUsage) {
-			return usagef("%v\n%s", err, installUsage)
+	c.RunE = func(*cobra.Command, []string) error {
+		if err := finish(e, "install"); err != nil {
+			return err
 		}
-		return err
+		return e.install(o, *withFastpath)
 	}
+	return c
+}
+
+// install runs the installer once its flags are parsed.
+func (e *env) install(o installer.Options, withFastpath bool) error {
 	if o.Once && o.CleanupOnExit {
 		return usagef("install: --cleanup-on-exit takes back the change when the installer stops; with --once there is nothing to wait for")
 	}
@@ -97,7 +106,7 @@ func (e *env) install(args []string) error {
 	ctx, cancel := signalContext()
 	defer cancel()
 	var owner *nodeagent.FastpathOwner
-	if *withFastpath {
+	if withFastpath {
 		if os.Geteuid() != 0 {
 			return errors.New("install --fastpath: must run as root (it loads BPF programs and attaches them to the cgroup v2 root)")
 		}

@@ -7,41 +7,46 @@ import (
 	"os"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/internal/nodeagent"
 )
 
-const nodeUsage = `usage: meshwire node --cni-bin-dir DIR --cni-conf-dir DIR [--chain [--proxy-metadata KEY=VALUE]...] [--cleanup-on-exit]
-                     [--source-dir DIR] [--plugin-log FILE] [--listen ADDR] [--interval DURATION]
-                     [--fastpath [--proxy-uid UID] [--proxy-gid GID] [--outbound-port PORT] [--into-proxy] [--pin-dir DIR] [--cgroup DIR]]`
-
-// node runs `meshwire node`, the node agent (see package nodeagent).
-func (e *env) node(args []string) error {
-	fs := e.flags("node")
+// nodeCmd is `meshwire node`, the node agent (see package nodeagent).
+func (e *env) nodeCmd() *cobra.Command {
 	var o nodeagent.Options
+	c := leafCmd("node --cni-bin-dir DIR --cni-conf-dir DIR",
+		"run the node agent: the installer's work, the fast path kept attached, probes, metrics",
+		"The node agent (a DaemonSet's one container): the installer's work, the fast path attached\n"+
+			"and kept attached (--fastpath), /healthz, /readyz and /metrics on --listen; on SIGTERM it\n"+
+			"detaches and cleans up.")
+	fs := c.Flags()
 	finish := installerFlags(fs, &o.Install)
 	withFastpath := fs.Bool("fastpath", false, "attach the eBPF fast path, keep it attached, detach it on SIGTERM")
 	cfg := fastpath.Defaults()
 	checkFastpath := fastpathFlags(fs, &cfg)
 	fs.StringVar(&o.Listen, "listen", "127.0.0.1:9966", "address of /healthz, /readyz and /metrics")
 	fs.DurationVar(&o.Interval, "interval", 10*time.Second, "how often to check that the fast path is attached and read the plugin log")
-	if _, err := parse(fs, args, 0); err != nil {
-		return err
-	}
-	if err := finish(e, "node"); err != nil {
-		if errors.Is(err, errUsage) {
-			return usagef("%v\n%s", err, nodeUsage)
+	c.RunE = func(*cobra.Command, []string) error {
+		if err := finish(e, "node"); err != nil {
+			return err
 		}
-		return err
-	}
-	if err := checkFastpath("node"); err != nil {
-		return err
-	}
-	if *withFastpath {
-		if os.Geteuid() != 0 {
-			return errors.New("node --fastpath: must run as root (it loads BPF programs and attaches them to the cgroup v2 root)")
+		if err := checkFastpath("node"); err != nil {
+			return err
 		}
-		o.Fastpath = &cfg
+		if *withFastpath {
+			o.Fastpath = &cfg
+		}
+		return e.node(o)
+	}
+	return c
+}
+
+// node runs the agent once its flags are parsed.
+func (e *env) node(o nodeagent.Options) error {
+	if o.Fastpath != nil && os.Geteuid() != 0 {
+		return errors.New("node --fastpath: must run as root (it loads BPF programs and attaches them to the cgroup v2 root)")
 	}
 	logger := log.New(e.errOut, "meshwire node: ", log.LstdFlags|log.Lmsgprefix)
 	o.Logf = logger.Printf

@@ -3,9 +3,10 @@ package flags
 //go:generate go run ./gendoc ../../../docs/iptables-init.md
 
 import (
-	"bytes"
 	"fmt"
 	"strings"
+
+	"github.com/meshwire/meshwire/internal/docgen"
 )
 
 // flagDoc is what docs/iptables-init.md says about a flag beyond its
@@ -137,16 +138,5 @@ func docEnv(d flagDef) string {
 // SpliceFlagTable returns doc with the text between FlagTableBegin and
 // FlagTableEnd replaced by MarkdownFlagTable.
 func SpliceFlagTable(doc []byte) ([]byte, error) {
-	begin := bytes.Index(doc, []byte(FlagTableBegin))
-	end := bytes.Index(doc, []byte(FlagTableEnd))
-	if begin < 0 || end < begin {
-		return nil, fmt.Errorf("no %q ... %q markers in order", FlagTableBegin, FlagTableEnd)
-	}
-	var out bytes.Buffer
-	out.Write(doc[:begin+len(FlagTableBegin)])
-	out.WriteString("\n\n")
-	out.WriteString(MarkdownFlagTable())
-	out.WriteString("\n")
-	out.Write(doc[end:])
-	return out.Bytes(), nil
+	return docgen.Splice(doc, FlagTableBegin, FlagTableEnd, MarkdownFlagTable())
 }

@@ -4,30 +4,8 @@
 package main
 
 import (
-	"fmt"
-	"os"
-
+	"github.com/meshwire/meshwire/internal/docgen"
 	"github.com/meshwire/meshwire/internal/intercept/flags"
 )
 
-func main() {
-	if len(os.Args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: gendoc FILE.md")
-		os.Exit(2)
-	}
-	path := os.Args[1]
-	doc, err := os.ReadFile(path)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "gendoc:", err)
-		os.Exit(1)
-	}
-	out, err := flags.SpliceFlagTable(doc)
-	if err != nil {
-		fmt.Fprintf(os.Stderr, "gendoc: %s: %v\n", path, err)
-		os.Exit(1)
-	}
-	if err := os.WriteFile(path, out, 0o644); err != nil {
-		fmt.Fprintln(os.Stderr, "gendoc:", err)
-		os.Exit(1)
-	}
-}
+func main() { docgen.Main(flags.SpliceFlagTable) }
