@@ -19,15 +19,15 @@ func (e *env) nodeCmd() *cobra.Command {
 	c := leafCmd("node --cni-bin-dir DIR --cni-conf-dir DIR",
 		"run the node agent: the installer's work, the fast path kept attached, probes, metrics",
 		"The node agent (a DaemonSet's one container): the installer's work, the fast path attached\n"+
-			"and kept attached (--fastpath), /healthz, /readyz and /metrics on --listen; on SIGTERM it\n"+
-			"detaches and cleans up.")
+			"and kept attached (--fastpath), every meshed pod's interception checked and repaired,\n"+
+			"/healthz, /readyz and /metrics on --listen; on SIGTERM it detaches and cleans up.")
 	fs := c.Flags()
 	finish := installerFlags(fs, &o.Install)
 	withFastpath := fs.Bool("fastpath", false, "attach the eBPF fast path, keep it attached, detach it on SIGTERM")
 	cfg := fastpath.Defaults()
 	checkFastpath := fastpathFlags(fs, &cfg)
 	fs.StringVar(&o.Listen, "listen", "127.0.0.1:9966", "address of /healthz, /readyz and /metrics")
-	fs.DurationVar(&o.Interval, "interval", 10*time.Second, "how often to check that the fast path is attached and read the plugin log")
+	fs.DurationVar(&o.Interval, "interval", 10*time.Second, "how often to check that the fast path is attached and every meshed pod's interception is in place, and read the plugin log")
 	c.RunE = func(*cobra.Command, []string) error {
 		if err := finish(e, "node"); err != nil {
 			return err
