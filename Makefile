@@ -66,7 +66,7 @@ unit:
 	$(GO) test -count=1 ./...
 
 # The crash tests in full: every command killed at random instants
-# CHAOS_KILLS times per plugin command (make test runs a sample of 6).
+# CHAOS_KILLS times per plugin command (make test runs a sample of 4).
 CHAOS_KILLS ?= 60
 chaos: deps build
 	@test/seed-host.sh add

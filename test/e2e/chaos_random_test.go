@@ -43,7 +43,7 @@ import (
 // a sample for `make test`); `make chaos` runs the full count.
 
 // chaosRandomKills is the sample `make test` runs per plugin command.
-const chaosRandomKills = 6
+const chaosRandomKills = 4
 
 func chaosRandomCount() int {
 	if n, err := strconv.Atoi(os.Getenv("MESHWIRE_CHAOS_KILLS")); err == nil && n > 0 {
