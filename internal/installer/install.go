@@ -33,6 +33,10 @@ type Options struct {
 	Once            bool   // apply once and return, instead of watching
 	CleanupOnExit   bool   // when ctx ends, take back the config change
 	DefaultConflist []byte // OwnConflist's contents (without Chain)
+	// PodCIDRs and Intercept change OwnConflist (without Chain): see
+	// OwnOptions.
+	PodCIDRs  []string
+	Intercept bool
 	// ProxyMetadata is the mesh-wide sidecar environment put in the
 	// chained intercept entry (with Chain; see ChainOptions).
 	ProxyMetadata map[string]string
@@ -118,6 +122,9 @@ func New(o Options) (*Installer, error) {
 	if !o.Chain && len(o.DefaultConflist) == 0 {
 		return nil, errors.New("no conflist to write")
 	}
+	if o.Chain && (len(o.PodCIDRs) > 0 || o.Intercept) {
+		return nil, errors.New("the pod CIDRs and intercept shape meshwire's own conflist, which is not written with --chain")
+	}
 	if o.Logf == nil {
 		o.Logf = func(string, ...any) {}
 	}
@@ -126,6 +133,16 @@ func New(o Options) (*Installer, error) {
 	}
 	if o.PluginLog != "" && !filepath.IsAbs(o.PluginLog) {
 		return nil, fmt.Errorf("the plugin log %q is not an absolute path", o.PluginLog)
+	}
+	if !o.Chain {
+		own, err := OwnConflistWith(o.DefaultConflist, OwnOptions{
+			PodCIDRs: o.PodCIDRs, Intercept: o.Intercept,
+			Chain: ChainOptions{ProxyMetadata: o.ProxyMetadata, LogFile: o.PluginLog},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("the conflist to write: %w", err)
+		}
+		o.DefaultConflist = own
 	}
 	if o.PluginLog != "" && !o.Chain {
 		withLog, err := WithLog(o.DefaultConflist, o.PluginLog)

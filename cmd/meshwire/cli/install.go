@@ -14,7 +14,7 @@ import (
 	"github.com/meshwire/meshwire/internal/nodeagent"
 )
 
-const installUsage = `usage: meshwire install --cni-bin-dir DIR --cni-conf-dir DIR [--chain [--proxy-metadata KEY=VALUE]...] [--once] [--cleanup-on-exit] [--source-dir DIR] [--plugin-log FILE] [--fastpath]`
+const installUsage = `usage: meshwire install --cni-bin-dir DIR --cni-conf-dir DIR [--chain | [--pod-cidr CIDR]... [--intercept]] [--proxy-metadata KEY=VALUE]... [--once] [--cleanup-on-exit] [--source-dir DIR] [--plugin-log FILE] [--fastpath]`
 
 // keyValues is a repeatable KEY=VALUE flag.
 type keyValues map[string]string
@@ -30,6 +30,20 @@ func (kv keyValues) Set(s string) error {
 	return nil
 }
 
+// cidrList is the repeatable --pod-cidr flag.
+type cidrList []string
+
+func (c *cidrList) String() string { return strings.Join(*c, ",") }
+
+func (c *cidrList) Set(s string) error {
+	canon, err := installer.ParsePodCIDR(s)
+	if err != nil {
+		return err
+	}
+	*c = append(*c, canon)
+	return nil
+}
+
 // installerFlags binds the installer's flags, which `install` and `node`
 // share; finish completes the options once the flags are parsed.
 func installerFlags(fs *flag.FlagSet, o *installer.Options) (finish func(e *env, cmd string) error) {
@@ -39,11 +53,16 @@ func installerFlags(fs *flag.FlagSet, o *installer.Options) (finish func(e *env,
 	fs.BoolVar(&o.Chain, "chain", false, "chain intercept into the node's primary config instead of writing meshwire's own")
 	fs.BoolVar(&o.CleanupOnExit, "cleanup-on-exit", false, "on SIGTERM/SIGINT, remove the config change (the binaries stay)")
 	fs.StringVar(&o.PluginLog, "plugin-log", "", "JSON log file the plugins meshwire configures write (an absolute path, the same on the host)")
+	fs.Var((*cidrList)(&o.PodCIDRs), "pod-cidr", "without --chain: a subnet of the pods in meshwire's own conflist, instead of the default ones; repeatable (one per address family)")
+	fs.BoolVar(&o.Intercept, "intercept", false, "without --chain: end meshwire's own conflist with the intercept entry --chain adds")
 	meta := keyValues{}
-	fs.Var(meta, "proxy-metadata", "with --chain: an environment variable of every Istio sidecar (meshConfig's defaultConfig.proxyMetadata), e.g. ISTIO_META_DNS_CAPTURE=true; repeatable")
+	fs.Var(meta, "proxy-metadata", "with --chain or --intercept: an environment variable of every Istio sidecar (meshConfig's defaultConfig.proxyMetadata), e.g. ISTIO_META_DNS_CAPTURE=true; repeatable")
 	return func(e *env, cmd string) error {
-		if len(meta) > 0 && !o.Chain {
-			return usagef("%s: --proxy-metadata sets the chained intercept plugin's defaults; it needs --chain", cmd)
+		if len(meta) > 0 && !o.Chain && !o.Intercept {
+			return usagef("%s: --proxy-metadata sets the chained intercept plugin's defaults; it needs --chain or --intercept", cmd)
+		}
+		if o.Chain && (len(o.PodCIDRs) > 0 || o.Intercept) {
+			return usagef("%s: --pod-cidr and --intercept shape meshwire's own conflist; with --chain there is none", cmd)
 		}
 		o.ProxyMetadata = meta
 		if o.BinDir == "" || o.ConfDir == "" {
