@@ -33,10 +33,11 @@ type Options struct {
 	Once            bool   // apply once and return, instead of watching
 	CleanupOnExit   bool   // when ctx ends, take back the config change
 	DefaultConflist []byte // OwnConflist's contents (without Chain)
-	// PodCIDRs and Intercept change OwnConflist (without Chain): see
+	// PodCIDRs, Intercept and CNIVersion change OwnConflist (without Chain): see
 	// OwnOptions.
-	PodCIDRs  []string
-	Intercept bool
+	PodCIDRs   []string
+	Intercept  bool
+	CNIVersion string
 	// ProxyMetadata is the mesh-wide sidecar environment put in the
 	// chained intercept entry (with Chain; see ChainOptions).
 	ProxyMetadata map[string]string
@@ -122,8 +123,8 @@ func New(o Options) (*Installer, error) {
 	if !o.Chain && len(o.DefaultConflist) == 0 {
 		return nil, errors.New("no conflist to write")
 	}
-	if o.Chain && (len(o.PodCIDRs) > 0 || o.Intercept) {
-		return nil, errors.New("the pod CIDRs and intercept shape meshwire's own conflist, which is not written with --chain")
+	if o.Chain && (len(o.PodCIDRs) > 0 || o.Intercept || o.CNIVersion != "") {
+		return nil, errors.New("the pod CIDRs, the CNI version and intercept shape meshwire's own conflist, which is not written with --chain")
 	}
 	if o.Logf == nil {
 		o.Logf = func(string, ...any) {}
@@ -136,7 +137,7 @@ func New(o Options) (*Installer, error) {
 	}
 	if !o.Chain {
 		own, err := OwnConflistWith(o.DefaultConflist, OwnOptions{
-			PodCIDRs: o.PodCIDRs, Intercept: o.Intercept,
+			PodCIDRs: o.PodCIDRs, Intercept: o.Intercept, CNIVersion: o.CNIVersion,
 			Chain: ChainOptions{ProxyMetadata: o.ProxyMetadata, LogFile: o.PluginLog},
 		})
 		if err != nil {

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 )
 
 // OwnOptions shape the conflist meshwire writes without --chain.
@@ -18,7 +19,25 @@ type OwnOptions struct {
 	// same ChainOptions, so that one file holds the primary network and
 	// meshwire's interception (--intercept).
 	Intercept bool
-	Chain     ChainOptions
+	// CNIVersion, when set, replaces the conflist's cniVersion: a runtime
+	// whose libcni predates the default's (containerd 1.6 reads up to
+	// 1.0.0) refuses the results otherwise (--cni-version).
+	CNIVersion string
+	Chain      ChainOptions
+}
+
+// ownVersions are the cniVersion values --cni-version accepts: those every
+// meshwire plugin answers and a conflist may chain with.
+var ownVersions = []string{"1.1.0", "1.0.0", "0.4.0", "0.3.1", "0.3.0"}
+
+// CheckCNIVersion checks one --cni-version value.
+func CheckCNIVersion(v string) error {
+	for _, ok := range ownVersions {
+		if v == ok {
+			return nil
+		}
+	}
+	return fmt.Errorf("cniVersion %q: want one of %s", v, strings.Join(ownVersions, ", "))
 }
 
 // OwnConflistWith returns the conflist meshwire writes without --chain:
@@ -26,9 +45,9 @@ type OwnOptions struct {
 // it returns base itself.
 func OwnConflistWith(base []byte, o OwnOptions) ([]byte, error) {
 	out := base
-	if len(o.PodCIDRs) > 0 {
+	if len(o.PodCIDRs) > 0 || o.CNIVersion != "" {
 		var err error
-		if out, err = withPodCIDRs(out, o.PodCIDRs); err != nil {
+		if out, err = reshape(out, o.PodCIDRs, o.CNIVersion); err != nil {
 			return nil, err
 		}
 	}
@@ -55,9 +74,15 @@ func ParsePodCIDR(s string) (string, error) {
 	return p.String(), nil
 }
 
-// withPodCIDRs sets the ranges and routes of the host-local IPAM of every
-// plugin that has one.
-func withPodCIDRs(conflist []byte, cidrs []string) ([]byte, error) {
+// reshape sets the conflist's cniVersion (when version is not empty) and
+// the ranges and routes of the host-local IPAM of every plugin that has one
+// (when cidrs are given).
+func reshape(conflist []byte, cidrs []string, version string) ([]byte, error) {
+	if version != "" {
+		if err := CheckCNIVersion(version); err != nil {
+			return nil, err
+		}
+	}
 	var ranges []any
 	var routes []any
 	families := map[bool]bool{}
@@ -87,8 +112,14 @@ func withPodCIDRs(conflist []byte, cidrs []string) ([]byte, error) {
 	if !ok {
 		return nil, errors.New(`no "plugins" list`)
 	}
-	found := false
+	if version != "" {
+		top["cniVersion"] = version
+	}
+	found := len(cidrs) == 0
 	for _, p := range plugins {
+		if len(cidrs) == 0 {
+			break
+		}
 		obj, _ := p.(map[string]any)
 		ipam, _ := obj["ipam"].(map[string]any)
 		if ipam == nil || ipam["type"] != "host-local" {

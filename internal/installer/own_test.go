@@ -21,14 +21,16 @@ func defaultConflist(t *testing.T) []byte {
 
 // ownView is what a test checks of a written conflist.
 type ownView struct {
-	Types  []string
-	Ranges [][]map[string]string
-	Routes []map[string]string
+	Version string
+	Types   []string
+	Ranges  [][]map[string]string
+	Routes  []map[string]string
 }
 
 func viewOwn(t *testing.T, conf []byte) ownView {
 	t.Helper()
 	var c struct {
+		Version string `json:"cniVersion"`
 		Plugins []struct {
 			Type string `json:"type"`
 			IPAM *struct {
@@ -40,7 +42,7 @@ func viewOwn(t *testing.T, conf []byte) ownView {
 	if err := json.Unmarshal(conf, &c); err != nil {
 		t.Fatalf("not JSON: %v\n%s", err, conf)
 	}
-	var v ownView
+	v := ownView{Version: c.Version}
 	for _, p := range c.Plugins {
 		v.Types = append(v.Types, p.Type)
 		if p.IPAM != nil {
@@ -59,9 +61,10 @@ func TestOwnConflistWith(t *testing.T) {
 		want ownView
 	}{
 		{"unchanged", OwnOptions{}, ownView{
-			Types:  []string{"bridge", "portmap", "bandwidth"},
-			Ranges: [][]map[string]string{{{"subnet": "10.99.0.0/16"}}, {{"subnet": "fd99:6d77::/64"}}},
-			Routes: []map[string]string{{"dst": "0.0.0.0/0"}, {"dst": "::/0"}},
+			Version: "1.1.0",
+			Types:   []string{"bridge", "portmap", "bandwidth"},
+			Ranges:  [][]map[string]string{{{"subnet": "10.99.0.0/16"}}, {{"subnet": "fd99:6d77::/64"}}},
+			Routes:  []map[string]string{{"dst": "0.0.0.0/0"}, {"dst": "::/0"}},
 		}},
 		{"ipv4 only", OwnOptions{PodCIDRs: []string{"198.18.0.0/16"}}, ownView{
 			Types:  []string{"bridge", "portmap", "bandwidth"},
@@ -78,10 +81,17 @@ func TestOwnConflistWith(t *testing.T) {
 			Ranges: [][]map[string]string{{{"subnet": "10.99.0.0/16"}}, {{"subnet": "fd99:6d77::/64"}}},
 			Routes: []map[string]string{{"dst": "0.0.0.0/0"}, {"dst": "::/0"}},
 		}},
-		{"cluster", OwnOptions{PodCIDRs: []string{"198.18.0.0/16"}, Intercept: true}, ownView{
-			Types:  []string{"bridge", "portmap", "bandwidth", "intercept"},
-			Ranges: [][]map[string]string{{{"subnet": "198.18.0.0/16"}}},
-			Routes: v4,
+		{"cni version", OwnOptions{CNIVersion: "1.0.0"}, ownView{
+			Version: "1.0.0",
+			Types:   []string{"bridge", "portmap", "bandwidth"},
+			Ranges:  [][]map[string]string{{{"subnet": "10.99.0.0/16"}}, {{"subnet": "fd99:6d77::/64"}}},
+			Routes:  []map[string]string{{"dst": "0.0.0.0/0"}, {"dst": "::/0"}},
+		}},
+		{"cluster", OwnOptions{PodCIDRs: []string{"198.18.0.0/16"}, CNIVersion: "1.0.0", Intercept: true}, ownView{
+			Version: "1.0.0",
+			Types:   []string{"bridge", "portmap", "bandwidth", "intercept"},
+			Ranges:  [][]map[string]string{{{"subnet": "198.18.0.0/16"}}},
+			Routes:  v4,
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -89,10 +99,13 @@ func TestOwnConflistWith(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if tc.want.Version == "" {
+				tc.want.Version = "1.1.0" // the default's
+			}
 			if got := viewOwn(t, out); !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got %+v\nwant %+v\n%s", got, tc.want, out)
 			}
-			if !tc.o.Intercept && len(tc.o.PodCIDRs) == 0 && string(out) != string(base) {
+			if !tc.o.Intercept && len(tc.o.PodCIDRs) == 0 && tc.o.CNIVersion == "" && string(out) != string(base) {
 				t.Errorf("no option changed the conflist:\n%s", out)
 			}
 			// The intercept entry is the one --chain adds: Unchain takes
@@ -116,6 +129,7 @@ func TestOwnConflistWithErrors(t *testing.T) {
 	}{
 		{"host bits", "host bits set", base, OwnOptions{PodCIDRs: []string{"198.18.0.1/16"}}},
 		{"not a CIDR", "pod CIDR", base, OwnOptions{PodCIDRs: []string{"198.18.0.0"}}},
+		{"unknown version", "want one of", base, OwnOptions{CNIVersion: "2.0.0"}},
 		{"no host-local", "no plugin with host-local", []byte(`{"cniVersion":"1.0.0","name":"x","plugins":[{"type":"loopback"}]}`), OwnOptions{PodCIDRs: []string{"198.18.0.0/16"}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

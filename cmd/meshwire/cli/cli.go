@@ -39,7 +39,7 @@ commands:
   fastpath status [--json]
                  whether it is attached, with its counters
   install --cni-bin-dir DIR --cni-conf-dir DIR [--chain] [--once] [--cleanup-on-exit]
-          [--source-dir DIR] [--fastpath] [--pod-cidr CIDR]... [--intercept]
+          [--source-dir DIR] [--fastpath] [--pod-cidr CIDR]... [--cni-version V] [--intercept]
                  node installer (a DaemonSet's container): copy the plugins into the CNI bin
                  dir, write meshwire's conflist (its subnets from --pod-cidr, intercept at its
                  end with --intercept) or, with --chain, chain intercept into the node's

@@ -14,7 +14,7 @@ import (
 	"github.com/meshwire/meshwire/internal/nodeagent"
 )
 
-const installUsage = `usage: meshwire install --cni-bin-dir DIR --cni-conf-dir DIR [--chain | [--pod-cidr CIDR]... [--intercept]] [--proxy-metadata KEY=VALUE]... [--once] [--cleanup-on-exit] [--source-dir DIR] [--plugin-log FILE] [--fastpath]`
+const installUsage = `usage: meshwire install --cni-bin-dir DIR --cni-conf-dir DIR [--chain | [--pod-cidr CIDR]... [--cni-version V] [--intercept]] [--proxy-metadata KEY=VALUE]... [--once] [--cleanup-on-exit] [--source-dir DIR] [--plugin-log FILE] [--fastpath]`
 
 // keyValues is a repeatable KEY=VALUE flag.
 type keyValues map[string]string
@@ -54,6 +54,7 @@ func installerFlags(fs *flag.FlagSet, o *installer.Options) (finish func(e *env,
 	fs.BoolVar(&o.CleanupOnExit, "cleanup-on-exit", false, "on SIGTERM/SIGINT, remove the config change (the binaries stay)")
 	fs.StringVar(&o.PluginLog, "plugin-log", "", "JSON log file the plugins meshwire configures write (an absolute path, the same on the host)")
 	fs.Var((*cidrList)(&o.PodCIDRs), "pod-cidr", "without --chain: a subnet of the pods in meshwire's own conflist, instead of the default ones; repeatable (one per address family)")
+	fs.StringVar(&o.CNIVersion, "cni-version", "", "without --chain: the cniVersion of meshwire's own conflist (default the built-in 1.1.0; containerd 1.6 needs 1.0.0)")
 	fs.BoolVar(&o.Intercept, "intercept", false, "without --chain: end meshwire's own conflist with the intercept entry --chain adds")
 	meta := keyValues{}
 	fs.Var(meta, "proxy-metadata", "with --chain or --intercept: an environment variable of every Istio sidecar (meshConfig's defaultConfig.proxyMetadata), e.g. ISTIO_META_DNS_CAPTURE=true; repeatable")
@@ -61,8 +62,13 @@ func installerFlags(fs *flag.FlagSet, o *installer.Options) (finish func(e *env,
 		if len(meta) > 0 && !o.Chain && !o.Intercept {
 			return usagef("%s: --proxy-metadata sets the chained intercept plugin's defaults; it needs --chain or --intercept", cmd)
 		}
-		if o.Chain && (len(o.PodCIDRs) > 0 || o.Intercept) {
-			return usagef("%s: --pod-cidr and --intercept shape meshwire's own conflist; with --chain there is none", cmd)
+		if o.Chain && (len(o.PodCIDRs) > 0 || o.Intercept || o.CNIVersion != "") {
+			return usagef("%s: --pod-cidr, --cni-version and --intercept shape meshwire's own conflist; with --chain there is none", cmd)
+		}
+		if o.CNIVersion != "" {
+			if err := installer.CheckCNIVersion(o.CNIVersion); err != nil {
+				return usagef("%s: --cni-version: %v", cmd, err)
+			}
 		}
 		o.ProxyMetadata = meta
 		if o.BinDir == "" || o.ConfDir == "" {
