@@ -136,6 +136,9 @@ func New(o Options) (*Installer, error) {
 		return nil, fmt.Errorf("the plugin log %q is not an absolute path", o.PluginLog)
 	}
 	if !o.Chain {
+		if err := CheckConflist(o.DefaultConflist); err != nil {
+			return nil, fmt.Errorf("the conflist to write: %w", err)
+		}
 		own, err := OwnConflistWith(o.DefaultConflist, OwnOptions{
 			PodCIDRs: o.PodCIDRs, Intercept: o.Intercept, CNIVersion: o.CNIVersion,
 			Chain: ChainOptions{ProxyMetadata: o.ProxyMetadata, LogFile: o.PluginLog},

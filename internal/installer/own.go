@@ -61,6 +61,27 @@ func OwnConflistWith(base []byte, o OwnOptions) ([]byte, error) {
 	return out, nil
 }
 
+// CheckConflist checks a conflist meshwire is to write as its own (the
+// built-in one or --conflist): a JSON object with a name, a cniVersion
+// --cni-version accepts and a non-empty "plugins" list.
+func CheckConflist(conf []byte) error {
+	var c struct {
+		Name       string            `json:"name"`
+		CNIVersion string            `json:"cniVersion"`
+		Plugins    []json.RawMessage `json:"plugins"`
+	}
+	if err := json.Unmarshal(conf, &c); err != nil {
+		return fmt.Errorf("not a conflist: %v", err)
+	}
+	switch {
+	case c.Name == "":
+		return errors.New(`the conflist has no "name"`)
+	case len(c.Plugins) == 0:
+		return errors.New(`the conflist has no "plugins"`)
+	}
+	return CheckCNIVersion(c.CNIVersion)
+}
+
 // ParsePodCIDR checks one --pod-cidr value: a prefix whose host bits are
 // zero, returned in canonical form.
 func ParsePodCIDR(s string) (string, error) {

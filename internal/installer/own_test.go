@@ -167,3 +167,27 @@ func TestNewOwnOptions(t *testing.T) {
 		t.Error("New accepted --intercept with --chain")
 	}
 }
+
+func TestCheckConflist(t *testing.T) {
+	if err := CheckConflist(defaultConflist(t)); err != nil {
+		t.Errorf("the built-in conflist: %v", err)
+	}
+	for _, tc := range []struct{ conf, want string }{
+		{`{"cniVersion":"1.0.0","name":"mwk","plugins":[{"type":"bridge"}]}`, ""},
+		{`{"cniVersion":"1.0.0","plugins":[{"type":"bridge"}]}`, `no "name"`},
+		{`{"cniVersion":"1.0.0","name":"mwk","plugins":[]}`, `no "plugins"`},
+		{`{"cniVersion":"1.0.0","name":"mwk","type":"bridge"}`, `no "plugins"`},
+		{`{"cniVersion":"0.2.0","name":"mwk","plugins":[{"type":"bridge"}]}`, "want one of"},
+		{`{"name":"mwk",`, "not a conflist"},
+	} {
+		err := CheckConflist([]byte(tc.conf))
+		if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)) {
+			t.Errorf("%s: got %v, want %q", tc.conf, err, tc.want)
+		}
+	}
+	// New refuses a conflist to write that is not one.
+	n := newNode(t, false)
+	if _, err := New(Options{BinDir: n.bin, ConfDir: n.conf, SourceDir: n.src, DefaultConflist: []byte(`{"name":"x"}`)}); err == nil {
+		t.Error("New accepted a conflist without plugins")
+	}
+}

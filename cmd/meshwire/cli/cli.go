@@ -39,9 +39,10 @@ commands:
   fastpath status [--json]
                  whether it is attached, with its counters
   install --cni-bin-dir DIR --cni-conf-dir DIR [--chain] [--once] [--cleanup-on-exit]
-          [--source-dir DIR] [--fastpath] [--pod-cidr CIDR]... [--cni-version V] [--intercept]
+          [--source-dir DIR] [--fastpath] [--conflist FILE] [--pod-cidr CIDR]...
+          [--cni-version V] [--intercept]
                  node installer (a DaemonSet's container): copy the plugins into the CNI bin
-                 dir, write meshwire's conflist (its subnets from --pod-cidr, intercept at its
+                 dir, write meshwire's conflist (or --conflist; subnets from --pod-cidr, intercept at its
                  end with --intercept) or, with --chain, chain intercept into the node's
                  primary config; keep it applied until SIGTERM (--once: apply, exit)
   node --cni-bin-dir DIR --cni-conf-dir DIR [--chain] [--cleanup-on-exit] [--fastpath]

@@ -14,7 +14,7 @@ import (
 	"github.com/meshwire/meshwire/internal/nodeagent"
 )
 
-const installUsage = `usage: meshwire install --cni-bin-dir DIR --cni-conf-dir DIR [--chain | [--pod-cidr CIDR]... [--cni-version V] [--intercept]] [--proxy-metadata KEY=VALUE]... [--once] [--cleanup-on-exit] [--source-dir DIR] [--plugin-log FILE] [--fastpath]`
+const installUsage = `usage: meshwire install --cni-bin-dir DIR --cni-conf-dir DIR [--chain | [--conflist FILE] [--pod-cidr CIDR]... [--cni-version V] [--intercept]] [--proxy-metadata KEY=VALUE]... [--once] [--cleanup-on-exit] [--source-dir DIR] [--plugin-log FILE] [--fastpath]`
 
 // keyValues is a repeatable KEY=VALUE flag.
 type keyValues map[string]string
@@ -54,6 +54,7 @@ func installerFlags(fs *flag.FlagSet, o *installer.Options) (finish func(e *env,
 	fs.BoolVar(&o.CleanupOnExit, "cleanup-on-exit", false, "on SIGTERM/SIGINT, remove the config change (the binaries stay)")
 	fs.StringVar(&o.PluginLog, "plugin-log", "", "JSON log file the plugins meshwire configures write (an absolute path, the same on the host)")
 	fs.Var((*cidrList)(&o.PodCIDRs), "pod-cidr", "without --chain: a subnet of the pods in meshwire's own conflist, instead of the default ones; repeatable (one per address family)")
+	conflist := fs.String("conflist", "", "without --chain: the conflist to write instead of the built-in one (read once, at start); --pod-cidr, --cni-version and --intercept apply to it")
 	fs.StringVar(&o.CNIVersion, "cni-version", "", "without --chain: the cniVersion of meshwire's own conflist (default the built-in 1.1.0; containerd 1.6 needs 1.0.0)")
 	fs.BoolVar(&o.Intercept, "intercept", false, "without --chain: end meshwire's own conflist with the intercept entry --chain adds")
 	meta := keyValues{}
@@ -62,8 +63,8 @@ func installerFlags(fs *flag.FlagSet, o *installer.Options) (finish func(e *env,
 		if len(meta) > 0 && !o.Chain && !o.Intercept {
 			return usagef("%s: --proxy-metadata sets the chained intercept plugin's defaults; it needs --chain or --intercept", cmd)
 		}
-		if o.Chain && (len(o.PodCIDRs) > 0 || o.Intercept || o.CNIVersion != "") {
-			return usagef("%s: --pod-cidr, --cni-version and --intercept shape meshwire's own conflist; with --chain there is none", cmd)
+		if o.Chain && (len(o.PodCIDRs) > 0 || o.Intercept || o.CNIVersion != "" || *conflist != "") {
+			return usagef("%s: --conflist, --pod-cidr, --cni-version and --intercept shape meshwire's own conflist; with --chain there is none", cmd)
 		}
 		if o.CNIVersion != "" {
 			if err := installer.CheckCNIVersion(o.CNIVersion); err != nil {
@@ -88,6 +89,13 @@ func installerFlags(fs *flag.FlagSet, o *installer.Options) (finish func(e *env,
 			o.SourceDir = filepath.Dir(exe)
 		}
 		o.DefaultConflist = e.defaultConflist
+		if *conflist != "" {
+			b, err := os.ReadFile(*conflist)
+			if err != nil {
+				return fmt.Errorf("%s: --conflist: %w", cmd, err)
+			}
+			o.DefaultConflist = b
+		}
 		return nil
 	}
 }

@@ -11,7 +11,7 @@ import (
 	"github.com/meshwire/meshwire/internal/nodeagent"
 )
 
-const nodeUsage = `usage: meshwire node --cni-bin-dir DIR --cni-conf-dir DIR [--chain | [--pod-cidr CIDR]... [--cni-version V] [--intercept]] [--proxy-metadata KEY=VALUE]... [--cleanup-on-exit]
+const nodeUsage = `usage: meshwire node --cni-bin-dir DIR --cni-conf-dir DIR [--chain | [--conflist FILE] [--pod-cidr CIDR]... [--cni-version V] [--intercept]] [--proxy-metadata KEY=VALUE]... [--cleanup-on-exit]
                      [--source-dir DIR] [--plugin-log FILE] [--listen ADDR] [--interval DURATION]
                      [--fastpath [--proxy-uid UID] [--proxy-gid GID] [--outbound-port PORT] [--into-proxy] [--pin-dir DIR] [--cgroup DIR]]`
 
