@@ -43,7 +43,7 @@ node_ip() {
 	ip -4 -o addr show dev "$dev" | awk '{split($4, a, "/"); print a[1]; exit}'
 }
 NODE_IP=${NODE_IP:-$(node_ip)}
-BRIDGE=mw0 # the bridge of meshwire's default conflist
+BRIDGE=mwk0 NETWORK=mwk-cluster # manifests/meshwire/cluster.conflist's
 
 CONTAINERD=/usr/bin/containerd CTR=/usr/bin/ctr RUNC=/usr/sbin/runc
 PKI=$STATE/pki KCFG=$STATE/kubeconfig LOGS=$STATE/logs RUN=$STATE/run
@@ -176,7 +176,12 @@ make_pki() {
 SYSCTLS="vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes
 net.ipv4.ip_forward net.ipv6.conf.all.forwarding net.ipv4.conf.all.route_localnet net.netfilter.nf_conntrack_max
 net.netfilter.nf_conntrack_tcp_timeout_established net.netfilter.nf_conntrack_tcp_timeout_close_wait net.bridge.bridge-nf-call-iptables"
-HOST_PATHS="/run/containerd /run/containerd/s /var/log/pods /var/log/containers /var/lib/cni /var/lib/cni/networks /var/lib/cni/networks/meshwire /var/lib/cni/results /var/lib/cni/meshwire /var/log/meshwire"
+# Host paths kubelet, containerd and the CNI plugins create outside the state
+# directory: removed at down when they did not exist at up (the shared
+# ones only when empty: other users of this machine may have put things
+# there meanwhile).
+NEW_TREES="/var/log/pods /var/log/containers"
+NEW_DIRS="/run/containerd/s /run/containerd /var/lib/cni/results /var/lib/cni/networks /var/lib/cni/meshwire/fastpath /var/lib/cni/meshwire /var/lib/cni"
 
 snapshot_host() {
 	local f=$STATE/host-before
@@ -185,7 +190,7 @@ snapshot_host() {
 		v=$(sysctl -n "$s" 2>/dev/null) && printf '%s=%s\n' "$s" "$v" >>"$f.sysctl"
 	done
 	: >"$f.paths"
-	for p in $HOST_PATHS; do [ -e "$p" ] && echo "$p" >>"$f.paths"; done
+	for p in $NEW_TREES $NEW_DIRS; do [ -e "$p" ] && echo "$p" >>"$f.paths"; done
 	ip link show "$BRIDGE" >/dev/null 2>&1 && echo "$BRIDGE" >"$f.bridge" || : >"$f.bridge"
 	ls /run/netns 2>/dev/null >"$f.netns" || :
 }
@@ -320,6 +325,7 @@ start_apiserver() {
 		--kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
 		--kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
 		--kubelet-certificate-authority "$PKI/ca.crt" \
+		--kubelet-preferred-address-types InternalIP,Hostname \
 		--service-account-issuer "https://kubernetes.default.svc.$CLUSTER_DOMAIN" \
 		--service-account-key-file "$PKI/sa.pub" \
 		--service-account-signing-key-file "$PKI/sa.key" \
@@ -395,6 +401,7 @@ install_meshwire() {
 	local d=$STATE/manifests/meshwire
 	mkdir -p "$d"
 	cp "$repo/conf/kubernetes/daemonset.yaml" "$d/daemonset.yaml"
+	cp "$here/manifests/meshwire/cluster.conflist" "$d/"
 	sed -e "s#@STATE@#$STATE#g" -e "s#@POD_CIDR@#$POD_CIDR#g" \
 		"$here/manifests/meshwire/kustomization.yaml" >"$d/kustomization.yaml"
 	kc apply -k "$d" >&2
@@ -509,13 +516,13 @@ remove_kube_chains() {
 		for t in filter nat mangle raw; do
 			"$cmd" -t "$t" -S >/dev/null 2>&1 || continue
 			# The rules that jump to a KUBE- chain from the others...
-			"$cmd" -t "$t" -S | grep -- '^-A ' | grep -v -- '^-A KUBE-' | grep -- '-j KUBE-' |
+			"$cmd" -t "$t" -S 2>/dev/null | awk '$1 == "-A" && $2 !~ /^KUBE-/ && / -j KUBE-/' |
 				while read -r _ rule; do eval "\"$cmd\" -t $t -D $rule" 2>/dev/null || true; done
 			# ... then the KUBE- chains themselves.
-			for chain in $("$cmd" -t "$t" -S | awk '$1 == "-N" && $2 ~ /^KUBE-/ {print $2}'); do
+			for chain in $("$cmd" -t "$t" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^KUBE-/ {print $2}'); do
 				"$cmd" -t "$t" -F "$chain" 2>/dev/null || true
 			done
-			for chain in $("$cmd" -t "$t" -S | awk '$1 == "-N" && $2 ~ /^KUBE-/ {print $2}'); do
+			for chain in $("$cmd" -t "$t" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^KUBE-/ {print $2}'); do
 				"$cmd" -t "$t" -X "$chain" 2>/dev/null || true
 			done
 		done
@@ -558,11 +565,16 @@ down() {
 			[ "$(sysctl -n "$k" 2>/dev/null)" = "$v" ] || sysctl -q -w "$k=$v" >/dev/null 2>&1 || log "could not restore $k=$v"
 		done <"$before.sysctl"
 	fi
+	# The CNI state of the cluster's network (its own name: always its).
+	rm -rf "/var/lib/cni/networks/$NETWORK"
+	rm -f /var/lib/cni/results/"$NETWORK"-*
 	local p
 	if [ -f "$before.paths" ]; then
-		for p in $(echo "$HOST_PATHS" | tr ' ' '\n' | sort -r); do
-			grep -qx "$p" "$before.paths" && continue
-			[ -e "$p" ] && rm -rf --one-file-system "$p"
+		for p in $NEW_TREES; do
+			grep -qx "$p" "$before.paths" || rm -rf --one-file-system "$p"
+		done
+		for p in $NEW_DIRS; do
+			grep -qx "$p" "$before.paths" || rmdir "$p" 2>/dev/null || true
 		done
 	fi
 	if [ -f "$before.netns" ]; then
