@@ -375,6 +375,18 @@ start_kube_proxy() {
 # The processes, in the order up starts them; down stops them in reverse.
 COMPONENTS="containerd etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy"
 
+# guard: a packet to the service range that kube-proxy did not DNAT (an
+# address no Service has, a stale DNS answer) would follow the default
+# route off the machine; MWK-GUARD rejects it instead, for pods (FORWARD)
+# and the host (OUTPUT).
+guard() {
+	iptables -N MWK-GUARD
+	iptables -A MWK-GUARD -d "$SERVICE_CIDR" -m conntrack ! --ctstate DNAT \
+		-m comment --comment "meshwire cluster: no Service at this address" -j REJECT
+	iptables -I FORWARD 1 -j MWK-GUARD
+	iptables -I OUTPUT 1 -j MWK-GUARD
+}
+
 # ---------------------------------------------------------------- images
 
 import_images() {
@@ -438,6 +450,7 @@ up() {
 	start_scheduler
 	start_kubelet
 	start_kube_proxy
+	guard
 	wait_for "node $NODE_NAME registered" 90 kc get node "$NODE_NAME"
 	if node_ready; then die "node $NODE_NAME is Ready before meshwire wrote a CNI config"; fi
 	log "node $NODE_NAME registered, NotReady (no CNI config yet): installing meshwire"
@@ -499,7 +512,7 @@ no_ready_sandbox() {
 our_shims() {
 	local p
 	for p in /proc/[0-9]*; do
-		tr '\0' ' ' <"$p/cmdline" 2>/dev/null | grep -q "containerd-shim.*-address $SOCK " && basename "$p"
+		tr '\0' ' ' 2>/dev/null <"$p/cmdline" | grep -q "containerd-shim.*-address $SOCK " && basename "$p"
 	done
 	return 0
 }
@@ -509,6 +522,7 @@ our_mounts() {
 	awk -v s="$STATE" '$5 == s || index($5, s "/") == 1 {print $5}' /proc/self/mountinfo | sort -r
 }
 
+# KUBE-* (kube-proxy, kubelet) and MWK-* (guard) chains.
 remove_kube_chains() {
 	local cmd t chain
 	for cmd in iptables ip6tables iptables-legacy ip6tables-legacy; do
@@ -516,13 +530,13 @@ remove_kube_chains() {
 		for t in filter nat mangle raw; do
 			"$cmd" -t "$t" -S >/dev/null 2>&1 || continue
 			# The rules that jump to a KUBE- chain from the others...
-			"$cmd" -t "$t" -S 2>/dev/null | awk '$1 == "-A" && $2 !~ /^KUBE-/ && / -j KUBE-/' |
+			"$cmd" -t "$t" -S 2>/dev/null | awk '$1 == "-A" && $2 !~ /^(KUBE|MWK)-/ && / -j (KUBE|MWK)-/' |
 				while read -r _ rule; do eval "\"$cmd\" -t $t -D $rule" 2>/dev/null || true; done
 			# ... then the KUBE- chains themselves.
-			for chain in $("$cmd" -t "$t" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^KUBE-/ {print $2}'); do
+			for chain in $("$cmd" -t "$t" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^(KUBE|MWK)-/ {print $2}'); do
 				"$cmd" -t "$t" -F "$chain" 2>/dev/null || true
 			done
-			for chain in $("$cmd" -t "$t" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^KUBE-/ {print $2}'); do
+			for chain in $("$cmd" -t "$t" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^(KUBE|MWK)-/ {print $2}'); do
 				"$cmd" -t "$t" -X "$chain" 2>/dev/null || true
 			done
 		done
@@ -591,14 +605,20 @@ down() {
 smoke() {
 	BIN=$(cat "$STATE/bin" 2>/dev/null) || die "no cluster at $STATE"
 	local ns=mwk-smoke t0=$SECONDS
+	kc wait --for=delete "ns/$ns" --timeout=120s >/dev/null 2>&1 || true # a previous run's
 	kc apply -f "$here/manifests/smoke.yaml" >&2
 	kc -n "$ns" wait --for=condition=Ready pod/echo pod/client --timeout=120s >&2
 	local ip
 	ip=$(kc -n "$ns" get svc echo -o jsonpath='{.spec.clusterIP}')
 	kc -n "$ns" get pods,svc,endpointslices -o wide >&2
+	# CoreDNS caches answers for 30 s: a name of an earlier run's Service
+	# may still resolve to its address; wait for the current one.
+	wait_for "echo.$ns resolving to $ip" 60 bash -c "$(printf '%q ' "$BIN/kubectl" --kubeconfig "$ADMIN" -n "$ns" exec client -- nslookup "echo.$ns.svc.$CLUSTER_DOMAIN") | grep -q 'Address: $ip\$'" || true
 	local ok=0 target out
+	# busybox's timeout, not wget -T: Debian's static busybox 1.35 wget
+	# crashes (SIGSEGV) with -T.
 	for target in "$ip" "echo.$ns.svc.$CLUSTER_DOMAIN" echo; do
-		if out=$(kc -n "$ns" exec client -- wget -q -T 5 -O - "http://$target/hostname" 2>&1) && [ "$out" = echo ]; then
+		if out=$(kc -n "$ns" exec client -- timeout 10 wget -q -O - "http://$target/hostname" 2>&1) && [ "$out" = echo ]; then
 			log "smoke: client -> http://$target/hostname answered '$out': ok"
 		else
 			log "smoke: client -> http://$target/hostname: FAILED: $out"
