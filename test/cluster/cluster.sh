@@ -432,6 +432,7 @@ up() {
 	for p in ${ETCD_CLIENT##*:} ${ETCD_PEER##*:} $API_PORT 10248 10250 10256 10257 10259; do
 		ss -Hltn "sport = :$p" | grep -q . && die "port $p is in use"
 	done
+	seeded && die "make test's host seed (test/seed-host.sh, comment meshwire-seed) is on this host: its kube-proxy-style KUBE-* chains would become kube-proxy's; start the cluster when the tests are done"
 	local t0=$SECONDS
 	bin_dir
 	log "binaries: $BIN"
@@ -522,21 +523,36 @@ our_mounts() {
 	awk -v s="$STATE" '$5 == s || index($5, s "/") == 1 {print $5}' /proc/self/mountinfo | sort -r
 }
 
-# KUBE-* (kube-proxy, kubelet) and MWK-* (guard) chains.
+# seeded reports whether make test's host seed is there (test/seed-host.sh
+# plays Docker, kube-proxy and portmap with rules commented meshwire-seed).
+seeded() {
+	{ iptables-save; ip6tables-save; iptables-legacy-save; } 2>/dev/null | grep -q meshwire-seed
+}
+
+# KUBE-* (kube-proxy, kubelet) and MWK-* (guard) chains. With make test's
+# seed on the host (it appeared while the cluster ran), its rules and the
+# chains they use are left alone.
 remove_kube_chains() {
+	if seeded; then
+		log "make test's host seed is on this host: removing only the KUBE-*/MWK-* rules and chains it does not use"
+	fi
 	local cmd t chain
 	for cmd in iptables ip6tables iptables-legacy ip6tables-legacy; do
 		command -v "$cmd" >/dev/null || continue
 		for t in filter nat mangle raw; do
 			"$cmd" -t "$t" -S >/dev/null 2>&1 || continue
 			# The rules that jump to a KUBE- chain from the others...
-			"$cmd" -t "$t" -S 2>/dev/null | awk '$1 == "-A" && $2 !~ /^(KUBE|MWK)-/ && / -j (KUBE|MWK)-/' |
+			local keep
+			keep=$("$cmd" -t "$t" -S 2>/dev/null | awk '/meshwire-seed/ {for (i = 1; i < NF; i++) if ($i == "-j") print $(i+1)}' | sort -u | tr '\n' ' ')
+			"$cmd" -t "$t" -S 2>/dev/null | awk '$1 == "-A" && $2 !~ /^(KUBE|MWK)-/ && / -j (KUBE|MWK)-/ && !/meshwire-seed/' |
 				while read -r _ rule; do eval "\"$cmd\" -t $t -D $rule" 2>/dev/null || true; done
 			# ... then the KUBE- chains themselves.
 			for chain in $("$cmd" -t "$t" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^(KUBE|MWK)-/ {print $2}'); do
+				case " $keep " in *" $chain "*) continue ;; esac
 				"$cmd" -t "$t" -F "$chain" 2>/dev/null || true
 			done
 			for chain in $("$cmd" -t "$t" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^(KUBE|MWK)-/ {print $2}'); do
+				case " $keep " in *" $chain "*) continue ;; esac
 				"$cmd" -t "$t" -X "$chain" 2>/dev/null || true
 			done
 		done
@@ -554,7 +570,7 @@ down() {
 	for c in $(echo "$COMPONENTS" | tr ' ' '\n' | tac); do stop "$c"; done
 	# kube-proxy's own clean-up of its rules, then anything KUBE- left
 	# (kubelet's canary chains).
-	if [ -n "$BIN" ] && [ -x "$BIN/kube-proxy" ]; then
+	if [ -n "$BIN" ] && [ -x "$BIN/kube-proxy" ] && ! seeded; then
 		"$BIN/kube-proxy" --cleanup >"$LOGS/kube-proxy-cleanup.log" 2>&1 || true
 	fi
 	remove_kube_chains
