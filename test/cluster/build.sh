@@ -8,11 +8,13 @@
 #            build`), coredns (./coredns, a module of its own), e2e.test
 #            (only with the e2e argument: the largest build)
 #   images/  docker-archive tars of pause, agnhost, busybox, coredns, named
-#            as the e2e suite and kubelet ask for them (images.sh)
+#            as the e2e suite and kubelet ask for them (images.sh; a link
+#            to images-KEY, whose key adds images.sh and the Debian
+#            packages it copies)
 #
-# The cache key is the hash of everything that decides the output: both
-# modules' go.mod/go.sum, the mains of this directory, this script,
-# images.sh, the Go version and Debian's busybox.
+# The binaries' cache key is the hash of what decides them: both modules'
+# go.mod/go.sum, the mains of this directory, the Go version, and the
+# build commands of this script (between BINARIES and END BINARIES).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -26,15 +28,20 @@ COREDNS_VERSION=v1.12.1 # coredns/go.mod
 
 CACHE_ROOT=${MESHWIRE_CLUSTER_CACHE:-/var/cache/meshwire-cluster}
 
-key=$( { cat go.mod go.sum coredns/go.mod coredns/go.sum coredns/main.go build.sh images.sh;
+key=$( { cat go.mod go.sum coredns/go.mod coredns/go.sum coredns/main.go;
 	find cmd -name '*.go' -print0 | sort -z | xargs -0 cat; go version;
-	sha256sum /bin/busybox 2>/dev/null || true; } | sha256sum | cut -c1-16)
+	sed -n '/^# BINARIES/,/^# END BINARIES/p' build.sh; } | sha256sum | cut -c1-16)
 dir=$CACHE_ROOT/k8s-$K8S_VERSION-$key
 bin=$dir/bin
-mkdir -p "$bin" "$dir/images"
+# The images have a key of their own (the binaries', images.sh, the Debian
+# packages they copy): $dir/images links to the current ones.
+ikey=$( { echo "$key"; cat images.sh; dpkg-query -W busybox-static curl netcat-openbsd bind9-dnsutils iproute2 bash 2>&1; } | sha256sum | cut -c1-16)
+images=$dir/images-$ikey
+mkdir -p "$bin"
 
 log() { printf '%s build.sh: %s\n' "$(date -u +%T)" "$*" >&2; }
 
+# BINARIES: what decides the binaries, part of their cache key.
 # Version strings: what `kubectl version` and the node's kubeletVersion say.
 minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
 ldflags="-s -w"
@@ -69,7 +76,14 @@ step kubernetes go build -trimpath -ldflags "$ldflags" -o "$bin/" \
 
 step coredns bash -c "cd coredns && go build -trimpath -ldflags '-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION' -o '$bin/coredns' ."
 
-step images ./images.sh "$bin" "$dir/images" "$K8S_VERSION" "$COREDNS_VERSION"
+# END BINARIES
+
+agnhost_src=$(go list -f '{{.Dir}}' k8s.io/kubernetes/test/images/agnhost)
+step "images-$ikey" ./images.sh "$bin" "$images" "$K8S_VERSION" "$COREDNS_VERSION" "$agnhost_src"
+ln -sfn "images-$ikey" "$dir/images"
+for old in "$dir"/images-*; do # earlier images of these binaries
+	case $old in "$images" | "$images.log") ;; *) rm -rf "$old" "$dir/.done-${old##*/}" ;; esac
+done
 
 if [ "${1:-}" = e2e ]; then
 	step e2e go test -c -trimpath -ldflags "$ldflags" -o "$bin/e2e.test" k8s.io/kubernetes/test/e2e
