@@ -27,7 +27,7 @@ COMMANDS  := meshwire iptables-init
 TEST_TIMEOUT ?= 60m
 BENCH ?= .
 
-.PHONY: all build test unit deps demo bench generate install clean fuzz vet image cluster cluster-down cluster-smoke
+.PHONY: all build test unit deps demo bench generate install clean fuzz vet image cluster cluster-down cluster-smoke cluster-e2e
 
 all: build
 
@@ -124,6 +124,12 @@ cluster:
 
 cluster-smoke:
 	test/cluster/cluster.sh smoke
+
+# Kubernetes' e2e suite against the running cluster (sig-network
+# conformance unless E2E_FOCUS says otherwise).
+E2E_FOCUS ?=
+cluster-e2e:
+	test/cluster/cluster.sh e2e $(if $(E2E_FOCUS),'$(E2E_FOCUS)')
 
 cluster-down:
 	test/cluster/cluster.sh down

@@ -11,6 +11,8 @@
 #           config); start CoreDNS
 #   smoke   a pod behind a ClusterIP Service, reached from another pod by the
 #           Service's IP and by its DNS name
+#   e2e     Kubernetes' e2e suite against it (default: sig-network
+#           conformance)
 #   env     the shell lines that point kubectl at the cluster
 #   status  the components' processes, the node and the pods
 #   down    drain the pods (so that the CNI plugins' DEL runs), stop every
@@ -646,6 +648,27 @@ smoke() {
 	log "smoke check passed in $((SECONDS - t0))s"
 }
 
+# e2e [FOCUS [SKIP]]: Kubernetes' e2e suite (e2e.test, built by `build.sh
+# e2e` when missing) against the cluster; by default the sig-network
+# conformance tests that may run in parallel with others. The JUnit report
+# and the log go to $MESHWIRE_CLUSTER_E2E_REPORT (outside the state
+# directory: they outlive `down`).
+e2e() {
+	BIN=$(cat "$STATE/bin" 2>/dev/null) || die "no cluster at $STATE"
+	[ -x "$BIN/e2e.test" ] || "$here/build.sh" e2e >/dev/null
+	local focus=${1:-'\[sig-network\].*\[Conformance\]'} skip=${2:-'\[Serial\]|\[Disruptive\]'}
+	local report=${MESHWIRE_CLUSTER_E2E_REPORT:-/var/tmp/meshwire-cluster-e2e}
+	mkdir -p "$report"
+	log "e2e.test --ginkgo.focus '$focus' --ginkgo.skip '$skip' (log: $report/e2e.log)"
+	cd "$report"
+	"$BIN/e2e.test" --kubeconfig "$ADMIN" --provider local --kubectl-path "$BIN/kubectl" \
+		--dump-logs-on-failure=false --report-dir "$report" \
+		--ginkgo.focus "$focus" --ginkgo.skip "$skip" --ginkgo.no-color >"$report/e2e.log" 2>&1 &&
+		st=0 || st=$?
+	grep -E '^ *\[FAIL\]|^Ran [0-9]|^(SUCCESS|FAIL)!' "$report/e2e.log" >&2 || true
+	return "$st"
+}
+
 status() {
 	local c
 	for c in $COMPONENTS; do
@@ -662,5 +685,6 @@ down) down ;;
 env) BIN=$(cat "$STATE/bin" 2>/dev/null) || bin_dir; env_lines ;;
 status) status ;;
 smoke) smoke ;;
-*) echo "usage: $0 up|down|env|status|smoke" >&2; exit 2 ;;
+e2e) shift; e2e "$@" ;;
+*) echo "usage: $0 up|down|env|status|smoke|e2e [FOCUS [SKIP]]" >&2; exit 2 ;;
 esac
