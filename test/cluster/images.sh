@@ -10,7 +10,7 @@ bin=$1 out=$2 coredns_version=$4 agnhost_src=$5
 busybox=/bin/busybox # Debian's busybox-static
 # What agnhost's own image (Alpine) adds and the e2e suite runs in it:
 # Debian's builds, copied with the shared libraries they load.
-AGNHOST_TOOLS="/usr/bin/curl /usr/bin/nc /usr/bin/dig /usr/sbin/ip /usr/bin/bash"
+AGNHOST_TOOLS="/usr/bin/curl /usr/bin/nc /usr/bin/dig /usr/sbin/ip /usr/bin/bash /usr/bin/getent"
 
 work=$(mktemp -d /tmp/mwk-images.XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -47,7 +47,7 @@ with_libs() {
 	local root=$1; shift
 	local f lib
 	for f in "$@"; do
-		[ -x "$f" ] || { echo "$f is missing (apt-get install curl netcat-openbsd bind9-dnsutils iproute2 bash)" >&2; exit 1; }
+		[ -x "$f" ] || { echo "$f is missing (apt-get install curl netcat-openbsd bind9-dnsutils iproute2 bash libc-bin)" >&2; exit 1; }
 		cp --parents -L "$f" "$root/"
 		for lib in $(ldd "$f" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); do
 			[ -e "$root$lib" ] || cp --parents -L "$lib" "$root/"
@@ -95,6 +95,13 @@ echo 'user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh' >>
 printf 'user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n' >>"$a/etc/group"
 image registry.k8s.io/e2e-test-images/agnhost:2.56 agnhost "$a" \
 	'ENTRYPOINT ["/agnhost"]' 'CMD ["pause"]' 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
+
+# jessie-dnsutils, the DNS tests' prober: dig, getent and a shell.
+rootfs "$work/jessie" busybox
+with_libs "$work/jessie" /usr/bin/dig /usr/bin/getent /usr/bin/bash
+ln -sf /usr/bin/bash "$work/jessie/bin/sh"
+image registry.k8s.io/e2e-test-images/jessie-dnsutils:1.7 jessie-dnsutils "$work/jessie" \
+	'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' 'CMD ["sh"]'
 
 rootfs "$work/coredns"
 cp "$bin/coredns" "$work/coredns/coredns"
