@@ -10,7 +10,8 @@
 #           (the node turns Ready once meshwire's installer wrote the CNI
 #           config); start CoreDNS
 #   smoke   a pod behind a ClusterIP Service, reached from another pod by the
-#           Service's IP and by its DNS name
+#           Service's IP and by its DNS names; a pod the intercept plugin
+#           intercepts (annotation) answered by its "proxy"
 #   e2e     Kubernetes' e2e suite against it (default: sig-network
 #           conformance)
 #   env     the shell lines that point kubectl at the cluster
@@ -630,7 +631,7 @@ smoke() {
 	local ns=mwk-smoke t0=$SECONDS
 	kc wait --for=delete "ns/$ns" --timeout=120s >/dev/null 2>&1 || true # a previous run's
 	kc apply -f "$here/manifests/smoke.yaml" >&2
-	kc -n "$ns" wait --for=condition=Ready pod/echo pod/client --timeout=120s >&2
+	kc -n "$ns" wait --for=condition=Ready pod/echo pod/client pod/meshed --timeout=120s >&2
 	local ip
 	ip=$(kc -n "$ns" get svc echo -o jsonpath='{.spec.clusterIP}')
 	kc -n "$ns" get pods,svc,endpointslices -o wide >&2
@@ -648,6 +649,16 @@ smoke() {
 			ok=1
 		fi
 	done
+	# The intercept plugin: the annotated pod's inbound connections reach
+	# its proxy (port 15006), not the app; the echo pod above was left
+	# alone (its app answered).
+	target=meshed.$ns.svc.$CLUSTER_DOMAIN
+	if out=$(kc -n "$ns" exec client -- timeout 10 wget -q -O - "http://$target/" 2>&1) && [ "$out" = intercepted ]; then
+		log "smoke: client -> http://$target/ (app port 8080) answered by the pod's proxy on 15006: intercepted, ok"
+	else
+		log "smoke: client -> http://$target/: want the proxy's 'intercepted', got: $out: FAILED"
+		ok=1
+	fi
 	kc delete ns "$ns" --wait=true --timeout=120s >&2 || true
 	[ "$ok" = 0 ] || die "smoke check failed"
 	log "smoke check passed in $((SECONDS - t0))s"
