@@ -183,7 +183,7 @@ net.netfilter.nf_conntrack_tcp_timeout_established net.netfilter.nf_conntrack_tc
 # directory: removed at down when they did not exist at up (the shared
 # ones only when empty: other users of this machine may have put things
 # there meanwhile).
-NEW_TREES="/var/log/pods /var/log/containers"
+NEW_TREES="/var/log/pods /var/log/containers /var/lib/kubelet" # kubelet: container logs, device-plugins socket
 NEW_DIRS="/run/containerd/s /run/containerd /var/lib/cni/results /var/lib/cni/networks /var/lib/cni/meshwire/fastpath /var/lib/cni/meshwire /var/lib/cni"
 
 snapshot_host() {
