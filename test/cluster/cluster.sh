@@ -445,6 +445,7 @@ up() {
 	bin_dir
 	log "binaries: $BIN"
 	mkdir -p "$PKI" "$KCFG" "$LOGS" "$RUN"
+	trap '[ $? = 0 ] || log "up failed: the logs are in $LOGS; $0 down cleans up"' EXIT
 	echo "$BIN" >"$STATE/bin"
 	snapshot_host
 	make_pki
