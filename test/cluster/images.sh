@@ -10,7 +10,9 @@ bin=$1 out=$2 coredns_version=$4 agnhost_src=$5
 busybox=/bin/busybox # Debian's busybox-static
 # What agnhost's own image (Alpine) adds and the e2e suite runs in it:
 # Debian's builds, copied with the shared libraries they load.
-AGNHOST_TOOLS="/usr/bin/curl /usr/bin/nc /usr/bin/dig /usr/sbin/ip /usr/bin/bash /usr/bin/getent"
+# wget: the suite runs `wget -T 1`, on which Debian's static busybox wget
+# crashes (SIGSEGV).
+AGNHOST_TOOLS="/usr/bin/curl /usr/bin/wget /usr/bin/nc /usr/bin/dig /usr/sbin/ip /usr/bin/bash /usr/bin/getent"
 
 work=$(mktemp -d /tmp/mwk-images.XXXXXX)
 trap 'rm -rf "$work"' EXIT
@@ -47,7 +49,7 @@ with_libs() {
 	local root=$1; shift
 	local f lib
 	for f in "$@"; do
-		[ -x "$f" ] || { echo "$f is missing (apt-get install curl netcat-openbsd bind9-dnsutils iproute2 bash libc-bin)" >&2; exit 1; }
+		[ -x "$f" ] || { echo "$f is missing (apt-get install curl wget netcat-openbsd bind9-dnsutils iproute2 bash libc-bin)" >&2; exit 1; }
 		cp --parents -L "$f" "$root/"
 		for lib in $(ldd "$f" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); do
 			[ -e "$root$lib" ] || cp --parents -L "$lib" "$root/"
