@@ -27,7 +27,7 @@ COMMANDS  := meshwire iptables-init
 TEST_TIMEOUT ?= 60m
 BENCH ?= .
 
-.PHONY: all build test unit deps demo bench generate install clean fuzz vet image chaos
+.PHONY: all build test unit deps demo bench generate install clean fuzz vet image chaos cluster cluster-down cluster-smoke cluster-e2e
 
 all: build
 
@@ -123,6 +123,25 @@ image: build
 	@command -v podman >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq podman >/dev/null; }
 	conf/kubernetes/rootfs.sh $(BIN) $(BIN)/image-rootfs
 	podman build --quiet -f conf/kubernetes/Containerfile -t $(IMAGE):$(VERSION) -t $(IMAGE):latest $(BIN)/image-rootfs
+
+# A single-node Kubernetes cluster built from source whose network is
+# meshwire (test/cluster, docs/kubernetes.md): builds Kubernetes once per
+# pinned version into /var/cache/meshwire-cluster, then starts it. Not part
+# of `make test`.
+cluster:
+	test/cluster/cluster.sh up
+
+cluster-smoke:
+	test/cluster/cluster.sh smoke
+
+# Kubernetes' e2e suite against the running cluster (sig-network
+# conformance unless E2E_FOCUS says otherwise).
+E2E_FOCUS ?=
+cluster-e2e:
+	test/cluster/cluster.sh e2e $(if $(E2E_FOCUS),'$(E2E_FOCUS)')
+
+cluster-down:
+	test/cluster/cluster.sh down
 
 clean:
 	rm -rf $(BIN)

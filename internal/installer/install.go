@@ -33,6 +33,11 @@ type Options struct {
 	Once            bool   // apply once and return, instead of watching
 	CleanupOnExit   bool   // when ctx ends, take back the config change
 	DefaultConflist []byte // OwnConflist's contents (without Chain)
+	// PodCIDRs, Intercept and CNIVersion change OwnConflist (without Chain): see
+	// OwnOptions.
+	PodCIDRs   []string
+	Intercept  bool
+	CNIVersion string
 	// ProxyMetadata is the mesh-wide sidecar environment put in the
 	// chained intercept entry (with Chain; see ChainOptions).
 	ProxyMetadata map[string]string
@@ -118,6 +123,9 @@ func New(o Options) (*Installer, error) {
 	if !o.Chain && len(o.DefaultConflist) == 0 {
 		return nil, errors.New("no conflist to write")
 	}
+	if o.Chain && (len(o.PodCIDRs) > 0 || o.Intercept || o.CNIVersion != "") {
+		return nil, errors.New("the pod CIDRs, the CNI version and intercept shape meshwire's own conflist, which is not written with --chain")
+	}
 	if o.Logf == nil {
 		o.Logf = func(string, ...any) {}
 	}
@@ -126,6 +134,19 @@ func New(o Options) (*Installer, error) {
 	}
 	if o.PluginLog != "" && !filepath.IsAbs(o.PluginLog) {
 		return nil, fmt.Errorf("the plugin log %q is not an absolute path", o.PluginLog)
+	}
+	if !o.Chain {
+		if err := CheckConflist(o.DefaultConflist); err != nil {
+			return nil, fmt.Errorf("the conflist to write: %w", err)
+		}
+		own, err := OwnConflistWith(o.DefaultConflist, OwnOptions{
+			PodCIDRs: o.PodCIDRs, Intercept: o.Intercept, CNIVersion: o.CNIVersion,
+			Chain: ChainOptions{ProxyMetadata: o.ProxyMetadata, LogFile: o.PluginLog},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("the conflist to write: %w", err)
+		}
+		o.DefaultConflist = own
 	}
 	if o.PluginLog != "" && !o.Chain {
 		withLog, err := WithLog(o.DefaultConflist, o.PluginLog)

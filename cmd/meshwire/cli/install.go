@@ -41,11 +41,23 @@ func installerFlags(fs *pflag.FlagSet, o *installer.Options) (finish func(e *env
 	fs.BoolVar(&o.Chain, "chain", false, "chain intercept into the node's primary config instead of writing meshwire's own")
 	fs.BoolVar(&o.CleanupOnExit, "cleanup-on-exit", false, "on SIGTERM/SIGINT, remove the config change (the binaries stay)")
 	fs.StringVar(&o.PluginLog, "plugin-log", "", "JSON log file the plugins meshwire configures write (an absolute path, the same on the host)")
+	fs.Var((*cidrList)(&o.PodCIDRs), "pod-cidr", "without --chain: a subnet of the pods in meshwire's own conflist, instead of the default ones; repeatable (one per address family)")
+	conflist := fs.String("conflist", "", "without --chain: the conflist to write instead of the built-in one (read once, at start); --pod-cidr, --cni-version and --intercept apply to it")
+	fs.StringVar(&o.CNIVersion, "cni-version", "", "without --chain: the cniVersion of meshwire's own conflist; containerd 1.6 needs 1.0.0 (default: the conflist's own, 1.1.0 for the built-in one)")
+	fs.BoolVar(&o.Intercept, "intercept", false, "without --chain: end meshwire's own conflist with the intercept entry --chain adds")
 	meta := keyValues{}
-	fs.Var(meta, "proxy-metadata", "with --chain: an environment variable of every Istio sidecar (meshConfig's defaultConfig.proxyMetadata), e.g. ISTIO_META_DNS_CAPTURE=true; repeatable")
+	fs.Var(meta, "proxy-metadata", "with --chain or --intercept: an environment variable of every Istio sidecar (meshConfig's defaultConfig.proxyMetadata), e.g. ISTIO_META_DNS_CAPTURE=true; repeatable")
 	return func(e *env, cmd string) error {
-		if len(meta) > 0 && !o.Chain {
-			return usagef("%s: --proxy-metadata sets the chained intercept plugin's defaults; it needs --chain", cmd)
+		if len(meta) > 0 && !o.Chain && !o.Intercept {
+			return usagef("%s: --proxy-metadata sets the chained intercept plugin's defaults; it needs --chain or --intercept", cmd)
+		}
+		if o.Chain && (len(o.PodCIDRs) > 0 || o.Intercept || o.CNIVersion != "" || *conflist != "") {
+			return usagef("%s: --conflist, --pod-cidr, --cni-version and --intercept shape meshwire's own conflist; with --chain there is none", cmd)
+		}
+		if o.CNIVersion != "" {
+			if err := installer.CheckCNIVersion(o.CNIVersion); err != nil {
+				return usagef("%s: --cni-version: %v", cmd, err)
+			}
 		}
 		o.ProxyMetadata = meta
 		if o.BinDir == "" || o.ConfDir == "" {
@@ -65,8 +77,31 @@ func installerFlags(fs *pflag.FlagSet, o *installer.Options) (finish func(e *env
 			o.SourceDir = filepath.Dir(exe)
 		}
 		o.DefaultConflist = e.defaultConflist
+		if *conflist != "" {
+			b, err := os.ReadFile(*conflist)
+			if err != nil {
+				return fmt.Errorf("%s: --conflist: %w", cmd, err)
+			}
+			o.DefaultConflist = b
+		}
 		return nil
 	}
+}
+
+// cidrList is the repeatable --pod-cidr flag.
+type cidrList []string
+
+func (c *cidrList) String() string { return strings.Join(*c, ",") }
+
+func (c *cidrList) Type() string { return "cidr" }
+
+func (c *cidrList) Set(s string) error {
+	canon, err := installer.ParsePodCIDR(s)
+	if err != nil {
+		return err
+	}
+	*c = append(*c, canon)
+	return nil
 }
 
 // installCmd is `meshwire install`, the node installer (see package
@@ -76,7 +111,8 @@ func (e *env) installCmd() *cobra.Command {
 	c := leafCmd("install --cni-bin-dir DIR --cni-conf-dir DIR",
 		"install meshwire on a node: the plugins, and meshwire's conflist or intercept chained",
 		"The node installer (a DaemonSet's container): copy the plugins into the CNI bin dir, write\n"+
-			"meshwire's conflist or, with --chain, chain intercept into the node's primary config; keep it\n"+
+			"meshwire's conflist (or --conflist; subnets from --pod-cidr, intercept at its end with\n"+
+			"--intercept) or, with --chain, chain intercept into the node's primary config; keep it\n"+
 			"applied until SIGTERM (--once: apply and exit).")
 	fs := c.Flags()
 	finish := installerFlags(fs, &o)

@@ -40,6 +40,9 @@ var flagNotes = map[string]flagNote{
 	"source-dir":     {arg: "DIR"},
 	"plugin-log":     {arg: "FILE", same: "the plugins' `log.file` key (`MESHWIRE_LOG` in their environment)"},
 	"proxy-metadata": {arg: "KEY=VALUE", same: "intercept's `proxyMetadata` key"},
+	"pod-cidr":       {arg: "CIDR", same: "host-local's `ranges` subnets in the conflist written"},
+	"conflist":       {arg: "FILE"},
+	"cni-version":    {arg: "VERSION", same: "the conflist's `cniVersion`"},
 	"listen":         {arg: "ADDR"},
 	"interval":       {arg: "DURATION"},
 }

@@ -1,0 +1,92 @@
+#!/bin/bash
+# build.sh [e2e]: build the single-node cluster's binaries and images, once
+# per pinned version set, into a cache outside the repository, and print
+# that cache directory. A second run with the same pins prints it at once.
+#
+#   bin/     kube-apiserver kube-controller-manager kube-scheduler kubelet
+#            kube-proxy kubectl agnhost etcd pause (this module, one `go
+#            build`), coredns (./coredns, a module of its own), e2e.test
+#            (only with the e2e argument: the largest build)
+#   images/  docker-archive tars of pause, agnhost, busybox, coredns, named
+#            as the e2e suite and kubelet ask for them (images.sh; a link
+#            to images-KEY, whose key adds images.sh and the Debian
+#            packages it copies)
+#
+# The binaries' cache key is the hash of what decides them: both modules'
+# go.mod/go.sum, the mains of this directory, the Go version, and the
+# build commands of this script (between BINARIES and END BINARIES).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+cd "$here"
+export PATH=/usr/local/go/bin:$PATH CGO_ENABLED=0 GOFLAGS=-buildvcs=false
+
+# The pins (go.mod holds them; these name the version strings and images).
+K8S_VERSION=v1.34.3
+ETCD_VERSION=v3.6.4    # go.etcd.io/etcd/server/v3, as k8s.io/kubernetes requires it
+COREDNS_VERSION=v1.12.1 # coredns/go.mod
+
+CACHE_ROOT=${MESHWIRE_CLUSTER_CACHE:-/var/cache/meshwire-cluster}
+
+key=$( { cat go.mod go.sum coredns/go.mod coredns/go.sum coredns/main.go;
+	find cmd -name '*.go' -print0 | sort -z | xargs -0 cat; go version;
+	sed -n '/^# BINARIES/,/^# END BINARIES/p' build.sh; } | sha256sum | cut -c1-16)
+dir=$CACHE_ROOT/k8s-$K8S_VERSION-$key
+bin=$dir/bin
+# The images have a key of their own (the binaries', images.sh, the Debian
+# packages they copy): $dir/images links to the current ones.
+ikey=$( { echo "$key"; cat images.sh; dpkg-query -W busybox-static curl wget netcat-openbsd bind9-dnsutils iproute2 bash libc-bin 2>&1; } | sha256sum | cut -c1-16)
+images=$dir/images-$ikey
+mkdir -p "$bin"
+
+log() { printf '%s build.sh: %s\n' "$(date -u +%T)" "$*" >&2; }
+
+# BINARIES: what decides the binaries, part of their cache key.
+# Version strings: what `kubectl version` and the node's kubeletVersion say.
+minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+ldflags="-s -w"
+for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+	ldflags+=" -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
+done
+
+step() { # step NAME CMD...: run CMD once per cache directory, timed.
+	local name=$1; shift
+	[ -f "$dir/.done-$name" ] && return 0
+	log "building $name (log: $dir/$name.log)"
+	local t0=$SECONDS
+	if ! "$@" >"$dir/$name.log" 2>&1; then
+		tail -30 "$dir/$name.log" >&2
+		log "$name failed"
+		exit 1
+	fi
+	echo "$((SECONDS - t0))" >"$dir/.done-$name"
+	log "$name built in $((SECONDS - t0))s"
+}
+
+# One invocation, so that the packages the binaries share compile once.
+step kubernetes go build -trimpath -ldflags "$ldflags" -o "$bin/" \
+	k8s.io/kubernetes/cmd/kube-apiserver \
+	k8s.io/kubernetes/cmd/kube-controller-manager \
+	k8s.io/kubernetes/cmd/kube-scheduler \
+	k8s.io/kubernetes/cmd/kubelet \
+	k8s.io/kubernetes/cmd/kube-proxy \
+	k8s.io/kubernetes/cmd/kubectl \
+	k8s.io/kubernetes/test/images/agnhost \
+	./cmd/etcd ./cmd/pause
+
+step coredns bash -c "cd coredns && go build -trimpath -ldflags '-s -w -X github.com/coredns/coredns/coremain.GitCommit=$COREDNS_VERSION' -o '$bin/coredns' ."
+
+# END BINARIES
+
+agnhost_src=$(go list -f '{{.Dir}}' k8s.io/kubernetes/test/images/agnhost)
+step "images-$ikey" ./images.sh "$bin" "$images" "$K8S_VERSION" "$COREDNS_VERSION" "$agnhost_src"
+ln -sfn "images-$ikey" "$dir/images"
+for old in "$dir"/images-*; do # earlier images of these binaries
+	case $old in "$images" | "$images.log") ;; *) rm -rf "$old" "$dir/.done-${old##*/}" ;; esac
+done
+
+if [ "${1:-}" = e2e ]; then
+	step e2e go test -c -trimpath -ldflags "$ldflags" -o "$bin/e2e.test" k8s.io/kubernetes/test/e2e
+fi
+
+echo "$dir"

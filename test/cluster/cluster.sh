@@ -1,0 +1,707 @@
+#!/bin/bash
+# cluster.sh up|down|env|status|smoke: a single-node Kubernetes cluster whose
+# network is meshwire, from binaries built from source (build.sh), in the
+# shape of Kubernetes' hack/local-up-cluster.sh: every process's flags in
+# this file, certificates and kubeconfigs made on the fly, one log and one
+# pid file per component under the state directory, one tear-down.
+#
+#   up      build (or reuse the cache), start containerd, etcd, the control
+#           plane, kubelet and kube-proxy; install meshwire with its DaemonSet
+#           (the node turns Ready once meshwire's installer wrote the CNI
+#           config); start CoreDNS
+#   smoke   a pod behind a ClusterIP Service, reached from another pod by the
+#           Service's IP and by its DNS names; a pod the intercept plugin
+#           intercepts (annotation) answered by its "proxy"
+#   e2e     Kubernetes' e2e suite against it (default: sig-network
+#           conformance)
+#   env     the shell lines that point kubectl at the cluster
+#   status  the components' processes, the node and the pods
+#   down    drain the pods (so that the CNI plugins' DEL runs), stop every
+#           process, undo what the cluster changed on the host, remove the
+#           state directory
+#
+# No systemd: the processes are started with setsid and tracked by pid.
+# No registry: every image is imported into containerd (images.sh).
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+export PATH=/usr/local/go/bin:/usr/local/sbin:/usr/sbin:/sbin:/usr/local/bin:/usr/bin:/bin
+
+STATE=${MESHWIRE_CLUSTER_STATE:-/var/lib/meshwire-cluster}
+POD_CIDR=198.18.0.0/16     # RFC 2544 test range: host-local's range on the node
+SERVICE_CIDR=198.19.0.0/16 # RFC 2544 test range
+API_SERVICE_IP=198.19.0.1
+DNS_SERVICE_IP=198.19.0.10
+CLUSTER_DOMAIN=cluster.local
+API_PORT=6443
+ETCD_CLIENT=127.0.0.1:2379
+ETCD_PEER=127.0.0.1:2380
+NODE_NAME=${NODE_NAME:-$(hostname | tr '[:upper:]' '[:lower:]')}
+# The node's IP: the IPv4 address of the default route's interface. Nothing
+# routes to it or adds it anywhere; the apiserver advertises it.
+node_ip() {
+	local dev
+	dev=$(ip -4 route show default | awk '{for (i = 1; i < NF; i++) if ($i == "dev") {print $(i+1); exit}}')
+	ip -4 -o addr show dev "$dev" | awk '{split($4, a, "/"); print a[1]; exit}'
+}
+NODE_IP=${NODE_IP:-$(node_ip)}
+BRIDGE=mwk0 NETWORK=mwk-cluster # manifests/meshwire/cluster.conflist's
+
+CONTAINERD=/usr/bin/containerd CTR=/usr/bin/ctr RUNC=/usr/sbin/runc
+PKI=$STATE/pki KCFG=$STATE/kubeconfig LOGS=$STATE/logs RUN=$STATE/run
+SOCK=$STATE/containerd/containerd.sock
+CNI_BIN=$STATE/cni/bin CNI_CONF=$STATE/cni/net.d
+ADMIN=$KCFG/admin.kubeconfig
+
+log() { printf '%s cluster: %s\n' "$(date -u +%T)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+kc() { "$BIN/kubectl" --kubeconfig "$ADMIN" "$@"; }
+
+# bin_dir sets BIN (and CACHE) from the build cache, building if needed.
+bin_dir() {
+	if [ -z "${BIN:-}" ]; then
+		CACHE=$("$here/build.sh")
+		BIN=$CACHE/bin
+	else
+		CACHE=$(dirname "$BIN")
+	fi
+}
+
+# ---------------------------------------------------------------- processes
+
+# start NAME CMD...: run CMD in a session of its own, output to
+# $LOGS/NAME.log, pid in $RUN/NAME.pid.
+start() {
+	local name=$1; shift
+	log "starting $name"
+	printf '%q ' "$@" >"$RUN/$name.cmd"
+	setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
+	echo $! >"$RUN/$name.pid"
+}
+
+alive() { [ -f "$RUN/$1.pid" ] && kill -0 "$(cat "$RUN/$1.pid")" 2>/dev/null; }
+
+# stop NAME: SIGTERM, then SIGKILL after 20 s.
+stop() {
+	local name=$1 pid
+	[ -f "$RUN/$name.pid" ] || return 0
+	pid=$(cat "$RUN/$name.pid")
+	if kill -0 "$pid" 2>/dev/null; then
+		log "stopping $name (pid $pid)"
+		kill -TERM "$pid" 2>/dev/null || true
+		for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+		kill -0 "$pid" 2>/dev/null && { log "$name still running: SIGKILL"; kill -KILL "$pid" 2>/dev/null || true; sleep 0.5; }
+	fi
+	rm -f "$RUN/$name.pid"
+}
+
+# wait_for WHAT SECONDS CMD...: retry CMD every second.
+wait_for() {
+	local what=$1 limit=$2; shift 2
+	local t0=$SECONDS
+	until "$@" >/dev/null 2>&1; do
+		[ $((SECONDS - t0)) -lt "$limit" ] || { log "timed out after ${limit}s waiting for $what"; return 1; }
+		sleep 1
+	done
+	log "$what after $((SECONDS - t0))s"
+}
+
+# ------------------------------------------------------------- certificates
+
+# cert NAME CN O EKU [SAN]: a key and a certificate signed by the cluster CA.
+cert() {
+	local name=$1 cn=$2 o=$3 eku=$4 san=${5:-}
+	local subj="/CN=$cn"
+	[ -n "$o" ] && subj="/O=$o$subj"
+	openssl req -new -newkey rsa:2048 -nodes -keyout "$PKI/$name.key" -subj "$subj" \
+		-out "$PKI/$name.csr" 2>/dev/null
+	{
+		echo "basicConstraints=CA:FALSE"
+		echo "keyUsage=critical,digitalSignature,keyEncipherment"
+		echo "extendedKeyUsage=$eku"
+		[ -n "$san" ] && echo "subjectAltName=$san"
+	} >"$PKI/$name.ext"
+	openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" \
+		-CAcreateserial -days 30 -sha256 -extfile "$PKI/$name.ext" -out "$PKI/$name.crt" 2>/dev/null
+	rm -f "$PKI/$name.csr" "$PKI/$name.ext"
+}
+
+# kubeconfig NAME CERT: a kubeconfig authenticating with pki/CERT.{crt,key}.
+kubeconfig() {
+	cat >"$KCFG/$1.kubeconfig" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: meshwire
+  cluster:
+    certificate-authority: $PKI/ca.crt
+    server: https://$NODE_IP:$API_PORT
+users:
+- name: $1
+  user:
+    client-certificate: $PKI/$2.crt
+    client-key: $PKI/$2.key
+contexts:
+- name: meshwire
+  context: {cluster: meshwire, user: $1}
+current-context: meshwire
+EOF
+}
+
+make_pki() {
+	log "certificates and kubeconfigs in $PKI, $KCFG"
+	openssl req -x509 -new -newkey rsa:2048 -nodes -keyout "$PKI/ca.key" -out "$PKI/ca.crt" \
+		-days 30 -subj "/CN=meshwire-cluster-ca" 2>/dev/null
+	cert apiserver kube-apiserver "" serverAuth \
+		"IP:$API_SERVICE_IP,IP:$NODE_IP,IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.$CLUSTER_DOMAIN"
+	cert apiserver-kubelet-client kube-apiserver-kubelet-client system:masters clientAuth
+	cert admin admin system:masters clientAuth
+	cert controller-manager system:kube-controller-manager "" clientAuth
+	cert scheduler system:kube-scheduler "" clientAuth
+	cert kube-proxy system:kube-proxy "" clientAuth
+	cert kubelet "system:node:$NODE_NAME" system:nodes clientAuth
+	cert kubelet-serving "$NODE_NAME" "" serverAuth "IP:$NODE_IP,IP:127.0.0.1,DNS:$NODE_NAME"
+	openssl genrsa -out "$PKI/sa.key" 2048 2>/dev/null
+	openssl rsa -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null
+	kubeconfig admin admin
+	kubeconfig controller-manager controller-manager
+	kubeconfig scheduler scheduler
+	kubeconfig kube-proxy kube-proxy
+	kubeconfig kubelet kubelet
+}
+
+# ----------------------------------------------------------- host snapshot
+
+# What the cluster may change on the host, recorded at up and put back at
+# down: sysctls kubelet, kube-proxy and the bridge plugin set, and whether
+# the host paths the components write to existed.
+SYSCTLS="vm.overcommit_memory vm.panic_on_oom kernel.panic kernel.panic_on_oops kernel.keys.root_maxkeys kernel.keys.root_maxbytes
+net.ipv4.ip_forward net.ipv6.conf.all.forwarding net.ipv4.conf.all.route_localnet net.netfilter.nf_conntrack_max
+net.netfilter.nf_conntrack_tcp_timeout_established net.netfilter.nf_conntrack_tcp_timeout_close_wait net.bridge.bridge-nf-call-iptables"
+# Host paths kubelet, containerd and the CNI plugins create outside the state
+# directory: removed at down when they did not exist at up (the shared
+# ones only when empty: other users of this machine may have put things
+# there meanwhile).
+NEW_TREES="/var/log/pods /var/log/containers /var/lib/kubelet" # kubelet: container logs, device-plugins socket
+NEW_DIRS="/run/containerd/s /run/containerd /var/lib/cni/results /var/lib/cni/networks /var/lib/cni/meshwire/fastpath /var/lib/cni/meshwire /var/lib/cni"
+
+snapshot_host() {
+	local f=$STATE/host-before
+	: >"$f.sysctl"
+	for s in $SYSCTLS; do
+		v=$(sysctl -n "$s" 2>/dev/null) && printf '%s=%s\n' "$s" "$v" >>"$f.sysctl"
+	done
+	: >"$f.paths"
+	for p in $NEW_TREES $NEW_DIRS; do [ -e "$p" ] && echo "$p" >>"$f.paths"; done
+	ip link show "$BRIDGE" >/dev/null 2>&1 && echo "$BRIDGE" >"$f.bridge" || : >"$f.bridge"
+	ls /run/netns 2>/dev/null >"$f.netns" || :
+}
+
+# ------------------------------------------------------------------- config
+
+write_configs() {
+	mkdir -p "$STATE/config"
+	# containerd 1.6's CRI: the same setup as meshwire's CRI tests
+	# (test/cri): runc (crun refuses the hybrid cgroup layout), no
+	# lowering of oom_score_adj, the local pause image, the CNI config
+	# meshwire's installer writes.
+	cat >"$STATE/config/containerd.toml" <<EOF
+version = 2
+root = "$STATE/containerd/root"
+state = "$STATE/containerd/state"
+disabled_plugins = ["io.containerd.internal.v1.tracing", "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+
+[grpc]
+  address = "$SOCK"
+[ttrpc]
+  address = "$SOCK.ttrpc"
+[debug]
+  level = "info"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$STATE/containerd/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "registry.k8s.io/pause:3.10.1"
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "$RUNC"
+        Root = "$STATE/containerd/runc"
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "$CNI_BIN"
+    conf_dir = "$CNI_CONF"
+    max_conf_num = 1
+EOF
+
+	# kubelet: cgroupfs without per-QoS cgroups on this hybrid cgroup
+	# layout, no swap check, no image garbage collection (there is no
+	# registry to pull a collected image from again), eviction only on
+	# memory and a nearly full disk.
+	cat >"$STATE/config/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+containerRuntimeEndpoint: unix://$SOCK
+imageServiceEndpoint: unix://$SOCK
+cgroupDriver: cgroupfs
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+failSwapOn: false
+failCgroupV1: false
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $PKI/ca.crt}
+authorization: {mode: Webhook}
+tlsCertFile: $PKI/kubelet-serving.crt
+tlsPrivateKeyFile: $PKI/kubelet-serving.key
+address: $NODE_IP
+healthzBindAddress: 127.0.0.1
+readOnlyPort: 0
+clusterDNS: [$DNS_SERVICE_IP]
+clusterDomain: $CLUSTER_DOMAIN
+resolvConf: $STATE/config/resolv.conf
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard:
+  memory.available: 100Mi
+  nodefs.available: 1%
+  imagefs.available: 1%
+  nodefs.inodesFree: 1%
+serializeImagePulls: false
+EOF
+	# Pods with dnsPolicy Default (CoreDNS) get this: the cluster sends no
+	# DNS query off the machine.
+	echo "nameserver 127.0.0.1" >"$STATE/config/resolv.conf"
+
+	# kube-proxy, iptables mode; it leaves the host's conntrack settings
+	# and route_localnet alone.
+	cat >"$STATE/config/kube-proxy.yaml" <<EOF
+apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+mode: iptables
+clientConnection: {kubeconfig: $KCFG/kube-proxy.kubeconfig}
+hostnameOverride: $NODE_NAME
+clusterCIDR: $POD_CIDR
+healthzBindAddress: 127.0.0.1:10256
+metricsBindAddress: 127.0.0.1:10249
+conntrack:
+  maxPerCore: 0
+  min: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
+iptables:
+  localhostNodePorts: false
+EOF
+}
+
+# ------------------------------------------------------------ the processes
+# Every component's flags, in one place.
+
+start_containerd() {
+	mkdir -p "$STATE/containerd" "$CNI_BIN" "$CNI_CONF"
+	# Every image is imported: a pull (an image the suite wants that
+	# images.sh does not make) goes to a closed local port and fails at
+	# once instead of leaving the machine (containerd honours the proxy
+	# variables for registry requests, and resolves no registry name).
+	start containerd env HTTP_PROXY=http://127.0.0.1:9 HTTPS_PROXY=http://127.0.0.1:9 NO_PROXY= \
+		"$CONTAINERD" --config "$STATE/config/containerd.toml"
+	wait_for containerd 30 "$CTR" -a "$SOCK" version
+}
+
+start_etcd() {
+	start etcd "$BIN/etcd" --name mwk --data-dir "$STATE/etcd" \
+		--listen-client-urls "http://$ETCD_CLIENT" --advertise-client-urls "http://$ETCD_CLIENT" \
+		--listen-peer-urls "http://$ETCD_PEER" --initial-advertise-peer-urls "http://$ETCD_PEER" \
+		--initial-cluster "mwk=http://$ETCD_PEER" --log-level warn
+}
+
+start_apiserver() {
+	start kube-apiserver "$BIN/kube-apiserver" \
+		--etcd-servers "http://$ETCD_CLIENT" \
+		--advertise-address "$NODE_IP" --secure-port "$API_PORT" \
+		--service-cluster-ip-range "$SERVICE_CIDR" \
+		--client-ca-file "$PKI/ca.crt" \
+		--tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
+		--kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
+		--kubelet-client-key "$PKI/apiserver-kubelet-client.key" \
+		--kubelet-certificate-authority "$PKI/ca.crt" \
+		--kubelet-preferred-address-types InternalIP,Hostname \
+		--service-account-issuer "https://kubernetes.default.svc.$CLUSTER_DOMAIN" \
+		--service-account-key-file "$PKI/sa.pub" \
+		--service-account-signing-key-file "$PKI/sa.key" \
+		--authorization-mode Node,RBAC \
+		--allow-privileged=true \
+		--cert-dir "$STATE/apiserver" \
+		--profiling=false
+}
+
+start_controller_manager() {
+	start kube-controller-manager "$BIN/kube-controller-manager" \
+		--kubeconfig "$KCFG/controller-manager.kubeconfig" \
+		--authentication-kubeconfig "$KCFG/controller-manager.kubeconfig" \
+		--authorization-kubeconfig "$KCFG/controller-manager.kubeconfig" \
+		--bind-address 127.0.0.1 --leader-elect=false \
+		--use-service-account-credentials \
+		--service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
+		--cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key" \
+		--service-cluster-ip-range "$SERVICE_CIDR" \
+		--allocate-node-cidrs --cluster-cidr "$POD_CIDR" --node-cidr-mask-size 16 \
+		--controllers '*,bootstrapsigner,tokencleaner' \
+		--cert-dir "$STATE/controller-manager" \
+		--profiling=false
+}
+
+start_scheduler() {
+	start kube-scheduler "$BIN/kube-scheduler" \
+		--kubeconfig "$KCFG/scheduler.kubeconfig" \
+		--authentication-kubeconfig "$KCFG/scheduler.kubeconfig" \
+		--authorization-kubeconfig "$KCFG/scheduler.kubeconfig" \
+		--bind-address 127.0.0.1 --leader-elect=false --profiling=false
+}
+
+start_kubelet() {
+	start kubelet "$BIN/kubelet" \
+		--config "$STATE/config/kubelet.yaml" \
+		--kubeconfig "$KCFG/kubelet.kubeconfig" \
+		--hostname-override "$NODE_NAME" --node-ip "$NODE_IP" \
+		--root-dir "$STATE/kubelet" --cert-dir "$STATE/kubelet/pki" \
+		--v 1
+}
+
+start_kube_proxy() {
+	start kube-proxy "$BIN/kube-proxy" --config "$STATE/config/kube-proxy.yaml"
+}
+
+# The processes, in the order up starts them; down stops them in reverse.
+COMPONENTS="containerd etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy"
+
+# guard: a packet to the service range that kube-proxy did not DNAT (an
+# address no Service has, a stale DNS answer) would follow the default
+# route off the machine; MWK-GUARD rejects it instead, for pods (FORWARD)
+# and the host (OUTPUT).
+guard() {
+	iptables -N MWK-GUARD
+	iptables -A MWK-GUARD -d "$SERVICE_CIDR" -m conntrack ! --ctstate DNAT \
+		-m comment --comment "meshwire cluster: no Service at this address" -j REJECT
+	iptables -I FORWARD 1 -j MWK-GUARD
+	iptables -I OUTPUT 1 -j MWK-GUARD
+}
+
+# ---------------------------------------------------------------- images
+
+import_images() {
+	local t0=$SECONDS name file
+	while read -r name file; do
+		"$CTR" -a "$SOCK" -n k8s.io images import --no-unpack "$CACHE/images/$file" >/dev/null
+	done <"$CACHE/images/index"
+	# meshwire's own image, built from this tree the way a user builds it.
+	log "make image (meshwire's image, log: $LOGS/make-image.log)"
+	make -C "$repo" image >"$LOGS/make-image.log" 2>&1 || { tail -20 "$LOGS/make-image.log" >&2; die "make image failed"; }
+	podman save --quiet --format docker-archive -o "$STATE/meshwire-image.tar" localhost/meshwire:latest
+	"$CTR" -a "$SOCK" -n k8s.io images import --no-unpack "$STATE/meshwire-image.tar" >/dev/null
+	rm -f "$STATE/meshwire-image.tar"
+	log "images imported in $((SECONDS - t0))s:"
+	"$CTR" -a "$SOCK" -n k8s.io images ls -q | grep -v '^sha256:' | sed 's/^/    /' >&2
+}
+
+# ------------------------------------------------------------------ meshwire
+
+# The DaemonSet of conf/kubernetes, unchanged, through a kustomization
+# (manifests/meshwire) that points its host paths into the state directory
+# and makes meshwire write the node's only CNI config itself.
+install_meshwire() {
+	local d=$STATE/manifests/meshwire
+	mkdir -p "$d"
+	cp "$repo/conf/kubernetes/daemonset.yaml" "$d/daemonset.yaml"
+	cp "$here/manifests/meshwire/cluster.conflist" "$d/"
+	sed -e "s#@STATE@#$STATE#g" -e "s#@POD_CIDR@#$POD_CIDR#g" \
+		"$here/manifests/meshwire/kustomization.yaml" >"$d/kustomization.yaml"
+	kc apply -k "$d" >&2
+}
+
+node_ready() {
+	[ "$(kc get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
+}
+
+# ------------------------------------------------------------------- up/down
+
+up() {
+	[ "$(id -u)" = 0 ] || die "run as root"
+	for c in $COMPONENTS; do alive "$c" && die "$c is running already ($STATE); run '$0 down' first"; done
+	[ -e "$STATE" ] && die "$STATE exists (a cluster that was not taken down?); run '$0 down' first"
+	for p in ${ETCD_CLIENT##*:} ${ETCD_PEER##*:} $API_PORT 10248 10250 10256 10257 10259; do
+		ss -Hltn "sport = :$p" | grep -q . && die "port $p is in use"
+	done
+	seeded && die "make test's host seed (test/seed-host.sh, comment meshwire-seed) is on this host: its kube-proxy-style KUBE-* chains would become kube-proxy's; start the cluster when the tests are done"
+	local t0=$SECONDS
+	bin_dir
+	log "binaries: $BIN"
+	mkdir -p "$PKI" "$KCFG" "$LOGS" "$RUN"
+	trap '[ $? = 0 ] || log "up failed: the logs are in $LOGS; $0 down cleans up"' EXIT
+	echo "$BIN" >"$STATE/bin"
+	snapshot_host
+	make_pki
+	write_configs
+
+	start_containerd
+	import_images
+	start_etcd
+	start_apiserver
+	wait_for "kube-apiserver ready" 90 kc get --raw /readyz
+	start_controller_manager
+	start_scheduler
+	start_kubelet
+	start_kube_proxy
+	guard
+	wait_for "node $NODE_NAME registered" 90 kc get node "$NODE_NAME"
+	if node_ready; then die "node $NODE_NAME is Ready before meshwire wrote a CNI config"; fi
+	log "node $NODE_NAME registered, NotReady (no CNI config yet): installing meshwire"
+	install_meshwire
+	wait_for "meshwire's conflist in $CNI_CONF" 120 ls "$CNI_CONF/05-meshwire.conflist"
+	wait_for "node $NODE_NAME Ready" 120 node_ready
+	kc -n kube-system rollout status ds/meshwire-node --timeout=120s >&2
+
+	log "CoreDNS"
+	kc apply -f "$here/manifests/coredns.yaml" >&2
+	kc -n kube-system rollout status deploy/coredns --timeout=180s >&2
+	log "cluster up in $((SECONDS - t0))s"
+	kc get nodes -o wide >&2
+	kc get pods -A -o wide >&2
+	echo >&2
+	env_lines >&2
+}
+
+env_lines() {
+	bin_dir
+	echo "export KUBECONFIG=$ADMIN"
+	echo "export PATH=$BIN:\$PATH"
+}
+
+# drain: delete every pod (meshwire's last, so that the plugins it
+# configured run DEL for the others) and wait until kubelet has stopped
+# their sandboxes, which runs the CNI DEL.
+drain() {
+	kc get --raw /readyz >/dev/null 2>&1 || { log "apiserver not answering: no drain"; return 0; }
+	alive kubelet || { log "kubelet not running: no drain"; return 0; }
+	log "draining the node"
+	local ns
+	for ns in $(kc get ns -o jsonpath='{.items[*].metadata.name}'); do
+		case $ns in default | kube-system | kube-public | kube-node-lease) ;;
+		*) kc delete ns "$ns" --wait=false >/dev/null ;;
+		esac
+	done
+	for ns in default kube-system; do
+		kc -n "$ns" delete deploy,rs,sts,job,svc -l 'app.kubernetes.io/name!=meshwire' --ignore-not-found >/dev/null 2>&1 || true
+		kc -n "$ns" delete ds -l 'app.kubernetes.io/name!=meshwire' --ignore-not-found >/dev/null 2>&1 || true
+		kc -n "$ns" delete pod -l 'app.kubernetes.io/name!=meshwire' --wait=false >/dev/null 2>&1 || true
+	done
+	wait_for "pods other than meshwire's gone" 120 only_meshwire_left || true
+	kc -n kube-system delete ds meshwire-node --ignore-not-found >/dev/null 2>&1 || true
+	wait_for "every pod gone" 60 no_pods || true
+	wait_for "every sandbox stopped" 60 no_ready_sandbox || true
+}
+
+only_meshwire_left() {
+	[ -z "$(kc get pods -A -o jsonpath='{range .items[*]}{.metadata.labels.app\.kubernetes\.io/name}{"|"}{.metadata.name}{"\n"}{end}' | grep -v '^meshwire|')" ]
+}
+no_pods() { [ -z "$(kc get pods -A -o name)" ]; }
+no_ready_sandbox() {
+	# ctr lists the sandboxes' pause tasks: none running any more.
+	! "$CTR" -a "$SOCK" -n k8s.io tasks ls 2>/dev/null | awk 'NR > 1 && $3 == "RUNNING"' | grep -q .
+}
+
+# The shims of this cluster's containerd (they outlive it by design).
+our_shims() {
+	local p
+	for p in /proc/[0-9]*; do
+		tr '\0' ' ' 2>/dev/null <"$p/cmdline" | grep -q "containerd-shim.*-address $SOCK " && basename "$p"
+	done
+	return 0
+}
+
+# Mounts under the state directory, deepest first.
+our_mounts() {
+	awk -v s="$STATE" '$5 == s || index($5, s "/") == 1 {print $5}' /proc/self/mountinfo | sort -r
+}
+
+# seeded reports whether make test's host seed is there (test/seed-host.sh
+# plays Docker, kube-proxy and portmap with rules commented meshwire-seed).
+seeded() {
+	{ iptables-save; ip6tables-save; iptables-legacy-save; } 2>/dev/null | grep -q meshwire-seed
+}
+
+# KUBE-* (kube-proxy, kubelet) and MWK-* (guard) chains. With make test's
+# seed on the host (it appeared while the cluster ran), its rules and the
+# chains they use are left alone.
+remove_kube_chains() {
+	if seeded; then
+		log "make test's host seed is on this host: removing only the KUBE-*/MWK-* rules and chains it does not use"
+	fi
+	local cmd t chain
+	for cmd in iptables ip6tables iptables-legacy ip6tables-legacy; do
+		command -v "$cmd" >/dev/null || continue
+		for t in filter nat mangle raw; do
+			"$cmd" -t "$t" -S >/dev/null 2>&1 || continue
+			# The rules that jump to a KUBE- chain from the others...
+			local keep
+			keep=$("$cmd" -t "$t" -S 2>/dev/null | awk '/meshwire-seed/ {for (i = 1; i < NF; i++) if ($i == "-j") print $(i+1)}' | sort -u | tr '\n' ' ')
+			"$cmd" -t "$t" -S 2>/dev/null | awk '$1 == "-A" && $2 !~ /^(KUBE|MWK)-/ && / -j (KUBE|MWK)-/ && !/meshwire-seed/' |
+				while read -r _ rule; do eval "\"$cmd\" -t $t -D $rule" 2>/dev/null || true; done
+			# ... then the KUBE- chains themselves.
+			for chain in $("$cmd" -t "$t" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^(KUBE|MWK)-/ {print $2}'); do
+				case " $keep " in *" $chain "*) continue ;; esac
+				"$cmd" -t "$t" -F "$chain" 2>/dev/null || true
+			done
+			for chain in $("$cmd" -t "$t" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^(KUBE|MWK)-/ {print $2}'); do
+				case " $keep " in *" $chain "*) continue ;; esac
+				"$cmd" -t "$t" -X "$chain" 2>/dev/null || true
+			done
+		done
+	done
+}
+
+down() {
+	[ "$(id -u)" = 0 ] || die "run as root"
+	[ -d "$STATE" ] || { log "no cluster at $STATE"; return 0; }
+	local t0=$SECONDS
+	BIN=$(cat "$STATE/bin" 2>/dev/null || true)
+	if [ -n "$BIN" ] && [ -x "$BIN/kubectl" ]; then drain; fi
+
+	local c
+	for c in $(echo "$COMPONENTS" | tr ' ' '\n' | tac); do stop "$c"; done
+	# kube-proxy's own clean-up of its rules, then anything KUBE- left
+	# (kubelet's canary chains).
+	if [ -n "$BIN" ] && [ -x "$BIN/kube-proxy" ] && ! seeded; then
+		"$BIN/kube-proxy" --cleanup >"$LOGS/kube-proxy-cleanup.log" 2>&1 || true
+	fi
+	remove_kube_chains
+	local pids
+	pids=$(our_shims)
+	if [ -n "$pids" ]; then
+		log "stopping containerd shims: $pids"
+		kill -KILL $pids 2>/dev/null || true
+		sleep 1
+	fi
+	local m
+	for m in $(our_mounts); do umount "$m" 2>/dev/null || umount -l "$m" || true; done
+	[ -z "$(our_mounts)" ] || die "mounts left under $STATE: $(our_mounts | tr '\n' ' '); not removing it"
+
+	# Host paths the cluster created.
+	local before=$STATE/host-before
+	if [ -s "$before.bridge" ] || ! ip link show "$BRIDGE" >/dev/null 2>&1; then :; else
+		log "removing bridge $BRIDGE"; ip link del "$BRIDGE" || true
+	fi
+	if [ -f "$before.sysctl" ]; then
+		while IFS='=' read -r k v; do
+			[ "$(sysctl -n "$k" 2>/dev/null)" = "$v" ] || sysctl -q -w "$k=$v" >/dev/null 2>&1 || log "could not restore $k=$v"
+		done <"$before.sysctl"
+	fi
+	# The CNI state of the cluster's network (its own name: always its).
+	rm -rf "/var/lib/cni/networks/$NETWORK"
+	rm -f /var/lib/cni/results/"$NETWORK"-*
+	local p
+	if [ -f "$before.paths" ]; then
+		for p in $NEW_TREES; do
+			grep -qx "$p" "$before.paths" || rm -rf --one-file-system "$p"
+		done
+		for p in $NEW_DIRS; do
+			grep -qx "$p" "$before.paths" || rmdir "$p" 2>/dev/null || true
+		done
+	fi
+	if [ -f "$before.netns" ]; then
+		for p in $(ls /run/netns 2>/dev/null); do
+			grep -qx "$p" "$before.netns" || log "note: network namespace $p appeared while the cluster ran (not necessarily its own; left alone)"
+		done
+	fi
+	rm -rf --one-file-system "$STATE"
+	log "down in $((SECONDS - t0))s"
+}
+
+# ------------------------------------------------------------------ smoke
+
+smoke() {
+	BIN=$(cat "$STATE/bin" 2>/dev/null) || die "no cluster at $STATE"
+	local ns=mwk-smoke t0=$SECONDS
+	kc wait --for=delete "ns/$ns" --timeout=120s >/dev/null 2>&1 || true # a previous run's
+	kc apply -f "$here/manifests/smoke.yaml" >&2
+	kc -n "$ns" wait --for=condition=Ready pod/echo pod/client pod/meshed --timeout=120s >&2
+	local ip
+	ip=$(kc -n "$ns" get svc echo -o jsonpath='{.spec.clusterIP}')
+	kc -n "$ns" get pods,svc,endpointslices -o wide >&2
+	# CoreDNS caches answers for 30 s: a name of an earlier run's Service
+	# may still resolve to its address; wait for the current one.
+	wait_for "echo.$ns resolving to $ip" 60 bash -c "$(printf '%q ' "$BIN/kubectl" --kubeconfig "$ADMIN" -n "$ns" exec client -- nslookup "echo.$ns.svc.$CLUSTER_DOMAIN") | grep -q 'Address: $ip\$'" || true
+	local ok=0 target out
+	# busybox's timeout, not wget -T: Debian's static busybox 1.35 wget
+	# crashes (SIGSEGV) with -T.
+	for target in "$ip" "echo.$ns.svc.$CLUSTER_DOMAIN" echo; do
+		if out=$(kc -n "$ns" exec client -- timeout 10 wget -q -O - "http://$target/hostname" 2>&1) && [ "$out" = echo ]; then
+			log "smoke: client -> http://$target/hostname answered '$out': ok"
+		else
+			log "smoke: client -> http://$target/hostname: FAILED: $out"
+			ok=1
+		fi
+	done
+	# The intercept plugin: the annotated pod's inbound connections reach
+	# its proxy (port 15006), not the app; the echo pod above was left
+	# alone (its app answered).
+	target=meshed.$ns.svc.$CLUSTER_DOMAIN
+	if out=$(kc -n "$ns" exec client -- timeout 10 wget -q -O - "http://$target/" 2>&1) && [ "$out" = intercepted ]; then
+		log "smoke: client -> http://$target/ (app port 8080) answered by the pod's proxy on 15006: intercepted, ok"
+	else
+		log "smoke: client -> http://$target/: want the proxy's 'intercepted', got: $out: FAILED"
+		ok=1
+	fi
+	kc delete ns "$ns" --wait=true --timeout=120s >&2 || true
+	[ "$ok" = 0 ] || die "smoke check failed"
+	log "smoke check passed in $((SECONDS - t0))s"
+}
+
+# e2e [FOCUS [SKIP]]: Kubernetes' e2e suite (e2e.test, built by `build.sh
+# e2e` when missing) against the cluster; by default the sig-network
+# conformance tests that may run in parallel with others. The JUnit report
+# and the log go to $MESHWIRE_CLUSTER_E2E_REPORT (outside the state
+# directory: they outlive `down`).
+e2e() {
+	BIN=$(cat "$STATE/bin" 2>/dev/null) || die "no cluster at $STATE"
+	[ -x "$BIN/e2e.test" ] || "$here/build.sh" e2e >/dev/null
+	local focus=${1:-'\[sig-network\].*\[Conformance\]'} skip=${2:-'\[Serial\]|\[Disruptive\]'}
+	local report=${MESHWIRE_CLUSTER_E2E_REPORT:-/var/tmp/meshwire-cluster-e2e}
+	mkdir -p "$report"
+	log "e2e.test --ginkgo.focus '$focus' --ginkgo.skip '$skip' (log: $report/e2e.log)"
+	cd "$report"
+	"$BIN/e2e.test" --kubeconfig "$ADMIN" --provider local --kubectl-path "$BIN/kubectl" \
+		--dump-logs-on-failure=false --report-dir "$report" \
+		--ginkgo.focus "$focus" --ginkgo.skip "$skip" --ginkgo.no-color >"$report/e2e.log" 2>&1 &&
+		st=0 || st=$?
+	grep -E '^ *\[FAIL\]|^Ran [0-9]|^(SUCCESS|FAIL)!' "$report/e2e.log" >&2 || true
+	return "$st"
+}
+
+status() {
+	local c
+	for c in $COMPONENTS; do
+		if alive "$c"; then echo "$c: running, pid $(cat "$RUN/$c.pid"), log $LOGS/$c.log"; else echo "$c: not running"; fi
+	done
+	BIN=$(cat "$STATE/bin" 2>/dev/null) || return 0
+	kc get nodes -o wide 2>/dev/null || true
+	kc get pods -A -o wide 2>/dev/null || true
+}
+
+case ${1:-} in
+up) up ;;
+down) down ;;
+env) BIN=$(cat "$STATE/bin" 2>/dev/null) || bin_dir; env_lines ;;
+status) status ;;
+smoke) smoke ;;
+e2e) shift; e2e "$@" ;;
+*) echo "usage: $0 up|down|env|status|smoke|e2e [FOCUS [SKIP]]" >&2; exit 2 ;;
+esac

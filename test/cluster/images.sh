@@ -1,0 +1,112 @@
+#!/bin/bash
+# images.sh BIN OUT K8S_VERSION COREDNS_VERSION AGNHOST_SRC: the cluster's images, made
+# without a registry: a root file system per image as a tar, `podman
+# import` into a podman store of its own (vfs, removed afterwards), `podman
+# save --format docker-archive` into OUT/NAME.tar, which `ctr images import`
+# reads. The names are those the e2e suite (test/utils/image/manifest.go of
+# the pinned Kubernetes) and kubelet ask for, so nothing is ever pulled.
+set -euo pipefail
+bin=$1 out=$2 coredns_version=$4 agnhost_src=$5
+busybox=/bin/busybox # Debian's busybox-static
+# What agnhost's own image (Alpine) adds and the e2e suite runs in it:
+# Debian's builds, copied with the shared libraries they load.
+# wget: the suite runs `wget -T 1`, on which Debian's static busybox wget
+# crashes (SIGSEGV).
+AGNHOST_TOOLS="/usr/bin/curl /usr/bin/wget /usr/bin/nc /usr/bin/dig /usr/sbin/ip /usr/bin/bash /usr/bin/getent"
+
+work=$(mktemp -d /tmp/mwk-images.XXXXXX)
+trap 'rm -rf "$work"' EXIT
+podman() {
+	command podman --root "$work/store/root" --runroot "$work/store/run" \
+		--tmpdir "$work/store/tmp" --storage-driver vfs --events-backend none \
+		--cgroup-manager cgroupfs "$@"
+}
+
+# rootfs DIR [busybox]: an empty root file system, or busybox with a link
+# per applet, /etc/passwd and /etc/group (root, nobody) and a sticky /tmp.
+rootfs() {
+	local d=$1
+	mkdir -p "$d"/{dev,etc,proc,sys,tmp,var,root}
+	chmod 1777 "$d/tmp"
+	printf 'root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n' >"$d/etc/passwd"
+	printf 'root:x:0:\nnogroup:x:65534:\n' >"$d/etc/group"
+	if [ "${2:-}" = busybox ]; then
+		head -c 4096 "$busybox" | grep -qa 'ld-linux' && {
+			echo "$busybox is dynamically linked: install busybox-static" >&2
+			exit 1
+		}
+		mkdir -p "$d/bin"
+		cp "$busybox" "$d/bin/busybox"
+		for a in $("$busybox" --list); do
+			[ "$a" = busybox ] || ln -sf busybox "$d/bin/$a"
+		done
+	fi
+}
+
+# with_libs ROOT BIN...: copy each BIN and the shared libraries it loads
+# (ldd's paths, the dynamic loader included) to the same paths under ROOT.
+with_libs() {
+	local root=$1; shift
+	local f lib
+	for f in "$@"; do
+		[ -x "$f" ] || { echo "$f is missing (apt-get install curl wget netcat-openbsd bind9-dnsutils iproute2 bash libc-bin)" >&2; exit 1; }
+		cp --parents -L "$f" "$root/"
+		for lib in $(ldd "$f" | awk '$2 == "=>" && $3 ~ /^\// {print $3} $1 ~ /^\// {print $1}'); do
+			[ -e "$root$lib" ] || cp --parents -L "$lib" "$root/"
+		done
+	done
+}
+
+# image NAME FILE DIR CHANGE...: import DIR as NAME, save it as OUT/FILE.tar.
+image() {
+	local name=$1 file=$2 d=$3; shift 3
+	local changes=()
+	for c in "$@"; do changes+=(--change "$c"); done
+	tar -C "$d" --numeric-owner --owner=0 --group=0 -cf "$work/$file-rootfs.tar" .
+	podman import --quiet "${changes[@]}" "$work/$file-rootfs.tar" "$name" >/dev/null
+	rm -f "$out/$file.tar"
+	podman save --quiet --format docker-archive -o "$out/$file.tar" "$name"
+	echo "$name $file.tar" >>"$out/index.new"
+}
+
+mkdir -p "$out"
+rm -f "$out/index.new"
+
+rootfs "$work/pause"
+cp "$bin/pause" "$work/pause/pause"
+image registry.k8s.io/pause:3.10.1 pause "$work/pause" 'ENTRYPOINT ["/pause"]' 'USER 65535:65535'
+
+rootfs "$work/busybox" busybox
+image registry.k8s.io/e2e-test-images/busybox:1.37.0-1 busybox "$work/busybox" 'CMD ["sh"]' 'ENV PATH=/bin'
+
+# agnhost as test/images/agnhost/Dockerfile lays it out: /agnhost and its
+# agnhost-2 link, porter's certificate, /uploads, the user and group the
+# suite expects in the image, the tools above before busybox on PATH.
+rootfs "$work/agnhost" busybox
+a=$work/agnhost
+with_libs "$a" $AGNHOST_TOOLS
+[ -e "$a/bin/bash" ] || ln -s /usr/bin/bash "$a/bin/bash"
+# Debian's static busybox runs its own applets first from its shell (ip,
+# nc, ...) whatever PATH says; the suite's `sh -c` must find the tools.
+ln -sf /usr/bin/bash "$a/bin/sh"
+cp "$bin/agnhost" "$a/agnhost"
+ln -s agnhost "$a/agnhost-2"
+cp "$agnhost_src/porter/localhost.crt" "$agnhost_src/porter/localhost.key" "$a/"
+mkdir -p "$a/uploads"
+echo 'user-defined-in-image:x:1000:1000::/home/user-defined-in-image:/bin/sh' >>"$a/etc/passwd"
+printf 'user-defined-in-image:x:1000:\ngroup-defined-in-image:x:50000:user-defined-in-image\n' >>"$a/etc/group"
+image registry.k8s.io/e2e-test-images/agnhost:2.56 agnhost "$a" \
+	'ENTRYPOINT ["/agnhost"]' 'CMD ["pause"]' 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
+
+# jessie-dnsutils, the DNS tests' prober: dig, getent and a shell.
+rootfs "$work/jessie" busybox
+with_libs "$work/jessie" /usr/bin/dig /usr/bin/getent /usr/bin/bash
+ln -sf /usr/bin/bash "$work/jessie/bin/sh"
+image registry.k8s.io/e2e-test-images/jessie-dnsutils:1.7 jessie-dnsutils "$work/jessie" \
+	'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' 'CMD ["sh"]'
+
+rootfs "$work/coredns"
+cp "$bin/coredns" "$work/coredns/coredns"
+image "registry.k8s.io/coredns/coredns:$coredns_version" coredns "$work/coredns" 'ENTRYPOINT ["/coredns"]'
+
+mv "$out/index.new" "$out/index"
