@@ -9,6 +9,7 @@ import (
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podrecord"
+	"github.com/meshwire/meshwire/ebpf/loader"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
@@ -74,7 +75,7 @@ func (s *nsSweep) sweep(stale map[uint64]uint64, forget func(ns, ino uint64) err
 // nothing and says why (netns.ErrPartialView): there, live pods would look
 // gone.
 func (f *FastpathOwner) Collect() error {
-	dir, rules := f.Config.PinDir, podpolicy.RulesDir(f.Config.PinDir)
+	dir, rules := f.Config.PinDir, loader.RulesDir(f.Config.PinDir)
 	for _, c := range []struct {
 		what   string
 		sweep  *nsSweep
@@ -126,7 +127,7 @@ func (f *FastpathOwner) Ensure() error {
 		return nil
 	}
 	res, err := fastpath.Attach(f.Config)
-	already := err == nil && res == fastpath.AlreadyAttached
+	already := err == nil && res == loader.AlreadyAttached
 	switch {
 	case err != nil:
 		err = fmt.Errorf("attach the fast path: %w", err)
@@ -140,7 +141,7 @@ func (f *FastpathOwner) Ensure() error {
 	case already:
 	default:
 		switch {
-		case res == fastpath.Replaced:
+		case res == loader.Replaced:
 			f.Logf("replaced the fast path of another meshwire build with this one's (pinned in %s); its connections keep the old one until they close", f.Config.PinDir)
 		case f.owned:
 			f.Logf("the fast path was detached by someone else; attached it again (pinned in %s)", f.Config.PinDir)
@@ -179,9 +180,9 @@ func (f *FastpathOwner) ensureCapture() error {
 	switch {
 	case err != nil:
 		return fmt.Errorf("attach the ebpf interception programs: %w", err)
-	case res == fastpath.Replaced:
+	case res == loader.Replaced:
 		f.Logf("replaced the ebpf interception programs of another meshwire build in place (%s)", capture.DefaultPinDir)
-	case res == fastpath.Attached:
+	case res == loader.Attached:
 		f.Logf("attached the ebpf interception programs (pinned in %s)", capture.DefaultPinDir)
 	}
 	return nil

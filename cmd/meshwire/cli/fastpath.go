@@ -15,6 +15,7 @@ import (
 	"github.com/meshwire/meshwire/ebpf/capture"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podrecord"
+	"github.com/meshwire/meshwire/ebpf/loader"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
@@ -89,14 +90,14 @@ func (e *env) fastpathAttach(cfg fastpath.Config) error {
 		return fmt.Errorf("fastpath attach: %w (nothing was changed; pods keep working through the interception rules)", err)
 	}
 	switch res {
-	case fastpath.AlreadyAttached:
+	case loader.AlreadyAttached:
 		fmt.Fprintf(e.out, "fast path already attached (%s)\n", cfg.PinDir)
-	case fastpath.Replaced:
+	case loader.Replaced:
 		fmt.Fprintf(e.out, "fast path of another meshwire build replaced by this one's (pinned in %s; its connections keep the old one until they close)\n", cfg.PinDir)
 	default:
 		fmt.Fprintf(e.out, "fast path attached (pinned in %s)\n", cfg.PinDir)
 	}
-	if res != fastpath.AlreadyAttached {
+	if res != loader.AlreadyAttached {
 		e.replayRecords(cfg.PinDir)
 	}
 	// The ebpf interception programs (pods opt in with EBPF mode) go with
@@ -104,9 +105,9 @@ func (e *env) fastpathAttach(cfg fastpath.Config) error {
 	switch res, err := capture.Attach(cfg.Cgroup, ""); {
 	case err != nil:
 		return fmt.Errorf("fastpath attach: the fast path is attached, the ebpf interception programs are not: %w", err)
-	case res == fastpath.AlreadyAttached:
+	case res == loader.AlreadyAttached:
 		fmt.Fprintf(e.out, "ebpf interception already attached (%s)\n", capture.DefaultPinDir)
-	case res == fastpath.Replaced:
+	case res == loader.Replaced:
 		fmt.Fprintf(e.out, "ebpf interception programs of another meshwire build replaced in place (%s)\n", capture.DefaultPinDir)
 	default:
 		fmt.Fprintf(e.out, "ebpf interception attached (pinned in %s)\n", capture.DefaultPinDir)
