@@ -1,6 +1,6 @@
 // Package capture loads, attaches, pins, upgrades and reports meshwire's
 // netfilter-free interception (the "ebpf" mode; the programs are in
-// ../capture.c, see its header). Attach puts connect4/6, sendmsg4/6,
+// capture.c, see its header). Attach puts connect4/6, sendmsg4/6,
 // recvmsg4/6, getpeername4/6, sockops and getsockopt on the cgroup v2 root
 // and pins their links, the maps and
 // the inbound tc program under the pin directory, so that they outlive the

@@ -1,5 +1,5 @@
 // Package fastpath loads, attaches, pins, drains and reports meshwire's eBPF
-// sockmap fast path (the programs are in ../fastpath.c; see its header for how
+// sockmap fast path (the programs are in fastpath.c; see its header for how
 // connections are chosen and paired). `meshwire fastpath` drives it.
 //
 // Attach loads the programs, attaches sk_msg to the sockhash and sockops to
@@ -28,7 +28,7 @@ const LayoutVersion = loader.FastpathLayoutVersion
 const DefaultPinDir = loader.FastpathPinDir
 
 // captureSockopsName is the sockops program of meshwire's ebpf
-// interception (../capture.c), attached beside the fast path's: it only
+// interception (../capture/capture.c), attached beside the fast path's: it only
 // files original destinations, never redirects.
 const captureSockopsName = "mw_cap_ops"
 

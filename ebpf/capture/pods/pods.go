@@ -1,5 +1,5 @@
 // Package pods registers meshed pods with meshwire's netfilter-free
-// interception (the "ebpf" mode, ../../capture.c): a pod's capture
+// interception (the "ebpf" mode, ../capture.c): a pod's capture
 // settings go into the pinned maps under its network namespace cookie,
 // and the pinned inbound program is attached to its interfaces. It opens
 // pins only and never loads programs, so the intercept plugin carries none
