@@ -85,10 +85,7 @@ func pinDir(dir string) string {
 // connection escapes capture in between.
 func Attach(cgroup, dir string) (Result, error) {
 	dir = pinDir(dir)
-	if err := loader.Supported(); err != nil {
-		return 0, err
-	}
-	l, err := loader.Lock()
+	l, err := loader.LockToAttach()
 	if err != nil {
 		return 0, err
 	}

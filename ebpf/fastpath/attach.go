@@ -33,11 +33,7 @@ func Attach(cfg Config) (loader.Result, error) { return attach(cfg, loadBpf) }
 // another build's).
 func attach(cfg Config, loadSpec func() (*ebpf.CollectionSpec, error)) (loader.Result, error) {
 	dir := cfg.pinDir()
-	// Supported mounts bpffs when absent: before the lock, which is on it.
-	if err := loader.Supported(); err != nil {
-		return 0, err
-	}
-	l, err := loader.Lock()
+	l, err := loader.LockToAttach()
 	if err != nil {
 		return 0, err
 	}

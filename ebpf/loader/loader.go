@@ -26,6 +26,16 @@ var LockDir = BPFFS
 // program meshwire attaches.
 func Lock() (*filelock.Lock, error) { return filelock.AcquireDir(LockDir, 30*time.Second) }
 
+// LockToAttach checks what the programs need of the node (Supported,
+// which mounts bpffs when absent: before the lock, which is on it), then
+// takes the lock.
+func LockToAttach() (*filelock.Lock, error) {
+	if err := Supported(); err != nil {
+		return nil, err
+	}
+	return Lock()
+}
+
 // ErrUnsupported wraps every failure that comes from what the kernel or the
 // node lacks (as opposed to a bad flag or a failing command).
 var ErrUnsupported = errors.New("the fast path cannot run here")
