@@ -1,6 +1,7 @@
 package fwfake
 
 import (
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
 	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
@@ -15,7 +16,7 @@ func readBack(fam ruleset.Family, r ruleset.Rule, iptables bool) installed.Rule 
 	if iptables {
 		out.Spec = r.IPTablesSpec()
 	} else {
-		out.Spec = r.Statement()
+		out.Spec = fwtext.NftStatement(r)
 	}
 	mixed := fam == ruleset.Inet || fam == ruleset.Bridge
 	for _, m := range r.Match {
