@@ -26,7 +26,7 @@ func (rs *RuleSet) Fingerprint() string {
 			if rs.Family == 0 {
 				fmt.Fprintf(h, "add rule %s %s\n", r.Chain, fwtext.NftRule(r, NftChain))
 			} else {
-				fmt.Fprintf(h, "-A %s %s\n", r.Chain, strings.Join(r.IPTables(), " "))
+				fmt.Fprintf(h, "-A %s %s\n", r.Chain, strings.Join(fwtext.IPTablesArgs(r), " "))
 			}
 		}
 	}

@@ -1,11 +1,9 @@
 package ruleset
 
 import (
-	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
-	"unicode"
 )
 
 // IsBuiltin reports whether a chain is one of the kernel's built-in chains.
@@ -109,156 +107,6 @@ type Rule struct {
 // Has reports whether the rule has a match of kind k.
 func (r Rule) Has(k MatchKind) bool {
 	return slices.ContainsFunc(r.Match, func(m Match) bool { return m.Kind == k })
-}
-
-func not(neg bool) string {
-	if neg {
-		return "! "
-	}
-	return ""
-}
-
-// IPTables renders the rule's arguments after "-A CHAIN" as iptables-save
-// prints them back (comment excluded): addresses, interfaces and protocol
-// first, then each match module in the rule's order, then the target.
-func (r Rule) IPTables() []string {
-	var head, mods []string
-	proto := ""
-	for _, m := range r.Match {
-		if m.Kind == MatchProto {
-			proto = m.Name
-		}
-	}
-	// Addresses, then interfaces, each in the rule's order.
-	for _, kinds := range [][2]MatchKind{{MatchSrc, MatchDst}, {MatchIn, MatchOut}} {
-		for _, m := range r.Match {
-			if m.Kind != kinds[0] && m.Kind != kinds[1] {
-				continue
-			}
-			flag := map[MatchKind]string{MatchSrc: "-s", MatchDst: "-d", MatchIn: "-i", MatchOut: "-o"}[m.Kind]
-			v := m.Name
-			if m.Kind == MatchSrc || m.Kind == MatchDst {
-				v = m.Prefix.String()
-			}
-			head = append(head, strings.Fields(not(m.Not)+flag+" "+v)...)
-		}
-	}
-	for _, m := range r.Match {
-		switch m.Kind {
-		case MatchSPort, MatchDPort:
-			if proto == "" {
-				proto = m.Name // iptables needs -p for a port match
-			}
-			flag := "--sport"
-			if m.Kind == MatchDPort {
-				flag = "--dport"
-			}
-			mod := m.Name
-			if len(m.Ports) > 1 {
-				mod, flag = "multiport", flag+"s"
-			}
-			mods = append(mods, strings.Fields("-m "+mod+" "+not(m.Not)+flag+" "+joinPorts(m.Ports, ","))...)
-		case MatchMark:
-			v := fmt.Sprintf("0x%x", m.Value)
-			if m.Mask != 0 {
-				v += fmt.Sprintf("/0x%x", m.Mask)
-			}
-			mods = append(mods, strings.Fields(fmt.Sprintf("-m mark %s--mark %s", not(m.Not), v))...)
-		case MatchConnMark:
-			mods = append(mods, strings.Fields(fmt.Sprintf("-m connmark %s--mark 0x%x", not(m.Not), m.Value))...)
-		case MatchCTState:
-			mods = append(mods, strings.Fields("-m conntrack "+not(m.Not)+"--ctstate "+m.Name)...)
-		case MatchCTDir:
-			mods = append(mods, strings.Fields("-m conntrack "+not(m.Not)+"--ctdir "+m.Name)...)
-		case MatchDstType:
-			mods = append(mods, strings.Fields("-m addrtype "+not(m.Not)+"--dst-type "+m.Name)...)
-		case MatchUID, MatchGID:
-			flag := "--uid-owner"
-			if m.Kind == MatchGID {
-				flag = "--gid-owner"
-			}
-			mods = append(mods, strings.Fields(fmt.Sprintf("-m owner %s%s %d", not(m.Not), flag, m.Value))...)
-		case MatchRaw:
-			mods = append(mods, m.Args...)
-		}
-	}
-	if proto != "" {
-		head = append(head, "-p", proto)
-	}
-	if r.Comment != "" {
-		mods = append(mods, "-m", "comment", "--comment", r.Comment)
-	}
-	return append(append(head, mods...), r.Target.iptables()...)
-}
-
-// IPTablesSpec is the rule after "-A CHAIN" as an iptables-restore line
-// holds it: IPTables' arguments, quoted where they need it.
-func (r Rule) IPTablesSpec() string {
-	args := r.IPTables()
-	for i, a := range args {
-		args[i] = QuoteArg(a)
-	}
-	return strings.Join(args, " ")
-}
-
-// QuoteArg quotes one argument for iptables-restore when it needs it.
-func QuoteArg(s string) string {
-	if s != "" && !strings.ContainsAny(s, "\"'\\") && !strings.ContainsFunc(s, unicode.IsSpace) {
-		return s
-	}
-	return `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
-}
-
-// addrPort writes an address with its port, or alone when the port is 0.
-func addrPort(ap netip.AddrPort) string {
-	if ap.Port() == 0 {
-		return ap.Addr().String()
-	}
-	return ap.String()
-}
-
-func joinPorts(ports []uint16, sep string) string {
-	s := make([]string, len(ports))
-	for i, p := range ports {
-		s[i] = fmt.Sprint(p)
-	}
-	return strings.Join(s, sep)
-}
-
-func (t Target) iptables() []string {
-	switch t.Kind {
-	case Jump:
-		return []string{"-j", t.Chain}
-	case Return:
-		return []string{"-j", "RETURN"}
-	case Accept:
-		return []string{"-j", "ACCEPT"}
-	case Drop:
-		return []string{"-j", "DROP"}
-	case Redirect:
-		return []string{"-j", "REDIRECT", "--to-ports", fmt.Sprint(t.Port)}
-	case TProxy:
-		return []string{"-j", "TPROXY", "--on-port", fmt.Sprint(t.Port), "--tproxy-mark", fmt.Sprintf("0x%x/0xffffffff", t.Mark)}
-	case SetMark:
-		mask := t.Mask
-		if mask == 0 {
-			mask = 0xffffffff
-		}
-		return []string{"-j", "MARK", "--set-xmark", fmt.Sprintf("0x%x/0x%x", t.Mark, mask)}
-	case ConnmarkSave:
-		return []string{"-j", "CONNMARK", "--save-mark", "--nfmask", "0xffffffff", "--ctmask", "0xffffffff"}
-	case ConnmarkRestore:
-		return []string{"-j", "CONNMARK", "--restore-mark", "--nfmask", "0xffffffff", "--ctmask", "0xffffffff"}
-	case CTZone:
-		return []string{"-j", "CT", "--zone", fmt.Sprint(t.Zone)}
-	case Masquerade:
-		return []string{"-j", "MASQUERADE"}
-	case DNAT:
-		return []string{"-j", "DNAT", "--to-destination", addrPort(t.To)}
-	case None:
-		return nil
-	}
-	panic(fmt.Sprintf("unknown target kind %d", t.Kind))
 }
 
 // BuiltinHook is the netfilter hook of an iptables built-in chain

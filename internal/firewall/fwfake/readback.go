@@ -14,7 +14,7 @@ import (
 func readBack(fam ruleset.Family, r ruleset.Rule, iptables bool) installed.Rule {
 	out := installed.Rule{Family: fam, Chain: r.Chain, Comment: r.Comment}
 	if iptables {
-		out.Spec = r.IPTablesSpec()
+		out.Spec = fwtext.IPTablesSpec(r)
 	} else {
 		out.Spec = fwtext.NftStatement(r)
 	}

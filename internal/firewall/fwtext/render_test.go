@@ -45,7 +45,7 @@ func TestRender(t *testing.T) {
 		{ruleset.Rule{Target: ruleset.Target{Kind: ruleset.Drop}}, "-j DROP", "counter drop"},
 		{ruleset.Rule{Target: ruleset.Target{Kind: ruleset.Accept}}, "-j ACCEPT", "counter accept"},
 	} {
-		if got := strings.Join(tc.r.IPTables(), " "); got != tc.ipt {
+		if got := strings.Join(IPTablesArgs(tc.r), " "); got != tc.ipt {
 			t.Errorf("IPTables:\n got %s\nwant %s", got, tc.ipt)
 		}
 		if got := NftRule(tc.r, upper); got != tc.nft {

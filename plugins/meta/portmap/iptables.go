@@ -12,6 +12,7 @@ import (
 	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
 	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/killpoint"
 	"github.com/meshwire/meshwire/internal/ruleset"
@@ -235,7 +236,7 @@ func masqueradesBit(bit int) func(installed.Rule) bool {
 // the transaction then fails on the chain it leaves behind, which changes
 // nothing.
 func iptDelete(tx *ruleset.Tx, nat ruleset.TableID, r installed.Rule) {
-	if spec, ok := r.IPTablesSpec(); ok {
+	if spec, ok := fwtext.InstalledIPTablesSpec(r); ok {
 		tx.DeleteRef(nat, ruleset.RuleRef{Chain: r.Chain, Spec: spec})
 	}
 }
