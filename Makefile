@@ -93,8 +93,8 @@ demo: build
 bench: deps build
 	MESHWIRE_BIN_DIR=$(BIN) $(GO) test -tags kernel -count=1 -run '^$$' -bench '$(BENCH)' -benchtime 1x -timeout 120m ./test/bench/...
 
-# bpf2go compiles ebpf/fastpath.c; clang and libbpf's headers are installed
-# when missing (the generated Go and object are committed: build needs neither).
+# bpf2go compiles ebpf/capture/capture.c and ebpf/fastpath/fastpath.c;
+# clang and libbpf's headers are installed when missing (the generated Go and object are committed: build needs neither).
 generate:
 	@command -v clang >/dev/null 2>&1 && test -f /usr/include/bpf/bpf_helpers.h || \
 	  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends clang llvm libbpf-dev linux-libc-dev >/dev/null; }

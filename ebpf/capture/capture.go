@@ -1,6 +1,6 @@
 // Package capture loads, attaches, pins, upgrades and reports meshwire's
 // netfilter-free interception (the "ebpf" mode; the programs are in
-// ../capture.c, see its header). Attach puts connect4/6, sendmsg4/6,
+// capture.c, see its header). Attach puts connect4/6, sendmsg4/6,
 // recvmsg4/6, getpeername4/6, sockops and getsockopt on the cgroup v2 root
 // and pins their links, the maps and
 // the inbound tc program under the pin directory, so that they outlive the
@@ -18,11 +18,11 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/meshwire/meshwire/ebpf/capture/pods"
-	"github.com/meshwire/meshwire/ebpf/fastpath"
+	"github.com/meshwire/meshwire/ebpf/loader"
 )
 
 // DefaultPinDir is where Attach pins, under bpffs.
-const DefaultPinDir = pods.DefaultPinDir
+const DefaultPinDir = loader.CapturePinDir
 
 // hook is one cgroup attachment, pinned as its link.
 type hook struct {
@@ -40,7 +40,7 @@ var hooks = []hook{
 	{"getpeername4_link", ebpf.AttachCgroupInet4GetPeername, func(o *bpfObjects) *ebpf.Program { return o.MwGetpeername4 }},
 	{"getpeername6_link", ebpf.AttachCgroupInet6GetPeername, func(o *bpfObjects) *ebpf.Program { return o.MwGetpeername6 }},
 	{"recvmsg6_link", ebpf.AttachCGroupUDP6Recvmsg, func(o *bpfObjects) *ebpf.Program { return o.MwRecvmsg6 }},
-	{pods.PinDNSHook, ebpf.AttachCGroupUDP4Recvmsg, func(o *bpfObjects) *ebpf.Program { return o.MwRecvmsg4 }},
+	{loader.PinDNSHook, ebpf.AttachCGroupUDP4Recvmsg, func(o *bpfObjects) *ebpf.Program { return o.MwRecvmsg4 }},
 	{"sendmsg6_link", ebpf.AttachCGroupUDP6Sendmsg, func(o *bpfObjects) *ebpf.Program { return o.MwSendmsg6 }},
 	{"sendmsg4_link", ebpf.AttachCGroupUDP4Sendmsg, func(o *bpfObjects) *ebpf.Program { return o.MwSendmsg4 }},
 	{"connect6_link", ebpf.AttachCGroupInet6Connect, func(o *bpfObjects) *ebpf.Program { return o.MwConnect6 }},
@@ -50,19 +50,19 @@ var hooks = []hook{
 // pinned maps, by pin name.
 func pinnedMaps(o *bpfObjects) map[string]*ebpf.Map {
 	return map[string]*ebpf.Map{
-		pods.PinPods: o.MwCapPods, pods.PinPorts: o.MwCapPorts, pods.PinCIDRs: o.MwCapCidrs,
-		pods.PinOrigDst: o.MwCapOrigdst, pods.PinCounters: o.MwCapCounters,
+		loader.PinPods: o.MwCapPods, loader.PinPorts: o.MwCapPorts, loader.PinCIDRs: o.MwCapCidrs,
+		loader.PinOrigDst: o.MwCapOrigdst, loader.PinCounters: o.MwCapCounters,
 	}
 }
 
 // mapNames are the maps' names in the object, by pin name.
 var mapNames = map[string]string{
-	pods.PinPods: "mw_cap_pods", pods.PinPorts: "mw_cap_ports", pods.PinCIDRs: "mw_cap_cidrs",
-	pods.PinOrigDst: "mw_cap_origdst", pods.PinCounters: "mw_cap_counters",
+	loader.PinPods: "mw_cap_pods", loader.PinPorts: "mw_cap_ports", loader.PinCIDRs: "mw_cap_cidrs",
+	loader.PinOrigDst: "mw_cap_origdst", loader.PinCounters: "mw_cap_counters",
 }
 
 // Result is what Attach did.
-type Result = fastpath.Result
+type Result = loader.Result
 
 // IsAttached reports whether the programs are attached at dir.
 func IsAttached(dir string) bool {
@@ -85,19 +85,16 @@ func pinDir(dir string) string {
 // connection escapes capture in between.
 func Attach(cgroup, dir string) (Result, error) {
 	dir = pinDir(dir)
-	if err := fastpath.Supported(); err != nil {
-		return 0, err
-	}
-	l, err := fastpath.Lock()
+	l, err := loader.LockToAttach()
 	if err != nil {
 		return 0, err
 	}
 	defer l.Release()
-	cg, err := fastpath.CgroupDir(cgroup)
+	cg, err := loader.CgroupDir(cgroup)
 	if err != nil {
 		return 0, err
 	}
-	if other, ok := fastpath.OtherLayout(pods.Root, dir, IsAttached); ok {
+	if other, ok := loader.OtherLayout(loader.CaptureRoot, dir, IsAttached); ok {
 		return 0, fmt.Errorf("the ebpf interception programs of another layout are attached (%s, by another meshwire version): its pods are registered there; delete them, then detach it with that version's `meshwire fastpath detach`", other)
 	}
 	attached := IsAttached(dir)
@@ -120,7 +117,7 @@ func Attach(cgroup, dir string) (Result, error) {
 	if attached {
 		return upgrade(cg, dir, objs)
 	}
-	return fastpath.Attached, attachFresh(cg, dir, objs)
+	return loader.Attached, attachFresh(cg, dir, objs)
 }
 
 func load(opts *ebpf.CollectionOptions) (*bpfObjects, error) {
@@ -132,9 +129,9 @@ func load(opts *ebpf.CollectionOptions) (*bpfObjects, error) {
 	if err := spec.LoadAndAssign(&objs, opts); err != nil {
 		var ve *ebpf.VerifierError
 		if errors.As(err, &ve) {
-			return nil, fmt.Errorf("%w: the kernel refused the ebpf interception programs (they need cgroup connect, getsockopt and sockops hooks, socket-local storage and bpf_sk_assign): %v", fastpath.ErrUnsupported, fastpath.FirstLines(fmt.Sprintf("%+v", ve), 3))
+			return nil, fmt.Errorf("%w: the kernel refused the ebpf interception programs (they need cgroup connect, getsockopt and sockops hooks, socket-local storage and bpf_sk_assign): %v", loader.ErrUnsupported, loader.FirstLines(fmt.Sprintf("%+v", ve), 3))
 		}
-		return nil, fmt.Errorf("%w: load the ebpf interception programs: %v", fastpath.ErrUnsupported, err)
+		return nil, fmt.Errorf("%w: load the ebpf interception programs: %v", loader.ErrUnsupported, err)
 	}
 	return &objs, nil
 }
@@ -158,7 +155,7 @@ func attachFresh(cg, dir string, objs *bpfObjects) error {
 			return fmt.Errorf("pin %s: %w", pin, err)
 		}
 	}
-	if err := objs.MwCapIngress.Pin(filepath.Join(dir, pods.PinIngress)); err != nil {
+	if err := objs.MwCapIngress.Pin(filepath.Join(dir, loader.PinIngress)); err != nil {
 		return fmt.Errorf("pin the inbound program: %w", err)
 	}
 	for _, h := range hooks {
@@ -174,7 +171,7 @@ func attachFresh(cg, dir string, objs *bpfObjects) error {
 func attachHook(cg, dir string, h hook, objs *bpfObjects) error {
 	l, err := link.AttachCgroup(link.CgroupOptions{Path: cg, Attach: h.attach, Program: h.prog(objs)})
 	if err != nil {
-		return fmt.Errorf("%w: attach %s to the cgroup %s: %v", fastpath.ErrUnsupported, h.attach, cg, err)
+		return fmt.Errorf("%w: attach %s to the cgroup %s: %v", loader.ErrUnsupported, h.attach, cg, err)
 	}
 	err = l.Pin(filepath.Join(dir, h.pin))
 	l.Close()
@@ -189,11 +186,11 @@ func attachHook(cg, dir string, h hook, objs *bpfObjects) error {
 // and pins objs' inbound program for pods registered from now on (pods
 // already registered keep the program their filters hold).
 func upgrade(cg, dir string, objs *bpfObjects) (Result, error) {
-	result := fastpath.AlreadyAttached
+	result := loader.AlreadyAttached
 	for _, h := range hooks {
 		l, err := link.LoadPinnedLink(filepath.Join(dir, h.pin), nil)
 		if errors.Is(err, os.ErrNotExist) {
-			result = fastpath.Replaced
+			result = loader.Replaced
 			if err := attachHook(cg, dir, h, objs); err != nil {
 				return result, err
 			}
@@ -204,7 +201,7 @@ func upgrade(cg, dir string, objs *bpfObjects) (Result, error) {
 		}
 		same, err := sameProgram(l, h.prog(objs))
 		if err == nil && !same {
-			result = fastpath.Replaced
+			result = loader.Replaced
 			err = l.Update(h.prog(objs))
 		}
 		l.Close()
@@ -212,8 +209,8 @@ func upgrade(cg, dir string, objs *bpfObjects) (Result, error) {
 			return result, fmt.Errorf("replace the program of %s: %w", h.pin, err)
 		}
 	}
-	if result == fastpath.Replaced {
-		path := filepath.Join(dir, pods.PinIngress)
+	if result == loader.Replaced {
+		path := filepath.Join(dir, loader.PinIngress)
 		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return result, fmt.Errorf("unpin the previous inbound program: %w", err)
 		}
@@ -255,12 +252,12 @@ func Detach(dir string, force bool) (bool, error) {
 	if _, err := os.Stat(dir); errors.Is(err, os.ErrNotExist) {
 		return false, nil
 	}
-	l, err := fastpath.Lock()
+	l, err := loader.Lock()
 	if err != nil {
 		return false, err
 	}
 	defer l.Release()
-	if m, err := ebpf.LoadPinnedMap(filepath.Join(dir, pods.PinPods), nil); err == nil {
+	if m, err := ebpf.LoadPinnedMap(filepath.Join(dir, loader.PinPods), nil); err == nil {
 		keys, err := podKeys(m)
 		if err == nil && len(keys) > 0 && !force {
 			err = fmt.Errorf("%d pods use ebpf interception: detaching would send their connections past their sidecars (delete them first, or force)", len(keys))
@@ -325,7 +322,7 @@ func ReadStatus(dir string) (Status, error) {
 		return st, nil
 	}
 	st.Attached = true
-	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, pods.PinPods), nil)
+	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, loader.PinPods), nil)
 	if err != nil {
 		return st, fmt.Errorf("open the pinned pods map: %w", err)
 	}
@@ -335,7 +332,7 @@ func ReadStatus(dir string) (Status, error) {
 		return st, fmt.Errorf("walk the pods map: %w", err)
 	}
 	st.Pods = len(keys)
-	sum, err := fastpath.SumCounters(filepath.Join(dir, pods.PinCounters), counterCount)
+	sum, err := loader.SumCounters(filepath.Join(dir, loader.PinCounters), counterCount)
 	if err != nil {
 		return st, err
 	}

@@ -14,8 +14,9 @@ import (
 	"time"
 
 	"github.com/meshwire/meshwire/ebpf/capture/pods"
-	"github.com/meshwire/meshwire/ebpf/fastpath"
+	"github.com/meshwire/meshwire/ebpf/loader"
 	"github.com/meshwire/meshwire/internal/intercept"
+	"github.com/meshwire/meshwire/internal/intercept/apply"
 	"github.com/meshwire/meshwire/internal/kerneltest"
 	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/internal/origdst"
@@ -52,7 +53,7 @@ func TestOutboundRedirect(t *testing.T) {
 	cfg := intercept.Default()
 	cfg.InboundPorts = intercept.Ports{}
 	cfg.OutboundPortsExclude = []uint16{9999}
-	s, err := pods.SettingsOf(cfg, nil)
+	s, err := apply.SettingsOf(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -108,7 +109,7 @@ func TestOutboundRedirect(t *testing.T) {
 func TestStale(t *testing.T) {
 	kerneltest.Require(t)
 	dir := attachForTest(t)
-	s, err := pods.SettingsOf(intercept.Default(), nil)
+	s, err := apply.SettingsOf(intercept.Default(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -169,7 +170,7 @@ func TestStale(t *testing.T) {
 func TestDNSHooksUpgrade(t *testing.T) {
 	kerneltest.Require(t)
 	dir := attachForTest(t)
-	dnsHooks := []string{"getpeername4_link", "getpeername6_link", "recvmsg6_link", pods.PinDNSHook, "sendmsg6_link", "sendmsg4_link"}
+	dnsHooks := []string{"getpeername4_link", "getpeername6_link", "recvmsg6_link", loader.PinDNSHook, "sendmsg6_link", "sendmsg4_link"}
 	for _, pin := range dnsHooks {
 		if err := os.Remove(filepath.Join(dir, pin)); err != nil {
 			t.Fatal(err)
@@ -178,7 +179,7 @@ func TestDNSHooksUpgrade(t *testing.T) {
 	_, path := kerneltest.NewNS(t, "capture-dns")
 	cfg := intercept.Default()
 	cfg.RedirectDNS, cfg.CaptureAllDNS = true, true
-	s, err := pods.SettingsOf(cfg, nil)
+	s, err := apply.SettingsOf(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +191,7 @@ func TestDNSHooksUpgrade(t *testing.T) {
 		t.Fatalf("after the refusal: %+v, %v; want no pod registered", st, err)
 	}
 	res, err := Attach("", dir)
-	if err != nil || res != fastpath.Replaced {
+	if err != nil || res != loader.Replaced {
 		t.Fatalf("attach over the older build: %v, %v; want Replaced", res, err)
 	}
 	for _, pin := range dnsHooks {

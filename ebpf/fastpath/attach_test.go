@@ -5,7 +5,6 @@ package fastpath
 import (
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,6 +15,7 @@ import (
 	"github.com/cilium/ebpf/link"
 
 	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
+	"github.com/meshwire/meshwire/ebpf/loader"
 	"github.com/meshwire/meshwire/internal/kerneltest"
 )
 
@@ -56,7 +56,7 @@ func TestAttachReplacesOtherBuild(t *testing.T) {
 		t.Fatalf("a fast path is attached at %s before the test", DefaultPinDir)
 	}
 	cfg := Defaults()
-	cfg.PinDir = filepath.Join(bpffs, "mwt-upgrade")
+	cfg.PinDir = filepath.Join(loader.BPFFS, "mwt-upgrade")
 	t.Cleanup(func() { _, _ = Detach(cfg.PinDir) })
 
 	this, err := load(cfg, loadBpf)
@@ -83,7 +83,7 @@ func TestAttachReplacesOtherBuild(t *testing.T) {
 	}
 	before := liveSockhashes(t) // this and other, loaded above
 
-	step := func(name string, load func() (*ebpf.CollectionSpec, error), want Result, wantTags tags) {
+	step := func(name string, load func() (*ebpf.CollectionSpec, error), want loader.Result, wantTags tags) {
 		t.Helper()
 		res, err := attach(cfg, load)
 		if err != nil || res != want {
@@ -108,7 +108,7 @@ func TestAttachReplacesOtherBuild(t *testing.T) {
 			t.Fatalf("%s: %d fast-path sockhashes attached, want 1 (a replaced build's maps must go with it)", name, n)
 		}
 	}
-	step("first attach, the other build", otherBuild, Attached, otherTags)
+	step("first attach, the other build", otherBuild, loader.Attached, otherTags)
 	// A meshed pod's policy, written at its ADD, survives the upgrade.
 	pods, err := ebpf.LoadPinnedMap(filepath.Join(cfg.PinDir, pinPods), nil)
 	if err != nil {
@@ -120,12 +120,12 @@ func TestAttachReplacesOtherBuild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	step("attach, this build over the other", loadBpf, Replaced, thisTags)
+	step("attach, this build over the other", loadBpf, loader.Replaced, thisTags)
 	if kept, err := readPodPolicies(cfg.PinDir); err != nil || len(kept) != 1 || kept[cookie].Flags != podpolicy.FlagIntoProxy {
 		t.Fatalf("pod policies after the upgrade: %v, %v; want the one written before", kept, err)
 	}
-	step("attach again", loadBpf, AlreadyAttached, thisTags)
-	step("the other build over this one", otherBuild, Replaced, otherTags)
+	step("attach again", loadBpf, loader.AlreadyAttached, thisTags)
+	step("the other build over this one", otherBuild, loader.Replaced, otherTags)
 
 	d, err := Detach(cfg.PinDir)
 	if err != nil || !d.WasAttached {
@@ -136,39 +136,12 @@ func TestAttachReplacesOtherBuild(t *testing.T) {
 	}
 }
 
-// TestLockSharedThroughMounts: the attach/detach lock is on the bpffs
-// mount, so a process in another mount namespace that sees it through a
-// bind mount (a DaemonSet's container with the host's /sys/fs/bpf) waits
-// for it.
-func TestLockSharedThroughMounts(t *testing.T) {
-	kerneltest.Require(t)
-	if err := ensureBPFFS(); err != nil {
-		t.Fatal(err)
-	}
-	l, err := lock()
-	if err != nil {
-		t.Fatal(err)
-	}
-	inContainer := func() error {
-		mnt := t.TempDir()
-		return exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c",
-			"mount --bind "+lockDir+" "+mnt+" && flock --nonblock "+mnt+" true").Run()
-	}
-	if err := inContainer(); err == nil {
-		t.Fatal("another mount namespace took the lock while it was held")
-	}
-	l.Release()
-	if err := inContainer(); err != nil {
-		t.Fatalf("another mount namespace could not take the free lock: %v", err)
-	}
-}
-
 // TestOtherSockops: a sockops program of another tool attached at the
 // cgroup is listed, with its name and tag; meshwire's own is not. The
 // programs go on a throwaway child cgroup, not the node's root.
 func TestOtherSockops(t *testing.T) {
 	kerneltest.Require(t)
-	root, err := Cgroup2Root()
+	root, err := loader.Cgroup2Root()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +198,7 @@ func TestReplaceRefusedBesideOtherLayout(t *testing.T) {
 	}
 	cfg := Defaults()
 	t.Cleanup(func() { _, _ = Detach(cfg.PinDir) })
-	if res, err := attach(cfg, otherBuild); err != nil || res != Attached {
+	if res, err := attach(cfg, otherBuild); err != nil || res != loader.Attached {
 		t.Fatalf("attach the other build: %v, %v", res, err)
 	}
 	before, err := attachedTags(cfg.PinDir)
@@ -234,9 +207,9 @@ func TestReplaceRefusedBesideOtherLayout(t *testing.T) {
 	}
 	// Another layout's, attached where its own check let it (outside the
 	// layouts' directory), then moved beside this one's.
-	older := filepath.Join(podpolicy.Root, "v1")
+	older := filepath.Join(loader.FastpathRoot, "v1")
 	elsewhere := Defaults()
-	elsewhere.PinDir = filepath.Join(bpffs, "mwt-older")
+	elsewhere.PinDir = filepath.Join(loader.BPFFS, "mwt-older")
 	t.Cleanup(func() { _, _ = Detach(older); _, _ = Detach(elsewhere.PinDir) })
 	if _, err := Attach(elsewhere); err != nil {
 		t.Fatal(err)

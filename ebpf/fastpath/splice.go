@@ -5,6 +5,8 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf/btf"
+
+	"github.com/meshwire/meshwire/ebpf/loader"
 )
 
 // Bytes the fast path hands over wait in the receiver's psock queue, which
@@ -22,7 +24,7 @@ func SplicesRedirected() (bool, error) {
 	spliceOnce.Do(func() {
 		spec, err := btf.LoadKernelSpec()
 		if err != nil {
-			spliceErr = unsupported("read the kernel's BTF: %v", err)
+			spliceErr = loader.Unsupported("read the kernel's BTF: %v", err)
 			return
 		}
 		spliceOK = splicesRedirected(spec)

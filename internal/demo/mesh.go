@@ -19,6 +19,7 @@ import (
 
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
+	"github.com/meshwire/meshwire/ebpf/loader"
 	"github.com/meshwire/meshwire/internal/cniruntime"
 	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/internal/proxylog"
@@ -266,7 +267,7 @@ func (d *demo) fastpathOn() func() {
 		fmt.Fprintf(d.out, "  skip  eBPF fast path: %v\n", err)
 		return nil
 	}
-	if res == fastpath.AlreadyAttached {
+	if res == loader.AlreadyAttached {
 		fmt.Fprintf(d.out, "        eBPF fast path: already attached, used as it is\n")
 		return nil
 	}

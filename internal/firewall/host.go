@@ -100,7 +100,7 @@ func DeleteMatching(ctx context.Context, fw Interface, fam ruleset.Family, table
 		id := ruleset.TableID{Family: fam, Name: table}
 		for _, r := range c.Rules {
 			if sel(r) {
-				tx.DeleteRef(id, r.Ref())
+				tx.DeleteRef(id, fwtext.Ref(r))
 			}
 		}
 		if tx.Empty() {

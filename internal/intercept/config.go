@@ -17,7 +17,7 @@ const (
 	ModeRedirect Mode = "REDIRECT" // nat REDIRECT; the proxy reads SO_ORIGINAL_DST
 	ModeTProxy   Mode = "TPROXY"   // mangle TPROXY + policy routing; the client's source stays visible
 	// ModeEBPF: no netfilter rule in the pod; the node's eBPF programs
-	// (ebpf/capture.c) redirect at connect() and hand inbound SYNs to the
+	// (ebpf/capture/capture.c) redirect at connect() and hand inbound SYNs to the
 	// proxy, and answer SO_ORIGINAL_DST as REDIRECT's conntrack does.
 	ModeEBPF Mode = "EBPF"
 )

@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
 	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
@@ -23,9 +24,9 @@ func (rs *RuleSet) Fingerprint() string {
 		fmt.Fprintf(h, "*%s %s\n", t.Name, strings.Join(t.Chains, " "))
 		for _, r := range t.Rules {
 			if rs.Family == 0 {
-				fmt.Fprintf(h, "add rule %s %s\n", r.Chain, r.NFT(NftChain))
+				fmt.Fprintf(h, "add rule %s %s\n", r.Chain, fwtext.NftRule(r, NftChain))
 			} else {
-				fmt.Fprintf(h, "-A %s %s\n", r.Chain, strings.Join(r.IPTables(), " "))
+				fmt.Fprintf(h, "-A %s %s\n", r.Chain, strings.Join(fwtext.IPTablesArgs(r), " "))
 			}
 		}
 	}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
 	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
@@ -149,7 +150,9 @@ func nftTable(a attachment.ID, addrs []net.IPNet) ruleset.Table {
 }
 
 // NftAdd renders the nft script that (re)creates the attachment's table.
-func NftAdd(a attachment.ID, addrs []net.IPNet) string { return nftTable(a, addrs).Script() }
+func NftAdd(a attachment.ID, addrs []net.IPNet) string {
+	return fwtext.NftReplaceTable(nftTable(a, addrs))
+}
 
 // The chain of the nat table that holds the masquerade rules.
 const natChain = "POSTROUTING"

@@ -4,11 +4,13 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/meshwire/meshwire/ebpf/bpfnode"
 	"github.com/meshwire/meshwire/ebpf/capture"
 	"github.com/meshwire/meshwire/ebpf/capture/pods"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podrecord"
+	"github.com/meshwire/meshwire/ebpf/loader"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
@@ -74,7 +76,7 @@ func (s *nsSweep) sweep(stale map[uint64]uint64, forget func(ns, ino uint64) err
 // nothing and says why (netns.ErrPartialView): there, live pods would look
 // gone.
 func (f *FastpathOwner) Collect() error {
-	dir, rules := f.Config.PinDir, podpolicy.RulesDir(f.Config.PinDir)
+	dir, rules := f.Config.PinDir, loader.RulesDir(f.Config.PinDir)
 	for _, c := range []struct {
 		what   string
 		sweep  *nsSweep
@@ -116,17 +118,33 @@ func (f *FastpathOwner) Collected() (registrations, policies uint64) {
 	return f.captureGC.collected, f.policyGC.collected
 }
 
-// Ensure attaches the fast path unless it is attached. It returns nil when
-// the fast path is attached afterwards; the caller reports the error.
+// Ensure attaches the ebpf interception programs and the fast path
+// unless they are attached (bpfnode.Attach, interception first: when it
+// fails nothing is attached). It returns nil when both are attached
+// afterwards; the caller reports the error.
 func (f *FastpathOwner) Ensure() error {
-	if err := f.ensureCapture(); err != nil {
-		return err
+	r, err := bpfnode.Attach(bpfnode.Options{
+		Fastpath:     f.Config,
+		CaptureFirst: true,
+		SkipCapture:  f.captured && capture.IsAttached(""),
+		SkipFastpath: f.owned && f.lastErr == nil && fastpath.IsAttached(f.Config.PinDir),
+	})
+	if r.CaptureRan {
+		f.captured = r.Failed != bpfnode.StepCapture
 	}
-	if f.owned && f.lastErr == nil && fastpath.IsAttached(f.Config.PinDir) {
+	switch {
+	case r.Failed == bpfnode.StepCapture:
+		return fmt.Errorf("attach the ebpf interception programs: %w", err)
+	case !r.CaptureRan:
+	case r.Capture == loader.Replaced:
+		f.Logf("replaced the ebpf interception programs of another meshwire build in place (%s)", capture.DefaultPinDir)
+	case r.Capture == loader.Attached:
+		f.Logf("attached the ebpf interception programs (pinned in %s)", capture.DefaultPinDir)
+	}
+	if !r.FastpathRan {
 		return nil
 	}
-	res, err := fastpath.Attach(f.Config)
-	already := err == nil && res == fastpath.AlreadyAttached
+	already := err == nil && r.Fastpath == loader.AlreadyAttached
 	switch {
 	case err != nil:
 		err = fmt.Errorf("attach the fast path: %w", err)
@@ -140,7 +158,7 @@ func (f *FastpathOwner) Ensure() error {
 	case already:
 	default:
 		switch {
-		case res == fastpath.Replaced:
+		case r.Fastpath == loader.Replaced:
 			f.Logf("replaced the fast path of another meshwire build with this one's (pinned in %s); its connections keep the old one until they close", f.Config.PinDir)
 		case f.owned:
 			f.Logf("the fast path was detached by someone else; attached it again (pinned in %s)", f.Config.PinDir)
@@ -149,42 +167,19 @@ func (f *FastpathOwner) Ensure() error {
 		}
 		f.owned = true
 		f.attaches++
-		f.replayRecords()
+		// The meshed pods' fast-path records (podrecord), written into
+		// the fast path just attached: their policies survive this
+		// agent's restart (which detaches) and reach pods created while
+		// it was not attached.
+		if r.Replay.Pods > 0 || r.Replay.Dropped > 0 {
+			f.Logf("restored the fast-path policies of %d meshed pods from %s (%d records of namespaces gone removed)", r.Replay.Pods, podrecord.Dir, r.Replay.Dropped)
+		}
+		if r.ReplayErr != nil {
+			f.Logf("restoring the meshed pods' fast-path policies: %v", r.ReplayErr)
+		}
 	}
 	f.lastErr = err
 	return err
-}
-
-// replayRecords writes the meshed pods' fast-path records (podrecord) into
-// the fast path just attached: their policies survive this agent's restart
-// (which detaches) and reach pods created while it was not attached.
-func (f *FastpathOwner) replayRecords() {
-	done, err := podrecord.Replay("", f.Config.PinDir, netns.Live)
-	if done.Pods > 0 || done.Dropped > 0 {
-		f.Logf("restored the fast-path policies of %d meshed pods from %s (%d records of namespaces gone removed)", done.Pods, podrecord.Dir, done.Dropped)
-	}
-	if err != nil {
-		f.Logf("restoring the meshed pods' fast-path policies: %v", err)
-	}
-}
-
-// ensureCapture attaches the ebpf interception programs unless they are
-// attached (an earlier build's are replaced in place).
-func (f *FastpathOwner) ensureCapture() error {
-	if f.captured && capture.IsAttached("") {
-		return nil
-	}
-	res, err := capture.Attach(f.Config.Cgroup, "")
-	f.captured = err == nil
-	switch {
-	case err != nil:
-		return fmt.Errorf("attach the ebpf interception programs: %w", err)
-	case res == fastpath.Replaced:
-		f.Logf("replaced the ebpf interception programs of another meshwire build in place (%s)", capture.DefaultPinDir)
-	case res == fastpath.Attached:
-		f.Logf("attached the ebpf interception programs (pinned in %s)", capture.DefaultPinDir)
-	}
-	return nil
 }
 
 // Attaches counts the attachments this owner made.

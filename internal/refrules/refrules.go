@@ -54,6 +54,7 @@ import (
 
 	"github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
 	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
@@ -295,7 +296,7 @@ func (n *node) dropNftRules(ctx context.Context, fam ruleset.Family, table strin
 		if c := t.Chain(name); c != nil {
 			for _, r := range c.Rules {
 				if sel(r.Comment) {
-					del.DeleteRef(t.ID(), r.Ref())
+					del.DeleteRef(t.ID(), fwtext.Ref(r))
 				} else {
 					others++
 				}

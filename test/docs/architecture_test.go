@@ -123,3 +123,54 @@ func contains(lines []string, l string) bool {
 	}
 	return false
 }
+
+// lowHelpers are the packages outside ebpf/ that ebpf/ may import: low
+// helpers that know nothing of interception, plugins or commands.
+var lowHelpers = []string{"internal/filelock", "internal/netns", "internal/recordfile"}
+
+// TestEBPFIsALowerLayer: nothing in ebpf/ imports upward (interception,
+// plugins, commands: anything but ebpf/ and lowHelpers), and the two
+// programs' loaders share ebpf/loader rather than import each other.
+func TestEBPFIsALowerLayer(t *testing.T) {
+	for _, v := range lowerLayerViolations(importGraph(t)) {
+		t.Error(v)
+	}
+}
+
+// lowerLayerViolations lists the imports of g that break the layering.
+func lowerLayerViolations(g map[string][]string) []string {
+	var out []string
+	for pkg, deps := range g {
+		if !strings.HasPrefix(pkg, "ebpf/") {
+			continue
+		}
+		for _, d := range deps {
+			switch {
+			case !strings.HasPrefix(d, "ebpf/") && !contains(lowHelpers, d):
+				out = append(out, fmt.Sprintf("%s imports %s: ebpf/ is a lower layer (it may import ebpf/ and %s only)", pkg, d, strings.Join(lowHelpers, ", ")))
+			case pkg == "ebpf/capture" && strings.HasPrefix(d, "ebpf/fastpath"),
+				pkg == "ebpf/fastpath" && strings.HasPrefix(d, "ebpf/capture"):
+				out = append(out, fmt.Sprintf("%s imports %s: the loaders share ebpf/loader, not each other", pkg, d))
+			}
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// TestLowerLayerCheckFails: the check catches an upward import and a
+// sideways one between the loaders.
+func TestLowerLayerCheckFails(t *testing.T) {
+	for _, g := range []map[string][]string{
+		{"ebpf/capture/pods": {"internal/intercept"}},
+		{"ebpf/capture": {"ebpf/fastpath"}},
+		{"ebpf/fastpath": {"ebpf/capture/pods"}},
+	} {
+		if len(lowerLayerViolations(g)) == 0 {
+			t.Errorf("the check passes %v", g)
+		}
+	}
+	if v := lowerLayerViolations(map[string][]string{"ebpf/capture": {"ebpf/loader", "internal/netns"}, "internal/intercept/apply": {"ebpf/capture/pods"}}); len(v) != 0 {
+		t.Errorf("the check refuses allowed imports: %v", v)
+	}
+}

@@ -11,8 +11,8 @@ import (
 	"testing"
 
 	"github.com/meshwire/meshwire/ebpf/capture/pods"
-	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podrecord"
+	"github.com/meshwire/meshwire/ebpf/loader"
 	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/test/harness"
 	ie "github.com/meshwire/meshwire/test/interceptenv"
@@ -26,7 +26,7 @@ func mirrored(t *testing.T, ns *harness.NS) (pods.Capture, bool) {
 	var ok bool
 	err := netns.Enter(ns.Path, func() error {
 		var err error
-		c, ok, err = pods.Registered(podpolicy.RulesDir(""))
+		c, ok, err = pods.Registered(loader.RulesDir(""))
 		return err
 	})
 	if err != nil {

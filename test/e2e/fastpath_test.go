@@ -22,6 +22,7 @@ import (
 
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
+	"github.com/meshwire/meshwire/ebpf/loader"
 	"github.com/meshwire/meshwire/internal/installer"
 	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/internal/probe"
@@ -652,7 +653,7 @@ func TestFastpathRefused(t *testing.T) {
 	// Another layout's fast path (pinned beside this one's, as an older
 	// meshwire pins it) would keep taking the sockets: attach refuses and
 	// says how to detach it.
-	older := filepath.Join(podpolicy.Root, "v1")
+	older := filepath.Join(loader.FastpathRoot, "v1")
 	if code, out := fastpathCmd(t, h, "attach", "--pin-dir", older); code != 0 {
 		t.Fatalf("attach at %s: exit %d: %s", older, code, out)
 	}

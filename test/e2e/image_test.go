@@ -15,6 +15,7 @@ import (
 
 	"github.com/meshwire/meshwire/ebpf/capture"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
+	"github.com/meshwire/meshwire/ebpf/loader"
 	"github.com/meshwire/meshwire/internal/installer"
 	"github.com/meshwire/meshwire/test/harness"
 )
@@ -102,10 +103,10 @@ func TestImageNodeAgent(t *testing.T) {
 	if st := fastpathStatus(t, h); st.Attached {
 		t.Fatalf("the fast path is attached before the test (%s)", st.PinDir)
 	}
-	if err := fastpath.Supported(); err != nil { // mounts the host's bpffs
+	if err := loader.Supported(); err != nil { // mounts the host's bpffs
 		t.Fatal(err)
 	}
-	cgroup, err := fastpath.Cgroup2Root()
+	cgroup, err := loader.Cgroup2Root()
 	if err != nil {
 		t.Fatal(err)
 	}

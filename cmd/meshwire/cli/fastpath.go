@@ -12,10 +12,11 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/meshwire/meshwire/ebpf/bpfnode"
 	"github.com/meshwire/meshwire/ebpf/capture"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podrecord"
-	"github.com/meshwire/meshwire/internal/netns"
+	"github.com/meshwire/meshwire/ebpf/loader"
 )
 
 // fastpathCmd is `meshwire fastpath attach|detach|status`.
@@ -84,29 +85,37 @@ func (e *env) fastpathAttach(cfg fastpath.Config) error {
 	if os.Geteuid() != 0 {
 		return errors.New("fastpath attach: must run as root (it loads BPF programs and attaches them to the cgroup v2 root)")
 	}
-	res, err := fastpath.Attach(cfg)
-	if err != nil {
+	// The ebpf interception programs (pods opt in with EBPF mode) go with
+	// the fast path, after it; their failure leaves the fast path attached.
+	r, err := bpfnode.Attach(bpfnode.Options{Fastpath: cfg})
+	if r.Failed == bpfnode.StepFastpath {
 		return fmt.Errorf("fastpath attach: %w (nothing was changed; pods keep working through the interception rules)", err)
 	}
-	switch res {
-	case fastpath.AlreadyAttached:
+	switch r.Fastpath {
+	case loader.AlreadyAttached:
 		fmt.Fprintf(e.out, "fast path already attached (%s)\n", cfg.PinDir)
-	case fastpath.Replaced:
+	case loader.Replaced:
 		fmt.Fprintf(e.out, "fast path of another meshwire build replaced by this one's (pinned in %s; its connections keep the old one until they close)\n", cfg.PinDir)
 	default:
 		fmt.Fprintf(e.out, "fast path attached (pinned in %s)\n", cfg.PinDir)
 	}
-	if res != fastpath.AlreadyAttached {
-		e.replayRecords(cfg.PinDir)
+	if r.Replayed {
+		// The meshed pods' fast-path records (policies and copies of
+		// their interception settings, podrecord); a failure is
+		// reported, not fatal.
+		if r.Replay.Pods > 0 || r.Replay.Dropped > 0 {
+			fmt.Fprintf(e.out, "meshed pods' policies restored from %s: %d (%d of namespaces gone, removed)\n", podrecord.Dir, r.Replay.Pods, r.Replay.Dropped)
+		}
+		if r.ReplayErr != nil {
+			fmt.Fprintf(e.out, "warning: restoring the meshed pods' policies: %v\n", r.ReplayErr)
+		}
 	}
-	// The ebpf interception programs (pods opt in with EBPF mode) go with
-	// the fast path; their failure leaves the fast path attached.
-	switch res, err := capture.Attach(cfg.Cgroup, ""); {
+	switch {
 	case err != nil:
 		return fmt.Errorf("fastpath attach: the fast path is attached, the ebpf interception programs are not: %w", err)
-	case res == fastpath.AlreadyAttached:
+	case r.Capture == loader.AlreadyAttached:
 		fmt.Fprintf(e.out, "ebpf interception already attached (%s)\n", capture.DefaultPinDir)
-	case res == fastpath.Replaced:
+	case r.Capture == loader.Replaced:
 		fmt.Fprintf(e.out, "ebpf interception programs of another meshwire build replaced in place (%s)\n", capture.DefaultPinDir)
 	default:
 		fmt.Fprintf(e.out, "ebpf interception attached (pinned in %s)\n", capture.DefaultPinDir)
@@ -115,19 +124,6 @@ func (e *env) fastpathAttach(cfg fastpath.Config) error {
 		fmt.Fprintf(e.out, "warning: other sockops programs are attached at %s: %s; they see the same sockets, and one that redirects their messages competes with the fast path\n", dir, describePrograms(others))
 	}
 	return nil
-}
-
-// replayRecords writes the meshed pods' fast-path records (policies and
-// copies of their interception settings, podrecord) into the fast path
-// just attached at pinDir; a failure is reported, not fatal.
-func (e *env) replayRecords(pinDir string) {
-	done, err := podrecord.Replay("", pinDir, netns.Live)
-	if done.Pods > 0 || done.Dropped > 0 {
-		fmt.Fprintf(e.out, "meshed pods' policies restored from %s: %d (%d of namespaces gone, removed)\n", podrecord.Dir, done.Pods, done.Dropped)
-	}
-	if err != nil {
-		fmt.Fprintf(e.out, "warning: restoring the meshed pods' policies: %v\n", err)
-	}
 }
 
 // describePrograms names programs for a message: "id 12 (name, tag ...)".

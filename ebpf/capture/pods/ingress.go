@@ -11,6 +11,8 @@ import (
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/meshwire/meshwire/ebpf/loader"
 )
 
 // The inbound program's tc filter on a pod's interface: meshwire's handle
@@ -27,7 +29,7 @@ const (
 // excluded interfaces), adding a clsact qdisc where the interface has no
 // ingress qdisc. Run again, it replaces its own filters.
 func AttachIngress(dir string, skip []string) error {
-	prog, err := ebpf.LoadPinnedProgram(filepath.Join(pinDir(dir), PinIngress), nil)
+	prog, err := ebpf.LoadPinnedProgram(filepath.Join(pinDir(dir), loader.PinIngress), nil)
 	if err != nil {
 		return fmt.Errorf("%w: open the inbound program: %v", ErrNotAttached, err)
 	}

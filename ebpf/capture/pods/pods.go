@@ -1,5 +1,5 @@
 // Package pods registers meshed pods with meshwire's netfilter-free
-// interception (the "ebpf" mode, ../../capture.c): a pod's capture
+// interception (the "ebpf" mode, ../capture.c): a pod's capture
 // settings go into the pinned maps under its network namespace cookie,
 // and the pinned inbound program is attached to its interfaces. It opens
 // pins only and never loads programs, so the intercept plugin carries none
@@ -10,7 +10,6 @@ package pods
 import (
 	"errors"
 	"fmt"
-	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -18,40 +17,17 @@ import (
 	"github.com/cilium/ebpf"
 	"golang.org/x/sys/unix"
 
+	"github.com/meshwire/meshwire/ebpf/loader"
 	"github.com/meshwire/meshwire/ebpf/nsmap"
-	"github.com/meshwire/meshwire/internal/intercept"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
-// LayoutVersion names the layout of the pinned objects; a program or map
-// change that an older meshwire could not read bumps it.
-//
-// v2: struct pod_capture gained netns_ino.
-const LayoutVersion = "v2"
-
-// Root holds the pin directories of every layout version.
-const Root = "/sys/fs/bpf/meshwire/capture"
-
-// DefaultPinDir is where the programs of this layout are pinned.
-const DefaultPinDir = Root + "/" + LayoutVersion
-
-// Names of the pins under the pin directory.
+// Limits of struct pod_capture (capture.c's MAX_OWNERS, MAX_GROUPS;
+// interception's own limits for EBPF mode are checked against them where
+// its settings are turned into these entries, internal/intercept/apply).
 const (
-	PinPods     = "pods"
-	PinPorts    = "ports"
-	PinCIDRs    = "cidrs"
-	PinOrigDst  = "origdst"
-	PinCounters = "counters"
-	PinIngress  = "ingress" // the tc program each pod's interfaces run
-	// PinDNSHook is recvmsg4's link: attached by builds that capture DNS
-	// (an older build's programs, still attached, would not).
-	PinDNSHook = "recvmsg4_link"
-)
-
-// Limits of struct pod_capture.
-const (
-	MaxOwners = intercept.MaxEBPFOwners
-	MaxGroups = intercept.MaxEBPFGroups
+	MaxOwners = 8
+	MaxGroups = 64
 )
 
 // Flags of struct pod_capture (enum pod_flag).
@@ -63,7 +39,7 @@ const (
 	FlagGroupsOnly
 	FlagDNS    // DNS capture (redirect-dns)
 	FlagDNSAll // to every server, else the CIDRDNS ones
-	// FlagEBPFMode, in the fast path's mirror (MirrorOf): the pod is in
+	// FlagEBPFMode, in the fast path's mirror (apply.MirrorOf): the pod is in
 	// EBPF interception mode, whose connect() hook captures.
 	FlagEBPFMode
 )
@@ -124,120 +100,6 @@ type Settings struct {
 	CIDRs   []CIDRKey
 }
 
-// ErrUnsupportedSetting marks a setting the ebpf mode does not implement.
-var ErrUnsupportedSetting = errors.New("not available in ebpf interception mode")
-
-func unsupportedSetting(format string, a ...any) error {
-	return fmt.Errorf("%s: %w (use REDIRECT or TPROXY for it)", fmt.Sprintf(format, a...), ErrUnsupportedSetting)
-}
-
-// SettingsOf turns a pod's interception config and its own addresses (the
-// destinations its connections reach over lo) into its map entries. The
-// settings the ebpf mode does not implement are errors naming them.
-func SettingsOf(c intercept.Config, local []netip.Addr) (Settings, error) {
-	var s Settings
-	switch {
-	case len(c.KubeVirtInterfaces) > 0:
-		return s, unsupportedSetting("kube-virt-interfaces")
-	case len(c.ProxyUIDs)+len(c.ProxyGIDs) > MaxOwners:
-		return s, unsupportedSetting("more than %d proxy uids and gids together", MaxOwners)
-	case len(c.OutboundGroups.GIDs) > MaxGroups:
-		return s, unsupportedSetting("more than %d owner groups", MaxGroups)
-	}
-	p := &s.Capture
-	p.OutboundPort, p.InboundPort, p.TunnelPort = c.ProxyPort, c.InboundCapturePort, c.InboundTunnelPort
-	for _, u := range c.ProxyUIDs {
-		p.OwnerID[p.Owners] = u
-		p.Owners++
-	}
-	for _, g := range c.ProxyGIDs {
-		p.OwnerGID |= 1 << p.Owners
-		p.OwnerID[p.Owners] = g
-		p.Owners++
-	}
-	for _, g := range c.OutboundGroups.GIDs {
-		p.Group[p.Groups] = g
-		p.Groups++
-	}
-	if c.OutboundGroups.Only {
-		p.Flags |= FlagGroupsOnly
-	}
-	lo := c.IPv4Loopback
-	if !lo.IsValid() {
-		lo = netip.MustParsePrefix("127.0.0.1/32")
-	}
-	if !lo.Addr().Is4() {
-		return s, fmt.Errorf("IPv4 loopback range %s is not IPv4", lo)
-	}
-	p.Lo4 = lo.Masked().Addr().As4()
-	mask := ^uint32(0) << (32 - lo.Bits())
-	if lo.Bits() == 0 {
-		mask = 0
-	}
-	p.Lo4Mask = [4]byte{byte(mask >> 24), byte(mask >> 16), byte(mask >> 8), byte(mask)}
-	if c.OutboundCIDRs.All {
-		p.Flags |= FlagOutAll
-	}
-	for _, pr := range c.OutboundCIDRs.Prefixes {
-		if pr.Addr().Unmap().IsLoopback() {
-			p.Flags |= FlagLoopbackIncluded
-		}
-	}
-	if !c.InboundPorts.Empty() {
-		p.Flags |= FlagIn
-	}
-	if c.InboundPorts.All {
-		p.Flags |= FlagInAll
-	}
-	port := func(kind uint8, ports ...uint16) {
-		for _, n := range ports {
-			s.Ports = append(s.Ports, PortKey{Port: n, Kind: kind})
-		}
-	}
-	port(PortOutExclude, c.OutboundPortsExclude...)
-	port(PortOutInclude, c.OutboundPorts...)
-	if c.InboundPorts.All {
-		port(PortInExclude, c.InboundPortsExclude...)
-	} else {
-		port(PortInInclude, c.InboundPorts.Ports...)
-	}
-	cidr := func(kind uint32, pr netip.Prefix) {
-		a := pr.Masked().Addr()
-		bits := pr.Bits()
-		if a.Is4() {
-			bits += 96
-		}
-		s.CIDRs = append(s.CIDRs, CIDRKey{Prefixlen: uint32(32 + 64 + bits), Kind: kind, Addr: a.As16()})
-	}
-	for _, pr := range c.OutboundCIDRsExclude {
-		cidr(CIDRExclude, pr)
-	}
-	if !c.OutboundCIDRs.All {
-		for _, pr := range c.OutboundCIDRs.Prefixes {
-			cidr(CIDRInclude, pr)
-		}
-	}
-	// DNS capture as the rules have it: on only with servers to capture
-	// (or all of them).
-	if c.RedirectDNS && (c.CaptureAllDNS || len(c.DNSServers) > 0) {
-		p.Flags |= FlagDNS
-		if c.CaptureAllDNS {
-			p.Flags |= FlagDNSAll
-		}
-		for _, a := range c.DNSServers {
-			a = a.Unmap()
-			cidr(CIDRDNS, netip.PrefixFrom(a, a.BitLen()))
-		}
-	}
-	for _, a := range local {
-		a = a.Unmap()
-		if !a.IsLoopback() {
-			cidr(CIDRLocal, netip.PrefixFrom(a, a.BitLen()))
-		}
-	}
-	return s, nil
-}
-
 // maps are the pinned maps a registration writes.
 type maps struct {
 	pods, ports, cidrs *ebpf.Map
@@ -259,7 +121,7 @@ var ErrNoDNSHooks = errors.New("the ebpf interception programs attached on this 
 
 func pinDir(dir string) string {
 	if dir == "" {
-		return DefaultPinDir
+		return loader.CapturePinDir
 	}
 	return dir
 }
@@ -271,7 +133,7 @@ func open(dir string) (*maps, error) {
 	for _, p := range []struct {
 		name string
 		to   **ebpf.Map
-	}{{PinPods, &m.pods}, {PinPorts, &m.ports}, {PinCIDRs, &m.cidrs}} {
+	}{{loader.PinPods, &m.pods}, {loader.PinPorts, &m.ports}, {loader.PinCIDRs, &m.cidrs}} {
 		x, err := openMap(dir, p.name)
 		if err != nil {
 			m.Close()
@@ -347,28 +209,10 @@ func dnsReady(dir string, s Settings) error {
 	if s.Capture.Flags&FlagDNS == 0 {
 		return nil
 	}
-	if _, err := os.Stat(filepath.Join(pinDir(dir), PinDNSHook)); err != nil {
+	if _, err := os.Stat(filepath.Join(pinDir(dir), loader.PinDNSHook)); err != nil {
 		return fmt.Errorf("DNS capture: %w", ErrNoDNSHooks)
 	}
 	return nil
-}
-
-// MirrorOf is what the fast path keeps of a meshed pod's interception
-// (under podpolicy.RulesDir, written with Register): its outbound settings
-// for the rules' verdict (fastpath.c tracks only what they capture), or,
-// in EBPF mode, FlagEBPFMode. DNS capture is left out: the fast path
-// carries TCP between an application and its sidecar's outbound port.
-func MirrorOf(c intercept.Config, local []netip.Addr) (Settings, error) {
-	s, err := SettingsOf(c, local)
-	if err != nil {
-		return s, err
-	}
-	s.Capture.Flags &^= FlagDNS | FlagDNSAll
-	s.CIDRs = slices.DeleteFunc(s.CIDRs, func(k CIDRKey) bool { return k.Kind == CIDRDNS })
-	if c.Mode == intercept.ModeEBPF {
-		s.Capture.Flags |= FlagEBPFMode
-	}
-	return s, nil
 }
 
 // Register writes the settings of the pod whose network namespace the
@@ -490,7 +334,7 @@ func (m *maps) forget(ns uint64) error {
 // namespace live, called after the registrations were read, does not list:
 // pods whose namespace went without a DEL (nsmap.Stale).
 func Stale(dir string, live func() (map[uint64]bool, error)) (map[uint64]uint64, error) {
-	m, err := openMap(dir, PinPods)
+	m, err := openMap(dir, loader.PinPods)
 	if err != nil {
 		return nil, err
 	}
@@ -517,7 +361,7 @@ func ForgetStale(dir string, ns, ino uint64) error {
 // It opens the pods map only: every interception install of another mode
 // asks it (to forget a registration from an earlier EBPF install).
 func Registered(dir string) (c Capture, ok bool, err error) {
-	m, err := openMap(dir, PinPods)
+	m, err := openMap(dir, loader.PinPods)
 	if errors.Is(err, ErrNotAttached) {
 		return c, false, nil
 	}

@@ -20,35 +20,10 @@ import (
 
 	"github.com/cilium/ebpf"
 
+	"github.com/meshwire/meshwire/ebpf/loader"
 	"github.com/meshwire/meshwire/ebpf/nsmap"
 	"github.com/meshwire/meshwire/internal/netns"
 )
-
-// LayoutVersion names the layout of the fast path's pinned objects; a
-// program or map change that an older meshwire could not read bumps it.
-// v2: mw_pods, and 64-bit read counts in mw_readers.
-const LayoutVersion = "v2"
-
-// Root is the directory, under bpffs, of every layout's pins.
-const Root = "/sys/fs/bpf/meshwire"
-
-// DefaultPinDir is where the fast path of this layout is pinned.
-const DefaultPinDir = Root + "/" + LayoutVersion
-
-// PinName is mw_pods' pin under the pin directory.
-const PinName = "pods"
-
-// RulesDir is where, under the fast path's pin directory dir
-// (DefaultPinDir when empty), the maps that mirror the meshed pods'
-// interception settings are pinned: package pods writes and removes a
-// pod's there as it does ebpf interception's (the intercept plugin, beside
-// the policy), and the fast path tracks only the connections they capture.
-func RulesDir(dir string) string {
-	if dir == "" {
-		dir = DefaultPinDir
-	}
-	return filepath.Join(dir, "rules")
-}
 
 // Policy is what the fast path may do for one pod.
 type Policy struct {
@@ -89,18 +64,18 @@ func (p Policy) value() Value {
 	return v
 }
 
-// open opens the pinned mw_pods under dir (DefaultPinDir when empty); nil
+// open opens the pinned mw_pods under dir (loader.FastpathPinDir when empty); nil
 // when the fast path is not attached there.
 func open(dir string) (*ebpf.Map, error) {
 	if dir == "" {
-		dir = DefaultPinDir
+		dir = loader.FastpathPinDir
 	}
-	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, PinName), nil)
+	m, err := ebpf.LoadPinnedMap(filepath.Join(dir, loader.PinPolicies), nil)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("open the fast path's pod policies (%s): %w", filepath.Join(dir, PinName), err)
+		return nil, fmt.Errorf("open the fast path's pod policies (%s): %w", filepath.Join(dir, loader.PinPolicies), err)
 	}
 	return m, nil
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/meshwire/meshwire/ebpf/capture/pods"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
+	"github.com/meshwire/meshwire/ebpf/loader"
 	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/internal/recordfile"
 )
@@ -31,7 +32,7 @@ type Record struct {
 	Netns    uint64           `json:"netns_cookie"`
 	NetnsIno uint64           `json:"netns_ino"`
 	Policy   podpolicy.Policy `json:"policy"`
-	// Mirror is the copy of its interception settings (pods.MirrorOf);
+	// Mirror is the copy of its interception settings (apply.MirrorOf in internal/intercept/apply);
 	// nil when the rules are not the plugin's (an init container's).
 	Mirror *pods.Settings `json:"mirror,omitempty"`
 }
@@ -74,7 +75,7 @@ func Apply(pinDir string, r Record) (bool, error) {
 	if err != nil || !attached || r.Mirror == nil {
 		return attached, err
 	}
-	err = pods.RegisterNS(podpolicy.RulesDir(pinDir), r.Netns, r.NetnsIno, *r.Mirror)
+	err = pods.RegisterNS(loader.RulesDir(pinDir), r.Netns, r.NetnsIno, *r.Mirror)
 	if errors.Is(err, pods.ErrNotAttached) {
 		err = nil
 	}

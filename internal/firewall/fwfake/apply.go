@@ -7,6 +7,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
 	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
@@ -196,7 +197,7 @@ func (t *table) applyRule(o ruleset.Op) error {
 // find is the index of the rule a Delete names, -1 when none.
 func (t *table) find(c *installed.Chain, o ruleset.Op) int {
 	if o.Rule != nil {
-		spec := o.Rule.IPTablesSpec()
+		spec := fwtext.IPTablesSpec(*o.Rule)
 		return slices.IndexFunc(c.Rules, func(x installed.Rule) bool { return x.Spec == spec })
 	}
 	ref := o.Ref

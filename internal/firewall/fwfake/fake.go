@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
 	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
@@ -205,7 +206,7 @@ func (f *Fake) Load(tables ...*installed.Table) {
 			}
 			for _, r := range c.Rules {
 				if r.Spec == "" && t.iptables {
-					r.Spec, _ = r.IPTablesSpec()
+					r.Spec, _ = fwtext.InstalledIPTablesSpec(r)
 				}
 				t.handle++
 				r.Handle, r.Family, r.Table, r.Chain = t.handle, lt.Family, lt.Name, c.Name

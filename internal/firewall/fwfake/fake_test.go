@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
 	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
@@ -95,7 +96,7 @@ func TestIPTables(t *testing.T) {
 			if n, err := firewall.DeleteMatching(ctx, f, ruleset.IP, "nat", "PREROUTING", func(installed.Rule) bool { return true }); n != 1 || err != nil {
 				t.Fatalf("DeleteMatching = %d, %v", n, err)
 			}
-			if err := f.Apply(ctx, (&ruleset.Tx{}).DeleteRef(nat, pr.Rules[0].Ref())); !errors.Is(err, firewall.ErrNotFound) {
+			if err := f.Apply(ctx, (&ruleset.Tx{}).DeleteRef(nat, fwtext.Ref(pr.Rules[0]))); !errors.Is(err, firewall.ErrNotFound) {
 				t.Fatalf("a second delete: %v", err)
 			}
 			if err := f.Apply(ctx, (&ruleset.Tx{}).FlushChain(nat, "MWHP-1").DeleteChain(nat, "MWHP-1")); err != nil {
@@ -208,9 +209,9 @@ func TestAppendOverNetlink(t *testing.T) {
 	if len(c.Rules) != 2 {
 		t.Fatalf("chain %+v", c)
 	}
-	spec, ok := c.Rules[0].IPTablesSpec()
-	if !ok || spec != r.IPTablesSpec() {
-		t.Fatalf("spec %q (%v), want %q", spec, ok, r.IPTablesSpec())
+	spec, ok := fwtext.InstalledIPTablesSpec(c.Rules[0])
+	if !ok || spec != fwtext.IPTablesSpec(r) {
+		t.Fatalf("spec %q (%v), want %q", spec, ok, fwtext.IPTablesSpec(r))
 	}
 }
 

@@ -1,6 +1,7 @@
 package fwfake
 
 import (
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
 	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
@@ -13,9 +14,9 @@ import (
 func readBack(fam ruleset.Family, r ruleset.Rule, iptables bool) installed.Rule {
 	out := installed.Rule{Family: fam, Chain: r.Chain, Comment: r.Comment}
 	if iptables {
-		out.Spec = r.IPTablesSpec()
+		out.Spec = fwtext.IPTablesSpec(r)
 	} else {
-		out.Spec = r.Statement()
+		out.Spec = fwtext.NftStatement(r)
 	}
 	mixed := fam == ruleset.Inet || fam == ruleset.Bridge
 	for _, m := range r.Match {

@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
 	"github.com/meshwire/meshwire/internal/nftnl"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
@@ -40,10 +41,10 @@ func encodeRule(table string, r ruleset.Rule) (nftnl.NewRule, error) {
 		case m.Kind == ruleset.MatchDstType && m.Not && m.Name == "MULTICAST":
 			next = 3
 		default:
-			return nftnl.NewRule{}, fmt.Errorf("%s: a match of kind %d (%s) is not encoded", where, m.Kind, r.IPTablesSpec())
+			return nftnl.NewRule{}, fmt.Errorf("%s: a match of kind %d (%s) is not encoded", where, m.Kind, fwtext.IPTablesSpec(r))
 		}
 		if next <= rank {
-			return nftnl.NewRule{}, fmt.Errorf("%s: matches out of iptables' order (%s)", where, r.IPTablesSpec())
+			return nftnl.NewRule{}, fmt.Errorf("%s: matches out of iptables' order (%s)", where, fwtext.IPTablesSpec(r))
 		}
 		rank = next
 		if next == 3 {
@@ -65,7 +66,7 @@ func encodeRule(table string, r ruleset.Rule) (nftnl.NewRule, error) {
 	}
 	exprs = append(exprs, nftnl.Counter())
 	if r.Target.Kind != ruleset.Masquerade {
-		return nftnl.NewRule{}, fmt.Errorf("%s: a target of kind %d (%s) is not encoded", where, r.Target.Kind, r.IPTablesSpec())
+		return nftnl.NewRule{}, fmt.Errorf("%s: a target of kind %d (%s) is not encoded", where, r.Target.Kind, fwtext.IPTablesSpec(r))
 	}
 	exprs = append(exprs, nftnl.Masquerade(fam))
 	return nftnl.NewRule{Family: fam, Table: table, Chain: r.Chain, Exprs: exprs}, nil

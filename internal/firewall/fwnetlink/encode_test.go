@@ -53,7 +53,7 @@ func TestEncodeMasqueradeRule(t *testing.T) {
 		if nr.Family != f || nr.Table != "nat" || nr.Chain != "POSTROUTING" || !bytes.Equal(nftnl.EncodeExprs(nr.Exprs), nftnl.EncodeExprs(want)) {
 			t.Errorf("%s %s: encoded otherwise than the line's expressions", c.src, c.dst)
 		}
-		read, _ := fwtext.ParseIPTablesRule(c.f, "nat", "-A POSTROUTING "+r.IPTablesSpec())
+		read, _ := fwtext.ParseIPTablesRule(c.f, "nat", "-A POSTROUTING "+fwtext.IPTablesSpec(r))
 		read.Spec = ""
 		if got := decodeAppended(nr); got != read {
 			t.Errorf("decoded back as\n%+v\nwant what iptables-save's line reads as\n%+v", got, read)

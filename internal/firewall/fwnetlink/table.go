@@ -6,6 +6,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
 	"github.com/meshwire/meshwire/internal/nftnl"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
@@ -36,7 +37,7 @@ func tableExprs(t ruleset.Table, c ruleset.Chain) ([][]nftnl.Expr, error) {
 	for i, r := range c.Rules {
 		exprs, err := tableRuleExprs(t.Family, r)
 		if err != nil {
-			return nil, fmt.Errorf("table %s %s, rule %d (%s): %w", t.Family, t.Name, i+1, r.Statement(), err)
+			return nil, fmt.Errorf("table %s %s, rule %d (%s): %w", t.Family, t.Name, i+1, fwtext.NftStatement(r), err)
 		}
 		out = append(out, exprs)
 	}

@@ -46,7 +46,7 @@ func FuzzParseIPTablesRule(f *testing.F) {
 			}
 			typed := r
 			typed.Spec = ""
-			spec, ok := typed.IPTablesSpec()
+			spec, ok := InstalledIPTablesSpec(typed)
 			if !ok {
 				continue
 			}

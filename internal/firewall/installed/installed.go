@@ -7,10 +7,7 @@
 package installed
 
 import (
-	"fmt"
 	"net/netip"
-	"strconv"
-	"strings"
 
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
@@ -73,7 +70,7 @@ type Rule struct {
 	// Spec is the rule after "-A CHAIN " as iptables-save prints it, for
 	// rules read from text (legacy iptables, the Fake's iptables tables),
 	// or the rule's statement for the Fake's nftables tables; "" when read
-	// over netlink (see IPTablesSpec).
+	// over netlink (see fwtext.InstalledIPTablesSpec).
 	Spec string
 	// Unknown names the matches and statements the typed fields do not
 	// hold, separated by spaces ("" when they hold the whole rule). Rule
@@ -132,108 +129,6 @@ func (t *Table) Rules() []Rule {
 		}
 	}
 	return out
-}
-
-// IPTablesSpec renders the rule after "-A CHAIN " as iptables-save prints
-// it, for use in `-D CHAIN spec` lines: Spec when the rule was read from
-// text, else from the typed fields when they hold the whole rule (ok is
-// false when Unknown is not empty, or the rule is not an iptables one).
-func (r Rule) IPTablesSpec() (spec string, ok bool) {
-	if r.Spec != "" && (r.Family == ruleset.IP || r.Family == ruleset.IP6) {
-		return r.Spec, true
-	}
-	if r.Unknown != "" || (r.Family != ruleset.IP && r.Family != ruleset.IP6) {
-		return "", false
-	}
-	if r.ToPort != 0 || r.SetMark != 0 || (r.ToDest.IsValid() && r.Target != "DNAT") || (r.Jump != "" && r.Target != "") {
-		return "", false // options of a target rendered below only by name
-	}
-	var a []string
-	neg := func(n bool) {
-		if n {
-			a = append(a, "!")
-		}
-	}
-	if r.Src.IsValid() {
-		neg(r.NotSrc)
-		a = append(a, "-s", r.Src.String())
-	}
-	if r.Dst.IsValid() {
-		neg(r.NotDst)
-		a = append(a, "-d", r.Dst.String())
-	}
-	if r.In != "" {
-		a = append(a, "-i", ruleset.QuoteArg(r.In))
-	}
-	if r.Out != "" {
-		a = append(a, "-o", ruleset.QuoteArg(r.Out))
-	}
-	if r.Proto != "" {
-		a = append(a, "-p", ruleset.QuoteArg(r.Proto))
-	}
-	if r.SPort != 0 || r.DPort != 0 {
-		if r.Proto != "tcp" && r.Proto != "udp" && r.Proto != "sctp" {
-			return "", false // a port match needs the protocol's module
-		}
-		a = append(a, "-m", r.Proto)
-		if r.SPort != 0 {
-			a = append(a, "--sport", strconv.Itoa(int(r.SPort)))
-		}
-		if r.DPort != 0 {
-			neg(r.NotDPort)
-			a = append(a, "--dport", strconv.Itoa(int(r.DPort)))
-		}
-	}
-	if r.DstLocal {
-		a = append(a, "-m", "addrtype", "--dst-type", "LOCAL")
-	}
-	if r.NotDstMulticast {
-		a = append(a, "-m", "addrtype", "!", "--dst-type", "MULTICAST")
-	}
-	if r.HasMark {
-		a = append(a, "-m", "mark")
-		neg(r.NotMark)
-		if r.MarkMask == 0xffffffff {
-			a = append(a, "--mark", fmt.Sprintf("%#x", r.Mark))
-		} else {
-			a = append(a, "--mark", fmt.Sprintf("%#x/%#x", r.Mark, r.MarkMask))
-		}
-	}
-	if r.Comment != "" {
-		a = append(a, "-m", "comment", "--comment", ruleset.QuoteArg(r.Comment))
-	}
-	switch {
-	case r.Jump != "" && r.Goto:
-		a = append(a, "-g", ruleset.QuoteArg(r.Jump))
-	case r.Jump != "":
-		a = append(a, "-j", ruleset.QuoteArg(r.Jump))
-	case r.Target == "DNAT" && r.ToDest.Addr().IsValid():
-		a = append(a, "-j", "DNAT", "--to-destination", addrPortText(r.ToDest))
-	case r.Target == "MASQUERADE" || r.Target == "ACCEPT" || r.Target == "DROP" || r.Target == "RETURN":
-		a = append(a, "-j", r.Target)
-	case r.Target != "":
-		return "", false // a target whose options the typed fields do not hold
-	}
-	return strings.Join(a, " "), true
-}
-
-func addrPortText(ap netip.AddrPort) string {
-	if ap.Port() == 0 {
-		return ap.Addr().String()
-	}
-	return ap.String()
-}
-
-// Ref names the rule for its deletion (ruleset.Tx.DeleteRef): by handle
-// when it was read from nf_tables, else by its iptables form (Spec, or
-// one rendered from the typed fields when they hold the whole rule), else
-// by position.
-func (r Rule) Ref() ruleset.RuleRef {
-	ref := ruleset.RuleRef{Chain: r.Chain, Handle: r.Handle, Position: r.Position}
-	if spec, ok := r.IPTablesSpec(); ok {
-		ref.Spec = spec
-	}
-	return ref
 }
 
 // ID names the table.

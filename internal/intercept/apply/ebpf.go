@@ -7,6 +7,7 @@ import (
 	"os"
 
 	"github.com/meshwire/meshwire/ebpf/capture/pods"
+	"github.com/meshwire/meshwire/ebpf/loader"
 	"github.com/meshwire/meshwire/internal/intercept"
 	"github.com/meshwire/meshwire/internal/killpoint"
 )
@@ -23,7 +24,7 @@ import (
 // nor when the node cannot capture the pod (EBPFUnavailable). A failure
 // after the registration undoes it.
 func InstallEBPF(ctx context.Context, req Request) error {
-	s, err := pods.SettingsOf(req.Config, req.Local)
+	s, err := SettingsOf(req.Config, req.Local)
 	if err != nil {
 		return err
 	}
@@ -83,7 +84,7 @@ func EBPFRegistered() bool {
 // req.Config: nil when the pod's registration and inbound filters are as
 // InstallEBPF leaves them.
 func CheckEBPF(req Request) error {
-	s, err := pods.SettingsOf(req.Config, req.Local)
+	s, err := SettingsOf(req.Config, req.Local)
 	if err != nil {
 		return err
 	}
@@ -120,7 +121,7 @@ func DescribeEBPF(req Request) string {
 	if !c.InboundPorts.Empty() {
 		in = fmt.Sprintf("inbound SYNs to port %d (tc ingress on every interface but lo)", c.InboundCapturePort)
 	}
-	return fmt.Sprintf("# EBPF mode: no netfilter rule; register the pod in %s: outbound connections to port %d, %s\n", pods.DefaultPinDir, c.ProxyPort, in)
+	return fmt.Sprintf("# EBPF mode: no netfilter rule; register the pod in %s: outbound connections to port %d, %s\n", loader.CapturePinDir, c.ProxyPort, in)
 }
 
 // forgetEBPF removes the pod's registration, if any, then its inbound

@@ -10,6 +10,7 @@ import (
 
 	attid "github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
 	"github.com/meshwire/meshwire/internal/kerneltest"
 	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/internal/ruleset"
@@ -25,7 +26,7 @@ func TestMacSpoofOverNetlink(t *testing.T) {
 	ctx := context.Background()
 	a := attid.ID{Network: "mwtb", ContainerID: "c1", IfName: "eth0"}
 	mac, _ := net.ParseMAC("0a:58:0a:f4:01:05")
-	script := macSpoofTable(a.MacSpoofTable(), "mw12345678", mac).Script()
+	script := fwtext.NftReplaceTable(macSpoofTable(a.MacSpoofTable(), "mw12345678", mac))
 	byNetlink := kerneltest.SameAsNft(t, "ms", "bridge", a.MacSpoofTable(), script, func() error {
 		fw := firewall.New(macSpoofBackend)
 		defer fw.Close()

@@ -7,6 +7,7 @@ import (
 
 	attid "github.com/meshwire/meshwire/internal/attachment"
 	"github.com/meshwire/meshwire/internal/firewall/fwfake"
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
@@ -60,7 +61,7 @@ table bridge mw-ms-x {
 	}
 }
 `
-	if got := macSpoofTable("mw-ms-x", "mw12345678", mac).Script(); got != want {
+	if got := fwtext.NftReplaceTable(macSpoofTable("mw-ms-x", "mw12345678", mac)); got != want {
 		t.Fatalf("script:\n%s\nwant:\n%s", got, want)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/meshwire/meshwire/ebpf/capture/pods"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podrecord"
+	"github.com/meshwire/meshwire/ebpf/loader"
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/intercept"
@@ -150,7 +151,7 @@ func cmdDel(args *skel.CmdArgs) error {
 		if err := podpolicy.Forget(""); err != nil {
 			slog.Warn("could not remove the pod's fast-path policy (the map's LRU lets it go first)", "error", err)
 		}
-		if err := pods.Forget(podpolicy.RulesDir("")); err != nil {
+		if err := pods.Forget(loader.RulesDir("")); err != nil {
 			slog.Warn("could not remove the fast path's copy of the pod's interception settings (the node agent collects it)", "error", err)
 		}
 		_, err := apply.Cleanup(context.Background(), apply.Request{Config: o.Config}, false)
@@ -237,7 +238,7 @@ func setFastpathPolicy(args *skel.CmdArgs, p podpolicy.Policy, req *apply.Reques
 		return
 	}
 	if req != nil {
-		s, err := pods.MirrorOf(req.Config, req.Local)
+		s, err := apply.MirrorOf(req.Config, req.Local)
 		if err == nil {
 			rec.Mirror = &s
 		} else {
@@ -261,7 +262,7 @@ func setFastpathPolicy(args *skel.CmdArgs, p podpolicy.Policy, req *apply.Reques
 	}
 	// No copy (the rules are the init container's, or the copy failed):
 	// an earlier one would mirror settings the pod no longer has.
-	if err := pods.Forget(podpolicy.RulesDir("")); err != nil {
+	if err := pods.Forget(loader.RulesDir("")); err != nil {
 		slog.Warn("remove the fast path's earlier copy of the pod's settings", "error", err)
 	}
 }

@@ -1,13 +1,20 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 	"slices"
 	"strings"
 
+	"github.com/meshwire/meshwire/internal/attachment"
+	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/firewall/fwtext"
 	"github.com/meshwire/meshwire/internal/firewall/installed"
+	"github.com/meshwire/meshwire/internal/killpoint"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
@@ -229,7 +236,7 @@ func masqueradesBit(bit int) func(installed.Rule) bool {
 // the transaction then fails on the chain it leaves behind, which changes
 // nothing.
 func iptDelete(tx *ruleset.Tx, nat ruleset.TableID, r installed.Rule) {
-	if spec, ok := r.IPTablesSpec(); ok {
+	if spec, ok := fwtext.InstalledIPTablesSpec(r); ok {
 		tx.DeleteRef(nat, ruleset.RuleRef{Chain: r.Chain, Spec: spec})
 	}
 }
@@ -285,4 +292,186 @@ func iptTeardown(tx *ruleset.Tx, nat ruleset.TableID, st *installed.Table) {
 // iptHasBase reports whether any base piece is present.
 func iptHasBase(st *installed.Table) bool {
 	return st.Chain(iptTop) != nil || st.Chain(iptMasq) != nil || len(sortedChains(st, iptMarkPrefx)) > 0
+}
+
+// The iptables driver: the layout above applied through the firewall
+// front door.
+
+type iptDriver struct{ fw firewall.Interface }
+
+func (d *iptDriver) b() firewall.Backend { return d.fw.Backend() }
+
+// read reads the nat table of family f.
+func (d *iptDriver) read(ctx context.Context, f ruleset.IPVersion) (*installed.Table, error) {
+	t, err := d.fw.ReadTable(ctx, f.Tables(), "nat")
+	if err != nil {
+		return nil, cnierr.Wrap(err, "read the %s nat table (IPv%d)", d.b(), f)
+	}
+	return t, nil
+}
+
+// chain reads one chain of the nat table of family f (nil: not there).
+func (d *iptDriver) chain(ctx context.Context, f ruleset.IPVersion, name string) (*installed.Chain, error) {
+	return d.fw.ReadChain(ctx, f.Tables(), "nat", name)
+}
+
+func (d *iptDriver) apply(ctx context.Context, tx *ruleset.Tx) error {
+	slog.Debug("firewall transaction", "backend", d.b().String(), "operations", tx.Len())
+	return d.fw.Apply(ctx, tx)
+}
+
+func (d *iptDriver) hint(f ruleset.IPVersion) baseHint {
+	return baseHint(fmt.Sprintf("%s-v%d", d.b(), f))
+}
+
+func (d *iptDriver) add(ctx context.Context, a attachment.ID, plans []famPlan) error {
+	for _, p := range plans {
+		// A wrong hint costs one refused transaction, never a wrong rule.
+		err := firstTry(d.hint(p.Family), renderIPTAddNew(p), renderIPTAddFresh(p), func(tx *ruleset.Tx) error {
+			return d.apply(ctx, tx)
+		})
+		if err == nil {
+			killpoint.Here(fmt.Sprintf("rules IPv%d", p.Family))
+			continue
+		}
+		if isTryAgain(err) {
+			return err
+		}
+		slog.Debug("single-transaction ADD refused; reading the table", "family", int(p.Family), "error", err)
+		if err := d.ensure(ctx, p); err != nil {
+			return err
+		}
+		killpoint.Here(fmt.Sprintf("rules IPv%d", p.Family))
+	}
+	return nil
+}
+
+// ensure is the slow path of ADD, under the node lock.
+func (d *iptDriver) ensure(ctx context.Context, p famPlan) error {
+	return locked(func() error {
+		st, err := d.read(ctx, p.Family)
+		if err != nil {
+			return err
+		}
+		if err := d.apply(ctx, renderIPTEnsure(st, p)); err != nil {
+			return cnierr.Wrap(err, "install the port mappings (IPv%d, %s)", p.Family, d.b())
+		}
+		d.hint(p.Family).set(true)
+		return nil
+	})
+}
+
+func (d *iptDriver) del(ctx context.Context, keys []string, fams []ruleset.IPVersion, wantUDP bool) (map[ruleset.IPVersion][]int, error) {
+	udp := map[ruleset.IPVersion][]int{}
+	for _, f := range fams {
+		if wantUDP {
+			// The attachment's chain, under the first key that has one.
+			for _, k := range keys {
+				if c, err := d.chain(ctx, f, iptAttChain(k)); err == nil && c != nil {
+					udp[f] = udpPortsOf(c.Rules)[f]
+					break
+				}
+			}
+		}
+		err := d.apply(ctx, renderIPTDel(f, keys[0]))
+		switch {
+		case err == nil:
+			d.maybeTeardown(ctx, f)
+		case isTryAgain(err):
+			return nil, err
+		default:
+			// Not (entirely) there, or made under an older key: remove
+			// whatever is, as the table shows it.
+			if err := d.remove(ctx, f, keys); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return udp, nil
+}
+
+// remove deletes attachments as the table shows them (and the base when
+// nothing is left), under the node lock.
+func (d *iptDriver) remove(ctx context.Context, f ruleset.IPVersion, keys []string) error {
+	return locked(func() error {
+		// With the base: refused as a whole if an ADD (which takes no lock)
+		// added an attachment since the read; then again without it.
+		var err error
+		for _, teardown := range []bool{true, false} {
+			var st *installed.Table
+			if st, err = d.read(ctx, f); err != nil {
+				return err
+			}
+			tx := renderIPTRemove(f, st, keys, teardown)
+			if tx.Empty() {
+				return nil
+			}
+			if err = d.apply(ctx, tx); err == nil {
+				if teardown && remaining(attachmentKeys(st, iptPrefix), keys) == 0 {
+					d.hint(f).set(false)
+				}
+				return nil
+			}
+			if isTryAgain(err) {
+				break
+			}
+		}
+		return cnierr.Wrap(err, "remove port mappings (IPv%d, %s)", f, d.b())
+	})
+}
+
+// maybeTeardown removes the base when the top chain is empty. The probe
+// reads one chain; the teardown itself runs under the node lock and is
+// refused by the kernel if an attachment was added meanwhile.
+func (d *iptDriver) maybeTeardown(ctx context.Context, f ruleset.IPVersion) {
+	top, err := d.chain(ctx, f, iptTop)
+	if err != nil || top == nil || len(top.Rules) > 0 {
+		return
+	}
+	if err := d.remove(ctx, f, nil); err != nil {
+		slog.Info("base chains kept", "family", int(f), "reason", err)
+	}
+}
+
+func (d *iptDriver) check(ctx context.Context, a attachment.ID, plans []famPlan) error {
+	for _, p := range plans {
+		st, err := d.read(ctx, p.Family)
+		if err != nil {
+			return err
+		}
+		ch := iptAttChain(checkedKey(st, iptPrefix, a))
+		switch {
+		case st.Chain(ch) == nil:
+			return cnierr.CheckFailed("IPv%d: chain %s of this attachment is missing (%s)", p.Family, ch, d.b())
+		case len(jumps(st, iptTop, ch)) != 1:
+			return cnierr.CheckFailed("IPv%d: %s has %d jumps to %s, want 1", p.Family, iptTop, len(jumps(st, iptTop, ch)), ch)
+		case len(jumps(st, "PREROUTING", iptTop)) == 0 || len(jumps(st, "OUTPUT", iptTop)) == 0:
+			return cnierr.CheckFailed("IPv%d: PREROUTING or OUTPUT does not jump to %s", p.Family, iptTop)
+		case p.MarkBit >= 0 && (st.Chain(iptMarkChain(p.MarkBit)) == nil || len(jumps(st, "POSTROUTING", iptMasq)) == 0):
+			return cnierr.CheckFailed("IPv%d: the masquerade chains for mark bit %d are missing", p.Family, p.MarkBit)
+		}
+		if got, want := mappingSigs(rulesOf(st, ch)), planSigs(p); !slices.Equal(got, want) {
+			return cnierr.CheckFailed("IPv%d: port mappings in %s are %v, want %v", p.Family, ch, got, want)
+		}
+	}
+	return nil
+}
+
+func (d *iptDriver) gc(ctx context.Context, network string, valid map[string]bool) error {
+	for _, f := range []ruleset.IPVersion{ruleset.V4, ruleset.V6} {
+		st, err := d.read(ctx, f)
+		if err != nil {
+			return err
+		}
+		keys := attachmentKeys(st, iptPrefix)
+		stale := gcStale(keys, func(k string) string { return iptTag(st, k) }, network, valid)
+		if len(stale) == 0 && (len(keys) > 0 || !iptHasBase(st)) {
+			continue
+		}
+		slog.Info("gc", "family", int(f), "stale", stale)
+		if err := d.remove(ctx, f, stale); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -1,12 +1,17 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 
 	"github.com/meshwire/meshwire/internal/attachment"
+	"github.com/meshwire/meshwire/internal/cnierr"
+	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
@@ -216,4 +221,205 @@ func renderNFTRemove(st *installed.Table, keys []string, teardown bool) *ruleset
 // any attachment chain (one added after the listing, too) refers to it.
 func nftTeardown() *ruleset.Tx {
 	return (&ruleset.Tx{}).DeleteChain(nftID, nftAnchor).DeleteTable(nftID)
+}
+
+// The nftables driver: the layout above applied through the firewall
+// front door.
+
+type nftDriver struct{ fw firewall.Interface }
+
+const nftHint = baseHint("nftables")
+
+func (d *nftDriver) apply(ctx context.Context, tx *ruleset.Tx) error {
+	slog.Debug("firewall transaction", "backend", "nftables", "operations", tx.Len())
+	return d.fw.Apply(ctx, tx)
+}
+
+// read reads the table (nil: not there).
+func (d *nftDriver) read(ctx context.Context) (*installed.Table, error) {
+	t, err := d.fw.ReadTable(ctx, ruleset.Inet, nftTable)
+	if err != nil {
+		return nil, cnierr.Wrap(err, "read nftables table %s", nftFQ)
+	}
+	return t, nil
+}
+
+// chain reads one chain of the table (nil: no table or no chain).
+func (d *nftDriver) chain(ctx context.Context, name string) (*installed.Chain, error) {
+	c, err := d.fw.ReadChain(ctx, ruleset.Inet, nftTable, name)
+	if err != nil {
+		return nil, cnierr.Wrap(err, "read nftables chain %s %s", nftFQ, name)
+	}
+	return c, nil
+}
+
+func (d *nftDriver) add(ctx context.Context, a attachment.ID, plans []famPlan) error {
+	if len(plans) == 0 {
+		return nil
+	}
+	err := firstTry(nftHint, renderNFTAddNew(a, plans), renderNFTAddFresh(a, plans), func(tx *ruleset.Tx) error {
+		return d.apply(ctx, tx)
+	})
+	if err == nil || isTryAgain(err) {
+		return err
+	}
+	slog.Debug("single-transaction ADD refused; reading the table", "error", err)
+	return locked(func() error {
+		st, err := d.read(ctx)
+		if err != nil {
+			return err
+		}
+		if err := d.apply(ctx, renderNFTEnsure(st, a, plans)); err != nil {
+			return cnierr.Wrap(err, "install the port mappings (nftables)")
+		}
+		nftHint.set(true)
+		return nil
+	})
+}
+
+func (d *nftDriver) del(ctx context.Context, keys []string, _ []ruleset.IPVersion, wantUDP bool) (map[ruleset.IPVersion][]int, error) {
+	udp := map[ruleset.IPVersion][]int{}
+	hp, err := d.chain(ctx, nftHostports)
+	if err != nil || hp == nil {
+		return udp, err // no table: nothing of anyone's is left
+	}
+	chains := []*installed.Chain{hp}
+	var present []string
+	mine := 0
+	for _, k := range keys {
+		ch := nftAttChain(k)
+		n := len(jumpsIn(hp.Rules, ch))
+		if n == 0 {
+			continue
+		}
+		present, mine = append(present, k), mine+n
+		// The jump exists, so the chain does (the kernel refuses jumps to
+		// missing chains); it is read only for its UDP ports.
+		c := &installed.Chain{Name: ch}
+		if wantUDP {
+			if read, err := d.chain(ctx, ch); err == nil && read != nil {
+				c = read
+				mergePorts(udp, udpPortsOf(c.Rules))
+			}
+		}
+		chains = append(chains, c)
+	}
+	if len(present) == 0 {
+		return udp, nil // this attachment is not in the table (already deleted)
+	}
+	teardown := len(hp.Rules) == mine
+	err = d.apply(ctx, renderNFTRemove(tableOf(nftTable, chains...), present, teardown))
+	switch {
+	case err == nil && teardown:
+		d.forget()
+		return udp, nil
+	case err == nil:
+		// Others were listed; they may have gone meanwhile (concurrent
+		// DELs each see the others), so try the teardown the anchor guards.
+		d.tryTeardown(ctx)
+		return udp, nil
+	case isTryAgain(err):
+		return nil, err
+	}
+	// A concurrent change (or a teardown the anchor refused): redo under
+	// the lock from a full read.
+	return udp, d.remove(ctx, keys)
+}
+
+// tryTeardown deletes the table if no attachment chain is left: one
+// transaction that the kernel refuses while any refers to the anchor.
+func (d *nftDriver) tryTeardown(ctx context.Context) {
+	_ = locked(func() error {
+		if err := d.apply(ctx, nftTeardown()); err != nil {
+			slog.Debug("table kept", "reason", err)
+			return nil
+		}
+		d.forget()
+		return nil
+	})
+}
+
+// forget drops the hint once the table is gone.
+func (d *nftDriver) forget() { nftHint.set(false) }
+
+func (d *nftDriver) remove(ctx context.Context, keys []string) error {
+	return locked(func() error {
+		var err error
+		for _, teardown := range []bool{true, false} {
+			var st *installed.Table
+			if st, err = d.read(ctx); err != nil {
+				return err
+			}
+			var present []string
+			for _, k := range keys {
+				if st.Chain(nftAttChain(k)) != nil || len(jumps(st, nftHostports, nftAttChain(k))) > 0 {
+					present = append(present, k)
+				}
+			}
+			teardown = teardown && remaining(attachmentKeys(st, nftPrefix), present) == 0
+			tx := renderNFTRemove(st, present, teardown)
+			if tx.Empty() {
+				return nil
+			}
+			if err = d.apply(ctx, tx); err == nil {
+				if teardown {
+					d.forget()
+				}
+				return nil
+			}
+			if isTryAgain(err) {
+				break
+			}
+		}
+		return cnierr.Wrap(err, "remove port mappings (nftables)")
+	})
+}
+
+func (d *nftDriver) check(ctx context.Context, a attachment.ID, plans []famPlan) error {
+	if len(plans) == 0 {
+		return nil
+	}
+	st, err := d.read(ctx)
+	if err != nil {
+		return err
+	}
+	ch := nftAttChain(checkedKey(st, nftPrefix, a))
+	c := st.Chain(ch)
+	switch {
+	case c == nil:
+		return cnierr.CheckFailed("nftables chain %s of this attachment is missing", ch)
+	case len(jumps(st, nftHostports, ch)) != 1:
+		return cnierr.CheckFailed("nftables chain %s has %d jumps to %s, want 1", nftHostports, len(jumps(st, nftHostports, ch)), ch)
+	case len(jumps(st, "prerouting", nftHostports)) == 0 || len(jumps(st, "output", nftHostports)) == 0:
+		return cnierr.CheckFailed("nftables prerouting or output does not jump to %s", nftHostports)
+	}
+	var want []string
+	for _, p := range plans {
+		want = append(want, planSigs(p)...)
+	}
+	sort.Strings(want)
+	if got := mappingSigs(c.Rules); !slices.Equal(got, want) {
+		return cnierr.CheckFailed("port mappings in nftables chain %s are %v, want %v", ch, got, want)
+	}
+	return nil
+}
+
+func (d *nftDriver) gc(ctx context.Context, network string, valid map[string]bool) error {
+	st, err := d.read(ctx)
+	if err != nil || st == nil {
+		return err
+	}
+	tagOf := func(k string) string {
+		if c := st.Chain(nftAttChain(k)); c != nil {
+			return c.Comment
+		}
+		return ""
+	}
+	keys := attachmentKeys(st, nftPrefix)
+	stale := gcStale(keys, tagOf, network, valid)
+	if len(stale) == 0 && len(keys) > 0 {
+		return nil
+	}
+	slog.Info("gc", "stale", stale)
+	return d.remove(ctx, stale)
 }

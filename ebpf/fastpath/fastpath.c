@@ -1,3 +1,5 @@
+//go:build ignore
+
 // SPDX-License-Identifier: (MIT OR GPL-2.0)
 //
 // meshwire's sockmap fast path: the bytes between an application and its
