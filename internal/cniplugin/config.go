@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -54,16 +55,21 @@ func Decode(data []byte, pluginType string, conf Conf) error {
 }
 
 // ParsePrevResult parses the config's prevResult, when there is one, into
-// pc.PrevResult, and rejects with code 7, naming the entry, what the
-// library's decoding and conversion would accept but no plugin can use: a
-// null or non-object entry in interfaces, ips or routes, an address
-// missing, an interface index out of range. The library's conversion
-// between spec versions dereferences such entries, so they are found on
-// the raw JSON first.
+// pc.PrevResult. What the library's decoding and conversion would accept
+// but no plugin can use (a null or non-object entry in interfaces, ips or
+// routes, an ip without an address) is code 7 naming the entry for ADD,
+// CHECK and the rest; for DEL, which must always finish the job (the
+// runtime passes the result it cached, whatever it holds), such entries
+// are dropped, logged, and DEL goes on. The library's conversion between
+// spec versions dereferences them, so they are found on the raw JSON. An
+// ip whose interface index names no interface is taken as naming none, as
+// the reference plugins take it (chained after other plugins, meshwire
+// meets such results).
 func ParsePrevResult(pc *types.PluginConf) error {
 	if pc.RawPrevResult == nil {
 		return nil
 	}
+	lenient := command() == "DEL"
 	for _, list := range []string{"interfaces", "ips", "routes"} {
 		v, ok := pc.RawPrevResult[list]
 		if !ok || v == nil {
@@ -71,31 +77,54 @@ func ParsePrevResult(pc *types.PluginConf) error {
 		}
 		entries, ok := v.([]any)
 		if !ok {
+			if lenient {
+				slog.Warn("prevResult: a list expected, dropped", "field", "prevResult."+list, "got", jsonValueKind(v))
+				delete(pc.RawPrevResult, list)
+				continue
+			}
 			return cnierr.Field("prevResult."+list, "expected a list, got %s", jsonValueKind(v))
 		}
+		kept := entries[:0:0]
 		for i, e := range entries {
-			if _, ok := e.(map[string]any); !ok {
-				return cnierr.Field(fmt.Sprintf("prevResult.%s[%d]", list, i), "expected an object, got %s", jsonValueKind(e))
+			field := fmt.Sprintf("prevResult.%s[%d]", list, i)
+			m, ok := e.(map[string]any)
+			why := ""
+			switch {
+			case !ok:
+				why = "expected an object, got " + jsonValueKind(e)
+			case list == "ips" && !isNonEmptyString(m["address"]):
+				field, why = field+".address", "missing"
+			}
+			if why == "" {
+				kept = append(kept, e)
+				continue
+			}
+			if !lenient {
+				return cnierr.Field(field, "%s", why)
+			}
+			slog.Warn("prevResult: entry dropped", "field", field, "why", why)
+			if list == "interfaces" {
+				kept = append(kept, map[string]any{}) // the ips' indexes stay right
 			}
 		}
+		pc.RawPrevResult[list] = kept
 	}
 	err := cnierr.Catch(func() error { return version.ParsePrevResult(pc) })
 	if err != nil {
 		return cnierr.Field("prevResult", "%v", err)
 	}
-	r, err := current.NewResultFromResult(pc.PrevResult)
-	if err != nil {
+	if _, err := current.NewResultFromResult(pc.PrevResult); err != nil {
 		return cnierr.Field("prevResult", "cannot convert to CNI %s: %v", current.ImplementedSpecVersion, err)
 	}
-	for i, ip := range r.IPs {
-		if ip.Address.IP == nil {
-			return cnierr.Field(fmt.Sprintf("prevResult.ips[%d].address", i), "missing")
-		}
-		if ip.Interface != nil && (*ip.Interface < 0 || *ip.Interface >= len(r.Interfaces)) {
-			return cnierr.Field(fmt.Sprintf("prevResult.ips[%d].interface", i), "index %d is not one of prevResult.interfaces (%d listed)", *ip.Interface, len(r.Interfaces))
-		}
-	}
 	return nil
+}
+
+// command is the CNI command of this process (tests replace it).
+var command = func() string { return os.Getenv("CNI_COMMAND") }
+
+func isNonEmptyString(v any) bool {
+	s, ok := v.(string)
+	return ok && s != ""
 }
 
 // jsonValueKind names the JSON type of a value decoded into any.

@@ -2,6 +2,7 @@ package cniplugin
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/types"
@@ -48,8 +49,9 @@ func FuzzDecode(f *testing.F) {
 }
 
 // checkAcceptedPrevResult: a prevResult that Decode accepted converts to the
-// current version with every entry present and every interface index in
-// range, which is what the plugins rely on.
+// current version with every entry present and every ip with an address,
+// which is what the plugins rely on (an interface index out of range names
+// no interface: the plugins compare it, never index with it).
 func checkAcceptedPrevResult(t *testing.T, b *Base) {
 	t.Helper()
 	r, err := b.PrevResultCurrent()
@@ -68,13 +70,38 @@ func checkAcceptedPrevResult(t *testing.T, b *Base) {
 		if ip == nil || ip.Address.IP == nil {
 			t.Fatalf("accepted prevResult.ips[%d] without an address", i)
 		}
-		if ip.Interface != nil && (*ip.Interface < 0 || *ip.Interface >= len(r.Interfaces)) {
-			t.Fatalf("accepted prevResult.ips[%d].interface %d of %d", i, *ip.Interface, len(r.Interfaces))
-		}
 	}
 	for i, rt := range r.Routes {
 		if rt == nil {
 			t.Fatalf("accepted prevResult.routes[%d] null", i)
 		}
 	}
+}
+
+// TestDecodeDELKeepsGoing: DEL, which must always finish, drops the entries
+// ADD refuses (and keeps the interfaces' positions), where ADD answers
+// code 7 naming the entry.
+func TestDecodeDELKeepsGoing(t *testing.T) {
+	conf := []byte(`{"cniVersion":"1.1.0","name":"n","type":"t","prevResult":{"cniVersion":"1.1.0",` +
+		`"interfaces":[null,{"name":"eth0"}],"ips":[null,{"interface":1},{"address":"198.18.0.2/24","interface":1}],"routes":[null]}}`)
+	saved := command
+	t.Cleanup(func() { command = saved })
+	command = func() string { return "ADD" }
+	var c testConf
+	if err := Decode(conf, "t", &c); err == nil || !strings.Contains(err.Error(), "prevResult.interfaces[0]") {
+		t.Fatalf("ADD: %v, want code 7 naming prevResult.interfaces[0]", err)
+	}
+	command = func() string { return "DEL" }
+	c = testConf{}
+	if err := Decode(conf, "t", &c); err != nil {
+		t.Fatalf("DEL: %v", err)
+	}
+	r, err := c.PrevResultCurrent()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Interfaces) != 2 || r.Interfaces[1].Name != "eth0" || len(r.IPs) != 1 || *r.IPs[0].Interface != 1 || len(r.Routes) != 0 {
+		t.Fatalf("DEL's prevResult: %+v", r)
+	}
+	checkAcceptedPrevResult(t, &c.Base)
 }

@@ -11,7 +11,14 @@
 package meshedpods
 
 import (
+	"errors"
+	"fmt"
 	"os"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/meshwire/meshwire/internal/recordfile"
 )
@@ -21,8 +28,9 @@ import (
 const Dir = "/var/lib/cni/meshwire/intercept"
 
 // EnvRepair is set to "1" in the environment of an ADD the node agent
-// repeats: the plugin then does nothing when the pod's call is gone (its
-// DEL ran meanwhile), and writes no record.
+// repeats: the plugin then holds the pod's call for its whole run
+// (LockForRepair), does nothing when the call is gone (its DEL ran) or its
+// namespace path leads elsewhere, and writes no new call.
 const EnvRepair = "MESHWIRE_REPAIR"
 
 // Call is the runtime's ADD of one pod's attachment.
@@ -33,6 +41,102 @@ type Call struct {
 	Args        string `json:"args,omitempty"`
 	// Config is the plugin's stdin, prevResult included.
 	Config []byte `json:"config"`
+	// NetnsIno and NetnsDev name the namespace Netns led to at ADD: a
+	// path that now leads elsewhere (a name reused, a pid's path after
+	// the pid went) is not this pod's.
+	NetnsIno uint64 `json:"netnsIno"`
+	NetnsDev uint64 `json:"netnsDev"`
+}
+
+// Identify returns the inode and device of the namespace at path.
+func Identify(path string) (ino, dev uint64, err error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0, 0, err
+	}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return 0, 0, fmt.Errorf("stat %s: no inode", path)
+	}
+	return st.Ino, st.Dev, nil
+}
+
+// ErrNotThePod: the call's namespace path no longer leads to the pod's
+// namespace, or leads to the namespace of the process itself (the host's,
+// for the node agent): a repair there would capture what is not the pod's.
+var ErrNotThePod = errors.New("the recorded namespace path no longer leads to the pod's namespace")
+
+// CheckNetns tells whether c's namespace path still leads to the
+// namespace recorded at ADD, and not to this process's own.
+func (c Call) CheckNetns() error {
+	ino, dev, err := Identify(c.Netns)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrNotThePod, err)
+	}
+	if ino != c.NetnsIno || dev != c.NetnsDev {
+		return ErrNotThePod
+	}
+	if sino, sdev, err := Identify("/proc/self/ns/net"); err != nil || (sino == ino && sdev == dev) {
+		return ErrNotThePod
+	}
+	return nil
+}
+
+// ErrGone: the pod's call is not kept (its DEL ran).
+var ErrGone = errors.New("the pod's intercept call is gone (its DEL ran)")
+
+// lockWait bounds how long a DEL waits for a repair of its pod (the agent
+// kills a repair after 30 s).
+const lockWait = 35 * time.Second
+
+// LockForRepair holds the call of container id on ifName for a repair
+// ADD, until release: the pod's DEL waits for it (Remove), so that what
+// the repair installs is what the DEL then removes. It returns the call,
+// ErrGone when the DEL ran, or ErrNotThePod.
+func LockForRepair(dir, id, ifName string) (c Call, release func(), err error) {
+	path := filepath.Join(dirOf(dir), recordfile.Name(id, ifName))
+	f, err := lockFile(path)
+	if err != nil {
+		return Call{}, nil, err
+	}
+	release = func() { _ = f.Close() }
+	recs, _, err := recordfile.ReadAll[Call](dirOf(dir), what)
+	c, ok := recs[filepath.Base(path)]
+	switch {
+	case err != nil:
+	case !ok:
+		err = ErrGone // removed while this waited
+	default:
+		err = c.CheckNetns()
+	}
+	if err != nil {
+		release()
+		return Call{}, nil, err
+	}
+	return c, release, nil
+}
+
+// lockFile opens path and takes an exclusive flock on it, waiting at most
+// lockWait; ErrGone when there is no file.
+func lockFile(path string) (*os.File, error) {
+	f, err := os.Open(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, ErrGone
+	}
+	if err != nil {
+		return nil, err
+	}
+	for deadline := time.Now().Add(lockWait); ; {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return f, nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) || time.Now().After(deadline) {
+			f.Close()
+			return nil, fmt.Errorf("lock %s: %w", path, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // Name is the record's file name (one per attachment).
@@ -43,9 +147,15 @@ const what = "the pod's intercept call"
 // Write keeps c under dir (Dir when empty).
 func Write(dir string, c Call) error { return recordfile.Write(dirOf(dir), c.Name(), what, c) }
 
-// Remove removes the call of container id on ifName; none is not an error.
+// Remove removes the call of container id on ifName, once a repair of the
+// pod that holds it is done (waiting at most lockWait, then removing it
+// anyway: a DEL always finishes); none is not an error.
 func Remove(dir, id, ifName string) error {
-	return recordfile.Remove(dirOf(dir), recordfile.Name(id, ifName), what)
+	name := recordfile.Name(id, ifName)
+	if f, err := lockFile(filepath.Join(dirOf(dir), name)); err == nil {
+		defer f.Close()
+	}
+	return recordfile.Remove(dirOf(dir), name, what)
 }
 
 // Exists tells whether the call of container id on ifName is kept.

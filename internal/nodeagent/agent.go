@@ -19,6 +19,7 @@ import (
 	"github.com/meshwire/meshwire/ebpf/capture"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/internal/buildinfo"
+	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/installer"
 )
 
@@ -56,7 +57,9 @@ type Agent struct {
 	stopping bool
 
 	rep       *Repairer
-	repairing atomic.Bool // a round of rep is running
+	repairing atomic.Bool    // a round of rep is running
+	repairs   sync.WaitGroup // the rounds running, waited for at stop
+	repairCtx context.Context
 
 	lastSweep                    time.Time // of the registrations (FastpathOwner.Collect)
 	sweepErr                     error
@@ -126,6 +129,9 @@ func (a *Agent) Run(ctx context.Context) error {
 		_ = srv.Shutdown(sctx)
 	}()
 
+	repairCtx, stopRepairs := context.WithCancel(ctx)
+	defer stopRepairs()
+	a.repairCtx = repairCtx
 	a.tick()
 	instCtx, stopInstaller := context.WithCancel(ctx)
 	defer stopInstaller()
@@ -154,6 +160,8 @@ loop:
 	a.stopping = true
 	a.mu.Unlock()
 	a.o.Logf("stopping")
+	stopRepairs()
+	a.repairs.Wait()
 	stopInstaller()
 	if instDone != nil {
 		if err := <-instDone; err != nil {
@@ -199,12 +207,15 @@ func (a *Agent) tick() {
 // unless one is running (a round runs one CHECK per pod, more than a tick
 // should wait for).
 func (a *Agent) startRepair() {
-	if !a.repairing.CompareAndSwap(false, true) {
+	if a.repairCtx == nil || !a.repairing.CompareAndSwap(false, true) {
 		return
 	}
+	a.repairs.Add(1)
 	go func() {
+		defer a.repairs.Done()
 		defer a.repairing.Store(false)
-		if err := a.rep.Round(context.Background()); err != nil {
+		err := cnierr.Catch(func() error { return a.rep.Round(a.repairCtx) })
+		if err != nil && a.repairCtx.Err() == nil {
 			a.o.Logf("check the meshed pods: %v", err)
 		}
 	}()

@@ -65,8 +65,9 @@ func (r *Repairer) Stats() RepairStats {
 }
 
 // Round checks every meshed pod once and repairs the drifted ones. A pod
-// whose namespace path is not there (gone, its DEL on its way) is left to
-// its DEL.
+// whose namespace path is not there or leads to another namespace than at
+// its ADD (gone, its DEL on its way; a name or pid reused) is left to its
+// DEL, and so is one whose path leads to the agent's own namespace.
 func (r *Repairer) Round(ctx context.Context) error {
 	calls, err := meshedpods.List(r.Dir)
 	if err != nil {
@@ -78,15 +79,24 @@ func (r *Repairer) Round(ctx context.Context) error {
 		r.lastFailure = map[string]string{}
 	}
 	r.mu.Unlock()
+	seen := map[string]bool{}
 	for _, c := range calls {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		if _, err := os.Stat(c.Netns); err != nil {
-			continue
+		seen[c.Name()] = true
+		if c.CheckNetns() != nil {
+			continue // gone, or the path leads elsewhere: left to its DEL
 		}
 		r.one(ctx, c)
 	}
+	r.mu.Lock()
+	for name := range r.lastFailure {
+		if !seen[name] {
+			delete(r.lastFailure, name)
+		}
+	}
+	r.mu.Unlock()
 	return nil
 }
 

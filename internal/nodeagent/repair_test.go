@@ -40,19 +40,30 @@ func (f *fakePlugin) ExecPlugin(_ context.Context, path string, _ []byte, env []
 
 // TestRepairerRepeatsADDOnDriftOnly: CHECK's "check failed" (the pod's
 // rules gone) is repaired by the same ADD, marked as a repair; a pod that
-// is well, one whose CHECK fails otherwise (a config refused), and one
-// whose namespace is gone get no ADD.
+// is well and one whose CHECK fails otherwise (a config refused) get no
+// ADD; one whose namespace is gone, whose path leads to another namespace
+// than at ADD, or to the agent's own, is not even checked.
 func TestRepairerRepeatsADDOnDriftOnly(t *testing.T) {
 	dir := t.TempDir()
 	nsPath := filepath.Join(t.TempDir(), "netns")
 	if err := writeFile(nsPath); err != nil {
 		t.Fatal(err)
 	}
+	ino, dev, err := meshedpods.Identify(nsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	self, selfDev, err := meshedpods.Identify("/proc/self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []meshedpods.Call{
-		{ContainerID: "drifted", Netns: nsPath, IfName: "eth0", Config: []byte(`{}`)},
-		{ContainerID: "well", Netns: nsPath, IfName: "eth0", Config: []byte(`{}`)},
-		{ContainerID: "refused", Netns: nsPath, IfName: "eth0", Config: []byte(`{}`)},
-		{ContainerID: "gone", Netns: nsPath + "-gone", IfName: "eth0", Config: []byte(`{}`)},
+		{ContainerID: "drifted", Netns: nsPath, IfName: "eth0", Config: []byte(`{}`), NetnsIno: ino, NetnsDev: dev},
+		{ContainerID: "well", Netns: nsPath, IfName: "eth0", Config: []byte(`{}`), NetnsIno: ino, NetnsDev: dev},
+		{ContainerID: "refused", Netns: nsPath, IfName: "eth0", Config: []byte(`{}`), NetnsIno: ino, NetnsDev: dev},
+		{ContainerID: "gone", Netns: nsPath + "-gone", IfName: "eth0", Config: []byte(`{}`), NetnsIno: ino, NetnsDev: dev},
+		{ContainerID: "reused", Netns: nsPath, IfName: "eth0", Config: []byte(`{}`), NetnsIno: ino + 1, NetnsDev: dev},
+		{ContainerID: "host", Netns: "/proc/self/ns/net", IfName: "eth0", Config: []byte(`{}`), NetnsIno: self, NetnsDev: selfDev},
 	} {
 		if err := meshedpods.Write(dir, c); err != nil {
 			t.Fatal(err)
@@ -76,7 +87,7 @@ func TestRepairerRepeatsADDOnDriftOnly(t *testing.T) {
 			t.Fatalf("call %d: the ADD, and only it, is marked a repair: %q", i, env)
 		}
 	}
-	if st := r.Stats(); st != (RepairStats{Pods: 4, Repairs: 1, Errors: 1}) {
+	if st := r.Stats(); st != (RepairStats{Pods: 6, Repairs: 1, Errors: 1}) {
 		t.Fatalf("stats %+v", st)
 	}
 	// A failure is logged once while it lasts.

@@ -21,31 +21,33 @@ var badPrevResults = []struct {
 	{"null interface", `{"interfaces":[null],"ips":[{"address":"198.18.61.2/24","interface":0}]}`, "prevResult.interfaces[0]"},
 	{"null ip", `{"interfaces":[{"name":"eth0"}],"ips":[null]}`, "prevResult.ips[0]"},
 	{"null route", `{"ips":[{"address":"198.18.61.2/24"}],"routes":[null]}`, "prevResult.routes[0]"},
-	{"interface index out of range", `{"interfaces":[{"name":"eth0"}],"ips":[{"address":"198.18.61.2/24","interface":5}]}`, "prevResult.ips[0].interface"},
-	{"negative interface index", `{"interfaces":[{"name":"eth0"}],"ips":[{"address":"198.18.61.2/24","interface":-1}]}`, "prevResult.ips[0].interface"},
 	{"address missing", `{"interfaces":[{"name":"eth0"}],"ips":[{"interface":0}]}`, "prevResult.ips[0].address"},
 	{"interfaces not a list", `{"interfaces":{"name":"eth0"}}`, "prevResult.interfaces"},
 }
 
-// TestBadPrevResult runs every plugin binary, for ADD, CHECK and DEL at
-// 1.1.0 and 0.4.0, with each bad prevResult, beside a pod that an earlier
-// ADD wired: the answer is code 7 naming the entry, never a panic or code
-// 999, and the pod and the host are left exactly as they were (the real
-// DEL at the end then removes everything).
+// TestBadPrevResult runs every plugin binary, for ADD and CHECK at 1.1.0
+// and 0.4.0, with each bad prevResult, beside a pod that an earlier ADD
+// wired: the answer is code 7 naming the entry, never a panic or code 999,
+// and the pod and the host are left exactly as they were. DEL, which must
+// always finish the job, drops such entries and succeeds: the pod's own
+// DEL, run plugin by plugin with a bad prevResult, removes everything
+// (the leak check), and every other plugin's DEL succeeds too.
 func TestBadPrevResult(t *testing.T) {
 	h := harness.New(t)
 	nodeBaseline(t)
 	h.CheckNoLeaks()
 	t.Cleanup(func() { bridgeRemoveLinks("mwbad0") })
 	ns := h.NewNS("bad")
+	dataDir := t.TempDir()
 	list := h.ConfList(`{"cniVersion":"1.1.0","name":"mwbad","plugins":[
-		{"type":"bridge","bridge":"mwbad0","isGateway":true,"ipMasq":true,"ipam":{"type":"host-local","subnet":"198.18.61.0/24","dataDir":"` + t.TempDir() + `"}},
+		{"type":"bridge","bridge":"mwbad0","isGateway":true,"ipMasq":true,"ipam":{"type":"host-local","subnet":"198.18.61.0/24","dataDir":"` + dataDir + `"}},
 		{"type":"portmap","capabilities":{"portMappings":true}},
 		{"type":"bandwidth","capabilities":{"bandwidth":true}}]}`)
-	a := h.Attach(list, ns, "eth0", map[string]any{
+	caps := map[string]any{
 		"portMappings": []map[string]any{{"hostPort": 18461, "containerPort": 80, "protocol": "tcp"}},
 		"bandwidth":    map[string]any{"ingressRate": 10_000_000, "ingressBurst": 1_000_000},
-	})
+	}
+	a := h.Attach(list, ns, "eth0", caps)
 	a.MustAdd()
 	t.Cleanup(func() {
 		if err := a.Del(); err != nil {
@@ -57,32 +59,36 @@ func TestBadPrevResult(t *testing.T) {
 		t.Fatal(err)
 	}
 	plugins := map[string]string{
-		"bridge":     `"bridge":"mwbad0","ipMasq":true,"ipam":{"type":"host-local","subnet":"198.18.61.0/24"}`,
-		"veth":       `"ipMasq":true,"ipam":{"type":"host-local","subnet":"198.18.61.0/24"}`,
+		"bridge":     `"bridge":"mwbad0","ipMasq":true,"ipam":{"type":"host-local","subnet":"198.18.61.0/24","dataDir":"` + dataDir + `"}`,
+		"veth":       `"ipMasq":true,"ipam":{"type":"host-local","subnet":"198.18.61.0/24","dataDir":"` + dataDir + `"}`,
 		"loopback":   ``,
-		"portmap":    `"runtimeConfig":{"portMappings":[{"hostPort":18462,"containerPort":80,"protocol":"tcp"}]}`,
-		"bandwidth":  `"runtimeConfig":{"bandwidth":{"ingressRate":1000000,"ingressBurst":100000}}`,
+		"portmap":    `"runtimeConfig":{"portMappings":[{"hostPort":18461,"containerPort":80,"protocol":"tcp"}]}`,
+		"bandwidth":  `"runtimeConfig":{"bandwidth":{"ingressRate":10000000,"ingressBurst":1000000}}`,
 		"intercept":  `"runtimeConfig":{"io.kubernetes.cri.pod-annotations":{"sidecar.istio.io/status":"{}"}}`,
-		"host-local": `"ipam":{"type":"host-local","subnet":"198.18.61.0/24"}`,
+		"host-local": `"ipam":{"type":"host-local","subnet":"198.18.61.0/24","dataDir":"` + dataDir + `"}`,
 	}
-	for plugin, keys := range plugins {
+	conf := func(plugin, v, prev string) []byte {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(prev), &m); err != nil {
+			t.Fatal(err)
+		}
+		m["cniVersion"] = v
+		pb, _ := json.Marshal(m)
+		c := fmt.Sprintf(`{"cniVersion":%q,"name":"mwbad","type":%q,"prevResult":%s`, v, plugin, pb)
+		if keys := plugins[plugin]; keys != "" {
+			c += "," + keys
+		}
+		return []byte(c + "}")
+	}
+	env := func(cmd string) map[string]string {
+		return map[string]string{"CNI_COMMAND": cmd, "CNI_CONTAINERID": a.RT.ContainerID, "CNI_NETNS": ns.Path, "CNI_IFNAME": "eth0", "CNI_PATH": h.BinDir}
+	}
+	for plugin := range plugins {
 		for _, v := range []string{"1.1.0", "0.4.0"} {
 			for _, bad := range badPrevResults {
-				for _, cmd := range []string{"ADD", "CHECK", "DEL"} {
-					var prev map[string]any
-					if err := json.Unmarshal([]byte(bad.prev), &prev); err != nil {
-						t.Fatal(err)
-					}
-					prev["cniVersion"] = v
-					pb, _ := json.Marshal(prev)
-					conf := fmt.Sprintf(`{"cniVersion":%q,"name":"mwbad","type":%q,"prevResult":%s`, v, plugin, pb)
-					if keys != "" {
-						conf += "," + keys
-					}
-					conf += "}"
-					env := map[string]string{"CNI_COMMAND": cmd, "CNI_CONTAINERID": a.RT.ContainerID, "CNI_NETNS": ns.Path, "CNI_IFNAME": "eth0", "CNI_PATH": h.BinDir}
+				for _, cmd := range []string{"ADD", "CHECK"} {
 					t.Run(strings.Join([]string{plugin, v, bad.name, cmd}, "/"), func(t *testing.T) {
-						r := h.Exec(plugin, env, []byte(conf))
+						r := h.Exec(plugin, env(cmd), conf(plugin, v, bad.prev))
 						if r.ExitCode != 1 {
 							t.Fatalf("exit %d, stdout %s, stderr %s", r.ExitCode, r.Stdout, r.Stderr)
 						}
@@ -101,5 +107,19 @@ func TestBadPrevResult(t *testing.T) {
 	}
 	if err := a.Check(); err != nil {
 		t.Fatalf("CHECK of the pod after the rejected calls: %v", err)
+	}
+	// The pod's DEL, in the runtime's order, each plugin given every bad
+	// entry at once: it succeeds and leaves nothing (CheckNoLeaks).
+	worst := `{"interfaces":[null,{"name":"eth0"}],"ips":[null,{"interface":1},{"address":"198.18.61.2/24","interface":1}],"routes":[null]}`
+	for _, plugin := range []string{"bandwidth", "portmap", "bridge", "veth", "loopback", "intercept", "host-local"} {
+		if r := h.Exec(plugin, env("DEL"), conf(plugin, "1.1.0", worst)); r.ExitCode != 0 {
+			t.Fatalf("%s DEL with a bad prevResult: exit %d, stdout %s, stderr %s", plugin, r.ExitCode, r.Stdout, r.Stderr)
+		}
+	}
+	if ns.HasLink("eth0") {
+		t.Fatal("the pod's eth0 is left after its DEL with a bad prevResult")
+	}
+	if n := harness.Reservations(t, dataDir, "mwbad"); n != 0 {
+		t.Fatalf("%d addresses still reserved after the DEL", n)
 	}
 }

@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"errors"
 	"fmt"
 	"io/fs"
 	"os"
@@ -284,8 +285,10 @@ func (s *Snapshot) addPins(dir string) error {
 		var key any // nil: the first key
 		for {
 			next := make([]byte, m.KeySize())
-			if m.NextKey(key, &next) != nil {
+			if err := m.NextKey(key, &next); errors.Is(err, ebpf.ErrKeyNotExist) {
 				break
+			} else if err != nil {
+				return fmt.Errorf("keys of %s: %w", p, err)
 			}
 			s.Parts["map entries"] = append(s.Parts["map entries"], fmt.Sprintf("%s %x", p, next))
 			key = next
@@ -328,7 +331,7 @@ func saveLines(save string) []string {
 }
 
 // xtablesTable matches the header of a table iptables-nft creates.
-var xtablesTable = regexp.MustCompile(`^table (ip|ip6|inet|arp|bridge) (filter|nat|mangle|raw|security) \{$`)
+var xtablesTable = regexp.MustCompile(`^table (ip|ip6|arp|bridge) (filter|nat|mangle|raw|security) \{$`)
 
 // xtablesEmptyLine matches what an untouched iptables-nft table holds: its
 // built-in chains with policy accept and no rule.

@@ -146,8 +146,8 @@ func open(dir string) (*maps, error) {
 
 // noBPFFSError: the pins' directory is not on a bpf file system in this
 // mount namespace, so whether the programs are attached on the node cannot
-// be seen from here. It is an ErrNotAttached for the callers that fall back
-// (--ebpf-fallback), with a message that says what to do.
+// be seen from here. It is an ErrNotAttached, and an ErrBPFFSHidden, on
+// which --ebpf-fallback does not fall back; its message says what to do.
 type noBPFFSError struct{ dir, mount string }
 
 func (e noBPFFSError) Error() string {
@@ -156,7 +156,13 @@ func (e noBPFFSError) Error() string {
 		"on a host with no bpffs, `mount -t bpf bpf /sys/fs/bpf`", e.dir, e.mount)
 }
 
-func (e noBPFFSError) Is(target error) bool { return target == ErrNotAttached }
+func (e noBPFFSError) Is(target error) bool {
+	return target == ErrNotAttached || target == ErrBPFFSHidden
+}
+
+// ErrBPFFSHidden: the pins' directory is not on bpffs here, so whether the
+// programs are attached cannot be told (a noBPFFSError is one).
+var ErrBPFFSHidden = errors.New("the pins' directory is not on a bpf file system in this mount namespace")
 
 // notBPFFS returns the closest existing ancestor of dir (dir included)
 // when it is not on a bpf file system, "" when it is (or cannot be told).

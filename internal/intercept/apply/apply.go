@@ -126,6 +126,17 @@ func (p *Plan) UpToDate() bool {
 	return len(p.Others) == 0
 }
 
+// Partial reports whether a family holds part of the planned rules: an
+// install cut short (intercept.Partial).
+func (p *Plan) Partial() bool {
+	for _, s := range p.Status {
+		if s == intercept.Partial {
+			return true
+		}
+	}
+	return false
+}
+
 func families(ipv6 bool) []intercept.Family {
 	if ipv6 {
 		return []intercept.Family{intercept.V4, intercept.V6}

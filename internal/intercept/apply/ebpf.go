@@ -69,7 +69,14 @@ func InstallEBPF(ctx context.Context, req Request) error {
 // node cannot capture the pod in EBPF mode (the programs are not
 // attached, or were attached by a build without a hook the pod needs),
 // which --ebpf-fallback answers with another mode's rules.
+//
+// Where the pins cannot be seen (pods.ErrBPFFSHidden) it reports false:
+// the programs may well be attached, and another mode's rules on top of
+// them would capture the pod twice.
 func EBPFUnavailable(err error) bool {
+	if errors.Is(err, pods.ErrBPFFSHidden) {
+		return false
+	}
 	return errors.Is(err, pods.ErrNotAttached) || errors.Is(err, pods.ErrNoDNSHooks)
 }
 

@@ -54,9 +54,18 @@ func cmdAdd(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if meshedpods.Repairing() && !meshedpods.Exists("", args.ContainerID, args.IfName) {
-		slog.Info("the node agent's repair found the pod's DEL done; nothing to repair")
-		return types.PrintResult(prev, conf.CNIVersion)
+	if meshedpods.Repairing() {
+		// The node agent's repair: held against the pod's DEL, which
+		// waits for it, and only in the namespace recorded at ADD.
+		_, release, err := meshedpods.LockForRepair("", args.ContainerID, args.IfName)
+		if errors.Is(err, meshedpods.ErrGone) {
+			slog.Info("the node agent's repair found the pod's DEL done; nothing to repair")
+			return types.PrintResult(prev, conf.CNIVersion)
+		}
+		if err != nil {
+			return cnierr.Wrap(err, "repair the pod's interception")
+		}
+		defer release()
 	}
 	if !d.Intercept {
 		slog.Info("pod not intercepted", "why", d.Why)
@@ -128,7 +137,11 @@ func keepCall(args *skel.CmdArgs) {
 		return
 	}
 	c := meshedpods.Call{ContainerID: args.ContainerID, Netns: args.Netns, IfName: args.IfName, Args: args.Args, Config: args.StdinData}
-	if err := meshedpods.Write("", c); err != nil {
+	var err error
+	if c.NetnsIno, c.NetnsDev, err = meshedpods.Identify(args.Netns); err == nil {
+		err = meshedpods.Write("", c)
+	}
+	if err != nil {
 		slog.Warn("could not record the pod for the node agent's checks: drift in its interception will not be repaired", "error", err)
 	}
 }
@@ -192,7 +205,7 @@ func cmdCheck(args *skel.CmdArgs) error {
 		if !d.Intercept {
 			// ADD left this pod alone: there must be nothing.
 			switch {
-			case errors.Is(err, apply.ErrDifferent) || (err == nil && plan.UpToDate()):
+			case errors.Is(err, apply.ErrDifferent) || (err == nil && (plan.UpToDate() || plan.Partial())):
 				return cnierr.CheckFailed("interception rules in %s, which is not intercepted (%s)", args.Netns, d.Why)
 			case err != nil:
 				return cnierr.Wrap(err, "read the interception rules")
