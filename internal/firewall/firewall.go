@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -166,6 +167,10 @@ func NetlinkAvailable() error {
 
 func run(ctx context.Context, name, stdin string, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, name, args...)
+	// A runtime kills a plugin (its timeout, an OOM kill) but not the tool
+	// it runs: the tool dies with it, so that no restore commits after the
+	// DEL that follows the kill.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if stdin != "" {
 		cmd.Stdin = strings.NewReader(stdin)
 	}

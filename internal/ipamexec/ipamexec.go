@@ -73,6 +73,9 @@ func run(ctx context.Context, typ, cmd string, stdin []byte) ([]byte, error) {
 		stdout.Reset()
 		stderr.Reset()
 		c := exec.CommandContext(ctx, path)
+		// Dies with this plugin when the runtime kills it, so that no
+		// reservation is made after the DEL that follows.
+		c.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		c.Env = env
 		c.Stdin = bytes.NewReader(stdin)
 		c.Stdout, c.Stderr = &stdout, &stderr

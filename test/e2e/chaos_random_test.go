@@ -114,11 +114,13 @@ func lastState(logFile string) string {
 	return state
 }
 
-// killAfter runs cmd, killed with SIGKILL (with its process group) after
-// delay unless it ends first; it reports whether the kill landed and where:
-// the programs of the group at that instant (a firewall tool the command
-// ran, or only itself) and the system call its main thread was in.
-func killAfter(cmd *exec.Cmd, delay time.Duration) (killed bool, where string, err error) {
+// killAfter runs cmd, killed with SIGKILL after delay unless it ends
+// first: only the command, as a runtime kills a plugin (its children, a
+// firewall tool, must die with it), or with group its whole process group.
+// It reports whether the kill landed and where: the programs of the group
+// at that instant (a firewall tool the command ran, or only itself) and
+// the system call its main thread was in.
+func killAfter(cmd *exec.Cmd, delay time.Duration, group bool) (killed bool, where string, err error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return false, "", err
@@ -130,7 +132,11 @@ func killAfter(cmd *exec.Cmd, delay time.Duration) (killed bool, where string, e
 		defer mu.Unlock()
 		if !done {
 			where = processGroupState(cmd.Process.Pid)
-			_ = syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+			pid := cmd.Process.Pid
+			if group {
+				pid = -pid
+			}
+			_ = syscall.Kill(pid, syscall.SIGKILL)
 			killed = true
 		}
 	})
@@ -233,7 +239,7 @@ func (k *killerExec) ExecPlugin(ctx context.Context, path string, stdin []byte, 
 	var where string
 	var err error
 	if arm {
-		killed, where, err = killAfter(cmd, delay)
+		killed, where, err = killAfter(cmd, delay, k.n%2 == 0)
 	} else {
 		err = cmd.Run()
 	}
@@ -477,7 +483,7 @@ func TestChaosRandom(t *testing.T) {
 			cmd.Env = append(os.Environ(), logging.EnvFile+"="+logFile, logging.EnvLevel+"=debug")
 			start := time.Now()
 			if delay > 0 {
-				killed, where, err = killAfter(cmd, delay)
+				killed, where, err = killAfter(cmd, delay, rand.IntN(2) == 0)
 			} else {
 				var out []byte
 				out, err = cmd.CombinedOutput()
@@ -532,7 +538,7 @@ func TestChaosRandom(t *testing.T) {
 			cmd.Env = append(os.Environ(), logging.EnvFile+"="+logFile, logging.EnvLevel+"=debug")
 			start := time.Now()
 			if delay > 0 {
-				killed, where, err = killAfter(cmd, delay)
+				killed, where, err = killAfter(cmd, delay, rand.IntN(2) == 0)
 			} else {
 				var out []byte
 				out, err = cmd.CombinedOutput()
