@@ -696,12 +696,19 @@ status() {
 	kc get pods -A -o wide 2>/dev/null || true
 }
 
-case ${1:-} in
-up) up ;;
-down) down ;;
-env) BIN=$(cat "$STATE/bin" 2>/dev/null) || bin_dir; env_lines ;;
-status) status ;;
-smoke) smoke ;;
-e2e) shift; e2e "$@" ;;
-*) echo "usage: $0 up|down|env|status|smoke|e2e [FOCUS [SKIP]]" >&2; exit 2 ;;
-esac
+# main: one function, read whole before it runs, so that editing this file
+# while a long `e2e` runs does not change what bash reads next.
+main() {
+	case ${1:-} in
+	up) up ;;
+	down) down ;;
+	env) BIN=$(cat "$STATE/bin" 2>/dev/null) || bin_dir; env_lines ;;
+	status) status ;;
+	smoke) smoke ;;
+	e2e) shift; e2e "$@" ;;
+	*) echo "usage: $0 up|down|env|status|smoke|e2e [FOCUS [SKIP]]" >&2; exit 2 ;;
+	esac
+}
+
+main "$@"
+exit
