@@ -195,6 +195,7 @@ snapshot_host() {
 	: >"$f.paths"
 	for p in $NEW_TREES $NEW_DIRS; do [ -e "$p" ] && echo "$p" >>"$f.paths"; done
 	ip link show "$BRIDGE" >/dev/null 2>&1 && echo "$BRIDGE" >"$f.bridge" || : >"$f.bridge"
+	ls -d /sys/fs/cgroup/*/k8s.io 2>/dev/null >"$f.cgroups" || :
 	ls /run/netns 2>/dev/null >"$f.netns" || :
 }
 
@@ -645,6 +646,11 @@ down() {
 			[ "$(sysctl -n "$k" 2>/dev/null)" = "$v" ] || sysctl -q -w "$k=$v" >/dev/null 2>&1 || log "could not restore $k=$v"
 		done <"$before.sysctl"
 	fi
+	# The pods' cgroup parent runc made in each hierarchy (containerd's
+	# namespace), when empty.
+	for p in /sys/fs/cgroup/*/k8s.io; do
+		[ -d "$p" ] && ! grep -qx "$p" "$before.cgroups" 2>/dev/null && rmdir "$p" 2>/dev/null || true
+	done
 	# The CNI state of the cluster's network (its own name: always its).
 	rm -rf "/var/lib/cni/networks/$NETWORK"
 	rm -f /var/lib/cni/results/"$NETWORK"-*
