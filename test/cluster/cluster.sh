@@ -195,6 +195,7 @@ snapshot_host() {
 	: >"$f.paths"
 	for p in $NEW_TREES $NEW_DIRS; do [ -e "$p" ] && echo "$p" >>"$f.paths"; done
 	ip link show "$BRIDGE" >/dev/null 2>&1 && echo "$BRIDGE" >"$f.bridge" || : >"$f.bridge"
+	ls -d /sys/fs/cgroup/*/k8s.io 2>/dev/null >"$f.cgroups" || :
 	ls /run/netns 2>/dev/null >"$f.netns" || :
 }
 
@@ -538,6 +539,35 @@ seeded() {
 	{ iptables-save; ip6tables-save; iptables-legacy-save; } 2>/dev/null | grep -q meshwire-seed
 }
 
+# sweep_cni NETNS-BEFORE: what the plugins' DEL would have removed for
+# sandboxes never torn down (a killed kubelet or containerd, an interrupted
+# run). The CNI GC of the cluster's network (CNI 1.1) with no valid
+# attachment: each plugin removes what it keeps on the host for the network
+# (masquerade tables, port mappings, shaping devices). Then the network
+# namespaces containerd made (cni-*) since up whose eth0 is in the pod CIDR.
+sweep_cni() {
+	local netns_before=$1
+	[ -x "$CNI_BIN/bridge" ] || return 0
+	local tmp t n addr
+	tmp=$(mktemp -d /tmp/mwk-gc.XXXXXX)
+	for t in bridge portmap bandwidth; do
+		local extra=""
+		[ "$t" = bridge ] && extra=',"bridge":"'$BRIDGE'","isGateway":true,"ipMasq":true,"ipam":{"type":"host-local","dataDir":"'$tmp'","ranges":[[{"subnet":"'$POD_CIDR'"}]]}'
+		printf '{"cniVersion":"1.1.0","name":"%s","type":"%s"%s,"cni.dev/valid-attachments":[]}' "$NETWORK" "$t" "$extra" |
+			CNI_COMMAND=GC CNI_PATH=$CNI_BIN "$CNI_BIN/$t" >/dev/null 2>&1 || log "CNI GC of $NETWORK by $t failed"
+	done
+	rm -rf "$tmp"
+	for n in /run/netns/cni-*; do
+		[ -e "$n" ] || continue
+		grep -qx "${n##*/}" "$netns_before" 2>/dev/null && continue
+		addr=$(nsenter --net="$n" ip -4 -o addr show dev eth0 2>/dev/null | awk '{print $4; exit}')
+		case $addr in "${POD_CIDR%.0.0/16}".*)
+			log "removing network namespace ${n##*/} ($addr) of a sandbox never torn down"
+			ip netns del "${n##*/}" || true ;;
+		esac
+	done
+}
+
 # KUBE-* (kube-proxy, kubelet) and MWK-* (guard) chains. With make test's
 # seed on the host (it appeared while the cluster ran), its rules and the
 # chains they use are left alone.
@@ -590,12 +620,24 @@ down() {
 		kill -KILL $pids 2>/dev/null || true
 		sleep 1
 	fi
+	# Containers still running (containerd or kubelet killed before the
+	# drain could stop them): runc kills their processes and removes their
+	# cgroups and state.
+	local root id
+	for root in "$STATE"/containerd/runc/*/; do
+		[ -d "$root" ] || continue
+		for id in $("$RUNC" --root "$root" list -q 2>/dev/null); do
+			log "removing container ${id:0:12}, left running"
+			"$RUNC" --root "$root" delete --force "$id" >/dev/null 2>&1 || log "runc delete --force $id failed"
+		done
+	done
 	local m
 	for m in $(our_mounts); do umount "$m" 2>/dev/null || umount -l "$m" || true; done
 	[ -z "$(our_mounts)" ] || die "mounts left under $STATE: $(our_mounts | tr '\n' ' '); not removing it"
 
 	# Host paths the cluster created.
 	local before=$STATE/host-before
+	sweep_cni "$before.netns"
 	if [ -s "$before.bridge" ] || ! ip link show "$BRIDGE" >/dev/null 2>&1; then :; else
 		log "removing bridge $BRIDGE"; ip link del "$BRIDGE" || true
 	fi
@@ -604,6 +646,11 @@ down() {
 			[ "$(sysctl -n "$k" 2>/dev/null)" = "$v" ] || sysctl -q -w "$k=$v" >/dev/null 2>&1 || log "could not restore $k=$v"
 		done <"$before.sysctl"
 	fi
+	# The pods' cgroup parent runc made in each hierarchy (containerd's
+	# namespace), when empty.
+	for p in /sys/fs/cgroup/*/k8s.io; do
+		[ -d "$p" ] && ! grep -qx "$p" "$before.cgroups" 2>/dev/null && rmdir "$p" 2>/dev/null || true
+	done
 	# The CNI state of the cluster's network (its own name: always its).
 	rm -rf "/var/lib/cni/networks/$NETWORK"
 	rm -f /var/lib/cni/results/"$NETWORK"-*
@@ -696,12 +743,19 @@ status() {
 	kc get pods -A -o wide 2>/dev/null || true
 }
 
-case ${1:-} in
-up) up ;;
-down) down ;;
-env) BIN=$(cat "$STATE/bin" 2>/dev/null) || bin_dir; env_lines ;;
-status) status ;;
-smoke) smoke ;;
-e2e) shift; e2e "$@" ;;
-*) echo "usage: $0 up|down|env|status|smoke|e2e [FOCUS [SKIP]]" >&2; exit 2 ;;
-esac
+# main: one function, read whole before it runs, so that editing this file
+# while a long `e2e` runs does not change what bash reads next.
+main() {
+	case ${1:-} in
+	up) up ;;
+	down) down ;;
+	env) BIN=$(cat "$STATE/bin" 2>/dev/null) || bin_dir; env_lines ;;
+	status) status ;;
+	smoke) smoke ;;
+	e2e) shift; e2e "$@" ;;
+	*) echo "usage: $0 up|down|env|status|smoke|e2e [FOCUS [SKIP]]" >&2; exit 2 ;;
+	esac
+}
+
+main "$@"
+exit

@@ -90,6 +90,7 @@ with_libs "$a" $AGNHOST_TOOLS
 # nc, ...) whatever PATH says; the suite's `sh -c` must find the tools.
 ln -sf /usr/bin/bash "$a/bin/sh"
 cp "$bin/agnhost" "$a/agnhost"
+cp "$bin/coredns" "$a/coredns" # the DNS specs' test server (upstream: CoreDNS 1.6.2)
 ln -s agnhost "$a/agnhost-2"
 cp "$agnhost_src/porter/localhost.crt" "$agnhost_src/porter/localhost.key" "$a/"
 mkdir -p "$a/uploads"
