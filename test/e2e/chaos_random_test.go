@@ -131,11 +131,14 @@ func killAfter(cmd *exec.Cmd, delay time.Duration, group bool) (killed bool, whe
 		mu.Lock()
 		defer mu.Unlock()
 		if !done {
-			where = processGroupState(cmd.Process.Pid)
+			// Stopped at the drawn instant, looked at, then killed: the
+			// look (a walk of /proc) must not delay the kill.
 			pid := cmd.Process.Pid
 			if group {
 				pid = -pid
 			}
+			_ = syscall.Kill(pid, syscall.SIGSTOP)
+			where = processGroupState(cmd.Process.Pid)
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 			killed = true
 		}
@@ -402,16 +405,18 @@ func TestChaosRandom(t *testing.T) {
 				// a first pod before the snapshot, removed after the check.
 				first := h.Attach(list, h.NewNS("rand"), "eth0", caps)
 				first.MustAdd()
+				t.Cleanup(func() {
+					if err := first.Del(); err != nil {
+						t.Error(err)
+					}
+				})
 				chaosSettled(t, "mwr", "mwtrand")
-				h.CheckNoLeaks(dataDir)
+				h.CheckNoLeaks(dataDir) // judged before the first pod goes
 				var plugins []string
 				for _, p := range list.Plugins {
 					plugins = append(plugins, p.Network.Type)
 				}
 				chaosRandomRun(t, h, list, caps, nil, plugins, n, &tally, func() *harness.NS { return h.NewNS("rand") }, nil)
-				if err := first.Del(); err != nil {
-					t.Fatal(err)
-				}
 			})
 		}
 	})

@@ -136,7 +136,7 @@ func TestChaosInterfacePlugins(t *testing.T) {
 			list: fmt.Sprintf(`{"cniVersion":"1.1.0","name":"mwt-chaos-br","plugins":[
 				{"type":"bridge","bridge":"mwtchaos0","isGateway":true,"ipMasq":true,"hostVethPrefix":"mwcb",
 				 "ipam":{"type":"host-local","dataDir":%q,"ranges":[[{"subnet":"198.18.54.0/24"}]]}},
-				{"type":"portmap","capabilities":{"portMappings":true}},
+				{"type":"portmap","backend":"iptables","capabilities":{"portMappings":true}},
 				{"type":"bandwidth","capabilities":{"bandwidth":true}}]}`, dataDir),
 			caps: map[string]any{
 				"portMappings": []map[string]any{{"hostPort": 33080, "containerPort": 80, "protocol": "tcp"}},

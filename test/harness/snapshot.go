@@ -18,6 +18,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/hostlocal/store"
 	"github.com/meshwire/meshwire/internal/netns"
 )
@@ -67,6 +68,13 @@ func TakeSnapshot(dirs ...string) (*Snapshot, error) {
 	return s, nil
 }
 
+// nodeCaches are files meshwire writes once per node and never removes
+// (the firewall backend detected for the host, firewall.CacheFile): the
+// first command that detects writes it, whichever test that is.
+func nodeCaches() []string {
+	return append([]string{firewall.CacheFile}, firewall.OldCacheFiles...)
+}
+
 // addFiles lists the files under dir. Directories are not listed (a
 // runtime or a plugin makes its state directory once per node), nor are a
 // host-local store's database and lock, which stay on a node that ran
@@ -75,6 +83,9 @@ func TakeSnapshot(dirs ...string) (*Snapshot, error) {
 func (s *Snapshot) addFiles(dir string) error {
 	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
+			return nil
+		}
+		if slices.Contains(nodeCaches(), p) {
 			return nil
 		}
 		switch d.Name() {

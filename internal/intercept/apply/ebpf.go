@@ -131,19 +131,19 @@ func DescribeEBPF(req Request) string {
 	return fmt.Sprintf("# EBPF mode: no netfilter rule; register the pod in %s: outbound connections to port %d, %s\n", loader.CapturePinDir, c.ProxyPort, in)
 }
 
-// forgetEBPF removes the pod's registration, if any, then its inbound
-// filters (which, without a registration, let everything pass).
-// Pins this process may not open (an init container with NET_ADMIN but
-// not CAP_BPF, say) hold no registration of its making: nothing to do.
+// forgetEBPF removes the pod's registration, then its inbound filters
+// (which, without a registration, let everything pass). It does so whether
+// or not the pod's entry is there: a register or a forget killed half way
+// leaves ports and ranges keyed by the namespace, and filters, without the
+// entry (Register writes it last, Forget removes it first), which only a
+// full prune finds. Pins this process may not open (an init container
+// with NET_ADMIN but not CAP_BPF, say) hold nothing of its making.
 func forgetEBPF() error {
-	_, ok, err := pods.Registered("")
+	err := pods.Forget("")
 	if errors.Is(err, os.ErrPermission) {
 		return nil
 	}
-	if !ok || err != nil {
-		return err
-	}
-	return errors.Join(pods.Forget(""), pods.DetachIngress())
+	return errors.Join(err, pods.DetachIngress())
 }
 
 // rulesPresent reports whether any backend holds interception rules of
