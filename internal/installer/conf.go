@@ -490,15 +490,9 @@ func (a pluginList) splice(data []byte, kept []int, adds []string) []byte {
 // plugin that has none: meshwire's own conflist, when the node agent reads
 // the plugins' log. Only meshwire's plugins read the key.
 func WithLog(conflist []byte, file string) ([]byte, error) {
-	d := json.NewDecoder(bytes.NewReader(conflist))
-	d.UseNumber()
-	var top map[string]any
-	if err := d.Decode(&top); err != nil {
-		return nil, fmt.Errorf("not a JSON object: %w", err)
-	}
-	plugins, ok := top["plugins"].([]any)
-	if !ok {
-		return nil, errors.New(`no "plugins" list`)
+	top, plugins, err := decodeConflist(conflist)
+	if err != nil {
+		return nil, err
 	}
 	for i, p := range plugins {
 		obj, ok := p.(map[string]any)
@@ -514,4 +508,19 @@ func WithLog(conflist []byte, file string) ([]byte, error) {
 		return nil, err
 	}
 	return append(out, '\n'), nil
+}
+
+// decodeConflist decodes a conflist keeping its numbers as written, and
+// returns it with its plugins list.
+func decodeConflist(conflist []byte) (top map[string]any, plugins []any, err error) {
+	d := json.NewDecoder(bytes.NewReader(conflist))
+	d.UseNumber()
+	if err := d.Decode(&top); err != nil {
+		return nil, nil, fmt.Errorf("not a JSON object: %w", err)
+	}
+	plugins, ok := top["plugins"].([]any)
+	if !ok {
+		return nil, nil, errors.New(`no "plugins" list`)
+	}
+	return top, plugins, nil
 }

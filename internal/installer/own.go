@@ -1,7 +1,6 @@
 package installer
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -123,15 +122,9 @@ func reshape(conflist []byte, cidrs []string, version string) ([]byte, error) {
 			routes = append(routes, map[string]any{"dst": dst})
 		}
 	}
-	d := json.NewDecoder(bytes.NewReader(conflist))
-	d.UseNumber()
-	var top map[string]any
-	if err := d.Decode(&top); err != nil {
-		return nil, fmt.Errorf("not a JSON object: %w", err)
-	}
-	plugins, ok := top["plugins"].([]any)
-	if !ok {
-		return nil, errors.New(`no "plugins" list`)
+	top, plugins, err := decodeConflist(conflist)
+	if err != nil {
+		return nil, err
 	}
 	if version != "" {
 		top["cniVersion"] = version

@@ -28,7 +28,6 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 	"github.com/containernetworking/cni/pkg/version"
 
-	"github.com/meshwire/meshwire/internal/installer"
 	"github.com/meshwire/meshwire/internal/logging"
 	"github.com/meshwire/meshwire/test/harness"
 )
@@ -189,6 +188,24 @@ func processGroupState(pgid int) string {
 		return sc
 	}
 	return sc + ", running " + strings.Join(slices.Compact(children), "+")
+}
+
+// runOrKill runs cmd (an iptables-init, an install) with its debug log
+// in a file: to its end (delay 0), or killed after delay, alone or with
+// its process group at random. It returns whether the kill landed, how
+// long the run took, the state it reached, and its error (with its output
+// when it ran to its end).
+func runOrKill(t *testing.T, cmd *exec.Cmd, delay time.Duration) (killed bool, took time.Duration, state string, err error) {
+	logFile := filepath.Join(t.TempDir(), "run.log")
+	cmd.Env = append(os.Environ(), logging.EnvFile+"="+logFile, logging.EnvLevel+"=debug")
+	start := time.Now()
+	var where string
+	if delay > 0 {
+		killed, where, err = killAfter(cmd, delay, rand.IntN(2) == 0)
+	} else if out, rerr := cmd.CombinedOutput(); rerr != nil {
+		err = fmt.Errorf("%w: %s", rerr, out)
+	}
+	return killed, time.Since(start), lastState(logFile) + "; " + where, err
 }
 
 // killerExec is libcni's exec with one plugin command armed: the next
@@ -425,17 +442,7 @@ func TestChaosRandom(t *testing.T) {
 		interceptEBPFAttach(t, h) // the fast path and ebpf interception, as the node agent keeps them
 		h.CheckNoLeaks()
 		// The intercept entry exactly as `meshwire install --chain` writes it.
-		chained, err := installer.Chain([]byte(`{"cniVersion":"1.1.0","name":"mwt-rand-icpt","plugins":[{"type":"loopback"}]}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		var conf struct {
-			Plugins []json.RawMessage `json:"plugins"`
-		}
-		if err := json.Unmarshal(chained.Out, &conf); err != nil || len(conf.Plugins) != 4 {
-			t.Fatalf("chained config (%v):\n%s", err, chained.Out)
-		}
-		list := h.ConfList(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"mwt-rand-icpt","plugins":[%s,%s]}`, conf.Plugins[0], conf.Plugins[3]))
+		list := loopbackIntercept(t, h, "mwt-rand-icpt")
 		for _, mode := range []string{"REDIRECT", "TPROXY", "EBPF"} {
 			t.Run(mode, func(t *testing.T) {
 				annotations := map[string]string{"sidecar.istio.io/status": istioStatus, "sidecar.istio.io/interceptionMode": mode}
@@ -482,21 +489,7 @@ func TestChaosRandom(t *testing.T) {
 		// In the pod's namespace, through nsenter (so that the kill of its
 		// process group takes iptables-init and what it runs).
 		run := func(ns *harness.NS, delay time.Duration, a ...string) (killed bool, took time.Duration, state string, err error) {
-			var where string
-			logFile := filepath.Join(t.TempDir(), "iptables-init.log")
-			cmd := exec.Command("nsenter", append([]string{"--net=" + ns.Path, bin}, a...)...)
-			cmd.Env = append(os.Environ(), logging.EnvFile+"="+logFile, logging.EnvLevel+"=debug")
-			start := time.Now()
-			if delay > 0 {
-				killed, where, err = killAfter(cmd, delay, rand.IntN(2) == 0)
-			} else {
-				var out []byte
-				out, err = cmd.CombinedOutput()
-				if err != nil {
-					err = fmt.Errorf("%w: %s", err, out)
-				}
-			}
-			return killed, time.Since(start), lastState(logFile) + "; " + where, err
+			return runOrKill(t, exec.Command("nsenter", append([]string{"--net=" + ns.Path, bin}, a...)...), delay)
 		}
 		ref := newPod()
 		_, took, _, err := run(ref, 0, args...)
@@ -537,21 +530,7 @@ func TestChaosRandom(t *testing.T) {
 		h.CheckNoLeaks()
 		fixture := installFixture(t, "10-flannel.conflist")
 		install := func(binDir, confDir string, delay time.Duration) (killed bool, took time.Duration, state string, err error) {
-			var where string
-			logFile := filepath.Join(t.TempDir(), "install.log")
-			cmd := exec.Command(filepath.Join(h.BinDir, "meshwire"), "install", "--cni-bin-dir", binDir, "--cni-conf-dir", confDir, "--chain", "--once")
-			cmd.Env = append(os.Environ(), logging.EnvFile+"="+logFile, logging.EnvLevel+"=debug")
-			start := time.Now()
-			if delay > 0 {
-				killed, where, err = killAfter(cmd, delay, rand.IntN(2) == 0)
-			} else {
-				var out []byte
-				out, err = cmd.CombinedOutput()
-				if err != nil {
-					err = fmt.Errorf("%w: %s", err, out)
-				}
-			}
-			return killed, time.Since(start), lastState(logFile) + "; " + where, err
+			return runOrKill(t, exec.Command(filepath.Join(h.BinDir, "meshwire"), "install", "--cni-bin-dir", binDir, "--cni-conf-dir", confDir, "--chain", "--once"), delay)
 		}
 		node := func() (string, string) {
 			binDir, confDir := t.TempDir(), t.TempDir()

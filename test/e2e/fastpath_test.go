@@ -5,7 +5,6 @@ package e2e
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -23,7 +22,6 @@ import (
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
 	"github.com/meshwire/meshwire/ebpf/loader"
-	"github.com/meshwire/meshwire/internal/installer"
 	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/internal/probe"
 	"github.com/meshwire/meshwire/test/harness"
@@ -267,17 +265,7 @@ func TestFastpathPodPolicy(t *testing.T) {
 	fastpathAttach(t, h)
 	e := ie.New(t, h)
 	e.StartProxy(false)
-	chained, err := installer.Chain([]byte(`{"cniVersion":"1.1.0","name":"mwtfp-mesh","plugins":[{"type":"loopback"}]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conf struct {
-		Plugins []json.RawMessage `json:"plugins"`
-	}
-	if err := json.Unmarshal(chained.Out, &conf); err != nil || len(conf.Plugins) != 4 {
-		t.Fatalf("chained config (%v):\n%s", err, chained.Out)
-	}
-	list := h.ConfList(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"mwtfp-mesh","plugins":[%s,%s]}`, conf.Plugins[0], conf.Plugins[3]))
+	list := loopbackIntercept(t, h, "mwtfp-mesh")
 	for _, c := range []struct {
 		name        string
 		annotations map[string]string

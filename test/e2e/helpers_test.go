@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -12,9 +13,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshwire/meshwire/internal/probe"
-
+	"github.com/containernetworking/cni/libcni"
 	"github.com/containernetworking/cni/pkg/types"
+
+	"github.com/meshwire/meshwire/internal/installer"
+	"github.com/meshwire/meshwire/internal/probe"
+	"github.com/meshwire/meshwire/test/harness"
 )
 
 func asCNIError(err error, target **types.Error) bool { return errors.As(err, target) }
@@ -53,4 +57,23 @@ func natRestore(tool string, lines ...string) error {
 		return fmt.Errorf("%v: %s", err, out)
 	}
 	return nil
+}
+
+// loopbackIntercept is the conflist NAME of loopback and the intercept
+// entry exactly as `meshwire install --chain` writes it (the pod's links
+// are the test's own: portmap and bandwidth, which --chain adds too, need
+// an interface plugin's veth).
+func loopbackIntercept(t *testing.T, h *harness.H, name string) *libcni.NetworkConfigList {
+	t.Helper()
+	chained, err := installer.Chain([]byte(fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"plugins":[{"type":"loopback"}]}`, name)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conf struct {
+		Plugins []json.RawMessage `json:"plugins"`
+	}
+	if err := json.Unmarshal(chained.Out, &conf); err != nil || len(conf.Plugins) != 4 || !strings.Contains(string(conf.Plugins[3]), `"type":"intercept"`) {
+		t.Fatalf("chained config (%v):\n%s", err, chained.Out)
+	}
+	return h.ConfList(fmt.Sprintf(`{"cniVersion":"1.1.0","name":%q,"plugins":[%s,%s]}`, name, conf.Plugins[0], conf.Plugins[3]))
 }

@@ -3,14 +3,12 @@
 package e2e
 
 import (
-	"encoding/json"
 	"fmt"
 	"strings"
 	"testing"
 
 	"github.com/containernetworking/cni/pkg/types"
 
-	"github.com/meshwire/meshwire/internal/installer"
 	"github.com/meshwire/meshwire/test/harness"
 	ie "github.com/meshwire/meshwire/test/interceptenv"
 )
@@ -138,17 +136,7 @@ func TestInterceptIstioCNI(t *testing.T) {
 	// The intercept entry exactly as --chain writes it, after loopback
 	// (the pod's links are the test's own: portmap and bandwidth, which
 	// --chain adds too, need an interface plugin's veth).
-	chained, err := installer.Chain([]byte(`{"cniVersion":"1.1.0","name":"mwti-mesh","plugins":[{"type":"loopback"}]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var conf struct {
-		Plugins []json.RawMessage `json:"plugins"`
-	}
-	if err := json.Unmarshal(chained.Out, &conf); err != nil || len(conf.Plugins) != 4 || !strings.Contains(string(conf.Plugins[3]), `"type":"intercept"`) {
-		t.Fatalf("chained config (%v):\n%s", err, chained.Out)
-	}
-	list := h.ConfList(fmt.Sprintf(`{"cniVersion":"1.1.0","name":"mwti-mesh","plugins":[%s,%s]}`, conf.Plugins[0], conf.Plugins[3]))
+	list := loopbackIntercept(t, h, "mwti-mesh")
 	attach := func(annotations map[string]string) *harness.Attachment {
 		return ie.PodAttach(h, list, e.Pod, "shop", annotations)
 	}
