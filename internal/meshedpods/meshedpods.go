@@ -11,6 +11,7 @@
 package meshedpods
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -100,14 +101,14 @@ func LockForRepair(dir, id, ifName string) (c Call, release func(), err error) {
 		return Call{}, nil, err
 	}
 	release = func() { _ = f.Close() }
-	recs, _, err := recordfile.ReadAll[Call](dirOf(dir), what)
-	c, ok := recs[filepath.Base(path)]
+	b, err := os.ReadFile(path)
 	switch {
-	case err != nil:
-	case !ok:
+	case errors.Is(err, os.ErrNotExist):
 		err = ErrGone // removed while this waited
-	default:
-		err = c.CheckNetns()
+	case err == nil:
+		if err = json.Unmarshal(b, &c); err == nil {
+			err = c.CheckNetns()
+		}
 	}
 	if err != nil {
 		release()

@@ -473,19 +473,8 @@ func TestChaosRandom(t *testing.T) {
 		h := harness.New(t)
 		h.CheckNoLeaks()
 		bin := filepath.Join(h.BinDir, "iptables-init")
-		args := []string{"-m", "TPROXY", "-i", "*", "-b", "*", "-d", "15090,15021,15020", "--dual-stack"}
-		newPod := func() *harness.NS {
-			ns := h.NewNS("rand")
-			// eth9 and its peer up, so that the addresses' local routes are
-			// there from the start (on a link without carrier the kernel
-			// adds them at the next address event, the run's ::6 on lo),
-			// without link-local addresses (random, and added late).
-			chaosPodSetup(t, ns, [][]string{{"ip", "link", "set", "lo", "up"}, {"ip", "link", "add", "eth9", "type", "veth", "peer", "name", "eth8"},
-				{"ip", "addr", "add", "198.18.56.2/24", "dev", "eth9"}, {"ip", "addr", "add", "fd42:6d78::2/64", "dev", "eth9", "nodad"},
-				{"ip", "link", "set", "eth8", "addrgenmode", "none"}, {"ip", "link", "set", "eth9", "addrgenmode", "none"},
-				{"ip", "link", "set", "eth8", "up"}, {"ip", "link", "set", "eth9", "up"}})
-			return ns
-		}
+		args := chaosIptablesInitArgs
+		newPod := func() *harness.NS { return chaosIptablesInitPod(t, h, "rand") }
 		// In the pod's namespace, through nsenter (so that the kill of its
 		// process group takes iptables-init and what it runs).
 		run := func(ns *harness.NS, delay time.Duration, a ...string) (killed bool, took time.Duration, state string, err error) {

@@ -297,6 +297,25 @@ func TestChaosLoopbackAndIntercept(t *testing.T) {
 	}
 }
 
+// chaosIptablesInitArgs are the crash tests' iptables-init flags: TPROXY,
+// both families, Istio's status ports excluded.
+var chaosIptablesInitArgs = []string{"-m", "TPROXY", "-i", "*", "-b", "*", "-d", "15090,15021,15020", "--dual-stack"}
+
+// chaosIptablesInitPod is a pod for iptables-init's crash tests: lo up,
+// eth9 with both families' addresses, it and its peer up so that the
+// addresses' local routes are there from the start (on a link without
+// carrier the kernel adds them at the next address event, the run's ::6 on
+// lo), without link-local addresses (random, and added late).
+func chaosIptablesInitPod(t *testing.T, h *harness.H, prefix string) *harness.NS {
+	t.Helper()
+	ns := h.NewNS(prefix)
+	chaosPodSetup(t, ns, [][]string{{"ip", "link", "set", "lo", "up"}, {"ip", "link", "add", "eth9", "type", "veth", "peer", "name", "eth8"},
+		{"ip", "addr", "add", "198.18.56.2/24", "dev", "eth9"}, {"ip", "addr", "add", "fd42:6d78::2/64", "dev", "eth9", "nodad"},
+		{"ip", "link", "set", "eth8", "addrgenmode", "none"}, {"ip", "link", "set", "eth9", "addrgenmode", "none"},
+		{"ip", "link", "set", "eth8", "up"}, {"ip", "link", "set", "eth9", "up"}})
+	return ns
+}
+
 // chaosPodSetup runs the commands that make a pod of ns.
 func chaosPodSetup(t *testing.T, ns *harness.NS, cmds [][]string) {
 	t.Helper()
@@ -326,13 +345,8 @@ func TestChaosIptablesInit(t *testing.T) {
 	h := harness.New(t)
 	h.CheckNoLeaks()
 	bin := filepath.Join(h.BinDir, "iptables-init")
-	args := []string{"-m", "TPROXY", "-i", "*", "-b", "*", "-d", "15090,15021,15020", "--dual-stack"}
-	newPod := func() *harness.NS {
-		ns := h.NewNS("chaos")
-		chaosPodSetup(t, ns, [][]string{{"ip", "link", "set", "lo", "up"}, {"ip", "link", "add", "eth9", "type", "veth", "peer", "name", "eth8"},
-			{"ip", "addr", "add", "198.18.56.2/24", "dev", "eth9"}, {"ip", "addr", "add", "fd42:6d78::2/64", "dev", "eth9", "nodad"}})
-		return ns
-	}
+	args := chaosIptablesInitArgs
+	newPod := func() *harness.NS { return chaosIptablesInitPod(t, h, "chaos") }
 	run := func(ns *harness.NS, killAt string, a ...string) error {
 		env := []string{}
 		if killAt != "" {

@@ -81,11 +81,12 @@ func nodeCaches() []string {
 // pods: the addresses the store holds are listed instead, each with its
 // owner, so a reservation left behind is a leak and an empty store is not.
 func (s *Snapshot) addFiles(dir string) error {
+	caches := nodeCaches()
 	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || d.IsDir() {
 			return nil
 		}
-		if slices.Contains(nodeCaches(), p) {
+		if slices.Contains(caches, p) {
 			return nil
 		}
 		switch d.Name() {
