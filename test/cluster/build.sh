@@ -1,5 +1,5 @@
 #!/bin/bash
-# build.sh [e2e]: build the single-node cluster's binaries and images, once
+# build.sh [e2e|reference]: build the single-node cluster's binaries and images, once
 # per pinned version set, into a cache outside the repository, and print
 # that cache directory. A second run with the same pins prints it at once.
 #
@@ -7,6 +7,8 @@
 #            kube-proxy kubectl agnhost etcd pause (this module, one `go
 #            build`), coredns (./coredns, a module of its own), e2e.test
 #            (only with the e2e argument: the largest build)
+#   reference/  the reference CNI plugins v1.9.1 (only with the reference
+#            argument), the control of cluster.sh conformance
 #   images/  docker-archive tars of pause, agnhost, busybox, coredns, named
 #            as the e2e suite and kubelet ask for them (images.sh; a link
 #            to images-KEY, whose key adds images.sh and the Debian
@@ -84,6 +86,17 @@ ln -sfn "images-$ikey" "$dir/images"
 for old in "$dir"/images-*; do # earlier images of these binaries
 	case $old in "$images" | "$images.log") ;; *) rm -rf "$old" "$dir/.done-${old##*/}" ;; esac
 done
+
+# The control network of `cluster.sh conformance`: the reference plugins
+# at the version meshwire's benchmarks compare with.
+REFERENCE_VERSION=v1.9.1
+if [ "${1:-}" = reference ]; then
+	ref=github.com/containernetworking/plugins/plugins
+	step "reference-$REFERENCE_VERSION" env GOBIN="$dir/reference" go install -trimpath -ldflags "-s -w" \
+		$ref/main/bridge@$REFERENCE_VERSION $ref/main/loopback@$REFERENCE_VERSION \
+		$ref/ipam/host-local@$REFERENCE_VERSION $ref/meta/portmap@$REFERENCE_VERSION \
+		$ref/meta/bandwidth@$REFERENCE_VERSION
+fi
 
 if [ "${1:-}" = e2e ]; then
 	step e2e go test -c -trimpath -ldflags "$ldflags" -o "$bin/e2e.test" k8s.io/kubernetes/test/e2e

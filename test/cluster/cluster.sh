@@ -14,6 +14,13 @@
 #           intercepts (annotation) answered by its "proxy"
 #   e2e     Kubernetes' e2e suite against it (default: sig-network
 #           conformance)
+#   mesh    Istio-annotated Deployments (REDIRECT, TPROXY, EBPF) reached
+#           through a ClusterIP and a NodePort Service, with the fast path
+#           the node agent attached; a new meshwire image rolled out
+#           under them
+#   podstart  N pods created at once, create-to-Ready times
+#   conformance  e2e and podstart with meshwire, then again with the
+#           reference plugins in the same conflist (the control)
 #   env     the shell lines that point kubectl at the cluster
 #   status  the components' processes, the node and the pods
 #   down    drain the pods (so that the CNI plugins' DEL runs), stop every
@@ -22,6 +29,10 @@
 #
 # No systemd: the processes are started with setsid and tracked by pid.
 # No registry: every image is imported into containerd (images.sh).
+#
+# MESHWIRE_CLUSTER_CNI=reference starts the cluster on the reference
+# plugins v1.9.1 (bridge, host-local, portmap, bandwidth, loopback) with the
+# same conflist, written by this script instead of meshwire's installer.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -47,9 +58,21 @@ node_ip() {
 }
 NODE_IP=${NODE_IP:-$(node_ip)}
 BRIDGE=mwk0 NETWORK=mwk-cluster # manifests/meshwire/cluster.conflist's
+# Which plugins wire the pods: meshwire (its DaemonSet installs them) or
+# reference (v1.9.1, built by build.sh reference, installed by up).
+CNI=${MESHWIRE_CLUSTER_CNI:-meshwire}
+case $CNI in meshwire | reference) ;; *) echo "MESHWIRE_CLUSTER_CNI: meshwire or reference, not '$CNI'" >&2; exit 2 ;; esac
+
+# The node-wide lock of meshwire's kernel tests (internal/kerneltest),
+# held while the cluster runs: the tests' leak checks would see its pods
+# come and go, and make test's host seed would become kube-proxy's.
+TEST_LOCK=/run/meshwire-tests.lock
 
 CONTAINERD=/usr/bin/containerd CTR=/usr/bin/ctr RUNC=/usr/sbin/runc
 PKI=$STATE/pki KCFG=$STATE/kubeconfig LOGS=$STATE/logs RUN=$STATE/run
+# The e2e suite's leak snapshot as a command (test/snapshot, built by make
+# build): the host before up, and the node before its CNI was installed.
+SNAPSHOT=$repo/bin/test/snapshot
 SOCK=$STATE/containerd/containerd.sock
 CNI_BIN=$STATE/cni/bin CNI_CONF=$STATE/cni/net.d
 ADMIN=$KCFG/admin.kubeconfig
@@ -184,7 +207,7 @@ net.netfilter.nf_conntrack_tcp_timeout_established net.netfilter.nf_conntrack_tc
 # ones only when empty: other users of this machine may have put things
 # there meanwhile).
 NEW_TREES="/var/log/pods /var/log/containers /var/lib/kubelet" # kubelet: container logs, device-plugins socket
-NEW_DIRS="/run/containerd/s /run/containerd /var/lib/cni/results /var/lib/cni/networks /var/lib/cni/meshwire/fastpath /var/lib/cni/meshwire /var/lib/cni"
+NEW_DIRS="/run/containerd/s /run/containerd /var/lib/cni/results /var/lib/cni/networks /var/lib/cni/meshwire/fastpath /var/lib/cni/meshwire/intercept /var/lib/cni/meshwire /var/lib/cni"
 
 snapshot_host() {
 	local f=$STATE/host-before
@@ -197,6 +220,29 @@ snapshot_host() {
 	ip link show "$BRIDGE" >/dev/null 2>&1 && echo "$BRIDGE" >"$f.bridge" || : >"$f.bridge"
 	ls -d /sys/fs/cgroup/*/k8s.io 2>/dev/null >"$f.cgroups" || :
 	ls /run/netns 2>/dev/null >"$f.netns" || :
+	# meshwire's DaemonSet mounts the host's bpffs with Bidirectional
+	# propagation (the agent mounts one there on a host without), which
+	# the runtime allows only on a shared mount. systemd makes every mount
+	# shared; on this machine, without systemd, up does.
+	: >"$f.bpffs"
+	if [ "$(findmnt -n -o PROPAGATION /sys/fs/bpf 2>/dev/null)" = private ]; then
+		log "making /sys/fs/bpf a shared mount (as systemd does), private again at down"
+		mount --make-shared /sys/fs/bpf
+		echo private >"$f.bpffs"
+	fi
+	# The same for its HostToContainer mount of /run/netns, where the
+	# runtime keeps the pods' namespaces: a shared bind mount of its own,
+	# as `ip netns add` makes it.
+	mkdir -p /run/netns
+	: >"$f.netns-mount"
+	case $(findmnt -n -o PROPAGATION -M /run/netns 2>/dev/null) in
+	shared* | *slave*) ;;
+	*)
+		log "making /run/netns a shared mount (as ip netns add does); removed at down when empty"
+		mount --bind /run/netns /run/netns && mount --make-shared /run/netns
+		echo made >"$f.netns-mount"
+		;;
+	esac
 }
 
 # ------------------------------------------------------------------- config
@@ -381,8 +427,16 @@ start_kube_proxy() {
 	start kube-proxy "$BIN/kube-proxy" --config "$STATE/config/kube-proxy.yaml"
 }
 
+# hold_test_lock: a process that holds the kernel tests' lock until down
+# stops it.
+hold_test_lock() {
+	start kernel-test-lock bash -c 'exec 9>"$1" && flock -n 9 && exec sleep infinity' lock "$TEST_LOCK"
+	sleep 0.5
+	alive kernel-test-lock || die "meshwire's kernel tests hold $TEST_LOCK (make test, bench or chaos): start the cluster when they are done"
+}
+
 # The processes, in the order up starts them; down stops them in reverse.
-COMPONENTS="containerd etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy"
+COMPONENTS="kernel-test-lock containerd etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy"
 
 # guard: a packet to the service range that kube-proxy did not DNAT (an
 # address no Service has, a stale DNS answer) would follow the default
@@ -403,17 +457,35 @@ import_images() {
 	while read -r name file; do
 		"$CTR" -a "$SOCK" -n k8s.io images import --no-unpack "$CACHE/images/$file" >/dev/null
 	done <"$CACHE/images/index"
-	# meshwire's own image, built from this tree the way a user builds it.
-	log "make image (meshwire's image, log: $LOGS/make-image.log)"
-	make -C "$repo" image >"$LOGS/make-image.log" 2>&1 || { tail -20 "$LOGS/make-image.log" >&2; die "make image failed"; }
-	podman save --quiet --format docker-archive -o "$STATE/meshwire-image.tar" localhost/meshwire:latest
-	"$CTR" -a "$SOCK" -n k8s.io images import --no-unpack "$STATE/meshwire-image.tar" >/dev/null
-	rm -f "$STATE/meshwire-image.tar"
+	if [ "$CNI" = meshwire ]; then meshwire_images; fi
 	log "images imported in $((SECONDS - t0))s:"
 	"$CTR" -a "$SOCK" -n k8s.io images ls -q | grep -v '^sha256:' | sed 's/^/    /' >&2
 }
 
 # ------------------------------------------------------------------ meshwire
+
+# podman_to_containerd IMAGE...: podman's images into the cluster's containerd.
+podman_to_containerd() {
+	podman save --quiet --multi-image-archive --format docker-archive -o "$STATE/image.tar" "$@"
+	"$CTR" -a "$SOCK" -n k8s.io images import --no-unpack "$STATE/image.tar" >/dev/null
+	rm -f "$STATE/image.tar"
+}
+
+# meshwire_images: meshwire's image, built from this tree the way a user
+# builds it (make image); the same image under a second tag, the "new
+# version" mesh rolls out; and the test proxy (test/proxy), the sidecar of
+# mesh's pods.
+meshwire_images() {
+	log "make image (meshwire's image, log: $LOGS/make-image.log)"
+	make -C "$repo" image >"$LOGS/make-image.log" 2>&1 || { tail -20 "$LOGS/make-image.log" >&2; die "make image failed"; }
+	podman tag localhost/meshwire:latest localhost/meshwire:rollout
+	local root=$STATE/testproxy-root
+	mkdir -p "$root"
+	cp "$repo/bin/test/proxy" "$root/proxy"
+	tar -C "$root" -c . | podman import --quiet - localhost/meshwire-testproxy:latest >/dev/null
+	rm -rf "$root"
+	podman_to_containerd localhost/meshwire:latest localhost/meshwire:rollout localhost/meshwire-testproxy:latest
+}
 
 # The DaemonSet of conf/kubernetes, unchanged, through a kustomization
 # (manifests/meshwire) that points its host paths into the state directory
@@ -426,6 +498,18 @@ install_meshwire() {
 	sed -e "s#@STATE@#$STATE#g" -e "s#@POD_CIDR@#$POD_CIDR#g" \
 		"$here/manifests/meshwire/kustomization.yaml" >"$d/kustomization.yaml"
 	kc apply -k "$d" >&2
+}
+
+# install_reference: the control network, the reference plugins v1.9.1 with
+# the same conflist, written where meshwire's installer writes its own.
+install_reference() {
+	local p
+	"$here/build.sh" reference >/dev/null
+	for p in bridge host-local portmap bandwidth loopback; do
+		install -m 0755 "$CACHE/reference/$p" "$CNI_BIN/$p"
+	done
+	install -m 0644 "$here/manifests/meshwire/cluster.conflist" "$CNI_CONF/05-reference.conflist"
+	log "reference plugins v1.9.1 and $CNI_CONF/05-reference.conflist installed"
 }
 
 node_ready() {
@@ -444,11 +528,16 @@ up() {
 	seeded && die "make test's host seed (test/seed-host.sh, comment meshwire-seed) is on this host: its kube-proxy-style KUBE-* chains would become kube-proxy's; start the cluster when the tests are done"
 	local t0=$SECONDS
 	bin_dir
-	log "binaries: $BIN"
+	log "binaries: $BIN; pods wired by $CNI"
+	log "make build (log: /tmp/meshwire-cluster-make-build.log)"
+	make -C "$repo" build >/tmp/meshwire-cluster-make-build.log 2>&1 || die "make build failed: /tmp/meshwire-cluster-make-build.log"
 	mkdir -p "$PKI" "$KCFG" "$LOGS" "$RUN"
 	trap '[ $? = 0 ] || log "up failed: the logs are in $LOGS; $0 down cleans up"' EXIT
 	echo "$BIN" >"$STATE/bin"
+	echo "$CNI" >"$STATE/cni-kind"
+	hold_test_lock
 	snapshot_host
+	"$SNAPSHOT" save "$STATE/host-before.json"
 	make_pki
 	write_configs
 
@@ -463,12 +552,19 @@ up() {
 	start_kube_proxy
 	guard
 	wait_for "node $NODE_NAME registered" 90 kc get node "$NODE_NAME"
-	if node_ready; then die "node $NODE_NAME is Ready before meshwire wrote a CNI config"; fi
-	log "node $NODE_NAME registered, NotReady (no CNI config yet): installing meshwire"
-	install_meshwire
-	wait_for "meshwire's conflist in $CNI_CONF" 120 ls "$CNI_CONF/05-meshwire.conflist"
+	if node_ready; then die "node $NODE_NAME is Ready before a CNI config was written"; fi
+	wait_for "kube-proxy's rules" 60 iptables -t nat -S KUBE-SERVICES
+	"$SNAPSHOT" save "$STATE/network-before.json"
+	if [ "$CNI" = reference ]; then
+		log "node $NODE_NAME registered, NotReady (no CNI config yet): installing the reference plugins"
+		install_reference
+	else
+		log "node $NODE_NAME registered, NotReady (no CNI config yet): installing meshwire"
+		install_meshwire
+		wait_for "meshwire's conflist in $CNI_CONF" 120 ls "$CNI_CONF/05-meshwire.conflist"
+	fi
 	wait_for "node $NODE_NAME Ready" 120 node_ready
-	kc -n kube-system rollout status ds/meshwire-node --timeout=120s >&2
+	[ "$CNI" = reference ] || kc -n kube-system rollout status ds/meshwire-node --timeout=120s >&2
 
 	log "CoreDNS"
 	kc apply -f "$here/manifests/coredns.yaml" >&2
@@ -504,10 +600,26 @@ drain() {
 		kc -n "$ns" delete ds -l 'app.kubernetes.io/name!=meshwire' --ignore-not-found >/dev/null 2>&1 || true
 		kc -n "$ns" delete pod -l 'app.kubernetes.io/name!=meshwire' --wait=false >/dev/null 2>&1 || true
 	done
-	wait_for "pods other than meshwire's gone" 120 only_meshwire_left || true
+	wait_for "pods other than meshwire's gone" 120 only_meshwire_left || return 1
 	kc -n kube-system delete ds meshwire-node --ignore-not-found >/dev/null 2>&1 || true
-	wait_for "every pod gone" 60 no_pods || true
-	wait_for "every sandbox stopped" 60 no_ready_sandbox || true
+	wait_for "every pod gone" 60 no_pods || return 1
+	wait_for "every sandbox stopped" 60 no_ready_sandbox || return 1
+	# Deleting the DaemonSet took back what its installer wrote.
+	if [ -e "$CNI_CONF/05-meshwire.conflist" ]; then log "meshwire's DaemonSet is gone, its conflist is not"; return 1; fi
+}
+
+# check_leaks NAME SNAPSHOT [ALLOW]: the host against SNAPSHOT; the
+# differences go to the log and to $LOGS/leaks-NAME.txt.
+check_leaks() {
+	local name=$1 snap=$2 allow=${3:-}
+	[ -f "$snap" ] || return 0
+	if "$SNAPSHOT" check "$snap" -allow "$allow" -wait 60s >"$LOGS/leaks-$name.txt" 2>&1; then
+		log "leak check ($name): the host matches its snapshot"
+	else
+		log "leak check ($name) FAILED:"
+		sed 's/^/    /' "$LOGS/leaks-$name.txt" >&2
+		LEAKS=1
+	fi
 }
 
 only_meshwire_left() {
@@ -518,6 +630,11 @@ no_ready_sandbox() {
 	# ctr lists the sandboxes' pause tasks: none running any more.
 	! "$CTR" -a "$SOCK" -n k8s.io tasks ls 2>/dev/null | awk 'NR > 1 && $3 == "RUNNING"' | grep -q .
 }
+
+# What the node keeps once every pod is gone, by design of the bridge
+# plugin (meshwire's and the reference's): the bridge with its address and
+# route, and the sysctls set on it.
+LEAK_ALLOW="mwk0|198\.18\.0\.(0|1)/16"
 
 # The shims of this cluster's containerd (they outlive it by design).
 our_shims() {
@@ -602,8 +719,17 @@ down() {
 	[ "$(id -u)" = 0 ] || die "run as root"
 	[ -d "$STATE" ] || { log "no cluster at $STATE"; return 0; }
 	local t0=$SECONDS
+	LEAKS=0
 	BIN=$(cat "$STATE/bin" 2>/dev/null || true)
-	if [ -n "$BIN" ] && [ -x "$BIN/kubectl" ]; then drain; fi
+	CNI=$(cat "$STATE/cni-kind" 2>/dev/null || echo meshwire)
+	# With every pod and meshwire's DaemonSet deleted, the node holds
+	# nothing the plugins made but the bridge (which bridge plugins keep
+	# by design), as before the CNI was installed.
+	if [ -n "$BIN" ] && [ -x "$BIN/kubectl" ] && drain; then
+		check_leaks "$CNI" "$STATE/network-before.json" "$LEAK_ALLOW"
+	else
+		log "the node was not drained: no leak check of its network"
+	fi
 
 	local c
 	for c in $(echo "$COMPONENTS" | tr ' ' '\n' | tac); do stop "$c"; done
@@ -641,6 +767,8 @@ down() {
 	if [ -s "$before.bridge" ] || ! ip link show "$BRIDGE" >/dev/null 2>&1; then :; else
 		log "removing bridge $BRIDGE"; ip link del "$BRIDGE" || true
 	fi
+	if [ "$(cat "$before.bpffs" 2>/dev/null)" = private ]; then mount --make-private /sys/fs/bpf || true; fi
+	if [ "$(cat "$before.netns-mount" 2>/dev/null)" = made ] && [ -z "$(ls -A /run/netns)" ]; then umount /run/netns || true; fi
 	if [ -f "$before.sysctl" ]; then
 		while IFS='=' read -r k v; do
 			[ "$(sysctl -n "$k" 2>/dev/null)" = "$v" ] || sysctl -q -w "$k=$v" >/dev/null 2>&1 || log "could not restore $k=$v"
@@ -668,8 +796,10 @@ down() {
 			grep -qx "$p" "$before.netns" || log "note: network namespace $p appeared while the cluster ran (not necessarily its own; left alone)"
 		done
 	fi
+	check_leaks host "$STATE/host-before.json"
 	rm -rf --one-file-system "$STATE"
 	log "down in $((SECONDS - t0))s"
+	[ "$LEAKS" = 0 ] || die "the leak checks failed (above)"
 }
 
 # ------------------------------------------------------------------ smoke
@@ -712,6 +842,132 @@ smoke() {
 	log "smoke check passed in $((SECONDS - t0))s"
 }
 
+# ------------------------------------------------------------------- mesh
+
+MESH_NS=mwk-mesh MESH_MODES="redirect tproxy ebpf"
+
+# render_mesh MODE: manifests/mesh.yaml for one interception mode.
+render_mesh() {
+	local m=$1 istio=REDIRECT uid=1337 caps='[]' mw
+	mw=$(echo "$m" | tr '[:lower:]' '[:upper:]')
+	case $m in tproxy) istio=TPROXY uid=0 caps='[NET_ADMIN]' ;; esac
+	sed -e "s/@MODE@/$m/g" -e "s/@ISTIO_MODE@/$istio/g" -e "s/@MESHWIRE_MODE@/$mw/g" \
+		-e "s/@PROXY_MODE@/$( [ "$m" = tproxy ] && echo tproxy || echo redirect)/g" \
+		-e "s/@PROXY_UID@/$uid/g" -e "s/@PROXY_CAPS@/$caps/g" "$here/manifests/mesh.yaml"
+}
+
+# fastpath_field NAME: a number of `meshwire fastpath status -o json`, read
+# on the host (the pins the agent made in the host's bpffs).
+fastpath_field() {
+	"$repo/bin/meshwire" fastpath status -o json | grep -o "\"$1\":[0-9]*" | head -1 | cut -d: -f2
+}
+
+policies_are() { [ "$(fastpath_field pod_policies)" = "$1" ]; }
+
+# proxy_log MODE: the test proxy's records of MODE's pod (one JSON a line).
+proxy_log() { kc -n "$MESH_NS" logs "deploy/app-$1" -c istio-proxy; }
+
+# mesh_fail MESSAGE: one failed check (mesh goes on, and fails at its end).
+mesh_fail() { log "mesh: FAILED: $*"; MESH_FAILED=1; }
+
+# via_sidecar WHAT REPLY: a /clientip reply from the application is the
+# sidecar's passthrough address when the connection came through it.
+via_sidecar() {
+	case $2 in 127.0.0.6:*) ;; *) mesh_fail "$1: the application saw '$2', not the sidecar's 127.0.0.6"; return 1 ;; esac
+}
+
+# mesh_check STAGE: every mode's pod reached through its ClusterIP (from an
+# outside pod, and from the next mode's meshed app: sidecar to sidecar) and
+# its NodePort (from a pod and from the host); every connection through the
+# sidecars, none to the status port; the fast path holding a policy per
+# meshed pod; the long-lived connections alive.
+mesh_check() {
+	local stage=$1 m next ip np reply i outs want n fp0
+	local modes=($MESH_MODES)
+	fp0=$(fastpath_field redirected_messages)
+	for i in 0 1 2; do
+		m=${modes[$i]} next=${modes[$(((i + 1) % 3))]}
+		ip=$(kc -n "$MESH_NS" get svc "app-$m" -o jsonpath='{.spec.clusterIP}')
+		np=$(kc -n "$MESH_NS" get svc "app-$m" -o jsonpath='{.spec.ports[?(@.name=="http")].nodePort}')
+		for target in "app-$m" "$ip" "$NODE_IP:$np"; do
+			reply=$(kc -n "$MESH_NS" exec client -- timeout 10 wget -q -O - "http://$target/clientip" 2>&1) &&
+				via_sidecar "$stage: client -> $m via $target" "$reply" || mesh_fail "$stage: client -> $m via $target: $reply"
+		done
+		reply=$(curl -sS -m 10 "http://$NODE_IP:$np/clientip" 2>&1) &&
+			via_sidecar "$stage: host -> $m via NodePort $NODE_IP:$np" "$reply" || mesh_fail "$stage: host -> $m NodePort: $reply"
+		# Sidecar to sidecar: next's app, through its sidecar's outbound
+		# listener, to m's Service, then m's sidecar's inbound one.
+		outs=$(proxy_log "$next" | grep -c "\"listener\":\"outbound\".*\"orig_dst\":\"$ip:80\"" || true)
+		reply=$(kc -n "$MESH_NS" exec "deploy/app-$next" -c app -- curl -sS -m 10 "http://app-$m/clientip" 2>&1) &&
+			via_sidecar "$stage: $next's app -> $m" "$reply" || mesh_fail "$stage: $next's app -> $m: $reply"
+		want=$((outs + 1))
+		n=$(proxy_log "$next" | grep -c "\"listener\":\"outbound\".*\"orig_dst\":\"$ip:80\"" || true)
+		[ "$n" -ge "$want" ] || mesh_fail "$stage: $next's app -> $m: $next's sidecar logged $n outbound connections to $ip:80, want $want"
+		# Kubelet's probes of the status port: never captured.
+		n=$(proxy_log "$m" | grep -c '"orig_dst":"[^"]*:1502[01]"' || true)
+		[ "$n" = 0 ] || mesh_fail "$stage: $m's sidecar got $n connections for its status ports: kubelet's probes were captured"
+		log "mesh: $stage: $m: client, $next's app (sidecar to sidecar), ClusterIP $ip, NodePort $np from a pod and the host: through the sidecar"
+	done
+	n=$(fastpath_field pod_policies)
+	[ "$n" = "$MESH_PODS" ] || mesh_fail "$stage: the fast path holds $n pod policies, want $MESH_PODS (one per meshed pod)"
+	n=$(fastpath_field redirected_messages)
+	[ "$n" -gt "$fp0" ] || mesh_fail "$stage: the fast path carried no message between the apps and their sidecars ($fp0 before, $n after)"
+	log "mesh: $stage: the fast path carried $((n - fp0)) messages between apps and sidecars"
+	n=$(fastpath_field pods)
+	[ "$n" = "$MESH_EBPF_PODS" ] || mesh_fail "$stage: ebpf interception has $n pods registered, want $MESH_EBPF_PODS"
+	for m in $MESH_MODES; do
+		n=$(kc -n "$MESH_NS" get pod long -o jsonpath="{.status.containerStatuses[?(@.name==\"$m\")].restartCount}")
+		[ "$n" = 0 ] || mesh_fail "$stage: the long-lived connection to $m broke ($n restarts)"
+	done
+}
+
+# long_lines MODE: how many lines the long-lived connection to MODE echoed.
+long_lines() { kc -n "$MESH_NS" logs long -c "$1" | wc -l; }
+
+mesh() {
+	BIN=$(cat "$STATE/bin" 2>/dev/null) || die "no cluster at $STATE"
+	[ "$(cat "$STATE/cni-kind")" = meshwire ] || die "mesh needs a cluster whose network is meshwire"
+	local t0=$SECONDS m n
+	MESH_FAILED=0
+	kc wait --for=delete "ns/$MESH_NS" --timeout=120s >/dev/null 2>&1 || true
+	kc create namespace "$MESH_NS" >&2
+	for m in $MESH_MODES; do render_mesh "$m"; echo ---; done | kc apply -f - >&2
+	for m in $MESH_MODES; do kc -n "$MESH_NS" rollout status "deploy/app-$m" --timeout=120s >&2; done
+	kc apply -f "$here/manifests/mesh-clients.yaml" >&2
+	kc -n "$MESH_NS" wait --for=condition=Ready pod/client pod/long --timeout=120s >&2
+	kc -n "$MESH_NS" get pods -o wide >&2
+	MESH_PODS=3 MESH_EBPF_PODS=1
+	mesh_check "before the rollout"
+
+	# A new image tag rolled out under the running pods: the agent
+	# restarts; connections stay up, and the pods' fast-path policies come
+	# back from the plugin's records.
+	declare -A lines
+	for m in $MESH_MODES; do lines[$m]=$(long_lines "$m"); done
+	log "mesh: rolling out localhost/meshwire:rollout"
+	kc -n kube-system set image ds/meshwire-node node=localhost/meshwire:rollout >&2
+	kc -n kube-system rollout status ds/meshwire-node --timeout=180s >&2
+	wait_for "node $NODE_NAME Ready" 60 node_ready
+	wait_for "the fast path's pod policies restored" 60 policies_are "$MESH_PODS" ||
+		mesh_fail "after the rollout: the fast path holds $(fastpath_field pod_policies) pod policies, want $MESH_PODS"
+	sleep 3
+	for m in $MESH_MODES; do
+		n=$(long_lines "$m")
+		[ "$n" -gt "${lines[$m]}" ] || mesh_fail "after the rollout: the long-lived connection to $m echoed nothing since ($n lines)"
+		log "mesh: the connection to $m held across the rollout: ${lines[$m]} lines echoed before, $n now"
+	done
+	# A pod started after the rollout is meshed by the new agent's plugins.
+	kc -n "$MESH_NS" scale deploy/app-redirect --replicas=2 >&2
+	kc -n "$MESH_NS" rollout status deploy/app-redirect --timeout=120s >&2
+	MESH_PODS=4
+	mesh_check "after the rollout"
+	kc delete ns "$MESH_NS" --wait=true --timeout=120s >&2 || true
+	n=$(fastpath_field pod_policies)
+	[ "$n" = 0 ] || mesh_fail "the meshed pods are gone, the fast path still holds $n pod policies"
+	[ "$MESH_FAILED" = 0 ] || die "mesh check failed (above)"
+	log "mesh check passed in $((SECONDS - t0))s"
+}
+
 # e2e [FOCUS [SKIP]]: Kubernetes' e2e suite (e2e.test, built by `build.sh
 # e2e` when missing) against the cluster; by default the sig-network
 # conformance tests that may run in parallel with others. The JUnit report
@@ -752,8 +1008,9 @@ main() {
 	env) BIN=$(cat "$STATE/bin" 2>/dev/null) || bin_dir; env_lines ;;
 	status) status ;;
 	smoke) smoke ;;
+	mesh) mesh ;;
 	e2e) shift; e2e "$@" ;;
-	*) echo "usage: $0 up|down|env|status|smoke|e2e [FOCUS [SKIP]]" >&2; exit 2 ;;
+	*) echo "usage: $0 up|down|env|status|smoke|mesh|e2e [FOCUS [SKIP]]" >&2; exit 2 ;;
 	esac
 }
 

@@ -11,7 +11,7 @@
 // Run it as the proxy's uid (1337), in the pod's network namespace; TPROXY
 // needs CAP_NET_ADMIN (an ambient capability) for IP_TRANSPARENT.
 //
-//	proxy [-mode redirect|tproxy] [-outbound 15001] [-inbound 15006] [-dns 15053 -dns-upstream ADDR:53] [-copy loop|splice] [-answer] [-unix PATH [-unix-to PATH]]
+//	proxy [-mode redirect|tproxy] [-outbound 15001] [-inbound 15006] [-dns 15053 -dns-upstream ADDR:53] [-copy loop|splice] [-answer] [-unix PATH [-unix-to PATH]] [-status PORT]
 //
 // -copy splice copies with io.Copy between the two TCP connections, which
 // Go turns into splice(2) (the receiver the sockmap fast path must not
@@ -22,6 +22,10 @@
 // it gets there, or with -unix-to forwards it to the Unix socket at that
 // path: the same process and copy loop with no TCP, no netfilter and no
 // BPF on the way, which the benchmarks time beside the interception modes.
+//
+// -status PORT answers HTTP 200 "ready" on every path of PORT, as Envoy's
+// status port (15021, /healthz/ready) does for kubelet's probes; those
+// connections are not logged (what reaches it was not captured).
 //
 //	proxy dial ADDR MESSAGE   # one request as the current user: prints the reply
 //	proxy echo tcp|unix ADDR  # an echo server as its own process (a remote app)
@@ -34,6 +38,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/http"
 	"net/netip"
 	"os"
 	"os/signal"
@@ -83,6 +88,7 @@ func main() {
 	flag.BoolVar(&answer, "answer", false, "echo captured connections back instead of forwarding them")
 	unixPath := flag.String("unix", "", "also listen on a Unix stream socket at this path (a benchmark reference)")
 	unixTo := flag.String("unix-to", "", "forward what -unix accepts to the Unix socket at this path instead of echoing it")
+	statusPort := flag.Int("status", 0, "answer HTTP 200 on this port, as a sidecar's status port (0: none)")
 	flag.Parse()
 	switch *copyMode {
 	case "loop":
@@ -133,6 +139,17 @@ func main() {
 		go serveUnix(ln, *unixTo)
 	} else if *unixTo != "" {
 		fatal(fmt.Errorf("-unix-to needs -unix"))
+	}
+	if *statusPort != 0 {
+		ln, err := net.Listen("tcp", net.JoinHostPort("", strconv.Itoa(*statusPort)))
+		if err != nil {
+			fatal(err)
+		}
+		go func() {
+			_ = http.Serve(ln, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				_, _ = io.WriteString(w, "ready\n")
+			}))
+		}()
 	}
 	emit(Record{Event: "ready"})
 	// SIGUSR1 asks for a "sync" line: every record of a connection that

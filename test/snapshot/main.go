@@ -1,0 +1,99 @@
+// Command snapshot is the e2e suite's leak snapshot (test/harness) as a
+// command, for what a Go test cannot wrap: the single-node cluster's
+// scripts (test/cluster) take it before meshwire is installed and compare
+// after everything was deleted. Not shipped.
+//
+//	snapshot save FILE                      # the host's state, as JSON
+//	snapshot check FILE [-allow RE] [-wait D]  # compare: exit 1 and list the differences
+//
+// check retakes the snapshot until it matches FILE or -wait runs out (what
+// a runtime or kube-proxy removes settles asynchronously); lines matching
+// -allow are not differences.
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"regexp"
+	"time"
+
+	"github.com/meshwire/meshwire/test/harness"
+)
+
+func main() {
+	if len(os.Args) < 3 {
+		fmt.Fprintln(os.Stderr, "usage: snapshot save FILE | snapshot check FILE [-allow RE] [-wait DURATION]")
+		os.Exit(2)
+	}
+	cmd, file := os.Args[1], os.Args[2]
+	fs := flag.NewFlagSet("snapshot "+cmd, flag.ExitOnError)
+	allow := fs.String("allow", "", "differences matching this regular expression are expected")
+	wait := fs.Duration("wait", 30*time.Second, "how long check retakes the snapshot until it matches")
+	_ = fs.Parse(os.Args[3:])
+	var err error
+	switch cmd {
+	case "save":
+		err = save(file)
+	case "check":
+		var re *regexp.Regexp
+		if *allow != "" {
+			if re, err = regexp.Compile(*allow); err != nil {
+				break
+			}
+		}
+		var diff []string
+		if diff, err = check(file, re, *wait); err == nil && len(diff) > 0 {
+			fmt.Printf("the host differs from %s:\n", file)
+			for _, d := range diff {
+				fmt.Println("  " + d)
+			}
+			os.Exit(1)
+		}
+	default:
+		err = fmt.Errorf("unknown command %q", cmd)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "snapshot:", err)
+		os.Exit(2)
+	}
+}
+
+func save(file string) error {
+	s, err := harness.TakeSnapshot()
+	if err != nil {
+		return err
+	}
+	b, err := json.Marshal(s)
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(file, b, 0o600)
+}
+
+func check(file string, allow *regexp.Regexp, wait time.Duration) ([]string, error) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil, err
+	}
+	var before harness.Snapshot
+	if err := json.Unmarshal(b, &before); err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	for deadline := time.Now().Add(wait); ; time.Sleep(time.Second) {
+		after, err := harness.TakeSnapshot()
+		if err != nil {
+			return nil, err
+		}
+		var diff []string
+		for _, d := range before.Diff(after) {
+			if allow == nil || !allow.MatchString(d) {
+				diff = append(diff, d)
+			}
+		}
+		if len(diff) == 0 || time.Now().After(deadline) {
+			return diff, nil
+		}
+	}
+}
