@@ -27,7 +27,7 @@ COMMANDS  := meshwire iptables-init
 TEST_TIMEOUT ?= 60m
 BENCH ?= .
 
-.PHONY: all build test unit deps demo bench generate install clean fuzz vet image chaos cluster cluster-down cluster-smoke cluster-e2e
+.PHONY: all build test unit deps demo bench generate install clean fuzz vet image chaos cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-podstart cluster-conformance
 
 all: build
 
@@ -139,6 +139,20 @@ cluster-smoke:
 E2E_FOCUS ?=
 cluster-e2e:
 	test/cluster/cluster.sh e2e $(if $(E2E_FOCUS),'$(E2E_FOCUS)')
+
+# Istio-annotated pods in REDIRECT, TPROXY and EBPF behind Services, with the
+# fast path, across a rollout of a new meshwire image.
+cluster-mesh:
+	test/cluster/cluster.sh mesh
+
+# 30 pods at once, create to Ready (PODSTART_PODS, PODSTART_ROUNDS).
+cluster-podstart:
+	test/cluster/cluster.sh podstart
+
+# The e2e suite and pod start on meshwire, then on the reference plugins
+# v1.9.1 (the control), each cluster taken down with its leak checks.
+cluster-conformance:
+	test/cluster/cluster.sh conformance
 
 cluster-down:
 	test/cluster/cluster.sh down

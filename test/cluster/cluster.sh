@@ -428,11 +428,12 @@ start_kube_proxy() {
 }
 
 # hold_test_lock: a process that holds the kernel tests' lock until down
-# stops it.
+# stops it; up waits for running kernel tests first, as they wait for
+# each other (up to an hour).
 hold_test_lock() {
-	start kernel-test-lock bash -c 'exec 9>"$1" && flock -n 9 && exec sleep infinity' lock "$TEST_LOCK"
-	sleep 0.5
-	alive kernel-test-lock || die "meshwire's kernel tests hold $TEST_LOCK (make test, bench or chaos): start the cluster when they are done"
+	flock -n "$TEST_LOCK" true || log "waiting for meshwire's kernel tests (make test, bench or chaos) to release $TEST_LOCK"
+	start kernel-test-lock bash -c 'exec 9>"$1" && flock -w 3600 9 && touch "$2" && exec sleep infinity' lock "$TEST_LOCK" "$RUN/kernel-test-lock.held"
+	wait_for "the kernel tests' lock" 3600 test -e "$RUN/kernel-test-lock.held" || die "could not take $TEST_LOCK"
 }
 
 # The processes, in the order up starts them; down stops them in reverse.
@@ -631,10 +632,16 @@ no_ready_sandbox() {
 	! "$CTR" -a "$SOCK" -n k8s.io tasks ls 2>/dev/null | awk 'NR > 1 && $3 == "RUNNING"' | grep -q .
 }
 
-# What the node keeps once every pod is gone, by design of the bridge
-# plugin (meshwire's and the reference's): the bridge with its address and
-# route, and the sysctls set on it.
-LEAK_ALLOW="mwk0|198\.18\.0\.(0|1)/16"
+# bridge_allow: what the node keeps once every pod is gone, by design of
+# the bridge plugin (meshwire's and the reference's): the bridge, its
+# addresses, the routes through it, the sysctls set on it; as a regular
+# expression over the snapshot's differences.
+bridge_allow() {
+	[ -e "/sys/class/net/$BRIDGE" ] || return 0
+	local addrs
+	addrs=$(ip -o addr show dev "$BRIDGE" | awk '{print $4}' | sed 's/\./\\./g' | paste -sd'|')
+	echo "Ifindex: $(cat "/sys/class/net/$BRIDGE/ifindex") |[/ \"]$BRIDGE[/ ]|\"($addrs)\""
+}
 
 # The shims of this cluster's containerd (they outlive it by design).
 our_shims() {
@@ -726,7 +733,7 @@ down() {
 	# nothing the plugins made but the bridge (which bridge plugins keep
 	# by design), as before the CNI was installed.
 	if [ -n "$BIN" ] && [ -x "$BIN/kubectl" ] && drain; then
-		check_leaks "$CNI" "$STATE/network-before.json" "$LEAK_ALLOW"
+		check_leaks "$CNI" "$STATE/network-before.json" "$(bridge_allow)"
 	else
 		log "the node was not drained: no leak check of its network"
 	fi
@@ -799,7 +806,7 @@ down() {
 	check_leaks host "$STATE/host-before.json"
 	rm -rf --one-file-system "$STATE"
 	log "down in $((SECONDS - t0))s"
-	[ "$LEAKS" = 0 ] || die "the leak checks failed (above)"
+	[ "$LEAKS" = 0 ] || { log "error: the leak checks failed (above)"; return 1; }
 }
 
 # ------------------------------------------------------------------ smoke
@@ -944,10 +951,15 @@ mesh() {
 	# back from the plugin's records.
 	declare -A lines
 	for m in $MESH_MODES; do lines[$m]=$(long_lines "$m"); done
+	local agent
+	agent=$(kc -n kube-system get pods -l app.kubernetes.io/name=meshwire -o jsonpath='{.items[*].metadata.uid}')
 	log "mesh: rolling out localhost/meshwire:rollout"
 	kc -n kube-system set image ds/meshwire-node node=localhost/meshwire:rollout >&2
 	kc -n kube-system rollout status ds/meshwire-node --timeout=180s >&2
 	wait_for "node $NODE_NAME Ready" 60 node_ready
+	[ "$(kc -n kube-system get pods -l app.kubernetes.io/name=meshwire -o jsonpath='{.items[*].metadata.uid}')" != "$agent" ] ||
+		mesh_fail "the rollout did not replace the node agent's pod"
+	kc -n kube-system logs ds/meshwire-node | grep -E 'restored|swe|collect' >&2 || true
 	wait_for "the fast path's pod policies restored" 60 policies_are "$MESH_PODS" ||
 		mesh_fail "after the rollout: the fast path holds $(fastpath_field pod_policies) pod policies, want $MESH_PODS"
 	sleep 3
@@ -989,6 +1001,49 @@ e2e() {
 	return "$st"
 }
 
+# podstart [OUT]: PODSTART_PODS pods (30) created at once, create-to-Ready
+# times over PODSTART_ROUNDS rounds (3); JSON to OUT (podstart/main.go).
+podstart() {
+	BIN=$(cat "$STATE/bin" 2>/dev/null) || die "no cluster at $STATE"
+	(cd "$here" && go build -o "$STATE/podstart" ./podstart) || die "building podstart failed"
+	log "podstart: ${PODSTART_PODS:-30} pods at once, ${PODSTART_ROUNDS:-3} rounds, on $(cat "$STATE/cni-kind")"
+	"$STATE/podstart" run -kubeconfig "$ADMIN" -pods "${PODSTART_PODS:-30}" -rounds "${PODSTART_ROUNDS:-3}" ${1:+-out "$1"} >&2
+}
+
+# conformance: the e2e suite (sig-network conformance) and podstart on a
+# cluster whose network is meshwire, then on one whose network is the
+# reference plugins v1.9.1 with the same conflist (the control), each
+# followed by down and its leak checks; both Ginkgo summaries and the pod
+# start ratios in $MESHWIRE_CLUSTER_E2E_REPORT/summary.txt. A meshwire
+# cluster running at the start is used, and started again at the end.
+conformance() {
+	local report=${MESHWIRE_CLUSTER_E2E_REPORT:-/var/tmp/meshwire-cluster-e2e} st=0 restore="" cni t0=$SECONDS
+	if [ -d "$STATE" ]; then restore=$(cat "$STATE/cni-kind" 2>/dev/null || echo meshwire); fi
+	rm -rf "$report/meshwire" "$report/reference"
+	for cni in meshwire reference; do
+		if [ -d "$STATE" ] && [ "$(cat "$STATE/cni-kind" 2>/dev/null)" != "$cni" ]; then down || st=1; fi
+		CNI=$cni
+		[ -d "$STATE" ] || up
+		MESHWIRE_CLUSTER_E2E_REPORT=$report/$cni e2e || st=1
+		podstart "$report/$cni/podstart.json" || st=1
+		down || st=1
+	done
+	{
+		echo "cluster.sh conformance, $(date -u +%F), meshwire $(git -C "$repo" describe --always --dirty), Kubernetes v1.34.3"
+		for cni in meshwire reference; do
+			echo
+			echo "== $cni: e2e.test (log: $report/$cni/e2e.log)"
+			grep -E '^Ran [0-9]|^(SUCCESS|FAIL)!|^ *\[FAIL\]' "$report/$cni/e2e.log" || echo "no Ginkgo summary"
+		done
+		echo
+		(cd "$here" && go run ./podstart compare meshwire="$report/meshwire/podstart.json" reference="$report/reference/podstart.json") || st=1
+		echo
+		echo "took $(((SECONDS - t0) / 60)) min"
+	} | tee "$report/summary.txt" >&2
+	if [ "$restore" = meshwire ]; then CNI=meshwire; up; fi
+	return "$st"
+}
+
 status() {
 	local c
 	for c in $COMPONENTS; do
@@ -1009,8 +1064,10 @@ main() {
 	status) status ;;
 	smoke) smoke ;;
 	mesh) mesh ;;
+	podstart) podstart ;;
+	conformance) conformance ;;
 	e2e) shift; e2e "$@" ;;
-	*) echo "usage: $0 up|down|env|status|smoke|mesh|e2e [FOCUS [SKIP]]" >&2; exit 2 ;;
+	*) echo "usage: $0 up|down|env|status|smoke|mesh|podstart|conformance|e2e [FOCUS [SKIP]]" >&2; exit 2 ;;
 	esac
 }
 
