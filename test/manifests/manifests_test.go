@@ -131,6 +131,9 @@ func TestDaemonSet(t *testing.T) {
 	if sc := node.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
 		t.Error("with --fastpath the node agent needs privilege")
 	}
+	if !spec.HostPID {
+		t.Error("with --fastpath the node agent needs the host's PID namespace: it sweeps the records of namespaces gone from every process's")
+	}
 
 	// Each mount is the host's directory, at /host + its path or at the
 	// same path; the directories the agent is given are mounted.
@@ -141,10 +144,22 @@ func TestDaemonSet(t *testing.T) {
 			t.Errorf("mount %s (volume %s) is not a host directory", m.MountPath, m.Name)
 			continue
 		}
-		if host := spec.Volumes[i].HostPath.Path; m.MountPath != "/host"+host && m.MountPath != host {
+		// (or at a path that leads there on the host: /var/run/netns,
+		// where runtimes name the pods' namespaces, is /run/netns).
+		if host := spec.Volumes[i].HostPath.Path; m.MountPath != "/host"+host && m.MountPath != host && !linksTo(m.MountPath, host) {
 			t.Errorf("mount %s is the host's %s", m.MountPath, host)
 		}
 		mounts[m.MountPath] = true
+		// The runtime checks a propagated mount's source by its path,
+		// without following links: a path through a link (/var/run ->
+		// /run) is judged by the mount of the link's directory, the root
+		// file system, private on a host without systemd (found on the
+		// single-node cluster: CreateContainerError).
+		if host := spec.Volumes[i].HostPath.Path; m.MountPropagation != nil && *m.MountPropagation != corev1.MountPropagationNone {
+			if real, err := filepath.EvalSymlinks(host); err == nil && real != host {
+				t.Errorf("mount %s (%s propagation): its host path %s goes through a link to %s: use that path", m.MountPath, *m.MountPropagation, host, real)
+			}
+		}
 	}
 	for flag, dir := range map[string]string{
 		"--cni-bin-dir": flags["--cni-bin-dir"], "--cni-conf-dir": flags["--cni-conf-dir"], "--cgroup": flags["--cgroup"],
@@ -222,6 +237,12 @@ func TestSamplePod(t *testing.T) {
 	if _, ok := pod.Annotations["sidecar.istio.io/status"]; !ok {
 		t.Error("the sample pod should carry the injector's status annotation")
 	}
+}
+
+// linksTo reports whether path leads to target through links on this host.
+func linksTo(path, target string) bool {
+	real, err := filepath.EvalSymlinks(path)
+	return err == nil && real == target
 }
 
 func container(t *testing.T, cs []corev1.Container, name string) corev1.Container {
