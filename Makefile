@@ -27,7 +27,7 @@ COMMANDS  := meshwire iptables-init
 TEST_TIMEOUT ?= 60m
 BENCH ?= .
 
-.PHONY: all build test unit deps demo bench generate install clean fuzz vet image chaos cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-podstart cluster-conformance
+.PHONY: all build test unit deps demo bench generate install clean fuzz vet image chaos cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-podstart cluster-podstart-compare cluster-conformance
 
 all: build
 
@@ -149,8 +149,13 @@ cluster-mesh:
 cluster-podstart:
 	test/cluster/cluster.sh podstart
 
-# The e2e suite and pod start on meshwire, then on the reference plugins
-# v1.9.1 (the control), each cluster taken down with its leak checks.
+# Pod start on meshwire and on the reference plugins v1.9.1, fresh clusters
+# in the order meshwire, reference, reference, meshwire.
+cluster-podstart-compare:
+	test/cluster/cluster.sh podstart-compare
+
+# The e2e suite on meshwire, then on the reference plugins v1.9.1 (the
+# control), each cluster taken down with its leak checks.
 cluster-conformance:
 	test/cluster/cluster.sh conformance
 

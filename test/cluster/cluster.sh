@@ -1029,24 +1029,50 @@ podstart() {
 	"$STATE/podstart" run -kubeconfig "$ADMIN" -pods "${PODSTART_PODS:-30}" -rounds "${PODSTART_ROUNDS:-3}" ${1:+-out "$1"} >&2
 }
 
-# conformance: the e2e suite (sig-network conformance) and podstart on a
-# cluster whose network is meshwire, then on one whose network is the
-# reference plugins v1.9.1 with the same conflist (the control), each
-# followed by down and its leak checks; both Ginkgo summaries and the pod
-# start ratios in $MESHWIRE_CLUSTER_E2E_REPORT/summary.txt. A meshwire
-# cluster running at the start is used, and started again at the end.
+# on NETWORK: make the running cluster's network NETWORK (down and up when
+# it is another, up when none runs).
+on() {
+	if [ -d "$STATE" ] && [ "$(cat "$STATE/cni-kind" 2>/dev/null)" != "$1" ]; then down || PHASE_FAILED=1; fi
+	CNI=$1
+	[ -d "$STATE" ] || up
+}
+
+# podstart_compare: podstart on meshwire and on the reference plugins, in
+# the order meshwire, reference, reference, meshwire (a fresh cluster each
+# time, PODSTART_ROUNDS rounds each), then the ratios of all of each.
+podstart_compare() {
+	local report=${MESHWIRE_CLUSTER_E2E_REPORT:-/var/tmp/meshwire-cluster-e2e}/podstart leg=0 cni
+	PHASE_FAILED=0
+	rm -rf "$report"
+	mkdir -p "$report"
+	for cni in meshwire reference reference meshwire; do
+		leg=$((leg + 1))
+		on "$cni"
+		podstart "$report/$leg-$cni.json" || PHASE_FAILED=1
+		down || PHASE_FAILED=1
+	done
+	(cd "$here" && go run ./podstart compare meshwire="$report/1-meshwire.json,$report/4-meshwire.json" \
+		reference="$report/2-reference.json,$report/3-reference.json") | tee "$report/summary.txt" >&2 || PHASE_FAILED=1
+	return "$PHASE_FAILED"
+}
+
+# conformance: the e2e suite (sig-network conformance) on a cluster whose
+# network is meshwire, then on one whose network is the reference plugins
+# v1.9.1 with the same conflist (the control), each followed by down and
+# its leak checks; both Ginkgo summaries in
+# $MESHWIRE_CLUSTER_E2E_REPORT/summary.txt. A meshwire cluster running at
+# the start is used, and started again at the end.
 conformance() {
 	local report=${MESHWIRE_CLUSTER_E2E_REPORT:-/var/tmp/meshwire-cluster-e2e} st=0 restore="" cni t0=$SECONDS
 	if [ -d "$STATE" ]; then restore=$(cat "$STATE/cni-kind" 2>/dev/null || echo meshwire); fi
 	rm -rf "$report/meshwire" "$report/reference"
+	PHASE_FAILED=0
 	for cni in meshwire reference; do
-		if [ -d "$STATE" ] && [ "$(cat "$STATE/cni-kind" 2>/dev/null)" != "$cni" ]; then down || st=1; fi
-		CNI=$cni
-		[ -d "$STATE" ] || up
+		on "$cni"
 		MESHWIRE_CLUSTER_E2E_REPORT=$report/$cni e2e || st=1
-		podstart "$report/$cni/podstart.json" || st=1
 		down || st=1
 	done
+	[ "$PHASE_FAILED" = 0 ] || st=1
 	{
 		echo "cluster.sh conformance, $(date -u +%F), meshwire $(git -C "$repo" describe --always --dirty), Kubernetes v1.34.3"
 		for cni in meshwire reference; do
@@ -1055,7 +1081,8 @@ conformance() {
 			grep -E '^Ran [0-9]|^(SUCCESS|FAIL)!|^ *\[FAIL\]' "$report/$cni/e2e.log" || echo "no Ginkgo summary"
 		done
 		echo
-		(cd "$here" && go run ./podstart compare meshwire="$report/meshwire/podstart.json" reference="$report/reference/podstart.json") || st=1
+		echo "what the reference plugins left once every pod was gone (meshwire's leak check passed, or the run failed above):"
+		sed 's/^/  /' "$report/leaks-reference.txt" 2>/dev/null || echo "  nothing"
 		echo
 		echo "took $(((SECONDS - t0) / 60)) min"
 	} | tee "$report/summary.txt" >&2
@@ -1084,9 +1111,10 @@ main() {
 	smoke) smoke ;;
 	mesh) mesh ;;
 	podstart) podstart ;;
+	podstart-compare) podstart_compare ;;
 	conformance) conformance ;;
 	e2e) shift; e2e "$@" ;;
-	*) echo "usage: $0 up|down|env|status|smoke|mesh|podstart|conformance|e2e [FOCUS [SKIP]]" >&2; exit 2 ;;
+	*) echo "usage: $0 up|down|env|status|smoke|mesh|podstart|podstart-compare|conformance|e2e [FOCUS [SKIP]]" >&2; exit 2 ;;
 	esac
 }
 

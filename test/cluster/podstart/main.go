@@ -6,7 +6,7 @@
 // (the CNI DEL). Rounds repeat it; the result is JSON for compare.
 //
 //	podstart run -kubeconfig F [-pods 30] [-rounds 3] [-out FILE]
-//	podstart compare NAME=FILE NAME=FILE   # p50 and p99 side by side, as ratios of the first
+//	podstart compare NAME=FILE[,FILE...] NAME=FILE[,FILE...]   # p50 and p99 side by side, as ratios of the first
 package main
 
 import (
@@ -244,19 +244,24 @@ func compare(args []string) error {
 	var names []string
 	var res []Result
 	for _, a := range args {
-		name, file, ok := strings.Cut(a, "=")
+		name, files, ok := strings.Cut(a, "=")
 		if !ok {
 			usage()
 		}
-		b, err := os.ReadFile(file)
-		if err != nil {
-			return err
+		var all Result // every file's pods and rounds together
+		for _, file := range strings.Split(files, ",") {
+			b, err := os.ReadFile(file)
+			if err != nil {
+				return err
+			}
+			var r Result
+			if err := json.Unmarshal(b, &r); err != nil {
+				return fmt.Errorf("%s: %w", file, err)
+			}
+			all.Pods, all.Rounds = r.Pods, all.Rounds+r.Rounds
+			all.StartMS, all.DeleteS = append(all.StartMS, r.StartMS...), append(all.DeleteS, r.DeleteS...)
 		}
-		var r Result
-		if err := json.Unmarshal(b, &r); err != nil {
-			return fmt.Errorf("%s: %w", file, err)
-		}
-		names, res = append(names, name), append(res, r)
+		names, res = append(names, name), append(res, all)
 	}
 	fmt.Printf("| pod start, create to Ready | %s | %s | %s / %s |\n|---|---|---|---|\n", names[0], names[1], names[0], names[1])
 	for _, p := range []float64{50, 99} {
