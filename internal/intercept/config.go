@@ -7,7 +7,9 @@
 package intercept
 
 import (
+	"bufio"
 	"net/netip"
+	"strings"
 )
 
 // Mode is how inbound connections reach the proxy.
@@ -165,4 +167,21 @@ func (c Config) includesLoopback() bool {
 		}
 	}
 	return false
+}
+
+// ParseResolvConf returns the nameserver addresses of a resolv.conf.
+func ParseResolvConf(text string) []netip.Addr {
+	var out []netip.Addr
+	sc := bufio.NewScanner(strings.NewReader(text))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) >= 2 && f[0] == "nameserver" {
+			// A zone ("fe80::1%eth0") is dropped: rules match addresses.
+			s, _, _ := strings.Cut(f[1], "%")
+			if a, err := netip.ParseAddr(s); err == nil {
+				out = append(out, a.Unmap())
+			}
+		}
+	}
+	return out
 }

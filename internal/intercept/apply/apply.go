@@ -48,6 +48,13 @@ type Request struct {
 	// already installed as asked, and replaces other rules as Reconcile
 	// does: each table is rewritten in one transaction, never doubled.
 	Force bool
+	// Fallback is the mode Install installs instead of EBPF mode where
+	// the node cannot capture the pod (EBPFUnavailable); "" fails there.
+	Fallback intercept.Mode
+	// DryRun: Install changes nothing and says what it would do.
+	DryRun bool
+	// Undo: a failed Install removes what it installed (Cleanup).
+	Undo bool
 
 	// Firewall opens the firewall of a backend in the namespace, or
 	// returns nil when that backend is not installed. Nil means the real
@@ -90,17 +97,11 @@ func (r *Request) routing() Routing {
 	return netlinkRouting{}
 }
 
-// Plan is what Apply will do; String shows it (dry run).
+// Plan is what Apply will do; String shows it (dry run): the operations
+// intercept.Plan gives, and the firewall to apply them to.
 type Plan struct {
-	Backend  firewall.Backend
-	Families []intercept.Family
-	Sets     map[intercept.Family]*intercept.RuleSet // iptables, per family
-	NftSet   *intercept.RuleSet                      // nftables, both families
-	Status   map[intercept.Family]intercept.Status
-	Restore  map[intercept.Family]*ruleset.Tx // iptables transactions, one per family (empty when nothing to do)
-	Nft      *ruleset.Tx                      // the nftables transaction (empty when nothing to do)
-	Add      []intercept.Step                 // routing to ensure
-	Remove   []intercept.Step                 // routing to remove (a mode or family no longer used)
+	Backend firewall.Backend
+	intercept.Ops
 	// Others are the backends other than Backend that hold meshwire's
 	// rules: reconciling removes them there.
 	Others []firewall.Backend
@@ -137,53 +138,28 @@ func (p *Plan) Partial() bool {
 	return false
 }
 
-func families(ipv6 bool) []intercept.Family {
-	if ipv6 {
-		return []intercept.Family{intercept.V4, intercept.V6}
-	}
-	return []intercept.Family{intercept.V4}
-}
-
 // bothFamilies: rules of the family not in use are removed, so both are
 // always read.
 var bothFamilies = []intercept.Family{intercept.V4, intercept.V6}
 
-// Prepare reads the installed state and plans the change. It fails with
-// ErrDifferent (wrapped, with details) when other rules of meshwire's or
-// istio-iptables' are there and req.Reconcile is false.
+// Prepare reads the installed state and plans the change (intercept.Plan).
+// It fails with ErrDifferent (wrapped, with details) when other rules of
+// meshwire's or istio-iptables' are there and req.Reconcile is false.
 func Prepare(ctx context.Context, req Request) (*Plan, error) {
 	b := req.Backend
 	if b.Kind == "" {
 		b = firewall.Detect(ctx)
 	}
 	b.Variant = resolveVariant(b)
-	p := &Plan{
-		Backend: b, Families: families(req.IPv6),
-		Sets:       map[intercept.Family]*intercept.RuleSet{},
-		Status:     map[intercept.Family]intercept.Status{},
-		Restore:    map[intercept.Family]*ruleset.Tx{},
-		Nft:        &ruleset.Tx{},
-		Forced:     req.Force,
-		routing:    req.routing(),
-		forgetEBPF: req.forgetEBPF,
-	}
 	if b.Kind != firewall.IPTables && b.Kind != firewall.NFTables {
 		return nil, fmt.Errorf("unknown firewall backend %q", b.Kind)
 	}
+	p := &Plan{Backend: b, Forced: req.Force, routing: req.routing(), forgetEBPF: req.forgetEBPF}
 	if p.fw = req.open(b, true); p.fw == nil {
 		return nil, fmt.Errorf("firewall backend %s is not installed", b)
 	}
 	// Reads only: release the netlink socket now, Apply opens another.
 	defer release(p.fw)
-	// The family not in use gets an empty rule set: whatever was there
-	// before (a dual-stack run) is a difference to remove.
-	for _, f := range bothFamilies {
-		if f == intercept.V6 && !req.IPv6 {
-			p.Sets[f] = &intercept.RuleSet{Family: f}
-		} else {
-			p.Sets[f] = intercept.Build(req.Config, f)
-		}
-	}
 	have := read(ctx, b, p.fw)
 	for _, f := range bothFamilies {
 		if err := have.errs[f]; err != nil {
@@ -191,33 +167,6 @@ func Prepare(ctx context.Context, req Request) (*Plan, error) {
 				continue // nothing to read there, and no wish for it
 			}
 			return nil, err
-		}
-	}
-	if b.Kind == firewall.IPTables {
-		for _, f := range bothFamilies {
-			want, st := p.Sets[f], have.ipt[f]
-			if st == nil {
-				continue
-			}
-			p.Status[f] = intercept.Compare(want, st)
-			if p.Status[f] != intercept.Current || req.Force && !want.Empty() {
-				p.Restore[f] = intercept.Restore(want, st)
-			}
-		}
-	} else {
-		// One inet rule set for both families, as istio-nftables has it.
-		want := intercept.BuildNft(req.Config, req.IPv6)
-		p.NftSet = want
-		st := intercept.NftStatus(want, have.nft)
-		if len(have.legacyNft) > 0 {
-			st = intercept.Different
-		}
-		for _, f := range p.Families {
-			p.Status[f] = st
-		}
-		if st != intercept.Current || req.Force && !want.Empty() {
-			p.Nft = intercept.NftLegacyRemoval(have.legacyNft...)
-			p.Nft.Append(intercept.Nft(want))
 		}
 	}
 	for _, o := range allBackends {
@@ -234,17 +183,10 @@ func Prepare(ctx context.Context, req Request) (*Plan, error) {
 		}
 		release(fw)
 	}
-	p.Add = intercept.Routing(req.Config, req.IPv6)
-	for _, s := range intercept.Routing(withMode(req.Config, intercept.ModeTProxy), true) {
-		if !slices.Contains(p.Add, s) {
-			p.Remove = append(p.Remove, s)
-		}
-	}
+	p.Ops = intercept.Plan(&have.Held, intercept.Want{Config: req.Config, IPv6: req.IPv6, NFTables: b.Kind == firewall.NFTables, Force: req.Force})
 	var diff []string
-	for _, f := range bothFamilies {
-		if p.Status[f] == intercept.Different {
-			diff = append(diff, fmt.Sprintf("%s (%s)", f, b))
-		}
+	for _, f := range p.Different() {
+		diff = append(diff, fmt.Sprintf("%s (%s)", f, b))
 	}
 	for _, o := range p.Others {
 		diff = append(diff, o.String())
@@ -373,7 +315,7 @@ func Cleanup(ctx context.Context, req Request, dryRun bool) (string, error) {
 		}
 		defer release(fw)
 		h := read(ctx, b, fw)
-		for _, mark := range h.marks() {
+		for _, mark := range h.Marks() {
 			steps = appendNew(steps, routing.OfMark(mark)...)
 		}
 		held = append(held, h)
@@ -420,22 +362,14 @@ var iptablesTables = []string{intercept.Raw, intercept.Mangle, intercept.NAT}
 type holding struct {
 	b  firewall.Backend
 	fw firewall.Interface
-	// ipt is meshwire's part of each family's iptables tables, with the
-	// tables themselves (iptables backends).
-	ipt    map[intercept.Family]*intercept.State
-	tables map[intercept.Family][]*installed.Table
-	// nft are istio's inet tables found, by name (nftables); legacyNft
-	// the families holding the table of earlier meshwire versions.
-	nft       map[string]*installed.Table
-	legacyNft []intercept.Family
+	intercept.Held
 	// errs are the families that could not be read (no ip6tables, say).
 	errs map[intercept.Family]error
 }
 
 func read(ctx context.Context, b firewall.Backend, fw firewall.Interface) *holding {
-	h := &holding{b: b, fw: fw,
-		ipt: map[intercept.Family]*intercept.State{}, tables: map[intercept.Family][]*installed.Table{},
-		nft: map[string]*installed.Table{}, errs: map[intercept.Family]error{}}
+	h := &holding{b: b, fw: fw, errs: map[intercept.Family]error{},
+		Held: intercept.Held{IPTables: map[intercept.Family][]*installed.Table{}, Nft: map[string]*installed.Table{}}}
 	if b.Kind == firewall.NFTables {
 		var names []string
 		for _, nt := range intercept.NftTables {
@@ -446,7 +380,7 @@ func read(ctx context.Context, b firewall.Backend, fw firewall.Interface) *holdi
 			h.errs[intercept.V4] = fmt.Errorf("read inet tables %s: %w", strings.Join(names, ", "), err)
 		}
 		for _, t := range tables {
-			h.nft[t.Name] = t
+			h.Nft[t.Name] = t
 		}
 		for _, f := range bothFamilies {
 			ok, err := fw.HasTable(ctx, f.Tables(), intercept.LegacyNftTable)
@@ -454,7 +388,7 @@ func read(ctx context.Context, b firewall.Backend, fw firewall.Interface) *holdi
 				h.errs[f] = fmt.Errorf("read %s table %s: %w", f.Tables().Name(), intercept.LegacyNftTable, err)
 			}
 			if ok {
-				h.legacyNft = append(h.legacyNft, f)
+				h.LegacyNft = append(h.LegacyNft, f)
 			}
 		}
 		return h
@@ -465,8 +399,7 @@ func read(ctx context.Context, b firewall.Backend, fw firewall.Interface) *holdi
 			h.errs[f] = fmt.Errorf("read %s's %s tables: %w", b, f, err)
 			continue
 		}
-		h.tables[f] = tables
-		h.ipt[f] = intercept.ReadState(tables...)
+		h.IPTables[f] = tables
 	}
 	return h
 }
@@ -474,41 +407,10 @@ func read(ctx context.Context, b firewall.Backend, fw firewall.Interface) *holdi
 // empty reports whether nothing of meshwire's was found.
 func (h *holding) empty() bool { return h.script() == "" }
 
-// marks lists the marks the TPROXY rules found set.
-func (h *holding) marks() []uint32 {
-	var tables []*installed.Table
-	for _, f := range bothFamilies {
-		tables = append(tables, h.tables[f]...)
-	}
-	for _, t := range h.nft {
-		tables = append(tables, t)
-	}
-	return intercept.TProxyMarks(tables...)
-}
-
-// removal is the transactions that remove what was found: one per
-// family (iptables), or one nftables transaction.
-func (h *holding) removal() []*ruleset.Tx {
-	var out []*ruleset.Tx
-	for _, f := range bothFamilies {
-		if st := h.ipt[f]; st != nil && !st.Empty() {
-			out = append(out, intercept.Restore(&intercept.RuleSet{Family: f}, st))
-		}
-	}
-	nft := intercept.NftLegacyRemoval(h.legacyNft...)
-	if len(h.nft) > 0 {
-		nft.Append(intercept.Nft(&intercept.RuleSet{}))
-	}
-	if !nft.Empty() {
-		out = append(out, nft)
-	}
-	return out
-}
-
 // script is the removal as text (dry runs), "" when there is nothing.
 func (h *holding) script() string {
 	var b strings.Builder
-	for _, tx := range h.removal() {
+	for _, tx := range h.Removal() {
 		b.WriteString(text(h.b, tx))
 	}
 	return b.String()
@@ -517,7 +419,7 @@ func (h *holding) script() string {
 // remove removes what was found, one transaction per family (iptables)
 // or one in all (nftables).
 func (h *holding) remove(ctx context.Context) error {
-	for _, tx := range h.removal() {
+	for _, tx := range h.Removal() {
 		if err := h.fw.Apply(ctx, tx); err != nil {
 			return fmt.Errorf("remove meshwire's rules from %s: %w", h.b, err)
 		}
