@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -68,29 +67,30 @@ func Run(args []string, env flags.Env, stdout, stderr io.Writer) int {
 }
 
 func execute(ctx context.Context, o flags.Options, stdout io.Writer, rep *reporter) int {
-	fail := func(format string, a ...any) int {
-		rep.errorf(format, a...)
-		return ExitFailed
-	}
 	if o.Config.RedirectDNS && !o.Config.CaptureAllDNS {
 		text, err := os.ReadFile(o.ResolvConf)
 		if err != nil {
-			return fail("--redirect-dns: read the pod's nameservers: %v", err)
+			rep.errorf("--redirect-dns: read the pod's nameservers: %v", err)
+			return ExitFailed
 		}
 		o.Config.DNSServers = intercept.ParseResolvConf(string(text))
 	}
-	req, err := apply.RequestOf(o)
-	if err != nil {
-		return fail("list the pod's addresses: %v", err)
-	}
+	req := apply.Request{Config: o.Config, DualStack: o.DualStack, Backend: o.Backend, Reconcile: o.Reconcile,
+		Force: o.ForceApply, Fallback: o.EBPFFallback, DryRun: o.DryRun}
 	if o.CleanupOnly {
 		return cleanup(ctx, req, stdout, rep)
 	}
-	if !o.SkipRuleApply {
+	if o.SkipRuleApply {
+		if err := req.ReadAddrs(); err != nil {
+			rep.errorf("%v", err)
+			return ExitFailed
+		}
+	} else {
 		out, err := apply.Install(ctx, req)
-		if code := reportInstall(out, err, req.IPv6, stdout, rep); code != ExitOK || o.DryRun {
+		if code := reportInstall(out, err, stdout, rep); code != ExitOK || o.DryRun {
 			return code
 		}
+		req = out.Request
 	}
 	if o.RunValidation && !o.DryRun {
 		return validate(ctx, o, req, rep)
@@ -100,7 +100,7 @@ func execute(ctx context.Context, o flags.Options, stdout io.Writer, rep *report
 
 // cleanup is --cleanup-only.
 func cleanup(ctx context.Context, req apply.Request, stdout io.Writer, rep *reporter) int {
-	out, err := apply.Cleanup(ctx, apply.Request{Config: req.Config}, req.DryRun)
+	out, err := apply.Cleanup(ctx, req, req.DryRun)
 	if req.DryRun {
 		fmt.Fprint(stdout, out)
 	}
@@ -110,35 +110,6 @@ func cleanup(ctx context.Context, req apply.Request, stdout io.Writer, rep *repo
 	}
 	if !req.DryRun {
 		rep.info("interception rules removed")
-	}
-	return ExitOK
-}
-
-// reportInstall reports what apply.Install did (with --dry-run, prints
-// what it would do) and returns the exit status.
-func reportInstall(out apply.Outcome, err error, ipv6 bool, stdout io.Writer, rep *reporter) int {
-	if out.FellBack != nil {
-		rep.warn("%v; installing %s rules instead (--ebpf-fallback)", out.FellBack, out.Mode)
-	}
-	fmt.Fprint(stdout, out.DryRun)
-	switch {
-	case errors.Is(err, apply.ErrDifferent) && out.Mode != intercept.ModeEBPF:
-		rep.errorf("%v. Nothing was changed.", err)
-		return ExitFailed
-	case err != nil:
-		rep.errorf("%v", err)
-		return ExitFailed
-	case out.DryRun != "":
-	case out.Mode == intercept.ModeEBPF:
-		rep.info("EBPF interception installed (no netfilter rule in the namespace)")
-	case out.UpToDate:
-		rep.info("rules already installed (%s), nothing to do", out.Backend)
-	default:
-		fams := "IPv4"
-		if ipv6 {
-			fams = "IPv4 and IPv6"
-		}
-		rep.info("%s interception installed for %s with %s", out.Mode, fams, out.Backend)
 	}
 	return ExitOK
 }

@@ -103,16 +103,23 @@ type Ops struct {
 	Nft      *ruleset.Tx            // the nftables transaction (empty when nothing to do)
 	Add      []Step                 // routing to ensure
 	Remove   []Step                 // routing to remove (a mode or family no longer used)
+	// Different are the families holding other interception rules than
+	// those wanted.
+	Different []Family
+	// Elsewhere are the removals of what the other backends given to
+	// Plan hold, one entry each (none for one that holds nothing).
+	Elsewhere [][]*ruleset.Tx
 }
 
 // bothFamilies: rules of the family not in use are removed, so both are
 // always planned.
 var bothFamilies = []Family{V4, V6}
 
-// Plan gives the operations that turn what have holds into want. The
-// family not in use gets an empty rule set: whatever was there before (a
-// dual-stack run) is a difference to remove.
-func Plan(have *Held, want Want) Ops {
+// Plan gives the operations that turn what have holds into want, and
+// those that remove what the other backends hold (others). The family not
+// in use gets an empty rule set: whatever was there before (a dual-stack
+// run) is a difference to remove.
+func Plan(have *Held, others []*Held, want Want) Ops {
 	ops := Ops{
 		Families: []Family{V4},
 		Sets:     map[Family]*RuleSet{},
@@ -157,6 +164,14 @@ func Plan(have *Held, want Want) Ops {
 			ops.Nft.Append(Nft(set))
 		}
 	}
+	for _, f := range bothFamilies {
+		if ops.Status[f] == Different {
+			ops.Different = append(ops.Different, f)
+		}
+	}
+	for _, o := range others {
+		ops.Elsewhere = append(ops.Elsewhere, o.Removal())
+	}
 	ops.Add = Routing(want.Config, want.IPv6)
 	tproxy := want.Config
 	tproxy.Mode = ModeTProxy
@@ -166,16 +181,4 @@ func Plan(have *Held, want Want) Ops {
 		}
 	}
 	return ops
-}
-
-// Different lists the families holding other interception rules than
-// those wanted.
-func (ops *Ops) Different() []Family {
-	var out []Family
-	for _, f := range bothFamilies {
-		if ops.Status[f] == Different {
-			out = append(out, f)
-		}
-	}
-	return out
 }

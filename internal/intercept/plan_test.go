@@ -55,28 +55,28 @@ func TestPlan(t *testing.T) {
 		t.Run(b.String(), func(t *testing.T) {
 			fw := fwfake.New(b)
 			want := Want{Config: Default(), IPv6: true, NFTables: nft}
-			first := Plan(heldOf(fw, nft), want)
+			first := Plan(heldOf(fw, nft), nil, want)
 			if first.Status[V4] != Absent || first.Status[V6] != Absent {
 				t.Fatalf("nothing installed: %v", first.Status)
 			}
 			applyOps(t, fw, first)
-			again := Plan(heldOf(fw, nft), want)
+			again := Plan(heldOf(fw, nft), nil, want)
 			if again.Status[V4] != Current || again.Status[V6] != Current || !again.Restore[V4].Empty() || !again.Nft.Empty() {
 				t.Fatalf("re-plan: %v", again.Status)
 			}
-			if len(again.Different()) != 0 {
-				t.Fatalf("different: %v", again.Different())
+			if len(again.Different) != 0 {
+				t.Fatalf("different: %v", again.Different)
 			}
 			want.Force = true
-			if forced := Plan(heldOf(fw, nft), want); forced.Restore[V4].Empty() && forced.Nft.Empty() {
+			if forced := Plan(heldOf(fw, nft), nil, want); forced.Restore[V4].Empty() && forced.Nft.Empty() {
 				t.Fatal("forced: nothing to write")
 			}
-			other := Plan(heldOf(fw, nft), Want{Config: tproxy, IPv6: true, NFTables: nft})
-			if !slices.Equal(other.Different(), []Family{V4, V6}) {
+			other := Plan(heldOf(fw, nft), nil, Want{Config: tproxy, IPv6: true, NFTables: nft})
+			if !slices.Equal(other.Different, []Family{V4, V6}) {
 				t.Fatalf("other settings: %v", other.Status)
 			}
 			applyOps(t, fw, other)
-			if back := Plan(heldOf(fw, nft), Want{Config: Default(), IPv6: false, NFTables: nft}); len(back.Remove) == 0 || slices.ContainsFunc(back.Add, func(s Step) bool { return s.Kind == StepRule }) {
+			if back := Plan(heldOf(fw, nft), nil, Want{Config: Default(), IPv6: false, NFTables: nft}); len(back.Remove) == 0 || slices.ContainsFunc(back.Add, func(s Step) bool { return s.Kind == StepRule }) {
 				t.Fatalf("back to REDIRECT: add %v, remove %v", back.Add, back.Remove)
 			}
 			if got := heldOf(fw, nft).Marks(); !slices.Equal(got, []uint32{tproxy.TProxyMark}) {

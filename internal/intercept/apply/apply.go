@@ -14,6 +14,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"os/exec"
 	"slices"
 	"strings"
 
@@ -21,7 +22,6 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/meshwire/meshwire/internal/firewall"
-	"github.com/meshwire/meshwire/internal/firewall/fwtext"
 	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/intercept"
 	"github.com/meshwire/meshwire/internal/killpoint"
@@ -35,7 +35,12 @@ var ErrDifferent = errors.New("interception rules with other settings are alread
 // Request is what to install.
 type Request struct {
 	Config intercept.Config
-	IPv6   bool
+	// IPv6 asks for IPv6 rules; Install sets it from the namespace's
+	// addresses and DualStack (WantIPv6).
+	IPv6 bool
+	// DualStack (--dual-stack) asks for IPv6 rules where the namespace
+	// has any IPv6 address, not only where its first address is one.
+	DualStack bool
 	// Backend forces a firewall backend; the zero value detects the one
 	// the namespace already uses.
 	Backend firewall.Backend
@@ -61,6 +66,8 @@ type Request struct {
 	// one (firewall.New; a backend other than the one installed to counts
 	// when its tools are in PATH). Tests pass Fakes.
 	Firewall func(firewall.Backend) firewall.Interface
+	// Addrs lists the namespace's addresses; nil means LocalAddrs.
+	Addrs func() ([]netip.Addr, error)
 	// Routing applies and removes the policy routing; nil means netlink,
 	// in the calling thread's namespace.
 	Routing Routing
@@ -97,6 +104,94 @@ func (r *Request) routing() Routing {
 	return netlinkRouting{}
 }
 
+// Outcome is what Install did, for its caller to report.
+type Outcome struct {
+	// Mode is the mode installed: the request's, or its Fallback where
+	// the node could not capture the pod in EBPF mode.
+	Mode intercept.Mode
+	// FellBack is why EBPF mode was not installed, when Mode is the
+	// fallback.
+	FellBack error
+	// Backend is the firewall the rules went into (none in EBPF mode).
+	Backend firewall.Backend
+	// UpToDate: the rules were already installed as asked.
+	UpToDate bool
+	// DryRun is what Install would do, with Request.DryRun.
+	DryRun string
+	// UndoErr is why undoing a failed install (Request.Undo) failed.
+	UndoErr error
+	// Request is the request as Install carried it out: the namespace's
+	// addresses read, Config.Mode the mode installed.
+	Request Request
+}
+
+// ReadAddrs sets r.Local to the namespace's addresses, and r.IPv6 from
+// them (WantIPv6).
+func (r *Request) ReadAddrs() error {
+	read := LocalAddrs
+	if r.Addrs != nil {
+		read = r.Addrs
+	}
+	addrs, err := read()
+	if err != nil {
+		return fmt.Errorf("list the pod's addresses: %w", err)
+	}
+	r.Local, r.IPv6 = addrs, WantIPv6(r.DualStack, addrs)
+	return nil
+}
+
+// Install is the one way interception goes into a namespace, that of the
+// calling thread: its addresses read (ReadAddrs), then EBPF mode's
+// registration (InstallEBPF), or, in another
+// mode or in req.Fallback's where the node cannot capture the pod, the
+// rules: the installed state read and the change planned (Prepare, whose
+// plan is intercept.Plan's), then applied (Plan.Apply) and, with
+// req.Undo, removed again when that fails. With req.DryRun it changes
+// nothing and the Outcome says what it would do. The Outcome is filled
+// as far as Install got, also when it fails.
+func Install(ctx context.Context, req Request) (out Outcome, err error) {
+	out.Mode = req.Config.Mode
+	defer func() { out.Request = req }() // as carried out, whatever the return
+	if err := req.ReadAddrs(); err != nil {
+		return out, err
+	}
+	if out.Mode == intercept.ModeEBPF {
+		if req.DryRun {
+			out.DryRun = DescribeEBPF(req)
+			return out, nil
+		}
+		err := InstallEBPF(ctx, req)
+		if err == nil || req.Fallback == "" || !EBPFUnavailable(err) {
+			return out, err
+		}
+		out.Mode, out.FellBack = req.Fallback, err
+		req.Config.Mode = req.Fallback
+	}
+	// A repeated install converges on the config: same rules, nothing
+	// done; other rules (with Reconcile), replaced without a gap.
+	plan, err := Prepare(ctx, req)
+	if plan != nil {
+		out.Backend = plan.Backend
+		if req.DryRun {
+			out.DryRun = plan.String()
+		}
+	}
+	if err != nil || req.DryRun {
+		return out, err
+	}
+	out.UpToDate = plan.UpToDate()
+	killpoint.Here("planned")
+	// With the rules in place, Apply only makes sure the policy routing
+	// is there too.
+	if err := plan.Apply(ctx); err != nil {
+		if req.Undo {
+			_, out.UndoErr = Cleanup(ctx, req, false)
+		}
+		return out, err
+	}
+	return out, nil
+}
+
 // Plan is what Apply will do; String shows it (dry run): the operations
 // intercept.Plan gives, and the firewall to apply them to.
 type Plan struct {
@@ -110,6 +205,7 @@ type Plan struct {
 
 	fw         firewall.Interface
 	others     []*holding
+	elsewhere  [][]*ruleset.Tx // the removal of what each of others holds
 	routing    Routing
 	forgetEBPF func() error
 }
@@ -169,23 +265,27 @@ func Prepare(ctx context.Context, req Request) (*Plan, error) {
 			return nil, err
 		}
 	}
+	var others []*holding
+	var othersHeld []*intercept.Held
 	for _, o := range allBackends {
 		if o == b {
 			continue
 		}
-		fw := req.open(o, false)
-		if fw == nil {
-			continue
+		if fw := req.open(o, false); fw != nil {
+			h := read(ctx, o, fw)
+			release(fw)
+			others, othersHeld = append(others, h), append(othersHeld, &h.Held)
 		}
-		if h := read(ctx, o, fw); !h.empty() {
-			p.Others = append(p.Others, o)
-			p.others = append(p.others, h)
-		}
-		release(fw)
 	}
-	p.Ops = intercept.Plan(&have.Held, intercept.Want{Config: req.Config, IPv6: req.IPv6, NFTables: b.Kind == firewall.NFTables, Force: req.Force})
+	p.Ops = intercept.Plan(&have.Held, othersHeld, intercept.Want{Config: req.Config, IPv6: req.IPv6, NFTables: b.Kind == firewall.NFTables, Force: req.Force})
+	for i, h := range others {
+		if len(p.Elsewhere[i]) > 0 {
+			p.Others, p.others = append(p.Others, h.b), append(p.others, h)
+			p.elsewhere = append(p.elsewhere, p.Elsewhere[i])
+		}
+	}
 	var diff []string
-	for _, f := range p.Different() {
+	for _, f := range p.Different {
 		diff = append(diff, fmt.Sprintf("%s (%s)", f, b))
 	}
 	for _, o := range p.Others {
@@ -209,51 +309,6 @@ func release(fw firewall.Interface) {
 	if f := fw.Release(); f != nil {
 		_ = f.Close()
 	}
-}
-
-// String renders the plan as what would be run (the dry-run output).
-func (p *Plan) String() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "# backend: %s\n", p.Backend)
-	for _, s := range p.Add {
-		fmt.Fprintf(&b, "# %s\n", s)
-	}
-	for _, f := range bothFamilies {
-		if !p.Restore[f].Empty() {
-			fmt.Fprintf(&b, "# %s --noflush\n%s", restoreTool(p.Backend, f), text(p.Backend, p.Restore[f]))
-		}
-	}
-	if !p.Nft.Empty() {
-		fmt.Fprintf(&b, "# nft -f -\n%s", text(p.Backend, p.Nft))
-	}
-	for _, s := range p.Remove {
-		fmt.Fprintf(&b, "# remove if present: %s\n", s)
-	}
-	for _, o := range p.Others {
-		fmt.Fprintf(&b, "# remove meshwire's rules from %s\n", o)
-	}
-	if p.UpToDate() {
-		b.WriteString("# rules already installed as asked: nothing to do\n")
-	}
-	return b.String()
-}
-
-// text renders a transaction as the tool of b would get it (the dry
-// run's output).
-func text(b firewall.Backend, tx *ruleset.Tx) string {
-	return fwtext.Text(tx, b.Kind == firewall.NFTables)
-}
-
-// restoreTool names the iptables-restore of a backend and family.
-func restoreTool(b firewall.Backend, f intercept.Family) string {
-	tool := "iptables"
-	if f == intercept.V6 {
-		tool = "ip6tables"
-	}
-	if b.Variant != firewall.VariantDefault {
-		tool += "-" + string(b.Variant)
-	}
-	return tool + "-restore"
 }
 
 // Apply makes the change: routing first (so that marked packets have
@@ -281,8 +336,8 @@ func (p *Plan) Apply(ctx context.Context) error {
 		}
 		killpoint.Here("nftables rules")
 	}
-	for _, h := range p.others {
-		err := h.remove(ctx)
+	for i, h := range p.others {
+		err := h.remove(ctx, p.elsewhere[i])
 		release(h.fw)
 		if err != nil {
 			return err
@@ -294,57 +349,6 @@ func (p *Plan) Apply(ctx context.Context) error {
 		return err
 	}
 	return p.routing.Remove(p.Remove)
-}
-
-// Cleanup removes everything meshwire (or istio-iptables) installed for
-// interception in every backend present, and the policy routing and
-// passthrough address of req.Config's mark and table. It returns what it
-// removed, as the plan it ran (or, with dryRun, would run). Of req, only
-// Config, Firewall and Routing count.
-func Cleanup(ctx context.Context, req Request, dryRun bool) (string, error) {
-	var out strings.Builder
-	routing := req.routing()
-	// The policy routing to remove: that of the given flags, and that of
-	// any TPROXY mark the installed rules use (installed with other -t/-r).
-	steps := intercept.Routing(withMode(req.Config, intercept.ModeTProxy), true)
-	var held []*holding
-	for _, b := range allBackends {
-		fw := req.open(b, false)
-		if fw == nil {
-			continue
-		}
-		defer release(fw)
-		h := read(ctx, b, fw)
-		for _, mark := range h.Marks() {
-			steps = appendNew(steps, routing.OfMark(mark)...)
-		}
-		held = append(held, h)
-	}
-	for _, h := range held {
-		script := h.script()
-		if script == "" {
-			continue
-		}
-		fmt.Fprintf(&out, "# %s\n%s", h.b, script)
-		if !dryRun {
-			if err := h.remove(ctx); err != nil {
-				return out.String(), err
-			}
-		}
-	}
-	for _, s := range steps {
-		fmt.Fprintf(&out, "# remove if present: %s\n", s)
-	}
-	out.WriteString("# remove if present: the pod's ebpf interception registration and inbound filters\n")
-	if !dryRun {
-		if err := routing.Remove(steps); err != nil {
-			return out.String(), err
-		}
-		if err := req.forgetEBPF(); err != nil {
-			return out.String(), err
-		}
-	}
-	return out.String(), nil
 }
 
 // allBackends are the backends meshwire's rules may be in.
@@ -404,29 +408,6 @@ func read(ctx context.Context, b firewall.Backend, fw firewall.Interface) *holdi
 	return h
 }
 
-// empty reports whether nothing of meshwire's was found.
-func (h *holding) empty() bool { return h.script() == "" }
-
-// script is the removal as text (dry runs), "" when there is nothing.
-func (h *holding) script() string {
-	var b strings.Builder
-	for _, tx := range h.Removal() {
-		b.WriteString(text(h.b, tx))
-	}
-	return b.String()
-}
-
-// remove removes what was found, one transaction per family (iptables)
-// or one in all (nftables).
-func (h *holding) remove(ctx context.Context) error {
-	for _, tx := range h.Removal() {
-		if err := h.fw.Apply(ctx, tx); err != nil {
-			return fmt.Errorf("remove meshwire's rules from %s: %w", h.b, err)
-		}
-	}
-	return nil
-}
-
 // WantIPv6 is the decision to program IPv6 rules, istio-iptables' own
 // (getLocalIP in tools/common/config): the pod's first address that is
 // neither loopback nor link-local decides, IPv6 rules for an IPv6 one;
@@ -471,4 +452,29 @@ func appendNew(steps []intercept.Step, more ...intercept.Step) []intercept.Step 
 		}
 	}
 	return steps
+}
+
+// toolsPresent reports whether the backend's tools are installed.
+func toolsPresent(b firewall.Backend) bool {
+	name := "nft"
+	if b.Kind == firewall.IPTables {
+		name = "iptables-save"
+		if b.Variant != firewall.VariantDefault {
+			name = "iptables-" + string(b.Variant) + "-save"
+		}
+	}
+	_, err := exec.LookPath(name)
+	return err == nil
+}
+
+// resolveVariant tells which variant a plain `iptables` backend is, as
+// the firewall decides it (both families' tools nf_tables-backed: nft).
+func resolveVariant(b firewall.Backend) firewall.Variant {
+	if b.Kind != firewall.IPTables || b.Variant != firewall.VariantDefault {
+		return b.Variant
+	}
+	if b.NFTablesBacked() {
+		return firewall.VariantNFT
+	}
+	return firewall.VariantLegacy
 }

@@ -22,18 +22,14 @@ import (
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
-// request builds the install request for the namespace the thread is in:
-// reconcile for ADD (a repeated ADD converges on the config), not for
-// CHECK; a failed ADD undoes what it did.
-func request(o flags.Options, reconcile bool) (apply.Request, error) {
-	o.Reconcile = reconcile
-	req, err := apply.RequestOf(o)
-	req.Undo = true
-	return req, err
+// request is the install request of o: a repeated ADD converges on the
+// config (reconcile), a failed one undoes what it did.
+func request(o flags.Options) apply.Request {
+	return apply.Request{Config: o.Config, DualStack: o.DualStack, Backend: o.Backend, Reconcile: true, Fallback: o.EBPFFallback, Undo: true}
 }
 
 // report logs what apply.Install did for the pod.
-func report(out apply.Outcome, err error, req apply.Request, d decision) {
+func report(out apply.Outcome, err error, d decision) {
 	if out.FellBack != nil {
 		slog.Warn("this node cannot capture the pod in ebpf mode; installing the fallback mode's rules", "mode", string(out.Mode), "error", out.FellBack)
 	}
@@ -44,7 +40,7 @@ func report(out apply.Outcome, err error, req apply.Request, d decision) {
 	case out.Mode == intercept.ModeEBPF:
 		slog.Info("pod registered for ebpf interception (no netfilter rule)", "why", d.Why)
 	default:
-		slog.Info("interception rules installed", "why", d.Why, "mode", string(out.Mode), "ipv6", req.IPv6, "backend", out.Backend.String(), "alreadyInPlace", out.UpToDate)
+		slog.Info("interception rules installed", "why", d.Why, "mode", string(out.Mode), "ipv6", out.Request.IPv6, "backend", out.Backend.String(), "alreadyInPlace", out.UpToDate)
 	}
 }
 
@@ -96,20 +92,12 @@ func cmdAdd(args *skel.CmdArgs) error {
 		return types.PrintResult(prev, conf.CNIVersion)
 	}
 	err = netns.Enter(args.Netns, func() error {
-		req, err := request(o, true)
-		if err != nil {
-			return err
+		out, err := apply.Install(context.Background(), request(o))
+		report(out, err, d)
+		if err == nil && d.Fastpath != nil {
+			setFastpathPolicy(args, *d.Fastpath, &out.Request)
 		}
-		out, err := apply.Install(context.Background(), req)
-		report(out, err, req, d)
-		if err != nil {
-			return err
-		}
-		if d.Fastpath != nil {
-			req.Config.Mode = out.Mode
-			setFastpathPolicy(args, *d.Fastpath, &req)
-		}
-		return nil
+		return err
 	})
 	if err != nil {
 		return cnierr.Wrap(err, "install interception rules in %s", args.Netns)
@@ -176,8 +164,8 @@ func cmdCheck(args *skel.CmdArgs) error {
 		return nil // the rules are the pod's init container's
 	}
 	return netns.Enter(args.Netns, func() error {
-		req, err := request(o, false)
-		if err != nil {
+		req := apply.Request{Config: o.Config, DualStack: o.DualStack, Backend: o.Backend}
+		if err := req.ReadAddrs(); err != nil {
 			return err
 		}
 		if d.Intercept && o.Config.Mode == intercept.ModeEBPF {
