@@ -66,6 +66,9 @@ func Run(args []string, env flags.Env, stdout, stderr io.Writer) int {
 	return code
 }
 
+// execute does what o asks in the namespace the thread is in: the
+// request built from the options, then one call (apply.Install,
+// apply.Cleanup) whose outcome it reports.
 func execute(ctx context.Context, o flags.Options, stdout io.Writer, rep *reporter) int {
 	if o.Config.RedirectDNS && !o.Config.CaptureAllDNS {
 		text, err := os.ReadFile(o.ResolvConf)

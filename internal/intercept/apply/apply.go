@@ -1,12 +1,23 @@
-// Package apply applies meshwire's interception rule model (package
-// intercept) to the network namespace the calling thread is in: it reads
-// what is installed as typed rules through the firewall front door
-// (firewall.Interface: netlink for nf_tables, legacy iptables' text only
-// for the tables the namespace loaded), plans the one transaction per
-// family (or the one nftables transaction) that turns it into the desired
-// rule set, and applies it together with the TPROXY policy routing
-// (through netlink). Both the iptables-init command and the intercept CNI
-// plugin use it; tests give it fwfake.Fakes (Request.Firewall).
+// Package apply installs meshwire's interception into the network
+// namespace the calling thread is in. Install is the one entry point:
+// iptables-init and the intercept CNI plugin both call it and only report
+// its Outcome. It reads the namespace's addresses, then installs EBPF
+// mode's registration (ebpf.go) or, in another mode (or in the fallback
+// mode where the node cannot capture the pod), the rules: what every
+// firewall backend holds is read back as typed rules through the
+// firewall front door (firewall.Interface: netlink for nf_tables, legacy
+// iptables' text only for the tables the namespace loaded), the pure plan
+// step intercept.Plan turns that and the wanted config into the
+// operations (one transaction per family, or one nftables transaction;
+// the routing to add and remove; the removal from other backends), and
+// Plan.Apply applies them with the TPROXY policy routing (routing.go,
+// netlink), undone on failure when Request.Undo asks. A dry run returns
+// the plan as text instead (dryrun.go); Cleanup (cleanup.go) removes
+// everything. Tests give it fwfake.Fakes (Request.Firewall), routing in
+// memory (Request.Routing) and addresses (Request.Addrs).
+//
+// docs/architecture.md ("One interception, top to bottom") lists the
+// path iptables-init's arguments take from Run through this package.
 package apply
 
 import (
@@ -15,7 +26,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os/exec"
-	"slices"
 	"strings"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
@@ -297,11 +307,6 @@ func Prepare(ctx context.Context, req Request) (*Plan, error) {
 	return p, nil
 }
 
-func withMode(c intercept.Config, m intercept.Mode) intercept.Config {
-	c.Mode = m
-	return c
-}
-
 // release ends a firewall's use; a socket whose close waits for the
 // kernel to free what was removed is closed here (a pod's interception
 // rules are few).
@@ -443,15 +448,6 @@ func LocalAddrs() ([]netip.Addr, error) {
 		}
 	}
 	return out, nil
-}
-
-func appendNew(steps []intercept.Step, more ...intercept.Step) []intercept.Step {
-	for _, s := range more {
-		if !slices.Contains(steps, s) {
-			steps = append(steps, s)
-		}
-	}
-	return steps
 }
 
 // toolsPresent reports whether the backend's tools are installed.

@@ -3,6 +3,7 @@ package apply
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/meshwire/meshwire/internal/intercept"
@@ -78,4 +79,18 @@ func (h *holding) remove(ctx context.Context, removal []*ruleset.Tx) error {
 		}
 	}
 	return nil
+}
+
+func withMode(c intercept.Config, m intercept.Mode) intercept.Config {
+	c.Mode = m
+	return c
+}
+
+func appendNew(steps []intercept.Step, more ...intercept.Step) []intercept.Step {
+	for _, s := range more {
+		if !slices.Contains(steps, s) {
+			steps = append(steps, s)
+		}
+	}
+	return steps
 }
