@@ -38,8 +38,8 @@ import (
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
-// ErrDifferent is returned by Prepare when other interception rules are
-// installed and reconciling was not asked for.
+// ErrDifferent is returned by Prepare (and so Install) when other
+// interception rules are installed and reconciling was not asked for.
 var ErrDifferent = errors.New("interception rules with other settings are already installed")
 
 // Request is what to install.
@@ -150,15 +150,15 @@ func (r *Request) ReadAddrs() error {
 	return nil
 }
 
-// Install is the one way interception goes into a namespace, that of the
-// calling thread: its addresses read (ReadAddrs), then EBPF mode's
-// registration (InstallEBPF), or, in another
-// mode or in req.Fallback's where the node cannot capture the pod, the
-// rules: the installed state read and the change planned (Prepare, whose
-// plan is intercept.Plan's), then applied (Plan.Apply) and, with
-// req.Undo, removed again when that fails. With req.DryRun it changes
-// nothing and the Outcome says what it would do. The Outcome is filled
-// as far as Install got, also when it fails.
+// Install is the one way interception goes into the namespace of the
+// calling thread. It reads the namespace's addresses (ReadAddrs), then
+// registers the pod for EBPF mode (InstallEBPF), or installs the rules of
+// another mode, or of req.Fallback where the node cannot capture the pod
+// in EBPF mode: it reads what is installed and plans the change (Prepare,
+// with intercept.Plan), applies it (Plan.Apply) and, with req.Undo,
+// removes it again when that fails (Cleanup). With req.DryRun it changes
+// nothing and the Outcome says what it would do. The Outcome is filled as
+// far as Install got, also when it fails.
 func Install(ctx context.Context, req Request) (out Outcome, err error) {
 	out.Mode = req.Config.Mode
 	defer func() { out.Request = req }() // as carried out, whatever the return
