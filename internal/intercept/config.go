@@ -2,8 +2,10 @@
 // description of which TCP connections of a pod go through the sidecar proxy
 // (Config, with istio-iptables' meaning and defaults) and the rendering of it
 // into an iptables-restore payload per address family or one nftables
-// script. It touches no kernel; the iptables-init command and the intercept
-// CNI plugin apply what it renders.
+// script, and the plan (Plan): what a namespace holds plus the wanted
+// Config give the operations. It touches no kernel; package apply reads
+// the namespace and applies the plan, for the iptables-init command and
+// the intercept CNI plugin.
 package intercept
 
 import (
