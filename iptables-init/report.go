@@ -2,11 +2,14 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"time"
 
+	"github.com/meshwire/meshwire/internal/intercept"
+	"github.com/meshwire/meshwire/internal/intercept/apply"
 	"github.com/meshwire/meshwire/internal/intercept/flags"
 )
 
@@ -81,3 +84,32 @@ func (r *reporter) log(level flags.Level, format string, a ...any) {
 func (r *reporter) info(format string, a ...any)   { r.log(flags.LevelInfo, format, a...) }
 func (r *reporter) warn(format string, a ...any)   { r.log(flags.LevelWarn, format, a...) }
 func (r *reporter) errorf(format string, a ...any) { r.log(flags.LevelError, format, a...) }
+
+// reportInstall reports what apply.Install did (with --dry-run, prints
+// what it would do on stdout) and returns the exit status.
+func reportInstall(out apply.Outcome, err error, stdout io.Writer, rep *reporter) int {
+	if out.FellBack != nil {
+		rep.warn("%v; installing %s rules instead (--ebpf-fallback)", out.FellBack, out.Mode)
+	}
+	fmt.Fprint(stdout, out.DryRun)
+	switch {
+	case errors.Is(err, apply.ErrDifferent) && out.Mode != intercept.ModeEBPF:
+		rep.errorf("%v. Nothing was changed.", err)
+		return ExitFailed
+	case err != nil:
+		rep.errorf("%v", err)
+		return ExitFailed
+	case out.DryRun != "":
+	case out.Mode == intercept.ModeEBPF:
+		rep.info("EBPF interception installed (no netfilter rule in the namespace)")
+	case out.UpToDate:
+		rep.info("rules already installed (%s), nothing to do", out.Backend)
+	default:
+		fams := "IPv4"
+		if out.Request.IPv6 {
+			fams = "IPv4 and IPv6"
+		}
+		rep.info("%s interception installed for %s with %s", out.Mode, fams, out.Backend)
+	}
+	return ExitOK
+}

@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
-	"net/netip"
 	"os"
 
 	"github.com/meshwire/meshwire/internal/buildinfo"
@@ -68,127 +66,64 @@ func Run(args []string, env flags.Env, stdout, stderr io.Writer) int {
 	return code
 }
 
+// execute does what o asks in the namespace the thread is in: the
+// request built from the options, then one call (apply.Install,
+// apply.Cleanup) whose outcome it reports.
 func execute(ctx context.Context, o flags.Options, stdout io.Writer, rep *reporter) int {
-	fail := func(format string, a ...any) int {
-		rep.errorf(format, a...)
-		return ExitFailed
-	}
-	cfg := o.Config
-	if cfg.RedirectDNS && !cfg.CaptureAllDNS {
+	if o.Config.RedirectDNS && !o.Config.CaptureAllDNS {
 		text, err := os.ReadFile(o.ResolvConf)
 		if err != nil {
-			return fail("--redirect-dns: read the pod's nameservers: %v", err)
+			rep.errorf("--redirect-dns: read the pod's nameservers: %v", err)
+			return ExitFailed
 		}
-		cfg.DNSServers = intercept.ParseResolvConf(string(text))
+		o.Config.DNSServers = intercept.ParseResolvConf(string(text))
 	}
-	addrs, err := apply.LocalAddrs()
-	if err != nil {
-		return fail("list the pod's addresses: %v", err)
-	}
-	ipv6 := apply.WantIPv6(o.DualStack, addrs)
-
+	req := apply.Request{Config: o.Config, DualStack: o.DualStack, Backend: o.Backend, Reconcile: o.Reconcile,
+		Force: o.ForceApply, Fallback: o.EBPFFallback, DryRun: o.DryRun}
 	if o.CleanupOnly {
-		return cleanup(ctx, cfg, o.DryRun, stdout, rep)
+		return cleanup(ctx, req, stdout, rep)
 	}
-	if !o.SkipRuleApply {
-		if code := install(ctx, o, cfg, ipv6, addrs, stdout, rep); code != ExitOK || o.DryRun {
+	if o.SkipRuleApply {
+		if err := req.ReadAddrs(); err != nil {
+			rep.errorf("%v", err)
+			return ExitFailed
+		}
+	} else {
+		out, err := apply.Install(ctx, req)
+		if code := reportInstall(out, err, stdout, rep); code != ExitOK || o.DryRun {
 			return code
 		}
+		req = out.Request
 	}
 	if o.RunValidation && !o.DryRun {
-		return validate(ctx, o, cfg, ipv6, rep)
+		return validate(ctx, o, req, rep)
 	}
 	return ExitOK
 }
 
 // cleanup is --cleanup-only.
-func cleanup(ctx context.Context, cfg intercept.Config, dryRun bool, stdout io.Writer, rep *reporter) int {
-	out, err := apply.Cleanup(ctx, apply.Request{Config: cfg}, dryRun)
-	if dryRun {
+func cleanup(ctx context.Context, req apply.Request, stdout io.Writer, rep *reporter) int {
+	out, err := apply.Cleanup(ctx, req, req.DryRun)
+	if req.DryRun {
 		fmt.Fprint(stdout, out)
 	}
 	if err != nil {
 		rep.errorf("cleanup: %v", err)
 		return ExitFailed
 	}
-	if !dryRun {
+	if !req.DryRun {
 		rep.info("interception rules removed")
 	}
 	return ExitOK
 }
 
-// install installs the rules (or, with --dry-run, prints what it would do).
-func install(ctx context.Context, o flags.Options, cfg intercept.Config, ipv6 bool, local []netip.Addr, stdout io.Writer, rep *reporter) int {
-	req := apply.Request{Config: cfg, IPv6: ipv6, Backend: o.Backend, Reconcile: o.Reconcile, Force: o.ForceApply, Local: local}
-	if cfg.Mode == intercept.ModeEBPF {
-		if code, done := installEBPF(ctx, o, req, stdout, rep); done {
-			return code
-		}
-		req.Config.Mode = o.EBPFFallback
-	}
-	plan, err := apply.Prepare(ctx, req)
-	if o.DryRun && plan != nil {
-		fmt.Fprint(stdout, plan.String())
-	}
-	if err != nil {
-		if errors.Is(err, apply.ErrDifferent) {
-			rep.errorf("%v. Nothing was changed.", err)
-		} else {
-			rep.errorf("%v", err)
-		}
-		return ExitFailed
-	}
-	if o.DryRun {
-		return ExitOK
-	}
-	upToDate := plan.UpToDate()
-	// With the rules in place, Apply only makes sure the policy routing is
-	// there too.
-	if err := plan.Apply(ctx); err != nil {
-		rep.errorf("%v", err)
-		return ExitFailed
-	}
-	if upToDate {
-		rep.info("rules already installed (%s), nothing to do", plan.Backend)
-		return ExitOK
-	}
-	fams := "IPv4"
-	if ipv6 {
-		fams = "IPv4 and IPv6"
-	}
-	rep.info("%s interception installed for %s with %s", cfg.Mode, fams, plan.Backend)
-	return ExitOK
-}
-
-// installEBPF is install in EBPF mode: the pod registered in the node's
-// eBPF maps, no rule.
-// installEBPF installs EBPF mode; not done where the node cannot capture
-// the pod and --ebpf-fallback names the mode to install instead.
-func installEBPF(ctx context.Context, o flags.Options, req apply.Request, stdout io.Writer, rep *reporter) (code int, done bool) {
-	if o.DryRun {
-		fmt.Fprint(stdout, apply.DescribeEBPF(req))
-		return ExitOK, true
-	}
-	err := apply.InstallEBPF(ctx, req)
-	switch {
-	case err == nil:
-		rep.info("EBPF interception installed (no netfilter rule in the namespace)")
-		return ExitOK, true
-	case o.EBPFFallback != "" && apply.EBPFUnavailable(err):
-		rep.warn("%v; installing %s rules instead (--ebpf-fallback)", err, o.EBPFFallback)
-		return 0, false
-	}
-	rep.errorf("%v", err)
-	return ExitFailed, true
-}
-
 // validate is --run-validation.
-func validate(ctx context.Context, o flags.Options, cfg intercept.Config, ipv6 bool, rep *reporter) int {
+func validate(ctx context.Context, o flags.Options, req apply.Request, rep *reporter) int {
 	fams := []intercept.Family{intercept.V4}
-	if ipv6 {
+	if req.IPv6 {
 		fams = append(fams, intercept.V6)
 	}
-	if err := apply.Validate(ctx, cfg, fams, o.ProbePort, o.ProbeTimeout); err != nil {
+	if err := apply.Validate(ctx, req.Config, fams, o.ProbePort, o.ProbeTimeout); err != nil {
 		rep.errorf("validation failed: %v", err)
 		return ExitValidation
 	}

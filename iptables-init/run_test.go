@@ -3,12 +3,18 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/intercept"
+	"github.com/meshwire/meshwire/internal/intercept/apply"
 	"github.com/meshwire/meshwire/internal/intercept/flags"
 )
 
@@ -99,5 +105,46 @@ func TestReporter(t *testing.T) {
 	r.errorf("e")
 	if errb.Len() != 0 {
 		t.Fatalf("none: %q", errb.String())
+	}
+}
+
+// TestReportInstall pins what iptables-init says of each outcome of
+// apply.Install: its messages and exit statuses are istio-iptables'
+// users' interface.
+func TestReportInstall(t *testing.T) {
+	ipt := firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantNFT}
+	v6 := apply.Request{IPv6: true}
+	unavailable := errors.New("the ebpf programs are not attached")
+	cases := []struct {
+		name     string
+		out      apply.Outcome
+		err      error
+		code     int
+		stdout   string
+		messages string
+	}{
+		{"installed", apply.Outcome{Mode: intercept.ModeRedirect, Backend: ipt, Request: v6}, nil, ExitOK, "",
+			"iptables-init: REDIRECT interception installed for IPv4 and IPv6 with iptables-nft\n"},
+		{"up to date", apply.Outcome{Mode: intercept.ModeTProxy, Backend: ipt, UpToDate: true}, nil, ExitOK, "",
+			"iptables-init: rules already installed (iptables-nft), nothing to do\n"},
+		{"ebpf", apply.Outcome{Mode: intercept.ModeEBPF}, nil, ExitOK, "",
+			"iptables-init: EBPF interception installed (no netfilter rule in the namespace)\n"},
+		{"dry run", apply.Outcome{Mode: intercept.ModeRedirect, Backend: ipt, DryRun: "# backend: iptables-nft\n"}, nil, ExitOK, "# backend: iptables-nft\n", ""},
+		{"other rules", apply.Outcome{Mode: intercept.ModeRedirect, Backend: ipt}, fmt.Errorf("%w: IPv4 (iptables-nft)", apply.ErrDifferent), ExitFailed, "",
+			"iptables-init: interception rules with other settings are already installed: IPv4 (iptables-nft). Nothing was changed.\n"},
+		{"other mode's rules, ebpf", apply.Outcome{Mode: intercept.ModeEBPF}, fmt.Errorf("%w: rules", apply.ErrDifferent), ExitFailed, "",
+			"iptables-init: interception rules with other settings are already installed: rules\n"},
+		{"fallback", apply.Outcome{Mode: intercept.ModeTProxy, FellBack: unavailable, Backend: ipt}, nil, ExitOK, "",
+			"iptables-init: warning: the ebpf programs are not attached; installing TPROXY rules instead (--ebpf-fallback)\n" +
+				"iptables-init: TPROXY interception installed for IPv4 with iptables-nft\n"},
+		{"failed", apply.Outcome{Mode: intercept.ModeRedirect, Backend: ipt}, errors.New("apply IPv4 rules: refused"), ExitFailed, "",
+			"iptables-init: apply IPv4 rules: refused\n"},
+	}
+	for _, tc := range cases {
+		var out, errb bytes.Buffer
+		rep := &reporter{level: flags.LevelInfo, out: []io.Writer{&errb}, now: time.Now}
+		if code := reportInstall(tc.out, tc.err, &out, rep); code != tc.code || out.String() != tc.stdout || errb.String() != tc.messages {
+			t.Errorf("%s: exit %d, stdout %q, messages %q", tc.name, code, out.String(), errb.String())
+		}
 	}
 }

@@ -2,12 +2,16 @@
 // description of which TCP connections of a pod go through the sidecar proxy
 // (Config, with istio-iptables' meaning and defaults) and the rendering of it
 // into an iptables-restore payload per address family or one nftables
-// script. It touches no kernel; the iptables-init command and the intercept
-// CNI plugin apply what it renders.
+// script, and the plan (Plan): what a namespace holds plus the wanted
+// Config give the operations. It touches no kernel; package apply reads
+// the namespace and applies the plan, for the iptables-init command and
+// the intercept CNI plugin.
 package intercept
 
 import (
+	"bufio"
 	"net/netip"
+	"strings"
 )
 
 // Mode is how inbound connections reach the proxy.
@@ -165,4 +169,21 @@ func (c Config) includesLoopback() bool {
 		}
 	}
 	return false
+}
+
+// ParseResolvConf returns the nameserver addresses of a resolv.conf.
+func ParseResolvConf(text string) []netip.Addr {
+	var out []netip.Addr
+	sc := bufio.NewScanner(strings.NewReader(text))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) >= 2 && f[0] == "nameserver" {
+			// A zone ("fe80::1%eth0") is dropped: rules match addresses.
+			s, _, _ := strings.Cut(f[1], "%")
+			if a, err := netip.ParseAddr(s); err == nil {
+				out = append(out, a.Unmap())
+			}
+		}
+	}
+	return out
 }

@@ -1,12 +1,23 @@
-// Package apply applies meshwire's interception rule model (package
-// intercept) to the network namespace the calling thread is in: it reads
-// what is installed as typed rules through the firewall front door
-// (firewall.Interface: netlink for nf_tables, legacy iptables' text only
-// for the tables the namespace loaded), plans the one transaction per
-// family (or the one nftables transaction) that turns it into the desired
-// rule set, and applies it together with the TPROXY policy routing
-// (through netlink). Both the iptables-init command and the intercept CNI
-// plugin use it; tests give it fwfake.Fakes (Request.Firewall).
+// Package apply installs meshwire's interception into the network
+// namespace the calling thread is in. Install is the one entry point:
+// iptables-init and the intercept CNI plugin both call it and only report
+// its Outcome. It reads the namespace's addresses, then installs EBPF
+// mode's registration (ebpf.go) or, in another mode (or in the fallback
+// mode where the node cannot capture the pod), the rules: what every
+// firewall backend holds is read back as typed rules through the
+// firewall front door (firewall.Interface: netlink for nf_tables, legacy
+// iptables' text only for the tables the namespace loaded), the pure plan
+// step intercept.Plan turns that and the wanted config into the
+// operations (one transaction per family, or one nftables transaction;
+// the routing to add and remove; the removal from other backends), and
+// Plan.Apply applies them with the TPROXY policy routing (routing.go,
+// netlink), undone on failure when Request.Undo asks. A dry run returns
+// the plan as text instead (dryrun.go); Cleanup (cleanup.go) removes
+// everything. Tests give it fwfake.Fakes (Request.Firewall), routing in
+// memory (Request.Routing) and addresses (Request.Addrs).
+//
+// docs/architecture.md ("One interception, top to bottom") lists the
+// path iptables-init's arguments take from Run through this package.
 package apply
 
 import (
@@ -14,28 +25,32 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"slices"
+	"os/exec"
 	"strings"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 
 	"github.com/meshwire/meshwire/internal/firewall"
-	"github.com/meshwire/meshwire/internal/firewall/fwtext"
 	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/intercept"
 	"github.com/meshwire/meshwire/internal/killpoint"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
-// ErrDifferent is returned by Prepare when other interception rules are
-// installed and reconciling was not asked for.
+// ErrDifferent is returned by Prepare (and so Install) when other
+// interception rules are installed and reconciling was not asked for.
 var ErrDifferent = errors.New("interception rules with other settings are already installed")
 
 // Request is what to install.
 type Request struct {
 	Config intercept.Config
-	IPv6   bool
+	// IPv6 asks for IPv6 rules; Install sets it from the namespace's
+	// addresses and DualStack (WantIPv6).
+	IPv6 bool
+	// DualStack (--dual-stack) asks for IPv6 rules where the namespace
+	// has any IPv6 address, not only where its first address is one.
+	DualStack bool
 	// Backend forces a firewall backend; the zero value detects the one
 	// the namespace already uses.
 	Backend firewall.Backend
@@ -48,12 +63,21 @@ type Request struct {
 	// already installed as asked, and replaces other rules as Reconcile
 	// does: each table is rewritten in one transaction, never doubled.
 	Force bool
+	// Fallback is the mode Install installs instead of EBPF mode where
+	// the node cannot capture the pod (EBPFUnavailable); "" fails there.
+	Fallback intercept.Mode
+	// DryRun: Install changes nothing and says what it would do.
+	DryRun bool
+	// Undo: a failed Install removes what it installed (Cleanup).
+	Undo bool
 
 	// Firewall opens the firewall of a backend in the namespace, or
 	// returns nil when that backend is not installed. Nil means the real
 	// one (firewall.New; a backend other than the one installed to counts
 	// when its tools are in PATH). Tests pass Fakes.
 	Firewall func(firewall.Backend) firewall.Interface
+	// Addrs lists the namespace's addresses; nil means LocalAddrs.
+	Addrs func() ([]netip.Addr, error)
 	// Routing applies and removes the policy routing; nil means netlink,
 	// in the calling thread's namespace.
 	Routing Routing
@@ -90,17 +114,99 @@ func (r *Request) routing() Routing {
 	return netlinkRouting{}
 }
 
-// Plan is what Apply will do; String shows it (dry run).
+// Outcome is what Install did, for its caller to report.
+type Outcome struct {
+	// Mode is the mode installed: the request's, or its Fallback where
+	// the node could not capture the pod in EBPF mode.
+	Mode intercept.Mode
+	// FellBack is why EBPF mode was not installed, when Mode is the
+	// fallback.
+	FellBack error
+	// Backend is the firewall the rules went into (none in EBPF mode).
+	Backend firewall.Backend
+	// UpToDate: the rules were already installed as asked.
+	UpToDate bool
+	// DryRun is what Install would do, with Request.DryRun.
+	DryRun string
+	// UndoErr is why undoing a failed install (Request.Undo) failed.
+	UndoErr error
+	// Request is the request as Install carried it out: the namespace's
+	// addresses read, Config.Mode the mode installed.
+	Request Request
+}
+
+// ReadAddrs sets r.Local to the namespace's addresses, and r.IPv6 from
+// them (WantIPv6).
+func (r *Request) ReadAddrs() error {
+	read := LocalAddrs
+	if r.Addrs != nil {
+		read = r.Addrs
+	}
+	addrs, err := read()
+	if err != nil {
+		return fmt.Errorf("list the pod's addresses: %w", err)
+	}
+	r.Local, r.IPv6 = addrs, WantIPv6(r.DualStack, addrs)
+	return nil
+}
+
+// Install is the one way interception goes into the namespace of the
+// calling thread. It reads the namespace's addresses (ReadAddrs), then
+// registers the pod for EBPF mode (InstallEBPF), or installs the rules of
+// another mode, or of req.Fallback where the node cannot capture the pod
+// in EBPF mode: it reads what is installed and plans the change (Prepare,
+// with intercept.Plan), applies it (Plan.Apply) and, with req.Undo,
+// removes it again when that fails (Cleanup). With req.DryRun it changes
+// nothing and the Outcome says what it would do. The Outcome is filled as
+// far as Install got, also when it fails.
+func Install(ctx context.Context, req Request) (out Outcome, err error) {
+	out.Mode = req.Config.Mode
+	defer func() { out.Request = req }() // as carried out, whatever the return
+	if err := req.ReadAddrs(); err != nil {
+		return out, err
+	}
+	if out.Mode == intercept.ModeEBPF {
+		if req.DryRun {
+			out.DryRun = DescribeEBPF(req)
+			return out, nil
+		}
+		err := InstallEBPF(ctx, req)
+		if err == nil || req.Fallback == "" || !EBPFUnavailable(err) {
+			return out, err
+		}
+		out.Mode, out.FellBack = req.Fallback, err
+		req.Config.Mode = req.Fallback
+	}
+	// A repeated install converges on the config: same rules, nothing
+	// done; other rules (with Reconcile), replaced without a gap.
+	plan, err := Prepare(ctx, req)
+	if plan != nil {
+		out.Backend = plan.Backend
+		if req.DryRun {
+			out.DryRun = plan.String()
+		}
+	}
+	if err != nil || req.DryRun {
+		return out, err
+	}
+	out.UpToDate = plan.UpToDate()
+	killpoint.Here("planned")
+	// With the rules in place, Apply only makes sure the policy routing
+	// is there too.
+	if err := plan.Apply(ctx); err != nil {
+		if req.Undo {
+			_, out.UndoErr = Cleanup(ctx, req, false)
+		}
+		return out, err
+	}
+	return out, nil
+}
+
+// Plan is what Apply will do; String shows it (dry run): the operations
+// intercept.Plan gives, and the firewall to apply them to.
 type Plan struct {
-	Backend  firewall.Backend
-	Families []intercept.Family
-	Sets     map[intercept.Family]*intercept.RuleSet // iptables, per family
-	NftSet   *intercept.RuleSet                      // nftables, both families
-	Status   map[intercept.Family]intercept.Status
-	Restore  map[intercept.Family]*ruleset.Tx // iptables transactions, one per family (empty when nothing to do)
-	Nft      *ruleset.Tx                      // the nftables transaction (empty when nothing to do)
-	Add      []intercept.Step                 // routing to ensure
-	Remove   []intercept.Step                 // routing to remove (a mode or family no longer used)
+	Backend firewall.Backend
+	intercept.Ops
 	// Others are the backends other than Backend that hold meshwire's
 	// rules: reconciling removes them there.
 	Others []firewall.Backend
@@ -109,6 +215,7 @@ type Plan struct {
 
 	fw         firewall.Interface
 	others     []*holding
+	elsewhere  [][]*ruleset.Tx // the removal of what each of others holds
 	routing    Routing
 	forgetEBPF func() error
 }
@@ -137,53 +244,28 @@ func (p *Plan) Partial() bool {
 	return false
 }
 
-func families(ipv6 bool) []intercept.Family {
-	if ipv6 {
-		return []intercept.Family{intercept.V4, intercept.V6}
-	}
-	return []intercept.Family{intercept.V4}
-}
-
 // bothFamilies: rules of the family not in use are removed, so both are
 // always read.
 var bothFamilies = []intercept.Family{intercept.V4, intercept.V6}
 
-// Prepare reads the installed state and plans the change. It fails with
-// ErrDifferent (wrapped, with details) when other rules of meshwire's or
-// istio-iptables' are there and req.Reconcile is false.
+// Prepare reads the installed state and plans the change (intercept.Plan).
+// It fails with ErrDifferent (wrapped, with details) when other rules of
+// meshwire's or istio-iptables' are there and req.Reconcile is false.
 func Prepare(ctx context.Context, req Request) (*Plan, error) {
 	b := req.Backend
 	if b.Kind == "" {
 		b = firewall.Detect(ctx)
 	}
 	b.Variant = resolveVariant(b)
-	p := &Plan{
-		Backend: b, Families: families(req.IPv6),
-		Sets:       map[intercept.Family]*intercept.RuleSet{},
-		Status:     map[intercept.Family]intercept.Status{},
-		Restore:    map[intercept.Family]*ruleset.Tx{},
-		Nft:        &ruleset.Tx{},
-		Forced:     req.Force,
-		routing:    req.routing(),
-		forgetEBPF: req.forgetEBPF,
-	}
 	if b.Kind != firewall.IPTables && b.Kind != firewall.NFTables {
 		return nil, fmt.Errorf("unknown firewall backend %q", b.Kind)
 	}
+	p := &Plan{Backend: b, Forced: req.Force, routing: req.routing(), forgetEBPF: req.forgetEBPF}
 	if p.fw = req.open(b, true); p.fw == nil {
 		return nil, fmt.Errorf("firewall backend %s is not installed", b)
 	}
 	// Reads only: release the netlink socket now, Apply opens another.
 	defer release(p.fw)
-	// The family not in use gets an empty rule set: whatever was there
-	// before (a dual-stack run) is a difference to remove.
-	for _, f := range bothFamilies {
-		if f == intercept.V6 && !req.IPv6 {
-			p.Sets[f] = &intercept.RuleSet{Family: f}
-		} else {
-			p.Sets[f] = intercept.Build(req.Config, f)
-		}
-	}
 	have := read(ctx, b, p.fw)
 	for _, f := range bothFamilies {
 		if err := have.errs[f]; err != nil {
@@ -193,58 +275,28 @@ func Prepare(ctx context.Context, req Request) (*Plan, error) {
 			return nil, err
 		}
 	}
-	if b.Kind == firewall.IPTables {
-		for _, f := range bothFamilies {
-			want, st := p.Sets[f], have.ipt[f]
-			if st == nil {
-				continue
-			}
-			p.Status[f] = intercept.Compare(want, st)
-			if p.Status[f] != intercept.Current || req.Force && !want.Empty() {
-				p.Restore[f] = intercept.Restore(want, st)
-			}
-		}
-	} else {
-		// One inet rule set for both families, as istio-nftables has it.
-		want := intercept.BuildNft(req.Config, req.IPv6)
-		p.NftSet = want
-		st := intercept.NftStatus(want, have.nft)
-		if len(have.legacyNft) > 0 {
-			st = intercept.Different
-		}
-		for _, f := range p.Families {
-			p.Status[f] = st
-		}
-		if st != intercept.Current || req.Force && !want.Empty() {
-			p.Nft = intercept.NftLegacyRemoval(have.legacyNft...)
-			p.Nft.Append(intercept.Nft(want))
-		}
-	}
+	var others []*holding
+	var othersHeld []*intercept.Held
 	for _, o := range allBackends {
 		if o == b {
 			continue
 		}
-		fw := req.open(o, false)
-		if fw == nil {
-			continue
+		if fw := req.open(o, false); fw != nil {
+			h := read(ctx, o, fw)
+			release(fw)
+			others, othersHeld = append(others, h), append(othersHeld, &h.Held)
 		}
-		if h := read(ctx, o, fw); !h.empty() {
-			p.Others = append(p.Others, o)
-			p.others = append(p.others, h)
-		}
-		release(fw)
 	}
-	p.Add = intercept.Routing(req.Config, req.IPv6)
-	for _, s := range intercept.Routing(withMode(req.Config, intercept.ModeTProxy), true) {
-		if !slices.Contains(p.Add, s) {
-			p.Remove = append(p.Remove, s)
+	p.Ops = intercept.Plan(&have.Held, othersHeld, intercept.Want{Config: req.Config, IPv6: req.IPv6, NFTables: b.Kind == firewall.NFTables, Force: req.Force})
+	for i, h := range others {
+		if len(p.Elsewhere[i]) > 0 {
+			p.Others, p.others = append(p.Others, h.b), append(p.others, h)
+			p.elsewhere = append(p.elsewhere, p.Elsewhere[i])
 		}
 	}
 	var diff []string
-	for _, f := range bothFamilies {
-		if p.Status[f] == intercept.Different {
-			diff = append(diff, fmt.Sprintf("%s (%s)", f, b))
-		}
+	for _, f := range p.Different {
+		diff = append(diff, fmt.Sprintf("%s (%s)", f, b))
 	}
 	for _, o := range p.Others {
 		diff = append(diff, o.String())
@@ -255,11 +307,6 @@ func Prepare(ctx context.Context, req Request) (*Plan, error) {
 	return p, nil
 }
 
-func withMode(c intercept.Config, m intercept.Mode) intercept.Config {
-	c.Mode = m
-	return c
-}
-
 // release ends a firewall's use; a socket whose close waits for the
 // kernel to free what was removed is closed here (a pod's interception
 // rules are few).
@@ -267,51 +314,6 @@ func release(fw firewall.Interface) {
 	if f := fw.Release(); f != nil {
 		_ = f.Close()
 	}
-}
-
-// String renders the plan as what would be run (the dry-run output).
-func (p *Plan) String() string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "# backend: %s\n", p.Backend)
-	for _, s := range p.Add {
-		fmt.Fprintf(&b, "# %s\n", s)
-	}
-	for _, f := range bothFamilies {
-		if !p.Restore[f].Empty() {
-			fmt.Fprintf(&b, "# %s --noflush\n%s", restoreTool(p.Backend, f), text(p.Backend, p.Restore[f]))
-		}
-	}
-	if !p.Nft.Empty() {
-		fmt.Fprintf(&b, "# nft -f -\n%s", text(p.Backend, p.Nft))
-	}
-	for _, s := range p.Remove {
-		fmt.Fprintf(&b, "# remove if present: %s\n", s)
-	}
-	for _, o := range p.Others {
-		fmt.Fprintf(&b, "# remove meshwire's rules from %s\n", o)
-	}
-	if p.UpToDate() {
-		b.WriteString("# rules already installed as asked: nothing to do\n")
-	}
-	return b.String()
-}
-
-// text renders a transaction as the tool of b would get it (the dry
-// run's output).
-func text(b firewall.Backend, tx *ruleset.Tx) string {
-	return fwtext.Text(tx, b.Kind == firewall.NFTables)
-}
-
-// restoreTool names the iptables-restore of a backend and family.
-func restoreTool(b firewall.Backend, f intercept.Family) string {
-	tool := "iptables"
-	if f == intercept.V6 {
-		tool = "ip6tables"
-	}
-	if b.Variant != firewall.VariantDefault {
-		tool += "-" + string(b.Variant)
-	}
-	return tool + "-restore"
 }
 
 // Apply makes the change: routing first (so that marked packets have
@@ -339,8 +341,8 @@ func (p *Plan) Apply(ctx context.Context) error {
 		}
 		killpoint.Here("nftables rules")
 	}
-	for _, h := range p.others {
-		err := h.remove(ctx)
+	for i, h := range p.others {
+		err := h.remove(ctx, p.elsewhere[i])
 		release(h.fw)
 		if err != nil {
 			return err
@@ -352,57 +354,6 @@ func (p *Plan) Apply(ctx context.Context) error {
 		return err
 	}
 	return p.routing.Remove(p.Remove)
-}
-
-// Cleanup removes everything meshwire (or istio-iptables) installed for
-// interception in every backend present, and the policy routing and
-// passthrough address of req.Config's mark and table. It returns what it
-// removed, as the plan it ran (or, with dryRun, would run). Of req, only
-// Config, Firewall and Routing count.
-func Cleanup(ctx context.Context, req Request, dryRun bool) (string, error) {
-	var out strings.Builder
-	routing := req.routing()
-	// The policy routing to remove: that of the given flags, and that of
-	// any TPROXY mark the installed rules use (installed with other -t/-r).
-	steps := intercept.Routing(withMode(req.Config, intercept.ModeTProxy), true)
-	var held []*holding
-	for _, b := range allBackends {
-		fw := req.open(b, false)
-		if fw == nil {
-			continue
-		}
-		defer release(fw)
-		h := read(ctx, b, fw)
-		for _, mark := range h.marks() {
-			steps = appendNew(steps, routing.OfMark(mark)...)
-		}
-		held = append(held, h)
-	}
-	for _, h := range held {
-		script := h.script()
-		if script == "" {
-			continue
-		}
-		fmt.Fprintf(&out, "# %s\n%s", h.b, script)
-		if !dryRun {
-			if err := h.remove(ctx); err != nil {
-				return out.String(), err
-			}
-		}
-	}
-	for _, s := range steps {
-		fmt.Fprintf(&out, "# remove if present: %s\n", s)
-	}
-	out.WriteString("# remove if present: the pod's ebpf interception registration and inbound filters\n")
-	if !dryRun {
-		if err := routing.Remove(steps); err != nil {
-			return out.String(), err
-		}
-		if err := req.forgetEBPF(); err != nil {
-			return out.String(), err
-		}
-	}
-	return out.String(), nil
 }
 
 // allBackends are the backends meshwire's rules may be in.
@@ -420,22 +371,14 @@ var iptablesTables = []string{intercept.Raw, intercept.Mangle, intercept.NAT}
 type holding struct {
 	b  firewall.Backend
 	fw firewall.Interface
-	// ipt is meshwire's part of each family's iptables tables, with the
-	// tables themselves (iptables backends).
-	ipt    map[intercept.Family]*intercept.State
-	tables map[intercept.Family][]*installed.Table
-	// nft are istio's inet tables found, by name (nftables); legacyNft
-	// the families holding the table of earlier meshwire versions.
-	nft       map[string]*installed.Table
-	legacyNft []intercept.Family
+	intercept.Held
 	// errs are the families that could not be read (no ip6tables, say).
 	errs map[intercept.Family]error
 }
 
 func read(ctx context.Context, b firewall.Backend, fw firewall.Interface) *holding {
-	h := &holding{b: b, fw: fw,
-		ipt: map[intercept.Family]*intercept.State{}, tables: map[intercept.Family][]*installed.Table{},
-		nft: map[string]*installed.Table{}, errs: map[intercept.Family]error{}}
+	h := &holding{b: b, fw: fw, errs: map[intercept.Family]error{},
+		Held: intercept.Held{IPTables: map[intercept.Family][]*installed.Table{}, Nft: map[string]*installed.Table{}}}
 	if b.Kind == firewall.NFTables {
 		var names []string
 		for _, nt := range intercept.NftTables {
@@ -446,7 +389,7 @@ func read(ctx context.Context, b firewall.Backend, fw firewall.Interface) *holdi
 			h.errs[intercept.V4] = fmt.Errorf("read inet tables %s: %w", strings.Join(names, ", "), err)
 		}
 		for _, t := range tables {
-			h.nft[t.Name] = t
+			h.Nft[t.Name] = t
 		}
 		for _, f := range bothFamilies {
 			ok, err := fw.HasTable(ctx, f.Tables(), intercept.LegacyNftTable)
@@ -454,7 +397,7 @@ func read(ctx context.Context, b firewall.Backend, fw firewall.Interface) *holdi
 				h.errs[f] = fmt.Errorf("read %s table %s: %w", f.Tables().Name(), intercept.LegacyNftTable, err)
 			}
 			if ok {
-				h.legacyNft = append(h.legacyNft, f)
+				h.LegacyNft = append(h.LegacyNft, f)
 			}
 		}
 		return h
@@ -465,64 +408,9 @@ func read(ctx context.Context, b firewall.Backend, fw firewall.Interface) *holdi
 			h.errs[f] = fmt.Errorf("read %s's %s tables: %w", b, f, err)
 			continue
 		}
-		h.tables[f] = tables
-		h.ipt[f] = intercept.ReadState(tables...)
+		h.IPTables[f] = tables
 	}
 	return h
-}
-
-// empty reports whether nothing of meshwire's was found.
-func (h *holding) empty() bool { return h.script() == "" }
-
-// marks lists the marks the TPROXY rules found set.
-func (h *holding) marks() []uint32 {
-	var tables []*installed.Table
-	for _, f := range bothFamilies {
-		tables = append(tables, h.tables[f]...)
-	}
-	for _, t := range h.nft {
-		tables = append(tables, t)
-	}
-	return intercept.TProxyMarks(tables...)
-}
-
-// removal is the transactions that remove what was found: one per
-// family (iptables), or one nftables transaction.
-func (h *holding) removal() []*ruleset.Tx {
-	var out []*ruleset.Tx
-	for _, f := range bothFamilies {
-		if st := h.ipt[f]; st != nil && !st.Empty() {
-			out = append(out, intercept.Restore(&intercept.RuleSet{Family: f}, st))
-		}
-	}
-	nft := intercept.NftLegacyRemoval(h.legacyNft...)
-	if len(h.nft) > 0 {
-		nft.Append(intercept.Nft(&intercept.RuleSet{}))
-	}
-	if !nft.Empty() {
-		out = append(out, nft)
-	}
-	return out
-}
-
-// script is the removal as text (dry runs), "" when there is nothing.
-func (h *holding) script() string {
-	var b strings.Builder
-	for _, tx := range h.removal() {
-		b.WriteString(text(h.b, tx))
-	}
-	return b.String()
-}
-
-// remove removes what was found, one transaction per family (iptables)
-// or one in all (nftables).
-func (h *holding) remove(ctx context.Context) error {
-	for _, tx := range h.removal() {
-		if err := h.fw.Apply(ctx, tx); err != nil {
-			return fmt.Errorf("remove meshwire's rules from %s: %w", h.b, err)
-		}
-	}
-	return nil
 }
 
 // WantIPv6 is the decision to program IPv6 rules, istio-iptables' own
@@ -562,11 +450,27 @@ func LocalAddrs() ([]netip.Addr, error) {
 	return out, nil
 }
 
-func appendNew(steps []intercept.Step, more ...intercept.Step) []intercept.Step {
-	for _, s := range more {
-		if !slices.Contains(steps, s) {
-			steps = append(steps, s)
+// toolsPresent reports whether the backend's tools are installed.
+func toolsPresent(b firewall.Backend) bool {
+	name := "nft"
+	if b.Kind == firewall.IPTables {
+		name = "iptables-save"
+		if b.Variant != firewall.VariantDefault {
+			name = "iptables-" + string(b.Variant) + "-save"
 		}
 	}
-	return steps
+	_, err := exec.LookPath(name)
+	return err == nil
+}
+
+// resolveVariant tells which variant a plain `iptables` backend is, as
+// the firewall decides it (both families' tools nf_tables-backed: nft).
+func resolveVariant(b firewall.Backend) firewall.Variant {
+	if b.Kind != firewall.IPTables || b.Variant != firewall.VariantDefault {
+		return b.Variant
+	}
+	if b.NFTablesBacked() {
+		return firewall.VariantNFT
+	}
+	return firewall.VariantLegacy
 }

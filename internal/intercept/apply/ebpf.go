@@ -156,7 +156,7 @@ func rulesPresent(ctx context.Context, req Request) (bool, error) {
 		}
 		h := read(ctx, b, fw)
 		release(fw)
-		if !h.empty() {
+		if len(h.Removal()) > 0 {
 			return true, nil
 		}
 	}

@@ -4,14 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os/exec"
 	"syscall"
 
 	"github.com/containernetworking/plugins/pkg/netlinksafe"
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/intercept"
 )
 
@@ -203,29 +201,4 @@ func RemoveSteps(steps []intercept.Step) error {
 		}
 		return nil
 	})
-}
-
-// toolsPresent reports whether the backend's tools are installed.
-func toolsPresent(b firewall.Backend) bool {
-	name := "nft"
-	if b.Kind == firewall.IPTables {
-		name = "iptables-save"
-		if b.Variant != firewall.VariantDefault {
-			name = "iptables-" + string(b.Variant) + "-save"
-		}
-	}
-	_, err := exec.LookPath(name)
-	return err == nil
-}
-
-// resolveVariant tells which variant a plain `iptables` backend is, as
-// the firewall decides it (both families' tools nf_tables-backed: nft).
-func resolveVariant(b firewall.Backend) firewall.Variant {
-	if b.Kind != firewall.IPTables || b.Variant != firewall.VariantDefault {
-		return b.Variant
-	}
-	if b.NFTablesBacked() {
-		return firewall.VariantNFT
-	}
-	return firewall.VariantLegacy
 }

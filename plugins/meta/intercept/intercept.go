@@ -18,18 +18,30 @@ import (
 	"github.com/meshwire/meshwire/internal/intercept"
 	"github.com/meshwire/meshwire/internal/intercept/apply"
 	"github.com/meshwire/meshwire/internal/intercept/flags"
-	"github.com/meshwire/meshwire/internal/killpoint"
 	"github.com/meshwire/meshwire/internal/meshedpods"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
-// request builds the install request for the namespace the thread is in.
-func request(o flags.Options, reconcile bool) (apply.Request, error) {
-	addrs, err := apply.LocalAddrs()
-	if err != nil {
-		return apply.Request{}, err
+// request is the install request of o: a repeated ADD converges on the
+// config (reconcile), a failed one undoes what it did.
+func request(o flags.Options) apply.Request {
+	return apply.Request{Config: o.Config, DualStack: o.DualStack, Backend: o.Backend, Reconcile: true, Fallback: o.EBPFFallback, Undo: true}
+}
+
+// report logs what apply.Install did for the pod.
+func report(out apply.Outcome, err error, d decision) {
+	if out.FellBack != nil {
+		slog.Warn("this node cannot capture the pod in ebpf mode; installing the fallback mode's rules", "mode", string(out.Mode), "error", out.FellBack)
 	}
-	return apply.Request{Config: o.Config, IPv6: apply.WantIPv6(o.DualStack, addrs), Backend: o.Backend, Reconcile: reconcile, Local: addrs}, nil
+	switch {
+	case out.UndoErr != nil:
+		slog.Warn("undoing a failed ADD", "error", out.UndoErr)
+	case err != nil:
+	case out.Mode == intercept.ModeEBPF:
+		slog.Info("pod registered for ebpf interception (no netfilter rule)", "why", d.Why)
+	default:
+		slog.Info("interception rules installed", "why", d.Why, "mode", string(out.Mode), "ipv6", out.Request.IPv6, "backend", out.Backend.String(), "alreadyInPlace", out.UpToDate)
+	}
 }
 
 // chained decodes the config of ADD and CHECK, which need a prevResult
@@ -79,47 +91,13 @@ func cmdAdd(args *skel.CmdArgs) error {
 		}
 		return types.PrintResult(prev, conf.CNIVersion)
 	}
-	ctx := context.Background()
 	err = netns.Enter(args.Netns, func() error {
-		req, err := request(o, true)
-		if err != nil {
-			return err
+		out, err := apply.Install(context.Background(), request(o))
+		report(out, err, d)
+		if err == nil && d.Fastpath != nil {
+			setFastpathPolicy(args, *d.Fastpath, &out.Request)
 		}
-		if o.Config.Mode == intercept.ModeEBPF {
-			err := apply.InstallEBPF(ctx, req)
-			if err == nil {
-				slog.Info("pod registered for ebpf interception (no netfilter rule)", "why", d.Why)
-				if d.Fastpath != nil {
-					setFastpathPolicy(args, *d.Fastpath, &req)
-				}
-				return nil
-			}
-			if o.EBPFFallback == "" || !apply.EBPFUnavailable(err) {
-				return err
-			}
-			slog.Warn("this node cannot capture the pod in ebpf mode; installing the fallback mode's rules", "mode", string(o.EBPFFallback), "error", err)
-			o.Config.Mode, req.Config.Mode = o.EBPFFallback, o.EBPFFallback
-		}
-		// A repeated ADD converges on the config: same rules, nothing done;
-		// other rules (a config change), replaced without a gap.
-		plan, err := apply.Prepare(ctx, req)
-		if err != nil {
-			return err
-		}
-		// Apply also restores policy routing that went missing; with the
-		// rules in place it changes nothing else.
-		killpoint.Here("planned")
-		if err := plan.Apply(ctx); err != nil {
-			if _, uerr := apply.Cleanup(ctx, apply.Request{Config: o.Config}, false); uerr != nil {
-				slog.Warn("undoing a failed ADD", "error", uerr)
-			}
-			return err
-		}
-		slog.Info("interception rules installed", "why", d.Why, "mode", string(o.Config.Mode), "ipv6", req.IPv6, "backend", plan.Backend.String(), "alreadyInPlace", plan.UpToDate())
-		if d.Fastpath != nil {
-			setFastpathPolicy(args, *d.Fastpath, &req)
-		}
-		return nil
+		return err
 	})
 	if err != nil {
 		return cnierr.Wrap(err, "install interception rules in %s", args.Netns)
@@ -186,8 +164,8 @@ func cmdCheck(args *skel.CmdArgs) error {
 		return nil // the rules are the pod's init container's
 	}
 	return netns.Enter(args.Netns, func() error {
-		req, err := request(o, false)
-		if err != nil {
+		req := apply.Request{Config: o.Config, DualStack: o.DualStack, Backend: o.Backend}
+		if err := req.ReadAddrs(); err != nil {
 			return err
 		}
 		if d.Intercept && o.Config.Mode == intercept.ModeEBPF {

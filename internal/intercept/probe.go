@@ -1,13 +1,12 @@
 package intercept
 
+// Run validation's target: which outbound connections the rules of a
+// Config capture, and the address a probe connects to.
+
 import (
-	"bufio"
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
-
-	"github.com/meshwire/meshwire/internal/firewall/installed"
 )
 
 // CapturedOutbound tells whether the rules of cfg send an application's
@@ -61,36 +60,4 @@ func ProbeTarget(c Config, f Family, port uint16) (netip.Addr, error) {
 		}
 	}
 	return netip.Addr{}, fmt.Errorf("no %s destination on port %d is captured by these flags: nothing to validate with (change --iptables-probe-port)", f, port)
-}
-
-// ParseResolvConf returns the nameserver addresses of a resolv.conf.
-func ParseResolvConf(text string) []netip.Addr {
-	var out []netip.Addr
-	sc := bufio.NewScanner(strings.NewReader(text))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) >= 2 && f[0] == "nameserver" {
-			// A zone ("fe80::1%eth0") is dropped: rules match addresses.
-			s, _, _ := strings.Cut(f[1], "%")
-			if a, err := netip.ParseAddr(s); err == nil {
-				out = append(out, a.Unmap())
-			}
-		}
-	}
-	return out
-}
-
-// TProxyMarks lists the marks the TPROXY rules of tables read back set
-// (iptables' mangle tables, or meshwire's nftables tables), so that
-// cleanup finds policy routing installed with other flags.
-func TProxyMarks(tables ...*installed.Table) []uint32 {
-	var out []uint32
-	for _, t := range tables {
-		for _, r := range t.Rules() {
-			if r.Target == "TPROXY" && r.SetMark != 0 && !slices.Contains(out, r.SetMark) {
-				out = append(out, r.SetMark)
-			}
-		}
-	}
-	return out
 }
