@@ -1063,7 +1063,8 @@ podstart_compare() {
 # $MESHWIRE_CLUSTER_E2E_REPORT/summary.txt. A meshwire cluster running at
 # the start is used, and started again at the end.
 conformance() {
-	local report=${MESHWIRE_CLUSTER_E2E_REPORT:-/var/tmp/meshwire-cluster-e2e} st=0 restore="" cni t0=$SECONDS
+	local report=${MESHWIRE_CLUSTER_E2E_REPORT:-/var/tmp/meshwire-cluster-e2e} st=0 restore="" cni t0=$SECONDS rev
+	rev=$(git -C "$repo" describe --always --dirty)
 	if [ -d "$STATE" ]; then restore=$(cat "$STATE/cni-kind" 2>/dev/null || echo meshwire); fi
 	rm -rf "$report/meshwire" "$report/reference"
 	PHASE_FAILED=0
@@ -1074,7 +1075,7 @@ conformance() {
 	done
 	[ "$PHASE_FAILED" = 0 ] || st=1
 	{
-		echo "cluster.sh conformance, $(date -u +%F), meshwire $(git -C "$repo" describe --always --dirty), Kubernetes v1.34.3"
+		echo "cluster.sh conformance, $(date -u +%F), meshwire $rev, Kubernetes v1.34.3"
 		for cni in meshwire reference; do
 			echo
 			echo "== $cni: e2e.test (log: $report/$cni/e2e.log)"
