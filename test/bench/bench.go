@@ -14,9 +14,9 @@ import (
 // verdict is a target's result as the benchmarks print it.
 func verdict(ok bool) string {
 	if ok {
-		return "PASS"
+		return "met"
 	}
-	return "FAIL"
+	return "NOT MET"
 }
 
 // gapClosed is how much of the way from redir (the rules alone) to none
