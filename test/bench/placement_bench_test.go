@@ -38,8 +38,9 @@ import (
 //   - "spread": wherever the scheduler puts them.
 //
 // Pinning is inherited: the benchmark pins every thread of its own process
-// before it starts a round's processes, and each process it starts takes
-// the affinity of the thread that started it.
+// (and runs with GOMAXPROCS 1, as a Go program started pinned does) before
+// it starts a round's processes, and each process it starts takes the
+// affinity of the thread that started it.
 //
 // Beside each latency, the CPU time per request: what every process of the
 // path ran (the cgroup v2 the benchmark moves its own process into, which
@@ -120,10 +121,15 @@ func place(b *testing.B, p placement) (restore func()) {
 	if err := setProcessAffinity(&one); err != nil {
 		b.Fatalf("pin the benchmark to CPU %d: %v", p.cpu, err)
 	}
+	// As a Go program started by `taskset -c CPU` does (the processes
+	// the benchmark starts do): one P, no thread spinning for work on
+	// the CPU the others need.
+	runtime.GOMAXPROCS(1)
 	return func() {
 		if err := setProcessAffinity(&before); err != nil {
 			b.Errorf("restore the benchmark's CPU affinity: %v", err)
 		}
+		runtime.SetDefaultGOMAXPROCS()
 	}
 }
 
