@@ -461,8 +461,6 @@ func fastpathBenchBulk(b *testing.B, e *ie.Env) float64 {
 	return float64(fastpathBenchBytes) / 1e6 / d.Seconds()
 }
 
-func fastpathBenchUs(d time.Duration) string { return fmt.Sprintf("%.1f", float64(d)/1e3) }
-
 func fastpathBenchMean(v []float64) float64 {
 	if len(v) == 0 {
 		return 0

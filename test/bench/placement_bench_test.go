@@ -12,7 +12,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -52,20 +51,12 @@ import (
 // Over a fixed number of requests, this figure does not depend on where the
 // wake-ups land.
 
-// benchRoundsEnv sets the number of rounds (each configuration runs once
-// per placement per round).
-const benchRoundsEnv = "MESHWIRE_BENCH_ROUNDS"
-
 // benchRounds is the number of alternating rounds: MESHWIRE_BENCH_ROUNDS,
 // 10 by default (a smaller value makes a quick run).
 func benchRounds(b *testing.B) int {
-	v := os.Getenv(benchRoundsEnv)
-	if v == "" {
-		return 10
-	}
-	n, err := strconv.Atoi(v)
-	if err != nil || n < 1 {
-		b.Fatalf("%s=%q: want a positive number of rounds", benchRoundsEnv, v)
+	n, err := parseRounds(os.Getenv(benchRoundsEnv))
+	if err != nil {
+		b.Fatalf("%s: %v", benchRoundsEnv, err)
 	}
 	return n
 }
@@ -426,17 +417,6 @@ func spreadCell(r rounds) string {
 // table of targets.
 const placementNote = `Targets are judged on "one CPU" (every process of the path pinned to one CPU: each round trip is the path's CPU work) and on CPU time per request; "spread" (wherever the scheduler puts the processes) is reported, not judged: there each round trip between two processes on different CPUs also pays a cross-CPU wake-up, which no interception mode removes.`
 
-// floatMedian is the median of per-round values (the lower one of an even
-// count, as harness.Samples).
-func floatMedian(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	c := slices.Clone(v)
-	slices.Sort(c)
-	return c[(len(c)-1)/2]
-}
-
 // targets is a table of targets, one row per target and configuration:
 // the figure on "one CPU" with its verdict, and the figure on "spread".
 type targets struct {
@@ -460,24 +440,3 @@ func (t *targets) judge(target, config string, fig func(placement string) (strin
 }
 
 func (t *targets) write() { t.tab.Write(os.Stdout) }
-
-// gapFigure is d against the way from redir to none, and whether it went
-// at least min of it.
-func gapFigure(d, redir, none time.Duration, min float64) (string, bool) {
-	c, ok := gapClosed(d, redir, none)
-	closed := "n/a"
-	if ok {
-		closed = fmt.Sprintf("%.0f%%", 100*c)
-	}
-	return fmt.Sprintf("%s of the way (%s µs; none %s, REDIRECT %s)", closed, fastpathBenchUs(d), fastpathBenchUs(none), fastpathBenchUs(redir)), ok && c >= min
-}
-
-// cpuFigure is a CPU time per request against REDIRECT's, and whether it
-// is at most max times it.
-func cpuFigure(d, redir time.Duration, max float64) (string, bool) {
-	if redir == 0 {
-		return "n/a", false
-	}
-	r := float64(d) / float64(redir)
-	return fmt.Sprintf("%.2fx (%s vs %s CPU µs per request)", r, fastpathBenchUs(d), fastpathBenchUs(redir)), r <= max
-}
