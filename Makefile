@@ -27,7 +27,7 @@ COMMANDS  := meshwire iptables-init
 TEST_TIMEOUT ?= 60m
 BENCH ?= .
 
-.PHONY: all build test unit deps demo bench generate install clean fuzz vet image chaos cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-podstart cluster-podstart-compare cluster-conformance
+.PHONY: all build test unit deps demo bench bench-fastpath generate install clean fuzz vet image chaos cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-podstart cluster-podstart-compare cluster-conformance
 
 all: build
 
@@ -92,6 +92,13 @@ demo: build
 # (/usr/lib/cni, installed by test/deps.sh).
 bench: deps build
 	MESHWIRE_BIN_DIR=$(BIN) $(GO) test -tags kernel -count=1 -run '^$$' -bench '$(BENCH)' -benchtime 1x -timeout 120m ./test/bench/...
+
+# The fast-path subset: BenchmarkFastpath and BenchmarkCapture (EBPF mode),
+# each configuration in ROUNDS alternating rounds per placement ("one CPU"
+# and "spread", docs/fastpath.md); ROUNDS=2 makes a quick run.
+ROUNDS ?= 10
+bench-fastpath: deps build
+	MESHWIRE_BENCH_ROUNDS=$(ROUNDS) MESHWIRE_BIN_DIR=$(BIN) $(GO) test -tags kernel -count=1 -run '^$$' -bench '^Benchmark(Fastpath|Capture)$$' -benchtime 1x -timeout 240m ./test/bench/
 
 # bpf2go compiles ebpf/capture/capture.c and ebpf/fastpath/fastpath.c;
 # clang and libbpf's headers are installed when missing (the generated Go and object are committed: build needs neither).

@@ -3,6 +3,7 @@
 package bench
 
 import (
+	"bufio"
 	"fmt"
 	"net/netip"
 	"os"
@@ -48,18 +49,26 @@ import (
 //     meshwire's annotation), REDIRECT against EBPF, each ADD followed by
 //     its DEL, alternating.
 //
-// Every configuration runs captureBenchReps times, each in a fresh pod and
-// remote, the order reversed every other repetition, each run starting on a
-// settled machine. A run in EBPF mode fails unless the pod's namespace has
-// no conntrack entry, nftables rule or iptables table after its traffic; a
-// run with the fast path fails unless it redirected messages.
+// Every configuration runs once per placement ("one CPU": every process of
+// the path pinned to one CPU; "spread": wherever the scheduler puts them;
+// placement_bench_test.go) per round (MESHWIRE_BENCH_ROUNDS, 10 by
+// default), each run in a fresh pod and remote, the placements and the
+// order of the configurations alternating from round to round, each run
+// starting on a settled machine. A round-trip figure is the median of the
+// rounds' medians with their min–max, beside the CPU time per request over
+// the timed round trips. A run in EBPF mode fails unless the pod's
+// namespace has no conntrack entry, nftables rule or iptables table after
+// its traffic; a run with the fast path fails unless it redirected
+// messages.
 //
-// Targets (PASS/FAIL printed): EBPF mode leaves 0 conntrack entries per
+// Targets (met or not, printed; round trips and CPU time judged on "one
+// CPU", "spread" printed beside): EBPF mode leaves 0 conntrack entries per
 // connection; its ADD is no slower than REDIRECT's (median); its
 // connection rate is at least REDIRECT's; with the fast path, the hop's
-// 64 B round trip is at most 0.5x REDIRECT alone's, and the sidecar to
-// sidecar round trip at least 30% of the way from REDIRECT to no
-// interception.
+// 64 B round trip is at most 0.5x REDIRECT alone's and its CPU time per
+// request at most 0.6x, and sidecar to sidecar (app, sidecar, sidecar,
+// app) the round trip is at least 35% of the way from REDIRECT to no mesh
+// and its CPU time per request at most 0.8x REDIRECT's.
 //
 // With MESHWIRE_BENCH_PLOT=1 the figures are also drawn to
 // docs/capture-bench.svg:
@@ -70,28 +79,36 @@ func BenchmarkCapture(b *testing.B) {
 	if st := fastpathBenchStatus(b, h); st.Attached || capture.IsAttached("") {
 		b.Fatalf("the fast path or the ebpf interception programs are already attached on this node: this benchmark attaches and detaches them itself")
 	}
-	res := make([]*captureBenchResult, len(captureBenchConfigs))
-	for i := range res {
-		res[i] = &captureBenchResult{}
+	meter := newCPUMeter(b)
+	pls := placements()
+	res := map[string][]*captureBenchResult{}
+	for _, pl := range pls {
+		res[pl.name] = make([]*captureBenchResult, len(captureBenchConfigs))
+		for i := range res[pl.name] {
+			res[pl.name][i] = &captureBenchResult{}
+		}
 	}
-	reps := captureBenchReps * b.N
+	nRounds := benchRounds(b) * b.N
 	start := time.Now()
-	for rep := 0; rep < reps; rep++ {
-		for k := range captureBenchConfigs {
-			i := k
-			if rep%2 == 1 {
-				i = len(captureBenchConfigs) - 1 - k
+	for round := 0; round < nRounds; round++ {
+		for _, pl := range rotate(pls, round) {
+			restore := place(b, pl)
+			for k := range captureBenchConfigs {
+				i := k
+				if round%2 == 1 {
+					i = len(captureBenchConfigs) - 1 - k
+				}
+				captureBenchRun(b, h, pathRun{pl, meter}, captureBenchConfigs[i], res[pl.name][i])
 			}
-			captureBenchRun(b, h, captureBenchConfigs[i], res[i])
+			restore()
 		}
 	}
 	adds := captureBenchAdds(b, h)
-	b.Logf("BenchmarkCapture: %d repetitions of %d configurations and %d ADDs per mode in %s", reps, len(captureBenchConfigs), captureBenchAddN*b.N, time.Since(start).Round(time.Second))
-	captureBenchReport(b, res, adds, reps)
+	b.Logf("BenchmarkCapture: %d rounds of %d configurations in %d placements and %d ADDs per mode in %s", nRounds, len(captureBenchConfigs), len(pls), captureBenchAddN*b.N, time.Since(start).Round(time.Second))
+	captureBenchReport(b, res, pls, meter, adds, nRounds)
 }
 
 const (
-	captureBenchReps    = 4    // runs per configuration (pooled), alternating the order
 	captureBenchConns   = 1000 // connections per run, conntrack and rate
 	captureBenchWorkers = 4    // connecting at once
 	captureBenchWarmup  = 200  // round trips before the timed ones
@@ -125,9 +142,10 @@ const (
 var captureBenchColors = []string{"#9e9e9e", "#e6550d", "#fdae6b", "#756bb1", "#31a354", "#3182bd"}
 
 type captureBenchResult struct {
-	conntrack []float64 // entries per connection, one per run
-	rate      []float64 // connections per second, one per run
-	hop, s2s  harness.Samples
+	conntrack      []float64 // entries per connection, one per round
+	rate           []float64 // connections per second, one per round
+	hop, s2s       rounds    // each round's median round trip
+	hopCPU, s2sCPU rounds    // each round's CPU time per request
 	// no interception only: the hop and sidecar to sidecar over Unix
 	// sockets (unixref_bench_test.go)
 	unixHop, unixS2S harness.Samples
@@ -204,9 +222,9 @@ func captureBenchAttach(b *testing.B, h *harness.H, cfg captureBenchConfig) func
 }
 
 // captureBenchRun runs one configuration once in a fresh pod and remote.
-func captureBenchRun(b *testing.B, h *harness.H, cfg captureBenchConfig, res *captureBenchResult) {
+func captureBenchRun(b *testing.B, h *harness.H, pr pathRun, cfg captureBenchConfig, res *captureBenchResult) {
 	e := ie.New(b, h)
-	startRemoteEcho(e)
+	echo := startRemoteEcho(e)
 	// Detached on every way out, also a b.Fatal (runtime.Goexit runs
 	// defers); the namespaces' registrations go before (defers run last
 	// first).
@@ -236,8 +254,9 @@ func captureBenchRun(b *testing.B, h *harness.H, cfg captureBenchConfig, res *ca
 		e.StartProxy(true, "-answer")
 		hopDst = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), ie.ProxyInPort)
 	}
+	checkPlaced(b, pr.placement, cfg.name, echo.Pid(), e.Proxy.Pid())
 	waitSettled(b, cfg.name+", hop")
-	captureBenchRoundTrips(b, e.Pod, hopDst, &res.hop)
+	captureBenchRoundTrips(b, pr, e.Pod, hopDst, &res.hop, &res.hopCPU)
 	e.StopProxy()
 	if !meshed {
 		unixRefHop(b, e, captureBenchWarmup, captureBenchRounds, &res.unixHop)
@@ -249,11 +268,13 @@ func captureBenchRun(b *testing.B, h *harness.H, cfg captureBenchConfig, res *ca
 		e.Proxy = captureBenchProxy(e, e.Pod, cfg)
 		captureBenchMesh(b, e, e.Remote, cfg)
 		defer captureBenchUnmesh(b, e, e.Remote, cfg)
-		defer captureBenchProxy(e, e.Remote, cfg).Stop()
+		remote := captureBenchProxy(e, e.Remote, cfg)
+		defer remote.Stop()
+		checkPlaced(b, pr.placement, cfg.name, e.Proxy.Pid(), remote.Pid())
 	}
 	waitSettled(b, cfg.name+", sidecar to sidecar")
 	peers := fastpathBenchStatus(b, h).PeerPairs
-	captureBenchRoundTrips(b, e.Pod, ie.AP(ie.RemoteV4, ie.EchoPort), &res.s2s)
+	captureBenchRoundTrips(b, pr, e.Pod, ie.AP(ie.RemoteV4, ie.EchoPort), &res.s2s, &res.s2sCPU)
 	if cfg.fast && fastpathBenchStatus(b, h).PeerPairs == peers {
 		b.Fatalf("%s: the two sidecars' connection was not paired", cfg.name)
 	}
@@ -307,13 +328,19 @@ func captureBenchConnect(b *testing.B, ns *harness.NS, dst netip.AddrPort) float
 }
 
 // captureBenchRoundTrips times 64 B round trips on one connection from ns
-// to dst.
-func captureBenchRoundTrips(b *testing.B, ns *harness.NS, dst netip.AddrPort, s *harness.Samples) {
+// to dst: the round's median and CPU time per request.
+func captureBenchRoundTrips(b *testing.B, pr pathRun, ns *harness.NS, dst netip.AddrPort, rtt, cpu *rounds) {
 	c, err := ie.Dial(ns, dst)
 	if err != nil {
 		b.Fatalf("dial %s: %v", dst, err)
 	}
-	pingPong64(b, c, dst.String(), captureBenchWarmup, captureBenchRounds, s)
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Minute))
+	d, perReq, err := timedPingPong(b, pr, c, bufio.NewReaderSize(c, 4<<10), fastpathBenchMsg(64), captureBenchWarmup, captureBenchRounds)
+	if err != nil {
+		b.Fatalf("round trips to %s: %v", dst, err)
+	}
+	*rtt, *cpu = append(*rtt, d), append(*cpu, perReq)
 }
 
 // captureBenchAdds times the chained intercept plugin's ADD through libcni
@@ -352,22 +379,27 @@ func captureBenchAdds(b *testing.B, h *harness.H) map[string]harness.Samples {
 	return adds
 }
 
-func captureBenchReport(b *testing.B, res []*captureBenchResult, adds map[string]harness.Samples, reps int) {
-	mean := fastpathBenchMean
-	none, redir := res[captureBenchNone], res[captureBenchRedirect]
-	tab := &harness.Table{
-		Title: fmt.Sprintf("EBPF interception: per proxied connection, IPv4 (%d runs per row; conntrack and rate over %d connections per run, %d at once; round trips: median / p95 of %d, 64 B on one connection)",
-			reps, captureBenchConns, captureBenchWorkers, captureBenchRounds*reps),
-		Header: []string{"configuration", "conntrack entries per connection", "connections/s", "vs REDIRECT", "hop round trip µs", "vs REDIRECT", "sidecar to sidecar µs", "vs REDIRECT", "vs none"},
+func captureBenchReport(b *testing.B, res map[string][]*captureBenchResult, pls []placement, meter *cpuMeter, adds map[string]harness.Samples, nRounds int) {
+	for _, pl := range pls {
+		rs := res[pl.name]
+		redir := rs[captureBenchRedirect]
+		tab := &harness.Table{
+			Title: fmt.Sprintf("EBPF interception, %s: per proxied connection, IPv4 (%d rounds; conntrack and rate: mean over rounds of %d connections, %d at once; round trips: 64 B on one connection, median of the rounds' medians of %d [min–max], µs). %s",
+				pl.name, nRounds, captureBenchConns, captureBenchWorkers, captureBenchRounds, meter.method()),
+			Header: []string{"configuration", "conntrack entries per connection", "connections/s", "vs REDIRECT", "hop round trip µs", "vs REDIRECT", "hop CPU µs/request", "vs REDIRECT",
+				"sidecar to sidecar µs", "vs REDIRECT", "vs none", "sidecar to sidecar CPU µs/request", "vs REDIRECT"},
+		}
+		for i, cfg := range captureBenchConfigs {
+			r := rs[i]
+			tab.Add(cfg.name, fmt.Sprintf("%.2f", fastpathBenchMean(r.conntrack)),
+				fmt.Sprintf("%.0f", fastpathBenchMean(r.rate)), fmt.Sprintf("%.2fx", fastpathBenchMean(r.rate)/fastpathBenchMean(redir.rate)),
+				spreadCell(r.hop), harness.Ratio(r.hop.Median(), redir.hop.Median()),
+				spreadCell(r.hopCPU), harness.Ratio(r.hopCPU.Median(), redir.hopCPU.Median()),
+				spreadCell(r.s2s), harness.Ratio(r.s2s.Median(), redir.s2s.Median()), harness.Ratio(r.s2s.Median(), rs[captureBenchNone].s2s.Median()),
+				spreadCell(r.s2sCPU), harness.Ratio(r.s2sCPU.Median(), redir.s2sCPU.Median()))
+		}
+		tab.Write(os.Stdout)
 	}
-	for i, cfg := range captureBenchConfigs {
-		r := res[i]
-		tab.Add(cfg.name, fmt.Sprintf("%.2f", mean(r.conntrack)),
-			fmt.Sprintf("%.0f", mean(r.rate)), fmt.Sprintf("%.2fx", mean(r.rate)/mean(redir.rate)),
-			fastpathBenchUs(r.hop.Median())+" / "+fastpathBenchUs(r.hop.P95()), harness.Ratio(r.hop.Median(), redir.hop.Median()),
-			fastpathBenchUs(r.s2s.Median())+" / "+fastpathBenchUs(r.s2s.P95()), harness.Ratio(r.s2s.Median(), redir.s2s.Median()), harness.Ratio(r.s2s.Median(), none.s2s.Median()))
-	}
-	tab.Write(os.Stdout)
 
 	ad := &harness.Table{
 		Title:  fmt.Sprintf("EBPF interception: chained intercept ADD through libcni, an Istio pod (median / p95 of %d, ms)", len(adds["EBPF"])),
@@ -387,23 +419,40 @@ func captureBenchReport(b *testing.B, res []*captureBenchResult, adds map[string
 		}
 		panic(name)
 	}
-	ebpf, fast := res[idx("EBPF")], res[idx("EBPF + fast path")]
-	tg := &harness.Table{Title: "EBPF interception: targets", Header: []string{"target", "figure", "result"}}
-	tg.Add("conntrack entries per connection, EBPF: 0", fmt.Sprintf("%.2f (REDIRECT %.2f)", mean(ebpf.conntrack), mean(redir.conntrack)), verdict(mean(ebpf.conntrack) == 0))
+	ebpf, fastIdx := idx("EBPF"), []int{idx("REDIRECT + fast path"), idx("EBPF + fast path")}
+	tg := newTargets("EBPF interception: targets (with the fast path: the Istio pod's policy, as the chained intercept plugin writes it)", pls)
+	tg.judge("conntrack entries per connection: 0", "EBPF", func(pl string) (string, bool) {
+		e, r := fastpathBenchMean(res[pl][ebpf].conntrack), fastpathBenchMean(res[pl][captureBenchRedirect].conntrack)
+		return fmt.Sprintf("%.2f (REDIRECT %.2f)", e, r), e == 0
+	})
 	ea, ra := adds["EBPF"].Median(), adds["REDIRECT"].Median()
-	tg.Add("ADD, EBPF no slower than REDIRECT", fmt.Sprintf("%s (%s vs %s ms)", harness.Ratio(ea, ra), ms(ea), ms(ra)), verdict(ea <= ra))
-	tg.Add("connection rate, EBPF at least REDIRECT's", fmt.Sprintf("%.2fx (%.0f vs %.0f /s)", mean(ebpf.rate)/mean(redir.rate), mean(ebpf.rate), mean(redir.rate)), verdict(mean(ebpf.rate) >= mean(redir.rate)))
-	hr := float64(fast.hop.Median()) / float64(redir.hop.Median())
-	tg.Add("hop 64 B round trip, EBPF + fast path <= 0.5x REDIRECT",
-		fmt.Sprintf("%.2fx (%s vs %s µs; %s)", hr, fastpathBenchUs(fast.hop.Median()), fastpathBenchUs(redir.hop.Median()), unixRefFigure(none.unixHop.Median(), redir.hop.Median())),
-		verdict(hr <= 0.5))
-	closed, _ := gapClosed(fast.s2s.Median(), redir.s2s.Median(), none.s2s.Median())
-	unixClosed, _ := gapClosed(none.unixS2S.Median(), redir.s2s.Median(), none.s2s.Median())
-	tg.Add("sidecar to sidecar, EBPF + fast path >= 30% of the way from REDIRECT to none",
-		fmt.Sprintf("%.0f%% (%s µs; none %s, REDIRECT %s; the same four processes over Unix sockets %s µs, %.0f%% of the way)", 100*closed,
-			fastpathBenchUs(fast.s2s.Median()), fastpathBenchUs(none.s2s.Median()), fastpathBenchUs(redir.s2s.Median()), fastpathBenchUs(none.unixS2S.Median()), 100*unixClosed),
-		verdict(closed >= 0.3))
-	tg.Write(os.Stdout)
+	tg.tab.Add("ADD no slower than REDIRECT's", "EBPF", fmt.Sprintf("%s (%s vs %s ms)", harness.Ratio(ea, ra), ms(ea), ms(ra)), verdict(ea <= ra), "(measured once)")
+	tg.judge("connection rate at least REDIRECT's", "EBPF", func(pl string) (string, bool) {
+		e, r := fastpathBenchMean(res[pl][ebpf].rate), fastpathBenchMean(res[pl][captureBenchRedirect].rate)
+		return fmt.Sprintf("%.2fx (%.0f vs %.0f /s)", e/r, e, r), e >= r
+	})
+	fast := idx("EBPF + fast path")
+	tg.judge("hop 64 B round trip <= 0.5x REDIRECT alone", captureBenchConfigs[fast].name, func(pl string) (string, bool) {
+		rs := res[pl]
+		d, redir := rs[fast].hop.Median(), rs[captureBenchRedirect].hop.Median()
+		r := float64(d) / float64(redir)
+		return fmt.Sprintf("%.2fx (%s vs %s µs; %s)", r, fastpathBenchUs(d), fastpathBenchUs(redir), unixRefFigure(rs[captureBenchNone].unixHop.Median(), redir)), r <= 0.5
+	})
+	tg.judge("CPU time per request, hop 64 B <= 0.6x REDIRECT alone", captureBenchConfigs[fast].name, func(pl string) (string, bool) {
+		return cpuFigure(res[pl][fast].hopCPU.Median(), res[pl][captureBenchRedirect].hopCPU.Median(), 0.6)
+	})
+	for _, i := range fastIdx {
+		tg.judge("sidecar to sidecar 64 B round trip >= 35% of the way from REDIRECT to no mesh", captureBenchConfigs[i].name, func(pl string) (string, bool) {
+			rs := res[pl]
+			fig, ok := gapFigure(rs[i].s2s.Median(), rs[captureBenchRedirect].s2s.Median(), rs[captureBenchNone].s2s.Median(), 0.35)
+			unixClosed, _ := gapClosed(rs[captureBenchNone].unixS2S.Median(), rs[captureBenchRedirect].s2s.Median(), rs[captureBenchNone].s2s.Median())
+			return fmt.Sprintf("%s; the same four processes over Unix sockets %s µs, %.0f%% of the way", fig, fastpathBenchUs(rs[captureBenchNone].unixS2S.Median()), 100*unixClosed), ok
+		})
+		tg.judge("CPU time per request, sidecar to sidecar 64 B <= 0.8x REDIRECT", captureBenchConfigs[i].name, func(pl string) (string, bool) {
+			return cpuFigure(res[pl][i].s2sCPU.Median(), res[pl][captureBenchRedirect].s2sCPU.Median(), 0.8)
+		})
+	}
+	tg.write()
 
 	if os.Getenv("MESHWIRE_BENCH_PLOT") != "1" {
 		return
@@ -420,14 +469,14 @@ func captureBenchReport(b *testing.B, res []*captureBenchResult, adds map[string
 	}
 	var legend []string
 	for i, cfg := range captureBenchConfigs {
-		r := res[i]
+		r := res[pls[0].name][i]
 		legend = append(legend, cfg.name)
-		for p, v := range []float64{mean(r.conntrack), mean(r.rate), float64(r.hop.Median()) / 1e3, float64(r.s2s.Median()) / 1e3} {
+		for p, v := range []float64{fastpathBenchMean(r.conntrack), fastpathBenchMean(r.rate), float64(r.hop.Median()) / 1e3, float64(r.s2s.Median()) / 1e3} {
 			panels[p].values = append(panels[p].values, v)
 		}
 	}
 	out := filepath.Join(root, "docs", "capture-bench.svg")
-	title := fmt.Sprintf("meshwire EBPF interception, IPv4 (%d runs per bar; round trips: medians)", reps)
+	title := fmt.Sprintf("meshwire EBPF interception, IPv4, %s (%d rounds per bar; round trips: median of the rounds' medians)", pls[0].name, nRounds)
 	if err := os.WriteFile(out, []byte(fastpathBenchSVG(title, panels, 2, legend, captureBenchColors)), 0o644); err != nil {
 		b.Fatal(err)
 	}

@@ -602,6 +602,9 @@ func (p *Proxy) Stop() {
 	_ = p.cmd.Wait()
 }
 
+// Pid is the process id of the proxy (or echo server).
+func (p *Proxy) Pid() int { return p.cmd.Process.Pid }
+
 func (p *Proxy) has(pred func(Record) bool) bool {
 	for _, r := range p.recs {
 		if pred(r) {
