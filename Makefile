@@ -27,7 +27,7 @@ COMMANDS  := meshwire iptables-init
 TEST_TIMEOUT ?= 60m
 BENCH ?= .
 
-.PHONY: all build test unit deps demo bench generate install clean fuzz vet image chaos cluster cluster-down cluster-smoke cluster-e2e
+.PHONY: all build test unit deps demo bench generate install clean fuzz vet image chaos cluster cluster-down cluster-smoke cluster-e2e critest
 
 all: build
 
@@ -142,6 +142,12 @@ cluster-e2e:
 
 cluster-down:
 	test/cluster/cluster.sh down
+
+# cri-tools' critest networking specs against a containerd of its own with
+# meshwire's plugins (CRITEST_PLUGINS="meshwire reference": then the reference v1.9.1's).
+CRITEST_PLUGINS ?= meshwire
+critest: build
+	test/cluster/critest.sh $(CRITEST_PLUGINS)
 
 clean:
 	rm -rf $(BIN)

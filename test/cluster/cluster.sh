@@ -186,6 +186,14 @@ net.netfilter.nf_conntrack_tcp_timeout_established net.netfilter.nf_conntrack_tc
 NEW_TREES="/var/log/pods /var/log/containers /var/lib/kubelet" # kubelet: container logs, device-plugins socket
 NEW_DIRS="/run/containerd/s /run/containerd /var/lib/cni/results /var/lib/cni/networks /var/lib/cni/meshwire/fastpath /var/lib/cni/meshwire /var/lib/cni"
 
+# The pods' cgroup parents (containerd's namespace; critest asks for
+# test.slice), in every hierarchy.
+CGROUP_PARENTS=k8s.io
+cgroup_parents() {
+	local p
+	for p in $CGROUP_PARENTS; do ls -d /sys/fs/cgroup/*/"$p" 2>/dev/null || :; done
+}
+
 snapshot_host() {
 	local f=$STATE/host-before
 	: >"$f.sysctl"
@@ -195,13 +203,19 @@ snapshot_host() {
 	: >"$f.paths"
 	for p in $NEW_TREES $NEW_DIRS; do [ -e "$p" ] && echo "$p" >>"$f.paths"; done
 	ip link show "$BRIDGE" >/dev/null 2>&1 && echo "$BRIDGE" >"$f.bridge" || : >"$f.bridge"
-	ls -d /sys/fs/cgroup/*/k8s.io 2>/dev/null >"$f.cgroups" || :
+	cgroup_parents >"$f.cgroups"
 	ls /run/netns 2>/dev/null >"$f.netns" || :
 }
 
 # ------------------------------------------------------------------- config
 
 write_configs() {
+	write_containerd_config
+	write_kube_configs
+}
+
+# write_containerd_config: containerd's config (critest.sh's too).
+write_containerd_config() {
 	mkdir -p "$STATE/config"
 	# containerd 1.6's CRI: the same setup as meshwire's CRI tests
 	# (test/cri): runc (crun refuses the hybrid cgroup layout), no
@@ -241,7 +255,9 @@ disabled_plugins = ["io.containerd.internal.v1.tracing", "io.containerd.snapshot
     conf_dir = "$CNI_CONF"
     max_conf_num = 1
 EOF
+}
 
+write_kube_configs() {
 	# kubelet: cgroupfs without per-QoS cgroups on this hybrid cgroup
 	# layout, no swap check, no image garbage collection (there is no
 	# registry to pull a collected image from again), eviction only on
@@ -398,11 +414,17 @@ guard() {
 
 # ---------------------------------------------------------------- images
 
-import_images() {
-	local t0=$SECONDS name file
+# import_image_set DIR: the images images.sh made into DIR.
+import_image_set() {
+	local name file
 	while read -r name file; do
-		"$CTR" -a "$SOCK" -n k8s.io images import --no-unpack "$CACHE/images/$file" >/dev/null
-	done <"$CACHE/images/index"
+		"$CTR" -a "$SOCK" -n k8s.io images import --no-unpack "$1/$file" >/dev/null
+	done <"$1/index"
+}
+
+import_images() {
+	local t0=$SECONDS
+	import_image_set "$CACHE/images"
 	# meshwire's own image, built from this tree the way a user builds it.
 	log "make image (meshwire's image, log: $LOGS/make-image.log)"
 	make -C "$repo" image >"$LOGS/make-image.log" 2>&1 || { tail -20 "$LOGS/make-image.log" >&2; die "make image failed"; }
@@ -557,40 +579,60 @@ sweep_cni() {
 			CNI_COMMAND=GC CNI_PATH=$CNI_BIN "$CNI_BIN/$t" >/dev/null 2>&1 || log "CNI GC of $NETWORK by $t failed"
 	done
 	rm -rf "$tmp"
+	local prefix=${POD_CIDR%/*} # 198.18.0.0/16: 198.18
+	prefix=${prefix%.0}; prefix=${prefix%.0}
 	for n in /run/netns/cni-*; do
 		[ -e "$n" ] || continue
 		grep -qx "${n##*/}" "$netns_before" 2>/dev/null && continue
 		addr=$(nsenter --net="$n" ip -4 -o addr show dev eth0 2>/dev/null | awk '{print $4; exit}')
-		case $addr in "${POD_CIDR%.0.0/16}".*)
+		case $addr in "$prefix".*)
 			log "removing network namespace ${n##*/} ($addr) of a sandbox never torn down"
 			ip netns del "${n##*/}" || true ;;
 		esac
 	done
 }
 
-# KUBE-* (kube-proxy, kubelet) and MWK-* (guard) chains. With make test's
-# seed on the host (it appeared while the cluster ran), its rules and the
-# chains they use are left alone.
-remove_kube_chains() {
+IPTABLES_CMDS="iptables ip6tables iptables-legacy ip6tables-legacy"
+
+# chains REGEX: "CMD TABLE CHAIN" of every chain whose name matches
+# ^REGEX, in every table of every iptables variant.
+chains() {
+	local cmd t
+	for cmd in $IPTABLES_CMDS; do
+		command -v "$cmd" >/dev/null || continue
+		for t in filter nat mangle raw; do
+			"$cmd" -t "$t" -S 2>/dev/null | awk -v c="$cmd" -v t="$t" -v re="^$1" '$1 == "-N" && $2 ~ re {print c, t, $2}'
+		done
+	done
+}
+
+# remove_chains REGEX [BEFORE]: the chains matching ^REGEX and the rules
+# that jump to them, but for those BEFORE lists (chains' output: what was
+# there at up). With make test's seed on the host (it appeared meanwhile),
+# its rules and the chains they use are left alone.
+remove_chains() {
+	local re=$1 before=${2:-/dev/null}
 	if seeded; then
-		log "make test's host seed is on this host: removing only the KUBE-*/MWK-* rules and chains it does not use"
+		log "make test's host seed is on this host: removing only the $re rules and chains it does not use"
 	fi
-	local cmd t chain
-	for cmd in iptables ip6tables iptables-legacy ip6tables-legacy; do
+	local cmd t chain keep
+	for cmd in $IPTABLES_CMDS; do
 		command -v "$cmd" >/dev/null || continue
 		for t in filter nat mangle raw; do
 			"$cmd" -t "$t" -S >/dev/null 2>&1 || continue
-			# The rules that jump to a KUBE- chain from the others...
-			local keep
-			keep=$("$cmd" -t "$t" -S 2>/dev/null | awk '/meshwire-seed/ {for (i = 1; i < NF; i++) if ($i == "-j") print $(i+1)}' | sort -u | tr '\n' ' ')
-			"$cmd" -t "$t" -S 2>/dev/null | awk '$1 == "-A" && $2 !~ /^(KUBE|MWK)-/ && / -j (KUBE|MWK)-/ && !/meshwire-seed/' |
+			keep=$({ "$cmd" -t "$t" -S 2>/dev/null | awk '/meshwire-seed/ {for (i = 1; i < NF; i++) if ($i == "-j") print $(i+1)}'
+				awk -v c="$cmd" -v t="$t" '$1 == c && $2 == t {print $3}' "$before"; } | sort -u | tr '\n' ' ')
+			# The rules that jump to such a chain from the others (and
+			# from those kept)...
+			"$cmd" -t "$t" -S 2>/dev/null | awk -v re="^$re" -v keep=" $keep " '$1 == "-A" && ($2 !~ re || index(keep, " " $2 " ")) && !/meshwire-seed/ {
+				for (i = 1; i < NF; i++) if ($i == "-j" && $(i+1) ~ re && index(keep, " " $(i+1) " ") == 0) print }' |
 				while read -r _ rule; do eval "\"$cmd\" -t $t -D $rule" 2>/dev/null || true; done
-			# ... then the KUBE- chains themselves.
-			for chain in $("$cmd" -t "$t" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^(KUBE|MWK)-/ {print $2}'); do
+			# ... then the chains themselves.
+			for chain in $(chains "$re" | awk -v c="$cmd" -v t="$t" '$1 == c && $2 == t {print $3}'); do
 				case " $keep " in *" $chain "*) continue ;; esac
 				"$cmd" -t "$t" -F "$chain" 2>/dev/null || true
 			done
-			for chain in $("$cmd" -t "$t" -S 2>/dev/null | awk '$1 == "-N" && $2 ~ /^(KUBE|MWK)-/ {print $2}'); do
+			for chain in $(chains "$re" | awk -v c="$cmd" -v t="$t" '$1 == c && $2 == t {print $3}'); do
 				case " $keep " in *" $chain "*) continue ;; esac
 				"$cmd" -t "$t" -X "$chain" 2>/dev/null || true
 			done
@@ -612,7 +654,15 @@ down() {
 	if [ -n "$BIN" ] && [ -x "$BIN/kube-proxy" ] && ! seeded; then
 		"$BIN/kube-proxy" --cleanup >"$LOGS/kube-proxy-cleanup.log" 2>&1 || true
 	fi
-	remove_kube_chains
+	remove_chains '(KUBE|MWK)-'
+	release_host
+	log "down in $((SECONDS - t0))s"
+}
+
+# release_host: after containerd stopped, what its pods and the plugins may
+# have left (shims, containers, mounts, network namespaces, the bridge,
+# sysctls, cgroups, CNI state, host paths), then the state directory.
+release_host() {
 	local pids
 	pids=$(our_shims)
 	if [ -n "$pids" ]; then
@@ -648,8 +698,8 @@ down() {
 	fi
 	# The pods' cgroup parent runc made in each hierarchy (containerd's
 	# namespace), when empty.
-	for p in /sys/fs/cgroup/*/k8s.io; do
-		[ -d "$p" ] && ! grep -qx "$p" "$before.cgroups" 2>/dev/null && rmdir "$p" 2>/dev/null || true
+	for p in $(cgroup_parents); do
+		grep -qx "$p" "$before.cgroups" 2>/dev/null || rmdir "$p" 2>/dev/null || true
 	done
 	# The CNI state of the cluster's network (its own name: always its).
 	rm -rf "/var/lib/cni/networks/$NETWORK"
@@ -669,7 +719,6 @@ down() {
 		done
 	fi
 	rm -rf --one-file-system "$STATE"
-	log "down in $((SECONDS - t0))s"
 }
 
 # ------------------------------------------------------------------ smoke
@@ -757,5 +806,5 @@ main() {
 	esac
 }
 
-main "$@"
-exit
+# Sourced (critest.sh), it only defines.
+[ "${BASH_SOURCE[0]}" != "$0" ] || { main "$@"; exit; }
