@@ -615,17 +615,17 @@ remove_chains() {
 	if seeded; then
 		log "make test's host seed is on this host: removing only the $re rules and chains it does not use"
 	fi
-	local cmd t chain keep
+	local cmd t chain old keep
 	for cmd in $IPTABLES_CMDS; do
 		command -v "$cmd" >/dev/null || continue
 		for t in filter nat mangle raw; do
 			"$cmd" -t "$t" -S >/dev/null 2>&1 || continue
-			keep=$({ "$cmd" -t "$t" -S 2>/dev/null | awk '/meshwire-seed/ {for (i = 1; i < NF; i++) if ($i == "-j") print $(i+1)}'
-				awk -v c="$cmd" -v t="$t" '$1 == c && $2 == t {print $3}' "$before"; } | sort -u | tr '\n' ' ')
-			# The rules that jump to such a chain from the others (and
-			# from those kept)...
-			"$cmd" -t "$t" -S 2>/dev/null | awk -v re="^$re" -v keep=" $keep " '$1 == "-A" && ($2 !~ re || index(keep, " " $2 " ")) && !/meshwire-seed/ {
-				for (i = 1; i < NF; i++) if ($i == "-j" && $(i+1) ~ re && index(keep, " " $(i+1) " ") == 0) print }' |
+			old=$(awk -v c="$cmd" -v t="$t" '$1 == c && $2 == t {print $3}' "$before" | tr '\n' ' ')
+			keep="$old $("$cmd" -t "$t" -S 2>/dev/null | awk '/meshwire-seed/ {for (i = 1; i < NF; i++) if ($i == "-j") print $(i+1)}' | tr '\n' ' ')"
+			# The rules that jump to such a chain (not one of BEFORE's)
+			# from the others and from BEFORE's...
+			"$cmd" -t "$t" -S 2>/dev/null | awk -v re="^$re" -v old=" $old " '$1 == "-A" && ($2 !~ re || index(old, " " $2 " ")) && !/meshwire-seed/ {
+				for (i = 1; i < NF; i++) if ($i == "-j" && $(i+1) ~ re && index(old, " " $(i+1) " ") == 0) print }' |
 				while read -r _ rule; do eval "\"$cmd\" -t $t -D $rule" 2>/dev/null || true; done
 			# ... then the chains themselves.
 			for chain in $(chains "$re" | awk -v c="$cmd" -v t="$t" '$1 == c && $2 == t {print $3}'); do
