@@ -20,7 +20,7 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 export MESHWIRE_CLUSTER_STATE=${MESHWIRE_CRITEST_STATE:-/var/lib/meshwire-critest}
-# shellcheck source=cluster.sh
+# shellcheck source-path=SCRIPTDIR source=cluster.sh
 . "$here/cluster.sh"
 log() { printf '%s critest: %s\n' "$(date -u +%T)" "$*" >&2; }
 
