@@ -91,9 +91,10 @@ if [ "$set_name" = critest ]; then
 	busybox_image registry.k8s.io/e2e-test-images/busybox:1.29-2
 	# The web server of the port mapping specs (GET / on port 80 must
 	# answer 200): Debian's nginx (nginx-light) with its libraries, serving
-	# a static page as the upstream nginx image does.
+	# a static page as the upstream nginx image does; with a shell and
+	# tools (busybox), which the security context specs exec in it.
 	n=$work/nginx
-	rootfs "$n"
+	rootfs "$n" busybox
 	with_libs "$n" /usr/sbin/nginx
 	mkdir -p "$n/etc/nginx" "$n/var/lib/nginx" "$n/var/log/nginx" "$n/run" "$n/usr/share/nginx/html"
 	cat >"$n/etc/nginx/nginx.conf" <<-'EOF'
@@ -108,7 +109,8 @@ if [ "$set_name" = critest ]; then
 	EOF
 	echo '<html><body>nginx (meshwire critest image)</body></html>' >"$n/usr/share/nginx/html/index.html"
 	image registry.k8s.io/e2e-test-images/nginx:1.14-2 nginx "$n" \
-		'CMD ["/usr/sbin/nginx", "-g", "daemon off;"]' 'STOPSIGNAL SIGQUIT'
+		'CMD ["/usr/sbin/nginx", "-g", "daemon off;"]' 'STOPSIGNAL SIGQUIT' \
+		'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
 	mv "$out/index.new" "$out/index"
 	exit 0
 fi
