@@ -92,14 +92,16 @@ if [ "$set_name" = critest ]; then
 	# The web server of the port mapping specs (GET / on port 80 must
 	# answer 200): Debian's nginx (nginx-light) with its libraries, serving
 	# a static page as the upstream nginx image does; with a shell and
-	# tools (busybox), which the security context specs exec in it.
+	# tools (busybox) and its pid file where upstream's is, which the
+	# security context specs read.
 	n=$work/nginx
 	rootfs "$n" busybox
 	with_libs "$n" /usr/sbin/nginx
-	mkdir -p "$n/etc/nginx" "$n/var/lib/nginx" "$n/var/log/nginx" "$n/run" "$n/usr/share/nginx/html"
+	mkdir -p "$n/etc/nginx" "$n/var/lib/nginx" "$n/var/log/nginx" "$n/var/run" "$n/usr/share/nginx/html"
 	cat >"$n/etc/nginx/nginx.conf" <<-'EOF'
 		user nobody nogroup;
 		worker_processes 1;
+		pid /var/run/nginx.pid;
 		error_log stderr;
 		events {}
 		http {
