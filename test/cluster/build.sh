@@ -75,6 +75,7 @@ if [ "${1:-}" = critest ]; then
 	dir=$CACHE_ROOT/critest-$CRI_TOOLS_VERSION-$( { cat critest/go.mod critest/go.sum cmd/pause/main.go images.sh; go version; echo "$REFERENCE_PLUGINS";
 		dpkg-query -W busybox-static nginx-light 2>&1; } | sha256sum | cut -c1-16)
 	mkdir -p "$dir/bin"
+	exec 9>"$dir/.lock" && flock 9 # one build at a time (make critest runs beside another)
 	step critest bash -c "go build -trimpath -ldflags '-s -w' -o '$dir/bin/' ./cmd/pause && cd critest &&
 		go test -c -trimpath -ldflags '-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$CRI_TOOLS_VERSION' -o '$dir/bin/critest' sigs.k8s.io/cri-tools/cmd/critest"
 	step images ./images.sh critest "$dir/bin" "$dir/images"
