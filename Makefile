@@ -27,7 +27,7 @@ COMMANDS  := meshwire iptables-init
 TEST_TIMEOUT ?= 60m
 BENCH ?= .
 
-.PHONY: all build test unit deps demo bench bench-fastpath generate install clean fuzz vet image chaos cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-podstart cluster-podstart-compare cluster-conformance
+.PHONY: all build test unit deps demo bench bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-podstart cluster-podstart-compare cluster-conformance
 
 all: build
 
@@ -168,6 +168,14 @@ cluster-conformance:
 
 cluster-down:
 	test/cluster/cluster.sh down
+
+# cri-tools' critest networking specs against a containerd of its own with
+# meshwire's plugins (CRITEST_PLUGINS="meshwire reference": then with the
+# reference v1.9.1's; CRITEST_FOCUS: other specs). Not part of `make test`.
+CRITEST_PLUGINS ?= meshwire
+CRITEST_FOCUS ?=
+critest: build
+	CRITEST_FOCUS='$(CRITEST_FOCUS)' test/cluster/critest.sh $(CRITEST_PLUGINS)
 
 clean:
 	rm -rf $(BIN)

@@ -2,7 +2,8 @@
 # Installs the system packages meshwire's tests and benchmarks use, with
 # apt-get, only when something is missing. Idempotent and quiet when all is
 # there already. `test/deps.sh demo` installs only what `meshwire demo`
-# needs (the firewall tools its plugins and iptables-init run).
+# needs (the firewall tools its plugins and iptables-init run);
+# `test/deps.sh critest` what test/cluster/critest.sh needs.
 set -euo pipefail
 
 # command-or-file => Debian package
@@ -11,6 +12,18 @@ if [[ "${1:-}" == demo ]]; then
   need=(
     [iptables-restore]=iptables
     [ip6tables-restore]=iptables
+  )
+elif [[ "${1:-}" == critest ]]; then
+  need=(
+    [iptables-restore]=iptables
+    [ip6tables-restore]=iptables
+    [containerd]=containerd
+    [ctr]=containerd
+    [/usr/sbin/runc]=runc
+    [podman]=podman
+    [/var/lib/dpkg/info/busybox-static.list]=busybox-static
+    [/usr/sbin/nginx]=nginx-light # the web server image of its port mapping specs
+    [flock]=util-linux
   )
 else
 need=(

@@ -1,5 +1,5 @@
 #!/bin/bash
-# build.sh [e2e|reference]: build the single-node cluster's binaries and images, once
+# build.sh [e2e|reference|critest]: build the single-node cluster's binaries and images, once
 # per pinned version set, into a cache outside the repository, and print
 # that cache directory. A second run with the same pins prints it at once.
 #
@@ -14,9 +14,15 @@
 #            to images-KEY, whose key adds images.sh and the Debian
 #            packages it copies)
 #
+# build.sh critest builds only cri-tools' critest (./critest, a module of
+# its own), the images its specs run (images.sh critest) and the reference
+# CNI plugins (reference/, the control), into a cache directory of their
+# own, critest-VERSION-KEY, and prints it.
+#
 # The binaries' cache key is the hash of what decides them: both modules'
 # go.mod/go.sum, the mains of this directory, the Go version, and the
-# build commands of this script (between BINARIES and END BINARIES).
+# build commands of this script (between BINARIES and END BINARIES, less
+# the critest part).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -27,19 +33,20 @@ export PATH=/usr/local/go/bin:$PATH CGO_ENABLED=0 GOFLAGS=-buildvcs=false
 K8S_VERSION=v1.34.3
 ETCD_VERSION=v3.6.4    # go.etcd.io/etcd/server/v3, as k8s.io/kubernetes requires it
 COREDNS_VERSION=v1.12.1 # coredns/go.mod
+CRI_TOOLS_VERSION=v1.37.0 # critest/go.mod
+REFERENCE_PLUGINS=v1.9.1   # github.com/containernetworking/plugins: the control of conformance and critest
 
 CACHE_ROOT=${MESHWIRE_CLUSTER_CACHE:-/var/cache/meshwire-cluster}
 
 key=$( { cat go.mod go.sum coredns/go.mod coredns/go.sum coredns/main.go;
 	find cmd -name '*.go' -print0 | sort -z | xargs -0 cat; go version;
-	sed -n '/^# BINARIES/,/^# END BINARIES/p' build.sh; } | sha256sum | cut -c1-16)
+	sed -n '/^# BINARIES/,/^# END BINARIES/p' build.sh | sed '/^# CRITEST/,/^# END CRITEST/d'; } | sha256sum | cut -c1-16)
 dir=$CACHE_ROOT/k8s-$K8S_VERSION-$key
 bin=$dir/bin
 # The images have a key of their own (the binaries', images.sh, the Debian
 # packages they copy): $dir/images links to the current ones.
 ikey=$( { echo "$key"; cat images.sh; dpkg-query -W busybox-static curl wget netcat-openbsd bind9-dnsutils iproute2 bash libc-bin 2>&1; } | sha256sum | cut -c1-16)
 images=$dir/images-$ikey
-mkdir -p "$bin"
 
 log() { printf '%s build.sh: %s\n' "$(date -u +%T)" "$*" >&2; }
 
@@ -65,6 +72,29 @@ step() { # step NAME CMD...: run CMD once per cache directory, timed.
 	log "$name built in $((SECONDS - t0))s"
 }
 
+# CRITEST: not a part of the binaries' key (it has its own).
+# reference_plugins: the reference CNI plugins into $dir/reference.
+reference_plugins() {
+	local ref=github.com/containernetworking/plugins/plugins
+	step reference env GOBIN="$dir/reference" GOFLAGS= go install -trimpath -ldflags '-s -w' \
+		$ref/main/bridge@$REFERENCE_PLUGINS $ref/main/loopback@$REFERENCE_PLUGINS $ref/ipam/host-local@$REFERENCE_PLUGINS \
+		$ref/meta/portmap@$REFERENCE_PLUGINS $ref/meta/bandwidth@$REFERENCE_PLUGINS
+}
+
+if [ "${1:-}" = critest ]; then
+	dir=$CACHE_ROOT/critest-$CRI_TOOLS_VERSION-$( { cat critest/go.mod critest/go.sum cmd/pause/main.go images.sh; go version; echo "$REFERENCE_PLUGINS";
+		dpkg-query -W busybox-static nginx-light 2>&1; } | sha256sum | cut -c1-16)
+	mkdir -p "$dir/bin"
+	exec 9>"$dir/.lock" && flock 9 # one build at a time (make critest runs beside another)
+	step critest bash -c "go build -trimpath -ldflags '-s -w' -o '$dir/bin/' ./cmd/pause && cd critest &&
+		go test -c -trimpath -ldflags '-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$CRI_TOOLS_VERSION' -o '$dir/bin/critest' sigs.k8s.io/cri-tools/cmd/critest"
+	step images ./images.sh critest "$dir/bin" "$dir/images"
+	reference_plugins
+	echo "$dir"
+	exit 0
+fi
+mkdir -p "$bin"
+# END CRITEST
 # One invocation, so that the packages the binaries share compile once.
 step kubernetes go build -trimpath -ldflags "$ldflags" -o "$bin/" \
 	k8s.io/kubernetes/cmd/kube-apiserver \
@@ -87,16 +117,8 @@ for old in "$dir"/images-*; do # earlier images of these binaries
 	case $old in "$images" | "$images.log") ;; *) rm -rf "$old" "$dir/.done-${old##*/}" ;; esac
 done
 
-# The control network of `cluster.sh conformance`: the reference plugins
-# at the version meshwire's benchmarks compare with.
-REFERENCE_VERSION=v1.9.1
-if [ "${1:-}" = reference ]; then
-	ref=github.com/containernetworking/plugins/plugins
-	step "reference-$REFERENCE_VERSION" env GOBIN="$dir/reference" go install -trimpath -ldflags "-s -w" \
-		$ref/main/bridge@$REFERENCE_VERSION $ref/main/loopback@$REFERENCE_VERSION \
-		$ref/ipam/host-local@$REFERENCE_VERSION $ref/meta/portmap@$REFERENCE_VERSION \
-		$ref/meta/bandwidth@$REFERENCE_VERSION
-fi
+# The control network of `cluster.sh conformance`.
+[ "${1:-}" != reference ] || reference_plugins
 
 if [ "${1:-}" = e2e ]; then
 	step e2e go test -c -trimpath -ldflags "$ldflags" -o "$bin/e2e.test" k8s.io/kubernetes/test/e2e

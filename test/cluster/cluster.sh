@@ -209,6 +209,14 @@ net.netfilter.nf_conntrack_tcp_timeout_established net.netfilter.nf_conntrack_tc
 NEW_TREES="/var/log/pods /var/log/containers /var/lib/kubelet" # kubelet: container logs, device-plugins socket
 NEW_DIRS="/run/containerd/s /run/containerd /var/lib/cni/results /var/lib/cni/networks /var/lib/cni/meshwire/fastpath /var/lib/cni/meshwire/intercept /var/lib/cni/meshwire /var/lib/cni"
 
+# The pods' cgroup parents (containerd's namespace; critest asks for
+# test.slice), in every hierarchy.
+CGROUP_PARENTS=k8s.io
+cgroup_parents() {
+	local p
+	for p in $CGROUP_PARENTS; do ls -d /sys/fs/cgroup/*/"$p" 2>/dev/null || :; done
+}
+
 snapshot_host() {
 	local f=$STATE/host-before
 	: >"$f.sysctl"
@@ -218,7 +226,8 @@ snapshot_host() {
 	: >"$f.paths"
 	for p in $NEW_TREES $NEW_DIRS; do [ -e "$p" ] && echo "$p" >>"$f.paths"; done
 	ip link show "$BRIDGE" >/dev/null 2>&1 && echo "$BRIDGE" >"$f.bridge" || : >"$f.bridge"
-	ls -d /sys/fs/cgroup/*/k8s.io 2>/dev/null >"$f.cgroups" || :
+	cgroup_parents >"$f.cgroups"
+	chains CNI-HOSTPORT- >"$f.chains" # the reference control's portmap
 	ls /run/netns 2>/dev/null >"$f.netns" || :
 	# meshwire's DaemonSet mounts the host's bpffs with Bidirectional
 	# propagation (the agent mounts one there on a host without), which
@@ -248,6 +257,12 @@ snapshot_host() {
 # ------------------------------------------------------------------- config
 
 write_configs() {
+	write_containerd_config
+	write_kube_configs
+}
+
+# write_containerd_config: containerd's config (critest.sh's too).
+write_containerd_config() {
 	mkdir -p "$STATE/config"
 	# containerd 1.6's CRI: the same setup as meshwire's CRI tests
 	# (test/cri): runc (crun refuses the hybrid cgroup layout), no
@@ -287,7 +302,9 @@ disabled_plugins = ["io.containerd.internal.v1.tracing", "io.containerd.snapshot
     conf_dir = "$CNI_CONF"
     max_conf_num = 1
 EOF
+}
 
+write_kube_configs() {
 	# kubelet: cgroupfs without per-QoS cgroups on this hybrid cgroup
 	# layout, no swap check, no image garbage collection (there is no
 	# registry to pull a collected image from again), eviction only on
@@ -453,11 +470,17 @@ guard() {
 
 # ---------------------------------------------------------------- images
 
-import_images() {
-	local t0=$SECONDS name file
+# import_image_set DIR: the images images.sh made into DIR.
+import_image_set() {
+	local name file
 	while read -r name file; do
-		"$CTR" -a "$SOCK" -n k8s.io images import --no-unpack "$CACHE/images/$file" >/dev/null
-	done <"$CACHE/images/index"
+		"$CTR" -a "$SOCK" -n k8s.io images import --no-unpack "$1/$file" >/dev/null
+	done <"$1/index"
+}
+
+import_images() {
+	local t0=$SECONDS
+	import_image_set "$CACHE/images"
 	if [ "$CNI" = meshwire ]; then meshwire_images; fi
 	log "images imported in $((SECONDS - t0))s:"
 	"$CTR" -a "$SOCK" -n k8s.io images ls -q | grep -v '^sha256:' | sed 's/^/    /' >&2
@@ -682,43 +705,60 @@ sweep_cni() {
 			CNI_COMMAND=GC CNI_PATH=$CNI_BIN "$CNI_BIN/$t" >/dev/null 2>&1 || log "CNI GC of $NETWORK by $t failed"
 	done
 	rm -rf "$tmp"
+	local prefix=${POD_CIDR%/*} # 198.18.0.0/16: 198.18
+	prefix=${prefix%.0}; prefix=${prefix%.0}
 	for n in /run/netns/cni-*; do
 		[ -e "$n" ] || continue
 		grep -qx "${n##*/}" "$netns_before" 2>/dev/null && continue
 		addr=$(nsenter --net="$n" ip -4 -o addr show dev eth0 2>/dev/null | awk '{print $4; exit}')
-		case $addr in "${POD_CIDR%.0.0/16}".*)
+		case $addr in "$prefix".*)
 			log "removing network namespace ${n##*/} ($addr) of a sandbox never torn down"
 			ip netns del "${n##*/}" || true ;;
 		esac
 	done
 }
 
-# remove_chains PREFIXES: the chains whose names start with one of PREFIXES
-# (an alternation: 'KUBE|MWK' for kube-proxy's, kubelet's and the guard's)
-# and the rules that jump to them. With make test's seed on the host (it
-# appeared while the cluster ran), its rules and the chains they use are
-# left alone.
+IPTABLES_CMDS="iptables ip6tables iptables-legacy ip6tables-legacy"
+
+# chains REGEX: "CMD TABLE CHAIN" of every chain whose name matches
+# ^REGEX, in every table of every iptables variant.
+chains() {
+	local cmd t
+	for cmd in $IPTABLES_CMDS; do
+		command -v "$cmd" >/dev/null || continue
+		for t in filter nat mangle raw; do
+			"$cmd" -t "$t" -S 2>/dev/null | awk -v c="$cmd" -v t="$t" -v re="^$1" '$1 == "-N" && $2 ~ re {print c, t, $2}'
+		done
+	done
+}
+
+# remove_chains REGEX [BEFORE]: the chains matching ^REGEX and the rules
+# that jump to them, but for those BEFORE lists (chains' output: what was
+# there at up). With make test's seed on the host (it appeared meanwhile),
+# its rules and the chains they use are left alone.
 remove_chains() {
-	local prefix=$1
+	local re=$1 before=${2:-/dev/null}
 	if seeded; then
-		log "make test's host seed is on this host: removing only the $prefix rules and chains it does not use"
+		log "make test's host seed is on this host: removing only the $re rules and chains it does not use"
 	fi
-	local cmd t chain
-	for cmd in iptables ip6tables iptables-legacy ip6tables-legacy; do
+	local cmd t chain old keep
+	for cmd in $IPTABLES_CMDS; do
 		command -v "$cmd" >/dev/null || continue
 		for t in filter nat mangle raw; do
 			"$cmd" -t "$t" -S >/dev/null 2>&1 || continue
-			# The rules that jump to such a chain from the others...
-			local keep
-			keep=$("$cmd" -t "$t" -S 2>/dev/null | awk '/meshwire-seed/ {for (i = 1; i < NF; i++) if ($i == "-j") print $(i+1)}' | sort -u | tr '\n' ' ')
-			"$cmd" -t "$t" -S 2>/dev/null | awk -v p="$prefix" '$1 == "-A" && $2 !~ "^(" p ")-" && $0 ~ " -j (" p ")-" && !/meshwire-seed/' |
+			old=$(awk -v c="$cmd" -v t="$t" '$1 == c && $2 == t {print $3}' "$before" | tr '\n' ' ')
+			keep="$old $("$cmd" -t "$t" -S 2>/dev/null | awk '/meshwire-seed/ {for (i = 1; i < NF; i++) if ($i == "-j") print $(i+1)}' | tr '\n' ' ')"
+			# The rules that jump to such a chain (not one of BEFORE's)
+			# from the others and from BEFORE's...
+			"$cmd" -t "$t" -S 2>/dev/null | awk -v re="^$re" -v old=" $old " '$1 == "-A" && ($2 !~ re || index(old, " " $2 " ")) && !/meshwire-seed/ {
+				for (i = 1; i < NF; i++) if ($i == "-j" && $(i+1) ~ re && index(old, " " $(i+1) " ") == 0) print }' |
 				while read -r _ rule; do eval "\"$cmd\" -t $t -D $rule" 2>/dev/null || true; done
 			# ... then the chains themselves.
-			for chain in $("$cmd" -t "$t" -S 2>/dev/null | awk -v p="$prefix" '$1 == "-N" && $2 ~ "^(" p ")-" {print $2}'); do
+			for chain in $(chains "$re" | awk -v c="$cmd" -v t="$t" '$1 == c && $2 == t {print $3}'); do
 				case " $keep " in *" $chain "*) continue ;; esac
 				"$cmd" -t "$t" -F "$chain" 2>/dev/null || true
 			done
-			for chain in $("$cmd" -t "$t" -S 2>/dev/null | awk -v p="$prefix" '$1 == "-N" && $2 ~ "^(" p ")-" {print $2}'); do
+			for chain in $(chains "$re" | awk -v c="$cmd" -v t="$t" '$1 == c && $2 == t {print $3}'); do
 				case " $keep " in *" $chain "*) continue ;; esac
 				"$cmd" -t "$t" -X "$chain" 2>/dev/null || true
 			done
@@ -761,9 +801,22 @@ down() {
 	if [ -n "$BIN" ] && [ -x "$BIN/kube-proxy" ] && ! seeded; then
 		"$BIN/kube-proxy" --cleanup >"$LOGS/kube-proxy-cleanup.log" 2>&1 || true
 	fi
-	remove_chains 'KUBE|MWK'
-	# The reference plugins' portmap chains, which it never removes.
-	[ "$CNI" != reference ] || remove_chains CNI-HOSTPORT
+	remove_chains '(KUBE|MWK)-'
+	# The reference plugins' portmap chains, which it never removes (but
+	# for those that were there at up).
+	[ "$CNI" != reference ] || remove_chains CNI-HOSTPORT- "$STATE/host-before.chains"
+	release_host
+	check_leaks host "$STATE/host-before.json"
+	stop kernel-test-lock
+	rm -rf --one-file-system "$STATE"
+	log "down in $((SECONDS - t0))s"
+	[ "$LEAKS" = 0 ] || { log "error: the leak checks failed (above)"; return 1; }
+}
+
+# release_host: after containerd stopped, what its pods and the plugins may
+# have left (shims, containers, mounts, network namespaces, the bridge,
+# sysctls, cgroups, CNI state, host paths).
+release_host() {
 	local pids
 	pids=$(our_shims)
 	if [ -n "$pids" ]; then
@@ -801,8 +854,8 @@ down() {
 	fi
 	# The pods' cgroup parent runc made in each hierarchy (containerd's
 	# namespace), when empty.
-	for p in /sys/fs/cgroup/*/k8s.io; do
-		[ -d "$p" ] && ! grep -qx "$p" "$before.cgroups" 2>/dev/null && rmdir "$p" 2>/dev/null || true
+	for p in $(cgroup_parents); do
+		grep -qx "$p" "$before.cgroups" 2>/dev/null || rmdir "$p" 2>/dev/null || true
 	done
 	# The CNI state of the cluster's network (its own name: always its).
 	rm -rf "/var/lib/cni/networks/$NETWORK"
@@ -821,11 +874,6 @@ down() {
 			grep -qx "$p" "$before.netns" || log "note: network namespace $p appeared while the cluster ran (not necessarily its own; left alone)"
 		done
 	fi
-	check_leaks host "$STATE/host-before.json"
-	stop kernel-test-lock
-	rm -rf --one-file-system "$STATE"
-	log "down in $((SECONDS - t0))s"
-	[ "$LEAKS" = 0 ] || { log "error: the leak checks failed (above)"; return 1; }
 }
 
 # ------------------------------------------------------------------ smoke
@@ -1119,5 +1167,5 @@ main() {
 	esac
 }
 
-main "$@"
-exit
+# Sourced (critest.sh), it only defines.
+[ "${BASH_SOURCE[0]}" != "$0" ] || { main "$@"; exit; }

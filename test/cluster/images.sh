@@ -5,8 +5,12 @@
 # save --format docker-archive` into OUT/NAME.tar, which `ctr images import`
 # reads. The names are those the e2e suite (test/utils/image/manifest.go of
 # the pinned Kubernetes) and kubelet ask for, so nothing is ever pulled.
+#
+# images.sh critest BIN OUT: the images critest's specs ask for (cri-tools'
+# pkg/framework and pkg/validate constants) and the pause image, made the
+# same way.
 set -euo pipefail
-bin=$1 out=$2 coredns_version=$4 agnhost_src=$5
+if [ "$1" = critest ]; then set_name=critest bin=$2 out=$3; else set_name=cluster bin=$1 out=$2 coredns_version=$4 agnhost_src=$5; fi
 busybox=/bin/busybox # Debian's busybox-static
 # What agnhost's own image (Alpine) adds and the e2e suite runs in it:
 # Debian's builds, copied with the shared libraries they load.
@@ -69,6 +73,12 @@ image() {
 	echo "$name $file.tar" >>"$out/index.new"
 }
 
+# busybox_image NAME: Debian's busybox-static as the e2e suite's busybox.
+busybox_image() {
+	rootfs "$work/busybox" busybox
+	image "$1" busybox "$work/busybox" 'CMD ["sh"]' 'ENV PATH=/bin'
+}
+
 mkdir -p "$out"
 rm -f "$out/index.new"
 
@@ -76,8 +86,38 @@ rootfs "$work/pause"
 cp "$bin/pause" "$work/pause/pause"
 image registry.k8s.io/pause:3.10.1 pause "$work/pause" 'ENTRYPOINT ["/pause"]' 'USER 65535:65535'
 
-rootfs "$work/busybox" busybox
-image registry.k8s.io/e2e-test-images/busybox:1.37.0-1 busybox "$work/busybox" 'CMD ["sh"]' 'ENV PATH=/bin'
+if [ "$set_name" = critest ]; then
+	# The specs' default container (it runs top, cat, hostname).
+	busybox_image registry.k8s.io/e2e-test-images/busybox:1.29-2
+	# The web server of the port mapping specs (GET / on port 80 must
+	# answer 200): Debian's nginx (nginx-light) with its libraries, serving
+	# a static page as the upstream nginx image does; with a shell and
+	# tools (busybox) and its pid file where upstream's is, which the
+	# security context specs read.
+	n=$work/nginx
+	rootfs "$n" busybox
+	with_libs "$n" /usr/sbin/nginx
+	mkdir -p "$n/etc/nginx" "$n/var/lib/nginx" "$n/var/log/nginx" "$n/var/run" "$n/usr/share/nginx/html"
+	cat >"$n/etc/nginx/nginx.conf" <<-'EOF'
+		user nobody nogroup;
+		worker_processes 1;
+		pid /var/run/nginx.pid;
+		error_log stderr;
+		events {}
+		http {
+		  access_log off;
+		  server { listen 80; root /usr/share/nginx/html; }
+		}
+	EOF
+	echo '<html><body>nginx (meshwire critest image)</body></html>' >"$n/usr/share/nginx/html/index.html"
+	image registry.k8s.io/e2e-test-images/nginx:1.14-2 nginx "$n" \
+		'CMD ["/usr/sbin/nginx", "-g", "daemon off;"]' 'STOPSIGNAL SIGQUIT' \
+		'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
+	mv "$out/index.new" "$out/index"
+	exit 0
+fi
+
+busybox_image registry.k8s.io/e2e-test-images/busybox:1.37.0-1
 
 # agnhost as test/images/agnhost/Dockerfile lays it out: /agnhost and its
 # agnhost-2 link, porter's certificate, /uploads, the user and group the
