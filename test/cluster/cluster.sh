@@ -536,6 +536,8 @@ install_reference() {
 	log "reference plugins v1.9.1 and $CNI_CONF/05-reference.conflist installed"
 }
 
+kube_proxy_synced() { iptables -t nat -S KUBE-SERVICES 2>/dev/null | grep -q 'default/kubernetes:https'; }
+
 node_ready() {
 	[ "$(kc get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
 }
@@ -577,7 +579,9 @@ up() {
 	guard
 	wait_for "node $NODE_NAME registered" 90 kc get node "$NODE_NAME"
 	if node_ready; then die "node $NODE_NAME is Ready before a CNI config was written"; fi
-	wait_for "kube-proxy's rules" 60 iptables -t nat -S KUBE-SERVICES
+	# kube-proxy's first sync (the kubernetes Service's rule), then a
+	# the snapshot waits until two a second apart agree (its other family).
+	wait_for "kube-proxy's rules" 60 kube_proxy_synced
 	"$SNAPSHOT" save "$STATE/network-before.json"
 	if [ "$CNI" = reference ]; then
 		log "node $NODE_NAME registered, NotReady (no CNI config yet): installing the reference plugins"

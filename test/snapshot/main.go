@@ -3,12 +3,14 @@
 // scripts (test/cluster) take it before meshwire is installed and compare
 // after everything was deleted. Not shipped.
 //
-//	snapshot save FILE                      # the host's state, as JSON
+//	snapshot save FILE [-wait D]            # the host's state, as JSON
 //	snapshot check FILE [-allow RE] [-wait D]  # compare: exit 1 and list the differences
 //
-// check retakes the snapshot until it matches FILE or -wait runs out (what
-// a runtime or kube-proxy removes settles asynchronously); lines matching
-// -allow are not differences.
+// save retakes the snapshot until two in a row agree, a second apart, or
+// -wait runs out (a kube-proxy still writing its rules); check retakes it
+// until it matches FILE or -wait runs out (what a runtime or kube-proxy
+// removes settles asynchronously); lines matching -allow are not
+// differences.
 package main
 
 import (
@@ -35,7 +37,7 @@ func main() {
 	var err error
 	switch cmd {
 	case "save":
-		err = save(file)
+		err = save(file, *wait)
 	case "check":
 		var re *regexp.Regexp
 		if *allow != "" {
@@ -60,10 +62,21 @@ func main() {
 	}
 }
 
-func save(file string) error {
+func save(file string, wait time.Duration) error {
 	s, err := harness.TakeSnapshot()
 	if err != nil {
 		return err
+	}
+	for deadline := time.Now().Add(wait); time.Now().Before(deadline); {
+		time.Sleep(time.Second)
+		next, err := harness.TakeSnapshot()
+		if err != nil {
+			return err
+		}
+		if len(s.Diff(next)) == 0 {
+			break
+		}
+		s = next
 	}
 	b, err := json.Marshal(s)
 	if err != nil {
