@@ -88,21 +88,10 @@ func BenchmarkCapture(b *testing.B) {
 			res[pl.name][i] = &captureBenchResult{}
 		}
 	}
-	nRounds := benchRounds(b) * b.N
 	start := time.Now()
-	for round := 0; round < nRounds; round++ {
-		for _, pl := range rotate(pls, round) {
-			restore := place(b, pl)
-			for k := range captureBenchConfigs {
-				i := k
-				if round%2 == 1 {
-					i = len(captureBenchConfigs) - 1 - k
-				}
-				captureBenchRun(b, h, pathRun{pl, meter}, captureBenchConfigs[i], res[pl.name][i])
-			}
-			restore()
-		}
-	}
+	nRounds := inRounds(b, pls, len(captureBenchConfigs), func(pl placement, i int) {
+		captureBenchRun(b, h, pathRun{pl, meter}, captureBenchConfigs[i], res[pl.name][i])
+	})
 	adds := captureBenchAdds(b, h)
 	b.Logf("BenchmarkCapture: %d rounds of %d configurations in %d placements and %d ADDs per mode in %s", nRounds, len(captureBenchConfigs), len(pls), captureBenchAddN*b.N, time.Since(start).Round(time.Second))
 	captureBenchReport(b, res, pls, meter, adds, nRounds)

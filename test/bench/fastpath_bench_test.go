@@ -120,20 +120,9 @@ func BenchmarkFastpath(b *testing.B) {
 		}
 	}
 	start := time.Now()
-	rounds := benchRounds(b) * b.N
-	for round := 0; round < rounds; round++ {
-		for _, pl := range rotate(pls, round) {
-			restore := place(b, pl)
-			for k := range fastpathBenchConfigs {
-				i := k
-				if round%2 == 1 {
-					i = len(fastpathBenchConfigs) - 1 - k
-				}
-				fastpathBenchRun(b, h, pathRun{pl, meter}, fastpathBenchConfigs[i], res[pl.name]["hop"][i], res[pl.name]["whole"][i])
-			}
-			restore()
-		}
-	}
+	rounds := inRounds(b, pls, len(fastpathBenchConfigs), func(pl placement, i int) {
+		fastpathBenchRun(b, h, pathRun{pl, meter}, fastpathBenchConfigs[i], res[pl.name]["hop"][i], res[pl.name]["whole"][i])
+	})
 	b.Logf("BenchmarkFastpath: %d rounds of %d configurations in %d placements in %s", rounds, len(fastpathBenchConfigs), len(pls), time.Since(start).Round(time.Second))
 	fastpathBenchReport(b, res, pls, meter, rounds)
 }

@@ -99,6 +99,28 @@ func (p placement) cpus() []int {
 // place pins every thread of the benchmark's process to p's CPUs (every
 // process started until restore inherits it) and returns what restores
 // the affinity the process had.
+// inRounds runs run for each of n configurations in every placement, in
+// benchRounds alternating rounds: the placements rotate and the
+// configurations' order reverses from one round to the next. It returns
+// the number of rounds.
+func inRounds(b *testing.B, pls []placement, n int, run func(pl placement, i int)) int {
+	rounds := benchRounds(b) * b.N
+	for round := 0; round < rounds; round++ {
+		for _, pl := range rotate(pls, round) {
+			restore := place(b, pl)
+			for k := 0; k < n; k++ {
+				i := k
+				if round%2 == 1 {
+					i = n - 1 - k
+				}
+				run(pl, i)
+			}
+			restore()
+		}
+	}
+	return rounds
+}
+
 func place(b *testing.B, p placement) (restore func()) {
 	var before unix.CPUSet
 	if err := unix.SchedGetaffinity(0, &before); err != nil {
