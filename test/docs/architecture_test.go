@@ -243,27 +243,35 @@ func TestPackagesSayWhatTheyAreFor(t *testing.T) {
 // instead.
 func checkGenerated(t *testing.T, rel, begin, end, want string) {
 	t.Helper()
-	file := filepath.Join(root, rel)
-	data, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc := string(data)
-	i, j := strings.Index(doc, begin), strings.Index(doc, end)
-	if i < 0 || j < i {
-		t.Fatalf("%s has no generated section between %q and %q", rel, begin, end)
-	}
-	have := doc[i+len(begin)+1 : j]
+	doc, from, to := section(t, rel, begin, end)
+	have := doc[from:to]
 	if have == want {
 		return
 	}
 	if os.Getenv("MESHWIRE_UPDATE_GOLDEN") != "" {
-		if err := os.WriteFile(file, []byte(doc[:i+len(begin)+1]+want+doc[j:]), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(root, rel), []byte(doc[:from]+want+doc[to:]), 0o644); err != nil {
 			t.Fatal(err)
 		}
 		return
 	}
 	t.Errorf("%s: the section after %.40q... differs from the code (regenerate: %s):\n%s", rel, begin, regenerate, lineDiff(have, want))
+}
+
+// section reads the file at rel (relative to the repository) and finds
+// the section between the lines begin and end: the file's text, and the
+// section's bounds in it (after begin's line break, up to end).
+func section(t *testing.T, rel, begin, end string) (doc string, from, to int) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(root, rel))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc = string(data)
+	i, j := strings.Index(doc, begin), strings.Index(doc, end)
+	if i < 0 || j < i+len(begin)+1 {
+		t.Fatalf("%s has no section between %q and %q", rel, begin, end)
+	}
+	return doc, i + len(begin) + 1, j
 }
 
 // lineDiff lists the lines of want that have lacks and the lines of have
@@ -295,17 +303,9 @@ type layer struct {
 // the second.
 func parseLayers(t *testing.T) []layer {
 	t.Helper()
-	data, err := os.ReadFile(filepath.Join(root, architecture))
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc := string(data)
-	i, j := strings.Index(doc, beginLayers), strings.Index(doc, endLayers)
-	if i < 0 || j < i {
-		t.Fatalf("%s has no layer table between %q and %q", architecture, beginLayers, endLayers)
-	}
+	doc, from, to := section(t, architecture, beginLayers, endLayers)
 	var layers []layer
-	for _, line := range strings.Split(doc[i+len(beginLayers):j], "\n") {
+	for _, line := range strings.Split(doc[from:to], "\n") {
 		cells := strings.Split(line, "|")
 		if len(cells) < 4 || strings.HasPrefix(strings.TrimSpace(cells[1]), "---") || strings.TrimSpace(cells[1]) == "layer" {
 			continue
