@@ -1,6 +1,6 @@
 // Package bpfnode attaches meshwire's BPF programs on the node, the one
 // sequence `meshwire fastpath attach` and the node agent (and `meshwire
-// install --fastpath`) run: the fast path (package fastpath), the meshed
+// install --fastpath`) run. It attaches the fast path (package fastpath), the meshed
 // pods' records replayed into a fast path just attached (podrecord), and
 // the ebpf interception programs (package capture). Callers report what
 // it did; it prints nothing.

@@ -1,6 +1,6 @@
 // Package loader holds what the loaders of meshwire's BPF programs (the
 // fast path, package fastpath, and ebpf interception, package capture)
-// share on the node: the node-wide lock they attach and detach under,
+// share on the node. That is the node-wide lock they attach and detach under,
 // bpffs and cgroup v2 discovery, the layout versions and pin paths, the
 // counters' reading and the errors for what the node lacks. Neither
 // loader imports the other for it. It imports nothing of meshwire but

@@ -1,6 +1,6 @@
 // Package detach runs a short job of a plugin in a detached child process
 // of the same binary, so that the plugin can return to the runtime before
-// the job's slow tail is over: the kernel work that follows a gratuitous ARP
+// the job's slow tail is over. The kernel work that follows a gratuitous ARP
 // (closing a packet socket) or a link deletion (releasing the device) waits
 // for RCU grace periods, 10 to 30 ms on a busy node, that nobody needs to
 // wait for.

@@ -1,6 +1,6 @@
 // Package golden compares what a test rendered (iptables-restore payloads,
 // nftables scripts) with a reviewed file, testdata/golden/<name>.golden in
-// the test's package, and rewrites the files instead when asked:
+// the test's package. It rewrites the files instead when asked:
 //
 //	MESHWIRE_UPDATE_GOLDEN=1 go test ./internal/intercept ./internal/ipmasq ./plugins/meta/portmap
 //

@@ -1,5 +1,5 @@
-// Package install is `meshwire install`, the node installer a DaemonSet
-// runs with the host's CNI binary and config directories mounted: it copies
+// Package installer is `meshwire install`, the node installer a DaemonSet
+// runs with the host's CNI binary and config directories mounted. It copies
 // the plugins into the binary directory, then either writes meshwire's own
 // conflist or chains meshwire's plugins (intercept, and portmap and
 // bandwidth when the config has none) at the end of the node's primary

@@ -1,9 +1,9 @@
-// Package intercept is meshwire's interception rule model: the plain
-// description of which TCP connections of a pod go through the sidecar proxy
-// (Config, with istio-iptables' meaning and defaults) and the rendering of it
-// into an iptables-restore payload per address family or one nftables
-// script, and the plan (Plan): what a namespace holds plus the wanted
-// Config give the operations. It touches no kernel; package apply reads
+// Package intercept is meshwire's interception rule model: which TCP
+// connections of a pod go through the sidecar proxy (Config, with
+// istio-iptables' meaning and defaults), its rules, and the plan (Plan).
+// The rules render into an iptables-restore payload per address family or
+// one nftables script; the plan is pure: what a namespace holds plus the
+// wanted Config give the operations. It touches no kernel; package apply reads
 // the namespace and applies the plan, for the iptables-init command and
 // the intercept CNI plugin.
 package intercept

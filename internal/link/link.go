@@ -1,5 +1,5 @@
 // Package link creates and finds the veth pairs that connect a pod's network
-// namespace to the host: the host end is named deterministically from the
+// namespace to the host. The host end is named deterministically from the
 // container id and interface name (so that DEL, GC and the chained plugins
 // find it without state), and the peer is created directly inside the pod's
 // namespace under its final name (no rename, no namespace move).

@@ -1,4 +1,4 @@
-// Package netns is meshwire's one place for network namespaces: it
+// Package netns is meshwire's one place for network namespaces. It
 // creates, finds and removes named ones, laid out like iproute2's (`ip
 // netns`: a bind mount of the namespace at /run/netns/NAME, so that `ip
 // netns exec NAME ...` works on them too), opens a plugin's CNI_NETNS for

@@ -1,6 +1,6 @@
 // Package nftnl speaks nf_tables' netlink protocol for meshwire's firewall
 // (internal/firewall and its netlink half, internal/firewall/fwnetlink,
-// its only users): reads (Conn.Get, and Conn.Dump,
+// its only users). It does reads (Conn.Get, and Conn.Dump,
 // checked against the ruleset's generation so that a dump that a commit
 // cut into is read again), transactions (appending rules, removing rules
 // by handle, removing tables) and the encoding of the few rule shapes

@@ -1,5 +1,5 @@
 // Package nodeagent is `meshwire node`, the one process a DaemonSet runs on
-// every node: it installs the plugins and keeps meshwire in the node's CNI
+// every node. It installs the plugins and keeps meshwire in the node's CNI
 // config (package installer), attaches the eBPF fast path and attaches it
 // again if it goes, serves /healthz, /readyz and Prometheus /metrics, and on
 // SIGTERM takes the config change and the fast path back.

@@ -1,5 +1,5 @@
 // Package podveth is what the veth-based interface plugins (bridge, veth)
-// share: their common config keys (config.go), the attachment they make
+// share. It holds their common config keys (config.go), the attachment they make
 // (attachment.go), the steps of ADD in the order both run them (add.go),
 // DEL (del.go), CHECK (check.go), STATUS and GC (status.go), and the
 // timing and error joining of steps that run side by side (steps.go).

@@ -1,7 +1,7 @@
 // Package recordfile keeps small JSON records on the node, one file per
 // pod attachment, so that a command killed at any instruction leaves
 // either the whole record or a temporary file its next Remove finds by
-// name: the fast path's per-pod records (podrecord) and the intercept
+// name. Its users are the fast path's per-pod records (podrecord) and the intercept
 // plugin's calls the node agent checks (meshedpods).
 package recordfile
 

@@ -1,7 +1,7 @@
 // Package refrules removes, at meshwire's DEL and GC, the firewall objects
 // the reference plugins (github.com/containernetworking/plugins v1.9.1 and
 // Debian's 1.1.1) made for pods they set up before the node switched to
-// meshwire in place: the reference's DEL will never run for those pods, so
+// meshwire in place. The reference's DEL will never run for those pods, so
 // meshwire's does what it would have done. The names are in
 // internal/attachment (reference.go).
 //

@@ -27,19 +27,7 @@ func TestMeshwireFlagTables(t *testing.T) {
 	if string(want) == string(doc) {
 		return
 	}
-	have := string(doc)
-	var diff []string
-	for _, l := range strings.Split(string(want), "\n") {
-		if !strings.Contains(have, l) {
-			diff = append(diff, "missing: "+l)
-		}
-	}
-	for _, l := range strings.Split(have, "\n") {
-		if !strings.Contains(string(want), l) {
-			diff = append(diff, "not in the code: "+l)
-		}
-	}
-	t.Fatalf("docs/meshwire.md's flag tables differ from the command definitions; run `go generate ./cmd/meshwire/cli` and commit the result:\n%s", strings.Join(diff, "\n"))
+	t.Fatalf("docs/meshwire.md's flag tables differ from the command definitions; run `go generate ./cmd/meshwire/cli` and commit the result:\n%s", lineDiff(string(doc), string(want)))
 }
 
 // TestMeshwireFlagsDocumented: every flag of every meshwire command says

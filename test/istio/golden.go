@@ -74,3 +74,19 @@ func NormalizeSave(save string) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// olderCNIForm turns the rules of an older istio-iptables, as
+// istio-cni's status-ports.txt.golden holds them, into today's: the
+// OUTPUT jump for every protocol, the status port's UDP exclusion, and
+// the tunnel port (15008) left out of the loopback redirections.
+// TestStatusPortsGolden proves these are the only differences.
+var olderCNIForm = strings.NewReplacer(
+	"-A OUTPUT -p tcp -j ISTIO_OUTPUT\n", "-A OUTPUT -j ISTIO_OUTPUT\n",
+	"-A ISTIO_OUTPUT -p tcp --dport 15020 -j RETURN\n-A ISTIO_OUTPUT -o lo -s",
+	"-A ISTIO_OUTPUT -p tcp --dport 15020 -j RETURN\n-A ISTIO_OUTPUT -p udp --dport 15020 -j RETURN\n-A ISTIO_OUTPUT -o lo -s",
+	"-A ISTIO_OUTPUT -o lo ! -d 127.0.0.1/32 -m owner ", "-A ISTIO_OUTPUT -o lo ! -d 127.0.0.1/32 -p tcp ! --dport 15008 -m owner ",
+)
+
+// CurrentCNIGolden is an istio-cni golden in an older istio-iptables'
+// form (status-ports.txt.golden) in today's.
+func CurrentCNIGolden(golden string) string { return olderCNIForm.Replace(golden) }

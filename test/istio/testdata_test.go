@@ -60,3 +60,31 @@ func TestGoldensAsCopied(t *testing.T) {
 		t.Errorf("SHA256SUMS lists %d files, want the 64 golden files of istio %s", len(listed), Release)
 	}
 }
+
+// TestStatusPortsGolden: istio-cni's status-ports golden, which no case
+// of istio-cni's test names at this release, is its basic golden with one
+// inbound exclusion more (port 22, before the status ports) once its
+// older istio-iptables form is brought to today's. So the intercept
+// plugin's rules for a pod excluding port 22 can be compared with it
+// (TestIstioCNIGoldens), and the form is all that was changed.
+func TestStatusPortsGolden(t *testing.T) {
+	read := func(name string) string {
+		b, err := File("cni/pkg/plugin/testdata/" + name + ".txt.golden")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	basic, old := read("basic"), read("status-ports")
+	const status = "-A ISTIO_INBOUND -p tcp --dport 15020 -j RETURN\n"
+	want := strings.Replace(basic, status, "-A ISTIO_INBOUND -p tcp --dport 22 -j RETURN\n"+status, 1)
+	if want == basic {
+		t.Fatalf("basic golden has no line %q", status)
+	}
+	if got := CurrentCNIGolden(old); got != want {
+		t.Errorf("status-ports golden in today's form is not the basic golden excluding port 22:\n--- got\n%s--- want\n%s", got, want)
+	}
+	if CurrentCNIGolden(basic) != basic {
+		t.Errorf("CurrentCNIGolden changes the basic golden, which is in today's form")
+	}
+}

@@ -1,5 +1,5 @@
 // Package fwfake is an in-memory firewall.Interface, in the spirit of
-// knftables' Fake: it applies the same typed transactions (ruleset.Tx) the
+// knftables' Fake. It applies the same typed transactions (ruleset.Tx) the
 // real firewall renders for the kernel, operation by operation, to tables
 // it keeps, answers the same typed reads (package installed) and shows
 // what it holds (Dump, Table). It never parses text: fixtures are loaded

@@ -1,5 +1,5 @@
 // Package fwnetlink is the firewall over netlink (internal/nftnl), for
-// everything that lives in nf_tables: typed reads of tables, chains and
+// everything that lives in nf_tables. It does typed reads of tables, chains and
 // rules (native nftables tables and an nf_tables-backed iptables' alike,
 // decoded into package installed's types), and the transactions
 // (ruleset.Tx) that are written with no tool: a table of meshwire's own

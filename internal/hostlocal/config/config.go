@@ -1,6 +1,6 @@
 // Package config decodes host-local's IPAM config with the reference
-// plugin's semantics (github.com/containernetworking/plugins host-local):
-// the "ranges" list of range sets, the legacy single range at the top level of
+// plugin's semantics (github.com/containernetworking/plugins host-local).
+// It reads the "ranges" list of range sets, the legacy single range at the top level of
 // "ipam", the "ipRanges" and "ips" capabilities, "args.cni.ips", CNI_ARGS
 // "IP=", "routes", "resolvConf" and "dataDir". Errors are CNI error objects
 // (code 7 for the config, 4 for CNI_ARGS) that name the field at fault, e.g.

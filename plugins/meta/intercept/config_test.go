@@ -38,6 +38,13 @@ func TestParseConfig(t *testing.T) {
 	if got := o.Config.OutboundCIDRsExclude; got != nil {
 		t.Fatalf("exclude %v", got)
 	}
+	// A key of 0 is uid 0, as iptables-init's -u 0 (istio-cni's "0 keeps
+	// the default" is about the pod spec's runAsUser, which no runtime
+	// passes: docs/intercept.md, test/istio's custom-uid-zero).
+	_, o, err = parseConfig(conf(`"proxy-uid":0`))
+	if err != nil || !reflect.DeepEqual(o.Config.ProxyUIDs, []uint32{0}) || !reflect.DeepEqual(o.Config.ProxyGIDs, []uint32{0}) {
+		t.Fatalf("proxy-uid 0: uids %v gids %v, %v", o.Config.ProxyUIDs, o.Config.ProxyGIDs, err)
+	}
 }
 
 func TestParseConfigErrors(t *testing.T) {

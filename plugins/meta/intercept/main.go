@@ -1,5 +1,5 @@
 // Command intercept is meshwire's interception CNI plugin, chained after an
-// interface plugin: at pod network setup it installs, in the pod's
+// interface plugin. At pod network setup it installs, in the pod's
 // namespace, the same rules iptables-init installs (so no privileged init
 // container is needed), from a config whose keys are iptables-init's flag
 // names with the same meaning and defaults. DEL removes them.
