@@ -15,6 +15,8 @@ package podrecord
 
 import (
 	"errors"
+	"maps"
+	"time"
 
 	"github.com/meshwire/meshwire/ebpf/capture/pods"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
@@ -82,12 +84,19 @@ func Apply(pinDir string, r Record) (bool, error) {
 	return true, err
 }
 
+// recheck is how long Replay waits before it reads the namespaces a second
+// time: a namespace that a runtime is passing from one holder to another
+// (a sandbox starting) may be missed by one read.
+const recheck = 100 * time.Millisecond
+
 // Replay writes every record under dir (Dir when empty) into the maps of
 // the fast path pinned at pinDir (Apply). With live (netns.Live), records
-// of namespaces it does not list are removed instead; where live cannot
-// see every holder (netns.ErrPartialView) every record is written. A file
-// that cannot be read as a record is removed (a write cut short leaves
-// only a temporary file, which goes too).
+// of namespaces it does not list are removed instead, when a second read
+// recheck later does not list them either (as the node agent's sweep
+// drops nothing on one reading); where live cannot see every holder
+// (netns.ErrPartialView) every record is written. A file that cannot be
+// read as a record is removed (a write cut short leaves only a temporary
+// file, which goes too).
 func Replay(dir, pinDir string, live func() (map[uint64]bool, error)) (Replayed, error) {
 	var done Replayed
 	recs, bad, err := read(dir)
@@ -101,10 +110,7 @@ func Replay(dir, pinDir string, live func() (map[uint64]bool, error)) (Replayed,
 	if len(recs) == 0 {
 		return done, errors.Join(errs...)
 	}
-	alive, err := live()
-	if errors.Is(err, netns.ErrPartialView) {
-		alive, err = nil, nil
-	}
+	alive, err := liveTwice(recs, live)
 	if err != nil {
 		return done, errors.Join(append(errs, err)...)
 	}
@@ -129,6 +135,32 @@ func Replay(dir, pinDir string, live func() (map[uint64]bool, error)) (Replayed,
 		}
 	}
 	return done, errors.Join(errs...)
+}
+
+// liveTwice reads the live namespaces, and once more after recheck when a
+// record's is missing: a namespace is absent only when neither read has
+// it. nil (and no error) means every namespace counts as live.
+func liveTwice(recs map[string]Record, live func() (map[uint64]bool, error)) (map[uint64]bool, error) {
+	alive, err := live()
+	for _, r := range recs {
+		if err != nil || alive[r.NetnsIno] {
+			continue
+		}
+		time.Sleep(recheck)
+		var again map[uint64]bool
+		if again, err = live(); err == nil {
+			alive = maps.Clone(alive)
+			if alive == nil {
+				alive = map[uint64]bool{}
+			}
+			maps.Copy(alive, again)
+		}
+		break
+	}
+	if errors.Is(err, netns.ErrPartialView) {
+		return nil, nil
+	}
+	return alive, err
 }
 
 // read reads every record under dir: file name -> record, and the names

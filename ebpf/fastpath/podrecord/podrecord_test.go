@@ -73,3 +73,31 @@ func TestRecords(t *testing.T) {
 		t.Fatalf("left %v after the DEL's Remove", left)
 	}
 }
+
+// TestReplayReadsTwice: a record whose namespace one read of the live
+// namespaces misses (a sandbox passing it between holders) stays when the
+// second read has it; one that neither read has goes.
+func TestReplayReadsTwice(t *testing.T) {
+	dir := t.TempDir()
+	a, b := Name("c1", "eth0"), Name("c2", "eth0")
+	for name, r := range map[string]Record{a: {Netns: 1, NetnsIno: 10}, b: {Netns: 2, NetnsIno: 20}} {
+		if err := Write(dir, name, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reads := 0
+	live := func() (map[uint64]bool, error) {
+		reads++
+		if reads == 1 {
+			return map[uint64]bool{}, nil // 10 not seen yet
+		}
+		return map[uint64]bool{10: true}, nil
+	}
+	done, err := Replay(dir, filepath.Join(t.TempDir(), "no-fast-path"), live)
+	if err != nil || done.Dropped != 1 || reads != 2 {
+		t.Fatalf("replay: %+v (%v) after %d reads, want 1 dropped after 2 reads", done, err, reads)
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 1 || left[0].Name() != a {
+		t.Fatalf("left %v, want only %s (its namespace was in the second read)", left, a)
+	}
+}
