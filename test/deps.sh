@@ -3,7 +3,8 @@
 # apt-get, only when something is missing. Idempotent and quiet when all is
 # there already. `test/deps.sh demo` installs only what `meshwire demo`
 # needs (the firewall tools its plugins and iptables-init run);
-# `test/deps.sh critest` what test/cluster/critest.sh needs.
+# `test/deps.sh critest` what test/cluster/critest.sh needs, `test/deps.sh
+# cluster` what test/cluster/cluster.sh (make cluster) needs.
 set -euo pipefail
 
 # command-or-file => Debian package
@@ -24,6 +25,25 @@ elif [[ "${1:-}" == critest ]]; then
     [/var/lib/dpkg/info/busybox-static.list]=busybox-static
     [/usr/sbin/nginx]=nginx-light # the web server image of its port mapping specs
     [flock]=util-linux
+  )
+elif [[ "${1:-}" == cluster ]]; then
+  need=(
+    [iptables-restore]=iptables
+    [ip6tables-restore]=iptables
+    [containerd]=containerd
+    [ctr]=containerd
+    [/usr/sbin/runc]=runc
+    [podman]=podman
+    [openssl]=openssl
+    [flock]=util-linux
+    [findmnt]=util-linux
+    [curl]=curl # the mesh check's NodePort request from the host
+    # what images.sh copies into the agnhost and dnsutils images
+    [/var/lib/dpkg/info/busybox-static.list]=busybox-static
+    [/usr/bin/wget]=wget
+    [/usr/bin/nc]=netcat-openbsd
+    [/usr/bin/dig]=bind9-dnsutils
+    [/usr/sbin/ip]=iproute2
   )
 else
 need=(

@@ -553,6 +553,7 @@ up() {
 	done
 	seeded && die "make test's host seed (test/seed-host.sh, comment meshwire-seed) is on this host: its kube-proxy-style KUBE-* chains would become kube-proxy's; start the cluster when the tests are done"
 	local t0=$SECONDS
+	"$repo/test/deps.sh" cluster
 	bin_dir
 	log "binaries: $BIN; pods wired by $CNI"
 	log "make build (log: /tmp/meshwire-cluster-make-build.log)"
