@@ -319,7 +319,8 @@ func InPodNft(cfg Config, pod Pod) *ruleset.Tx {
 				used = used || e.rule.Target.Chain == name
 				if e.rule.Chain == name {
 					r := e.rule
-					r.Chain, r.Counter = c.Name, true
+					// istio-nftables counts every rule but the jumps.
+					r.Chain, r.Counter = c.Name, r.Target.Kind != ruleset.Jump
 					if r.Target.Kind == ruleset.Jump {
 						r.Target.Chain = nftChain(r.Target.Chain)
 					}

@@ -108,6 +108,9 @@ func TestIstioAmbientGoldens(t *testing.T) {
 						read, istio = ambientIPTables(t, h, b, c, ipv6)
 					}
 					want := read(istio)
+					if c.host && !strings.Contains(want, ambient.ProbeSetName(ruleset.V4)+" ") && !strings.Contains(want, ambient.ProbeSetName(ruleset.V4)+" {") {
+						t.Fatalf("istio's side reads back without its probe set:\n%s", want)
+					}
 
 					got := read(ambientPod(t, h, b, c, cfg, tx))
 					if got != want {
