@@ -55,6 +55,8 @@ need=(
   [nft]=nftables
   [iperf3]=iperf3
   [conntrack]=conntrack
+  # the probe sets of ambient's host rule (test/istio)
+  [ipset]=ipset
   [/usr/lib/cni/bridge]=containernetworking-plugins
   # containerd's CRI plugin runs pods as kubelet does (test/cri): runc (crun
   # refuses the hybrid cgroup layout), podman and busybox-static make its

@@ -9,17 +9,6 @@ import (
 // meshwire versions kept their native nftables rules: removed when found.
 const LegacyNftTable = "meshwire_intercept"
 
-// baseChains describes how an iptables built-in chain is hooked in
-// nftables, as istio-nftables hooks it.
-var baseChains = map[string]ruleset.BaseChain{
-	Raw + "/PREROUTING":    {Type: "filter", Hook: "prerouting", Priority: -300},
-	Raw + "/OUTPUT":        {Type: "filter", Hook: "output", Priority: -300},
-	Mangle + "/PREROUTING": {Type: "filter", Hook: "prerouting", Priority: -150},
-	Mangle + "/OUTPUT":     {Type: "route", Hook: "output", Priority: -150},
-	NAT + "/PREROUTING":    {Type: "nat", Hook: "prerouting", Priority: -100},
-	NAT + "/OUTPUT":        {Type: "nat", Hook: "output", Priority: -100},
-}
-
 // nftTableName is the inet table holding an iptables table's rules.
 func nftTableName(table string) string {
 	for _, nt := range NftTables {
@@ -56,7 +45,7 @@ func Nft(rs *RuleSet) *ruleset.Tx {
 		def := ruleset.Table{Family: ruleset.Inet, Name: nt.Name, Comment: tag}
 		for _, c := range t.Chains {
 			ch := ruleset.Chain{Name: NftChain(c)}
-			if base, ok := baseChains[t.Name+"/"+c]; ok {
+			if base, ok := ruleset.IPTablesHook(t.Name, c); ok {
 				ch.Base = &base
 			}
 			for _, r := range nftRules(t, c) {

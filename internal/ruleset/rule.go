@@ -36,6 +36,17 @@ const (
 	MatchDstType                   // destination address type (Name: "LOCAL", "MULTICAST")
 	MatchNfproto                   // address family in an inet table (Name: "ipv4", "ipv6"; nft only)
 	MatchRaw                       // a user's own match text (Args), rendered verbatim: iptables arguments or nft words
+	// MatchProtoModule is the protocol's own match module with no option
+	// (Name: "tcp"): iptables' "-m tcp" after "-p tcp", which
+	// iptables-save prints back; nft has nothing to write for it.
+	MatchProtoModule
+	// MatchSocketExists: a local socket owns the packet (iptables' -m
+	// owner --socket-exists; iptables only, nft has no such match).
+	MatchSocketExists
+	// MatchDstSet: the destination address is in the set Name (iptables:
+	// -m set --match-set Name dst, an ipset; nft: ip daddr @Name, a set of
+	// the rule's table, ip6 for a rule of Family V6).
+	MatchDstSet
 )
 
 // Match is one condition of a rule; Not negates it.
@@ -49,7 +60,8 @@ type Match struct {
 	Host  bool
 	Ports []uint16
 	Value uint32
-	// Mask of MatchMark: (mark & Mask) == Value; 0 compares the whole mark.
+	// Mask of MatchMark and MatchConnMark: (mark & Mask) == Value; 0
+	// compares the whole mark.
 	Mask uint32
 	// Args of MatchRaw: the user's text, one argument (or nft word) each.
 	Args []string
@@ -72,6 +84,11 @@ const (
 	Masquerade      // MASQUERADE (nft: masquerade)
 	DNAT            // DNAT --to-destination To (nft: dnat ip to To)
 	None            // no target: a rule that only matches (a comment holder)
+	SNAT            // SNAT --to-source To (nft: snat ip to To)
+	// ConnmarkSet sets the bits Mask of the connection mark to Mark
+	// (CONNMARK --set-xmark Mark/Mask; nft: ct mark set ct mark & ^Mask |
+	// Mark).
+	ConnmarkSet
 )
 
 // Target is what a rule does with a matching packet.
@@ -79,12 +96,13 @@ type Target struct {
 	Kind  TargetKind
 	Chain string // Jump
 	Port  uint16 // Redirect, TProxy
-	Mark  uint32 // TProxy, SetMark
-	// Mask of SetMark: the bits set (MARK --set-xmark Mark/Mask); 0 sets
-	// the whole mark. A Mask equal to Mark sets those bits (nft: or).
+	Mark  uint32 // TProxy, SetMark, ConnmarkSet
+	// Mask of SetMark and ConnmarkSet: the bits set (MARK --set-xmark
+	// Mark/Mask); 0 sets the whole mark. A Mask equal to Mark sets those
+	// bits (nft: or).
 	Mask uint32
 	Zone uint16         // CTZone
-	To   netip.AddrPort // DNAT (port 0: the address only)
+	To   netip.AddrPort // DNAT, SNAT (port 0: the address only)
 }
 
 // Rule is one firewall rule in a backend-neutral form: its matches in the

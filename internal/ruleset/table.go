@@ -9,7 +9,17 @@ type Table struct {
 	Family  Family
 	Name    string
 	Comment string
-	Chains  []Chain
+	// Sets of the table (native nftables), declared before its chains.
+	Sets   []Set
+	Chains []Chain
+}
+
+// Set is a named set of a native nftables table, of addresses of one
+// type ("ipv4_addr", "ipv6_addr"). Declaring it keeps its elements when
+// it is there.
+type Set struct {
+	Name string
+	Type string
 }
 
 // ID names the table.
@@ -36,4 +46,23 @@ type BaseChain struct {
 	// PriorityName is how nft scripts write Priority ("srcnat",
 	// "dstnat"); "" writes the number.
 	PriorityName string
+}
+
+// IPTablesHook is how iptables-nft (and istio-nftables) hooks an
+// iptables built-in chain of a table into nftables: raw's at priority
+// -300, mangle's at -150 (its output chain of type route), nat's
+// prerouting and output at -100 and postrouting at 100.
+func IPTablesHook(table, chain string) (BaseChain, bool) {
+	b, ok := iptablesHooks[table+"/"+chain]
+	return b, ok
+}
+
+var iptablesHooks = map[string]BaseChain{
+	"raw/PREROUTING":    {Type: "filter", Hook: "prerouting", Priority: -300},
+	"raw/OUTPUT":        {Type: "filter", Hook: "output", Priority: -300},
+	"mangle/PREROUTING": {Type: "filter", Hook: "prerouting", Priority: -150},
+	"mangle/OUTPUT":     {Type: "route", Hook: "output", Priority: -150},
+	"nat/PREROUTING":    {Type: "nat", Hook: "prerouting", Priority: -100},
+	"nat/OUTPUT":        {Type: "nat", Hook: "output", Priority: -100},
+	"nat/POSTROUTING":   {Type: "nat", Hook: "postrouting", Priority: 100},
 }

@@ -14,7 +14,8 @@ json=$(cd "$tmp" && GO111MODULE=on GOFLAGS=-mod=mod go mod download -json "istio
 dir=$(printf '%s' "$json" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p')
 sum=$(printf '%s' "$json" | sed -n 's/^[[:space:]]*"Sum": "\(.*\)",$/\1/p')
 [ "$sum" = "$SUM" ] || { echo "istio.io/istio@$VERSION has hash $sum, want $SUM" >&2; exit 1; }
-for p in tools/istio-iptables/pkg/capture/testdata tools/istio-nftables/pkg/capture/testdata cni/pkg/plugin/testdata; do
+for p in tools/istio-iptables/pkg/capture/testdata tools/istio-nftables/pkg/capture/testdata cni/pkg/plugin/testdata \
+	cni/pkg/iptables/testdata cni/pkg/nftables/testdata; do
 	rm -rf "$here/testdata/$p"
 	mkdir -p "$here/testdata/$p"
 	cp "$dir/$p"/*.golden "$here/testdata/$p/"

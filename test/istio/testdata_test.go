@@ -56,8 +56,8 @@ func TestGoldensAsCopied(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if len(listed) != 27+28+9 {
-		t.Errorf("SHA256SUMS lists %d files, want the 64 golden files of istio %s", len(listed), Release)
+	if len(listed) != 27+28+9+14+14 {
+		t.Errorf("SHA256SUMS lists %d files, want the 92 golden files of istio %s", len(listed), Release)
 	}
 }
 

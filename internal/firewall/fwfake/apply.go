@@ -98,6 +98,9 @@ func (t *table) define(id ruleset.TableID, def *ruleset.Table) error {
 	if def == nil {
 		return nil
 	}
+	if len(def.Sets) > 0 {
+		return fmt.Errorf("table %s: the fake holds no sets", id)
+	}
 	if def.Comment != "" {
 		t.comment = def.Comment
 	}

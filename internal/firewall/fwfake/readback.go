@@ -99,9 +99,11 @@ func readBack(fam ruleset.Family, r ruleset.Rule, iptables bool) installed.Rule 
 var matchNames = map[ruleset.MatchKind]string{
 	ruleset.MatchConnMark: "connmark", ruleset.MatchCTState: "conntrack", ruleset.MatchCTDir: "conntrack",
 	ruleset.MatchUID: "owner", ruleset.MatchGID: "owner", ruleset.MatchEtherSrc: "ether", ruleset.MatchRaw: "raw",
+	ruleset.MatchProtoModule: "proto module", ruleset.MatchSocketExists: "owner", ruleset.MatchDstSet: "set",
 }
 
 var targetNames = map[ruleset.TargetKind]string{
 	ruleset.Return: "RETURN", ruleset.Accept: "ACCEPT", ruleset.Drop: "DROP", ruleset.ConnmarkSave: "CONNMARK",
 	ruleset.ConnmarkRestore: "CONNMARK", ruleset.CTZone: "CT", ruleset.Masquerade: "MASQUERADE",
+	ruleset.SNAT: "SNAT", ruleset.ConnmarkSet: "CONNMARK",
 }

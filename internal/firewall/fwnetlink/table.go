@@ -109,6 +109,9 @@ func ReplaceTable(c *nftnl.Conn, t ruleset.Table) error {
 // CheckTable encodes t, a table with one base chain (what is written over
 // netlink), or says why it cannot be.
 func CheckTable(t ruleset.Table) ([][]nftnl.Expr, nftnl.BaseChain, error) {
+	if len(t.Sets) > 0 {
+		return nil, nftnl.BaseChain{}, fmt.Errorf("table %s %s: sets are not written over netlink", t.Family, t.Name)
+	}
 	if len(t.Chains) != 1 || t.Chains[0].Base == nil {
 		return nil, nftnl.BaseChain{}, fmt.Errorf("table %s %s: one base chain is written over netlink, not %d chains", t.Family, t.Name, len(t.Chains))
 	}

@@ -157,7 +157,17 @@ func IPTablesArgs(r ruleset.Rule) []string {
 			}
 			mods = append(mods, strings.Fields(fmt.Sprintf("-m mark %s--mark %s", not(m.Not), v))...)
 		case ruleset.MatchConnMark:
-			mods = append(mods, strings.Fields(fmt.Sprintf("-m connmark %s--mark 0x%x", not(m.Not), m.Value))...)
+			v := fmt.Sprintf("0x%x", m.Value)
+			if m.Mask != 0 {
+				v += fmt.Sprintf("/0x%x", m.Mask)
+			}
+			mods = append(mods, strings.Fields(fmt.Sprintf("-m connmark %s--mark %s", not(m.Not), v))...)
+		case ruleset.MatchProtoModule:
+			mods = append(mods, "-m", m.Name)
+		case ruleset.MatchSocketExists:
+			mods = append(mods, strings.Fields("-m owner "+not(m.Not)+"--socket-exists")...)
+		case ruleset.MatchDstSet:
+			mods = append(mods, strings.Fields("-m set "+not(m.Not)+"--match-set "+m.Name+" dst")...)
 		case ruleset.MatchCTState:
 			mods = append(mods, strings.Fields("-m conntrack "+not(m.Not)+"--ctstate "+m.Name)...)
 		case ruleset.MatchCTDir:
@@ -232,6 +242,14 @@ func targetArgs(t ruleset.Target) []string {
 		return []string{"-j", "MASQUERADE"}
 	case ruleset.DNAT:
 		return []string{"-j", "DNAT", "--to-destination", addrPort(t.To)}
+	case ruleset.SNAT:
+		return []string{"-j", "SNAT", "--to-source", addrPort(t.To)}
+	case ruleset.ConnmarkSet:
+		mask := t.Mask
+		if mask == 0 {
+			mask = 0xffffffff
+		}
+		return []string{"-j", "CONNMARK", "--set-xmark", fmt.Sprintf("0x%x/0x%x", t.Mark, mask)}
 	case ruleset.None:
 		return nil
 	}

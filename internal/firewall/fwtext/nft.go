@@ -36,7 +36,7 @@ func nftCommand(o ruleset.Op) (string, error) {
 	case "table":
 		switch o.Verb {
 		case ruleset.Add, ruleset.Create:
-			if o.Def != nil && len(o.Def.Chains) > 0 {
+			if o.Def != nil && len(o.Def.Chains)+len(o.Def.Sets) > 0 {
 				if o.Verb == ruleset.Create {
 					return "create table " + where + "\n" + NftTable(*o.Def), nil
 				}
@@ -172,7 +172,13 @@ func nftRule(r ruleset.Rule, chainName func(string) string) string {
 				a = append(a, fmt.Sprintf("meta mark %s0x%x", op(m.Not), m.Value))
 			}
 		case ruleset.MatchConnMark:
-			a = append(a, fmt.Sprintf("ct mark %s0x%x", op(m.Not), m.Value))
+			if m.Mask != 0 {
+				a = append(a, fmt.Sprintf("ct mark & %#08x %s %#08x", m.Mask, map[bool]string{false: "==", true: "!="}[m.Not], m.Value))
+			} else {
+				a = append(a, fmt.Sprintf("ct mark %s0x%x", op(m.Not), m.Value))
+			}
+		case ruleset.MatchDstSet:
+			a = append(a, fmt.Sprintf("%s daddr %s@%s", ipOf(r.Family), op(m.Not), m.Name))
 		case ruleset.MatchCTState:
 			a = append(a, "ct state "+op(m.Not)+strings.ToLower(m.Name))
 		case ruleset.MatchCTDir:
@@ -216,11 +222,7 @@ func nftVerdict(r ruleset.Rule, chainName func(string) string, counter string) s
 	case ruleset.Redirect:
 		return fmt.Sprintf("%sredirect to :%d", counter, t.Port)
 	case ruleset.TProxy:
-		ip := "ip"
-		if r.Family == ruleset.V6 {
-			ip = "ip6"
-		}
-		return fmt.Sprintf("tproxy %s to :%d meta mark set 0x%x %saccept", ip, t.Port, t.Mark, counter)
+		return fmt.Sprintf("tproxy %s to :%d meta mark set 0x%x %saccept", ipOf(r.Family), t.Port, t.Mark, counter)
 	case ruleset.SetMark:
 		switch t.Mask {
 		case 0, 0xffffffff:
@@ -239,15 +241,35 @@ func nftVerdict(r ruleset.Rule, chainName func(string) string, counter string) s
 	case ruleset.Masquerade:
 		return counter + "masquerade"
 	case ruleset.DNAT:
-		ip := "ip"
-		if t.To.Addr().Is6() {
-			ip = "ip6"
+		return fmt.Sprintf("%sdnat %s to %s", counter, ipOf(familyOf(t.To.Addr())), addrPort(t.To))
+	case ruleset.SNAT:
+		return fmt.Sprintf("%ssnat %s to %s", counter, ipOf(familyOf(t.To.Addr())), addrPort(t.To))
+	case ruleset.ConnmarkSet:
+		mask := t.Mask
+		if mask == 0 {
+			mask = 0xffffffff
 		}
-		return fmt.Sprintf("%sdnat %s to %s", counter, ip, addrPort(t.To))
+		return fmt.Sprintf("%sct mark set ct mark & %#08x | %#08x", counter, ^mask, t.Mark)
 	case ruleset.None:
 		return strings.TrimSpace(counter)
 	}
 	return ""
+}
+
+// ipOf is the nft keyword of an address family: ip6 for V6, else ip.
+func ipOf(v ruleset.IPVersion) string {
+	if v == ruleset.V6 {
+		return "ip6"
+	}
+	return "ip"
+}
+
+// familyOf is the address family of a.
+func familyOf(a netip.Addr) ruleset.IPVersion {
+	if a.Is6() {
+		return ruleset.V6
+	}
+	return ruleset.V4
 }
 
 // NftBaseChain is the chain's declaration inside braces, as nft writes it:
@@ -261,12 +283,15 @@ func NftBaseChain(b ruleset.BaseChain) string {
 }
 
 // NftTable renders t as an nft table block ("table F N { ... }"): its
-// comment, then each chain with its hook, comment and rules.
+// comment, its sets, then each chain with its hook, comment and rules.
 func NftTable(t ruleset.Table) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "table %s %s {\n", t.Family, t.Name)
 	if t.Comment != "" {
 		fmt.Fprintf(&b, "\tcomment %s\n", Quote(t.Comment))
+	}
+	for _, s := range t.Sets {
+		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n\t}\n", s.Name, s.Type)
 	}
 	for _, c := range t.Chains {
 		fmt.Fprintf(&b, "\tchain %s {\n", c.Name)
