@@ -9,65 +9,36 @@ set -euo pipefail
 
 # command-or-file => Debian package
 declare -A need
-if [[ "${1:-}" == demo ]]; then
-  need=(
-    [iptables-restore]=iptables
-    [ip6tables-restore]=iptables
-  )
-elif [[ "${1:-}" == critest ]]; then
-  need=(
-    [iptables-restore]=iptables
-    [ip6tables-restore]=iptables
-    [containerd]=containerd
-    [ctr]=containerd
-    [/usr/sbin/runc]=runc
-    [podman]=podman
-    [/var/lib/dpkg/info/busybox-static.list]=busybox-static
-    [/usr/sbin/nginx]=nginx-light # the web server image of its port mapping specs
-    [flock]=util-linux
-  )
-elif [[ "${1:-}" == cluster ]]; then
-  need=(
-    [iptables-restore]=iptables
-    [ip6tables-restore]=iptables
-    [containerd]=containerd
-    [ctr]=containerd
-    [/usr/sbin/runc]=runc
-    [podman]=podman
-    [openssl]=openssl
-    [flock]=util-linux
-    [findmnt]=util-linux
-    [curl]=curl # the mesh check's NodePort request from the host
-    # what images.sh copies into the agnhost and dnsutils images
-    [/var/lib/dpkg/info/busybox-static.list]=busybox-static
-    [/usr/bin/wget]=wget
-    [/usr/bin/nc]=netcat-openbsd
-    [/usr/bin/dig]=bind9-dnsutils
-    [/usr/sbin/ip]=iproute2
-  )
-else
-need=(
-  [ip]=iproute2
-  [tc]=iproute2
-  [iptables]=iptables
-  [iptables-legacy]=iptables
-  [ip6tables]=iptables
-  [nft]=nftables
-  [iperf3]=iperf3
-  [conntrack]=conntrack
-  # the probe sets of ambient's host rule (test/istio)
-  [ipset]=ipset
-  [/usr/lib/cni/bridge]=containernetworking-plugins
-  # containerd's CRI plugin runs pods as kubelet does (test/cri): runc (crun
-  # refuses the hybrid cgroup layout), podman and busybox-static make its
-  # image (the static build: Debian's busybox package has /bin/busybox too).
-  [containerd]=containerd
-  [ctr]=containerd
-  [/usr/sbin/runc]=runc
-  [podman]=podman
-  [/var/lib/dpkg/info/busybox-static.list]=busybox-static
-)
-fi
+# needs KEY PACKAGE...: add to what is needed.
+needs() { while (($#)); do need[$1]=$2; shift 2; done; }
+# containerd's CRI plugin running pods as kubelet does (test/cri, critest,
+# the cluster): runc (crun refuses the hybrid cgroup layout), podman and
+# busybox-static make the images (the static build: Debian's busybox
+# package has /bin/busybox too), iptables for the plugins.
+cri() {
+  needs iptables-restore iptables ip6tables-restore iptables containerd containerd ctr containerd \
+    /usr/sbin/runc runc podman podman /var/lib/dpkg/info/busybox-static.list busybox-static
+}
+case ${1:-} in
+demo) needs iptables-restore iptables ip6tables-restore iptables ;;
+critest)
+  cri
+  needs /usr/sbin/nginx nginx-light flock util-linux # nginx: the web server image of its port mapping specs
+  ;;
+cluster)
+  cri
+  needs openssl openssl flock util-linux findmnt util-linux
+  needs curl curl # the mesh check's NodePort request from the host
+  # what images.sh copies into the agnhost and dnsutils images
+  needs /usr/bin/wget wget /usr/bin/nc netcat-openbsd /usr/bin/dig bind9-dnsutils /usr/sbin/ip iproute2
+  ;;
+*)
+  cri
+  needs ip iproute2 tc iproute2 iptables iptables iptables-legacy iptables ip6tables iptables \
+    nft nftables iperf3 iperf3 conntrack conntrack /usr/lib/cni/bridge containernetworking-plugins
+  needs ipset ipset # the probe sets of ambient's host rule (test/istio)
+  ;;
+esac
 
 missing=()
 for what in "${!need[@]}"; do
