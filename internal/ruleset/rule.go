@@ -105,6 +105,15 @@ type Target struct {
 	To   netip.AddrPort // DNAT, SNAT (port 0: the address only)
 }
 
+// SetBits is the Mask of SetMark and ConnmarkSet as the bits it sets: 0
+// means the whole mark.
+func (t Target) SetBits() uint32 {
+	if t.Mask == 0 {
+		return 0xffffffff
+	}
+	return t.Mask
+}
+
 // Rule is one firewall rule in a backend-neutral form: its matches in the
 // order they are written (nftables keeps that order; iptables-save puts
 // addresses, interfaces and the protocol first, and IPTables does too).

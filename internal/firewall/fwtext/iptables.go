@@ -227,11 +227,7 @@ func targetArgs(t ruleset.Target) []string {
 	case ruleset.TProxy:
 		return []string{"-j", "TPROXY", "--on-port", fmt.Sprint(t.Port), "--tproxy-mark", fmt.Sprintf("0x%x/0xffffffff", t.Mark)}
 	case ruleset.SetMark:
-		mask := t.Mask
-		if mask == 0 {
-			mask = 0xffffffff
-		}
-		return []string{"-j", "MARK", "--set-xmark", fmt.Sprintf("0x%x/0x%x", t.Mark, mask)}
+		return []string{"-j", "MARK", "--set-xmark", fmt.Sprintf("0x%x/0x%x", t.Mark, t.SetBits())}
 	case ruleset.ConnmarkSave:
 		return []string{"-j", "CONNMARK", "--save-mark", "--nfmask", "0xffffffff", "--ctmask", "0xffffffff"}
 	case ruleset.ConnmarkRestore:
@@ -245,11 +241,7 @@ func targetArgs(t ruleset.Target) []string {
 	case ruleset.SNAT:
 		return []string{"-j", "SNAT", "--to-source", addrPort(t.To)}
 	case ruleset.ConnmarkSet:
-		mask := t.Mask
-		if mask == 0 {
-			mask = 0xffffffff
-		}
-		return []string{"-j", "CONNMARK", "--set-xmark", fmt.Sprintf("0x%x/0x%x", t.Mark, mask)}
+		return []string{"-j", "CONNMARK", "--set-xmark", fmt.Sprintf("0x%x/0x%x", t.Mark, t.SetBits())}
 	case ruleset.None:
 		return nil
 	}

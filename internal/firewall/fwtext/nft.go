@@ -224,8 +224,8 @@ func nftVerdict(r ruleset.Rule, chainName func(string) string, counter string) s
 	case ruleset.TProxy:
 		return fmt.Sprintf("tproxy %s to :%d meta mark set 0x%x %saccept", ipOf(r.Family), t.Port, t.Mark, counter)
 	case ruleset.SetMark:
-		switch t.Mask {
-		case 0, 0xffffffff:
+		switch t.SetBits() {
+		case 0xffffffff:
 			return fmt.Sprintf("%smeta mark set 0x%x", counter, t.Mark)
 		case t.Mark:
 			return fmt.Sprintf("%smeta mark set meta mark or %#08x", counter, t.Mark)
@@ -245,11 +245,7 @@ func nftVerdict(r ruleset.Rule, chainName func(string) string, counter string) s
 	case ruleset.SNAT:
 		return fmt.Sprintf("%ssnat %s to %s", counter, ipOf(familyOf(t.To.Addr())), addrPort(t.To))
 	case ruleset.ConnmarkSet:
-		mask := t.Mask
-		if mask == 0 {
-			mask = 0xffffffff
-		}
-		return fmt.Sprintf("%sct mark set ct mark & %#08x | %#08x", counter, ^mask, t.Mark)
+		return fmt.Sprintf("%sct mark set ct mark & %#08x | %#08x", counter, ^t.SetBits(), t.Mark)
 	case ruleset.None:
 		return strings.TrimSpace(counter)
 	}
