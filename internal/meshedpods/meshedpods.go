@@ -16,11 +16,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/meshwire/meshwire/internal/netns"
 	"github.com/meshwire/meshwire/internal/recordfile"
 )
 
@@ -49,39 +49,13 @@ type Call struct {
 	NetnsDev uint64 `json:"netnsDev"`
 }
 
-// Identify returns the inode and device of the namespace at path.
-func Identify(path string) (ino, dev uint64, err error) {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return 0, 0, err
-	}
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return 0, 0, fmt.Errorf("stat %s: no inode", path)
-	}
-	return st.Ino, st.Dev, nil
-}
-
 // ErrNotThePod: the call's namespace path no longer leads to the pod's
-// namespace, or leads to the namespace of the process itself (the host's,
-// for the node agent): a repair there would capture what is not the pod's.
-var ErrNotThePod = errors.New("the recorded namespace path no longer leads to the pod's namespace")
+// namespace (netns.ErrNotThePod).
+var ErrNotThePod = netns.ErrNotThePod
 
 // CheckNetns tells whether c's namespace path still leads to the
 // namespace recorded at ADD, and not to this process's own.
-func (c Call) CheckNetns() error {
-	ino, dev, err := Identify(c.Netns)
-	if err != nil {
-		return fmt.Errorf("%w: %v", ErrNotThePod, err)
-	}
-	if ino != c.NetnsIno || dev != c.NetnsDev {
-		return ErrNotThePod
-	}
-	if sino, sdev, err := Identify("/proc/self/ns/net"); err != nil || (sino == ino && sdev == dev) {
-		return ErrNotThePod
-	}
-	return nil
-}
+func (c Call) CheckNetns() error { return netns.CheckIdentity(c.Netns, c.NetnsIno, c.NetnsDev) }
 
 // ErrGone: the pod's call is not kept (its DEL ran).
 var ErrGone = errors.New("the pod's intercept call is gone (its DEL ran)")

@@ -10,6 +10,7 @@ import (
 
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/meshedpods"
+	"github.com/meshwire/meshwire/internal/netns"
 )
 
 // fakePlugin answers the agent's calls from a table keyed by container id
@@ -49,11 +50,11 @@ func TestRepairerRepeatsADDOnDriftOnly(t *testing.T) {
 	if err := writeFile(nsPath); err != nil {
 		t.Fatal(err)
 	}
-	ino, dev, err := meshedpods.Identify(nsPath)
+	ino, dev, err := netns.Identify(nsPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	self, selfDev, err := meshedpods.Identify("/proc/self/ns/net")
+	self, selfDev, err := netns.Identify("/proc/self/ns/net")
 	if err != nil {
 		t.Fatal(err)
 	}

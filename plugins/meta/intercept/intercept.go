@@ -116,7 +116,7 @@ func keepCall(args *skel.CmdArgs) {
 	}
 	c := meshedpods.Call{ContainerID: args.ContainerID, Netns: args.Netns, IfName: args.IfName, Args: args.Args, Config: args.StdinData}
 	var err error
-	if c.NetnsIno, c.NetnsDev, err = meshedpods.Identify(args.Netns); err == nil {
+	if c.NetnsIno, c.NetnsDev, err = netns.Identify(args.Netns); err == nil {
 		err = meshedpods.Write("", c)
 	}
 	if err != nil {
