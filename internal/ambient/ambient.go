@@ -149,9 +149,9 @@ func (c Config) probeSNAT(f ruleset.IPVersion) netip.Addr {
 	return c.ProbeSNAT
 }
 
-// families are the address families of the rules: IPv4, and IPv6 too
+// Families are the address families of the rules: IPv4, and IPv6 too
 // with IPv6.
-func (c Config) families() []ruleset.IPVersion {
+func (c Config) Families() []ruleset.IPVersion {
 	if c.IPv6 {
 		return []ruleset.IPVersion{ruleset.V4, ruleset.V6}
 	}
@@ -168,7 +168,7 @@ func inPod(cfg Config, pod Pod, nft bool) []entry {
 	add := func(table string, r ruleset.Rule) { out = append(out, entry{table, r}) }
 	// each adds the rule of each family, with that family's addresses.
 	each := func(table string, r func(ruleset.IPVersion) ruleset.Rule) {
-		for _, f := range cfg.families() {
+		for _, f := range cfg.Families() {
 			fr := r(f)
 			fr.Family = f
 			add(table, fr)
@@ -258,7 +258,7 @@ func inPod(cfg Config, pod Pod, nft bool) []entry {
 func InPodIPTables(cfg Config, pod Pod) *ruleset.Tx {
 	entries := inPod(cfg, pod, false)
 	tx := &ruleset.Tx{}
-	for _, f := range cfg.families() {
+	for _, f := range cfg.Families() {
 		for _, table := range []string{mangle, nat, raw} {
 			id := ruleset.TableID{Family: f.Tables(), Name: table}
 			var rules []ruleset.Rule

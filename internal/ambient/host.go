@@ -31,7 +31,7 @@ func snat(a netip.Addr) ruleset.Target {
 // the probe address.
 func HostIPTables(cfg Config) *ruleset.Tx {
 	tx := &ruleset.Tx{}
-	for _, f := range cfg.families() {
+	for _, f := range cfg.Families() {
 		id := ruleset.TableID{Family: f.Tables(), Name: nat}
 		tx.AddChain(id, ruleset.Chain{Name: ChainPostrouting})
 		tx.InsertRule(id, 0, ruleset.Rule{Family: f, Chain: "POSTROUTING", Target: jump(ChainPostrouting)})
@@ -52,13 +52,13 @@ func HostIPTables(cfg Config) *ruleset.Tx {
 func HostNft(cfg Config) *ruleset.Tx {
 	id := ruleset.TableID{Family: ruleset.Inet, Name: NftTablePrefix + nat}
 	def := ruleset.Table{Family: id.Family, Name: id.Name}
-	for _, f := range cfg.families() {
+	for _, f := range cfg.Families() {
 		def.Sets = append(def.Sets, ruleset.Set{Name: ProbeSetName(f), Type: map[ruleset.IPVersion]string{ruleset.V4: "ipv4_addr", ruleset.V6: "ipv6_addr"}[f]})
 	}
 	base, _ := ruleset.IPTablesHook(nat, "POSTROUTING")
 	chain := ruleset.Chain{Name: "postrouting", Base: &base}
 	tx := (&ruleset.Tx{}).AddTable(def).AddChain(id, chain).FlushChain(id, chain.Name)
-	for _, f := range cfg.families() {
+	for _, f := range cfg.Families() {
 		tx.AddRule(id, ruleset.Rule{Family: f, Chain: chain.Name, Counter: true, Target: snat(cfg.probeSNAT(f)), Match: []ruleset.Match{
 			proto("tcp"),
 			{Kind: ruleset.MatchUID, Value: cfg.KubeletUID},
@@ -72,7 +72,7 @@ func HostNft(cfg Config) *ruleset.Tx {
 // calling thread's network namespace when they are not there (hash:ip,
 // with comments for the pods' names), as istio-cni creates them.
 func ProbeIPSets(cfg Config) error {
-	for _, f := range cfg.families() {
+	for _, f := range cfg.Families() {
 		family := uint8(unix.AF_INET)
 		if f == ruleset.V6 {
 			family = unix.AF_INET6

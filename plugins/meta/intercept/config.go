@@ -68,7 +68,9 @@ func parsePodConfig(data []byte, cniArgs string) (*config, flags.Options, decisi
 	if c.ExcludeNamespaces != nil {
 		excluded = *c.ExcludeNamespaces
 	}
-	d, err := decide(podFrom(c.RuntimeConfig.PodAnnotations, cniArgs), excluded, c.ProxyMetadata, args)
+	p := podFrom(c.RuntimeConfig.PodAnnotations, cniArgs)
+	d, err := decide(p, excluded, c.ProxyMetadata, args)
+	d.Pod = p
 	if err != nil {
 		return nil, flags.Options{}, d, err
 	}

@@ -89,6 +89,11 @@ func cmdAdd(args *skel.CmdArgs) error {
 				return cnierr.Wrap(err, "enter %s", args.Netns)
 			}
 		}
+		if !meshedpods.Repairing() {
+			if err := ambientAdd(args, d.Pod, prev); err != nil {
+				return err
+			}
+		}
 		return types.PrintResult(prev, conf.CNIVersion)
 	}
 	err = netns.Enter(args.Netns, func() error {
@@ -131,6 +136,9 @@ func cmdDel(args *skel.CmdArgs) error {
 	}
 	if err := meshedpods.Remove("", args.ContainerID, args.IfName); err != nil {
 		return cnierr.Wrap(err, "remove the pod's intercept call")
+	}
+	if err := ambientDel(args); err != nil {
+		return err
 	}
 	if err := podrecord.Remove("", podrecord.Name(args.ContainerID, args.IfName)); err != nil {
 		return cnierr.Wrap(err, "remove the pod's fast-path record")
@@ -273,7 +281,9 @@ func cmdStatus(args *skel.CmdArgs) error {
 }
 
 // cmdGC has nothing to collect: every rule lives in a pod's namespace and
-// goes with it.
+// goes with it. The records of the pods' namespaces (podnetns) are the
+// node agent's to collect once their namespace is gone: they are kept for
+// every network, and GC names the attachments of one.
 func cmdGC(args *skel.CmdArgs) error {
 	_, _, err := parseConfig(args.StdinData)
 	return err

@@ -70,6 +70,7 @@ type pod struct {
 	Kubernetes  bool              // annotations capability present, or K8S_POD_NAME given
 	Namespace   string            // K8S_POD_NAMESPACE
 	Name        string            // K8S_POD_NAME
+	UID         string            // K8S_POD_UID
 	Annotations map[string]string // nil: the runtime passed none
 }
 
@@ -86,6 +87,8 @@ func podFrom(annotations *map[string]string, cniArgs string) pod {
 		switch k {
 		case "K8S_POD_NAMESPACE":
 			p.Namespace = v
+		case "K8S_POD_UID":
+			p.UID = v
 		case "K8S_POD_NAME":
 			p.Name = v
 			p.Kubernetes = p.Kubernetes || v != ""
@@ -108,6 +111,8 @@ type decision struct {
 	// Fastpath is the pod's fast-path policy, for a meshed pod (its rules
 	// installed here or by its init container); nil for any other.
 	Fastpath *podpolicy.Policy
+	// Pod is what the runtime told of the pod.
+	Pod pod
 }
 
 // decide chooses whether to intercept the pod, and with which settings on

@@ -1,0 +1,328 @@
+// Package ambientnode is the node side of Istio's ambient mode, the job
+// istio-cni's node agent does: for each pod enrolled in ambient, it
+// installs the in-pod rules (package ambient) in the pod's network
+// namespace, puts the pod's addresses in the probe sets of the host rule,
+// and hands the namespace to the node's ztunnel (package zds); it undoes
+// all three when the pod leaves ambient or goes. The pods' namespaces come
+// from the intercept plugin's records (package podnetns); whether a pod is
+// enrolled is the caller's to decide (Options.Decide: the API server's
+// labels, or the pod's annotations). What it enrolled is kept on the node,
+// so that a restarted agent knows its pods again.
+package ambientnode
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"reflect"
+	"slices"
+	"sync"
+
+	"github.com/meshwire/meshwire/internal/ambient"
+	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/netns"
+	"github.com/meshwire/meshwire/internal/podnetns"
+	"github.com/meshwire/meshwire/internal/recordfile"
+)
+
+// StateDir is where the enrolled pods are kept, beside the agent's socket
+// (podnetns.Socket), in the directory the DaemonSet mounts.
+const StateDir = "/var/lib/cni/meshwire/ambient/enrolled"
+
+// Enrollment is the decision for one pod.
+type Enrollment struct {
+	Enrolled bool
+	Why      string // why (not), for logs and the plugin's answer
+	// Pod is what the pod changes of the in-pod rules.
+	Pod ambient.Pod
+	// UID and ServiceAccount are what ztunnel is told of the pod, with
+	// its names; UID is the record's when empty.
+	UID, ServiceAccount string
+}
+
+// Workload is one pod as ztunnel is told of it.
+type Workload struct {
+	UID, Name, Namespace, ServiceAccount string
+	// Netns opens the pod's namespace, checked to be the pod's.
+	Netns func() (*os.File, error)
+}
+
+// Ztunnel is the hand-off to the node's ztunnel.
+type Ztunnel interface {
+	// Add hands w to ztunnel and waits for its ack.
+	Add(ctx context.Context, w Workload) error
+	// Del tells ztunnel the pod is gone.
+	Del(ctx context.Context, uid string) error
+	// Connected tells whether a ztunnel is connected.
+	Connected() bool
+}
+
+// Options are a Node's.
+type Options struct {
+	Config ambient.Config
+	// Backend programs the in-pod rules and the host rule (the host's).
+	Backend firewall.Backend
+	// PodsDir holds the plugin's records (podnetns.Dir when empty), and
+	// StateDir the enrolled pods (StateDir when empty).
+	PodsDir, StateDir string
+	// Decide decides for one pod's record.
+	Decide func(podnetns.Pod) Enrollment
+	Ztunnel Ztunnel
+	Logf    func(format string, a ...any)
+}
+
+// enrolled is what the node keeps of an enrolled pod.
+type enrolled struct {
+	Pod        podnetns.Pod `json:"pod"`
+	Enrollment Enrollment   `json:"enrollment"`
+	Backend    string       `json:"backend"`
+}
+
+func (e enrolled) workload() Workload {
+	uid := e.Enrollment.UID
+	if uid == "" {
+		uid = e.Pod.UID
+	}
+	return Workload{UID: uid, Name: e.Pod.Name, Namespace: e.Pod.Namespace, ServiceAccount: e.Enrollment.ServiceAccount, Netns: e.Pod.Open}
+}
+
+// Stats are the node's counters.
+type Stats struct {
+	Enrolled                      int
+	Enrollments, Unenrollments    uint64
+	EnrollFailures, HandoffErrors uint64
+}
+
+// Node enrolls and unenrolls the pods of this node. Its methods are safe
+// to call at once: one pod is acted on at a time.
+type Node struct {
+	o     Options
+	mu    sync.Mutex
+	pods  map[string]enrolled // by record name
+	stats Stats
+}
+
+// New reads the pods the node enrolled before (a restart of the agent).
+func New(o Options) (*Node, error) {
+	if o.PodsDir == "" {
+		o.PodsDir = podnetns.Dir
+	}
+	if o.StateDir == "" {
+		o.StateDir = StateDir
+	}
+	if o.Logf == nil {
+		o.Logf = func(string, ...any) {}
+	}
+	if o.Decide == nil || o.Ztunnel == nil {
+		return nil, errors.New("ambient mode needs a decision and a ztunnel hand-off")
+	}
+	if o.Config.ProbeSNAT == (ambient.Config{}).ProbeSNAT {
+		o.Config.ProbeSNAT = ambient.DefaultProbeSNAT
+	}
+	if o.Config.ProbeSNATv6 == (ambient.Config{}).ProbeSNATv6 {
+		o.Config.ProbeSNATv6 = ambient.DefaultProbeSNATv6
+	}
+	recs, bad, err := recordfile.ReadAll[enrolled](o.StateDir, "the enrolled pods")
+	if err != nil {
+		return nil, err
+	}
+	for _, name := range bad {
+		_ = recordfile.Remove(o.StateDir, name, "a write of an enrolled pod cut short")
+	}
+	n := &Node{o: o, pods: map[string]enrolled{}}
+	for name, e := range recs {
+		n.pods[name] = e
+	}
+	return n, nil
+}
+
+// Config is the node's ambient configuration, defaults filled in.
+func (n *Node) Config() ambient.Config { return n.o.Config }
+
+// Workloads are the enrolled pods whose namespace is still theirs: the
+// snapshot ztunnel is sent when it connects.
+func (n *Node) Workloads() []Workload {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]Workload, 0, len(n.pods))
+	for _, e := range n.pods {
+		if e.Pod.Check() == nil {
+			out = append(out, e.workload())
+		}
+	}
+	slices.SortFunc(out, func(a, b Workload) int { return cmpStrings(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name) })
+	return out
+}
+
+func cmpStrings(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// Stats returns the node's counters.
+func (n *Node) Stats() Stats {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	s := n.stats
+	s.Enrolled = len(n.pods)
+	return s
+}
+
+// Reconcile acts on every pod: the records the plugin wrote, and the pods
+// enrolled whose record is gone.
+func (n *Node) Reconcile(ctx context.Context) error {
+	recs, err := podnetns.List(n.o.PodsDir)
+	if err != nil {
+		return err
+	}
+	names := map[string]bool{}
+	for name := range recs {
+		names[name] = true
+	}
+	n.mu.Lock()
+	for name := range n.pods {
+		names[name] = true
+	}
+	n.mu.Unlock()
+	var errs []error
+	for _, name := range slices.Sorted(mapsKeys(names)) {
+		if _, err := n.Sync(ctx, name, false); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func mapsKeys(m map[string]bool) func(func(string) bool) {
+	return func(yield func(string) bool) {
+		for k := range m {
+			if !yield(k) {
+				return
+			}
+		}
+	}
+}
+
+// Sync acts on the pod of record name (podnetns.Pod.Record) and answers
+// as the plugin's question expects. atAdd is the plugin's ADD: the pod's
+// containers have not started, and an enrolled pod is not let start
+// before ztunnel holds it (no ztunnel connected is an error).
+func (n *Node) Sync(ctx context.Context, name string, atAdd bool) (string, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	cur, was := n.pods[name]
+	rec, ok, err := podnetns.Read(n.o.PodsDir, name)
+	if err != nil {
+		return "", err
+	}
+	if ok && rec.Check() != nil {
+		// The pod's namespace went without a DEL: its record is the
+		// agent's to collect.
+		n.o.Logf("ambient: the namespace of pod %s is gone; forgetting the pod", rec.Key())
+		_ = podnetns.Remove(n.o.PodsDir, rec.ContainerID, rec.IfName)
+		ok = false
+	}
+	if !ok {
+		if was {
+			return podnetns.AnswerNotEnrolled + ": the pod is gone", n.forget(ctx, name, cur)
+		}
+		return podnetns.AnswerNotEnrolled + ": no record of the pod", nil
+	}
+	e := n.o.Decide(rec)
+	if !e.Enrolled {
+		if was {
+			if err := n.unenroll(ctx, name, cur); err != nil {
+				return "", err
+			}
+			n.o.Logf("ambient: pod %s left ambient mode: %s", rec.Key(), e.Why)
+		}
+		return podnetns.AnswerNotEnrolled + ": " + e.Why, nil
+	}
+	want := enrolled{Pod: rec, Enrollment: e, Backend: n.o.Backend.String()}
+	if was && reflect.DeepEqual(cur, want) {
+		return podnetns.AnswerEnrolled, nil
+	}
+	if atAdd && !n.o.Ztunnel.Connected() {
+		return "", fmt.Errorf("pod %s is enrolled in ambient mode and no ztunnel is connected to the node agent", rec.Key())
+	}
+	if err := n.enroll(ctx, name, want, was); err != nil {
+		n.stats.EnrollFailures++
+		return "", fmt.Errorf("enroll pod %s in ambient mode: %w", rec.Key(), err)
+	}
+	n.stats.Enrollments++
+	n.o.Logf("ambient: pod %s enrolled (%s)", rec.Key(), e.Why)
+	return podnetns.AnswerEnrolled, nil
+}
+
+// enroll installs the pod's rules (in place of any it had), adds its
+// addresses to the probe sets, keeps it, and hands it to ztunnel. A
+// failure undoes what it did.
+func (n *Node) enroll(ctx context.Context, name string, e enrolled, again bool) error {
+	if err := netns.Enter(e.Pod.Netns, func() error { return n.installInPod(ctx, e.Enrollment.Pod) }); err != nil {
+		return fmt.Errorf("install the in-pod rules: %w", err)
+	}
+	if err := n.probeAddrs(ctx, e.Pod, true); err != nil {
+		n.undo(ctx, e)
+		return err
+	}
+	if err := recordfile.Write(n.o.StateDir, name, "the enrolled pod", e); err != nil {
+		n.undo(ctx, e)
+		return err
+	}
+	n.pods[name] = e
+	if err := n.o.Ztunnel.Add(ctx, e.workload()); err != nil {
+		n.stats.HandoffErrors++
+		if again {
+			// ztunnel gets the pod at its next snapshot; its rules are
+			// in place.
+			return fmt.Errorf("hand the pod to ztunnel: %w", err)
+		}
+		delete(n.pods, name)
+		_ = recordfile.Remove(n.o.StateDir, name, "the enrolled pod")
+		n.undo(ctx, e)
+		return fmt.Errorf("hand the pod to ztunnel: %w", err)
+	}
+	return nil
+}
+
+// undo removes the rules and probe addresses of a pod whose enrollment
+// failed.
+func (n *Node) undo(ctx context.Context, e enrolled) {
+	_ = netns.Enter(e.Pod.Netns, func() error { return n.removeInPod(ctx) })
+	_ = n.probeAddrs(ctx, e.Pod, false)
+}
+
+// unenroll takes an enrolled pod whose namespace is still there out of
+// ambient mode: its rules removed, then forgotten.
+func (n *Node) unenroll(ctx context.Context, name string, e enrolled) error {
+	err := netns.Enter(e.Pod.Netns, func() error { return n.removeInPod(ctx) })
+	if err != nil && !netns.IsGone(err) {
+		return fmt.Errorf("remove the in-pod rules of pod %s: %w", e.Pod.Key(), err)
+	}
+	return n.forget(ctx, name, e)
+}
+
+// forget tells ztunnel the pod is gone, removes its probe addresses and
+// its record.
+func (n *Node) forget(ctx context.Context, name string, e enrolled) error {
+	if err := n.o.Ztunnel.Del(ctx, e.workload().UID); err != nil {
+		// Not the pod's error: ztunnel's next snapshot leaves it out.
+		n.stats.HandoffErrors++
+		n.o.Logf("ambient: tell ztunnel pod %s is gone: %v", e.Pod.Key(), err)
+	}
+	if err := n.probeAddrs(ctx, e.Pod, false); err != nil {
+		return err
+	}
+	if err := recordfile.Remove(n.o.StateDir, name, "the enrolled pod"); err != nil {
+		return err
+	}
+	delete(n.pods, name)
+	n.stats.Unenrollments++
+	return nil
+}
