@@ -28,11 +28,16 @@ var (
 	agentSocket = os.Getenv("MESHWIRE_AMBIENT_SOCKET")
 )
 
-// ambientAdd records the pod and asks the agent. The agent's error fails
-// the ADD (the runtime tries again): an enrolled pod must not start
-// unredirected. No agent answering is not an error: without ambient mode
-// there is none, and an agent that is restarting enrolls the pod from its
-// record when it is back.
+// annDataplaneMode enrolls a pod in ambient mode when the agent has no
+// API server to read the label of that name from.
+const annDataplaneMode = "istio.io/dataplane-mode"
+
+// ambientAdd records the pod and asks the agent, when the agent's ambient
+// mode is on (its socket is there: the agent leaves it when it stops).
+// The agent's error fails the ADD (the runtime tries again): an enrolled
+// pod must not start unredirected. No agent answering fails only a pod
+// its own annotation enrolls: an agent that is restarting enrolls the
+// others from their records when it is back.
 func ambientAdd(args *skel.CmdArgs, p pod, prev *current.Result) error {
 	if !p.Kubernetes || p.Name == "" || p.Namespace == "" || args.Netns == "" {
 		return nil
@@ -47,16 +52,21 @@ func ambientAdd(args *skel.CmdArgs, p pod, prev *current.Result) error {
 			rec.IPs = append(rec.IPs, a.Unmap())
 		}
 	}
-	if err := podnetns.Write(podsDir, rec); err != nil {
-		return cnierr.Wrap(err, "record the pod's namespace for the node agent")
-	}
 	if _, err := os.Stat(socketPath()); err != nil {
 		return nil // the agent's ambient mode is off
+	}
+	if err := podnetns.Write(podsDir, rec); err != nil {
+		return cnierr.Wrap(err, "record the pod's namespace for the node agent")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), podnetns.AskTimeout)
 	defer cancel()
 	answer, err := podnetns.Ask(ctx, agentSocket, rec.Record())
 	switch {
+	case errors.Is(err, podnetns.ErrNoAgent) && p.Annotations[annDataplaneMode] == "ambient":
+		// Enrolled by its own annotation: it must not start before its
+		// traffic goes to ztunnel.
+		_ = podnetns.Remove(podsDir, args.ContainerID, args.IfName)
+		return cnierr.TryAgain("ambient mode: the pod's %s annotation enrolls it, and %v", annDataplaneMode, err)
 	case errors.Is(err, podnetns.ErrNoAgent):
 		slog.Warn("the node agent does not answer; it enrolls the pod in ambient mode from its record when it is back", "error", err)
 		return nil
