@@ -67,7 +67,7 @@ type Options struct {
 	// StateDir the enrolled pods (StateDir when empty).
 	PodsDir, StateDir string
 	// Decide decides for one pod's record.
-	Decide func(podnetns.Pod) Enrollment
+	Decide  func(podnetns.Pod) Enrollment
 	Ztunnel Ztunnel
 	Logf    func(format string, a ...any)
 }
