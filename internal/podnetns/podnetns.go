@@ -116,6 +116,9 @@ func Remove(dir, id, ifName string) error {
 // Read returns the record named name (Pod.Name), or ok false when there
 // is none.
 func Read(dir, name string) (p Pod, ok bool, err error) {
+	if name == "" || strings.ContainsAny(name, "/\x00") || strings.HasPrefix(name, ".") {
+		return Pod{}, false, fmt.Errorf("%q names no record", name)
+	}
 	recs, err := List(dir)
 	if err != nil {
 		return Pod{}, false, err
