@@ -223,8 +223,9 @@ func (a *ambientAgent) reconcile(ctx context.Context) {
 // stop leaves the enrolled pods as they are (their rules, ztunnel's
 // hold on them): a restarted agent takes them back. The host rule goes
 // when no pod is enrolled.
+// The plugin's socket stays: a pod added while the agent is away is
+// told no agent answers, and enrolled from its record when it is back.
 func (a *ambientAgent) stop() {
-	_ = os.Remove(a.o.AgentSocket)
 	if a.zds != nil {
 		_ = a.zds.Close()
 	}
