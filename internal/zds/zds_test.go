@@ -24,7 +24,11 @@ type pods struct {
 }
 
 func (p *pods) set(ws ...Workload) { p.mu.Lock(); p.ws = ws; p.mu.Unlock() }
-func (p *pods) get() []Workload    { p.mu.Lock(); defer p.mu.Unlock(); return append([]Workload(nil), p.ws...) }
+func (p *pods) get() []Workload {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]Workload(nil), p.ws...)
+}
 
 // ownNetns opens the test process's own network namespace: a real netns
 // file descriptor without root.
@@ -75,7 +79,9 @@ type recorder struct {
 	fail   map[string]string
 }
 
-func newRecorder() *recorder { return &recorder{events: make(chan event, 64), fail: map[string]string{}} }
+func newRecorder() *recorder {
+	return &recorder{events: make(chan event, 64), fail: map[string]string{}}
+}
 
 func (r *recorder) Add(uid string, info *WorkloadInfo, netns *os.File) error {
 	defer netns.Close()
@@ -86,9 +92,12 @@ func (r *recorder) Add(uid string, info *WorkloadInfo, netns *os.File) error {
 	r.events <- event{kind: "add", uid: uid, info: info, ino: st.Ino}
 	return r.err(uid)
 }
-func (r *recorder) Keep(uid string) error { r.events <- event{kind: "keep", uid: uid}; return r.err(uid) }
-func (r *recorder) Del(uid string) error  { r.events <- event{kind: "del", uid: uid}; return r.err(uid) }
-func (r *recorder) SnapshotSent() error   { r.events <- event{kind: "snapshot"}; return nil }
+func (r *recorder) Keep(uid string) error {
+	r.events <- event{kind: "keep", uid: uid}
+	return r.err(uid)
+}
+func (r *recorder) Del(uid string) error { r.events <- event{kind: "del", uid: uid}; return r.err(uid) }
+func (r *recorder) SnapshotSent() error  { r.events <- event{kind: "snapshot"}; return nil }
 func (r *recorder) err(uid string) error {
 	if e := r.fail[uid]; e != "" {
 		return errors.New(e)
