@@ -22,7 +22,7 @@ type AmbientOptions struct {
 	Config ambient.Config
 	// Backend programs the rules; the host's, detected, when zero.
 	Backend firewall.Backend
-	// ZtunnelSocket is where ztunnel connects (zds.DefaultSocket when
+	// ZtunnelSocket is where ztunnel connects (zds.SocketPath when
 	// empty); AgentSocket where the intercept plugin asks
 	// (podnetns.Socket).
 	ZtunnelSocket, AgentSocket string
@@ -68,7 +68,7 @@ func zdsWorkload(w ambientnode.Workload) zds.Workload {
 // returns once it has.
 func startAmbient(ctx context.Context, o AmbientOptions, logf func(string, ...any)) (*ambientAgent, error) {
 	if o.ZtunnelSocket == "" {
-		o.ZtunnelSocket = zds.DefaultSocket
+		o.ZtunnelSocket = zds.SocketPath
 	}
 	if o.AgentSocket == "" {
 		o.AgentSocket = podnetns.Socket

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -82,7 +83,8 @@ func ambientFlags(fs *pflag.FlagSet) (on *bool, check func(installer.Options) (*
 	fs.BoolVar(&o.Config.RedirectDNS, "ambient-dns-capture", false, "ambient: send enrolled pods' DNS to ztunnel's DNS proxy (a pod's ambient.istio.io/dns-capture wins)")
 	fs.BoolVar(&o.Config.IPv6, "ambient-ipv6", false, "ambient: the IPv6 rules too")
 	backend := fs.String("ambient-backend", "", "ambient: firewall of the rules: iptables-nft, iptables-legacy or nftables (default: the host's)")
-	fs.StringVar(&o.ZtunnelSocket, "ztunnel-socket", zds.DefaultSocket, "ambient: the ZDS socket ztunnel connects to")
+	fs.StringVar(&o.ZtunnelSocket, "ztunnel-socket", zds.SocketPath, "ambient: the ZDS socket ztunnel connects to")
+	dir := fs.String("ambient-dir", "", "ambient: where the plugin's pod records (pods/), the enrolled pods and the agent's socket (ambient/) are (default /var/lib/cni/meshwire; the plugin reads MESHWIRE_PODS_DIR and MESHWIRE_AMBIENT_SOCKET)")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "ambient: kubeconfig of the API server (default: the in-cluster config when in a pod)")
 	fs.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "ambient: this node's name in the API server (default $NODE_NAME)")
 	fs.Uint32Var(&o.Config.KubeletUID, "kubelet-uid", 0, "ambient with nftables: the uid of kubelet, whose probes the host rule matches")
@@ -99,6 +101,11 @@ func ambientFlags(fs *pflag.FlagSet) (on *bool, check func(installer.Options) (*
 				return nil, fmt.Errorf("node --ambient-backend: %w", err)
 			}
 			o.Backend = b
+		}
+		if *dir != "" {
+			o.PodsDir = filepath.Join(*dir, "pods")
+			o.StateDir = filepath.Join(*dir, "ambient", "enrolled")
+			o.AgentSocket = filepath.Join(*dir, "ambient", "agent.sock")
 		}
 		o.API = o.Kubeconfig != "" || os.Getenv("KUBERNETES_SERVICE_HOST") != ""
 		return &o, nil
