@@ -14,10 +14,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"reflect"
 	"slices"
 	"sync"
+
+	"github.com/vishvananda/netlink"
 
 	"github.com/meshwire/meshwire/internal/ambient"
 	"github.com/meshwire/meshwire/internal/firewall"
@@ -39,6 +42,10 @@ type Enrollment struct {
 	// UID and ServiceAccount are what ztunnel is told of the pod, with
 	// its names; UID is the record's when empty.
 	UID, ServiceAccount string
+	// IPs are the pod's addresses (the API server's), which the probe
+	// sets hold; when none, the record's, else those of the pod's
+	// namespace.
+	IPs []netip.Addr
 }
 
 // Workload is one pod as ztunnel is told of it.
@@ -77,6 +84,8 @@ type enrolled struct {
 	Pod        podnetns.Pod `json:"pod"`
 	Enrollment Enrollment   `json:"enrollment"`
 	Backend    string       `json:"backend"`
+	// IPs are the addresses put in the probe sets.
+	IPs []netip.Addr `json:"ips"`
 }
 
 func (e enrolled) workload() Workload {
@@ -245,7 +254,7 @@ func (n *Node) Sync(ctx context.Context, name string, atAdd bool) (string, error
 		return podnetns.AnswerNotEnrolled + ": " + e.Why, nil
 	}
 	want := enrolled{Pod: rec, Enrollment: e, Backend: n.o.Backend.String()}
-	if was && reflect.DeepEqual(cur, want) {
+	if was && reflect.DeepEqual(cur.Pod, want.Pod) && reflect.DeepEqual(cur.Enrollment, want.Enrollment) && cur.Backend == want.Backend {
 		return podnetns.AnswerEnrolled, nil
 	}
 	if atAdd && !n.o.Ztunnel.Connected() {
@@ -264,10 +273,19 @@ func (n *Node) Sync(ctx context.Context, name string, atAdd bool) (string, error
 // addresses to the probe sets, keeps it, and hands it to ztunnel. A
 // failure undoes what it did.
 func (n *Node) enroll(ctx context.Context, name string, e enrolled, again bool) error {
-	if err := netns.Enter(e.Pod.Netns, func() error { return n.installInPod(ctx, e.Enrollment.Pod) }); err != nil {
+	e.IPs = podAddrs(e.Enrollment.IPs, e.Pod.IPs)
+	if err := netns.Enter(e.Pod.Netns, func() error {
+		if len(e.IPs) == 0 {
+			var err error
+			if e.IPs, err = localAddrs(); err != nil {
+				return err
+			}
+		}
+		return n.installInPod(ctx, e.Enrollment.Pod)
+	}); err != nil {
 		return fmt.Errorf("install the in-pod rules: %w", err)
 	}
-	if err := n.probeAddrs(ctx, e.Pod, true); err != nil {
+	if err := n.probeAddrs(ctx, e, true); err != nil {
 		n.undo(ctx, e)
 		return err
 	}
@@ -295,7 +313,7 @@ func (n *Node) enroll(ctx context.Context, name string, e enrolled, again bool) 
 // failed.
 func (n *Node) undo(ctx context.Context, e enrolled) {
 	_ = netns.Enter(e.Pod.Netns, func() error { return n.removeInPod(ctx) })
-	_ = n.probeAddrs(ctx, e.Pod, false)
+	_ = n.probeAddrs(ctx, e, false)
 }
 
 // unenroll takes an enrolled pod whose namespace is still there out of
@@ -316,7 +334,7 @@ func (n *Node) forget(ctx context.Context, name string, e enrolled) error {
 		n.stats.HandoffErrors++
 		n.o.Logf("ambient: tell ztunnel pod %s is gone: %v", e.Pod.Key(), err)
 	}
-	if err := n.probeAddrs(ctx, e.Pod, false); err != nil {
+	if err := n.probeAddrs(ctx, e, false); err != nil {
 		return err
 	}
 	if err := recordfile.Remove(n.o.StateDir, name, "the enrolled pod"); err != nil {
@@ -325,4 +343,37 @@ func (n *Node) forget(ctx context.Context, name string, e enrolled) error {
 	delete(n.pods, name)
 	n.stats.Unenrollments++
 	return nil
+}
+
+// podAddrs are the first of the lists of addresses that has any, less
+// loopback addresses (the loopback plugin's result).
+func podAddrs(lists ...[]netip.Addr) []netip.Addr {
+	for _, l := range lists {
+		var out []netip.Addr
+		for _, a := range l {
+			if !a.IsLoopback() {
+				out = append(out, a)
+			}
+		}
+		if len(out) > 0 {
+			return out
+		}
+	}
+	return nil
+}
+
+// localAddrs are the global unicast addresses of the calling thread's
+// namespace.
+func localAddrs() ([]netip.Addr, error) {
+	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
+	if err != nil {
+		return nil, fmt.Errorf("read the pod's addresses: %w", err)
+	}
+	var out []netip.Addr
+	for _, a := range addrs {
+		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap().IsGlobalUnicast() {
+			out = append(out, ip.Unmap())
+		}
+	}
+	return out, nil
 }

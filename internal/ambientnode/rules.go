@@ -14,7 +14,6 @@ import (
 	"github.com/meshwire/meshwire/internal/ambient"
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/firewall/installed"
-	"github.com/meshwire/meshwire/internal/podnetns"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
@@ -127,7 +126,7 @@ func (n *Node) InstallHost(ctx context.Context) error {
 	defer n.mu.Unlock()
 	var errs []error
 	for _, e := range n.pods {
-		errs = append(errs, n.probeAddrs(ctx, e.Pod, true))
+		errs = append(errs, n.probeAddrs(ctx, e, true))
 	}
 	return errors.Join(errs...)
 }
@@ -162,8 +161,9 @@ func (n *Node) RemoveHost(ctx context.Context) (bool, error) {
 // in the calling thread's namespace (the host's): the addresses of the
 // families the rules have. Adding one there, or removing one not there,
 // is not an error.
-func (n *Node) probeAddrs(ctx context.Context, p podnetns.Pod, add bool) error {
-	for _, a := range p.IPs {
+func (n *Node) probeAddrs(ctx context.Context, e enrolled, add bool) error {
+	p := e.Pod
+	for _, a := range e.IPs {
 		f := ruleset.V4
 		if a.Is6() {
 			f = ruleset.V6
