@@ -164,10 +164,14 @@ func (a *ambientAgent) decide(p podnetns.Pod) ambientnode.Enrollment {
 	if !ok {
 		return ambientnode.Enrollment{Why: "the API server shows no such pod on this node"}
 	}
-	if w.OverridesErr != nil {
-		return ambientnode.Enrollment{Why: w.OverridesErr.Error()}
+	if w.Terminating {
+		return ambientnode.Enrollment{Why: "the pod's containers are gone for good (phase Succeeded or Failed)"}
 	}
-	return ambientnode.Enrollment{Enrolled: w.Enrolled, Why: w.Why, Pod: w.Overrides, UID: w.UID, ServiceAccount: w.ServiceAccount}
+	why := w.Why
+	if w.OverridesErr != nil {
+		why += "; " + w.OverridesErr.Error()
+	}
+	return ambientnode.Enrollment{Enrolled: w.Enrolled, Why: why, Pod: w.Overrides, UID: w.UID, ServiceAccount: w.ServiceAccount, IPs: w.IPs}
 }
 
 // lookup finds the pod of a record in the API server's pods: by uid, or
@@ -208,7 +212,7 @@ func byAnnotations(p podnetns.Pod) ambientnode.Enrollment {
 	}
 	pod, err := ambient.Overrides(p.Annotations)
 	if err != nil {
-		return ambientnode.Enrollment{Why: err.Error()}
+		why += "; " + err.Error()
 	}
 	return ambientnode.Enrollment{Enrolled: true, Why: why, Pod: pod}
 }
