@@ -73,8 +73,9 @@ type Options struct {
 	// PodsDir holds the plugin's records (podnetns.Dir when empty), and
 	// StateDir the enrolled pods (StateDir when empty).
 	PodsDir, StateDir string
-	// Decide decides for one pod's record.
-	Decide  func(podnetns.Pod) Enrollment
+	// Decide decides for one pod's record; atAdd: at the pod's ADD (a
+	// pod just created, which the API server's watch may not show yet).
+	Decide  func(p podnetns.Pod, atAdd bool) Enrollment
 	Ztunnel Ztunnel
 	Logf    func(format string, a ...any)
 }
@@ -243,7 +244,7 @@ func (n *Node) Sync(ctx context.Context, name string, atAdd bool) (string, error
 		}
 		return podnetns.AnswerNotEnrolled + ": no record of the pod", nil
 	}
-	e := n.o.Decide(rec)
+	e := n.o.Decide(rec, atAdd)
 	if !e.Enrolled {
 		if was {
 			if err := n.unenroll(ctx, name, cur); err != nil {
