@@ -299,12 +299,7 @@ func labelsMatch(sel, labels map[string]string) bool {
 // pods Istio's ambient mode enrolls) with its own ServiceAccount, whose
 // token is mounted, and may do nothing else.
 func TestDaemonSetAPIAccess(t *testing.T) {
-	var a apiAccess
-	decodeKind(t, "daemonset.yaml", "DaemonSet", &a.ds)
-	decodeKind(t, "daemonset.yaml", "ServiceAccount", &a.sa)
-	decodeKind(t, "daemonset.yaml", "ClusterRole", &a.role)
-	decodeKind(t, "daemonset.yaml", "ClusterRoleBinding", &a.binding)
-	for _, p := range a.problems() {
+	for _, p := range loadAPIAccess(t).problems() {
 		t.Error(p)
 	}
 }
@@ -312,11 +307,6 @@ func TestDaemonSetAPIAccess(t *testing.T) {
 // TestAPIAccessCheckFails: the check above catches more rights, fewer
 // rights, another subject and no token.
 func TestAPIAccessCheckFails(t *testing.T) {
-	var good apiAccess
-	decodeKind(t, "daemonset.yaml", "DaemonSet", &good.ds)
-	decodeKind(t, "daemonset.yaml", "ServiceAccount", &good.sa)
-	decodeKind(t, "daemonset.yaml", "ClusterRole", &good.role)
-	decodeKind(t, "daemonset.yaml", "ClusterRoleBinding", &good.binding)
 	no := false
 	for name, spoil := range map[string]func(a *apiAccess){
 		"a write verb":          func(a *apiAccess) { a.role.Rules[0].Verbs = append(a.role.Rules[0].Verbs, "patch") },
@@ -332,11 +322,7 @@ func TestAPIAccessCheckFails(t *testing.T) {
 		"no token for the SA":   func(a *apiAccess) { a.sa.AutomountServiceAccountToken = &no },
 		"the SA somewhere else": func(a *apiAccess) { a.sa.Namespace = "default" },
 	} {
-		a := good
-		a.ds = *good.ds.DeepCopy()
-		a.sa = *good.sa.DeepCopy()
-		a.role = *good.role.DeepCopy()
-		a.binding = *good.binding.DeepCopy()
+		a := loadAPIAccess(t)
 		spoil(&a)
 		if len(a.problems()) == 0 {
 			t.Errorf("%s: the check passes", name)
@@ -351,6 +337,17 @@ type apiAccess struct {
 	sa      corev1.ServiceAccount
 	role    rbacv1.ClusterRole
 	binding rbacv1.ClusterRoleBinding
+}
+
+// loadAPIAccess reads the node agent's access from the manifest.
+func loadAPIAccess(t *testing.T) apiAccess {
+	t.Helper()
+	var a apiAccess
+	decodeKind(t, "daemonset.yaml", "DaemonSet", &a.ds)
+	decodeKind(t, "daemonset.yaml", "ServiceAccount", &a.sa)
+	decodeKind(t, "daemonset.yaml", "ClusterRole", &a.role)
+	decodeKind(t, "daemonset.yaml", "ClusterRoleBinding", &a.binding)
+	return a
 }
 
 // agentNeeds are the resources (of the core group) the agent watches;
