@@ -250,7 +250,7 @@ func testAmbient(t *testing.T, backend string) {
 
 	t.Run("opted out", func(t *testing.T) {
 		relo(t, e)
-		p := attach("uid-batch", map[string]string{"istio.io/dataplane-mode": "ambient", "ambient.istio.io/redirection": "disabled"})
+		p := attach("uid-batch", map[string]string{"istio.io/dataplane-mode": "none"})
 		p.MustAdd()
 		request(e.Pod, remote, "remote", ie.PodV4.String(), "")
 		request(peer, app, "app", ie.PeerV4.String(), "")
