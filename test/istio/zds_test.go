@@ -3,93 +3,21 @@
 package istio
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
-	"net"
+	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/meshwire/meshwire/internal/ambient"
 	"github.com/meshwire/meshwire/internal/firewall"
-	"github.com/meshwire/meshwire/internal/proxylog"
 	"github.com/meshwire/meshwire/internal/zds"
 	"github.com/meshwire/meshwire/test/harness"
+	"github.com/meshwire/meshwire/test/interceptenv"
 )
-
-// records reads a test proxy's JSON lines as they come.
-type records struct {
-	ch chan proxylog.Record
-}
-
-// startProc runs the test proxy binary with args (through `ip netns exec
-// ns` when ns is not nil) and stops it at cleanup.
-func startProc(t *testing.T, ns *harness.NS, bin string, args ...string) *records {
-	t.Helper()
-	if ns != nil {
-		args = append([]string{"netns", "exec", ns.Name, bin}, args...)
-		bin = "ip"
-	}
-	cmd := exec.Command(bin, args...)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	r := &records{ch: make(chan proxylog.Record, 256)}
-	go func() {
-		defer close(r.ch)
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			var rec proxylog.Record
-			if json.Unmarshal(sc.Bytes(), &rec) == nil {
-				r.ch <- rec
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		if t.Failed() && stderr.Len() > 0 {
-			t.Logf("%s stderr:\n%s", filepath.Base(args[len(args)-1]), stderr.String())
-		}
-	})
-	r.wait(t, "ready", func(rec proxylog.Record) bool { return rec.Event == "ready" })
-	return r
-}
-
-// wait returns the first record that matches, failing on an error record
-// or after five seconds.
-func (r *records) wait(t *testing.T, what string, match func(proxylog.Record) bool) proxylog.Record {
-	t.Helper()
-	timeout := time.After(5 * time.Second)
-	for {
-		select {
-		case rec, ok := <-r.ch:
-			if !ok {
-				t.Fatalf("waiting for %s: the process ended", what)
-			}
-			if rec.Event == "error" {
-				t.Fatalf("waiting for %s: %+v", what, rec)
-			}
-			if match(rec) {
-				return rec
-			}
-		case <-timeout:
-			t.Fatalf("no %s within 5s", what)
-		}
-	}
-}
 
 // TestZtunnelStandIn: a pod with Istio's ambient in-pod rules (meshwire's,
 // applied through its firewall) and istio-cni's in-pod policy route; the
@@ -97,39 +25,29 @@ func (r *records) wait(t *testing.T, what string, match func(proxylog.Record) bo
 // as ztunnel (-zds). Outbound TCP from the pod reaches a server on the
 // node through the stand-in's 15001 with its original destination, and
 // inbound TCP from the node reaches the pod's app through 15006, on IPv4
-// and IPv6. The stand-in reconnects to a restarted agent and keeps the
-// pod, and DelWorkload takes its listeners away (the pod's outbound TCP
-// then has nowhere to go). A second namespace stands for the node, so
+// and IPv6, the app seeing the client's address. The stand-in reconnects
+// to a restarted agent and keeps the pod, and DelWorkload takes its
+// listeners away (the pod's outbound TCP then has nowhere to go). The
+// remote namespace of interceptenv stands for the node and the world, so
 // that the host is left untouched.
 func TestZtunnelStandIn(t *testing.T) {
 	h := harness.New(t)
-	bin := filepath.Join(h.BinDir, "test", "proxy")
-	node, pod := h.NewNS("zdsnode"), h.NewNS("zdspod")
-	run := func(n *harness.NS, args ...string) {
-		t.Helper()
-		if out, err := n.Exec(args[0], args[1:]...); err != nil {
-			t.Fatalf("%s: %q: %v\n%s", n.Name, args, err, out)
-		}
-	}
-	run(pod, "ip", "link", "add", "eth0", "type", "veth", "peer", "name", "veth0", "netns", node.Name)
-	for _, s := range []struct {
-		n            *harness.NS
-		link, a4, a6 string
-	}{{pod, "eth0", "198.18.0.2/24", "fd42:6d77::2/64"}, {node, "veth0", "198.18.0.1/24", "fd42:6d77::1/64"}} {
-		run(s.n, "ip", "addr", "add", s.a4, "dev", s.link)
-		run(s.n, "ip", "addr", "add", s.a6, "dev", s.link, "nodad")
-		run(s.n, "ip", "link", "set", s.link, "up")
-		run(s.n, "ip", "link", "set", "lo", "up")
-	}
+	e := interceptenv.New(t, h)
 	// istio-cni's in-pod routing (not built in meshwire yet): packets
 	// whose connection ztunnel made (connmark 0x111, restored as mark)
 	// are delivered locally, to ztunnel's transparent socket.
 	for _, fam := range []string{"-4", "-6"} {
-		run(pod, "ip", fam, "rule", "add", "fwmark", "0x111/0xfff", "pref", "32764", "lookup", "100")
-		run(pod, "ip", fam, "route", "add", "local", "default", "dev", "lo", "table", "100")
+		for _, args := range [][]string{
+			{"ip", fam, "rule", "add", "fwmark", "0x111/0xfff", "pref", "32764", "lookup", "100"},
+			{"ip", fam, "route", "add", "local", "default", "dev", "lo", "table", "100"},
+		} {
+			if out, err := e.Pod.Exec(args[0], args[1:]...); err != nil {
+				t.Fatalf("%q: %v\n%s", args, err, out)
+			}
+		}
 	}
 	cfg := ambient.Config{IPv6: true, ProbeSNAT: ambient.DefaultProbeSNAT, ProbeSNATv6: ambient.DefaultProbeSNATv6}
-	err := pod.Do(func() error {
+	err := e.Pod.Do(func() error {
 		fw := firewall.New(firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantNFT})
 		defer fw.Close()
 		return fw.Apply(context.Background(), ambient.InPodIPTables(cfg, ambient.Pod{}))
@@ -140,10 +58,14 @@ func TestZtunnelStandIn(t *testing.T) {
 
 	const uid = "0d6c5f5e-zds-test"
 	wl := zds.Workload{UID: uid, Name: "app", Namespace: "default", ServiceAccount: "default",
-		Netns: func() (*os.File, error) { return os.Open(pod.Path) }}
+		Netns: func() (*os.File, error) { return os.Open(e.Pod.Path) }}
 	var mu sync.Mutex
 	enrolled := []zds.Workload{wl}
-	snapshot := func() []zds.Workload { mu.Lock(); defer mu.Unlock(); return append([]zds.Workload(nil), enrolled...) }
+	snapshot := func() []zds.Workload {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]zds.Workload(nil), enrolled...)
+	}
 	sock := filepath.Join(t.TempDir(), "ztunnel.sock")
 	agent := func() *zds.Server {
 		s, err := zds.Listen(sock, snapshot, t.Logf)
@@ -157,41 +79,46 @@ func TestZtunnelStandIn(t *testing.T) {
 	}
 	srv := agent()
 
-	zt := startProc(t, nil, bin, "-zds", sock, "-dns", "0")
-	zt.wait(t, "the workload added", func(r proxylog.Record) bool { return r.Event == "add" && r.Workload == uid })
-	startProc(t, node, bin, "echo", "tcp", ":9000")
-	startProc(t, pod, bin, "echo", "tcp", ":8080")
-
-	dial := func(from *harness.NS, addr, msg string) error {
-		out, err := from.Exec(bin, "dial", addr, msg)
-		if err != nil {
-			return fmt.Errorf("%v: %s", err, out)
-		}
-		if strings.TrimSpace(out) != msg {
-			return fmt.Errorf("reply %q, want %q", out, msg)
-		}
-		return nil
-	}
-	check := func(from *harness.NS, listener, addr, srcHost string) {
+	// interceptenv's pod has an app on 15008: no HBONE listener.
+	zt := e.StartZtunnel(sock, "-dns", "0", "-hbone", "0")
+	await := func(what string, match func(interceptenv.Record) bool) interceptenv.Record {
 		t.Helper()
-		msg := listener + "-" + addr
-		if err := dial(from, addr, msg); err != nil {
-			t.Fatalf("%s to %s: %v", listener, addr, err)
+		r, ok := zt.Await(func(r interceptenv.Record) bool { return r.Event == "error" || match(r) }, 5*time.Second)
+		if !ok || r.Event == "error" {
+			t.Fatalf("waiting for %s: %+v", what, r)
 		}
-		rec := zt.wait(t, listener+" "+addr, func(r proxylog.Record) bool {
-			return r.Event == "conn" && r.Listener == listener
-		})
-		host, _, _ := net.SplitHostPort(rec.Src)
-		if rec.OrigDst != addr || rec.Workload != uid || host != srcHost {
-			t.Errorf("%s to %s: stand-in logged %+v; want orig_dst %s, workload %s, src %s", listener, addr, rec, addr, uid, srcHost)
+		return r
+	}
+	await("the workload added", func(r interceptenv.Record) bool { return r.Event == "add" && r.Workload == uid })
+
+	// check makes one request from ns to dst, which must be answered by
+	// who seeing the connection come from peer, and be logged by the
+	// stand-in's listener with its original destination.
+	check := func(ns *harness.NS, listener string, dst netip.AddrPort, who string, peer netip.Addr) {
+		t.Helper()
+		mark := zt.Mark()
+		msg := listener + "-" + dst.String()
+		got, err := interceptenv.Request(ns, dst, msg)
+		if want := fmt.Sprintf("%s %s %s", who, peer, msg); err != nil || got != want {
+			t.Fatalf("%s to %s: %q, %v; want %q", listener, dst, got, err, want)
+		}
+		var recs []interceptenv.Record
+		for _, r := range zt.Since(mark) {
+			if r.Event == "conn" {
+				recs = append(recs, r)
+			}
+		}
+		if len(recs) != 1 || recs[0].Listener != listener || recs[0].OrigDst != dst.String() || recs[0].Workload != uid {
+			t.Errorf("%s to %s: the stand-in logged %+v; want one %s connection to %s of workload %s", listener, dst, recs, listener, dst, uid)
 		}
 	}
 	traffic := func() {
 		t.Helper()
-		check(pod, "outbound", "198.18.0.1:9000", "198.18.0.2")
-		check(pod, "outbound", "[fd42:6d77::1]:9000", "fd42:6d77::2")
-		check(node, "inbound", "198.18.0.2:8080", "198.18.0.1")
-		check(node, "inbound", "[fd42:6d77::2]:8080", "fd42:6d77::1")
+		for _, v6 := range []bool{false, true} {
+			check(e.Pod, "outbound", interceptenv.AP(interceptenv.Remote(v6), interceptenv.RemotePort), "remote", interceptenv.Pod(v6))
+			// The app sees the client's address: the stand-in spoofs it.
+			check(e.Remote, "inbound", interceptenv.AP(interceptenv.Pod(v6), interceptenv.AppPort), "app", interceptenv.Remote(v6))
+		}
 	}
 	traffic()
 	if got := srv.Stats(); got != (zds.Stats{Connected: 1, Handoffs: 1}) {
@@ -217,8 +144,9 @@ func TestZtunnelStandIn(t *testing.T) {
 	if err := srv.Del(context.Background(), uid); err != nil {
 		t.Fatal(err)
 	}
-	zt.wait(t, "the workload deleted", func(r proxylog.Record) bool { return r.Event == "del" && r.Workload == uid })
-	if err := dial(pod, "198.18.0.1:9000", "after-del"); err == nil {
-		t.Error("outbound TCP went through after DelWorkload")
+	await("the workload deleted", func(r interceptenv.Record) bool { return r.Event == "del" && r.Workload == uid })
+	dst := interceptenv.AP(interceptenv.RemoteV4, interceptenv.RemotePort)
+	if got, err := interceptenv.Request(e.Pod, dst, "after-del"); err == nil {
+		t.Errorf("outbound TCP went through after DelWorkload: %q", got)
 	}
 }
