@@ -132,7 +132,7 @@ func testAmbient(t *testing.T, backend string) {
 
 	agent := startAmbientNode(t, h, e.Remote, dir, backend)
 	ztunnel := func() *ie.Proxy {
-		return e.StartZtunnel(filepath.Join(dir, "ztunnel.sock"), "-dns-upstream", ie.AP(ie.RemoteV4, ie.DNSPort).String())
+		return e.StartZtunnel(filepath.Join(dir, "ztunnel.sock"), "-hbone", "0", "-dns-upstream", ie.AP(ie.RemoteV4, ie.DNSPort).String())
 	}
 	// seen waits for a record of the stand-in after mark.
 	seen := func(p *ie.Proxy, mark int, what string, match func(ie.Record) bool) {

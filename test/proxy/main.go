@@ -163,8 +163,13 @@ func main() {
 		}()
 	}
 	emit(Record{Event: "ready"})
-	// SIGUSR1 asks for a "sync" line: every record of a connection that
-	// was accepted before the signal is printed before it.
+	syncOnSignal()
+}
+
+// syncOnSignal answers SIGUSR1 with a "sync" line, for ever: every record
+// of a connection that was accepted before the signal is printed before
+// it.
+func syncOnSignal() {
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGUSR1)
 	for range sig {

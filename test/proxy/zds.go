@@ -52,6 +52,7 @@ import (
 func runZDS(path string, dns bool, upstream string, hbone int) {
 	z := &ztunnel{dns: dns, upstream: upstream, hbone: hbone, pods: map[string]*workload{}}
 	emit(Record{Event: "ready"})
+	go syncOnSignal()
 	backoff := 100 * time.Millisecond
 	for {
 		c, err := zds.Dial(path)
