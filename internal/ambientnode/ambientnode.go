@@ -1,9 +1,9 @@
-// Package ambientnode is the node side of Istio's ambient mode, the job
-// istio-cni's node agent does: for each pod enrolled in ambient, it
-// installs the in-pod rules (package ambient) in the pod's network
-// namespace, puts the pod's addresses in the probe sets of the host rule,
-// and hands the namespace to the node's ztunnel (package zds); it undoes
-// all three when the pod leaves ambient or goes. The pods' namespaces come
+// Package ambientnode enrolls the pods of a node in Istio's ambient mode,
+// the job istio-cni's node agent does. For each enrolled pod it installs
+// the in-pod rules (package ambient) and policy routing in the pod's
+// network namespace, puts the pod's addresses in the probe sets of the
+// host rule, and hands the namespace to the node's ztunnel; it undoes all
+// three when the pod leaves ambient or goes. The pods' namespaces come
 // from the intercept plugin's records (package podnetns); whether a pod is
 // enrolled is the caller's to decide (Options.Decide: the API server's
 // labels, or the pod's annotations). What it enrolled is kept on the node,
