@@ -107,10 +107,32 @@ type Stats struct {
 // Node enrolls and unenrolls the pods of this node. Its methods are safe
 // to call at once: one pod is acted on at a time.
 type Node struct {
-	o     Options
-	mu    sync.Mutex
+	o  Options
+	mu sync.Mutex // held by each pod's act (Sync), ztunnel's ack waited for
+	// pmu guards pods and stats, which Sync changes holding mu too: the
+	// snapshot a connecting ztunnel asks for (Workloads) must not wait
+	// for an act that waits for that ztunnel.
+	pmu   sync.Mutex
 	pods  map[string]enrolled // by record name
 	stats Stats
+}
+
+// setPod keeps (or, with ok false, drops) an enrolled pod.
+func (n *Node) setPod(name string, e enrolled, ok bool) {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	if ok {
+		n.pods[name] = e
+	} else {
+		delete(n.pods, name)
+	}
+}
+
+// count changes the counters.
+func (n *Node) count(f func(*Stats)) {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	f(&n.stats)
 }
 
 // New reads the pods the node enrolled before (a restart of the agent).
@@ -153,8 +175,8 @@ func (n *Node) Config() ambient.Config { return n.o.Config }
 // Workloads are the enrolled pods whose namespace is still theirs: the
 // snapshot ztunnel is sent when it connects.
 func (n *Node) Workloads() []Workload {
-	n.mu.Lock()
-	defer n.mu.Unlock()
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
 	out := make([]Workload, 0, len(n.pods))
 	for _, e := range n.pods {
 		if e.Pod.Check() == nil {
@@ -177,8 +199,8 @@ func cmpStrings(a, b string) int {
 
 // Stats returns the node's counters.
 func (n *Node) Stats() Stats {
-	n.mu.Lock()
-	defer n.mu.Unlock()
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
 	s := n.stats
 	s.Enrolled = len(n.pods)
 	return s
@@ -195,11 +217,11 @@ func (n *Node) Reconcile(ctx context.Context) error {
 	for name := range recs {
 		names[name] = true
 	}
-	n.mu.Lock()
+	n.pmu.Lock()
 	for name := range n.pods {
 		names[name] = true
 	}
-	n.mu.Unlock()
+	n.pmu.Unlock()
 	var errs []error
 	for _, name := range slices.Sorted(mapsKeys(names)) {
 		if _, err := n.Sync(ctx, name, false); err != nil {
@@ -262,10 +284,10 @@ func (n *Node) Sync(ctx context.Context, name string, atAdd bool) (string, error
 		return "", fmt.Errorf("pod %s is enrolled in ambient mode and no ztunnel is connected to the node agent", rec.Key())
 	}
 	if err := n.enroll(ctx, name, want, was); err != nil {
-		n.stats.EnrollFailures++
+		n.count(func(s *Stats) { s.EnrollFailures++ })
 		return "", fmt.Errorf("enroll pod %s in ambient mode: %w", rec.Key(), err)
 	}
-	n.stats.Enrollments++
+	n.count(func(s *Stats) { s.Enrollments++ })
 	n.o.Logf("ambient: pod %s enrolled (%s)", rec.Key(), e.Why)
 	return podnetns.AnswerEnrolled, nil
 }
@@ -294,15 +316,15 @@ func (n *Node) enroll(ctx context.Context, name string, e enrolled, again bool) 
 		n.undo(ctx, e)
 		return err
 	}
-	n.pods[name] = e
+	n.setPod(name, e, true)
 	if err := n.o.Ztunnel.Add(ctx, e.workload()); err != nil {
-		n.stats.HandoffErrors++
+		n.count(func(s *Stats) { s.HandoffErrors++ })
 		if again {
 			// ztunnel gets the pod at its next snapshot; its rules are
 			// in place.
 			return fmt.Errorf("hand the pod to ztunnel: %w", err)
 		}
-		delete(n.pods, name)
+		n.setPod(name, e, false)
 		_ = recordfile.Remove(n.o.StateDir, name, "the enrolled pod")
 		n.undo(ctx, e)
 		return fmt.Errorf("hand the pod to ztunnel: %w", err)
@@ -332,7 +354,7 @@ func (n *Node) unenroll(ctx context.Context, name string, e enrolled) error {
 func (n *Node) forget(ctx context.Context, name string, e enrolled) error {
 	if err := n.o.Ztunnel.Del(ctx, e.workload().UID); err != nil {
 		// Not the pod's error: ztunnel's next snapshot leaves it out.
-		n.stats.HandoffErrors++
+		n.count(func(s *Stats) { s.HandoffErrors++ })
 		n.o.Logf("ambient: tell ztunnel pod %s is gone: %v", e.Pod.Key(), err)
 	}
 	if err := n.probeAddrs(ctx, e, false); err != nil {
@@ -341,8 +363,8 @@ func (n *Node) forget(ctx context.Context, name string, e enrolled) error {
 	if err := recordfile.Remove(n.o.StateDir, name, "the enrolled pod"); err != nil {
 		return err
 	}
-	delete(n.pods, name)
-	n.stats.Unenrollments++
+	n.setPod(name, e, false)
+	n.count(func(s *Stats) { s.Unenrollments++ })
 	return nil
 }
 
