@@ -261,6 +261,11 @@ func (n *Node) Sync(ctx context.Context, name string, atAdd bool) (string, error
 		ok = false
 	}
 	if !ok {
+		if was && cur.Pod.Check() == nil {
+			// DEL with the namespace still there (the runtime may ADD
+			// the same sandbox again): its rules go too.
+			return podnetns.AnswerNotEnrolled + ": the pod's DEL ran", n.unenroll(ctx, name, cur)
+		}
 		if was {
 			return podnetns.AnswerNotEnrolled + ": the pod is gone", n.forget(ctx, name, cur)
 		}

@@ -162,18 +162,22 @@ func main() {
 			}))
 		}()
 	}
+	sync := syncOnSignal()
 	emit(Record{Event: "ready"})
-	syncOnSignal()
+	sync()
 }
 
-// syncOnSignal answers SIGUSR1 with a "sync" line, for ever: every record
-// of a connection that was accepted before the signal is printed before
-// it.
-func syncOnSignal() {
+// syncOnSignal takes SIGUSR1 (before "ready": a test may signal right
+// after it) and returns the loop that answers it with a "sync" line, for
+// ever: every record of a connection that was accepted before the signal
+// is printed before it.
+func syncOnSignal() func() {
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGUSR1)
-	for range sig {
-		emit(Record{Event: "sync"})
+	return func() {
+		for range sig {
+			emit(Record{Event: "sync"})
+		}
 	}
 }
 

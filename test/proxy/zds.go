@@ -51,8 +51,9 @@ import (
 // backoff.
 func runZDS(path string, dns bool, upstream string, hbone int) {
 	z := &ztunnel{dns: dns, upstream: upstream, hbone: hbone, pods: map[string]*workload{}}
+	sync := syncOnSignal()
 	emit(Record{Event: "ready"})
-	go syncOnSignal()
+	go sync()
 	backoff := 100 * time.Millisecond
 	for {
 		c, err := zds.Dial(path)
@@ -83,7 +84,10 @@ type ztunnel struct {
 func (z *ztunnel) Add(uid string, _ *zds.WorkloadInfo, netns *os.File) error {
 	z.seen[uid] = true
 	if _, ok := z.pods[uid]; ok {
+		// A snapshot replayed (the agent restarted, or reconnected):
+		// the workload's listeners stay as they are.
 		netns.Close()
+		emit(Record{Event: "held", Workload: uid})
 		return nil
 	}
 	w, err := z.start(uid, netns)
