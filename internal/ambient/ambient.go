@@ -33,6 +33,14 @@ const (
 	DNSPort              = 15053 // ztunnel's DNS proxy
 	DNSZone              = 1     // the conntrack zone of ztunnel's DNS packets
 
+	// RouteTable and RulePriority are the in-pod policy routing of
+	// ztunnel's accepted connections: "ip rule add fwmark
+	// 0x111/0xfff pref 32764 lookup 100" and "ip route add local
+	// 0.0.0.0/0 dev lo table 100", so that the app's replies to the
+	// client addresses ztunnel connects from come back to ztunnel.
+	RouteTable   = 100
+	RulePriority = 32764
+
 	// ProbeSet names the sets of the addresses of enrolled pods, one per
 	// family (ProbeSet+"-v4", ProbeSet+"-v6"): ipsets with iptables, sets
 	// of the host's nftables table with native nftables.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"slices"
 	"strings"
 
@@ -14,7 +15,8 @@ import (
 	"github.com/meshwire/meshwire/internal/ambient"
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/firewall/installed"
-	"github.com/meshwire/meshwire/internal/podnetns"
+	"github.com/meshwire/meshwire/internal/intercept"
+	"github.com/meshwire/meshwire/internal/intercept/apply"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
@@ -33,9 +35,27 @@ func (n *Node) families() []ruleset.Family {
 	return out
 }
 
+// routing is the in-pod policy routing (istio-cni's
+// AddInpodMarkIPRule and AddLoopbackRoutes): for IPv6 only when the
+// pod's lo has IPv6.
+func (n *Node) routing() []intercept.Step {
+	var steps []intercept.Step
+	for _, f := range n.o.Config.Families() {
+		steps = append(steps, intercept.Step{Kind: intercept.StepRule, Family: f, Mark: ambient.ConnMark, Mask: ambient.MarkMask, Priority: ambient.RulePriority, Table: ambient.RouteTable})
+		if b, err := os.ReadFile("/proc/sys/net/ipv6/conf/lo/disable_ipv6"); f == ruleset.V6 && err == nil && strings.TrimSpace(string(b)) == "1" {
+			continue
+		}
+		steps = append(steps, intercept.Step{Kind: intercept.StepLocalRoute, Family: f, Table: ambient.RouteTable})
+	}
+	return steps
+}
+
 // installInPod installs the in-pod rules of pod in the calling thread's
-// namespace, in place of any there.
+// namespace, in place of any there, and the policy routing.
 func (n *Node) installInPod(ctx context.Context, pod ambient.Pod) error {
+	if err := apply.ApplySteps(n.routing()); err != nil {
+		return fmt.Errorf("in-pod routing: %w", err)
+	}
 	fw := firewall.New(n.o.Backend)
 	defer fw.Close()
 	if n.nft() {
@@ -51,6 +71,9 @@ func (n *Node) installInPod(ctx context.Context, pod ambient.Pod) error {
 // removeInPod removes the in-pod rules from the calling thread's
 // namespace; none there is not an error.
 func (n *Node) removeInPod(ctx context.Context) error {
+	if err := apply.RemoveSteps(n.routing()); err != nil {
+		return fmt.Errorf("in-pod routing: %w", err)
+	}
 	fw := firewall.New(n.o.Backend)
 	defer fw.Close()
 	if n.nft() {
@@ -127,7 +150,7 @@ func (n *Node) InstallHost(ctx context.Context) error {
 	defer n.mu.Unlock()
 	var errs []error
 	for _, e := range n.pods {
-		errs = append(errs, n.probeAddrs(ctx, e.Pod, true))
+		errs = append(errs, n.probeAddrs(ctx, e, true))
 	}
 	return errors.Join(errs...)
 }
@@ -162,8 +185,9 @@ func (n *Node) RemoveHost(ctx context.Context) (bool, error) {
 // in the calling thread's namespace (the host's): the addresses of the
 // families the rules have. Adding one there, or removing one not there,
 // is not an error.
-func (n *Node) probeAddrs(ctx context.Context, p podnetns.Pod, add bool) error {
-	for _, a := range p.IPs {
+func (n *Node) probeAddrs(ctx context.Context, e enrolled, add bool) error {
+	p := e.Pod
+	for _, a := range e.IPs {
 		f := ruleset.V4
 		if a.Is6() {
 			f = ruleset.V6

@@ -23,6 +23,9 @@ type Step struct {
 	Family Family
 	Mark   uint32
 	Table  uint32
+	// Mask and Priority of a rule: none (the whole mark, the kernel's
+	// choice) when zero; ambient mode's rule has both.
+	Mask, Priority uint32
 }
 
 // String renders the step as the equivalent iproute2 command (for dry-run
@@ -30,7 +33,14 @@ type Step struct {
 func (s Step) String() string {
 	switch s.Kind {
 	case StepRule:
-		return fmt.Sprintf("ip -%d rule add fwmark 0x%x lookup %d", s.Family, s.Mark, s.Table)
+		mark := fmt.Sprintf("0x%x", s.Mark)
+		if s.Mask != 0 {
+			mark += fmt.Sprintf("/0x%x", s.Mask)
+		}
+		if s.Priority != 0 {
+			mark += fmt.Sprintf(" pref %d", s.Priority)
+		}
+		return fmt.Sprintf("ip -%d rule add fwmark %s lookup %d", s.Family, mark, s.Table)
 	case StepLocalRoute:
 		dst := "0.0.0.0/0"
 		if s.Family == V6 {

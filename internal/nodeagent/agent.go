@@ -39,6 +39,8 @@ type Options struct {
 	// Interval is how often the agent checks the fast path and reads the
 	// log (default 10s).
 	Interval time.Duration
+	// Ambient, when set, turns on Istio's ambient mode.
+	Ambient *AmbientOptions
 	// Logf writes one line.
 	Logf func(format string, a ...any)
 }
@@ -60,6 +62,10 @@ type Agent struct {
 	repairing atomic.Bool    // a round of rep is running
 	repairs   sync.WaitGroup // the rounds running, waited for at stop
 	repairCtx context.Context
+
+	amb            atomic.Pointer[ambientAgent] // nil without Options.Ambient
+	reconciling    atomic.Bool                  // a round of amb's is running
+	reconcileAgain atomic.Bool                  // and another is wanted after it
 
 	lastSweep                    time.Time // of the registrations (FastpathOwner.Collect)
 	sweepErr                     error
@@ -132,6 +138,16 @@ func (a *Agent) Run(ctx context.Context) error {
 	repairCtx, stopRepairs := context.WithCancel(ctx)
 	defer stopRepairs()
 	a.repairCtx = repairCtx
+	var kick chan struct{}
+	if a.o.Ambient != nil {
+		amb, err := startAmbient(repairCtx, *a.o.Ambient, a.o.Logf)
+		if err != nil {
+			return err
+		}
+		a.amb.Store(amb)
+		defer amb.stop()
+		kick = amb.kick
+	}
 	a.tick()
 	instCtx, stopInstaller := context.WithCancel(ctx)
 	defer stopInstaller()
@@ -154,6 +170,8 @@ loop:
 			break loop
 		case <-t.C:
 			a.tick()
+		case <-kick:
+			a.startReconcile()
 		}
 	}
 	a.mu.Lock()
@@ -201,6 +219,28 @@ func (a *Agent) tick() {
 		a.plog.read()
 	}
 	a.startRepair()
+	a.startReconcile()
+}
+
+// startReconcile starts a round of ambient mode's pods in the background
+// unless one is running.
+func (a *Agent) startReconcile() {
+	amb := a.amb.Load()
+	if amb == nil || a.repairCtx == nil {
+		return
+	}
+	if !a.reconciling.CompareAndSwap(false, true) {
+		a.reconcileAgain.Store(true)
+		return
+	}
+	a.repairs.Add(1)
+	go func() {
+		defer a.repairs.Done()
+		defer a.reconciling.Store(false)
+		for again := true; again && a.repairCtx.Err() == nil; again = a.reconcileAgain.Swap(false) {
+			_ = cnierr.Catch(func() error { amb.reconcile(a.repairCtx); return nil })
+		}
+	}()
 }
 
 // startRepair starts a round of the meshed pods' checks in the background
@@ -303,6 +343,9 @@ func (a *Agent) metrics(w http.ResponseWriter, _ *http.Request) {
 	e.single("meshwire_intercept_repair_failures_total", "counter", "Repairs that failed (see the agent's log).", float64(rs.Failures))
 	e.single("meshwire_intercept_check_errors_total", "counter", "Checks of a meshed pod that failed otherwise than on drift (see the agent's log).", float64(rs.Errors))
 
+	if amb := a.amb.Load(); amb != nil {
+		amb.writeMetrics(&e)
+	}
 	a.writeFastpath(&e)
 	if a.plog != nil {
 		a.plog.read()

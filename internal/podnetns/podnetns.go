@@ -12,11 +12,13 @@ package podnetns
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"strings"
 	"time"
 
@@ -113,18 +115,23 @@ func Remove(dir, id, ifName string) error {
 	return recordfile.Remove(dirOf(dir), recordfile.Name(id, ifName), what)
 }
 
-// Read returns the record named name (Pod.Name), or ok false when there
+// Read returns the record named name (Pod.Record), or ok false when there
 // is none.
 func Read(dir, name string) (p Pod, ok bool, err error) {
 	if name == "" || strings.ContainsAny(name, "/\x00") || strings.HasPrefix(name, ".") {
 		return Pod{}, false, fmt.Errorf("%q names no record", name)
 	}
-	recs, err := List(dir)
-	if err != nil {
-		return Pod{}, false, err
+	b, err := os.ReadFile(filepath.Join(dirOf(dir), name))
+	if errors.Is(err, os.ErrNotExist) {
+		return Pod{}, false, nil
 	}
-	p, ok = recs[name]
-	return p, ok, nil
+	if err == nil {
+		err = json.Unmarshal(b, &p)
+	}
+	if err != nil {
+		return Pod{}, false, fmt.Errorf("read %s %s: %w", what, name, err)
+	}
+	return p, true, nil
 }
 
 // List returns every record under dir, by name. Files that are not

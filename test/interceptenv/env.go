@@ -154,22 +154,7 @@ func (e *Env) AddVM() *harness.NS {
 	t := e.T
 	t.Helper()
 	vm := e.H.NewNS("mwti-vm")
-	vf, err := os.Open(vm.Path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer vf.Close()
-	pnl, vnl := e.Pod.Netlink(), vm.Netlink()
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "mwtik0"}, PeerName: "mwtiv0", PeerNamespace: netlink.NsFd(int(vf.Fd()))}
-	if err := pnl.LinkAdd(veth); err != nil {
-		t.Fatalf("create the VM's veth pair: %v", err)
-	}
-	e.setupLink(pnl, "mwtik0", VMGateway.String()+"/24")
-	e.setupLink(vnl, "mwtiv0", VMAddr.String()+"/24")
-	v0, _ := vnl.LinkByName("mwtiv0")
-	if err := vnl.RouteAdd(&netlink.Route{LinkIndex: v0.Attrs().Index, Gw: VMGateway.AsSlice()}); err != nil {
-		t.Fatalf("VM default route: %v", err)
-	}
+	e.linkTo(e.Pod, vm, "mwtik0", "mwtiv0", VMGateway.String()+"/24", VMAddr.String()+"/24", VMGateway)
 	// The pod routes the VM's traffic it does not capture (as KubeVirt's
 	// pod network does), and the remote knows the way back.
 	if err := e.Pod.Do(func() error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644) }); err != nil {
@@ -182,6 +167,51 @@ func (e *Env) AddVM() *harness.NS {
 		t.Fatalf("remote route to the VM: %v", err)
 	}
 	return vm
+}
+
+// Peer addresses: a namespace behind the remote, whose connections to the
+// pod the remote routes (another pod of the node, as the node sees it).
+var (
+	PeerV4        = netip.MustParseAddr("198.18.66.2")
+	PeerGatewayV4 = netip.MustParseAddr("198.18.66.1")
+)
+
+// AddPeer creates the peer namespace and its link to the remote (mwtip0
+// in the remote, mwtip1 in the peer, default route via the remote), and
+// turns on forwarding in the remote.
+func (e *Env) AddPeer() *harness.NS {
+	t := e.T
+	t.Helper()
+	peer := e.H.NewNS("mwti-peer")
+	e.linkTo(e.Remote, peer, "mwtip0", "mwtip1", PeerGatewayV4.String()+"/24", PeerV4.String()+"/24", PeerGatewayV4)
+	if err := e.Remote.Do(func() error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644) }); err != nil {
+		t.Fatalf("forwarding in the remote: %v", err)
+	}
+	return peer
+}
+
+// linkTo links namespace from to a new namespace to with a veth pair
+// (name in from with address fromAddr, peerName in to with toAddr) and
+// gives to a default route via gw.
+func (e *Env) linkTo(from, to *harness.NS, name, peerName, fromAddr, toAddr string, gw netip.Addr) {
+	t := e.T
+	t.Helper()
+	tf, err := os.Open(to.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tf.Close()
+	fnl, tnl := from.Netlink(), to.Netlink()
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: peerName, PeerNamespace: netlink.NsFd(int(tf.Fd()))}
+	if err := fnl.LinkAdd(veth); err != nil {
+		t.Fatalf("create veth pair %s: %v", name, err)
+	}
+	e.setupLink(fnl, name, fromAddr)
+	e.setupLink(tnl, peerName, toAddr)
+	l, _ := tnl.LinkByName(peerName)
+	if err := tnl.RouteAdd(&netlink.Route{LinkIndex: l.Attrs().Index, Gw: gw.AsSlice()}); err != nil {
+		t.Fatalf("default route of %s: %v", to.Name, err)
+	}
 }
 
 // Family-specific addresses.
@@ -536,8 +566,18 @@ func (e *Env) StartEcho(ns *harness.NS, uid, gid uint32, network, addr string) *
 	return e.start(ns, e.command(uid, gid, false, "echo", network, addr), "the echo server")
 }
 
-// start runs the test proxy binary as cmd in ns and waits until it says
-// it is ready.
+// StartZtunnel runs the test proxy as a ztunnel stand-in (-zds PATH, the
+// node agent's ZDS socket) as root in the test's own namespace, the
+// node's, as ztunnel runs: it listens in the pods the agent hands it.
+// extra flags are passed on.
+func (e *Env) StartZtunnel(socket string, extra ...string) *Proxy {
+	e.T.Helper()
+	cmd := exec.Command(e.binary("proxy"), append([]string{"-zds", socket}, extra...)...)
+	return e.start(nil, cmd, "the ztunnel stand-in")
+}
+
+// start runs the test proxy binary as cmd in ns (nil: the test's own
+// namespace) and waits until it says it is ready.
 func (e *Env) start(ns *harness.NS, cmd *exec.Cmd, what string) *Proxy {
 	e.T.Helper()
 	stdout, err := cmd.StdoutPipe()
@@ -547,7 +587,11 @@ func (e *Env) start(ns *harness.NS, cmd *exec.Cmd, what string) *Proxy {
 	cmd.Stderr = os.Stderr
 	p := &Proxy{cmd: cmd}
 	p.cond = sync.NewCond(&p.mu)
-	if err := ns.Do(cmd.Start); err != nil {
+	start := cmd.Start
+	if ns != nil {
+		start = func() error { return ns.Do(cmd.Start) }
+	}
+	if err := start(); err != nil {
 		e.T.Fatalf("start %s: %v", what, err)
 	}
 	e.T.Cleanup(func() {
@@ -656,4 +700,24 @@ func synced(recs []Record) bool {
 		}
 	}
 	return false
+}
+
+// Await returns the first record so far or within timeout that match
+// accepts; false when none came.
+func (p *Proxy) Await(match func(Record) bool, timeout time.Duration) (Record, bool) {
+	deadline := time.Now().Add(timeout)
+	for {
+		p.mu.Lock()
+		for _, r := range p.recs {
+			if match(r) {
+				p.mu.Unlock()
+				return r, true
+			}
+		}
+		p.mu.Unlock()
+		if time.Now().After(deadline) {
+			return Record{}, false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -12,6 +12,7 @@
 // needs CAP_NET_ADMIN (an ambient capability) for IP_TRANSPARENT.
 //
 //	proxy [-mode redirect|tproxy] [-outbound 15001] [-inbound 15006] [-dns 15053 -dns-upstream ADDR:53] [-copy loop|splice] [-answer] [-unix PATH [-unix-to PATH]] [-status PORT]
+//	proxy -zds /var/run/ztunnel/ztunnel.sock [-hbone 15008|0] [-dns 15053|0 -dns-upstream ADDR:53] [-copy loop|splice] [-answer]
 //
 // -copy splice copies with io.Copy between the two TCP connections, which
 // Go turns into splice(2) (the receiver the sockmap fast path must not
@@ -22,6 +23,10 @@
 // it gets there, or with -unix-to forwards it to the Unix socket at that
 // path: the same process and copy loop with no TCP, no netfilter and no
 // BPF on the way, which the benchmarks time beside the interception modes.
+//
+// -zds PATH makes it a ztunnel stand-in for Istio ambient mode (zds.go):
+// it listens in no namespace of its own but in each pod's that the node
+// agent hands it over ZDS, on ztunnel's in-pod ports.
 //
 // -status PORT answers HTTP 200 "ready" on every path of PORT, as Envoy's
 // status port (15021, /healthz/ready) does for kubelet's probes; those
@@ -89,6 +94,8 @@ func main() {
 	unixPath := flag.String("unix", "", "also listen on a Unix stream socket at this path (a benchmark reference)")
 	unixTo := flag.String("unix-to", "", "forward what -unix accepts to the Unix socket at this path instead of echoing it")
 	statusPort := flag.Int("status", 0, "answer HTTP 200 on this port, as a sidecar's status port (0: none)")
+	zdsPath := flag.String("zds", "", "be a ztunnel stand-in: take pods' netns from the node agent's ZDS socket at this path and listen in each")
+	hbone := flag.Int("hbone", 15008, "with -zds: HBONE port to listen on in each pod (0: none)")
 	flag.Parse()
 	switch *copyMode {
 	case "loop":
@@ -98,6 +105,10 @@ func main() {
 		fatal(fmt.Errorf("-copy %q: want loop or splice", *copyMode))
 	}
 	tproxy := *mode == "tproxy"
+	if *zdsPath != "" {
+		runZDS(*zdsPath, *dnsPort != 0, *upstream, *hbone)
+		return
+	}
 
 	var lns []net.Listener
 	for _, fam := range []string{"tcp4", "tcp6"} {
@@ -110,14 +121,14 @@ func main() {
 			fatal(err)
 		}
 		lns = append(lns, out, in)
-		go serve(out, "outbound", false)
-		go serve(in, "inbound", tproxy)
+		go serve(out, "outbound", false, nil)
+		go serve(in, "inbound", tproxy, nil)
 		if *dnsPort != 0 {
 			d, err := listen(fam, *dnsPort, false)
 			if err != nil {
 				fatal(err)
 			}
-			go serve(d, "dns-tcp", false)
+			go serve(d, "dns-tcp", false, nil)
 			// On loopback, where REDIRECT sends the app's queries, so
 			// that answers leave from the address conntrack expects.
 			udp, lo := "udp4", "127.0.0.1"
@@ -128,7 +139,7 @@ func main() {
 			if err != nil {
 				fatal(err)
 			}
-			go serveDNS(pc, *upstream)
+			go serveDNS(pc, *upstream, nil)
 		}
 	}
 	if *unixPath != "" {
@@ -151,13 +162,22 @@ func main() {
 			}))
 		}()
 	}
+	sync := syncOnSignal()
 	emit(Record{Event: "ready"})
-	// SIGUSR1 asks for a "sync" line: every record of a connection that
-	// was accepted before the signal is printed before it.
+	sync()
+}
+
+// syncOnSignal takes SIGUSR1 (before "ready": a test may signal right
+// after it) and returns the loop that answers it with a "sync" line, for
+// ever: every record of a connection that was accepted before the signal
+// is printed before it.
+func syncOnSignal() func() {
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGUSR1)
-	for range sig {
-		emit(Record{Event: "sync"})
+	return func() {
+		for range sig {
+			emit(Record{Event: "sync"})
+		}
 	}
 }
 
@@ -197,28 +217,34 @@ func listen(fam string, port int, transparent bool) (net.Listener, error) {
 	return lc.Listen(nil, fam, net.JoinHostPort(anyAddr(fam), strconv.Itoa(port)))
 }
 
-func serve(ln net.Listener, name string, tproxy bool) {
+// serve handles the connections ln accepts: the proxy's own listeners
+// (w nil), or those of a workload handed over ZDS.
+func serve(ln net.Listener, name string, tproxy bool, w *workload) {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			return
 		}
-		go handle(c.(*net.TCPConn), name, tproxy)
+		go handle(c.(*net.TCPConn), name, tproxy, w)
 	}
 }
 
-func handle(c *net.TCPConn, name string, tproxy bool) {
+func handle(c *net.TCPConn, name string, tproxy bool, w *workload) {
 	defer c.Close()
+	if w != nil && !w.track(c) {
+		return
+	}
+	defer w.untrack(c)
 	// A REDIRECTed connection (every outbound one, and inbound ones in
 	// REDIRECT mode) carries its original destination in conntrack; one
 	// TPROXY handed over was never rewritten: its local address is it.
 	dst, err := origdst.Redirected(c)
-	if err != nil && tproxy {
+	if err != nil && (tproxy || w != nil) {
 		dst, err = origdst.Local(c), nil
 	}
 	src := c.RemoteAddr().(*net.TCPAddr).AddrPort()
 	src = netip.AddrPortFrom(src.Addr().Unmap(), src.Port())
-	rec := Record{Event: "conn", Listener: name, Src: src.String(), OrigDst: dst.String()}
+	rec := Record{Event: "conn", Listener: name, Src: src.String(), OrigDst: dst.String(), Workload: w.id()}
 	if err != nil {
 		rec.Err = err.Error()
 		emit(rec)
@@ -227,6 +253,10 @@ func handle(c *net.TCPConn, name string, tproxy bool) {
 	emit(rec)
 	if answer {
 		pipe(c, c)
+		return
+	}
+	if w != nil {
+		w.forward(c, name, src, dst, rec)
 		return
 	}
 	d := net.Dialer{Timeout: 5 * time.Second}
@@ -345,8 +375,9 @@ func pipe(a, b conn) {
 	wg.Wait()
 }
 
-// serveDNS answers each datagram with "proxy:" + the upstream's answer.
-func serveDNS(pc net.PacketConn, upstream string) {
+// serveDNS answers each datagram with "proxy:" + the upstream's answer,
+// asked from the proxy's namespace or from w's.
+func serveDNS(pc net.PacketConn, upstream string, w *workload) {
 	buf := make([]byte, 65535)
 	for {
 		n, from, err := pc.ReadFrom(buf)
@@ -355,10 +386,10 @@ func serveDNS(pc net.PacketConn, upstream string) {
 		}
 		q := append([]byte(nil), buf[:n]...)
 		go func() {
-			emit(Record{Event: "dns", Listener: "dns-udp", Src: from.String(), OrigDst: upstream})
+			emit(Record{Event: "dns", Listener: "dns-udp", Src: from.String(), OrigDst: upstream, Workload: w.id()})
 			answer := []byte("no upstream")
 			if upstream != "" {
-				if a, err := askUDP(upstream, q); err == nil {
+				if a, err := askUDP(upstream, q, w); err == nil {
 					answer = a
 				} else {
 					answer = []byte("upstream error: " + err.Error())
@@ -369,8 +400,12 @@ func serveDNS(pc net.PacketConn, upstream string) {
 	}
 }
 
-func askUDP(server string, q []byte) ([]byte, error) {
-	c, err := net.Dial("udp", server)
+func askUDP(server string, q []byte, w *workload) ([]byte, error) {
+	dial := net.Dial
+	if w != nil {
+		dial = w.dialMarked
+	}
+	c, err := dial("udp", server)
 	if err != nil {
 		return nil, err
 	}

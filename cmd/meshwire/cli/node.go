@@ -5,12 +5,17 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/meshwire/meshwire/ebpf/fastpath"
+	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/installer"
 	"github.com/meshwire/meshwire/internal/nodeagent"
+	"github.com/meshwire/meshwire/internal/zds"
 )
 
 // nodeCmd is `meshwire node`, the node agent (see package nodeagent).
@@ -28,6 +33,7 @@ func (e *env) nodeCmd() *cobra.Command {
 	checkFastpath := fastpathFlags(fs, &cfg)
 	fs.StringVar(&o.Listen, "listen", "127.0.0.1:9966", "address of /healthz, /readyz and /metrics")
 	fs.DurationVar(&o.Interval, "interval", 10*time.Second, "how often to check that the fast path is attached and every meshed pod's interception is in place, and read the plugin log")
+	withAmbient, checkAmbient := ambientFlags(fs)
 	c.RunE = func(*cobra.Command, []string) error {
 		if err := finish(e, "node"); err != nil {
 			return err
@@ -38,6 +44,13 @@ func (e *env) nodeCmd() *cobra.Command {
 		if *withFastpath {
 			o.Fastpath = &cfg
 		}
+		amb, err := checkAmbient(o.Install)
+		if err != nil {
+			return err
+		}
+		if *withAmbient {
+			o.Ambient = amb
+		}
 		return e.node(o)
 	}
 	return c
@@ -45,8 +58,8 @@ func (e *env) nodeCmd() *cobra.Command {
 
 // node runs the agent once its flags are parsed.
 func (e *env) node(o nodeagent.Options) error {
-	if o.Fastpath != nil && os.Geteuid() != 0 {
-		return errors.New("node --fastpath: must run as root (it loads BPF programs and attaches them to the cgroup v2 root)")
+	if (o.Fastpath != nil || o.Ambient != nil) && os.Geteuid() != 0 {
+		return errors.New("node --fastpath, --ambient: must run as root (they load BPF programs, program other namespaces' firewalls)")
 	}
 	logger := log.New(e.errOut, "meshwire node: ", log.LstdFlags|log.Lmsgprefix)
 	o.Logf = logger.Printf
@@ -60,4 +73,41 @@ func (e *env) node(o nodeagent.Options) error {
 		return fmt.Errorf("node: %w", err)
 	}
 	return nil
+}
+
+// ambientFlags adds the flags of ambient mode; check validates them once
+// parsed.
+func ambientFlags(fs *pflag.FlagSet) (on *bool, check func(installer.Options) (*nodeagent.AmbientOptions, error)) {
+	var o nodeagent.AmbientOptions
+	on = fs.Bool("ambient", false, "Istio ambient mode: enroll pods as istio-cni's node agent does, hand them to ztunnel (docs/ambient.md)")
+	fs.BoolVar(&o.Config.RedirectDNS, "ambient-dns-capture", false, "ambient: send enrolled pods' DNS to ztunnel's DNS proxy (a pod's ambient.istio.io/dns-capture wins)")
+	fs.BoolVar(&o.Config.IPv6, "ambient-ipv6", false, "ambient: the IPv6 rules too")
+	backend := fs.String("ambient-backend", "", "ambient: firewall of the rules: iptables-nft, iptables-legacy or nftables (default: the host's)")
+	fs.StringVar(&o.ZtunnelSocket, "ztunnel-socket", zds.SocketPath, "ambient: the ZDS socket ztunnel connects to")
+	dir := fs.String("ambient-dir", "", "ambient: where the plugin's pod records (pods/), the enrolled pods and the agent's socket (ambient/) are (default /var/lib/cni/meshwire; the plugin reads MESHWIRE_PODS_DIR and MESHWIRE_AMBIENT_SOCKET)")
+	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "ambient: kubeconfig of the API server (default: the in-cluster config when in a pod)")
+	fs.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "ambient: this node's name in the API server (default $NODE_NAME)")
+	fs.Uint32Var(&o.Config.KubeletUID, "kubelet-uid", 0, "ambient with nftables: the uid of kubelet, whose probes the host rule matches")
+	return on, func(in installer.Options) (*nodeagent.AmbientOptions, error) {
+		if !*on {
+			return nil, nil
+		}
+		if !in.Chain && !in.Intercept {
+			return nil, errors.New("node --ambient: needs the intercept plugin in the node's config (--chain or --intercept): it tells the agent where each pod's namespace is")
+		}
+		if *backend != "" {
+			b, err := firewall.Parse(*backend)
+			if err != nil {
+				return nil, fmt.Errorf("node --ambient-backend: %w", err)
+			}
+			o.Backend = b
+		}
+		if *dir != "" {
+			o.PodsDir = filepath.Join(*dir, "pods")
+			o.StateDir = filepath.Join(*dir, "ambient", "enrolled")
+			o.AgentSocket = filepath.Join(*dir, "ambient", "agent.sock")
+		}
+		o.API = o.Kubeconfig != "" || os.Getenv("KUBERNETES_SERVICE_HOST") != ""
+		return &o, nil
+	}
 }

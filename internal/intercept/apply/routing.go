@@ -65,8 +65,8 @@ func localDefault(s intercept.Step, lo netlink.Link) *netlink.Route {
 
 var passthroughV6 = &netlink.Addr{IPNet: &net.IPNet{IP: net.ParseIP("::6"), Mask: net.CIDRMask(128, 128)}, Flags: unix.IFA_F_NODAD}
 
-// findRules returns the policy routing rules "fwmark Mark lookup Table" of
-// the step's family.
+// findRules returns the policy routing rules "fwmark Mark[/Mask] [pref
+// Priority] lookup Table" of the step's family.
 func findRules(s intercept.Step) ([]netlink.Rule, error) {
 	rules, err := netlinksafe.RuleList(nlFamily(s.Family))
 	if err != nil {
@@ -74,7 +74,12 @@ func findRules(s intercept.Step) ([]netlink.Rule, error) {
 	}
 	var out []netlink.Rule
 	for _, r := range rules {
-		if r.Mark == s.Mark && r.Table == int(s.Table) && (r.Mask == nil || *r.Mask == 0xffffffff) {
+		mask := s.Mask
+		if mask == 0 {
+			mask = 0xffffffff
+		}
+		if r.Mark == s.Mark && r.Table == int(s.Table) && (r.Mask == nil && mask == 0xffffffff || r.Mask != nil && *r.Mask == mask) &&
+			(s.Priority == 0 || r.Priority == int(s.Priority)) {
 			out = append(out, r)
 		}
 	}
@@ -113,6 +118,12 @@ func ApplySteps(steps []intercept.Step) error {
 			}
 			r := netlink.NewRule()
 			r.Family, r.Mark, r.Table = nlFamily(s.Family), s.Mark, int(s.Table)
+			if s.Mask != 0 {
+				r.Mask = &s.Mask
+			}
+			if s.Priority != 0 {
+				r.Priority = int(s.Priority)
+			}
 			if err := netlink.RuleAdd(r); err != nil && !errors.Is(err, syscall.EEXIST) {
 				return fmt.Errorf("%s: %w", s, err)
 			}

@@ -1,0 +1,262 @@
+package nodeagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/meshwire/meshwire/internal/ambient"
+	"github.com/meshwire/meshwire/internal/ambientnode"
+	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/podnetns"
+	"github.com/meshwire/meshwire/internal/podwatch"
+	"github.com/meshwire/meshwire/internal/zds"
+)
+
+// AmbientOptions turn on Istio's ambient mode (docs/ambient.md).
+type AmbientOptions struct {
+	Config ambient.Config
+	// Backend programs the rules; the host's, detected, when zero.
+	Backend firewall.Backend
+	// ZtunnelSocket is where ztunnel connects (zds.SocketPath when
+	// empty); AgentSocket where the intercept plugin asks
+	// (podnetns.Socket).
+	ZtunnelSocket, AgentSocket string
+	// PodsDir and StateDir: podnetns.Dir and ambientnode.StateDir when
+	// empty.
+	PodsDir, StateDir string
+	// API reads the pods' and namespaces' labels from the API server
+	// (Kubeconfig, or the in-cluster config when empty), for the pods of
+	// node NodeName. Without it, a pod is enrolled by its own
+	// annotation istio.io/dataplane-mode=ambient, which the runtime
+	// passes to the plugin.
+	API        bool
+	Kubeconfig string
+	NodeName   string
+}
+
+// ambientAgent is the agent's ambient mode at run time.
+type ambientAgent struct {
+	o     AmbientOptions
+	node  *ambientnode.Node
+	zds   *zds.Server
+	watch *podwatch.Watcher // nil without the API
+	kick  chan struct{}     // a reconcile wanted (a label changed)
+	logf  func(string, ...any)
+}
+
+// zdsHandoff is ambientnode's hand-off over the ZDS server.
+type zdsHandoff struct{ s **zds.Server }
+
+func (z zdsHandoff) Add(ctx context.Context, w ambientnode.Workload) error {
+	return (*z.s).Add(ctx, zdsWorkload(w))
+}
+func (z zdsHandoff) Del(ctx context.Context, uid string) error { return (*z.s).Del(ctx, uid) }
+func (z zdsHandoff) Connected() bool                           { return (*z.s).Stats().Connected > 0 }
+
+func zdsWorkload(w ambientnode.Workload) zds.Workload {
+	return zds.Workload{UID: w.UID, Name: w.Name, Namespace: w.Namespace, ServiceAccount: w.ServiceAccount, Netns: w.Netns}
+}
+
+// startAmbient starts ambient mode: the pods enrolled before read back,
+// the host rule installed, the ZDS server and the plugin's socket
+// listening, the API watched. What it started stops with ctx; wait
+// returns once it has.
+func startAmbient(ctx context.Context, o AmbientOptions, logf func(string, ...any)) (*ambientAgent, error) {
+	if o.ZtunnelSocket == "" {
+		o.ZtunnelSocket = zds.SocketPath
+	}
+	if o.AgentSocket == "" {
+		o.AgentSocket = podnetns.Socket
+	}
+	if o.Backend == (firewall.Backend{}) {
+		o.Backend = firewall.Detect(ctx)
+	}
+	a := &ambientAgent{o: o, kick: make(chan struct{}, 1), logf: logf}
+	var srv *zds.Server
+	node, err := ambientnode.New(ambientnode.Options{
+		Config: o.Config, Backend: o.Backend, PodsDir: o.PodsDir, StateDir: o.StateDir,
+		Decide: a.decide, Ztunnel: zdsHandoff{&srv}, Logf: logf,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("ambient mode: %w", err)
+	}
+	a.node = node
+	if err := node.InstallHost(ctx); err != nil {
+		return nil, fmt.Errorf("ambient mode: %w", err)
+	}
+	snapshot := func() []zds.Workload {
+		var out []zds.Workload
+		for _, w := range node.Workloads() {
+			out = append(out, zdsWorkload(w))
+		}
+		return out
+	}
+	if err := os.MkdirAll(filepath.Dir(o.ZtunnelSocket), 0o755); err != nil {
+		return nil, fmt.Errorf("ambient mode: %w", err)
+	}
+	if srv, err = zds.Listen(o.ZtunnelSocket, snapshot, logf); err != nil {
+		return nil, fmt.Errorf("ambient mode: %w", err)
+	}
+	a.zds = srv
+	go func() {
+		if err := srv.Serve(ctx); err != nil && ctx.Err() == nil {
+			logf("ambient: ZDS server: %v", err)
+		}
+	}()
+	if o.API {
+		c, err := podwatch.Client(o.Kubeconfig)
+		if err != nil {
+			return nil, fmt.Errorf("ambient mode: the API server: %w", err)
+		}
+		if o.NodeName == "" {
+			return nil, errors.New("ambient mode: the API server's pods of which node? (--node-name, or NODE_NAME)")
+		}
+		if a.watch, err = podwatch.Start(ctx, c, o.NodeName, func(string) { a.wake() }); err != nil {
+			return nil, fmt.Errorf("ambient mode: watch the API server: %w", err)
+		}
+	}
+	ln, err := listenUnix(o.AgentSocket)
+	if err != nil {
+		return nil, fmt.Errorf("ambient mode: %w", err)
+	}
+	go podnetns.Serve(ctx, ln, func(ctx context.Context, name string) (string, error) {
+		return node.Sync(ctx, name, true)
+	})
+	how := "the pods' own annotation " + ambient.LabelDataplaneMode + "=ambient"
+	if a.watch != nil {
+		how = "the API server's labels of node " + o.NodeName + "'s pods and their namespaces"
+	}
+	logf("ambient mode on (%s rules); ztunnel connects at %s; pods enrolled by %s", o.Backend, o.ZtunnelSocket, how)
+	return a, nil
+}
+
+// listenUnix listens on a Unix socket at path, in place of a socket a
+// previous agent left.
+func listenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	return net.Listen("unix", path)
+}
+
+func (a *ambientAgent) wake() {
+	select {
+	case a.kick <- struct{}{}:
+	default:
+	}
+}
+
+// decide is the enrollment of one pod: by the API server's labels when it
+// is watched, else by the pod's annotations.
+func (a *ambientAgent) decide(p podnetns.Pod, atAdd bool) ambientnode.Enrollment {
+	if a.watch == nil {
+		return byAnnotations(p)
+	}
+	wait := time.Duration(0)
+	if atAdd {
+		wait = 3 * time.Second
+	}
+	w, ok := a.lookup(p, wait)
+	if !ok {
+		return ambientnode.Enrollment{Why: "the API server shows no such pod on this node"}
+	}
+	if w.Terminating {
+		return ambientnode.Enrollment{Why: "the pod's containers are gone for good (phase Succeeded or Failed)"}
+	}
+	why := w.Why
+	if w.OverridesErr != nil {
+		why += "; " + w.OverridesErr.Error()
+	}
+	return ambientnode.Enrollment{Enrolled: w.Enrolled, Why: why, Pod: w.Overrides, UID: w.UID, ServiceAccount: w.ServiceAccount, IPs: w.IPs}
+}
+
+// lookup finds the pod of a record in the API server's pods: by uid, or
+// by name (the runtime passed no uid, or a static pod's, which its mirror
+// pod does not have). A pod just created may not be in the watch's cache
+// yet: it is waited for up to wait.
+func (a *ambientAgent) lookup(p podnetns.Pod, wait time.Duration) (podwatch.Pod, bool) {
+	deadline := time.Now().Add(wait)
+	for {
+		if w, ok := a.watch.Pod(p.UID); ok && p.UID != "" {
+			return w, true
+		}
+		for _, w := range a.watch.Pods() {
+			if w.Namespace == p.Namespace && w.Name == p.Name {
+				return w, true
+			}
+		}
+		if time.Now().After(deadline) {
+			return podwatch.Pod{}, false
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// byAnnotations enrolls a pod by its own annotation
+// istio.io/dataplane-mode (read as Istio reads the label), with the same
+// exclusions as the API's.
+func byAnnotations(p podnetns.Pod) ambientnode.Enrollment {
+	meta := ambient.PodMeta{Labels: map[string]string{}, Annotations: p.Annotations}
+	if v, ok := p.Annotations[ambient.LabelDataplaneMode]; ok {
+		meta.Labels[ambient.LabelDataplaneMode] = v
+	}
+	ok, why := ambient.Enrolled(meta, nil)
+	if !ok {
+		return ambientnode.Enrollment{Why: why}
+	}
+	pod, err := ambient.Overrides(p.Annotations)
+	if err != nil {
+		why += "; " + err.Error()
+	}
+	return ambientnode.Enrollment{Enrolled: true, Why: why, Pod: pod}
+}
+
+// reconcile is one round over every pod.
+func (a *ambientAgent) reconcile(ctx context.Context) {
+	if err := a.node.Reconcile(ctx); err != nil && ctx.Err() == nil {
+		a.logf("ambient: %v", err)
+	}
+}
+
+// stop leaves the enrolled pods as they are (their rules, ztunnel's
+// hold on them): a restarted agent takes them back. The host rule goes
+// when no pod is enrolled.
+// The plugin's socket stays: a pod added while the agent is away is
+// told no agent answers, and enrolled from its record when it is back.
+func (a *ambientAgent) stop() {
+	if a.zds != nil {
+		_ = a.zds.Close()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	removed, err := a.node.RemoveHost(ctx)
+	switch {
+	case err != nil:
+		a.logf("ambient: remove the host's probe rule: %v", err)
+	case removed:
+		a.logf("ambient: no pod enrolled; host probe rule removed")
+	default:
+		a.logf("ambient: pods stay enrolled (their rules, ztunnel's hold on them); the host probe rule stays")
+	}
+}
+
+// writeMetrics adds ambient mode's gauges and counters.
+func (a *ambientAgent) writeMetrics(e *exposition) {
+	ns := a.node.Stats()
+	zs := a.zds.Stats()
+	e.single("meshwire_ambient_enrolled_pods", "gauge", "Pods enrolled in ambient mode: in-pod rules installed, handed to ztunnel.", float64(ns.Enrolled))
+	e.single("meshwire_ambient_enrollments_total", "counter", "Enrollments of a pod (or of its changed overrides).", float64(ns.Enrollments))
+	e.single("meshwire_ambient_unenrollments_total", "counter", "Pods taken out of ambient mode or forgotten when gone.", float64(ns.Unenrollments))
+	e.single("meshwire_ambient_enroll_failures_total", "counter", "Enrollments that failed (see the agent's log).", float64(ns.EnrollFailures))
+	e.single("meshwire_ambient_ztunnels_connected", "gauge", "ztunnels connected to the node agent's ZDS socket.", float64(zs.Connected))
+	e.single("meshwire_ambient_handoffs_total", "counter", "Pods handed to ztunnel and acknowledged.", float64(zs.Handoffs))
+	e.single("meshwire_ambient_handoff_failures_total", "counter", "Hand-offs to ztunnel that failed: an error ack, a timeout, a broken connection.", float64(zs.FailedHandoffs))
+}
