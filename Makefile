@@ -89,9 +89,23 @@ demo: build
 
 # Benchmarks run side by side with the reference plugins v1.9.1 (built by the
 # benchmarks from the Go module proxy, once per run) and Debian's 1.1.1
-# (/usr/lib/cni, installed by test/deps.sh).
+# (/usr/lib/cni, installed by test/deps.sh). What they print goes to
+# BENCH_OUT too, between "meshwire-bench:" lines naming the commit, whether
+# the tree was clean, the dates, the machine and its load; `make
+# bench-report` writes the README's and docs/performance.md's tables from it.
+BENCH_OUT ?= bench.out
 bench: deps build
-	MESHWIRE_BIN_DIR=$(BIN) $(GO) test -tags kernel -count=1 -run '^$$' -bench '$(BENCH)' -benchtime 1x -timeout 120m ./test/bench/...
+	@{ echo "meshwire-bench: commit $$(git rev-parse HEAD)"; \
+	  echo "meshwire-bench: tree $$(test -z "$$(git status --porcelain)" && echo clean || echo dirty)"; \
+	  echo "meshwire-bench: started $$(date -u +%Y-%m-%dT%H:%M:%SZ)"; \
+	  echo "meshwire-bench: machine $$(nproc) CPUs ($$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)), $$(awk '/^MemTotal/ {printf "%.0f GiB", $$2/1048576}' /proc/meminfo), Linux $$(uname -r)"; \
+	  echo "meshwire-bench: load at start $$(cut -d' ' -f1-3 /proc/loadavg)"; \
+	  echo "meshwire-bench: bench $(BENCH)"; } | tee $(BENCH_OUT)
+	@{ MESHWIRE_BIN_DIR=$(BIN) $(GO) test -tags kernel -count=1 -run '^$$' -bench '$(BENCH)' -benchtime 1x -timeout 120m ./test/bench/... 2>&1; \
+	  echo "meshwire-bench: exit $$?"; \
+	  echo "meshwire-bench: load at end $$(cut -d' ' -f1-3 /proc/loadavg)"; \
+	  echo "meshwire-bench: finished $$(date -u +%Y-%m-%dT%H:%M:%SZ)"; } | tee -a $(BENCH_OUT)
+	@echo "raw output: $(BENCH_OUT)"; grep -qx 'meshwire-bench: exit 0' $(BENCH_OUT)
 
 # The fast-path subset: BenchmarkFastpath and BenchmarkCapture (EBPF mode),
 # each configuration in ROUNDS alternating rounds per placement ("one CPU"
