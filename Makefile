@@ -27,7 +27,7 @@ COMMANDS  := meshwire iptables-init
 TEST_TIMEOUT ?= 60m
 BENCH ?= .
 
-.PHONY: all build test unit deps demo bench bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-podstart cluster-podstart-compare cluster-conformance
+.PHONY: all build test unit deps demo bench bench-report bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-podstart cluster-podstart-compare cluster-conformance
 
 all: build
 
@@ -106,6 +106,12 @@ bench: deps build
 	  echo "meshwire-bench: load at end $$(cut -d' ' -f1-3 /proc/loadavg)"; \
 	  echo "meshwire-bench: finished $$(date -u +%Y-%m-%dT%H:%M:%SZ)"; } | tee -a $(BENCH_OUT)
 	@echo "raw output: $(BENCH_OUT)"; grep -qx 'meshwire-bench: exit 0' $(BENCH_OUT)
+
+# The README's and docs/performance.md's benchmark tables, rewritten from
+# BENCH_OUT between their <!-- bench:NAME --> markers (test/bench/benchreport);
+# refuses a dirty tree's, a failed or partial run's output.
+bench-report:
+	$(GO) run ./test/bench/benchreport -in $(BENCH_OUT) README.md docs/performance.md
 
 # The fast-path subset: BenchmarkFastpath and BenchmarkCapture (EBPF mode),
 # each configuration in ROUNDS alternating rounds per placement ("one CPU"
