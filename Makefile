@@ -109,7 +109,8 @@ bench: deps build
 
 # The README's and docs/performance.md's benchmark tables, rewritten from
 # BENCH_OUT between their <!-- bench:NAME --> markers (test/bench/benchreport);
-# refuses a dirty tree's, a failed or partial run's output.
+# refuses a dirty tree's or an unfinished run's output, and the tables of a
+# benchmark that failed or did not run.
 bench-report:
 	$(GO) run ./test/bench/benchreport -in $(BENCH_OUT) README.md docs/performance.md
 

@@ -31,14 +31,22 @@ var blocks = map[string]block{
 	"iptables-init":        verbatim("BenchmarkIntercept", "iptables-init: time to apply"),
 	"intercept-rtt":        verbatim("BenchmarkIntercept", "interception: request round trip"),
 	"intercept-throughput": verbatim("BenchmarkIntercept", "interception: throughput"),
-	"fullnode":             verbatim("BenchmarkFullNode", "full node:"),
 }
 
 // stamp is the line above every table: which run it comes from, when,
-// and on what.
-func stamp(r *Run, placement string) string {
-	return fmt.Sprintf("*`make bench` at %s, %s; %s; %s; load %s at start, %s at end.*",
-		short(r.Commit), r.Started.UTC().Format("2006-01-02"), r.Machine, placement, firstField(r.LoadA), firstField(r.LoadB))
+// on what, and how many of the timed blocks of benches began before the
+// machine settled.
+func stamp(r *Run, placement string, benches ...string) string {
+	unsettled := 0
+	for _, b := range benches {
+		unsettled += r.Unsettled[b]
+	}
+	settled := "every timed block began on a settled machine"
+	if unsettled > 0 {
+		settled = fmt.Sprintf("%d timed blocks began before the machine settled", unsettled)
+	}
+	return fmt.Sprintf("*`make bench` at %s, %s; %s; %s; load %s at start, %s at end; %s.*",
+		short(r.Commit), r.Started.UTC().Format("2006-01-02"), r.Machine, placement, firstField(r.LoadA), firstField(r.LoadB), settled)
 }
 
 const unpinned = "processes where the scheduler puts them"
@@ -53,9 +61,13 @@ func firstField(s string) string {
 // runBlock is the paragraph naming the run.
 func runBlock(r *Run) (string, error) {
 	d := r.Finished.Sub(r.Started).Round(time.Minute)
-	return fmt.Sprintf("One full `make bench` run at commit %s (a clean tree), on %s from %s to %s UTC (%d minutes), on %s; load average %s at start, %s at end.",
+	text := fmt.Sprintf("One full `make bench` run at commit %s (a clean tree), on %s from %s to %s UTC (%d minutes), on %s; load average %s at start, %s at end.",
 		short(r.Commit), r.Started.UTC().Format("2006-01-02"), r.Started.UTC().Format("15:04"), r.Finished.UTC().Format("15:04"),
-		int(d.Minutes()), r.Machine, firstField(r.LoadA), firstField(r.LoadB)), nil
+		int(d.Minutes()), r.Machine, firstField(r.LoadA), firstField(r.LoadB))
+	if failed := r.Failed(); len(failed) > 0 {
+		text += fmt.Sprintf(" Failed in this run: %s; no table here comes from it.", strings.Join(failed, ", "))
+	}
+	return text, nil
 }
 
 // verbatim is a table as the benchmark printed it, under its title.
@@ -65,7 +77,7 @@ func verbatim(bench, prefix string) block {
 		if err != nil {
 			return "", err
 		}
-		return fmt.Sprintf("### %s\n\n%s\n\n%s", t.Title, stamp(r, unpinned), t.Markdown()), nil
+		return fmt.Sprintf("### %s\n\n%s\n\n%s", t.Title, stamp(r, unpinned, bench), t.Markdown()), nil
 	}
 }
 
@@ -251,7 +263,7 @@ func targetsBlock(r *Run) (string, error) {
 	if len(missed) > 0 {
 		verdict = "Not met in this run: " + strings.Join(missed, "; ") + "."
 	}
-	return fmt.Sprintf("%s\n\n%s\n%s", stamp(r, unpinned), t.Markdown(), verdict), nil
+	return fmt.Sprintf("%s\n\n%s\n%s", stamp(r, unpinned, "BenchmarkHostLocal", "BenchmarkBridge", "BenchmarkPortmap", "BenchmarkBandwidth", "BenchmarkIntercept"), t.Markdown(), verdict), nil
 }
 
 var (
@@ -305,7 +317,7 @@ func captureBlock(r *Run) (string, error) {
 				if row[3] != "met" {
 					met = "**no**"
 				}
-				return th, met
+				return th + " (" + config + ")", met
 			}
 		}
 		e.add(fmt.Errorf("table %q has no target %q for %q", tg.Title, target, config))
@@ -352,7 +364,7 @@ func captureBlock(r *Run) (string, error) {
 		rounds = m[1]
 	}
 	placement := "IPv4, " + rounds + " rounds per configuration in alternating order, every process of the path on one CPU"
-	return fmt.Sprintf("%s\n\n%s", stamp(r, placement), t.Markdown()), nil
+	return fmt.Sprintf("%s\n\n%s", stamp(r, placement, bench), t.Markdown()), nil
 }
 
 // errs keeps the first error of a series of look-ups, so that a block

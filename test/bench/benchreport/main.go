@@ -8,13 +8,15 @@
 //
 // In each FILE it replaces what lies between <!-- bench:NAME --> and
 // <!-- /bench:NAME --> with the block NAME (blocks.go). It refuses a run
-// made from a dirty tree, one that did not finish or failed, and one that
-// lacks a table a block needs; then it changes no file.
+// made from a dirty tree, one that did not finish or ended in an error no
+// benchmark reported, and one that lacks a table a block needs or whose
+// benchmark failed; then it changes no file.
 package main
 
 import (
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 )
@@ -30,14 +32,15 @@ func main() {
 		flag.Usage()
 		os.Exit(2)
 	}
-	if err := report(*in, flag.Args()); err != nil {
+	if err := report(*in, flag.Args(), os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintf(os.Stderr, "benchreport: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-// report rewrites files from the run in path: all of them, or none.
-func report(path string, files []string) error {
+// report rewrites files from the run in path: all of them, or none; it
+// says what it wrote on stdout, and warns on stderr.
+func report(path string, files []string, stdout, stderr io.Writer) error {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Errorf("%v (run make bench first)", err)
@@ -49,6 +52,9 @@ func report(path string, files []string) error {
 	}
 	if err := r.Check(); err != nil {
 		return fmt.Errorf("%s: %v", path, err)
+	}
+	for _, b := range r.Failed() {
+		fmt.Fprintf(stderr, "benchreport: warning: %s failed in this run: its tables are not published\n", b)
 	}
 	out := map[string]string{}
 	for _, name := range files {
@@ -64,13 +70,13 @@ func report(path string, files []string) error {
 			return fmt.Errorf("%s: no <!-- bench:NAME --> marker", name)
 		}
 		out[name] = text
-		fmt.Printf("%s: %s\n", name, strings.Join(written, ", "))
+		fmt.Fprintf(stdout, "%s: %s\n", name, strings.Join(written, ", "))
 	}
 	for _, name := range files {
 		if err := os.WriteFile(name, []byte(out[name]), 0o644); err != nil {
 			return err
 		}
 	}
-	fmt.Printf("from the run at %s, %s\n", short(r.Commit), r.Started.UTC().Format("2006-01-02 15:04 MST"))
+	fmt.Fprintf(stdout, "from the run at %s, %s\n", short(r.Commit), r.Started.UTC().Format("2006-01-02 15:04 MST"))
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 )
@@ -17,18 +18,19 @@ const headerPrefix = "meshwire-bench: "
 // tables the benchmarks printed, their other lines, and which benchmarks
 // passed.
 type Run struct {
-	Commit   string // full hash
-	Tree     string // "clean" or "dirty"
-	Started  time.Time
-	Finished time.Time
-	Machine  string
-	LoadA    string // load averages at start
-	LoadB    string // and at end
-	Exit     string // go test's exit status
-	Tables   []*Table
-	Lines    []string            // every line that is not a table's
-	Results  map[string]string   // benchmark name (without -N) -> "ok" or "FAIL"
-	header   map[string][]string // every meshwire-bench: key, for errors
+	Commit    string // full hash
+	Tree      string // "clean" or "dirty"
+	Started   time.Time
+	Finished  time.Time
+	Machine   string
+	LoadA     string // load averages at start
+	LoadB     string // and at end
+	Exit      string // go test's exit status
+	Tables    []*Table
+	Lines     []string            // every line that is not a table's
+	Results   map[string]string   // benchmark name (without -N) -> "ok" or "FAIL"
+	Unsettled map[string]int      // benchmark name -> timed blocks it began on a machine that did not settle
+	header    map[string][]string // every meshwire-bench: key, for errors
 }
 
 // Table is one markdown table as harness.Table.Write prints it.
@@ -41,11 +43,13 @@ type Table struct {
 var (
 	benchLine = regexp.MustCompile(`^(Benchmark\w+)(-\d+)?\s+\d+\s`)
 	failLine  = regexp.MustCompile(`^\s*--- FAIL: (Benchmark\w+)`)
+	logHead   = regexp.MustCompile(`^\s*--- (?:BENCH|FAIL|SKIP): (Benchmark\w+)`)
 )
 
 // Parse reads a `make bench` output.
 func Parse(r io.Reader) (*Run, error) {
-	run := &Run{Results: map[string]string{}, header: map[string][]string{}}
+	run := &Run{Results: map[string]string{}, Unsettled: map[string]int{}, header: map[string][]string{}}
+	logOf := "" // the benchmark whose log lines follow
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	var lines []string
@@ -82,6 +86,14 @@ func Parse(r io.Reader) (*Run, error) {
 		}
 		if m := failLine.FindStringSubmatch(l); m != nil {
 			run.Results[m[1]] = "FAIL"
+		}
+		if m := logHead.FindStringSubmatch(l); m != nil {
+			logOf = m[1]
+		} else if !strings.HasPrefix(l, " ") && !strings.HasPrefix(l, "\t") {
+			logOf = ""
+		}
+		if logOf != "" && strings.Contains(l, "the machine did not settle before") {
+			run.Unsettled[logOf]++
 		}
 		run.Lines = append(run.Lines, l)
 	}
@@ -136,7 +148,9 @@ func cells(line string) []string {
 }
 
 // Check refuses a run that cannot be published: not from a clean tree at
-// a known commit, or not finished.
+// a known commit, not finished, or failed other than by benchmarks that
+// report their failure (a build error, a panic, a time-out). A failed
+// benchmark's tables are refused by Find; the run block names it.
 func (r *Run) Check() error {
 	switch {
 	case r.Commit == "":
@@ -147,16 +161,22 @@ func (r *Run) Check() error {
 		return fmt.Errorf("no start date in the output")
 	case r.Finished.IsZero() || r.Exit == "":
 		return fmt.Errorf("the run did not finish (no exit status): an interrupted make bench")
-	case r.Exit != "0":
-		var failed []string
-		for name, res := range r.Results {
-			if res == "FAIL" {
-				failed = append(failed, name)
-			}
-		}
-		return fmt.Errorf("go test exited with status %s (failed: %s): fix and run make bench again", r.Exit, strings.Join(failed, ", "))
+	case r.Exit != "0" && len(r.Failed()) == 0:
+		return fmt.Errorf("go test exited with status %s and no benchmark reported a failure (a build error, a panic or a time-out?): fix and run make bench again", r.Exit)
 	}
 	return nil
+}
+
+// Failed are the benchmarks that failed, sorted.
+func (r *Run) Failed() []string {
+	var failed []string
+	for name, res := range r.Results {
+		if res == "FAIL" {
+			failed = append(failed, name)
+		}
+	}
+	slices.Sort(failed)
+	return failed
 }
 
 func orUnknown(s string) string {
@@ -176,6 +196,9 @@ func short(commit string) string {
 // Find returns the table whose title starts with prefix; bench names the
 // benchmark that prints it, for the error.
 func (r *Run) Find(bench, prefix string) (*Table, error) {
+	if r.Results[bench] == "FAIL" {
+		return nil, fmt.Errorf("%s failed in this run: its tables are not published (make bench BENCH=%s)", bench, bench)
+	}
 	for _, t := range r.Tables {
 		if strings.HasPrefix(t.Title, prefix) {
 			return t, nil
