@@ -156,6 +156,21 @@ func TestGolden(t *testing.T) {
 	}
 }
 
+// TestDocs: the README and docs/performance.md hold only blocks the tool
+// knows, each with its end, and the sample has every table they need.
+func TestDocs(t *testing.T) {
+	r := parse(t, sample(t))
+	for _, f := range []string{"../../../README.md", "../../../docs/performance.md"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, names, err := Rewrite(string(b), r); err != nil || len(names) == 0 {
+			t.Errorf("%s: %v (blocks %v)", f, err, names)
+		}
+	}
+}
+
 // TestReportAllOrNothing: when one file cannot be written, none is.
 func TestReportAllOrNothing(t *testing.T) {
 	dir := t.TempDir()
