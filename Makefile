@@ -27,7 +27,7 @@ COMMANDS  := meshwire iptables-init
 TEST_TIMEOUT ?= 60m
 BENCH ?= .
 
-.PHONY: all build test unit deps demo bench bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-podstart cluster-podstart-compare cluster-conformance
+.PHONY: all build test unit deps demo bench bench-report bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-podstart cluster-podstart-compare cluster-conformance
 
 all: build
 
@@ -89,9 +89,30 @@ demo: build
 
 # Benchmarks run side by side with the reference plugins v1.9.1 (built by the
 # benchmarks from the Go module proxy, once per run) and Debian's 1.1.1
-# (/usr/lib/cni, installed by test/deps.sh).
+# (/usr/lib/cni, installed by test/deps.sh). What they print goes to
+# BENCH_OUT too, between "meshwire-bench:" lines naming the commit, whether
+# the tree was clean, the dates, the machine and its load; `make
+# bench-report` writes the README's and docs/performance.md's tables from it.
+BENCH_OUT ?= bench.out
 bench: deps build
-	MESHWIRE_BIN_DIR=$(BIN) $(GO) test -tags kernel -count=1 -run '^$$' -bench '$(BENCH)' -benchtime 1x -timeout 120m ./test/bench/...
+	@{ echo "meshwire-bench: commit $$(git rev-parse HEAD)"; \
+	  echo "meshwire-bench: tree $$(test -z "$$(git status --porcelain)" && echo clean || echo dirty)"; \
+	  echo "meshwire-bench: started $$(date -u +%Y-%m-%dT%H:%M:%SZ)"; \
+	  echo "meshwire-bench: machine $$(nproc) CPUs ($$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)), $$(awk '/^MemTotal/ {printf "%.0f GiB", $$2/1048576}' /proc/meminfo), Linux $$(uname -r)"; \
+	  echo "meshwire-bench: load at start $$(cut -d' ' -f1-3 /proc/loadavg)"; \
+	  echo "meshwire-bench: bench $(BENCH)"; } | tee $(BENCH_OUT)
+	@{ MESHWIRE_BIN_DIR=$(BIN) $(GO) test -tags kernel -count=1 -run '^$$' -bench '$(BENCH)' -benchtime 1x -timeout 120m ./test/bench/... 2>&1; \
+	  echo "meshwire-bench: exit $$?"; \
+	  echo "meshwire-bench: load at end $$(cut -d' ' -f1-3 /proc/loadavg)"; \
+	  echo "meshwire-bench: finished $$(date -u +%Y-%m-%dT%H:%M:%SZ)"; } | tee -a $(BENCH_OUT)
+	@echo "raw output: $(BENCH_OUT)"; grep -qx 'meshwire-bench: exit 0' $(BENCH_OUT)
+
+# The README's and docs/performance.md's benchmark tables, rewritten from
+# BENCH_OUT between their <!-- bench:NAME --> markers (test/bench/benchreport);
+# refuses a dirty tree's or an unfinished run's output, and the tables of a
+# benchmark that failed or did not run.
+bench-report:
+	$(GO) run ./test/bench/benchreport -in $(BENCH_OUT) README.md docs/performance.md
 
 # The fast-path subset: BenchmarkFastpath and BenchmarkCapture (EBPF mode),
 # each configuration in ROUNDS alternating rounds per placement ("one CPU"
