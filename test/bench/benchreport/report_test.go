@@ -11,11 +11,11 @@ import (
 
 var update = flag.Bool("update", false, "rewrite testdata/doc.golden.md")
 
-// sample is testdata/bench.out: real `make bench` output, cut down to the
+// sample is testdata/sample-bench.txt: real `make bench` output, cut down to the
 // header, the benchmarks' result lines and the tables the documents use.
 func sample(t *testing.T) string {
 	t.Helper()
-	b, err := os.ReadFile("testdata/bench.out")
+	b, err := os.ReadFile("testdata/sample-bench.txt")
 	if err != nil {
 		t.Fatal(err)
 	}
