@@ -172,15 +172,7 @@ func testAmbient(t *testing.T, h *harness.H, backend string) {
 	// original destination dst, or none.
 	request := func(from *harness.NS, dst netip.AddrPort, who, peerAddr, listener string) {
 		t.Helper()
-		mark := zt.Mark()
-		msg := fmt.Sprintf("m%d", mark)
-		reply, err := ie.Request(from, dst, msg)
-		if err != nil {
-			t.Fatalf("request to %s from %s: %v", dst, from.Name, err)
-		}
-		if want := fmt.Sprintf("%s %s %s", who, peerAddr, msg); reply != want {
-			t.Fatalf("request to %s from %s: reply %q, want %q", dst, from.Name, reply, want)
-		}
+		mark := requestVia(t, zt, from, dst, who, peerAddr)
 		var conns []ie.Record
 		for _, r := range zt.Since(mark) {
 			if r.Event == "conn" {

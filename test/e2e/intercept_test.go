@@ -39,7 +39,16 @@ func interceptPassthrough(v6 bool) string {
 // when listener is "").
 func interceptExpect(t *testing.T, e *ie.Env, from *harness.NS, dst netip.AddrPort, wantWho, wantPeer, listener string) {
 	t.Helper()
-	mark := e.Proxy.Mark()
+	mark := requestVia(t, e.Proxy, from, dst, wantWho, wantPeer)
+	interceptCheckRecords(t, e, mark, dst, listener)
+}
+
+// requestVia makes one request from ns to dst, checks that the server's
+// reply says who answered and saw which peer address, and returns the
+// mark of proxy p's log before it, for the caller's check of what p saw.
+func requestVia(t *testing.T, p *ie.Proxy, from *harness.NS, dst netip.AddrPort, wantWho, wantPeer string) int {
+	t.Helper()
+	mark := p.Mark()
 	msg := fmt.Sprintf("m%d", mark)
 	reply, err := ie.Request(from, dst, msg)
 	if err != nil {
@@ -48,7 +57,7 @@ func interceptExpect(t *testing.T, e *ie.Env, from *harness.NS, dst netip.AddrPo
 	if want := fmt.Sprintf("%s %s %s", wantWho, wantPeer, msg); reply != want {
 		t.Fatalf("request to %s from %s: reply %q, want %q", dst, from.Name, reply, want)
 	}
-	interceptCheckRecords(t, e, mark, dst, listener)
+	return mark
 }
 
 func interceptCheckRecords(t *testing.T, e *ie.Env, mark int, dst netip.AddrPort, listener string) {

@@ -157,9 +157,7 @@ func (e *Env) AddVM() *harness.NS {
 	e.linkTo(e.Pod, vm, "mwtik0", "mwtiv0", VMGateway.String()+"/24", VMAddr.String()+"/24", VMGateway)
 	// The pod routes the VM's traffic it does not capture (as KubeVirt's
 	// pod network does), and the remote knows the way back.
-	if err := e.Pod.Do(func() error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644) }); err != nil {
-		t.Fatalf("forwarding in the pod: %v", err)
-	}
+	e.forward(e.Pod)
 	r1, _ := e.Remote.Netlink().LinkByName("mwti1")
 	vmNet := &net.IPNet{IP: VMAddr.AsSlice(), Mask: net.CIDRMask(24, 32)}
 	vmNet.IP = vmNet.IP.Mask(vmNet.Mask)
@@ -172,8 +170,8 @@ func (e *Env) AddVM() *harness.NS {
 // Peer addresses: a namespace behind the remote, whose connections to the
 // pod the remote routes (another pod of the node, as the node sees it).
 var (
-	PeerV4        = netip.MustParseAddr("198.18.66.2")
-	PeerGatewayV4 = netip.MustParseAddr("198.18.66.1")
+	PeerV4        = netip.MustParseAddr("198.18.67.2")
+	PeerGatewayV4 = netip.MustParseAddr("198.18.67.1")
 )
 
 // AddPeer creates the peer namespace and its link to the remote (mwtip0
@@ -184,10 +182,16 @@ func (e *Env) AddPeer() *harness.NS {
 	t.Helper()
 	peer := e.H.NewNS("mwti-peer")
 	e.linkTo(e.Remote, peer, "mwtip0", "mwtip1", PeerGatewayV4.String()+"/24", PeerV4.String()+"/24", PeerGatewayV4)
-	if err := e.Remote.Do(func() error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644) }); err != nil {
-		t.Fatalf("forwarding in the remote: %v", err)
-	}
+	e.forward(e.Remote)
 	return peer
+}
+
+// forward turns on IPv4 forwarding in ns.
+func (e *Env) forward(ns *harness.NS) {
+	e.T.Helper()
+	if err := ns.Do(func() error { return os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644) }); err != nil {
+		e.T.Fatalf("forwarding in %s: %v", ns.Name, err)
+	}
 }
 
 // linkTo links namespace from to a new namespace to with a veth pair
