@@ -106,6 +106,8 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"install", "--cni-bin-dir=/a", "--cni-conf-dir=/b", "--proxy-metadata", "A=1"}, "--proxy-metadata sets the chained", "meshwire install"},
 		{[]string{"node", "--cni-bin-dir=/a", "--cni-conf-dir=/b", "--plugin-log=x.log"}, `node: --plugin-log "x.log" is not an absolute path`, "meshwire node"},
 		{[]string{"node", "--cni-bin-dir=/a", "--cni-conf-dir=/b", "--proxy-gid", "me"}, `node: --proxy-gid "me" is not a gid`, "meshwire node"},
+		{[]string{"node", "--cni-bin-dir=/a", "--cni-conf-dir=/b", "--ambient"}, "node: --ambient needs the intercept plugin in the node's config (--chain or --intercept)", "meshwire node"},
+		{[]string{"node", "--cni-bin-dir=/a", "--cni-conf-dir=/b", "--chain", "--ambient", "--ambient-backend", "pf"}, "node: --ambient-backend: ", "meshwire node"},
 		{[]string{"completion"}, "completion: want one shell", "meshwire completion"},
 		{[]string{"completion", "tcsh"}, `unknown shell "tcsh"`, "meshwire completion"},
 		{[]string{"help", "frob"}, `help: unknown command "frob"`, "meshwire help"},

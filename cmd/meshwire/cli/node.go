@@ -93,12 +93,12 @@ func ambientFlags(fs *pflag.FlagSet) (on *bool, check func(installer.Options) (*
 			return nil, nil
 		}
 		if !in.Chain && !in.Intercept {
-			return nil, errors.New("node --ambient: needs the intercept plugin in the node's config (--chain or --intercept): it tells the agent where each pod's namespace is")
+			return nil, usagef("node: --ambient needs the intercept plugin in the node's config (--chain or --intercept): it tells the agent where each pod's namespace is")
 		}
 		if *backend != "" {
 			b, err := firewall.Parse(*backend)
 			if err != nil {
-				return nil, fmt.Errorf("node --ambient-backend: %w", err)
+				return nil, usagef("node: --ambient-backend: %v", err)
 			}
 			o.Backend = b
 		}
