@@ -260,7 +260,14 @@ func TestMeshwireDemo(t *testing.T) {
 	out := m.mustRun("demo")
 	for _, step := range []string{"reaches mwdemo-b at", "the host reaches mwdemo-b", "host port 127.0.0.1:8080 reaches mwdemo-b:80", "is shaped to 10mbit", "mwdemo-b: CNI CHECK passes", "removed bridge mw0",
 		"mwdemo-mesh app -> ", "original destination", "goes through the sidecar (proxy log: inbound from", "mwdemo-mesh: the eBPF fast path carried sidecar <-> app bytes", "(0 kept from the proxy)",
-		"eBPF fast path: both directions for mwdemo-mesh", "mwdemo-mesh: CNI CHECK passes"} {
+		"eBPF fast path: both directions for mwdemo-mesh", "mwdemo-mesh: CNI CHECK passes",
+		"ok    mwdemo-ambient wired with the intercept plugin chained, annotated istio.io/dataplane-mode=ambient",
+		"ok    mwdemo-ambient enrolled and handed to ztunnel (ztunnel log: add workload uid-mwdemo-ambient",
+		"ok    mwdemo-ambient app -> ", "goes through ztunnel (ztunnel log: outbound from ",
+		"goes through ztunnel, the app sees mwdemo-a (ztunnel log: inbound from ",
+		"ok    the host reaches mwdemo-ambient app at ", "uncaptured, from the probe address 169.254.7.127 (the host rule's SNAT",
+		"ok    DEL of mwdemo-ambient tells ztunnel the pod is gone (ztunnel log: del workload uid-mwdemo-ambient; 0 pod(s) enrolled)",
+		"ok    ambient mode stopped: the host's probe rule and probe sets removed"} {
 		if !strings.Contains(out, step) {
 			t.Errorf("demo output lacks %q", step)
 		}
