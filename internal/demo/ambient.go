@@ -89,6 +89,9 @@ func (l *logBuffer) String() string {
 // original destinations, the host's probe reaching its app uncaptured, and
 // its DEL; then stops ambient mode, whose host rule and sets go with it.
 func (d *demo) ambientSteps(conflist []byte, a, b *cniruntime.Record) {
+	if d.ctx.Err() != nil {
+		return
+	}
 	proxy := findTestProxy()
 	if proxy == "" {
 		fmt.Fprintf(d.out, "  skip  ambient pod: the test proxy (bin/test/proxy), ztunnel's stand-in, is not built; run `make build`\n")
@@ -117,7 +120,7 @@ func (d *demo) ambientSteps(conflist []byte, a, b *cniruntime.Record) {
 	}
 	backend := amb.Backend()
 	defer func() {
-		d.step("ambient mode stopped: the host's probe rule and probe sets removed", func() (string, error) {
+		d.report("ambient mode stopped: the host's probe rule and probe sets removed", func() (string, error) {
 			removed, err := amb.Stop()
 			if err != nil {
 				return "", err
@@ -176,9 +179,6 @@ func (d *demo) ambientSteps(conflist []byte, a, b *cniruntime.Record) {
 		}
 		return fmt.Sprintf("ztunnel log: add workload %s; %d pod(s) enrolled", demoAmbientUID, amb.Enrolled()), nil
 	})
-	if d.ctx.Err() != nil {
-		return
-	}
 	// from checks ztunnel's record: the pod's workload and the original
 	// destination the app or the client dialed.
 	from := func(addr string) func(proxylog.Record, string) error {
@@ -196,7 +196,7 @@ func (d *demo) ambientSteps(conflist []byte, a, b *cniruntime.Record) {
 			defer srv.Close()
 		}
 	}
-	if dst := podAddress(d.rt, rec, true); dst != nil && d.ctx.Err() == nil {
+	if dst := podAddress(d.rt, rec, true); dst != nil {
 		addr := net.JoinHostPort(dst.String(), strconv.Itoa(demoMeshApp))
 		aIP := podAddress(d.rt, a, true)
 		sees := func(r proxylog.Record, reply string) error {

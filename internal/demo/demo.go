@@ -142,7 +142,18 @@ type demo struct {
 	newBridge string
 }
 
+// step runs fn and shows its line, unless the demo is interrupted: then
+// what is left is the cleanup.
 func (d *demo) step(what string, fn func() (string, error)) {
+	if d.ctx.Err() != nil {
+		return
+	}
+	d.report(what, fn)
+}
+
+// report runs fn and shows its line, also when the demo is interrupted (a
+// cleanup's report).
+func (d *demo) report(what string, fn func() (string, error)) {
 	detail, err := fn()
 	if err != nil {
 		d.failed++
