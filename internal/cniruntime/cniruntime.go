@@ -47,8 +47,11 @@ type Record struct {
 	NetNS          string         `json:"netns"`
 	CreatedNetNS   bool           `json:"createdNetns"`
 	CapabilityArgs map[string]any `json:"capabilityArgs,omitempty"`
-	Attachments    []Attachment   `json:"attachments"`
-	Created        time.Time      `json:"created"`
+	// Args are the CNI_ARGS every call for the pod gets (a Kubernetes
+	// runtime's K8S_POD_NAMESPACE, K8S_POD_NAME, K8S_POD_UID).
+	Args        [][2]string  `json:"args,omitempty"`
+	Attachments []Attachment `json:"attachments"`
+	Created     time.Time    `json:"created"`
 }
 
 // Runtime holds the libcni config and the state directory.
@@ -105,8 +108,9 @@ func Plan(conflist []byte, ifName string) ([]Attachment, error) {
 
 // Add creates (or adopts) the namespace and runs every attachment's ADD. On
 // failure it undoes what it did (DEL of what was added, the namespace if it
-// created it) and returns the error.
-func (r *Runtime) Add(ctx context.Context, name string, conflist []byte, ifName string, caps map[string]any) (*Record, []types.Result, error) {
+// created it) and returns the error. args are the pod's CNI_ARGS, kept in
+// its record for CHECK and DEL.
+func (r *Runtime) Add(ctx context.Context, name string, conflist []byte, ifName string, caps map[string]any, args ...[2]string) (*Record, []types.Result, error) {
 	if err := netns.ValidName(name); err != nil {
 		return nil, nil, err
 	}
@@ -127,7 +131,7 @@ func (r *Runtime) Add(ctx context.Context, name string, conflist []byte, ifName 
 	if err != nil && !errors.Is(err, netns.ErrExists) {
 		return nil, nil, fmt.Errorf("create network namespace %s: %w", name, err)
 	}
-	rec := &Record{Name: name, ContainerID: newContainerID(), NetNS: path, CreatedNetNS: created, CapabilityArgs: caps, Created: time.Now().UTC()}
+	rec := &Record{Name: name, ContainerID: newContainerID(), NetNS: path, CreatedNetNS: created, CapabilityArgs: caps, Args: args, Created: time.Now().UTC()}
 	var results []types.Result
 	for _, a := range atts {
 		list, rt, err := r.prepare(rec, a)
@@ -170,6 +174,7 @@ func (r *Runtime) prepare(rec *Record, a Attachment) (*libcni.NetworkConfigList,
 		NetNS:          rec.NetNS,
 		IfName:         a.IfName,
 		CapabilityArgs: rec.CapabilityArgs,
+		Args:           rec.Args,
 	}, nil
 }
 

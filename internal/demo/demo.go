@@ -1,5 +1,6 @@
 // Package demo is `meshwire demo`: two pods wired with a conflist (and a
-// third, meshed, with meshwire's test proxy as its sidecar), every feature
+// third, meshed, with meshwire's test proxy as its sidecar, and a fourth in
+// Istio's ambient mode, with the test proxy as ztunnel), every feature
 // the conflist has proved on them step by step, and everything removed
 // afterwards, also when interrupted or when an earlier demo was killed.
 package demo
@@ -51,6 +52,7 @@ func Run(ctx context.Context, o Options) error {
 			d.newBridge = br // created by this demo: removed at the end
 		}
 	}
+	ambientEnv(rt)
 	d.cleanup("leftovers of an earlier demo")
 	defer func() {
 		if ctx.Err() != nil {
@@ -108,6 +110,7 @@ func Run(ctx context.Context, o Options) error {
 	}
 	if podAddress(rt, a, true) != nil {
 		d.meshSteps(conflist, a, b)
+		d.ambientSteps(conflist, a, b)
 	}
 	for _, rec := range recs {
 		d.step(fmt.Sprintf("%s: CNI CHECK passes", rec.Name), func() (string, error) {
@@ -139,7 +142,18 @@ type demo struct {
 	newBridge string
 }
 
+// step runs fn and shows its line, unless the demo is interrupted: then
+// what is left is the cleanup.
 func (d *demo) step(what string, fn func() (string, error)) {
+	if d.ctx.Err() != nil {
+		return
+	}
+	d.report(what, fn)
+}
+
+// report runs fn and shows its line, also when the demo is interrupted (a
+// cleanup's report).
+func (d *demo) report(what string, fn func() (string, error)) {
 	detail, err := fn()
 	if err != nil {
 		d.failed++
@@ -173,7 +187,7 @@ func (d *demo) cleanup(why string) {
 		}
 		removed++
 	}
-	for _, name := range append(demoPods, demoMeshPod) {
+	for _, name := range append(demoPods, demoMeshPod, demoAmbientPod) {
 		if netns.Exists(name) {
 			_ = netns.Delete(name)
 		}
@@ -187,7 +201,7 @@ func (d *demo) cleanup(why string) {
 	}
 	if why == "" {
 		left := []string{}
-		for _, name := range append(demoPods, demoMeshPod) {
+		for _, name := range append(demoPods, demoMeshPod, demoAmbientPod) {
 			if netns.Exists(name) {
 				left = append(left, name)
 			}

@@ -51,40 +51,52 @@ func findTestProxy() string {
 // meshConflist is the conflist with the intercept plugin appended, capturing
 // every inbound port and every outbound destination (as a mesh pod would).
 func meshConflist(conflist []byte) ([]byte, error) {
+	return withPlugin(conflist, map[string]any{
+		"type":                "intercept",
+		"istio-service-cidr":  "*",
+		"istio-inbound-ports": "*",
+	})
+}
+
+// withPlugin is the conflist with one more plugin at the end of its chain.
+func withPlugin(conflist []byte, plugin map[string]any) ([]byte, error) {
 	var m map[string]any
 	if err := json.Unmarshal(conflist, &m); err != nil {
 		return nil, err
 	}
 	plugins, _ := m["plugins"].([]any)
-	m["plugins"] = append(plugins, map[string]any{
-		"type":                "intercept",
-		"istio-service-cidr":  "*",
-		"istio-inbound-ports": "*",
-	})
+	m["plugins"] = append(plugins, plugin)
 	return json.Marshal(m)
 }
 
 // sidecar is the running test proxy and what it has logged.
 type sidecar struct {
+	name string // as the steps call its log: "proxy", "ztunnel"
 	cmd  *exec.Cmd
 	dir  string
 	recs chan proxylog.Record
 }
 
-// startSidecar copies the proxy where the proxy uid can run it (a fresh
-// world-readable directory: the build and state directories may be private
-// to root) and starts it from a thread inside the pod's namespace, so the
-// process lives there.
+// startSidecar starts the test proxy as the mesh pod's sidecar: uid 1337,
+// inside the pod's namespace.
 func startSidecar(proxy, nsPath string) (*sidecar, error) {
+	return startProxy(proxy, "proxy", nsPath, demoProxyUID, "-mode", "redirect", "-dns", "0")
+}
+
+// startProxy copies the proxy where the proxy uid can run it (a fresh
+// world-readable directory: the build and state directories may be private
+// to root) and starts it with args, as uid (0: root), from a thread inside
+// the namespace nsPath ("": the host's), so the process lives there.
+func startProxy(proxy, name, nsPath string, uid uint32, args ...string) (*sidecar, error) {
 	data, err := os.ReadFile(proxy)
 	if err != nil {
 		return nil, err
 	}
-	workDir, err := os.MkdirTemp("", "meshwire-demo-sidecar-")
+	workDir, err := os.MkdirTemp("", "meshwire-demo-"+name+"-")
 	if err != nil {
 		return nil, err
 	}
-	s := &sidecar{dir: workDir, recs: make(chan proxylog.Record, 64)}
+	s := &sidecar{name: name, dir: workDir, recs: make(chan proxylog.Record, 64)}
 	if err := os.Chmod(workDir, 0o755); err != nil {
 		s.stop()
 		return nil, err
@@ -94,18 +106,22 @@ func startSidecar(proxy, nsPath string) (*sidecar, error) {
 		s.stop()
 		return nil, err
 	}
-	cmd := exec.Command(bin, "-mode", "redirect", "-dns", "0")
+	cmd := exec.Command(bin, args...)
 	cmd.Dir = "/"
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Credential: &syscall.Credential{Uid: demoProxyUID, Gid: demoProxyUID},
-		Pdeathsig:  unix.SIGKILL, // never outlive the demo
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: unix.SIGKILL} // never outlive the demo
+	if uid != 0 {
+		cmd.SysProcAttr.Credential = &syscall.Credential{Uid: uid, Gid: uid}
 	}
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		s.stop()
 		return nil, err
 	}
-	if err := netns.Enter(nsPath, cmd.Start); err != nil {
+	start := cmd.Start
+	if nsPath != "" {
+		start = func() error { return netns.Enter(nsPath, cmd.Start) }
+	}
+	if err := start(); err != nil {
 		s.stop()
 		return nil, err
 	}
@@ -144,12 +160,17 @@ func (s *sidecar) next(timeout time.Duration) (proxylog.Record, error) {
 
 // conn waits for the proxy's record of a connection on the given listener.
 func (s *sidecar) conn(listener string) (proxylog.Record, error) {
+	return s.wait(listener+" connection", func(r proxylog.Record) bool { return r.Event == "conn" && r.Listener == listener })
+}
+
+// wait waits for a record that matches, skipping the others.
+func (s *sidecar) wait(what string, match func(proxylog.Record) bool) (proxylog.Record, error) {
 	for {
 		r, err := s.next(3 * time.Second)
 		if err != nil {
-			return r, fmt.Errorf("the proxy logged no %s connection: %w", listener, err)
+			return r, fmt.Errorf("the %s logged no %s: %w", s.name, what, err)
 		}
-		if r.Event == "conn" && r.Listener == listener {
+		if match(r) {
 			return r, nil
 		}
 	}
@@ -165,10 +186,11 @@ func (s *sidecar) stop() {
 
 // proxiedCall serves hello as name on addr's port in the namespace
 // serverNS and shows, as the step label, a call from clientNS to addr that
-// the sidecar's listener ("outbound" or "inbound") relays. It returns the
+// the sidecar's listener ("outbound" or "inbound") relays; check, when
+// set, also judges the proxy's record and the reply. It returns the
 // server for the caller to close (nil when it could not start; the step
 // then shows the failed call).
-func (d *demo) proxiedCall(side *sidecar, listener, label, clientNS, serverNS, name, addr string, port int) io.Closer {
+func (d *demo) proxiedCall(side *sidecar, listener, label, clientNS, serverNS, name, addr string, port int, check func(proxylog.Record, string) error) io.Closer {
 	var closer io.Closer
 	if srv, err := serveHello(serverNS, fmt.Sprintf(":%d", port), name); err == nil {
 		closer = srv
@@ -182,7 +204,12 @@ func (d *demo) proxiedCall(side *sidecar, listener, label, clientNS, serverNS, n
 		if err != nil {
 			return "", err
 		}
-		return fmt.Sprintf("proxy log: %s from %s, original destination %s; reply %q", listener, r.Src, r.OrigDst, reply), nil
+		if check != nil {
+			if err := check(r, reply); err != nil {
+				return "", err
+			}
+		}
+		return fmt.Sprintf("%s log: %s from %s, original destination %s; reply %q", side.name, listener, r.Src, r.OrigDst, reply), nil
 	})
 	return closer
 }
@@ -230,14 +257,14 @@ func (d *demo) meshSteps(conflist []byte, a, b *cniruntime.Record) {
 	if dst := podAddress(d.rt, b, true); dst != nil {
 		addr := net.JoinHostPort(dst.String(), strconv.Itoa(demoPodPort))
 		if srv := d.proxiedCall(side, "outbound", fmt.Sprintf("%s app -> %s goes through the sidecar", demoMeshPod, addr),
-			rec.NetNS, b.NetNS, b.Name, addr, demoPodPort); srv != nil {
+			rec.NetNS, b.NetNS, b.Name, addr, demoPodPort, nil); srv != nil {
 			defer srv.Close()
 		}
 	}
 	if dst := podAddress(d.rt, rec, true); dst != nil {
 		addr := net.JoinHostPort(dst.String(), strconv.Itoa(demoMeshApp))
 		if app := d.proxiedCall(side, "inbound", fmt.Sprintf("%s -> %s app at %s goes through the sidecar", a.Name, demoMeshPod, addr),
-			a.NetNS, rec.NetNS, demoMeshPod+" app", addr, demoMeshApp); app != nil {
+			a.NetNS, rec.NetNS, demoMeshPod+" app", addr, demoMeshApp, nil); app != nil {
 			defer app.Close()
 		}
 	}

@@ -145,7 +145,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 		a.amb.Store(amb)
-		defer amb.stop()
+		defer func() { _, _ = amb.stop() }()
 		kick = amb.kick
 	}
 	a.tick()

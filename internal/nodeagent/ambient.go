@@ -11,6 +11,7 @@ import (
 
 	"github.com/meshwire/meshwire/internal/ambient"
 	"github.com/meshwire/meshwire/internal/ambientnode"
+	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/podnetns"
 	"github.com/meshwire/meshwire/internal/podwatch"
@@ -66,7 +67,7 @@ func zdsWorkload(w ambientnode.Workload) zds.Workload {
 // the host rule installed, the ZDS server and the plugin's socket
 // listening, the API watched. What it started stops with ctx; wait
 // returns once it has.
-func startAmbient(ctx context.Context, o AmbientOptions, logf func(string, ...any)) (*ambientAgent, error) {
+func startAmbient(ctx context.Context, o AmbientOptions, logf func(string, ...any)) (_ *ambientAgent, err error) {
 	if o.ZtunnelSocket == "" {
 		o.ZtunnelSocket = zds.SocketPath
 	}
@@ -86,6 +87,11 @@ func startAmbient(ctx context.Context, o AmbientOptions, logf func(string, ...an
 		return nil, fmt.Errorf("ambient mode: %w", err)
 	}
 	a.node = node
+	defer func() {
+		if err != nil {
+			_, _ = a.stop() // the ZDS server closed, the host rule removed unless pods are enrolled
+		}
+	}()
 	if err := node.InstallHost(ctx); err != nil {
 		return nil, fmt.Errorf("ambient mode: %w", err)
 	}
@@ -134,6 +140,68 @@ func startAmbient(ctx context.Context, o AmbientOptions, logf func(string, ...an
 	logf("ambient mode on (%s rules); ztunnel connects at %s; pods enrolled by %s", o.Backend, o.ZtunnelSocket, how)
 	return a, nil
 }
+
+// Ambient is ambient mode running on its own, without the rest of the
+// agent (no installer, no fast path, no HTTP endpoints): what `meshwire
+// demo` runs in its own process.
+type Ambient struct {
+	a      *ambientAgent
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// StartAmbient starts ambient mode as `meshwire node --ambient` does
+// (startAmbient) with its reconcile loop: a round at once, then every
+// interval (10s when zero) and when the API server shows a change. Stop
+// ends it; so does ctx, but only Stop waits for the stop.
+func StartAmbient(ctx context.Context, o AmbientOptions, interval time.Duration, logf func(string, ...any)) (*Ambient, error) {
+	if logf == nil {
+		logf = func(string, ...any) {}
+	}
+	if interval <= 0 {
+		interval = 10 * time.Second
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	a, err := startAmbient(ctx, o, logf)
+	if err != nil {
+		cancel()
+		return nil, err
+	}
+	x := &Ambient{a: a, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(x.done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			_ = cnierr.Catch(func() error { a.reconcile(ctx); return nil })
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			case <-a.kick:
+			}
+		}
+	}()
+	return x, nil
+}
+
+// Stop stops ambient mode as the agent's stop does: the enrolled pods
+// stay as they are; the host rule and the probe sets go when none is.
+// It reports whether they went.
+func (x *Ambient) Stop() (hostRemoved bool, err error) {
+	x.cancel()
+	<-x.done
+	return x.a.stop()
+}
+
+// ZtunnelsConnected is how many ztunnels are connected to the ZDS socket.
+func (x *Ambient) ZtunnelsConnected() int { return x.a.zds.Stats().Connected }
+
+// Enrolled is how many pods are enrolled.
+func (x *Ambient) Enrolled() int { return x.a.node.Stats().Enrolled }
+
+// Backend is the firewall the rules are programmed with.
+func (x *Ambient) Backend() firewall.Backend { return x.a.o.Backend }
 
 // listenUnix listens on a Unix socket at path, in place of a socket a
 // previous agent left.
@@ -231,7 +299,8 @@ func (a *ambientAgent) reconcile(ctx context.Context) {
 // when no pod is enrolled.
 // The plugin's socket stays: a pod added while the agent is away is
 // told no agent answers, and enrolled from its record when it is back.
-func (a *ambientAgent) stop() {
+// It reports whether the host rule went.
+func (a *ambientAgent) stop() (hostRemoved bool, err error) {
 	if a.zds != nil {
 		_ = a.zds.Close()
 	}
@@ -241,11 +310,13 @@ func (a *ambientAgent) stop() {
 	switch {
 	case err != nil:
 		a.logf("ambient: remove the host's probe rule: %v", err)
+		return false, err
 	case removed:
 		a.logf("ambient: no pod enrolled; host probe rule removed")
 	default:
 		a.logf("ambient: pods stay enrolled (their rules, ztunnel's hold on them); the host probe rule stays")
 	}
+	return removed, nil
 }
 
 // writeMetrics adds ambient mode's gauges and counters.

@@ -260,7 +260,14 @@ func TestMeshwireDemo(t *testing.T) {
 	out := m.mustRun("demo")
 	for _, step := range []string{"reaches mwdemo-b at", "the host reaches mwdemo-b", "host port 127.0.0.1:8080 reaches mwdemo-b:80", "is shaped to 10mbit", "mwdemo-b: CNI CHECK passes", "removed bridge mw0",
 		"mwdemo-mesh app -> ", "original destination", "goes through the sidecar (proxy log: inbound from", "mwdemo-mesh: the eBPF fast path carried sidecar <-> app bytes", "(0 kept from the proxy)",
-		"eBPF fast path: both directions for mwdemo-mesh", "mwdemo-mesh: CNI CHECK passes"} {
+		"eBPF fast path: both directions for mwdemo-mesh", "mwdemo-mesh: CNI CHECK passes",
+		"ok    mwdemo-ambient wired with the intercept plugin chained, annotated istio.io/dataplane-mode=ambient",
+		"ok    mwdemo-ambient enrolled and handed to ztunnel (ztunnel log: add workload uid-mwdemo-ambient",
+		"ok    mwdemo-ambient app -> ", "goes through ztunnel (ztunnel log: outbound from ",
+		"goes through ztunnel, the app sees mwdemo-a (ztunnel log: inbound from ",
+		"ok    the host reaches mwdemo-ambient app at ", "uncaptured, from the probe address 169.254.7.127 (the host rule's SNAT",
+		"ok    DEL of mwdemo-ambient tells ztunnel the pod is gone (ztunnel log: del workload uid-mwdemo-ambient; 0 pod(s) enrolled)",
+		"ok    ambient mode stopped: the host's probe rule and probe sets removed"} {
 		if !strings.Contains(out, step) {
 			t.Errorf("demo output lacks %q", step)
 		}
@@ -273,11 +280,40 @@ func TestMeshwireDemo(t *testing.T) {
 // TestMeshwireDemoInterrupted: Ctrl-C while the demo holds its pods removes
 // everything.
 func TestMeshwireDemoInterrupted(t *testing.T) {
+	seen := demoInterrupted(t, "holding the pods", "--hold", "60s")
+	if !strings.Contains(seen, "no namespace left behind") {
+		t.Fatalf("no cleanup report:\n%s", seen)
+	}
+}
+
+// TestMeshwireDemoInterruptedAmbient: Ctrl-C in the middle of the ambient
+// part deletes the ambient pod before its agent stops, so that the host
+// rule and the probe sets go too, and leaves no ztunnel stand-in running.
+func TestMeshwireDemoInterruptedAmbient(t *testing.T) {
+	seen := demoInterrupted(t, "  ok    mwdemo-ambient enrolled and handed to ztunnel")
+	for _, want := range []string{"ok    ambient mode stopped: the host's probe rule and probe sets removed", "no namespace left behind"} {
+		if !strings.Contains(seen, want) {
+			t.Fatalf("output lacks %q:\n%s", want, seen)
+		}
+	}
+	if out, _ := exec.Command("ipset", "list", "-n").CombinedOutput(); strings.Contains(string(out), "istio-inpod-probes") {
+		t.Fatalf("probe sets left: %s", out)
+	}
+	if out, _ := exec.Command("pgrep", "-f", "meshwire-demo-ztunnel-").CombinedOutput(); len(strings.TrimSpace(string(out))) > 0 {
+		t.Fatalf("the ztunnel stand-in outlived the demo: pids %s", out)
+	}
+}
+
+// demoInterrupted runs the demo with args, interrupts it (SIGINT) at the
+// first line that starts with at, and checks that it exits 1 within 30s
+// leaving no namespace of its pods; it returns the demo's output.
+func demoInterrupted(t *testing.T, at string, args ...string) string {
+	t.Helper()
 	m := newMeshwireCmd(t)
 	h := harness.New(t)
 	nodeBaseline(t)
 	h.CheckNoLeaks()
-	cmd := exec.Command(m.bin, "demo", "--hold", "60s", "--state-dir", m.stateDir, "--cni-path", m.cniPath)
+	cmd := exec.Command(m.bin, append([]string{"demo", "--state-dir", m.stateDir, "--cni-path", m.cniPath}, args...)...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -290,12 +326,12 @@ func TestMeshwireDemoInterrupted(t *testing.T) {
 	var seen []string
 	for sc.Scan() {
 		seen = append(seen, sc.Text())
-		if strings.HasPrefix(sc.Text(), "holding the pods") {
+		if strings.HasPrefix(sc.Text(), at) {
 			break
 		}
 	}
 	if !netns.Exists("mwdemo-a") || !netns.Exists("mwdemo-b") {
-		t.Fatalf("demo pods not there while holding; output:\n%s", strings.Join(seen, "\n"))
+		t.Fatalf("demo pods not there at %q; output:\n%s", at, strings.Join(seen, "\n"))
 	}
 	start := time.Now()
 	_ = cmd.Process.Signal(syscall.SIGINT)
@@ -307,14 +343,14 @@ func TestMeshwireDemoInterrupted(t *testing.T) {
 		t.Fatal("demo took too long to clean up after the interrupt")
 	}
 	if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
-		t.Fatalf("interrupted demo: %v, want exit 1", err)
+		t.Fatalf("interrupted demo: %v, want exit 1; output:\n%s", err, strings.Join(seen, "\n"))
 	}
-	if netns.Exists("mwdemo-a") || netns.Exists("mwdemo-b") {
-		t.Fatalf("interrupted demo left namespaces; output:\n%s", strings.Join(seen, "\n"))
+	for _, name := range []string{"mwdemo-a", "mwdemo-b", "mwdemo-mesh", "mwdemo-ambient"} {
+		if netns.Exists(name) {
+			t.Fatalf("interrupted demo left namespace %s; output:\n%s", name, strings.Join(seen, "\n"))
+		}
 	}
-	if !strings.Contains(strings.Join(seen, "\n"), "no namespace left behind") {
-		t.Fatalf("no cleanup report:\n%s", strings.Join(seen, "\n"))
-	}
+	return strings.Join(seen, "\n")
 }
 
 func meshwireFetch(addr string) (string, error) {

@@ -183,9 +183,9 @@ func (e *env) gcCmd() *cobra.Command {
 func (e *env) demoCmd() *cobra.Command {
 	var conf string
 	c := leafCmd("demo", "wire two namespaces with the default conflist, show what works, clean up",
-		"Wire two namespaces (and a meshed third one) with the default conflist or --conf, show\n"+
-			"what works, clean up (after --hold, or at once on Ctrl-C). Without --state-dir the demo\n"+
-			"keeps its records in "+demo.StateDir+".")
+		"Wire two namespaces (and a meshed third one, and a fourth in Istio's ambient mode) with\n"+
+			"the default conflist or --conf, show what works, clean up (after --hold, or at once on\n"+
+			"Ctrl-C). Without --state-dir the demo keeps its records in "+demo.StateDir+".")
 	hold := c.Flags().Duration("hold", 0, "keep the pods up this long before cleaning up")
 	c.Flags().StringVar(&conf, "conf", "", "conflist file to demo (default: the embedded default conflist)")
 	c.RunE = func(c *cobra.Command, _ []string) error {
