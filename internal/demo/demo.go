@@ -1,8 +1,9 @@
-// Package demo is `meshwire demo`: two pods wired with a conflist (and a
-// third, meshed, with meshwire's test proxy as its sidecar, and a fourth in
-// Istio's ambient mode, with the test proxy as ztunnel), every feature
-// the conflist has proved on them step by step, and everything removed
-// afterwards, also when interrupted or when an earlier demo was killed.
+// Package demo is `meshwire demo`: pods wired with a conflist, every
+// feature the conflist has proved on them step by step, and everything
+// removed afterwards, also when interrupted or when an earlier demo was
+// killed. Two pods are plain, a third is meshed (meshwire's test proxy as
+// its sidecar), a fourth is in Istio's ambient mode (the test proxy as
+// ztunnel).
 package demo
 
 import (
