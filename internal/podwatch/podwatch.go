@@ -126,12 +126,12 @@ func Start(ctx context.Context, c kubernetes.Interface, node string, changed fun
 	if err := errors.Join(w.pods.SetTransform(trimPod), w.namespaces.SetTransform(trimNamespace)); err != nil {
 		return nil, err
 	}
-	_, err1 := w.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	podsDelivered, err1 := w.pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    w.podAdded,
 		UpdateFunc: w.podUpdated,
 		DeleteFunc: w.podDeleted,
 	})
-	_, err2 := w.namespaces.AddEventHandler(cache.ResourceEventHandlerFuncs{
+	namespacesDelivered, err2 := w.namespaces.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    w.namespaceAdded,
 		UpdateFunc: w.namespaceUpdated,
 		DeleteFunc: w.namespaceDeleted,
@@ -145,14 +145,16 @@ func Start(ctx context.Context, c kubernetes.Interface, node string, changed fun
 	go w.namespaces.RunWithContext(ctx)
 	syncCtx, stop := context.WithTimeout(ctx, SyncTimeout)
 	defer stop()
-	if !cache.WaitForCacheSync(syncCtx.Done(), w.pods.HasSynced, w.namespaces.HasSynced) {
+	// Synced: the first lists are in the caches and their events handed
+	// to the handlers, so that the first calls are queued (once each).
+	if !cache.WaitForCacheSync(syncCtx.Done(), podsDelivered.HasSynced, namespacesDelivered.HasSynced) {
 		cancel()
 		w.queue.ShutDown()
 		var missing []string
-		if !w.pods.HasSynced() {
+		if !podsDelivered.HasSynced() {
 			missing = append(missing, "the pods of node "+node)
 		}
-		if !w.namespaces.HasSynced() {
+		if !namespacesDelivered.HasSynced() {
 			missing = append(missing, "the namespaces")
 		}
 		return nil, fmt.Errorf("podwatch: could not list %s in %v: %w", strings.Join(missing, " and "), SyncTimeout, context.Cause(syncCtx))

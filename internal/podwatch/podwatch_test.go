@@ -284,12 +284,14 @@ func TestSidecarPodNotEnrolled(t *testing.T) {
 // TestDeletedPodGone: a deleted pod is called back for and then gone.
 func TestDeletedPodGone(t *testing.T) {
 	k := start(t, namespace("apps", ambientLabel), pod("apps", "a", node, nil, nil, "10.0.0.1"))
+	k.called("apps-a")
 	k.enrolled("apps-a", true)
 	k.reset()
 	if err := k.c.CoreV1().Pods("apps").Delete(context.Background(), "a", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	k.called("apps-a")
+	// The call comes after the cache has dropped the pod.
 	if _, ok := k.w.Pod("apps-a"); ok {
 		t.Error("the deleted pod is still reported")
 	}
@@ -304,6 +306,7 @@ func TestDeletedPodGone(t *testing.T) {
 func TestTerminalPodKeepsItsIPs(t *testing.T) {
 	p := pod("apps", "job", node, nil, nil, "10.0.0.9")
 	k := start(t, namespace("apps", ambientLabel), p)
+	k.called("apps-job")
 	k.enrolled("apps-job", true)
 	k.reset()
 	p.Status = corev1.PodStatus{Phase: corev1.PodSucceeded}
@@ -311,9 +314,13 @@ func TestTerminalPodKeepsItsIPs(t *testing.T) {
 		t.Fatal(err)
 	}
 	k.called("apps-job")
-	got, _ := k.w.Pod("apps-job")
-	if !got.Terminating || !slices.Equal(got.IPs, []netip.Addr{netip.MustParseAddr("10.0.0.9")}) {
-		t.Errorf("Pod = %+v, want Terminating with its last address", got)
+	var got Pod
+	k.eventually("Terminating", func() bool {
+		got, _ = k.w.Pod("apps-job")
+		return got.Terminating
+	})
+	if !slices.Equal(got.IPs, []netip.Addr{netip.MustParseAddr("10.0.0.9")}) {
+		t.Errorf("Pod = %+v, want its last address", got)
 	}
 }
 

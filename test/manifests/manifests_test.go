@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -22,6 +23,7 @@ import (
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/util/yaml"
 )
 
@@ -82,6 +84,12 @@ func TestManifestsDecodeStrictly(t *testing.T) {
 				obj = &appsv1.DaemonSet{}
 			case "v1/Pod":
 				obj = &corev1.Pod{}
+			case "v1/ServiceAccount":
+				obj = &corev1.ServiceAccount{}
+			case "rbac.authorization.k8s.io/v1/ClusterRole":
+				obj = &rbacv1.ClusterRole{}
+			case "rbac.authorization.k8s.io/v1/ClusterRoleBinding":
+				obj = &rbacv1.ClusterRoleBinding{}
 			default:
 				t.Fatalf("%s #%d: kind %s %s has no check here", file, i, meta.APIVersion, meta.Kind)
 			}
@@ -101,15 +109,10 @@ func TestStrictDecodingRefusesTypos(t *testing.T) {
 
 func TestDaemonSet(t *testing.T) {
 	var ds appsv1.DaemonSet
-	if err := strict(documents(t)["daemonset.yaml"][0], &ds); err != nil {
-		t.Fatal(err)
-	}
+	decodeKind(t, "daemonset.yaml", "DaemonSet", &ds)
 	spec := ds.Spec.Template.Spec
 	if !spec.HostNetwork || ds.Spec.Selector == nil || !labelsMatch(ds.Spec.Selector.MatchLabels, ds.Spec.Template.Labels) {
 		t.Fatalf("want host network and a selector matching the template: %+v", ds.Spec)
-	}
-	if spec.AutomountServiceAccountToken == nil || *spec.AutomountServiceAccountToken {
-		t.Error("the installer talks to no API server: no service account token")
 	}
 	if len(spec.Containers) != 1 {
 		t.Fatalf("want the node agent as the one container, got %d", len(spec.Containers))
@@ -182,9 +185,11 @@ func TestDaemonSet(t *testing.T) {
 	if !strings.HasPrefix(listen, "[$(NODE_IP)]:") {
 		t.Errorf("--listen=%q: want the node's IP from the downward API", listen)
 	}
-	if i := slices.IndexFunc(node.Env, func(e corev1.EnvVar) bool { return e.Name == "NODE_IP" }); i < 0 || node.Env[i].ValueFrom == nil ||
-		node.Env[i].ValueFrom.FieldRef == nil || node.Env[i].ValueFrom.FieldRef.FieldPath != "status.hostIP" {
+	if !fromField(node.Env, "NODE_IP", "status.hostIP") {
 		t.Error("NODE_IP is not the node's IP (status.hostIP)")
+	}
+	if !fromField(node.Env, "NODE_NAME", "spec.nodeName") {
+		t.Error("NODE_NAME is not the node's name (spec.nodeName): the agent watches the pods of its node")
 	}
 	port := listen[strings.LastIndex(listen, ":")+1:]
 	for what, p := range map[string]*corev1.Probe{"/readyz": node.ReadinessProbe, "/healthz": node.LivenessProbe} {
@@ -239,6 +244,31 @@ func TestSamplePod(t *testing.T) {
 	}
 }
 
+// fromField tells whether env sets name from the pod's field at path
+// (the downward API).
+func fromField(env []corev1.EnvVar, name, path string) bool {
+	i := slices.IndexFunc(env, func(e corev1.EnvVar) bool { return e.Name == name })
+	return i >= 0 && env[i].ValueFrom != nil && env[i].ValueFrom.FieldRef != nil && env[i].ValueFrom.FieldRef.FieldPath == path
+}
+
+// decodeKind decodes strictly into v the one document of kind in file.
+func decodeKind(t *testing.T, file, kind string, v any) {
+	t.Helper()
+	var found [][]byte
+	for _, doc := range documents(t)[file] {
+		var meta struct{ Kind string }
+		if err := json.Unmarshal(doc, &meta); err == nil && meta.Kind == kind {
+			found = append(found, doc)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("%s: %d documents of kind %s, want one", file, len(found), kind)
+	}
+	if err := strict(found[0], v); err != nil {
+		t.Fatalf("%s: %s: %v", file, kind, err)
+	}
+}
+
 // linksTo reports whether path leads to target through links on this host.
 func linksTo(path, target string) bool {
 	real, err := filepath.EvalSymlinks(path)
@@ -263,4 +293,115 @@ func labelsMatch(sel, labels map[string]string) bool {
 		}
 	}
 	return len(sel) > 0
+}
+
+// TestDaemonSetAPIAccess: the node agent reads pods and namespaces (which
+// pods Istio's ambient mode enrolls) with its own ServiceAccount, whose
+// token is mounted, and may do nothing else.
+func TestDaemonSetAPIAccess(t *testing.T) {
+	for _, p := range loadAPIAccess(t).problems() {
+		t.Error(p)
+	}
+}
+
+// TestAPIAccessCheckFails: the check above catches more rights, fewer
+// rights, another subject and no token.
+func TestAPIAccessCheckFails(t *testing.T) {
+	no := false
+	for name, spoil := range map[string]func(a *apiAccess){
+		"a write verb":          func(a *apiAccess) { a.role.Rules[0].Verbs = append(a.role.Rules[0].Verbs, "patch") },
+		"every verb":            func(a *apiAccess) { a.role.Rules[0].Verbs = []string{"*"} },
+		"secrets":               func(a *apiAccess) { a.role.Rules[0].Resources = append(a.role.Rules[0].Resources, "secrets") },
+		"another group":         func(a *apiAccess) { a.role.Rules[0].APIGroups = []string{"apps"} },
+		"no watch":              func(a *apiAccess) { a.role.Rules[0].Verbs = []string{"get", "list"} },
+		"no namespaces":         func(a *apiAccess) { a.role.Rules[0].Resources = []string{"pods"} },
+		"another subject":       func(a *apiAccess) { a.binding.Subjects[0].Namespace = "default" },
+		"another role":          func(a *apiAccess) { a.binding.RoleRef.Name = "cluster-admin" },
+		"the default account":   func(a *apiAccess) { a.ds.Spec.Template.Spec.ServiceAccountName = "" },
+		"no token in the pod":   func(a *apiAccess) { a.ds.Spec.Template.Spec.AutomountServiceAccountToken = &no },
+		"no token for the SA":   func(a *apiAccess) { a.sa.AutomountServiceAccountToken = &no },
+		"the SA somewhere else": func(a *apiAccess) { a.sa.Namespace = "default" },
+	} {
+		a := loadAPIAccess(t)
+		spoil(&a)
+		if len(a.problems()) == 0 {
+			t.Errorf("%s: the check passes", name)
+		}
+	}
+}
+
+// apiAccess is the node agent's access to the API server, as the
+// manifest gives it.
+type apiAccess struct {
+	ds      appsv1.DaemonSet
+	sa      corev1.ServiceAccount
+	role    rbacv1.ClusterRole
+	binding rbacv1.ClusterRoleBinding
+}
+
+// loadAPIAccess reads the node agent's access from the manifest.
+func loadAPIAccess(t *testing.T) apiAccess {
+	t.Helper()
+	var a apiAccess
+	decodeKind(t, "daemonset.yaml", "DaemonSet", &a.ds)
+	decodeKind(t, "daemonset.yaml", "ServiceAccount", &a.sa)
+	decodeKind(t, "daemonset.yaml", "ClusterRole", &a.role)
+	decodeKind(t, "daemonset.yaml", "ClusterRoleBinding", &a.binding)
+	return a
+}
+
+// agentNeeds are the resources (of the core group) the agent watches;
+// readOnly the verbs it may have, of which an informer needs list and
+// watch.
+var (
+	agentNeeds = []string{"pods", "namespaces"}
+	readOnly   = []string{"get", "list", "watch"}
+)
+
+// problems lists what is wrong with a.
+func (a apiAccess) problems() []string {
+	var out []string
+	spec := a.ds.Spec.Template.Spec
+	if spec.ServiceAccountName != a.sa.Name || a.sa.Namespace != a.ds.Namespace {
+		out = append(out, "the DaemonSet runs as "+a.ds.Namespace+"/"+spec.ServiceAccountName+", not as the manifest's ServiceAccount "+a.sa.Namespace+"/"+a.sa.Name)
+	}
+	// The pod's setting wins over the ServiceAccount's.
+	if mount := spec.AutomountServiceAccountToken; (mount != nil && !*mount) || (mount == nil && a.sa.AutomountServiceAccountToken != nil && !*a.sa.AutomountServiceAccountToken) {
+		out = append(out, "the ServiceAccount's token is not mounted: the agent cannot reach the API server")
+	}
+	if r := a.binding.RoleRef; r.APIGroup != rbacv1.GroupName || r.Kind != "ClusterRole" || r.Name != a.role.Name {
+		out = append(out, fmt.Sprintf("the ClusterRoleBinding refers to %+v, not to the ClusterRole %s", r, a.role.Name))
+	}
+	want := rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: a.sa.Name, Namespace: a.sa.Namespace}
+	if len(a.binding.Subjects) != 1 || a.binding.Subjects[0] != want {
+		out = append(out, fmt.Sprintf("the ClusterRoleBinding binds %+v, want only %+v", a.binding.Subjects, want))
+	}
+	if a.role.AggregationRule != nil {
+		out = append(out, "the ClusterRole aggregates others")
+	}
+	granted := map[string][]string{} // resource: verbs
+	for _, r := range a.role.Rules {
+		if !slices.Equal(r.APIGroups, []string{""}) || len(r.NonResourceURLs) > 0 {
+			out = append(out, fmt.Sprintf("rule %+v: want the core group's resources only", r))
+		}
+		for _, res := range r.Resources {
+			if !slices.Contains(agentNeeds, res) {
+				out = append(out, fmt.Sprintf("rule %+v: %q is not a resource the agent reads", r, res))
+			}
+			for _, v := range r.Verbs {
+				if !slices.Contains(readOnly, v) {
+					out = append(out, fmt.Sprintf("rule %+v: verb %q is more than read access", r, v))
+				}
+				granted[res] = append(granted[res], v)
+			}
+		}
+	}
+	for _, res := range agentNeeds {
+		for _, v := range []string{"list", "watch"} {
+			if !slices.Contains(granted[res], v) {
+				out = append(out, fmt.Sprintf("the ClusterRole does not %s %s: the agent's informer needs it", v, res))
+			}
+		}
+	}
+	return out
 }
