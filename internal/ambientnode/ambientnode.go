@@ -1,9 +1,9 @@
-// Package ambientnode is the node side of Istio's ambient mode, the job
-// istio-cni's node agent does: for each pod enrolled in ambient, it
-// installs the in-pod rules (package ambient) in the pod's network
-// namespace, puts the pod's addresses in the probe sets of the host rule,
-// and hands the namespace to the node's ztunnel (package zds); it undoes
-// all three when the pod leaves ambient or goes. The pods' namespaces come
+// Package ambientnode enrolls the pods of a node in Istio's ambient mode,
+// the job istio-cni's node agent does. For each enrolled pod it installs
+// the in-pod rules (package ambient) and policy routing in the pod's
+// network namespace, puts the pod's addresses in the probe sets of the
+// host rule, and hands the namespace to the node's ztunnel; it undoes all
+// three when the pod leaves ambient or goes. The pods' namespaces come
 // from the intercept plugin's records (package podnetns); whether a pod is
 // enrolled is the caller's to decide (Options.Decide: the API server's
 // labels, or the pod's annotations). What it enrolled is kept on the node,
@@ -73,8 +73,9 @@ type Options struct {
 	// PodsDir holds the plugin's records (podnetns.Dir when empty), and
 	// StateDir the enrolled pods (StateDir when empty).
 	PodsDir, StateDir string
-	// Decide decides for one pod's record.
-	Decide  func(podnetns.Pod) Enrollment
+	// Decide decides for one pod's record; atAdd: at the pod's ADD (a
+	// pod just created, which the API server's watch may not show yet).
+	Decide  func(p podnetns.Pod, atAdd bool) Enrollment
 	Ztunnel Ztunnel
 	Logf    func(format string, a ...any)
 }
@@ -106,10 +107,32 @@ type Stats struct {
 // Node enrolls and unenrolls the pods of this node. Its methods are safe
 // to call at once: one pod is acted on at a time.
 type Node struct {
-	o     Options
-	mu    sync.Mutex
+	o  Options
+	mu sync.Mutex // held by each pod's act (Sync), ztunnel's ack waited for
+	// pmu guards pods and stats, which Sync changes holding mu too: the
+	// snapshot a connecting ztunnel asks for (Workloads) must not wait
+	// for an act that waits for that ztunnel.
+	pmu   sync.Mutex
 	pods  map[string]enrolled // by record name
 	stats Stats
+}
+
+// setPod keeps (or, with ok false, drops) an enrolled pod.
+func (n *Node) setPod(name string, e enrolled, ok bool) {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	if ok {
+		n.pods[name] = e
+	} else {
+		delete(n.pods, name)
+	}
+}
+
+// count changes the counters.
+func (n *Node) count(f func(*Stats)) {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	f(&n.stats)
 }
 
 // New reads the pods the node enrolled before (a restart of the agent).
@@ -152,8 +175,8 @@ func (n *Node) Config() ambient.Config { return n.o.Config }
 // Workloads are the enrolled pods whose namespace is still theirs: the
 // snapshot ztunnel is sent when it connects.
 func (n *Node) Workloads() []Workload {
-	n.mu.Lock()
-	defer n.mu.Unlock()
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
 	out := make([]Workload, 0, len(n.pods))
 	for _, e := range n.pods {
 		if e.Pod.Check() == nil {
@@ -176,8 +199,8 @@ func cmpStrings(a, b string) int {
 
 // Stats returns the node's counters.
 func (n *Node) Stats() Stats {
-	n.mu.Lock()
-	defer n.mu.Unlock()
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
 	s := n.stats
 	s.Enrolled = len(n.pods)
 	return s
@@ -194,11 +217,11 @@ func (n *Node) Reconcile(ctx context.Context) error {
 	for name := range recs {
 		names[name] = true
 	}
-	n.mu.Lock()
+	n.pmu.Lock()
 	for name := range n.pods {
 		names[name] = true
 	}
-	n.mu.Unlock()
+	n.pmu.Unlock()
 	var errs []error
 	for _, name := range slices.Sorted(mapsKeys(names)) {
 		if _, err := n.Sync(ctx, name, false); err != nil {
@@ -238,12 +261,17 @@ func (n *Node) Sync(ctx context.Context, name string, atAdd bool) (string, error
 		ok = false
 	}
 	if !ok {
+		if was && cur.Pod.Check() == nil {
+			// DEL with the namespace still there (the runtime may ADD
+			// the same sandbox again): its rules go too.
+			return podnetns.AnswerNotEnrolled + ": the pod's DEL ran", n.unenroll(ctx, name, cur)
+		}
 		if was {
 			return podnetns.AnswerNotEnrolled + ": the pod is gone", n.forget(ctx, name, cur)
 		}
 		return podnetns.AnswerNotEnrolled + ": no record of the pod", nil
 	}
-	e := n.o.Decide(rec)
+	e := n.o.Decide(rec, atAdd)
 	if !e.Enrolled {
 		if was {
 			if err := n.unenroll(ctx, name, cur); err != nil {
@@ -261,10 +289,10 @@ func (n *Node) Sync(ctx context.Context, name string, atAdd bool) (string, error
 		return "", fmt.Errorf("pod %s is enrolled in ambient mode and no ztunnel is connected to the node agent", rec.Key())
 	}
 	if err := n.enroll(ctx, name, want, was); err != nil {
-		n.stats.EnrollFailures++
+		n.count(func(s *Stats) { s.EnrollFailures++ })
 		return "", fmt.Errorf("enroll pod %s in ambient mode: %w", rec.Key(), err)
 	}
-	n.stats.Enrollments++
+	n.count(func(s *Stats) { s.Enrollments++ })
 	n.o.Logf("ambient: pod %s enrolled (%s)", rec.Key(), e.Why)
 	return podnetns.AnswerEnrolled, nil
 }
@@ -293,15 +321,15 @@ func (n *Node) enroll(ctx context.Context, name string, e enrolled, again bool) 
 		n.undo(ctx, e)
 		return err
 	}
-	n.pods[name] = e
+	n.setPod(name, e, true)
 	if err := n.o.Ztunnel.Add(ctx, e.workload()); err != nil {
-		n.stats.HandoffErrors++
+		n.count(func(s *Stats) { s.HandoffErrors++ })
 		if again {
 			// ztunnel gets the pod at its next snapshot; its rules are
 			// in place.
 			return fmt.Errorf("hand the pod to ztunnel: %w", err)
 		}
-		delete(n.pods, name)
+		n.setPod(name, e, false)
 		_ = recordfile.Remove(n.o.StateDir, name, "the enrolled pod")
 		n.undo(ctx, e)
 		return fmt.Errorf("hand the pod to ztunnel: %w", err)
@@ -331,7 +359,7 @@ func (n *Node) unenroll(ctx context.Context, name string, e enrolled) error {
 func (n *Node) forget(ctx context.Context, name string, e enrolled) error {
 	if err := n.o.Ztunnel.Del(ctx, e.workload().UID); err != nil {
 		// Not the pod's error: ztunnel's next snapshot leaves it out.
-		n.stats.HandoffErrors++
+		n.count(func(s *Stats) { s.HandoffErrors++ })
 		n.o.Logf("ambient: tell ztunnel pod %s is gone: %v", e.Pod.Key(), err)
 	}
 	if err := n.probeAddrs(ctx, e, false); err != nil {
@@ -340,8 +368,8 @@ func (n *Node) forget(ctx context.Context, name string, e enrolled) error {
 	if err := recordfile.Remove(n.o.StateDir, name, "the enrolled pod"); err != nil {
 		return err
 	}
-	delete(n.pods, name)
-	n.stats.Unenrollments++
+	n.setPod(name, e, false)
+	n.count(func(s *Stats) { s.Unenrollments++ })
 	return nil
 }
 

@@ -45,7 +45,17 @@ func Require(t testing.TB) {
 
 // Lock takes the node-wide lock once per process, as Require does, for a
 // TestMain that cleans up before any test runs.
+//
+// With MESHWIRE_KERNEL_LOCK_HELD=1 in the environment, the caller says it
+// holds the lock already for this process and its children (a script
+// that runs several suites under one `flock`), and Lock takes nothing.
 func Lock() error {
+	if os.Getenv(EnvLockHeld) == "1" {
+		return nil
+	}
 	once.Do(func() { held, lockErr = filelock.Acquire(LockFile, 60*time.Minute) })
 	return lockErr
 }
+
+// EnvLockHeld names the variable that says the caller holds LockFile.
+const EnvLockHeld = "MESHWIRE_KERNEL_LOCK_HELD"

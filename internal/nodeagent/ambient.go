@@ -164,11 +164,15 @@ func (a *ambientAgent) wake() {
 
 // decide is the enrollment of one pod: by the API server's labels when it
 // is watched, else by the pod's annotations.
-func (a *ambientAgent) decide(p podnetns.Pod) ambientnode.Enrollment {
+func (a *ambientAgent) decide(p podnetns.Pod, atAdd bool) ambientnode.Enrollment {
 	if a.watch == nil {
 		return byAnnotations(p)
 	}
-	w, ok := a.lookup(p)
+	wait := time.Duration(0)
+	if atAdd {
+		wait = 3 * time.Second
+	}
+	w, ok := a.lookup(p, wait)
 	if !ok {
 		return ambientnode.Enrollment{Why: "the API server shows no such pod on this node"}
 	}
@@ -183,20 +187,18 @@ func (a *ambientAgent) decide(p podnetns.Pod) ambientnode.Enrollment {
 }
 
 // lookup finds the pod of a record in the API server's pods: by uid, or
-// by name when the runtime passed none. A pod just created may not be in
-// the watch's cache yet: it is waited for a little.
-func (a *ambientAgent) lookup(p podnetns.Pod) (podwatch.Pod, bool) {
-	deadline := time.Now().Add(3 * time.Second)
+// by name (the runtime passed no uid, or a static pod's, which its mirror
+// pod does not have). A pod just created may not be in the watch's cache
+// yet: it is waited for up to wait.
+func (a *ambientAgent) lookup(p podnetns.Pod, wait time.Duration) (podwatch.Pod, bool) {
+	deadline := time.Now().Add(wait)
 	for {
-		if p.UID != "" {
-			if w, ok := a.watch.Pod(p.UID); ok {
+		if w, ok := a.watch.Pod(p.UID); ok && p.UID != "" {
+			return w, true
+		}
+		for _, w := range a.watch.Pods() {
+			if w.Namespace == p.Namespace && w.Name == p.Name {
 				return w, true
-			}
-		} else {
-			for _, w := range a.watch.Pods() {
-				if w.Namespace == p.Namespace && w.Name == p.Name {
-					return w, true
-				}
 			}
 		}
 		if time.Now().After(deadline) {

@@ -32,8 +32,12 @@ import (
 // replaying the snapshot, an agent restart keeping the pod, and DEL and
 // the agent's stop leaving nothing.
 func TestAmbient(t *testing.T) {
-	for _, backend := range []string{"iptables-nft", "nftables"} {
-		t.Run(backend, func(t *testing.T) { testAmbient(t, backend) })
+	// One harness: the namespaces of every backend's run go at the end,
+	// and the host is compared once.
+	h := harness.New(t)
+	h.CheckNoLeaks()
+	for _, backend := range []string{"iptables-nft", "iptables-legacy", "nftables"} {
+		t.Run(backend, func(t *testing.T) { testAmbient(t, h, backend) })
 	}
 }
 
@@ -60,7 +64,12 @@ func startAmbientNode(t *testing.T, h *harness.H, ns *harness.NS, dir, backend s
 		t.Fatal(err)
 	}
 	go func() { _ = a.cmd.Wait(); close(a.exited) }()
-	t.Cleanup(a.kill)
+	t.Cleanup(func() {
+		a.kill()
+		if t.Failed() {
+			t.Logf("the agent's log:\n%s", a.stderr.String())
+		}
+	})
 	waitUntil(t, 20*time.Second, "the agent's ambient socket", func() bool {
 		_, err := os.Stat(filepath.Join(dir, "ambient", "agent.sock"))
 		return err == nil
@@ -119,9 +128,7 @@ func (a *ambientNode) metric(name string) string {
 	return ""
 }
 
-func testAmbient(t *testing.T, backend string) {
-	h := harness.New(t)
-	h.CheckNoLeaks()
+func testAmbient(t *testing.T, h *harness.H, backend string) {
 	e := ie.New(t, h)
 	peer := e.AddPeer()
 	dir := t.TempDir()
@@ -130,9 +137,10 @@ func testAmbient(t *testing.T, backend string) {
 	t.Setenv("MESHWIRE_PODS_DIR", filepath.Join(dir, "pods"))
 	t.Setenv("MESHWIRE_AMBIENT_SOCKET", filepath.Join(dir, "ambient", "agent.sock"))
 
+	outer := t
 	agent := startAmbientNode(t, h, e.Remote, dir, backend)
 	ztunnel := func() *ie.Proxy {
-		return e.StartZtunnel(filepath.Join(dir, "ztunnel.sock"), "-dns-upstream", ie.AP(ie.RemoteV4, ie.DNSPort).String())
+		return e.StartZtunnel(filepath.Join(dir, "ztunnel.sock"), "-hbone", "0", "-dns-upstream", ie.AP(ie.RemoteV4, ie.DNSPort).String())
 	}
 	// seen waits for a record of the stand-in after mark.
 	seen := func(p *ie.Proxy, mark int, what string, match func(ie.Record) bool) {
@@ -230,8 +238,8 @@ func testAmbient(t *testing.T, backend string) {
 		// The pod stays in the mesh while the agent is away.
 		request(e.Pod, remote, "remote", ie.PodV4.String(), "outbound")
 		mark := zt.Mark()
-		agent = startAmbientNode(t, h, e.Remote, dir, backend)
-		seen(zt, mark, "the restarted agent's snapshot", func(r ie.Record) bool { return r.Event == "add" && r.Workload == "uid-web" })
+		agent = startAmbientNode(outer, h, e.Remote, dir, backend) // to run past this subtest
+		seen(zt, mark, "the restarted agent's snapshot", func(r ie.Record) bool { return r.Event == "held" && r.Workload == "uid-web" })
 		if got := agent.metric("meshwire_ambient_enrolled_pods"); got != "1" {
 			t.Fatalf("the restarted agent holds %q pods, want 1", got)
 		}
@@ -250,7 +258,7 @@ func testAmbient(t *testing.T, backend string) {
 
 	t.Run("opted out", func(t *testing.T) {
 		relo(t, e)
-		p := attach("uid-batch", map[string]string{"istio.io/dataplane-mode": "ambient", "ambient.istio.io/redirection": "disabled"})
+		p := attach("uid-batch", map[string]string{"istio.io/dataplane-mode": "none"})
 		p.MustAdd()
 		request(e.Pod, remote, "remote", ie.PodV4.String(), "")
 		request(peer, app, "app", ie.PeerV4.String(), "")
@@ -293,7 +301,7 @@ func ambientHostClean(t *testing.T, node *harness.NS, backend string) {
 	if backend == "nftables" {
 		out, err = node.Exec("nft", "list", "tables")
 	} else {
-		out, err = node.Exec("sh", "-c", "iptables-nft-save -t nat; ipset list -n")
+		out, err = node.Exec("sh", "-c", backend+"-save -t nat; ipset list -n")
 	}
 	if err != nil {
 		t.Fatalf("read the node's firewall: %v %s", err, out)

@@ -566,8 +566,18 @@ func (e *Env) StartEcho(ns *harness.NS, uid, gid uint32, network, addr string) *
 	return e.start(ns, e.command(uid, gid, false, "echo", network, addr), "the echo server")
 }
 
-// start runs the test proxy binary as cmd in ns and waits until it says
-// it is ready.
+// StartZtunnel runs the test proxy as a ztunnel stand-in (-zds PATH, the
+// node agent's ZDS socket) as root in the test's own namespace, the
+// node's, as ztunnel runs: it listens in the pods the agent hands it.
+// extra flags are passed on.
+func (e *Env) StartZtunnel(socket string, extra ...string) *Proxy {
+	e.T.Helper()
+	cmd := exec.Command(e.binary("proxy"), append([]string{"-zds", socket}, extra...)...)
+	return e.start(nil, cmd, "the ztunnel stand-in")
+}
+
+// start runs the test proxy binary as cmd in ns (nil: the test's own
+// namespace) and waits until it says it is ready.
 func (e *Env) start(ns *harness.NS, cmd *exec.Cmd, what string) *Proxy {
 	e.T.Helper()
 	stdout, err := cmd.StdoutPipe()
@@ -577,7 +587,11 @@ func (e *Env) start(ns *harness.NS, cmd *exec.Cmd, what string) *Proxy {
 	cmd.Stderr = os.Stderr
 	p := &Proxy{cmd: cmd}
 	p.cond = sync.NewCond(&p.mu)
-	if err := ns.Do(cmd.Start); err != nil {
+	start := cmd.Start
+	if ns != nil {
+		start = func() error { return ns.Do(cmd.Start) }
+	}
+	if err := start(); err != nil {
 		e.T.Fatalf("start %s: %v", what, err)
 	}
 	e.T.Cleanup(func() {
@@ -686,4 +700,24 @@ func synced(recs []Record) bool {
 		}
 	}
 	return false
+}
+
+// Await returns the first record so far or within timeout that match
+// accepts; false when none came.
+func (p *Proxy) Await(match func(Record) bool, timeout time.Duration) (Record, bool) {
+	deadline := time.Now().Add(timeout)
+	for {
+		p.mu.Lock()
+		for _, r := range p.recs {
+			if match(r) {
+				p.mu.Unlock()
+				return r, true
+			}
+		}
+		p.mu.Unlock()
+		if time.Now().After(deadline) {
+			return Record{}, false
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

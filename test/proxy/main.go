@@ -12,7 +12,7 @@
 // needs CAP_NET_ADMIN (an ambient capability) for IP_TRANSPARENT.
 //
 //	proxy [-mode redirect|tproxy] [-outbound 15001] [-inbound 15006] [-dns 15053 -dns-upstream ADDR:53] [-copy loop|splice] [-answer] [-unix PATH [-unix-to PATH]] [-status PORT]
-//	proxy -zds /var/run/ztunnel/ztunnel.sock [-dns 15053|0 -dns-upstream ADDR:53] [-copy loop|splice] [-answer]
+//	proxy -zds /var/run/ztunnel/ztunnel.sock [-hbone 15008|0] [-dns 15053|0 -dns-upstream ADDR:53] [-copy loop|splice] [-answer]
 //
 // -copy splice copies with io.Copy between the two TCP connections, which
 // Go turns into splice(2) (the receiver the sockmap fast path must not
@@ -95,6 +95,7 @@ func main() {
 	unixTo := flag.String("unix-to", "", "forward what -unix accepts to the Unix socket at this path instead of echoing it")
 	statusPort := flag.Int("status", 0, "answer HTTP 200 on this port, as a sidecar's status port (0: none)")
 	zdsPath := flag.String("zds", "", "be a ztunnel stand-in: take pods' netns from the node agent's ZDS socket at this path and listen in each")
+	hbone := flag.Int("hbone", 15008, "with -zds: HBONE port to listen on in each pod (0: none)")
 	flag.Parse()
 	switch *copyMode {
 	case "loop":
@@ -105,7 +106,7 @@ func main() {
 	}
 	tproxy := *mode == "tproxy"
 	if *zdsPath != "" {
-		runZDS(*zdsPath, *dnsPort != 0, *upstream)
+		runZDS(*zdsPath, *dnsPort != 0, *upstream, *hbone)
 		return
 	}
 
@@ -161,13 +162,22 @@ func main() {
 			}))
 		}()
 	}
+	sync := syncOnSignal()
 	emit(Record{Event: "ready"})
-	// SIGUSR1 asks for a "sync" line: every record of a connection that
-	// was accepted before the signal is printed before it.
+	sync()
+}
+
+// syncOnSignal takes SIGUSR1 (before "ready": a test may signal right
+// after it) and returns the loop that answers it with a "sync" line, for
+// ever: every record of a connection that was accepted before the signal
+// is printed before it.
+func syncOnSignal() func() {
 	sig := make(chan os.Signal, 1)
 	signal.Notify(sig, syscall.SIGUSR1)
-	for range sig {
-		emit(Record{Event: "sync"})
+	return func() {
+		for range sig {
+			emit(Record{Event: "sync"})
+		}
 	}
 }
 

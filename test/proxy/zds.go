@@ -16,8 +16,8 @@ package main
 //     client's own address (IP_TRANSPARENT bind): the app's replies come
 //     back to the stand-in only with istio-cni's in-pod policy route
 //     (fwmark 0x111 to a local table);
-//   - 15008 HBONE: a plain TCP listener that logs each connection and
-//     closes it (no mTLS, no HTTP/2 CONNECT);
+//   - 15008 HBONE (-hbone PORT, 0: none): a plain TCP listener that logs
+//     each connection and closes it (no mTLS, no HTTP/2 CONNECT);
 //   - 15053 DNS, UDP on loopback and TCP, unless -dns 0: answered as the
 //     proxy's own DNS capture, the upstream asked with mark 0x539.
 //
@@ -49,9 +49,11 @@ import (
 
 // runZDS connects to the agent's socket for ever, reconnecting with
 // backoff.
-func runZDS(path string, dns bool, upstream string) {
-	z := &ztunnel{dns: dns, upstream: upstream, pods: map[string]*workload{}}
+func runZDS(path string, dns bool, upstream string, hbone int) {
+	z := &ztunnel{dns: dns, upstream: upstream, hbone: hbone, pods: map[string]*workload{}}
+	sync := syncOnSignal()
 	emit(Record{Event: "ready"})
+	go sync()
 	backoff := 100 * time.Millisecond
 	for {
 		c, err := zds.Dial(path)
@@ -74,6 +76,7 @@ func runZDS(path string, dns bool, upstream string) {
 type ztunnel struct {
 	dns      bool
 	upstream string
+	hbone    int
 	pods     map[string]*workload
 	seen     map[string]bool // added or kept since the connection began
 }
@@ -81,7 +84,10 @@ type ztunnel struct {
 func (z *ztunnel) Add(uid string, _ *zds.WorkloadInfo, netns *os.File) error {
 	z.seen[uid] = true
 	if _, ok := z.pods[uid]; ok {
+		// A snapshot replayed (the agent restarted, or reconnected):
+		// the workload's listeners stay as they are.
 		netns.Close()
+		emit(Record{Event: "held", Workload: uid})
 		return nil
 	}
 	w, err := z.start(uid, netns)
@@ -187,7 +193,9 @@ func (z *ztunnel) start(uid string, f *os.File) (*workload, error) {
 	tcp := []tcpListener{
 		{ambient.OutboundPort, "outbound", false},
 		{ambient.InboundPlaintextPort, "inbound", true},
-		{ambient.InboundPort, "hbone", false},
+	}
+	if z.hbone != 0 {
+		tcp = append(tcp, tcpListener{z.hbone, "hbone", false})
 	}
 	if z.dns {
 		tcp = append(tcp, tcpListener{ambient.DNSPort, "dns-tcp", false})
