@@ -1120,8 +1120,14 @@ zt_pod() {
 	kc -n "$ZT_NS" get pods -l app=ztunnel -o jsonpath='{range .items[*]}{.metadata.name} {.metadata.deletionTimestamp}{"\n"}{end}' |
 		awk 'NF == 1 {print $1; exit}'
 }
-# zt_count ERE [POD]: the stand-in's JSON lines matching ERE.
-zt_count() { kc -n "$ZT_NS" logs "${2:-$(zt_pod)}" 2>/dev/null | grep -cE "$1" || true; }
+# zt_count ERE [POD]: the stand-in's JSON lines matching ERE; -1 when its
+# log cannot be read (or is empty: it logs "ready" first), so that no
+# check passes on a log it did not see.
+zt_count() {
+	local out
+	out=$(kc -n "$ZT_NS" logs "${2:-$(zt_pod)}" 2>/dev/null) && [ -n "$out" ] || { echo -1; return; }
+	grep -cE "$1" <<<"$out" || true
+}
 zt_has() { [ "$(zt_count "$@")" -gt 0 ]; }
 zt_none() { [ "$(zt_count "$@")" = 0 ]; }
 # The stand-in's lines, as test/proxy writes them (proxylog.Record).
@@ -1161,7 +1167,11 @@ probe_snat() {
 	echo none
 }
 probe_set_has() { ipset list istio-inpod-probes-v4 2>/dev/null | grep -qE "^$1( |\$)"; }
-probe_set_empty() { ! ipset list istio-inpod-probes-v4 2>/dev/null | sed -n '/^Members:/,$p' | grep -qE '^[0-9]'; }
+# probe_set_empty: the probe set is there, with no member.
+probe_set_empty() {
+	local out
+	out=$(ipset list istio-inpod-probes-v4 2>/dev/null) && ! sed -n '/^Members:/,$p' <<<"$out" | grep -qE '^[0-9]'
+}
 # ambient_on_host: what ambient mode puts on the host: the chain of the
 # probe rule, the probe sets.
 ambient_on_host() {
@@ -1247,9 +1257,10 @@ ambient() {
 	n=$(probe_snat)
 	[ "$n" != none ] && [ "$snat0" != none ] && [ "$n" -gt "$snat0" ] && amb_pass "4. kubelet's probes left the host as 169.254.7.127 (ISTIO_POSTRT SNAT: $snat0 packets before, $n now)" ||
 		amb_fail "4. the host's probe SNAT: $snat0 packets before, $n now"
-	n=$(kc -n "$ZT_NS" logs "$(zt_pod)" | grep -E "\"listener\":\"inbound\".*\"workload\":\"$app_uid\"" | grep -vcE "\"src\":\"${client_ip//./\\.}:" || true)
-	[ "$n" = 0 ] && amb_pass "4. the probes were not captured (the stand-in's inbound saw the client only)" ||
-		amb_fail "4. the stand-in's inbound listener got $n connections from others than the client (kubelet's probes captured?)"
+	n0=$(zt_count "\"listener\":\"inbound\".*\"workload\":\"$app_uid\"")
+	n=$(zt_count "$(zt_conn inbound "$client_ip" "$app_ip:8080" "$app_uid")")
+	[ "$n" -gt 0 ] && [ "$n0" = "$n" ] && amb_pass "4. the probes were not captured (the stand-in's inbound saw the client's $n connections only)" ||
+		amb_fail "4. the stand-in's inbound listener got $n0 connections to the app, $n of them the client's (kubelet's probes captured?)"
 
 	log "ambient: 5, 6. pods created in the labeled namespace"
 	kc apply -f "$here/manifests/ambient-late.yaml" >&2
@@ -1278,7 +1289,7 @@ ambient() {
 	for uid in "$app_uid" "$late_uid" "$annotated_uid"; do
 		amb_wait "8. the snapshot replayed to the new stand-in: add $uid" 30 zt_has "$(zt_add "$uid")" "$zt"
 	done
-	n=$(kc -n "$ZT_NS" logs "$zt" | grep -cE "$(zt_any "$optout_uid")|$(zt_any "$client_uid")" || true)
+	n=$(zt_count "$(zt_any "$optout_uid")|$(zt_any "$client_uid")" "$zt")
 	[ "$n" = 0 ] && amb_pass "8. the replay has no pod that is not enrolled" || amb_fail "8. the new stand-in got $n lines of optout or client"
 	reply=$(client_get "$svc_ip") || true
 	case $reply in "$client_ip":*) amb_pass "8. client -> Service after the restart: answered ($reply)" ;;
@@ -1298,12 +1309,13 @@ ambient() {
 	case $reply in "$client_ip":*) amb_pass "7. client -> Service: answered ($reply)" ;;
 	*) amb_fail "7. client -> Service: got '$reply'" ;; esac
 	n=$(zt_count '"event":"conn"' "$zt")
-	[ "$n" = "$n0" ] && amb_pass "7. ... directly: the stand-in saw no connection" || amb_fail "7. the stand-in saw $((n - n0)) connections after the unenrollment"
+	[ "$n0" -gt 0 ] && [ "$n" = "$n0" ] && amb_pass "7. ... directly: the stand-in saw no connection" || amb_fail "7. the stand-in saw $((n - n0)) connections after the unenrollment"
 	reply=$(kc -n "$AMB_NS" exec app -- curl -sk -m 10 "https://$API_SERVICE_IP/healthz" 2>&1) || true
 	n=$(zt_count '"event":"conn"' "$zt")
 	[ "$reply" = ok ] && [ "$n" = "$n0" ] && amb_pass "7. app -> kubernetes Service directly ('$reply', not through the stand-in)" ||
 		amb_fail "7. app -> kubernetes Service: '$reply', stand-in connections $n0 before, $n after"
 	amb_check "7. the app is still Ready" pod_ready "$AMB_NS" app
+	log "ambient: stand-in $zt logged: $(kc -n "$ZT_NS" logs "$zt" | grep -oE '"event":"[a-z]+"(,"listener":"[a-z]+")?' | sort | uniq -c | tr -s ' \n' ' ')"
 
 	log "ambient: enrolled pods deleted (their CNI DEL), then ambient mode turned off"
 	kc label ns "$AMB_NS" "$AMB_LABEL=ambient" >&2
