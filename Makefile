@@ -27,7 +27,7 @@ COMMANDS  := meshwire iptables-init
 TEST_TIMEOUT ?= 60m
 BENCH ?= .
 
-.PHONY: all build test unit deps demo bench bench-report bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-podstart cluster-podstart-compare cluster-conformance
+.PHONY: all build test unit deps demo bench bench-report bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-ambient cluster-podstart cluster-podstart-compare cluster-conformance
 
 all: build
 
@@ -172,6 +172,12 @@ cluster-e2e:
 # fast path, across a rollout of a new meshwire image.
 cluster-mesh:
 	test/cluster/cluster.sh mesh
+
+# Istio ambient mode through the API server: the agent with --ambient, a
+# ztunnel stand-in (test/proxy -zds), pods enrolled and unenrolled by
+# their namespace's label (docs/ambient.md).
+cluster-ambient:
+	test/cluster/cluster.sh ambient
 
 # 30 pods at once, create to Ready (PODSTART_PODS, PODSTART_ROUNDS).
 cluster-podstart:

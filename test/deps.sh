@@ -29,6 +29,7 @@ cluster)
   cri
   needs openssl openssl flock util-linux findmnt util-linux
   needs curl curl # the mesh check's NodePort request from the host
+  needs ipset ipset # down's leak check of ambient's probe sets (the host snapshot has no ipsets)
   # what images.sh copies into the agnhost and dnsutils images
   needs /usr/bin/wget wget /usr/bin/nc netcat-openbsd /usr/bin/dig bind9-dnsutils /usr/sbin/ip iproute2
   ;;

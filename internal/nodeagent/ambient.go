@@ -95,6 +95,14 @@ func startAmbient(ctx context.Context, o AmbientOptions, logf func(string, ...an
 	if err := node.InstallHost(ctx); err != nil {
 		return nil, fmt.Errorf("ambient mode: %w", err)
 	}
+	// A start that fails from here on (no API access, a socket it
+	// cannot listen on) takes back what it did, as stop does: the agent
+	// exits, and the host must not keep a probe rule for no one.
+	defer func() {
+		if err != nil {
+			a.stop()
+		}
+	}()
 	snapshot := func() []zds.Workload {
 		var out []zds.Workload
 		for _, w := range node.Workloads() {

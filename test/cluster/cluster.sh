@@ -18,6 +18,11 @@
 #           through a ClusterIP and a NodePort Service, with the fast path
 #           the node agent attached; a new meshwire image rolled out
 #           under them
+#   ambient Istio ambient mode through the API server: the agent with
+#           --ambient, a ztunnel stand-in (test/proxy -zds), an app enrolled
+#           and unenrolled by its namespace's label, traffic through the
+#           stand-in, probes, a restarted stand-in's snapshot; ambient mode
+#           off again at the end
 #   podstart  N pods created at once, create-to-Ready times
 #   conformance  e2e and podstart with meshwire, then again with the
 #           reference plugins in the same conflist (the control)
@@ -207,7 +212,7 @@ net.netfilter.nf_conntrack_tcp_timeout_established net.netfilter.nf_conntrack_tc
 # ones only when empty: other users of this machine may have put things
 # there meanwhile).
 NEW_TREES="/var/log/pods /var/log/containers /var/lib/kubelet" # kubelet: container logs, device-plugins socket
-NEW_DIRS="/run/containerd/s /run/containerd /var/lib/cni/results /var/lib/cni/networks /var/lib/cni/meshwire/fastpath /var/lib/cni/meshwire/intercept /var/lib/cni/meshwire /var/lib/cni"
+NEW_DIRS="/run/containerd/s /run/containerd /var/lib/cni/results /var/lib/cni/networks /var/lib/cni/meshwire/fastpath /var/lib/cni/meshwire/intercept /var/lib/cni/meshwire/pods /var/lib/cni/meshwire/ambient/enrolled /var/lib/cni/meshwire/ambient /var/lib/cni/meshwire /var/lib/cni /run/ztunnel"
 
 # The pods' cgroup parents (containerd's namespace; critest asks for
 # test.slice), in every hierarchy.
@@ -228,6 +233,9 @@ snapshot_host() {
 	ip link show "$BRIDGE" >/dev/null 2>&1 && echo "$BRIDGE" >"$f.bridge" || : >"$f.bridge"
 	cgroup_parents >"$f.cgroups"
 	chains CNI-HOSTPORT- >"$f.chains" # the reference control's portmap
+	# ambient mode's host rule and probe sets (cluster.sh ambient)
+	chains ISTIO_POSTRT >"$f.istio-chains"
+	probe_sets >"$f.ipsets"
 	ls /run/netns 2>/dev/null >"$f.netns" || :
 	# meshwire's DaemonSet mounts the host's bpffs with Bidirectional
 	# propagation (the agent mounts one there on a host without), which
@@ -252,6 +260,24 @@ snapshot_host() {
 		echo made >"$f.netns-mount"
 		;;
 	esac
+}
+
+# probe_sets: the ipsets of ambient mode's host rule on the host. The
+# host snapshot (test/harness) has no ipsets: down checks these itself.
+probe_sets() { ipset list -n 2>/dev/null | grep -E '^istio-inpod-probes-' || true; }
+
+# check_probe_sets: after the drain, ambient mode's probe sets are gone
+# (the agent removes them, and its host rule, when it stops with no pod
+# enrolled: the drain deletes the pods before meshwire's DaemonSet).
+check_probe_sets() {
+	local left
+	left=$(probe_sets | grep -vxF -f "$STATE/host-before.ipsets" || true)
+	if [ -n "$left" ]; then
+		log "leak check (ambient) FAILED: probe sets left: $(echo $left)"
+		LEAKS=1
+	else
+		log "leak check (ambient): no probe set left"
+	fi
 }
 
 # ------------------------------------------------------------------- config
@@ -791,6 +817,7 @@ down() {
 			cp "$LOGS/leaks-reference.txt" "${MESHWIRE_CLUSTER_E2E_REPORT:-/var/tmp/meshwire-cluster-e2e}/leaks-reference.txt" 2>/dev/null || true
 		else
 			check_leaks "$CNI" "$STATE/network-before.json" "$(bridge_allow)"
+			[ ! -f "$STATE/host-before.ipsets" ] || check_probe_sets
 		fi
 	else
 		log "the node was not drained: no leak check of its network"
@@ -807,6 +834,14 @@ down() {
 		"$BIN/kube-proxy" --cleanup >"$LOGS/kube-proxy-cleanup.log" 2>&1 || true
 	fi
 	remove_chains '(KUBE|MWK)-'
+	# What an agent with --ambient that did not stop cleanly left (the
+	# leak checks reported it): its host rule, then its probe sets.
+	if [ -f "$STATE/host-before.ipsets" ]; then
+		remove_chains ISTIO_POSTRT "$STATE/host-before.istio-chains"
+		local s; for s in $(probe_sets | grep -vxF -f "$STATE/host-before.ipsets" || true); do
+			log "removing ipset $s"; ipset destroy "$s" || true
+		done
+	fi
 	# The reference plugins' portmap chains, which it never removes (but
 	# for those that were there at up).
 	[ "$CNI" != reference ] || remove_chains CNI-HOSTPORT- "$STATE/host-before.chains"
@@ -1053,6 +1088,257 @@ mesh() {
 	log "mesh check passed in $((SECONDS - t0))s"
 }
 
+# ---------------------------------------------------------------- ambient
+
+# Istio ambient mode through the API server (docs/ambient.md): meshwire's
+# agent with --ambient, a ztunnel stand-in (test/proxy -zds), an app in a
+# namespace labeled and unlabeled istio.io/dataplane-mode=ambient.
+AMB_NS=mwk-ambient AMB_CLIENT_NS=mwk-ambient-client ZT_NS=mwk-ztunnel
+AMB_LABEL=istio.io/dataplane-mode
+
+# amb_pass/amb_fail WHAT: one check's result (ambient goes on after a
+# failure, and fails at its end).
+amb_pass() { log "ambient: PASS: $*"; AMB_PASSED=$((AMB_PASSED + 1)); }
+amb_fail() { log "ambient: FAILED: $*"; AMB_FAILED=$((AMB_FAILED + 1)); }
+# amb_check WHAT CMD...: PASS or FAILED by CMD's status.
+amb_check() {
+	local what=$1; shift
+	if "$@"; then amb_pass "$what"; else amb_fail "$what"; fi
+}
+# amb_wait WHAT SECONDS CMD...: PASS once CMD succeeds, FAILED after SECONDS.
+amb_wait() {
+	local what=$1 limit=$2; shift 2
+	if wait_for "$what" "$limit" "$@"; then amb_pass "$what"; else amb_fail "$what"; fi
+}
+
+# metric NAME: the agent's sample NAME (empty when it has none).
+metric() { curl -sS -m 5 "http://$NODE_IP:9966/metrics" 2>/dev/null | awk -v n="$1" '$1 == n {print $2}'; }
+metric_is() { [ "$(metric "$1")" = "$2" ]; }
+
+# zt_pod: the stand-in's pod (not one being deleted).
+zt_pod() {
+	kc -n "$ZT_NS" get pods -l app=ztunnel -o jsonpath='{range .items[*]}{.metadata.name} {.metadata.deletionTimestamp}{"\n"}{end}' |
+		awk 'NF == 1 {print $1; exit}'
+}
+# zt_count ERE [POD]: the stand-in's JSON lines matching ERE; -1 when its
+# log cannot be read (or is empty: it logs "ready" first), so that no
+# check passes on a log it did not see.
+zt_count() {
+	local out
+	out=$(kc -n "$ZT_NS" logs "${2:-$(zt_pod)}" 2>/dev/null) && [ -n "$out" ] || { echo -1; return; }
+	grep -cE "$1" <<<"$out" || true
+}
+zt_has() { [ "$(zt_count "$@")" -gt 0 ]; }
+zt_none() { [ "$(zt_count "$@")" = 0 ]; }
+# The stand-in's lines, as test/proxy writes them (proxylog.Record).
+zt_add() { echo "\"event\":\"add\".*\"workload\":\"$1\""; }
+zt_del() { echo "\"event\":\"del\".*\"workload\":\"$1\""; }
+zt_any() { echo "\"workload\":\"$1\""; }
+# zt_conn LISTENER SRC-IP ORIG-DST UID
+zt_conn() { echo "\"event\":\"conn\",\"listener\":\"$1\",\"src\":\"${2//./\\.}:[0-9]+\",\"orig_dst\":\"${3//./\\.}\".*\"workload\":\"$4\""; }
+
+pod_field() { kc -n "$1" get pod "$2" -o jsonpath="$3"; }
+pod_ready() { [ "$(pod_field "$1" "$2" '{.status.conditions[?(@.type=="Ready")].status}')" = True ]; }
+# unhealthy NS POD: kubelet's failed probes of the pod (its events).
+unhealthy() { kc -n "$1" get events --field-selector "involvedObject.name=$2,reason=Unhealthy" -o name | wc -l; }
+# client_get ADDR: the app's /clientip, asked by the client (outside the mesh).
+client_get() { kc -n "$AMB_CLIENT_NS" exec client -- timeout 10 wget -q -O - "http://$1/clientip" 2>&1; }
+agent_log() { kc -n kube-system logs ds/meshwire-node 2>/dev/null; }
+agent_says() { agent_log | grep -qF "$1"; }
+zt_running() { [ -n "$(zt_pod)" ]; }
+# add_answered UID: the intercept plugin's ADD of the pod (its sandbox, as
+# the agent's record of the enrolled pod names it) logged the agent's
+# answer "enrolled".
+add_answered() {
+	local cid
+	cid=$(grep -l "$1" /var/lib/cni/meshwire/ambient/enrolled/* 2>/dev/null | head -1 | xargs -r cat | grep -oE '[0-9a-f]{64}' | head -1)
+	[ -n "$cid" ] && grep -F "\"containerID\":\"$cid\"" "$STATE/meshwire/log/cni.log" | grep '"command":"ADD"' | grep -q '"answer":"enrolled"'
+}
+
+# probe_snat: packets the host rule gave the probe address (the counters
+# of ISTIO_POSTRT, in whichever iptables has it), or "none".
+probe_snat() {
+	local cmd
+	for cmd in iptables iptables-legacy; do
+		command -v "$cmd" >/dev/null && "$cmd" -t nat -S ISTIO_POSTRT >/dev/null 2>&1 || continue
+		"$cmd" -t nat -L ISTIO_POSTRT -n -v -x | awk '/SNAT/ {n += $1} END {print n + 0}'
+		return
+	done
+	echo none
+}
+probe_set_has() { ipset list istio-inpod-probes-v4 2>/dev/null | grep -qE "^$1( |\$)"; }
+# probe_set_empty: the probe set is there, with no member.
+probe_set_empty() {
+	local out
+	out=$(ipset list istio-inpod-probes-v4 2>/dev/null) && ! sed -n '/^Members:/,$p' <<<"$out" | grep -qE '^[0-9]'
+}
+# ambient_on_host: what ambient mode puts on the host: the chain of the
+# probe rule, the probe sets.
+ambient_on_host() {
+	chains ISTIO_ | grep -w nat || true
+	ipset list -n 2>/dev/null | grep -E '^istio-inpod-probes-' || true
+}
+
+# set_ambient on|off: meshwire's DaemonSet with or without --ambient
+# (the rest of its command as up installed it), rolled out.
+set_ambient() {
+	local i
+	i=$(kc -n kube-system get ds meshwire-node -o jsonpath='{range .spec.template.spec.containers[0].command[*]}{@}{"\n"}{end}' |
+		awk '$0 == "--ambient" {print NR - 1; exit}')
+	case $1:$i in
+	on:) kc -n kube-system patch ds meshwire-node --type=json \
+		-p '[{"op":"add","path":"/spec/template/spec/containers/0/command/-","value":"--ambient"}]' >&2 ;;
+	off:?*) kc -n kube-system patch ds meshwire-node --type=json \
+		-p "[{\"op\":\"test\",\"path\":\"/spec/template/spec/containers/0/command/$i\",\"value\":\"--ambient\"},{\"op\":\"remove\",\"path\":\"/spec/template/spec/containers/0/command/$i\"}]" >&2 ;;
+	esac
+	kc -n kube-system rollout status ds/meshwire-node --timeout=180s >&2
+	wait_for "node $NODE_NAME Ready" 60 node_ready
+}
+
+ambient() {
+	BIN=$(cat "$STATE/bin" 2>/dev/null) || die "no cluster at $STATE"
+	[ "$(cat "$STATE/cni-kind")" = meshwire ] || die "ambient needs a cluster whose network is meshwire"
+	local t0=$SECONDS ns reply n n0 snat0 bad0 zt old uid
+	AMB_FAILED=0 AMB_PASSED=0
+	for ns in "$AMB_NS" "$AMB_CLIENT_NS" "$ZT_NS"; do kc wait --for=delete "ns/$ns" --timeout=120s >/dev/null 2>&1 || true; done
+
+	log "ambient: 1. meshwire's DaemonSet with --ambient"
+	set_ambient on
+	amb_wait "1. the agent serves ambient mode's metrics, no pod enrolled" 60 metric_is meshwire_ambient_enrolled_pods 0
+	amb_check "1. the agent enrolls by the API server's labels (in-cluster config, node $NODE_NAME)" \
+		agent_says "pods enrolled by the API server's labels of node $NODE_NAME"
+
+	log "ambient: 2. the ztunnel stand-in"
+	kc apply -f "$here/manifests/ambient-ztunnel.yaml" >&2
+	kc -n "$ZT_NS" rollout status ds/ztunnel --timeout=120s >&2 || amb_fail "2. the stand-in's DaemonSet did not roll out"
+	amb_wait "2. the ztunnel stand-in connected to the agent's ZDS socket" 60 metric_is meshwire_ambient_ztunnels_connected 1
+
+	log "ambient: 3. an app and its Service in $AMB_NS, not labeled"
+	kc apply -f "$here/manifests/ambient.yaml" >&2
+	kc -n "$AMB_NS" wait --for=condition=Ready pod/app --timeout=120s >&2 || die "ambient: the app did not turn Ready (not enrolled yet)"
+	kc -n "$AMB_CLIENT_NS" wait --for=condition=Ready pod/client --timeout=120s >&2 || die "ambient: the client did not turn Ready"
+	local app_uid app_ip client_uid client_ip svc_ip
+	app_uid=$(pod_field "$AMB_NS" app '{.metadata.uid}') app_ip=$(pod_field "$AMB_NS" app '{.status.podIP}')
+	client_uid=$(pod_field "$AMB_CLIENT_NS" client '{.metadata.uid}') client_ip=$(pod_field "$AMB_CLIENT_NS" client '{.status.podIP}')
+	svc_ip=$(kc -n "$AMB_NS" get svc app -o jsonpath='{.spec.clusterIP}')
+	log "ambient: app $app_ip (uid $app_uid), client $client_ip (uid $client_uid), Service $svc_ip"
+	kc get pods -A -o wide >&2
+	sleep 2
+	amb_check "3. not labeled: no pod enrolled (metric 0)" metric_is meshwire_ambient_enrolled_pods 0
+	amb_check "3. not labeled: the stand-in got no pod (no add)" zt_none '"event":"add"'
+	reply=$(client_get "$svc_ip") || true
+	case $reply in "$client_ip":*) amb_pass "3. client -> Service $svc_ip: the app answered directly ($reply)" ;;
+	*) amb_fail "3. client -> Service $svc_ip: got '$reply'" ;; esac
+	amb_check "3. that connection did not go through the stand-in" zt_none '"event":"conn"'
+
+	log "ambient: 4. label namespace $AMB_NS $AMB_LABEL=ambient"
+	snat0=$(probe_snat) || true
+	bad0=$(unhealthy "$AMB_NS" app) || true
+	kc label ns "$AMB_NS" "$AMB_LABEL=ambient" >&2
+	amb_wait "4. the running app enrolled (metric 1)" 30 metric_is meshwire_ambient_enrolled_pods 1
+	amb_wait "4. the stand-in got the app (add, uid $app_uid)" 30 zt_has "$(zt_add "$app_uid")"
+	amb_check "4. the app's address $app_ip is in the host's probe set" probe_set_has "$app_ip"
+	reply=$(client_get "$svc_ip") || true
+	case $reply in "$client_ip":*) amb_pass "4. client -> Service $svc_ip: answered, the app saw the client's own address ($reply)" ;;
+	*) amb_fail "4. client -> Service $svc_ip: got '$reply'" ;; esac
+	amb_check "4. that connection went through the stand-in's inbound listener (orig_dst $app_ip:8080)" \
+		zt_has "$(zt_conn inbound "$client_ip" "$app_ip:8080" "$app_uid")"
+	amb_check "4. the client (other namespace) is not captured: the stand-in has nothing of it" zt_none "$(zt_any "$client_uid")"
+	reply=$(kc -n "$AMB_NS" exec app -- curl -sk -m 10 "https://$API_SERVICE_IP/healthz" 2>&1) || true
+	[ "$reply" = ok ] && amb_pass "4. app -> kubernetes Service https://$API_SERVICE_IP/healthz: '$reply'" ||
+		amb_fail "4. app -> kubernetes Service https://$API_SERVICE_IP/healthz: got '$reply'"
+	amb_check "4. the app's outbound connection went through the stand-in's 15001 (orig_dst $API_SERVICE_IP:443)" \
+		zt_has "$(zt_conn outbound "$app_ip" "$API_SERVICE_IP:443" "$app_uid")"
+	log "ambient: 4. the app's readiness probe (every 2 s, one failure makes it NotReady) for 12 s"
+	sleep 12
+	amb_check "4. the app stayed Ready" pod_ready "$AMB_NS" app
+	n=$(unhealthy "$AMB_NS" app) || true
+	[ "$n" = "$bad0" ] && amb_pass "4. no failed probe of the app since its enrollment" || amb_fail "4. kubelet's probes of the app failed ($bad0 Unhealthy events before, $n now)"
+	n=$(probe_snat)
+	[ "$n" != none ] && [ "$snat0" != none ] && [ "$n" -gt "$snat0" ] && amb_pass "4. kubelet's probes left the host as 169.254.7.127 (ISTIO_POSTRT SNAT: $snat0 packets before, $n now)" ||
+		amb_fail "4. the host's probe SNAT: $snat0 packets before, $n now"
+	n0=$(zt_count "\"listener\":\"inbound\".*\"workload\":\"$app_uid\"")
+	n=$(zt_count "$(zt_conn inbound "$client_ip" "$app_ip:8080" "$app_uid")")
+	[ "$n" -gt 0 ] && [ "$n0" = "$n" ] && amb_pass "4. the probes were not captured (the stand-in's inbound saw the client's $n connections only)" ||
+		amb_fail "4. the stand-in's inbound listener got $n0 connections to the app, $n of them the client's (kubelet's probes captured?)"
+
+	log "ambient: 5, 6. pods created in the labeled namespace"
+	kc apply -f "$here/manifests/ambient-late.yaml" >&2
+	kc -n "$AMB_NS" wait --for=condition=Ready pod/late pod/optout pod/annotated --timeout=120s >&2 ||
+		amb_fail "5, 6. pods late, optout, annotated not Ready in 120 s: $(kc -n "$AMB_NS" get pods -o wide 2>&1 | tr '\n' ' ')"
+	local late_uid late_ip optout_uid annotated_uid
+	late_uid=$(pod_field "$AMB_NS" late '{.metadata.uid}') late_ip=$(pod_field "$AMB_NS" late '{.status.podIP}')
+	optout_uid=$(pod_field "$AMB_NS" optout '{.metadata.uid}') annotated_uid=$(pod_field "$AMB_NS" annotated '{.metadata.uid}')
+	amb_check "5. the new pod late was enrolled (add, uid $late_uid)" zt_has "$(zt_add "$late_uid")"
+	amb_check "5. ... at its CNI ADD: its init container's first connection went through the stand-in's 15001" \
+		zt_has "$(zt_conn outbound "$late_ip" "$API_SERVICE_IP:443" "$late_uid")"
+	amb_check "5. the intercept plugin's ADD of late logged the agent's answer: enrolled" add_answered "$late_uid"
+	amb_check "6. the pod labeled $AMB_LABEL=none is not enrolled" zt_none "$(zt_any "$optout_uid")"
+	amb_check "6. the pod annotated ambient.istio.io/redirection=disabled is enrolled, as Istio 1.23+ does (a status annotation, no opt-out)" \
+		zt_has "$(zt_add "$annotated_uid")"
+	amb_check "5, 6. enrolled: app, late, annotated (metric 3)" metric_is meshwire_ambient_enrolled_pods 3
+
+	log "ambient: 8. the stand-in restarted while pods are enrolled"
+	old=$(zt_pod)
+	kc -n "$ZT_NS" delete pod "$old" --wait=true --timeout=60s >&2
+	kc -n "$ZT_NS" rollout status ds/ztunnel --timeout=120s >&2 || amb_fail "8. the stand-in's DaemonSet did not roll out again"
+	wait_for "a new stand-in pod" 60 zt_running || true
+	zt=$(zt_pod)
+	log "ambient: stand-in $old replaced by $zt"
+	amb_wait "8. the new stand-in connected" 60 metric_is meshwire_ambient_ztunnels_connected 1
+	for uid in "$app_uid" "$late_uid" "$annotated_uid"; do
+		amb_wait "8. the snapshot replayed to the new stand-in: add $uid" 30 zt_has "$(zt_add "$uid")" "$zt"
+	done
+	n=$(zt_count "$(zt_any "$optout_uid")|$(zt_any "$client_uid")" "$zt")
+	[ "$n" = 0 ] && amb_pass "8. the replay has no pod that is not enrolled" || amb_fail "8. the new stand-in got $n lines of optout or client"
+	reply=$(client_get "$svc_ip") || true
+	case $reply in "$client_ip":*) amb_pass "8. client -> Service after the restart: answered ($reply)" ;;
+	*) amb_fail "8. client -> Service after the restart: got '$reply'" ;; esac
+	amb_check "8. ... through the new stand-in's inbound listener" zt_has "$(zt_conn inbound "$client_ip" "$app_ip:8080" "$app_uid")" "$zt"
+	amb_check "8. the app is still Ready" pod_ready "$AMB_NS" app
+
+	log "ambient: 7. remove the label from namespace $AMB_NS"
+	kc label ns "$AMB_NS" "$AMB_LABEL-" >&2
+	amb_wait "7. every pod unenrolled (metric 0)" 30 metric_is meshwire_ambient_enrolled_pods 0
+	for uid in "$app_uid" "$late_uid" "$annotated_uid"; do
+		amb_wait "7. the stand-in was told: del $uid" 30 zt_has "$(zt_del "$uid")" "$zt"
+	done
+	amb_check "7. the host's probe set is empty" probe_set_empty
+	n0=$(zt_count '"event":"conn"' "$zt")
+	reply=$(client_get "$svc_ip") || true
+	case $reply in "$client_ip":*) amb_pass "7. client -> Service: answered ($reply)" ;;
+	*) amb_fail "7. client -> Service: got '$reply'" ;; esac
+	n=$(zt_count '"event":"conn"' "$zt")
+	[ "$n0" -gt 0 ] && [ "$n" = "$n0" ] && amb_pass "7. ... directly: the stand-in saw no connection" || amb_fail "7. the stand-in saw $((n - n0)) connections after the unenrollment"
+	reply=$(kc -n "$AMB_NS" exec app -- curl -sk -m 10 "https://$API_SERVICE_IP/healthz" 2>&1) || true
+	n=$(zt_count '"event":"conn"' "$zt")
+	[ "$reply" = ok ] && [ "$n" = "$n0" ] && amb_pass "7. app -> kubernetes Service directly ('$reply', not through the stand-in)" ||
+		amb_fail "7. app -> kubernetes Service: '$reply', stand-in connections $n0 before, $n after"
+	amb_check "7. the app is still Ready" pod_ready "$AMB_NS" app
+	log "ambient: stand-in $zt logged: $(kc -n "$ZT_NS" logs "$zt" | grep -oE '"event":"[a-z]+"(,"listener":"[a-z]+")?' | sort | uniq -c | tr -s ' \n' ' ')"
+
+	log "ambient: enrolled pods deleted (their CNI DEL), then ambient mode turned off"
+	kc label ns "$AMB_NS" "$AMB_LABEL=ambient" >&2
+	amb_wait "the three pods enrolled again (metric 3)" 30 metric_is meshwire_ambient_enrolled_pods 3
+	kc delete ns "$AMB_NS" "$AMB_CLIENT_NS" --wait=true --timeout=120s >&2 || true
+	amb_wait "deleted enrolled pods are unenrolled (metric 0)" 30 metric_is meshwire_ambient_enrolled_pods 0
+	amb_check "... and out of the probe set" probe_set_empty
+	kc delete ns "$ZT_NS" --wait=true --timeout=120s >&2 || true
+	set_ambient off
+	n=$(ambient_on_host)
+	[ -z "$n" ] && amb_pass "the agent stopped with no pod enrolled: its host rule and probe sets are gone" ||
+		amb_fail "ambient mode off, the host still has: $(echo $n)"
+	for f in /var/lib/cni/meshwire/ambient/agent.sock /run/ztunnel/ztunnel.sock; do
+		[ -e "$f" ] && log "ambient: note: $f is still there"
+	done
+	n=$(find /var/lib/cni/meshwire/pods /var/lib/cni/meshwire/ambient -type f 2>/dev/null | wc -l) || true
+	[ "$n" = 0 ] && amb_pass "no pod record or enrolled pod left in /var/lib/cni/meshwire" || amb_fail "$n files left under /var/lib/cni/meshwire/{pods,ambient}"
+
+	log "ambient: $AMB_PASSED checks passed, $AMB_FAILED failed, in $((SECONDS - t0))s"
+	[ "$AMB_FAILED" = 0 ] || { agent_log | grep -i ambient | tail -40 >&2; die "ambient check failed (above)"; }
+	log "ambient check passed in $((SECONDS - t0))s"
+}
+
 # e2e [FOCUS [SKIP]]: Kubernetes' e2e suite (e2e.test, built by `build.sh
 # e2e` when missing) against the cluster; by default the sig-network
 # conformance tests that may run in parallel with others. The JUnit report
@@ -1165,11 +1451,12 @@ main() {
 	status) status ;;
 	smoke) smoke ;;
 	mesh) mesh ;;
+	ambient) ambient ;;
 	podstart) podstart ;;
 	podstart-compare) podstart_compare ;;
 	conformance) conformance ;;
 	e2e) shift; e2e "$@" ;;
-	*) echo "usage: $0 up|down|env|status|smoke|mesh|podstart|podstart-compare|conformance|e2e [FOCUS [SKIP]]" >&2; exit 2 ;;
+	*) echo "usage: $0 up|down|env|status|smoke|mesh|ambient|podstart|podstart-compare|conformance|e2e [FOCUS [SKIP]]" >&2; exit 2 ;;
 	esac
 }
 

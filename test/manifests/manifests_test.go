@@ -20,6 +20,8 @@ import (
 
 	"github.com/meshwire/meshwire/cmd/meshwire/cli"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podrecord"
+	"github.com/meshwire/meshwire/internal/podnetns"
+	"github.com/meshwire/meshwire/internal/zds"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -170,6 +172,12 @@ func TestDaemonSet(t *testing.T) {
 		// the intercept plugin's records, which the agent replays when it
 		// attaches the fast path
 		"--fastpath": podrecord.Dir,
+		// ambient mode (off as shipped, its mounts there for --ambient):
+		// the plugin's pod records, the enrolled pods and the plugin's
+		// socket, ztunnel's ZDS socket
+		"--ambient pods":   podnetns.Dir,
+		"--ambient state":  filepath.Dir(podnetns.Socket),
+		"--ztunnel-socket": filepath.Dir(zds.SocketPath),
 	} {
 		if !mounts[dir] {
 			t.Errorf("%s: %q is not a mounted host directory", flag, dir)
