@@ -139,6 +139,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer stopRepairs()
 	a.repairCtx = repairCtx
 	var kick chan struct{}
+	if a.o.Ambient == nil {
+		removeAmbientSocket(a.o.Logf)
+	}
 	if a.o.Ambient != nil {
 		amb, err := startAmbient(repairCtx, *a.o.Ambient, a.o.Logf)
 		if err != nil {

@@ -95,14 +95,6 @@ func startAmbient(ctx context.Context, o AmbientOptions, logf func(string, ...an
 	if err := node.InstallHost(ctx); err != nil {
 		return nil, fmt.Errorf("ambient mode: %w", err)
 	}
-	// A start that fails from here on (no API access, a socket it
-	// cannot listen on) takes back what it did, as stop does: the agent
-	// exits, and the host must not keep a probe rule for no one.
-	defer func() {
-		if err != nil {
-			a.stop()
-		}
-	}()
 	snapshot := func() []zds.Workload {
 		var out []zds.Workload
 		for _, w := range node.Workloads() {
@@ -213,6 +205,12 @@ func (x *Ambient) Backend() firewall.Backend { return x.a.o.Backend }
 
 // listenUnix listens on a Unix socket at path, in place of a socket a
 // previous agent left.
+//
+// The socket file stays when the listener closes: while the agent is away
+// (a rollout), the plugin still sees that ambient mode is on, records
+// each new pod and is told no agent answers; the agent enrolls those pods
+// from their records when it is back. An agent started without --ambient
+// removes it (removeAmbientSocket).
 func listenUnix(path string) (net.Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, err
@@ -220,7 +218,21 @@ func listenUnix(path string) (net.Listener, error) {
 	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, err
 	}
-	return net.Listen("unix", path)
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	ln.SetUnlinkOnClose(false)
+	return ln, nil
+}
+
+// removeAmbientSocket removes the plugin's socket at its default path,
+// for an agent whose ambient mode is off: the plugin then stops recording
+// pods for it.
+func removeAmbientSocket(logf func(string, ...any)) {
+	if err := os.Remove(podnetns.Socket); err == nil {
+		logf("ambient mode off: removed %s", podnetns.Socket)
+	}
 }
 
 func (a *ambientAgent) wake() {
