@@ -92,14 +92,8 @@ func (d *demo) ambientSteps(conflist []byte, a, b *cniruntime.Record) {
 	if d.ctx.Err() != nil {
 		return
 	}
-	proxy := findTestProxy()
-	if proxy == "" {
-		fmt.Fprintf(d.out, "  skip  ambient pod: the test proxy (bin/test/proxy), ztunnel's stand-in, is not built; run `make build`\n")
-		return
-	}
-	list, err := ambientConflist(conflist)
-	if err != nil {
-		d.step("ambient conflist", func() (string, error) { return "", err })
+	proxy, list, ok := d.proxyAndConflist("ambient pod", ", ztunnel's stand-in,", "ambient conflist", conflist, ambientConflist)
+	if !ok {
 		return
 	}
 	failed := d.failed

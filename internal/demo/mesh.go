@@ -218,14 +218,8 @@ func (d *demo) proxiedCall(side *sidecar, listener, label, clientNS, serverNS, n
 // call of the app to pod b and an inbound call from pod a to the app, both
 // through the proxy, with the original destinations the proxy read.
 func (d *demo) meshSteps(conflist []byte, a, b *cniruntime.Record) {
-	proxy := findTestProxy()
-	if proxy == "" {
-		fmt.Fprintf(d.out, "  skip  mesh pod: the test proxy (bin/test/proxy) is not built; run `make build`\n")
-		return
-	}
-	mesh, err := meshConflist(conflist)
-	if err != nil {
-		d.step("mesh conflist", func() (string, error) { return "", err })
+	proxy, mesh, ok := d.proxyAndConflist("mesh pod", "", "mesh conflist", conflist, meshConflist)
+	if !ok {
 		return
 	}
 	var rec *cniruntime.Record
@@ -272,6 +266,22 @@ func (d *demo) meshSteps(conflist []byte, a, b *cniruntime.Record) {
 	d.step(fmt.Sprintf("%s: CNI CHECK passes (interception rules in place)", demoMeshPod), func() (string, error) {
 		return "", d.rt.Check(d.ctx, demoMeshPod)
 	})
+}
+
+// proxyAndConflist finds the test proxy (a "skip" line for pod when it is
+// not built; role says what it stands in for) and builds the pod's
+// conflist from the demo's (a failed step named what when it cannot).
+func (d *demo) proxyAndConflist(pod, role, what string, conflist []byte, build func([]byte) ([]byte, error)) (proxy string, list []byte, ok bool) {
+	if proxy = findTestProxy(); proxy == "" {
+		fmt.Fprintf(d.out, "  skip  %s: the test proxy (bin/test/proxy)%s is not built; run `make build`\n", pod, role)
+		return "", nil, false
+	}
+	list, err := build(conflist)
+	if err != nil {
+		d.step(what, func() (string, error) { return "", err })
+		return "", nil, false
+	}
+	return proxy, list, true
 }
 
 func ipStrings(ips []*current.IPConfig) []string {
