@@ -519,6 +519,22 @@ func (e *Env) DialAs(uid, gid uint32, dst netip.AddrPort, msg string) (string, e
 	return strings.TrimSpace(out.String()), nil
 }
 
+// DialFrom is DialAs from a socket bound to from with IP_TRANSPARENT and
+// SO_MARK mark (0: none), as Envoy's original_src filter opens its
+// upstream connections (CAP_NET_ADMIN, ambient, for both).
+func (e *Env) DialFrom(uid, gid uint32, from netip.Addr, mark int, dst netip.AddrPort, msg string) (string, error) {
+	cmd := e.command(uid, gid, true, "dial", "-from", from.String(), "-mark", strconv.Itoa(mark), dst.String(), msg)
+	var out, errb strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := e.Pod.Do(cmd.Start); err != nil {
+		return "", err
+	}
+	if err := cmd.Wait(); err != nil {
+		return "", fmt.Errorf("%v: %s", err, errb.String())
+	}
+	return strings.TrimSpace(out.String()), nil
+}
+
 // Proxy is the running test proxy.
 type Proxy struct {
 	cmd  *exec.Cmd

@@ -32,7 +32,7 @@
 // status port (15021, /healthz/ready) does for kubelet's probes; those
 // connections are not logged (what reaches it was not captured).
 //
-//	proxy dial ADDR MESSAGE   # one request as the current user: prints the reply
+//	proxy dial [-from ADDR] [-mark N] ADDR MESSAGE   # one request as the current user: prints the reply
 //	proxy echo tcp|unix ADDR  # an echo server as its own process (a remote app)
 package main
 
@@ -423,13 +423,58 @@ func askUDP(server string, q []byte, w *workload) ([]byte, error) {
 }
 
 // dial sends one message and prints the reply: a client that runs as any
-// uid/gid the test chooses.
+// uid/gid the test chooses. -from ADDR binds the socket to ADDR with
+// IP_TRANSPARENT (an address that need not be the pod's: what Envoy's
+// original_src filter does with the downstream client's address) and -mark
+// N sets SO_MARK on it (original_src's mark); both need CAP_NET_ADMIN.
 func dial(args []string) int {
-	if len(args) != 2 {
-		fmt.Fprintln(os.Stderr, "usage: proxy dial ADDR MESSAGE")
+	fs := flag.NewFlagSet("dial", flag.ContinueOnError)
+	from := fs.String("from", "", "bind to this address with IP_TRANSPARENT")
+	mark := fs.Int("mark", 0, "SO_MARK of the socket (0: none)")
+	if err := fs.Parse(args); err != nil || fs.NArg() != 2 {
+		fmt.Fprintln(os.Stderr, "usage: proxy dial [-from ADDR] [-mark N] ADDR MESSAGE")
 		return 2
 	}
-	c, err := net.DialTimeout("tcp", args[0], 3*time.Second)
+	args = fs.Args()
+	d := net.Dialer{Timeout: 3 * time.Second}
+	if *from != "" {
+		a, err := netip.ParseAddr(*from)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		d.LocalAddr = &net.TCPAddr{IP: a.AsSlice()}
+		d.Control = func(_, _ string, rc syscall.RawConn) error {
+			var serr error
+			err := rc.Control(func(fd uintptr) {
+				if a.Is6() {
+					serr = unix.SetsockoptInt(int(fd), unix.SOL_IPV6, unix.IPV6_TRANSPARENT, 1)
+				} else {
+					serr = unix.SetsockoptInt(int(fd), unix.SOL_IP, unix.IP_TRANSPARENT, 1)
+				}
+			})
+			if err != nil {
+				return err
+			}
+			return serr
+		}
+	}
+	if *mark != 0 {
+		ctl := d.Control
+		d.Control = func(network, address string, rc syscall.RawConn) error {
+			if ctl != nil {
+				if err := ctl(network, address, rc); err != nil {
+					return err
+				}
+			}
+			var serr error
+			if err := rc.Control(func(fd uintptr) { serr = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_MARK, *mark) }); err != nil {
+				return err
+			}
+			return serr
+		}
+	}
+	c, err := d.Dial("tcp", args[0])
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
