@@ -91,7 +91,9 @@ demo: build
 # benchmarks from the Go module proxy, once per run) and Debian's 1.1.1
 # (/usr/lib/cni, installed by test/deps.sh). What they print goes to
 # BENCH_OUT too, between "meshwire-bench:" lines naming the commit, whether
-# the tree was clean, the dates, the machine and its load; `make
+# the tree was clean, the dates, the machine and its load, and the node's
+# cached firewall backend (bridge's ipMasq and portmap use it when their
+# config names none, and it moves their figures: docs/performance.md); `make
 # bench-report` writes the README's and docs/performance.md's tables from it.
 BENCH_OUT ?= bench.out
 bench: deps build
@@ -100,6 +102,7 @@ bench: deps build
 	  echo "meshwire-bench: started $$(date -u +%Y-%m-%dT%H:%M:%SZ)"; \
 	  echo "meshwire-bench: machine $$(nproc) CPUs ($$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)), $$(awk '/^MemTotal/ {printf "%.0f GiB", $$2/1048576}' /proc/meminfo), Linux $$(uname -r)"; \
 	  echo "meshwire-bench: load at start $$(cut -d' ' -f1-3 /proc/loadavg)"; \
+	  echo "meshwire-bench: firewall backend $$(cat /run/meshwire/firewall-backend 2>/dev/null || echo 'not detected yet')"; \
 	  echo "meshwire-bench: bench $(BENCH)"; } | tee $(BENCH_OUT)
 	@{ MESHWIRE_BIN_DIR=$(BIN) $(GO) test -tags kernel -count=1 -run '^$$' -bench '$(BENCH)' -benchtime 1x -timeout 120m ./test/bench/... 2>&1; \
 	  echo "meshwire-bench: exit $$?"; \
