@@ -11,6 +11,7 @@ import (
 	"github.com/containernetworking/cni/pkg/skel"
 	current "github.com/containernetworking/cni/pkg/types/100"
 
+	"github.com/meshwire/meshwire/internal/ambient"
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/podnetns"
 )
@@ -30,7 +31,7 @@ var (
 
 // annDataplaneMode enrolls a pod in ambient mode when the agent has no
 // API server to read the label of that name from.
-const annDataplaneMode = "istio.io/dataplane-mode"
+const annDataplaneMode = ambient.LabelDataplaneMode
 
 // ambientAdd records the pod and asks the agent, when the agent's ambient
 // mode is on (its socket is there: the agent leaves it when it stops).
