@@ -145,15 +145,7 @@ func (d *demo) ambientSteps(conflist []byte, a, b *cniruntime.Record) {
 	annotations := map[string]string{ambient.LabelDataplaneMode: "ambient"}
 	caps := map[string]any{"io.kubernetes.cri.pod-annotations": annotations}
 	args := [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", demoAmbientNS}, {"K8S_POD_NAME", demoAmbientPod}, {"K8S_POD_UID", demoAmbientUID}}
-	var rec *cniruntime.Record
-	d.step(fmt.Sprintf("%s wired with the intercept plugin chained, annotated %s=ambient", demoAmbientPod, ambient.LabelDataplaneMode), func() (string, error) {
-		r, _, err := d.rt.Add(d.ctx, demoAmbientPod, list, "eth0", caps, args...)
-		rec = r
-		if err != nil {
-			return "", err
-		}
-		return strings.Join(ipStrings(podIPs(d.rt, r)), ", "), nil
-	})
+	rec := d.wire(demoAmbientPod, fmt.Sprintf("%s wired with the intercept plugin chained, annotated %s=ambient", demoAmbientPod, ambient.LabelDataplaneMode), list, caps, args...)
 	if rec == nil {
 		return
 	}

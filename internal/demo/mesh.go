@@ -222,15 +222,7 @@ func (d *demo) meshSteps(conflist []byte, a, b *cniruntime.Record) {
 	if !ok {
 		return
 	}
-	var rec *cniruntime.Record
-	d.step(fmt.Sprintf("%s wired with the intercept plugin chained", demoMeshPod), func() (string, error) {
-		r, _, err := d.rt.Add(d.ctx, demoMeshPod, mesh, "eth0", nil)
-		rec = r
-		if err != nil {
-			return "", err
-		}
-		return strings.Join(ipStrings(podIPs(d.rt, r)), ", "), nil
-	})
+	rec := d.wire(demoMeshPod, fmt.Sprintf("%s wired with the intercept plugin chained", demoMeshPod), mesh, nil)
 	if rec == nil {
 		return
 	}
@@ -282,6 +274,22 @@ func (d *demo) proxyAndConflist(pod, role, what string, conflist []byte, build f
 		return "", nil, false
 	}
 	return proxy, list, true
+}
+
+// wire adds pod name with conflist list (and the runtime's capability
+// args and CNI_ARGS) as the step labeled label, which shows its
+// addresses; nil when it failed.
+func (d *demo) wire(name, label string, list []byte, caps map[string]any, args ...[2]string) *cniruntime.Record {
+	var rec *cniruntime.Record
+	d.step(label, func() (string, error) {
+		r, _, err := d.rt.Add(d.ctx, name, list, "eth0", caps, args...)
+		rec = r
+		if err != nil {
+			return "", err
+		}
+		return strings.Join(ipStrings(podIPs(d.rt, r)), ", "), nil
+	})
+	return rec
 }
 
 func ipStrings(ips []*current.IPConfig) []string {
