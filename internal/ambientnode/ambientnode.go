@@ -11,9 +11,11 @@
 package ambientnode
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"reflect"
@@ -163,14 +165,9 @@ func New(o Options) (*Node, error) {
 		_ = recordfile.Remove(o.StateDir, name, "a write of an enrolled pod cut short")
 	}
 	n := &Node{o: o, pods: map[string]enrolled{}}
-	for name, e := range recs {
-		n.pods[name] = e
-	}
+	maps.Copy(n.pods, recs)
 	return n, nil
 }
-
-// Config is the node's ambient configuration, defaults filled in.
-func (n *Node) Config() ambient.Config { return n.o.Config }
 
 // Workloads are the enrolled pods whose namespace is still theirs: the
 // snapshot ztunnel is sent when it connects.
@@ -183,18 +180,8 @@ func (n *Node) Workloads() []Workload {
 			out = append(out, e.workload())
 		}
 	}
-	slices.SortFunc(out, func(a, b Workload) int { return cmpStrings(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name) })
+	slices.SortFunc(out, func(a, b Workload) int { return cmp.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name) })
 	return out
-}
-
-func cmpStrings(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // Stats returns the node's counters.
@@ -223,22 +210,12 @@ func (n *Node) Reconcile(ctx context.Context) error {
 	}
 	n.pmu.Unlock()
 	var errs []error
-	for _, name := range slices.Sorted(mapsKeys(names)) {
+	for _, name := range slices.Sorted(maps.Keys(names)) {
 		if _, err := n.Sync(ctx, name, false); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
-}
-
-func mapsKeys(m map[string]bool) func(func(string) bool) {
-	return func(yield func(string) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
 
 // Sync acts on the pod of record name (podnetns.Pod.Record) and answers

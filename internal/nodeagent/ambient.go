@@ -50,14 +50,14 @@ type ambientAgent struct {
 	logf  func(string, ...any)
 }
 
-// zdsHandoff is ambientnode's hand-off over the ZDS server.
-type zdsHandoff struct{ s **zds.Server }
+// The agent is ambientnode's hand-off to ztunnel, over its ZDS server
+// (which starts after the node, whose enrolled pods are its snapshot).
 
-func (z zdsHandoff) Add(ctx context.Context, w ambientnode.Workload) error {
-	return (*z.s).Add(ctx, zdsWorkload(w))
+func (a *ambientAgent) Add(ctx context.Context, w ambientnode.Workload) error {
+	return a.zds.Add(ctx, zdsWorkload(w))
 }
-func (z zdsHandoff) Del(ctx context.Context, uid string) error { return (*z.s).Del(ctx, uid) }
-func (z zdsHandoff) Connected() bool                           { return (*z.s).Stats().Connected > 0 }
+func (a *ambientAgent) Del(ctx context.Context, uid string) error { return a.zds.Del(ctx, uid) }
+func (a *ambientAgent) Connected() bool                           { return a.zds.Stats().Connected > 0 }
 
 func zdsWorkload(w ambientnode.Workload) zds.Workload {
 	return zds.Workload{UID: w.UID, Name: w.Name, Namespace: w.Namespace, ServiceAccount: w.ServiceAccount, Netns: w.Netns}
@@ -65,8 +65,8 @@ func zdsWorkload(w ambientnode.Workload) zds.Workload {
 
 // startAmbient starts ambient mode: the pods enrolled before read back,
 // the host rule installed, the ZDS server and the plugin's socket
-// listening, the API watched. What it started stops with ctx; wait
-// returns once it has.
+// listening, the API watched. What it started stops with ctx, and stop
+// takes back the host rule.
 func startAmbient(ctx context.Context, o AmbientOptions, logf func(string, ...any)) (_ *ambientAgent, err error) {
 	if o.ZtunnelSocket == "" {
 		o.ZtunnelSocket = zds.SocketPath
@@ -78,10 +78,9 @@ func startAmbient(ctx context.Context, o AmbientOptions, logf func(string, ...an
 		o.Backend = firewall.Detect(ctx)
 	}
 	a := &ambientAgent{o: o, kick: make(chan struct{}, 1), logf: logf}
-	var srv *zds.Server
 	node, err := ambientnode.New(ambientnode.Options{
 		Config: o.Config, Backend: o.Backend, PodsDir: o.PodsDir, StateDir: o.StateDir,
-		Decide: a.decide, Ztunnel: zdsHandoff{&srv}, Logf: logf,
+		Decide: a.decide, Ztunnel: a, Logf: logf,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("ambient mode: %w", err)
@@ -102,10 +101,8 @@ func startAmbient(ctx context.Context, o AmbientOptions, logf func(string, ...an
 		}
 		return out
 	}
-	if err := os.MkdirAll(filepath.Dir(o.ZtunnelSocket), 0o755); err != nil {
-		return nil, fmt.Errorf("ambient mode: %w", err)
-	}
-	if srv, err = zds.Listen(o.ZtunnelSocket, snapshot, logf); err != nil {
+	srv, err := zds.Listen(o.ZtunnelSocket, snapshot, logf)
+	if err != nil {
 		return nil, fmt.Errorf("ambient mode: %w", err)
 	}
 	a.zds = srv
