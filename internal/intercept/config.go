@@ -1,11 +1,11 @@
 // Package intercept is meshwire's interception rule model: which TCP
 // connections of a pod go through the sidecar proxy (Config, with
-// istio-iptables' meaning and defaults), its rules, and the plan (Plan).
-// The rules render into an iptables-restore payload per address family or
-// one nftables script; the plan is pure: what a namespace holds plus the
-// wanted Config give the operations. It touches no kernel; package apply reads
-// the namespace and applies the plan, for the iptables-init command and
-// the intercept CNI plugin.
+// istio-iptables' meaning and defaults) and its rules. The rules render
+// into an iptables-restore payload per address family or one nftables
+// script, and are compared with what a namespace holds (ReadState,
+// Compare). It touches no kernel; package apply reads the namespace, plans
+// and applies the change, for the iptables-init command and the intercept
+// CNI plugin.
 package intercept
 
 import (

@@ -277,3 +277,16 @@ func deletions(rules []installed.Rule) []ruleset.RuleRef {
 	}
 	return out
 }
+
+// TProxyMarks lists the marks the TPROXY rules of tables read back set.
+func TProxyMarks(tables ...*installed.Table) []uint32 {
+	var out []uint32
+	for _, t := range tables {
+		for _, r := range t.Rules() {
+			if r.Target == "TPROXY" && r.SetMark != 0 && !slices.Contains(out, r.SetMark) {
+				out = append(out, r.SetMark)
+			}
+		}
+	}
+	return out
+}

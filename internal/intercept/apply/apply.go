@@ -7,7 +7,7 @@
 // firewall backend holds is read back as typed rules through the
 // firewall front door (firewall.Interface: netlink for nf_tables, legacy
 // iptables' text only for the tables the namespace loaded), the pure plan
-// step intercept.Plan turns that and the wanted config into the
+// step Operations (plan.go) turns that and the wanted config into the
 // operations (one transaction per family, or one nftables transaction;
 // the routing to add and remove; the removal from other backends), and
 // Plan.Apply applies them with the TPROXY policy routing (routing.go,
@@ -155,7 +155,7 @@ func (r *Request) ReadAddrs() error {
 // registers the pod for EBPF mode (InstallEBPF), or installs the rules of
 // another mode, or of req.Fallback where the node cannot capture the pod
 // in EBPF mode: it reads what is installed and plans the change (Prepare,
-// with intercept.Plan), applies it (Plan.Apply) and, with req.Undo,
+// with Operations), applies it (Plan.Apply) and, with req.Undo,
 // removes it again when that fails (Cleanup). With req.DryRun it changes
 // nothing and the Outcome says what it would do. The Outcome is filled as
 // far as Install got, also when it fails.
@@ -203,10 +203,10 @@ func Install(ctx context.Context, req Request) (out Outcome, err error) {
 }
 
 // Plan is what Apply will do; String shows it (dry run): the operations
-// intercept.Plan gives, and the firewall to apply them to.
+// Operations gives, and the firewall to apply them to.
 type Plan struct {
 	Backend firewall.Backend
-	intercept.Ops
+	Ops
 	// Others are the backends other than Backend that hold meshwire's
 	// rules: reconciling removes them there.
 	Others []firewall.Backend
@@ -248,7 +248,7 @@ func (p *Plan) Partial() bool {
 // always read.
 var bothFamilies = []intercept.Family{intercept.V4, intercept.V6}
 
-// Prepare reads the installed state and plans the change (intercept.Plan).
+// Prepare reads the installed state and plans the change (Operations).
 // It fails with ErrDifferent (wrapped, with details) when other rules of
 // meshwire's or istio-iptables' are there and req.Reconcile is false.
 func Prepare(ctx context.Context, req Request) (*Plan, error) {
@@ -276,7 +276,7 @@ func Prepare(ctx context.Context, req Request) (*Plan, error) {
 		}
 	}
 	var others []*holding
-	var othersHeld []*intercept.Held
+	var othersHeld []*Held
 	for _, o := range allBackends {
 		if o == b {
 			continue
@@ -287,7 +287,7 @@ func Prepare(ctx context.Context, req Request) (*Plan, error) {
 			others, othersHeld = append(others, h), append(othersHeld, &h.Held)
 		}
 	}
-	p.Ops = intercept.Plan(&have.Held, othersHeld, intercept.Want{Config: req.Config, IPv6: req.IPv6, NFTables: b.Kind == firewall.NFTables, Force: req.Force})
+	p.Ops = Operations(&have.Held, othersHeld, Want{Config: req.Config, IPv6: req.IPv6, NFTables: b.Kind == firewall.NFTables, Force: req.Force})
 	for i, h := range others {
 		if len(p.Elsewhere[i]) > 0 {
 			p.Others, p.others = append(p.Others, h.b), append(p.others, h)
@@ -371,14 +371,14 @@ var iptablesTables = []string{intercept.Raw, intercept.Mangle, intercept.NAT}
 type holding struct {
 	b  firewall.Backend
 	fw firewall.Interface
-	intercept.Held
+	Held
 	// errs are the families that could not be read (no ip6tables, say).
 	errs map[intercept.Family]error
 }
 
 func read(ctx context.Context, b firewall.Backend, fw firewall.Interface) *holding {
 	h := &holding{b: b, fw: fw, errs: map[intercept.Family]error{},
-		Held: intercept.Held{IPTables: map[intercept.Family][]*installed.Table{}, Nft: map[string]*installed.Table{}}}
+		Held: Held{IPTables: map[intercept.Family][]*installed.Table{}, Nft: map[string]*installed.Table{}}}
 	if b.Kind == firewall.NFTables {
 		var names []string
 		for _, nt := range intercept.NftTables {
