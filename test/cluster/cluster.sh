@@ -74,6 +74,7 @@ case $CNI in meshwire | reference) ;; *) echo "MESHWIRE_CLUSTER_CNI: meshwire or
 TEST_LOCK=/run/meshwire-tests.lock
 
 CONTAINERD=/usr/bin/containerd CTR=/usr/bin/ctr RUNC=/usr/sbin/runc
+SANDBOX_IMAGE=registry.k8s.io/pause:3.10.1 # images.sh builds it
 PKI=$STATE/pki KCFG=$STATE/kubeconfig LOGS=$STATE/logs RUN=$STATE/run
 # The e2e suite's leak snapshot as a command (test/snapshot, built by make
 # build): the host before up, and the node before its CNI was installed.
@@ -287,47 +288,22 @@ write_configs() {
 	write_kube_configs
 }
 
-# write_containerd_config: containerd's config (critest.sh's too).
+# write_containerd_config: containerd's config (critest.sh's too), from
+# the template meshwire's CRI tests render too (test/cri/containerd.toml;
+# test/cri's TestClusterConfig checks that both fill it alike): the local
+# pause image, the CNI config meshwire's installer writes.
 write_containerd_config() {
 	mkdir -p "$STATE/config"
-	# containerd 1.6's CRI: the same setup as meshwire's CRI tests
-	# (test/cri): runc (crun refuses the hybrid cgroup layout), no
-	# lowering of oom_score_adj, the local pause image, the CNI config
-	# meshwire's installer writes.
-	cat >"$STATE/config/containerd.toml" <<EOF
-version = 2
-root = "$STATE/containerd/root"
-state = "$STATE/containerd/state"
-disabled_plugins = ["io.containerd.internal.v1.tracing", "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
-
-[grpc]
-  address = "$SOCK"
-[ttrpc]
-  address = "$SOCK.ttrpc"
-[debug]
-  level = "info"
-[plugins."io.containerd.internal.v1.opt"]
-  path = "$STATE/containerd/opt"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "registry.k8s.io/pause:3.10.1"
-  restrict_oom_score_adj = true
-  enable_selinux = false
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        BinaryName = "$RUNC"
-        Root = "$STATE/containerd/runc"
-        SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "$CNI_BIN"
-    conf_dir = "$CNI_CONF"
-    max_conf_num = 1
-EOF
+	sed -e "s|@ROOT@|$STATE/containerd/root|g" \
+		-e "s|@STATE@|$STATE/containerd/state|g" \
+		-e "s|@SOCKET@|$SOCK|g" \
+		-e "s|@OPT@|$STATE/containerd/opt|g" \
+		-e "s|@SANDBOX_IMAGE@|$SANDBOX_IMAGE|g" \
+		-e "s|@RUNC@|$RUNC|g" \
+		-e "s|@RUNC_ROOT@|$STATE/containerd/runc|g" \
+		-e "s|@CNI_BIN@|$CNI_BIN|g" \
+		-e "s|@CNI_CONF@|$CNI_CONF|g" \
+		"$repo/test/cri/containerd.toml" >"$STATE/config/containerd.toml"
 }
 
 write_kube_configs() {

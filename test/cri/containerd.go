@@ -14,6 +14,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/sha256"
+	_ "embed"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -135,8 +136,11 @@ func Start(t testing.TB, cfg Config) *Containerd {
 			t.Fatal(err)
 		}
 	}
-	config := filepath.Join(dir, "config.toml")
-	if err := os.WriteFile(config, []byte(c.config(cfg.BinDir)), 0o644); err != nil {
+	text, err := c.config(cfg.BinDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "config.toml"), []byte(text), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	image, err := acquireImage()
@@ -225,55 +229,38 @@ func (c *Containerd) hasExited() bool {
 	}
 }
 
-// config is containerd's config.toml: every path under Dir (runc's state
-// too, which defaults to /run/containerd/runc), the CRI plugin with runc,
-// the local sandbox image and the given CNI bin_dir.
-func (c *Containerd) config(binDir string) string {
-	q := strconv.Quote
-	return fmt.Sprintf(`version = 2
-root = %s
-state = %s
-disabled_plugins = ["io.containerd.internal.v1.tracing", "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper"]
+// configTemplate is containerd's config.toml, shared with the cluster's
+// scripts (test/cluster/cluster.sh reads the same file).
+//
+//go:embed containerd.toml
+var configTemplate string
 
-[grpc]
-  address = %s
+// Settings fill containerd.toml's @NAME@ placeholders: paths and names
+// without quotes or backslashes, written into TOML strings as they are.
+type Settings struct {
+	Root, State, Socket, Opt, SandboxImage, Runc, RuncRoot, CNIBin, CNIConf string
+}
 
-[ttrpc]
-  address = %s
+// RenderConfig renders containerd.toml with s; it fails on a value that would
+// need quoting in TOML.
+func RenderConfig(s Settings) (string, error) {
+	pairs := []string{"@ROOT@", s.Root, "@STATE@", s.State, "@SOCKET@", s.Socket, "@OPT@", s.Opt,
+		"@SANDBOX_IMAGE@", s.SandboxImage, "@RUNC@", s.Runc, "@RUNC_ROOT@", s.RuncRoot,
+		"@CNI_BIN@", s.CNIBin, "@CNI_CONF@", s.CNIConf}
+	for i := 1; i < len(pairs); i += 2 {
+		if pairs[i] == "" || strings.ContainsAny(pairs[i], "\"\\\n") {
+			return "", fmt.Errorf("containerd config: %s %q is empty or needs quoting", pairs[i-1], pairs[i])
+		}
+	}
+	return strings.NewReplacer(pairs...).Replace(configTemplate), nil
+}
 
-[debug]
-  level = "info"
-
-[plugins."io.containerd.internal.v1.opt"]
-  path = %s
-
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = %s
-  # runc may not lower oom_score_adj on these machines.
-  restrict_oom_score_adj = true
-  enable_selinux = false
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        BinaryName = %s
-        Root = %s
-        SystemdCgroup = false
-
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = %s
-    conf_dir = %s
-    max_conf_num = 1
-`, q(filepath.Join(c.Dir, "root")), q(filepath.Join(c.Dir, "state")),
-		q(c.Socket), q(c.Socket+".ttrpc"), q(filepath.Join(c.Dir, "opt")),
-		q(Image), q(RuncBin), q(c.runcRoot()), q(binDir), q(c.ConfDir))
+// config is this containerd's config.toml: every path under Dir, the
+// local sandbox image and the given CNI bin_dir.
+func (c *Containerd) config(binDir string) (string, error) {
+	return RenderConfig(Settings{Root: filepath.Join(c.Dir, "root"), State: filepath.Join(c.Dir, "state"),
+		Socket: c.Socket, Opt: filepath.Join(c.Dir, "opt"), SandboxImage: Image, Runc: RuncBin,
+		RuncRoot: c.runcRoot(), CNIBin: binDir, CNIConf: c.ConfDir})
 }
 
 func (c *Containerd) runcRoot() string { return filepath.Join(c.Dir, "runc") }
