@@ -9,6 +9,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"k8s.io/client-go/kubernetes"
+
 	"github.com/meshwire/meshwire/internal/ambient"
 	"github.com/meshwire/meshwire/internal/ambientnode"
 	"github.com/meshwire/meshwire/internal/cnierr"
@@ -38,6 +40,8 @@ type AmbientOptions struct {
 	API        bool
 	Kubeconfig string
 	NodeName   string
+	// Client is the API server's client in place of Kubeconfig's (tests).
+	Client kubernetes.Interface
 }
 
 // ambientAgent is the agent's ambient mode at run time.
@@ -48,6 +52,9 @@ type ambientAgent struct {
 	watch *podwatch.Watcher // nil without the API
 	kick  chan struct{}     // a reconcile wanted (a label changed)
 	logf  func(string, ...any)
+	// unfound are the pods adopt could not find a namespace for, logged
+	// once each (reconcile's goroutine only).
+	unfound map[string]bool
 }
 
 // The agent is ambientnode's hand-off to ztunnel, over its ZDS server
@@ -77,7 +84,7 @@ func startAmbient(ctx context.Context, o AmbientOptions, logf func(string, ...an
 	if o.Backend == (firewall.Backend{}) {
 		o.Backend = firewall.Detect(ctx)
 	}
-	a := &ambientAgent{o: o, kick: make(chan struct{}, 1), logf: logf}
+	a := &ambientAgent{o: o, kick: make(chan struct{}, 1), logf: logf, unfound: map[string]bool{}}
 	node, err := ambientnode.New(ambientnode.Options{
 		Config: o.Config, Backend: o.Backend, PodsDir: o.PodsDir, StateDir: o.StateDir,
 		Decide: a.decide, Ztunnel: a, Logf: logf,
@@ -112,9 +119,11 @@ func startAmbient(ctx context.Context, o AmbientOptions, logf func(string, ...an
 		}
 	}()
 	if o.API {
-		c, err := podwatch.Client(o.Kubeconfig)
-		if err != nil {
-			return nil, fmt.Errorf("ambient mode: the API server: %w", err)
+		c := o.Client
+		if c == nil {
+			if c, err = podwatch.Client(o.Kubeconfig); err != nil {
+				return nil, fmt.Errorf("ambient mode: the API server: %w", err)
+			}
 		}
 		if o.NodeName == "" {
 			return nil, errors.New("ambient mode: the API server's pods of which node? (--node-name, or NODE_NAME)")
@@ -306,8 +315,56 @@ func byAnnotations(p podnetns.Pod) ambientnode.Enrollment {
 
 // reconcile is one round over every pod.
 func (a *ambientAgent) reconcile(ctx context.Context) {
+	a.adopt()
 	if err := a.node.Reconcile(ctx); err != nil && ctx.Err() == nil {
 		a.logf("ambient: %v", err)
+	}
+}
+
+// adopt writes the record the plugin's ADD would have written for each
+// pod the API server shows enrolled on this node, with addresses, that no
+// record names: a pod that started before ambient mode was on (its ADD
+// wrote none). Its namespace and sandbox are found through its processes
+// (podnetns.Find), so that its DEL removes the record as for any other
+// pod; one not found is logged once and looked for again each round.
+// Reconcile then enrolls it as it enrolls a recorded pod.
+func (a *ambientAgent) adopt() {
+	if a.watch == nil {
+		return
+	}
+	recs, err := podnetns.List(a.o.PodsDir)
+	if err != nil {
+		a.logf("ambient: %v", err)
+		return
+	}
+	recorded := map[string]bool{}
+	for _, r := range recs {
+		recorded[r.UID], recorded[r.Key()] = true, true
+	}
+	for _, w := range a.watch.Pods() {
+		if !w.Enrolled || w.Terminating || len(w.IPs) == 0 || recorded[w.UID] || recorded[w.Namespace+"/"+w.Name] {
+			continue
+		}
+		found, err := podnetns.Find(w.UID)
+		if err == nil && found.ContainerID == "" {
+			err = fmt.Errorf("pod %s: no container cgroup below the pod's", w.UID)
+		}
+		if err != nil {
+			if !a.unfound[w.UID] {
+				a.logf("ambient: pod %s/%s is enrolled and has no record: %v", w.Namespace, w.Name, err)
+				a.unfound[w.UID] = true
+			}
+			continue
+		}
+		delete(a.unfound, w.UID)
+		// kubelet names every pod's interface eth0.
+		rec := podnetns.Pod{ContainerID: found.ContainerID, IfName: "eth0", Netns: found.Netns,
+			UID: w.UID, Namespace: w.Namespace, Name: w.Name, IPs: w.IPs}
+		if err := podnetns.Write(a.o.PodsDir, rec); err != nil {
+			a.logf("ambient: pod %s/%s: %v", w.Namespace, w.Name, err)
+			continue
+		}
+		a.logf("ambient: pod %s/%s started before ambient mode was on: recorded from its processes (namespace %s, sandbox %s)", w.Namespace, w.Name, found.Netns, found.ContainerID)
 	}
 }
 

@@ -1,0 +1,59 @@
+//go:build kernel
+
+package podnetns_test
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"testing"
+
+	"github.com/meshwire/meshwire/ebpf/loader"
+	"github.com/meshwire/meshwire/internal/kerneltest"
+	"github.com/meshwire/meshwire/internal/netns"
+	"github.com/meshwire/meshwire/internal/podnetns"
+	"github.com/meshwire/meshwire/internal/podnetns/podnetnstest"
+)
+
+// TestFind: a pod's processes, in cgroups named as kubelet's cgroupfs
+// driver names them and in a namespace mounted where runtimes mount
+// them, lead Find to the namespace's path and to the sandbox, the first
+// process's container; a process of the pod in the host's namespace (a
+// host-network pod) and another pod's processes are not taken.
+func TestFind(t *testing.T) {
+	kerneltest.Require(t)
+	const uid, other = "0b8f9c1e-4d2a-4f7e-9a61-5c3d2e1f0a9b", "1b8f9c1e-4d2a-4f7e-9a61-5c3d2e1f0a9b"
+	name := fmt.Sprintf("mwt-find-%d", os.Getpid())
+	path, err := netns.Create(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = netns.Delete(name) })
+	root, err := loader.Cgroup2Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg := podnetnstest.New(t, root)
+	if _, err := podnetns.Find(uid); !errors.Is(err, podnetns.ErrNotFound) {
+		t.Fatalf("no process yet: %v", err)
+	}
+	cg.Start(uid, "hostnet", "") // in the pod's cgroup, the host's namespace
+	if _, err := podnetns.Find(uid); !errors.Is(err, podnetns.ErrNotFound) {
+		t.Fatalf("a process in the host's namespace only: %v", err)
+	}
+	cg.Start(uid, "sandbox0123", path)
+	cg.Start(uid, "app4567", path)
+	cg.Start(other, "x", path)
+	got, err := podnetns.Find(uid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// (/var/run is /run here: either path is the namespace.)
+	ino, dev, _ := netns.Identify(path)
+	if netns.CheckIdentity(got.Netns, ino, dev) != nil || got.ContainerID != "sandbox0123" {
+		t.Fatalf("found %+v, want %s and the sandbox", got, path)
+	}
+	if _, err := podnetns.Find("2b8f9c1e-4d2a-4f7e-9a61-5c3d2e1f0a9b"); !errors.Is(err, podnetns.ErrNotFound) {
+		t.Fatalf("another uid: %v", err)
+	}
+}
