@@ -345,9 +345,9 @@ func (a *ambientAgent) adopt() {
 		if !w.Enrolled || w.Terminating || len(w.IPs) == 0 || recorded[w.UID] || recorded[w.Namespace+"/"+w.Name] {
 			continue
 		}
-		found, err := podnetns.Find(w.UID)
+		found, err := podnetns.Find(w.UID, w.ContainerIDs)
 		if err == nil && found.ContainerID == "" {
-			err = fmt.Errorf("pod %s: no container cgroup below the pod's", w.UID)
+			err = fmt.Errorf("pod %s: its sandbox's cgroup names no container", w.UID)
 		}
 		if err != nil {
 			if !a.unfound[w.UID] {

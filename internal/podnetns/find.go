@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -15,12 +16,16 @@ import (
 
 // A pod that started before the agent's ambient mode was on has no record:
 // its ADD wrote none. Find locates its namespace the way istio-cni's node
-// agent does, through the pod's processes: kubelet puts every container of
-// a pod in a cgroup named after the pod's uid ("pod<uid>" with the
-// cgroupfs driver, "...-pod<uid with _>.slice" with systemd's), and each
-// container in a cgroup below it named after the container's id. The
-// agent runs with the host's pid namespace and the runtime's netns
-// directory (the DaemonSet's hostPID and /var/run/netns mount).
+// agent does, through the pod's processes: a process is the pod's when its
+// cgroup is named after the pod's uid (kubelet's pod cgroup: "pod<uid>"
+// with the cgroupfs driver, "...-pod<uid with _>.slice" with systemd's) or
+// after one of the pod's containers, as the API server's status lists
+// them (the container's own cgroup, also where kubelet makes no pod
+// cgroups: cgroupsPerQOS false). The pod's sandbox is the first process
+// started in that namespace (the runtime starts the sandbox before any of
+// the pod's containers), and its id is its cgroup's name. The agent runs
+// with the host's pid namespace and the runtime's netns directory (the
+// DaemonSet's hostPID and /var/run/netns mount).
 
 // ProcDir and NetnsDirs are where Find looks: the processes, and the
 // directories where runtimes bind-mount pods' namespaces (the path the
@@ -35,59 +40,79 @@ var (
 // elsewhere).
 var ErrNotFound = errors.New("no process of the pod in a namespace the runtime mounted")
 
-// Found is a pod's attachment as Find finds it: the namespace's path, and
-// the container whose cgroup holds the pod's first process, its sandbox
-// (the runtime starts the sandbox before any other container).
+// Found is a pod's attachment as Find finds it: the namespace's path and
+// the pod's sandbox.
 type Found struct {
 	Netns       string
 	ContainerID string
 }
 
-// Find finds the namespace of the pod with uid through its processes.
-func Find(uid string) (Found, error) {
+// process is what Find reads of one process.
+type process struct {
+	ns      [2]uint64 // the network namespace's inode and device
+	start   uint64    // clock ticks after boot
+	cgroups []procfs.Cgroup
+}
+
+// Find finds the namespace and sandbox of the pod with uid and the
+// containers containerIDs through its processes.
+func Find(uid string, containerIDs []string) (Found, error) {
 	if uid == "" || strings.ContainsAny(uid, "/\n") {
 		return Found{}, fmt.Errorf("find a pod's namespace: bad uid %q", uid)
 	}
-	fs, err := procfs.NewFS(ProcDir)
-	if err != nil {
-		return Found{}, fmt.Errorf("find the namespace of pod %s: %w", uid, err)
-	}
-	procs, err := fs.AllProcs()
+	procs, err := processes()
 	if err != nil {
 		return Found{}, fmt.Errorf("find the namespace of pod %s: %w", uid, err)
 	}
 	mounted := mountedNetns()
-	var best Found
-	var bestStart uint64
+	path := ""
+	var ns [2]uint64
 	for _, p := range procs {
-		cgroups, err := p.Cgroups()
-		if err != nil {
-			continue // gone
+		if where, ok := mounted[p.ns]; ok && ofPod(p.cgroups, uid, containerIDs) {
+			path, ns = where, p.ns
+			break
 		}
-		container, ok := podCgroup(cgroups, uid)
-		if !ok {
-			continue
+	}
+	if path == "" {
+		return Found{}, fmt.Errorf("pod %s: %w", uid, ErrNotFound)
+	}
+	var first *process
+	for i, p := range procs {
+		if p.ns == ns && (first == nil || p.start < first.start) {
+			first = &procs[i]
 		}
+	}
+	return Found{Netns: path, ContainerID: leaf(first.cgroups)}, nil
+}
+
+// processes reads every process's namespace, start time and cgroups;
+// those that end meanwhile, or that cannot be read, are left out.
+func processes() ([]process, error) {
+	fs, err := procfs.NewFS(ProcDir)
+	if err != nil {
+		return nil, err
+	}
+	all, err := fs.AllProcs()
+	if err != nil {
+		return nil, err
+	}
+	var out []process
+	for _, p := range all {
 		ino, dev, err := netns.Identify(filepath.Join(ProcDir, strconv.Itoa(p.PID), "ns", "net"))
 		if err != nil {
-			continue // gone, or not ours to read
-		}
-		path, ok := mounted[[2]uint64{ino, dev}]
-		if !ok {
 			continue
 		}
 		st, err := p.Stat()
 		if err != nil {
 			continue
 		}
-		if best.Netns == "" || st.Starttime < bestStart {
-			best, bestStart = Found{Netns: path, ContainerID: container}, st.Starttime
+		cgroups, err := p.Cgroups()
+		if err != nil {
+			continue
 		}
+		out = append(out, process{ns: [2]uint64{ino, dev}, start: st.Starttime, cgroups: cgroups})
 	}
-	if best.Netns == "" {
-		return Found{}, fmt.Errorf("pod %s: %w", uid, ErrNotFound)
-	}
-	return best, nil
+	return out, nil
 }
 
 // mountedNetns maps each namespace bind-mounted under NetnsDirs to its
@@ -113,30 +138,45 @@ func mountedNetns() map[[2]uint64]string {
 	return out
 }
 
-// podCgroup tells whether a process in cgroups is in the cgroup of the
-// pod with uid, with the name of the cgroup below it (the container's id;
-// a systemd scope's "cri-containerd-" or "crio-" prefix and ".scope"
-// suffix taken off). Any hierarchy will do.
-func podCgroup(cgroups []procfs.Cgroup, uid string) (container string, ok bool) {
+// ofPod tells whether a process in cgroups is the pod's: in a cgroup
+// named after its uid, or after one of its containers. Any hierarchy will
+// do.
+func ofPod(cgroups []procfs.Cgroup, uid string, containerIDs []string) bool {
 	names := []string{"pod" + uid, "pod" + strings.ReplaceAll(uid, "-", "_")}
 	for _, cg := range cgroups {
-		elems := strings.Split(cg.Path, "/")
-		for i, el := range elems {
+		for _, el := range strings.Split(cg.Path, "/") {
+			if slices.Contains(containerIDs, containerOf(el)) {
+				return true
+			}
 			el = strings.TrimSuffix(el, ".slice")
 			for _, n := range names {
-				if el != n && !strings.HasSuffix(el, "-"+n) {
-					continue
+				if el == n || strings.HasSuffix(el, "-"+n) {
+					return true
 				}
-				if i+1 == len(elems) {
-					return "", true
-				}
-				c := elems[i+1]
-				if scope, ok := strings.CutSuffix(c, ".scope"); ok {
-					c = scope[strings.LastIndex(scope, "-")+1:]
-				}
-				return c, true
 			}
 		}
 	}
-	return "", false
+	return false
+}
+
+// leaf is the container id of a process in cgroups: the name of its
+// cgroup in the unified hierarchy (else the first one), a systemd scope's
+// "cri-containerd-" or "crio-" prefix and ".scope" suffix taken off.
+func leaf(cgroups []procfs.Cgroup) string {
+	path := ""
+	for _, cg := range cgroups {
+		if path == "" || cg.HierarchyID == 0 {
+			path = cg.Path
+		}
+	}
+	return containerOf(path[strings.LastIndex(path, "/")+1:])
+}
+
+// containerOf is the container id a cgroup's name carries: the name, or
+// a systemd scope's without its runtime prefix and suffix.
+func containerOf(name string) string {
+	if scope, ok := strings.CutSuffix(name, ".scope"); ok {
+		return scope[strings.LastIndex(scope, "-")+1:]
+	}
+	return name
 }

@@ -16,10 +16,11 @@ import (
 )
 
 // TestFind: a pod's processes, in cgroups named as kubelet's cgroupfs
-// driver names them and in a namespace mounted where runtimes mount
-// them, lead Find to the namespace's path and to the sandbox, the first
-// process's container; a process of the pod in the host's namespace (a
-// host-network pod) and another pod's processes are not taken.
+// driver names them, or only after their containers, and in a namespace
+// mounted where runtimes mount them, lead Find to the namespace's path
+// and to the sandbox, the first process started in it; a process of the
+// pod in the host's namespace (a host-network pod) and another pod's
+// processes are not taken.
 func TestFind(t *testing.T) {
 	kerneltest.Require(t)
 	const uid, other = "0b8f9c1e-4d2a-4f7e-9a61-5c3d2e1f0a9b", "1b8f9c1e-4d2a-4f7e-9a61-5c3d2e1f0a9b"
@@ -34,17 +35,17 @@ func TestFind(t *testing.T) {
 		t.Fatal(err)
 	}
 	cg := podnetnstest.New(t, root)
-	if _, err := podnetns.Find(uid); !errors.Is(err, podnetns.ErrNotFound) {
+	if _, err := podnetns.Find(uid, nil); !errors.Is(err, podnetns.ErrNotFound) {
 		t.Fatalf("no process yet: %v", err)
 	}
 	cg.Start(uid, "hostnet", "") // in the pod's cgroup, the host's namespace
-	if _, err := podnetns.Find(uid); !errors.Is(err, podnetns.ErrNotFound) {
+	if _, err := podnetns.Find(uid, nil); !errors.Is(err, podnetns.ErrNotFound) {
 		t.Fatalf("a process in the host's namespace only: %v", err)
 	}
 	cg.Start(uid, "sandbox0123", path)
 	cg.Start(uid, "app4567", path)
 	cg.Start(other, "x", path)
-	got, err := podnetns.Find(uid)
+	got, err := podnetns.Find(uid, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +54,32 @@ func TestFind(t *testing.T) {
 	if netns.CheckIdentity(got.Netns, ino, dev) != nil || got.ContainerID != "sandbox0123" {
 		t.Fatalf("found %+v, want %s and the sandbox", got, path)
 	}
-	if _, err := podnetns.Find("2b8f9c1e-4d2a-4f7e-9a61-5c3d2e1f0a9b"); !errors.Is(err, podnetns.ErrNotFound) {
+	if _, err := podnetns.Find("2b8f9c1e-4d2a-4f7e-9a61-5c3d2e1f0a9b", nil); !errors.Is(err, podnetns.ErrNotFound) {
 		t.Fatalf("another uid: %v", err)
+	}
+
+	// No pod cgroups (kubelet's cgroupsPerQOS false): each container's
+	// cgroup under containerd's, the pod's found by its containers' ids,
+	// its sandbox by its namespace.
+	name2 := name + "-flat"
+	path2, err := netns.Create(name2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = netns.Delete(name2) })
+	cg.Start("", "flatsandbox", path2)
+	cg.Start("", "flatapp", path2)
+	cg.Start("", "flatother", path)
+	const flat = "3b8f9c1e-4d2a-4f7e-9a61-5c3d2e1f0a9b"
+	if _, err := podnetns.Find(flat, []string{"nothere"}); !errors.Is(err, podnetns.ErrNotFound) {
+		t.Fatalf("containers not running: %v", err)
+	}
+	got, err = podnetns.Find(flat, []string{"flatapp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ino, dev, _ = netns.Identify(path2)
+	if netns.CheckIdentity(got.Netns, ino, dev) != nil || got.ContainerID != "flatsandbox" {
+		t.Fatalf("found %+v, want %s and its sandbox", got, path2)
 	}
 }

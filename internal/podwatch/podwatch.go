@@ -70,6 +70,11 @@ type Pod struct {
 	// installed.
 	Overrides    ambient.Pod
 	OverridesErr error
+	// ContainerIDs are the runtime's ids of the pod's containers, init
+	// and ephemeral ones too, as its status reports them (without the
+	// "containerd://" prefix): how the agent finds the processes of a pod
+	// that started before ambient mode was on (podnetns.Find).
+	ContainerIDs []string
 	// Terminating: the pod's phase is Succeeded or Failed, its containers
 	// are gone for good (Istio's CheckPodTerminal). Istio takes such a pod
 	// out of the mesh whatever Enrolled says. (A pod being deleted but
@@ -218,7 +223,7 @@ func (w *Watcher) view(p *corev1.Pod) Pod {
 	v := Pod{
 		UID: string(p.UID), Name: p.Name, Namespace: p.Namespace, ServiceAccount: p.Spec.ServiceAccountName,
 		IPs: podIPs(p), Enrolled: enrolled, Why: why, Overrides: overrides, OverridesErr: err,
-		Terminating: terminal(p),
+		Terminating: terminal(p), ContainerIDs: containerIDs(p),
 	}
 	if len(v.IPs) == 0 && v.Terminating {
 		w.mu.Lock()
@@ -226,6 +231,19 @@ func (w *Watcher) view(p *corev1.Pod) Pod {
 		w.mu.Unlock()
 	}
 	return v
+}
+
+// containerIDs are the ids of p's containers in its status.
+func containerIDs(p *corev1.Pod) []string {
+	var out []string
+	for _, statuses := range [][]corev1.ContainerStatus{p.Status.InitContainerStatuses, p.Status.ContainerStatuses, p.Status.EphemeralContainerStatuses} {
+		for _, cs := range statuses {
+			if _, id, ok := strings.Cut(cs.ContainerID, "://"); ok && id != "" {
+				out = append(out, id)
+			}
+		}
+	}
+	return out
 }
 
 // namespaceLabels are the labels of the namespace called name, and

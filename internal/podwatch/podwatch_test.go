@@ -374,3 +374,16 @@ func TestStartNeedsANode(t *testing.T) {
 		t.Fatal("no error without a node name")
 	}
 }
+
+// TestContainerIDs: the ids of every container in the pod's status, init
+// and ephemeral too, without the runtime's prefix; one not started yet
+// has none.
+func TestContainerIDs(t *testing.T) {
+	p := pod("shop", "web", node, nil, nil)
+	p.Status.InitContainerStatuses = []corev1.ContainerStatus{{Name: "init", ContainerID: "containerd://i1"}}
+	p.Status.ContainerStatuses = []corev1.ContainerStatus{{Name: "web", ContainerID: "containerd://c1"}, {Name: "waiting"}}
+	p.Status.EphemeralContainerStatuses = []corev1.ContainerStatus{{Name: "debug", ContainerID: "cri-o://e1"}}
+	if got := containerIDs(p); !slices.Equal(got, []string{"i1", "c1", "e1"}) {
+		t.Fatalf("containerIDs: %v", got)
+	}
+}

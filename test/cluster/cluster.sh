@@ -19,8 +19,9 @@
 #           the node agent attached; a new meshwire image rolled out
 #           under them
 #   ambient Istio ambient mode through the API server: the agent with
-#           --ambient, a ztunnel stand-in (test/proxy -zds), an app enrolled
-#           and unenrolled by its namespace's label, traffic through the
+#           --ambient, a ztunnel stand-in (test/proxy -zds), an app running
+#           since before ambient mode enrolled (from its processes) and
+#           unenrolled by its namespace's label, traffic through the
 #           stand-in, probes, a restarted stand-in's snapshot; ambient mode
 #           off again at the end
 #   podstart  N pods created at once, create-to-Ready times
@@ -1178,6 +1179,15 @@ ambient() {
 	AMB_FAILED=0 AMB_PASSED=0
 	for ns in "$AMB_NS" "$AMB_CLIENT_NS" "$ZT_NS"; do kc wait --for=delete "ns/$ns" --timeout=120s >/dev/null 2>&1 || true; done
 
+	# The app and its client start before ambient mode is on: their ADDs
+	# write no record, and the app is enrolled at step 4 from its
+	# processes (podnetns.Find), as a running pod is when its namespace
+	# is labeled.
+	log "ambient: 0. an app and its Service in $AMB_NS, not labeled, before ambient mode"
+	kc apply -f "$here/manifests/ambient.yaml" >&2
+	kc -n "$AMB_NS" wait --for=condition=Ready pod/app --timeout=120s >&2 || die "ambient: the app did not turn Ready"
+	kc -n "$AMB_CLIENT_NS" wait --for=condition=Ready pod/client --timeout=120s >&2 || die "ambient: the client did not turn Ready"
+
 	log "ambient: 1. meshwire's DaemonSet with --ambient"
 	set_ambient on
 	amb_wait "1. the agent serves ambient mode's metrics, no pod enrolled" 60 metric_is meshwire_ambient_enrolled_pods 0
@@ -1189,10 +1199,7 @@ ambient() {
 	kc -n "$ZT_NS" rollout status ds/ztunnel --timeout=120s >&2 || amb_fail "2. the stand-in's DaemonSet did not roll out"
 	amb_wait "2. the ztunnel stand-in connected to the agent's ZDS socket" 60 metric_is meshwire_ambient_ztunnels_connected 1
 
-	log "ambient: 3. an app and its Service in $AMB_NS, not labeled"
-	kc apply -f "$here/manifests/ambient.yaml" >&2
-	kc -n "$AMB_NS" wait --for=condition=Ready pod/app --timeout=120s >&2 || die "ambient: the app did not turn Ready (not enrolled yet)"
-	kc -n "$AMB_CLIENT_NS" wait --for=condition=Ready pod/client --timeout=120s >&2 || die "ambient: the client did not turn Ready"
+	log "ambient: 3. the app and the client, running since before ambient mode"
 	local app_uid app_ip client_uid client_ip svc_ip
 	app_uid=$(pod_field "$AMB_NS" app '{.metadata.uid}') app_ip=$(pod_field "$AMB_NS" app '{.status.podIP}')
 	client_uid=$(pod_field "$AMB_CLIENT_NS" client '{.metadata.uid}') client_ip=$(pod_field "$AMB_CLIENT_NS" client '{.status.podIP}')
@@ -1212,6 +1219,8 @@ ambient() {
 	bad0=$(unhealthy "$AMB_NS" app) || true
 	kc label ns "$AMB_NS" "$AMB_LABEL=ambient" >&2
 	amb_wait "4. the running app enrolled (metric 1)" 30 metric_is meshwire_ambient_enrolled_pods 1
+	amb_check "4. ... found through its processes: it started before ambient mode, with no record" \
+		agent_says "pod $AMB_NS/app started before ambient mode was on: recorded from its processes"
 	amb_wait "4. the stand-in got the app (add, uid $app_uid)" 30 zt_has "$(zt_add "$app_uid")"
 	amb_check "4. the app's address $app_ip is in the host's probe set" probe_set_has "$app_ip"
 	reply=$(client_get "$svc_ip") || true

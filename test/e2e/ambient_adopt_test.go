@@ -27,7 +27,7 @@ import (
 // TestAmbientAdoptsRunningPod: a pod that was running before ambient mode
 // was on has no record (its ADD wrote none). When the API server shows it
 // enrolled, the agent finds its namespace and sandbox through its
-// processes, records it as the plugin would have, and enrolls it: Istio's
+// processes (its container's, by the id in the pod's status), records it as the plugin would have, and enrolls it: Istio's
 // in-pod rules in its namespace. The pod's DEL (its record removed, the
 // namespace still there) unenrolls it; the agent's stop leaves nothing on
 // the host.
@@ -41,13 +41,16 @@ func TestAmbientAdoptsRunningPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	cg := podnetnstest.New(t, root)
-	sandbox := cg.Start(uid, "sandbox42", pod.Path)
-	app := cg.Start(uid, "app43", pod.Path)
+	// As kubelet with cgroupsPerQOS false runs them (the project's
+	// cluster): no pod cgroup, each container's own under containerd's.
+	sandbox := cg.Start("", "sandbox42", pod.Path)
+	app := cg.Start("", "app43", pod.Path)
 	api := fake.NewClientset(
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{ambient.LabelDataplaneMode: ambient.DataplaneModeAmbient}}},
 		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web", UID: types.UID(uid)},
 			Spec:   corev1.PodSpec{NodeName: node, ServiceAccountName: "web"},
-			Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "198.18.70.5", PodIPs: []corev1.PodIP{{IP: "198.18.70.5"}}}},
+			Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "198.18.70.5", PodIPs: []corev1.PodIP{{IP: "198.18.70.5"}},
+				ContainerStatuses: []corev1.ContainerStatus{{Name: "web", ContainerID: "containerd://app43"}}}},
 	)
 	dir := t.TempDir()
 	pods := filepath.Join(dir, "pods")

@@ -1,7 +1,8 @@
 // Package podnetnstest runs processes the way kubelet places a pod's
 // containers, for tests of podnetns.Find and of what uses it: each in a
 // cgroup named after its container, below one named after the pod's uid
-// (kubelet's cgroupfs driver), in a given network namespace.
+// (kubelet's cgroupfs driver) or directly under containerd's (kubelet with
+// cgroupsPerQOS false), in a given network namespace.
 package podnetnstest
 
 import (
@@ -47,11 +48,15 @@ func (p *Process) Kill() {
 }
 
 // Start runs a process of pod uid's container id, in the namespace at
-// nsPath ("" for the test's own); it is killed when the test ends.
+// nsPath ("" for the test's own), in the pod's cgroup (uid "": in
+// containerd's, k8s.io); it is killed when the test ends.
 func (c *Cgroups) Start(uid, id, nsPath string) *Process {
 	t := c.t
 	t.Helper()
-	dir := filepath.Join(c.base, "kubepods", "besteffort", "pod"+uid, id)
+	dir := filepath.Join(c.base, "k8s.io", id)
+	if uid != "" {
+		dir = filepath.Join(c.base, "kubepods", "besteffort", "pod"+uid, id)
+	}
 	var made []string
 	for d := dir; d != c.root; d = filepath.Dir(d) {
 		if _, err := os.Stat(d); err == nil {
