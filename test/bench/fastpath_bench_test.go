@@ -112,6 +112,9 @@ func BenchmarkFastpath(b *testing.B) {
 	if st := fastpathBenchStatus(b, h); st.Attached {
 		b.Fatalf("the fast path is already attached on this node (pins in %s): this benchmark attaches and detaches it itself and leaves alone one it did not attach", st.PinDir)
 	}
+	if f := os.Getenv(fastpathBenchInitFlagsEnv); f != "" {
+		fmt.Printf("\nfast path: every intercepting configuration runs iptables-init with %s=%q added\n", fastpathBenchInitFlagsEnv, f)
+	}
 	meter := newCPUMeter(b)
 	pls := placements()
 	res := map[string]map[string][]*fastpathBenchResult{}
@@ -141,6 +144,12 @@ const (
 	fastpathBenchBytes    = 256 << 20 // bulk bytes per run
 	fastpathBenchWrite    = 64 << 10  // bulk write size
 )
+
+// fastpathBenchInitFlagsEnv names extra iptables-init flags for every
+// intercepting configuration of a run, e.g. "--native-nftables" to
+// measure the rules as native nftables tables rather than through the
+// iptables variant the pod would get by default (iptables-nft here).
+const fastpathBenchInitFlagsEnv = "MESHWIRE_BENCH_INIT_FLAGS"
 
 // fastpathBenchPaths: "hop" is app <-> sidecar alone, "whole" is app ->
 // sidecar -> remote.
@@ -253,8 +262,9 @@ func fastpathBenchRun(b *testing.B, h *harness.H, pr pathRun, cfg fastpathBenchC
 		dst = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), ie.ProxyInPort)
 	} else {
 		e.StartProxy(cfg.mode == "TPROXY", "-answer")
-		if code, out := e.IptablesInit("-m", cfg.mode, "-i", "*", "-b", "*"); code != 0 {
-			b.Fatalf("iptables-init -m %s: exit %d: %s", cfg.mode, code, out)
+		args := append([]string{"-m", cfg.mode, "-i", "*", "-b", "*"}, strings.Fields(os.Getenv(fastpathBenchInitFlagsEnv))...)
+		if code, out := e.IptablesInit(args...); code != 0 {
+			b.Fatalf("iptables-init %s: exit %d: %s", strings.Join(args, " "), code, out)
 		}
 		dst = ie.AP(ie.RemoteV4, ie.RemotePort)
 	}

@@ -7,10 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
-	"unicode"
 )
 
 // Profiling one measurement of a run with perf.
@@ -19,8 +17,8 @@ import (
 // (timedPingPong) of the fast-path and capture benchmarks is labelled
 // "PLACEMENT/CONFIGURATION/PATH/SIZE" (for example "one CPU/TPROXY + fast
 // path, Istio pod/whole/64 B") and, when DIR holds a FIFO named after the
-// label (lower case, every run of other characters than letters and
-// digits made one "-": "one-cpu-tproxy-fast-path-istio-pod-whole-64-b.ctl",
+// label (perfCtlName: lower case, every run of other characters than a-z and
+// 0-9 made one "-": "one-cpu-tproxy-fast-path-istio-pod-whole-64-b.ctl",
 // with its ".ack" beside it), the benchmark writes "enable" to it before
 // the block and "disable" after, each time waiting for the ".ack". That is
 // perf's control protocol: a perf started disabled on those FIFOs records
@@ -34,22 +32,6 @@ import (
 // 1" records the CPU of the "one CPU" placement on two CPUs). Without the
 // variable, or with no FIFO for a label, nothing changes.
 const perfCtlEnv = "MESHWIRE_BENCH_PERF_CTL"
-
-// perfCtlName is the file name (without .ctl/.ack) of label's FIFOs.
-func perfCtlName(label string) string {
-	var s strings.Builder
-	dash := false
-	for _, r := range strings.ToLower(label) {
-		if unicode.IsLetter(r) || unicode.IsDigit(r) {
-			s.WriteRune(r)
-			dash = false
-		} else if !dash && s.Len() > 0 {
-			s.WriteByte('-')
-			dash = true
-		}
-	}
-	return strings.TrimSuffix(s.String(), "-")
-}
 
 // profiled runs fn, with the perf listening on label's FIFOs (if any)
 // recording while it runs.
