@@ -96,10 +96,10 @@ import (
 // hop 64 B round trip <= 0.55x of REDIRECT alone; the hop's bulk
 // throughput >= 1.5x of REDIRECT alone (the whole path's bulk is printed
 // beside it, not judged: on one CPU the sidecar's own TCP leg to the
-// remote, which the fast path does not carry, bounds it); on the whole path the 64 B and 4 KiB round trips at
-// least 30% of the way from REDIRECT alone to no interception; CPU time
-// per request <= 0.6x of REDIRECT alone's on the hop, <= 0.8x on the whole
-// path. The rows of a pod with no policy have no target: they are today's
+// remote, which the fast path does not carry, bounds it); on the whole
+// path the 64 B and 4 KiB round trips at least 30% of the way from
+// REDIRECT alone to no interception; CPU time per request <= 0.6x of
+// REDIRECT alone's on the hop, <= 0.8x on the whole path. The rows of a pod with no policy have no target: they are today's
 // safe default, reported as they are.
 //
 // Plot: with MESHWIRE_BENCH_PLOT=1 the "one CPU" round-trip medians per

@@ -4,7 +4,7 @@
 # Profiles (perf record -a -g) or counts (perf stat -a) chosen timed blocks
 # of the fast-path and capture benchmarks, on CPU 1 (the "one CPU"
 # placement on two CPUs): one perf per LABEL ("PLACEMENT/CONFIGURATION/
-# PATH/SIZE", e.g. "one CPU/TPROXY/whole/64 B"), started disabled on the
+# PATH/BYTES B", e.g. "one CPU/TPROXY/whole/64 B"), started disabled on the
 # FIFOs the benchmark drives (MESHWIRE_BENCH_PERF_CTL,
 # perfctl_bench_test.go), so that each records its block of every round
 # and nothing else. BENCH is a -bench regexp, ROUNDS MESHWIRE_BENCH_ROUNDS.

@@ -15,7 +15,7 @@ import (
 //
 // With MESHWIRE_BENCH_PERF_CTL=DIR, each timed block of round trips
 // (timedPingPong) of the fast-path and capture benchmarks is labelled
-// "PLACEMENT/CONFIGURATION/PATH/SIZE" (for example "one CPU/TPROXY + fast
+// "PLACEMENT/CONFIGURATION/PATH/BYTES B" (for example "one CPU/TPROXY + fast
 // path, Istio pod/whole/64 B") and, when DIR holds a FIFO named after the
 // label (perfCtlName: lower case, every run of other characters than a-z and
 // 0-9 made one "-": "one-cpu-tproxy-fast-path-istio-pod-whole-64-b.ctl",
