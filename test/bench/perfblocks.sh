@@ -29,7 +29,7 @@ cleanup() {
 }
 trap cleanup EXIT
 for label in "$@"; do
-	name=$(printf '%s' "$label" | tr 'A-Z' 'a-z' | sed -E 's/[^a-z0-9]+/-/g; s/^-//; s/-$//')
+	name=$(printf '%s' "$label" | tr '[:upper:]' '[:lower:]' | sed -E 's/[^a-z0-9]+/-/g; s/^-//; s/-$//')
 	mkfifo "$ctl/$name.ctl" "$ctl/$name.ack"
 	c="fifo:$ctl/$name.ctl,$ctl/$name.ack"
 	if [ "$mode" = record ]; then
