@@ -11,6 +11,7 @@ import (
 	"math"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -81,4 +82,23 @@ func cpuFigure(d, redir time.Duration, max float64) (string, bool) {
 	}
 	r := float64(d) / float64(redir)
 	return fmt.Sprintf("%.2fx (%s vs %s CPU µs per request)", r, fastpathBenchUs(d), fastpathBenchUs(redir)), r <= max
+}
+
+// perfCtlName is the file name (without .ctl/.ack) of the FIFOs of a
+// profiled block's label (perfctl_bench_test.go): lower case, every run of
+// other characters than a-z and 0-9 made one "-", none at either end, as
+// test/bench/perfblocks.sh names them.
+func perfCtlName(label string) string {
+	var s strings.Builder
+	dash := false
+	for _, r := range strings.ToLower(label) {
+		if ('a' <= r && r <= 'z') || ('0' <= r && r <= '9') {
+			s.WriteRune(r)
+			dash = false
+		} else if !dash && s.Len() > 0 {
+			s.WriteByte('-')
+			dash = true
+		}
+	}
+	return strings.TrimSuffix(s.String(), "-")
 }

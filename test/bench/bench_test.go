@@ -60,3 +60,15 @@ func TestCPUFigure(t *testing.T) {
 		t.Errorf("cpuFigure with no REDIRECT figure = %q, %v", got, ok)
 	}
 }
+
+func TestPerfCtlName(t *testing.T) {
+	for in, want := range map[string]string{
+		"one CPU/TPROXY + fast path, Istio pod/whole/64 B": "one-cpu-tproxy-fast-path-istio-pod-whole-64-b",
+		"spread/no interception/hop/4096 B":                "spread-no-interception-hop-4096-b",
+		"/EBPF/":                                           "ebpf",
+	} {
+		if got := perfCtlName(in); got != want {
+			t.Errorf("perfCtlName(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -90,7 +90,7 @@ func BenchmarkCapture(b *testing.B) {
 	}
 	start := time.Now()
 	nRounds := inRounds(b, pls, len(captureBenchConfigs), func(pl placement, i int) {
-		captureBenchRun(b, h, pathRun{pl, meter}, captureBenchConfigs[i], res[pl.name][i])
+		captureBenchRun(b, h, pathRun{placement: pl, m: meter}, captureBenchConfigs[i], res[pl.name][i])
 	})
 	adds := captureBenchAdds(b, h)
 	b.Logf("BenchmarkCapture: %d rounds of %d configurations in %d placements and %d ADDs per mode in %s", nRounds, len(captureBenchConfigs), len(pls), captureBenchAddN*b.N, time.Since(start).Round(time.Second))
@@ -245,7 +245,7 @@ func captureBenchRun(b *testing.B, h *harness.H, pr pathRun, cfg captureBenchCon
 	}
 	checkPlaced(b, pr.placement, cfg.name, echo.Pid(), e.Proxy.Pid())
 	waitSettled(b, cfg.name+", hop")
-	captureBenchRoundTrips(b, pr, e.Pod, hopDst, &res.hop, &res.hopCPU)
+	captureBenchRoundTrips(b, pr.on(cfg.name, "hop"), e.Pod, hopDst, &res.hop, &res.hopCPU)
 	e.StopProxy()
 	if !meshed {
 		unixRefHop(b, e, captureBenchWarmup, captureBenchRounds, &res.unixHop)
@@ -263,7 +263,7 @@ func captureBenchRun(b *testing.B, h *harness.H, pr pathRun, cfg captureBenchCon
 	}
 	waitSettled(b, cfg.name+", sidecar to sidecar")
 	peers := fastpathBenchStatus(b, h).PeerPairs
-	captureBenchRoundTrips(b, pr, e.Pod, ie.AP(ie.RemoteV4, ie.EchoPort), &res.s2s, &res.s2sCPU)
+	captureBenchRoundTrips(b, pr.on(cfg.name, "s2s"), e.Pod, ie.AP(ie.RemoteV4, ie.EchoPort), &res.s2s, &res.s2sCPU)
 	if cfg.fast && fastpathBenchStatus(b, h).PeerPairs == peers {
 		b.Fatalf("%s: the two sidecars' connection was not paired", cfg.name)
 	}

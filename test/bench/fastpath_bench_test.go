@@ -68,8 +68,11 @@ import (
 // Measures: 64 B and 4 KiB request/response round trips on one persistent
 // connection (median and p95 after a warm-up), 64 B round trips on 50
 // concurrent connections (median over every round trip of every
-// connection), and bulk throughput app -> sidecar -> remote sink (the sink
-// server counts the bytes) with 64 KiB writes.
+// connection), and bulk throughput with 64 KiB writes, with the CPU time
+// per MB it cost, on both paths: the hop alone, app -> sidecar that sinks
+// the bytes itself (the test proxy's -sink, which answers with their
+// count; no interception: the same sink on 127.0.0.1:15006), and the whole
+// path, app -> sidecar -> remote sink (the sink server counts the bytes).
 //
 // Every configuration runs once per placement per round
 // (MESHWIRE_BENCH_ROUNDS, 10 by default; placement_bench_test.go): "one
@@ -90,11 +93,13 @@ import (
 //
 // Targets (met or not, printed; judged on "one CPU" and on CPU time per
 // request, "spread" printed beside), for the Istio-pod rows (as deployed):
-// hop 64 B round trip <= 0.55x of REDIRECT alone; bulk throughput >= 1.5x
-// of REDIRECT alone; on the whole path the 64 B and 4 KiB round trips at
-// least 30% of the way from REDIRECT alone to no interception; CPU time
-// per request <= 0.6x of REDIRECT alone's on the hop, <= 0.8x on the whole
-// path. The rows of a pod with no policy have no target: they are today's
+// hop 64 B round trip <= 0.55x of REDIRECT alone; the hop's bulk
+// throughput >= 1.5x of REDIRECT alone (the whole path's bulk is printed
+// beside it, not judged: on one CPU the sidecar's own TCP leg to the
+// remote, which the fast path does not carry, bounds it); on the whole
+// path the 64 B and 4 KiB round trips at least 30% of the way from
+// REDIRECT alone to no interception; CPU time per request <= 0.6x of
+// REDIRECT alone's on the hop, <= 0.8x on the whole path. The rows of a pod with no policy have no target: they are today's
 // safe default, reported as they are.
 //
 // Plot: with MESHWIRE_BENCH_PLOT=1 the "one CPU" round-trip medians per
@@ -106,6 +111,9 @@ func BenchmarkFastpath(b *testing.B) {
 	h := harness.New(b)
 	if st := fastpathBenchStatus(b, h); st.Attached {
 		b.Fatalf("the fast path is already attached on this node (pins in %s): this benchmark attaches and detaches it itself and leaves alone one it did not attach", st.PinDir)
+	}
+	if f := os.Getenv(fastpathBenchInitFlagsEnv); f != "" {
+		fmt.Printf("\nfast path: every intercepting configuration runs iptables-init with %s=%q added\n", fastpathBenchInitFlagsEnv, f)
 	}
 	meter := newCPUMeter(b)
 	pls := placements()
@@ -121,7 +129,7 @@ func BenchmarkFastpath(b *testing.B) {
 	}
 	start := time.Now()
 	rounds := inRounds(b, pls, len(fastpathBenchConfigs), func(pl placement, i int) {
-		fastpathBenchRun(b, h, pathRun{pl, meter}, fastpathBenchConfigs[i], res[pl.name]["hop"][i], res[pl.name]["whole"][i])
+		fastpathBenchRun(b, h, pathRun{placement: pl, m: meter}, fastpathBenchConfigs[i], res[pl.name]["hop"][i], res[pl.name]["whole"][i])
 	})
 	b.Logf("BenchmarkFastpath: %d rounds of %d configurations in %d placements in %s", rounds, len(fastpathBenchConfigs), len(pls), time.Since(start).Round(time.Second))
 	fastpathBenchReport(b, res, pls, meter, rounds)
@@ -136,6 +144,12 @@ const (
 	fastpathBenchBytes    = 256 << 20 // bulk bytes per run
 	fastpathBenchWrite    = 64 << 10  // bulk write size
 )
+
+// fastpathBenchInitFlagsEnv names extra iptables-init flags for every
+// intercepting configuration of a run, e.g. "--native-nftables" to
+// measure the rules as native nftables tables rather than through the
+// iptables variant the pod would get by default (iptables-nft here).
+const fastpathBenchInitFlagsEnv = "MESHWIRE_BENCH_INIT_FLAGS"
 
 // fastpathBenchPaths: "hop" is app <-> sidecar alone, "whole" is app ->
 // sidecar -> remote.
@@ -169,7 +183,8 @@ const (
 type fastpathBenchResult struct {
 	rtt64, rtt4k, conc rounds          // each round's median round trip
 	cpu64, cpu4k       rounds          // each round's CPU time per request
-	mbps               []float64       // bulk, one per round (whole path only)
+	mbps               []float64       // bulk MB/s, one per round
+	cpuMB              []float64       // bulk CPU µs per MB, one per round
 	unix               harness.Samples // no interception, hop: 64 B over a Unix socket (unixref_bench_test.go), pooled
 	split              sysSplit        // hop: 64 B round trips split at the app's system calls (syscalls_bench_test.go), pooled
 	ctr                fastpath.Counters
@@ -247,24 +262,41 @@ func fastpathBenchRun(b *testing.B, h *harness.H, pr pathRun, cfg fastpathBenchC
 		dst = netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), ie.ProxyInPort)
 	} else {
 		e.StartProxy(cfg.mode == "TPROXY", "-answer")
-		if code, out := e.IptablesInit("-m", cfg.mode, "-i", "*", "-b", "*"); code != 0 {
-			b.Fatalf("iptables-init -m %s: exit %d: %s", cfg.mode, code, out)
+		args := append([]string{"-m", cfg.mode, "-i", "*", "-b", "*"}, strings.Fields(os.Getenv(fastpathBenchInitFlagsEnv))...)
+		if code, out := e.IptablesInit(args...); code != 0 {
+			b.Fatalf("iptables-init %s: exit %d: %s", strings.Join(args, " "), code, out)
 		}
 		dst = ie.AP(ie.RemoteV4, ie.RemotePort)
 	}
 	checkPlaced(b, pr.placement, cfg.name, echo.Pid(), e.Proxy.Pid())
 	waitSettled(b, cfg.name+", hop")
 	before := counters()
-	fastpathBenchRoundTrips(b, pr, e, dst, hop)
+	fastpathBenchRoundTrips(b, pr.on(cfg.name, "hop"), e, dst, hop)
 	fastpathBenchSyscalls(b, e, dst, fastpathBenchWarmup, fastpathBenchRounds, &hop.split)
+	e.StopProxy()
+	if cfg.mode == "" {
+		unixRefHop(b, e, fastpathBenchWarmup, fastpathBenchRounds, &hop.unix)
+	}
+
+	// The hop's bulk: the proxy sinks the bytes itself (-sink) and
+	// answers with their count. With no interception the app sends to
+	// the same program on 127.0.0.1:15006, as for the round trips.
+	sinkDst := ie.AP(ie.RemoteV4, ie.SinkPort)
+	if cfg.mode == "" {
+		e.StartProxy(true, "-sink")
+		sinkDst = dst
+	} else {
+		e.StartProxy(cfg.mode == "TPROXY", "-sink")
+	}
+	checkPlaced(b, pr.placement, cfg.name, e.Proxy.Pid())
+	waitSettled(b, cfg.name+", hop bulk")
+	mbps, cpuMB := fastpathBenchBulk(b, pr, e, sinkDst)
+	hop.mbps, hop.cpuMB = append(hop.mbps, mbps), append(hop.cpuMB, cpuMB)
 	after := counters()
 	hop.ctr = hop.ctr.Add(after.Sub(before))
 	hop.runs++
 	check("hop", before, after)
 	e.StopProxy()
-	if cfg.mode == "" {
-		unixRefHop(b, e, fastpathBenchWarmup, fastpathBenchRounds, &hop.unix)
-	}
 
 	// The whole path: the proxy forwards to the remote.
 	if cfg.mode != "" {
@@ -273,8 +305,9 @@ func fastpathBenchRun(b *testing.B, h *harness.H, pr pathRun, cfg fastpathBenchC
 	}
 	waitSettled(b, cfg.name+", whole path")
 	before = counters()
-	fastpathBenchRoundTrips(b, pr, e, ie.AP(ie.RemoteV4, ie.EchoPort), whole)
-	whole.mbps = append(whole.mbps, fastpathBenchBulk(b, e))
+	fastpathBenchRoundTrips(b, pr.on(cfg.name, "whole"), e, ie.AP(ie.RemoteV4, ie.EchoPort), whole)
+	mbps, cpuMB = fastpathBenchBulk(b, pr, e, ie.AP(ie.RemoteV4, ie.SinkPort))
+	whole.mbps, whole.cpuMB = append(whole.mbps, mbps), append(whole.cpuMB, cpuMB)
 	after = counters()
 	whole.ctr = whole.ctr.Add(after.Sub(before))
 	whole.runs++
@@ -410,7 +443,9 @@ func timedPingPong(b *testing.B, pr pathRun, c net.Conn, r *bufio.Reader, msg []
 	if err := fastpathBenchPingPong(c, r, msg, warm, 0, &s); err != nil {
 		return 0, 0, err
 	}
-	cpu = pr.cpu(b, n, func() { err = fastpathBenchPingPong(c, r, msg, 0, n, &s) })
+	profiled(b, fmt.Sprintf("%s/%s/%d B", pr.name, pr.label, len(msg)), func() {
+		cpu = pr.cpu(b, n, func() { err = fastpathBenchPingPong(c, r, msg, 0, n, &s) })
+	})
 	return s.Median(), cpu, err
 }
 
@@ -424,30 +459,44 @@ func pingPong64(b *testing.B, c net.Conn, what string, warm, n int, s *harness.S
 	}
 }
 
-// fastpathBenchBulk pushes fastpathBenchBytes from the pod to the remote's
-// sink in fastpathBenchWrite writes and returns MB/s, from the first write
-// to the sink's count.
-func fastpathBenchBulk(b *testing.B, e *ie.Env) float64 {
-	sink, err := ie.Dial(e.Pod, ie.AP(ie.RemoteV4, ie.SinkPort))
+// fastpathBenchBulk pushes fastpathBenchBytes from the pod to the sink at
+// dst (the remote's, or the sidecar's own with -sink) in
+// fastpathBenchWrite writes and returns MB/s, from the first write to the
+// sink's count, and the CPU µs per MB that cost (every process of the
+// path, as for a request).
+func fastpathBenchBulk(b *testing.B, pr pathRun, e *ie.Env, dst netip.AddrPort) (mbps, cpuPerMB float64) {
+	sink, err := ie.Dial(e.Pod, dst)
 	if err != nil {
 		b.Fatal(err)
 	}
 	defer sink.Close()
 	_ = sink.SetDeadline(time.Now().Add(2 * time.Minute))
 	buf := make([]byte, fastpathBenchWrite)
-	start := time.Now()
-	for sent := 0; sent < fastpathBenchBytes; sent += len(buf) {
-		if _, err := sink.Write(buf); err != nil {
-			b.Fatalf("bulk write after %d bytes: %v", sent, err)
+	var d time.Duration
+	cpu := pr.cpu(b, 1, func() {
+		start := time.Now()
+		for sent := 0; sent < fastpathBenchBytes; sent += len(buf) {
+			if _, err := sink.Write(buf); err != nil {
+				b.Fatalf("bulk to %s: write after %d bytes: %v", dst, sent, err)
+			}
 		}
+		_ = sink.CloseWrite()
+		line, err := bufio.NewReader(sink).ReadString('\n')
+		d = time.Since(start)
+		if err != nil || strings.TrimSpace(line) != strconv.Itoa(fastpathBenchBytes) {
+			b.Fatalf("bulk to %s: the sink answered %q, %v (want %d)", dst, line, err, fastpathBenchBytes)
+		}
+	})
+	mb := float64(fastpathBenchBytes) / 1e6
+	return mb / d.Seconds(), float64(cpu.Microseconds()) / mb
+}
+
+// fastpathBenchFloatCell is "median [min–max]" of per-round values.
+func fastpathBenchFloatCell(v []float64) string {
+	if len(v) == 0 {
+		return "-"
 	}
-	_ = sink.CloseWrite()
-	line, err := bufio.NewReader(sink).ReadString('\n')
-	d := time.Since(start)
-	if err != nil || strings.TrimSpace(line) != strconv.Itoa(fastpathBenchBytes) {
-		b.Fatalf("bulk: the sink answered %q, %v (want %d)", line, err, fastpathBenchBytes)
-	}
-	return float64(fastpathBenchBytes) / 1e6 / d.Seconds()
+	return fmt.Sprintf("%.0f [%.0f–%.0f]", floatMedian(v), slices.Min(v), slices.Max(v))
 }
 
 func fastpathBenchMean(v []float64) float64 {
@@ -516,16 +565,20 @@ func fastpathBenchReport(b *testing.B, res map[string]map[string][]*fastpathBenc
 			tab.Write(os.Stdout)
 		}
 
-		whole := rp["whole"]
 		tp := &harness.Table{
-			Title:  fmt.Sprintf("fast path, %s: bulk throughput app -> sidecar -> remote sink, IPv4, one connection, %d MiB in %d KiB writes (MB/s, median of %d rounds [min–max])", pl.name, fastpathBenchBytes>>20, fastpathBenchWrite>>10, nRounds),
-			Header: []string{"configuration", "MB/s", "vs REDIRECT", "vs none"},
+			Title: fmt.Sprintf("fast path, %s: bulk throughput, IPv4, one connection, %d MiB in %d KiB writes (MB/s and CPU µs per MB, median of %d rounds [min–max]): the hop alone, app -> sidecar that sinks the bytes (proxy -sink; no interception: the same sink on 127.0.0.1:15006), judged; and the whole path app -> sidecar -> remote sink, not judged (on one CPU its throughput is bounded by the sidecar's own TCP leg to the remote, which the fast path does not carry)",
+				pl.name, fastpathBenchBytes>>20, fastpathBenchWrite>>10, nRounds),
+			Header: []string{"configuration", "hop MB/s", "vs REDIRECT", "vs none", "hop CPU µs/MB", "vs REDIRECT", "whole path MB/s", "vs REDIRECT", "vs none", "whole path CPU µs/MB", "vs REDIRECT"},
 		}
-		redirTP, noneTP := floatMedian(whole[fastpathBenchRedirect].mbps), floatMedian(whole[fastpathBenchNone].mbps)
 		for i, cfg := range fastpathBenchConfigs {
-			v := whole[i].mbps
-			tp.Add(cfg.name, fmt.Sprintf("%.0f [%.0f–%.0f]", floatMedian(v), slices.Min(v), slices.Max(v)),
-				fmt.Sprintf("%.2fx", floatMedian(v)/redirTP), fmt.Sprintf("%.2fx", floatMedian(v)/noneTP))
+			row := []string{cfg.name}
+			for _, path := range fastpathBenchPaths {
+				v, redir, none := rp[path][i].mbps, floatMedian(rp[path][fastpathBenchRedirect].mbps), floatMedian(rp[path][fastpathBenchNone].mbps)
+				c, redirC := rp[path][i].cpuMB, floatMedian(rp[path][fastpathBenchRedirect].cpuMB)
+				row = append(row, fastpathBenchFloatCell(v), fmt.Sprintf("%.2fx", floatMedian(v)/redir), fmt.Sprintf("%.2fx", floatMedian(v)/none),
+					fastpathBenchFloatCell(c), fmt.Sprintf("%.2fx", floatMedian(c)/redirC))
+			}
+			tp.Add(row...)
 		}
 		tp.Write(os.Stdout)
 
@@ -569,10 +622,16 @@ func fastpathBenchReport(b *testing.B, res map[string]map[string][]*fastpathBenc
 			r := float64(d) / float64(redir)
 			return fmt.Sprintf("%.2fx (%s vs %s µs; %s)", r, fastpathBenchUs(d), fastpathBenchUs(redir), unixRefFigure(hop[fastpathBenchNone].unix.Median(), redir)), r <= 0.55
 		})
-		tg.judge("bulk throughput >= 1.5x REDIRECT alone", cfg.name, func(pl string) (string, bool) {
-			whole := res[pl]["whole"]
-			m, redir := floatMedian(whole[i].mbps), floatMedian(whole[fastpathBenchRedirect].mbps)
-			return fmt.Sprintf("%.2fx (%.0f vs %.0f MB/s)", m/redir, m, redir), m/redir >= 1.5
+		bulk := func(pl, path string) (string, bool) {
+			rs := res[pl][path]
+			m, redir := floatMedian(rs[i].mbps), floatMedian(rs[fastpathBenchRedirect].mbps)
+			c, redirC := floatMedian(rs[i].cpuMB), floatMedian(rs[fastpathBenchRedirect].cpuMB)
+			return fmt.Sprintf("%.2fx (%.0f vs %.0f MB/s; CPU %.2fx: %.0f vs %.0f µs per MB)", m/redir, m, redir, c/redirC, c, redirC), m/redir >= 1.5
+		}
+		tg.judge("bulk throughput, the hop (app -> sidecar sink) >= 1.5x REDIRECT alone", cfg.name, func(pl string) (string, bool) { return bulk(pl, "hop") })
+		tg.beside("bulk throughput, the whole path (app -> sidecar -> remote sink), beside the hop's", cfg.name, func(pl string) string {
+			s, _ := bulk(pl, "whole")
+			return s
 		})
 		for _, k := range fastpathBenchJudged {
 			m := fastpathBenchMeasures[k]

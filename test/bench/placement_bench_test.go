@@ -403,10 +403,19 @@ func (m *cpuMeter) perRequest(b *testing.B, cpus []int, n int, fn func()) time.D
 	return d / time.Duration(n)
 }
 
-// pathRun is where one configuration's round runs, and its CPU meter.
+// pathRun is where one configuration's round runs, and its CPU meter;
+// label names what it measures ("CONFIGURATION/PATH"), for profiling
+// (perfctl_bench_test.go).
 type pathRun struct {
 	placement
-	m *cpuMeter
+	m     *cpuMeter
+	label string
+}
+
+// on is r measuring path of configuration config.
+func (r pathRun) on(config, path string) pathRun {
+	r.label = config + "/" + path
+	return r
 }
 
 // cpu measures fn, which makes n requests, and returns the CPU time per
@@ -459,6 +468,12 @@ func (t *targets) judge(target, config string, fig func(placement string) (strin
 	judged, ok := fig(t.pls[0].name)
 	beside, _ := fig(t.pls[1].name)
 	t.tab.Add(target, config, judged, verdict(ok), beside)
+}
+
+// beside adds a row that is printed, not judged: a figure that explains
+// a judged one.
+func (t *targets) beside(target, config string, fig func(placement string) string) {
+	t.tab.Add(target, config, fig(t.pls[0].name), "not judged", fig(t.pls[1].name))
 }
 
 func (t *targets) write() { t.tab.Write(os.Stdout) }

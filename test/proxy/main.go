@@ -11,13 +11,16 @@
 // Run it as the proxy's uid (1337), in the pod's network namespace; TPROXY
 // needs CAP_NET_ADMIN (an ambient capability) for IP_TRANSPARENT.
 //
-//	proxy [-mode redirect|tproxy] [-outbound 15001] [-inbound 15006] [-dns 15053 -dns-upstream ADDR:53] [-copy loop|splice] [-answer] [-unix PATH [-unix-to PATH]] [-status PORT]
+//	proxy [-mode redirect|tproxy] [-outbound 15001] [-inbound 15006] [-dns 15053 -dns-upstream ADDR:53] [-copy loop|splice] [-answer|-sink] [-unix PATH [-unix-to PATH]] [-status PORT]
 //	proxy -zds /var/run/ztunnel/ztunnel.sock [-hbone 15008|0] [-dns 15053|0 -dns-upstream ADDR:53] [-copy loop|splice] [-answer]
 //
 // -copy splice copies with io.Copy between the two TCP connections, which
 // Go turns into splice(2) (the receiver the sockmap fast path must not
 // starve); -answer echoes each captured connection's bytes back itself
-// instead of forwarding them (the app <-> sidecar hop alone).
+// instead of forwarding them (the app <-> sidecar hop alone); -sink reads
+// each captured connection to its end with the copy loop's reads (64 KiB)
+// and answers with the number of bytes it got, as the benchmarks' remote
+// sink does (the hop's bulk throughput, app -> sidecar alone).
 //
 // -unix PATH also listens on a Unix stream socket at PATH and echoes what
 // it gets there, or with -unix-to forwards it to the Unix socket at that
@@ -63,6 +66,7 @@ type Record = proxylog.Record
 
 var (
 	answer     bool // echo instead of forwarding
+	sinkOnly   bool // count the bytes and answer with the count instead of forwarding
 	spliceCopy bool // copy with io.Copy (splice) instead of a read/write loop
 
 	outMu sync.Mutex
@@ -91,6 +95,7 @@ func main() {
 	upstream := flag.String("dns-upstream", "", "DNS server to forward captured queries to")
 	copyMode := flag.String("copy", "loop", "how bytes are copied: loop (read/write) or splice (io.Copy)")
 	flag.BoolVar(&answer, "answer", false, "echo captured connections back instead of forwarding them")
+	flag.BoolVar(&sinkOnly, "sink", false, "read captured connections to their end and answer with the byte count instead of forwarding them")
 	unixPath := flag.String("unix", "", "also listen on a Unix stream socket at this path (a benchmark reference)")
 	unixTo := flag.String("unix-to", "", "forward what -unix accepts to the Unix socket at this path instead of echoing it")
 	statusPort := flag.Int("status", 0, "answer HTTP 200 on this port, as a sidecar's status port (0: none)")
@@ -103,6 +108,9 @@ func main() {
 		spliceCopy = true
 	default:
 		fatal(fmt.Errorf("-copy %q: want loop or splice", *copyMode))
+	}
+	if answer && sinkOnly {
+		fatal(fmt.Errorf("-answer and -sink: choose one"))
 	}
 	tproxy := *mode == "tproxy"
 	if *zdsPath != "" {
@@ -255,6 +263,10 @@ func handle(c *net.TCPConn, name string, tproxy bool, w *workload) {
 		pipe(c, c)
 		return
 	}
+	if sinkOnly {
+		sink(c)
+		return
+	}
 	if w != nil {
 		w.forward(c, name, src, dst, rec)
 		return
@@ -306,6 +318,22 @@ func echo(args []string) {
 			pipe(c, c)
 		}(c.(conn))
 	}
+}
+
+// sink reads c to its end, 64 KiB at a time as pipe does, and answers
+// with the number of bytes it got.
+func sink(c conn) {
+	buf := make([]byte, 64<<10)
+	var n int64
+	for {
+		k, err := c.Read(buf)
+		n += int64(k)
+		if err != nil {
+			break
+		}
+	}
+	_, _ = fmt.Fprintf(c, "%d\n", n)
+	_ = c.CloseWrite()
 }
 
 // serveUnix echoes each connection ln accepts, or forwards it to the Unix
