@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -15,9 +16,11 @@ type block func(r *Run) (string, error)
 
 // blocks are every block a document may hold, by name.
 var blocks = map[string]block{
-	"run":     runBlock,
-	"targets": targetsBlock,
-	"capture": captureBlock,
+	"run":               runBlock,
+	"targets":           targetsBlock,
+	"capture":           captureBlock,
+	"fastpath":          fastpathBlock,
+	"fastpath-headline": fastpathHeadline,
 
 	"hostlocal-add":        verbatim("BenchmarkHostLocal", "host-local: median latency (ms) of one ADD,"),
 	"hostlocal-del":        verbatim("BenchmarkHostLocal", "host-local: median latency (ms) of one DEL,"),
@@ -365,6 +368,82 @@ func captureBlock(r *Run) (string, error) {
 	}
 	placement := "IPv4, " + rounds + " rounds per configuration in alternating order, every process of the path on one CPU"
 	return fmt.Sprintf("%s\n\n%s", stamp(r, placement, bench), t.Markdown()), nil
+}
+
+// fastpathRoundsRe finds the rounds in the title of BenchmarkFastpath's
+// round-trip tables ("median of 10 rounds' medians").
+var fastpathRoundsRe = regexp.MustCompile(`median of (\d+) rounds`)
+
+// fastpathBlock is BenchmarkFastpath's targets as it printed them: the
+// Istio pod's, both placements, "one CPU" judged and "spread" beside it.
+func fastpathBlock(r *Run) (string, error) {
+	const bench = "BenchmarkFastpath"
+	var e errs
+	hop := e.table(r, bench, "fast path, one CPU, the app <-> sidecar hop alone")
+	tg := e.table(r, bench, "fast path: targets")
+	if e.err != nil {
+		return "", e.err
+	}
+	rounds := "?"
+	if m := fastpathRoundsRe.FindStringSubmatch(hop.Title); m != nil {
+		rounds = m[1]
+	}
+	placement := "IPv4, " + rounds + ` rounds per configuration in alternating order, in two placements: "one CPU" (every process of the path on one CPU, judged) and "spread" (where the scheduler puts them)`
+	var missed []string
+	for _, row := range tg.Rows {
+		if len(row) >= 4 && row[3] == "NOT MET" {
+			missed = append(missed, row[0]+" ("+row[1]+")")
+		}
+	}
+	verdict := "Every judged target holds in this run."
+	if len(missed) > 0 {
+		verdict = "Not met in this run: " + strings.Join(missed, "; ") + "."
+	}
+	t := &Table{Header: tg.Header, Rows: tg.Rows}
+	return fmt.Sprintf("%s\n\n%s\n%s", stamp(r, placement, bench), t.Markdown(), verdict), nil
+}
+
+// fastpathHeadline is fastpathBlock in short, for the README: a row per
+// target, the leading figure of each configuration on one CPU (judged) and
+// spread.
+func fastpathHeadline(r *Run) (string, error) {
+	const bench = "BenchmarkFastpath"
+	tg, err := r.Find(bench, "fast path: targets")
+	if err != nil {
+		return "", err
+	}
+	configs := []string{"REDIRECT + fast path, Istio pod", "TPROXY + fast path, Istio pod"}
+	lead := func(cell string) string { f, _, _ := strings.Cut(cell, " ("); return f }
+	t := &Table{Header: []string{"target, the Istio pod", "REDIRECT + fast path, one CPU", "TPROXY + fast path, one CPU", "spread (REDIRECT / TPROXY, not judged)"}}
+	var order []string
+	cells := map[string][]string{}
+	for _, row := range tg.Rows {
+		if len(row) < 5 {
+			return "", fmt.Errorf("table %q: a row of %d cells", tg.Title, len(row))
+		}
+		i := slices.Index(configs, row[1])
+		if i < 0 {
+			continue
+		}
+		if _, ok := cells[row[0]]; !ok {
+			order = append(order, row[0])
+			cells[row[0]] = make([]string, 2*len(configs))
+		}
+		one := lead(row[2])
+		switch row[3] {
+		case "met":
+		case "NOT MET":
+			one = "**" + one + "** (not met)"
+		default:
+			one += " (" + row[3] + ")"
+		}
+		cells[row[0]][i], cells[row[0]][len(configs)+i] = one, lead(row[4])
+	}
+	for _, target := range order {
+		c := cells[target]
+		t.Rows = append(t.Rows, []string{target, c[0], c[1], c[2] + " / " + c[3]})
+	}
+	return fmt.Sprintf("%s\n\n%s", stamp(r, "IPv4, every process of the path on one CPU (judged) and spread", bench), t.Markdown()), nil
 }
 
 // errs keeps the first error of a series of look-ups, so that a block

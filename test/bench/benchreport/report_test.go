@@ -123,7 +123,7 @@ func TestGolden(t *testing.T) {
 	r := parse(t, sample(t))
 	var doc strings.Builder
 	doc.WriteString("# every block\n\nText outside stays.\n\n")
-	for _, name := range []string{"run", "targets", "capture", "hostlocal-add", "hostlocal-del", "hostlocal-upgrade", "bridge",
+	for _, name := range []string{"run", "targets", "capture", "fastpath", "fastpath-headline", "hostlocal-add", "hostlocal-del", "hostlocal-upgrade", "bridge",
 		"portmap", "portmap-mapped", "portmap-nftables", "bandwidth-throughput", "bandwidth-ping", "iptables-init", "intercept-rtt", "intercept-throughput"} {
 		doc.WriteString("<!-- bench:" + name + " -->\nan old table\n<!-- /bench:" + name + " -->\n\n")
 	}
@@ -131,7 +131,7 @@ func TestGolden(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(names) != 15 {
+	if len(names) != 17 {
 		t.Errorf("wrote %d blocks: %v", len(names), names)
 	}
 	if strings.Contains(got, "an old table") {
