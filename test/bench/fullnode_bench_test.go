@@ -353,7 +353,8 @@ func fnChainTimes(b *testing.B, logPath string) (add, del, addCPU, delCPU map[st
 // pod on a full node than on an empty one: the median CPU time (user +
 // system, the plugins' cpuMs, their children's included) of the chain's
 // ADD for the last batch of 25 against the first, and of its DEL with 250
-// pods on the node against with 25.
+// pods on the node against with 25 (a pod's DEL is both of containerd's:
+// it runs one at StopPodSandbox and another at RemovePodSandbox).
 //
 // Why CPU time and not the wall-clock medians the table also prints: 25
 // ADDs at once, each containerd's work plus a chain of five plugin

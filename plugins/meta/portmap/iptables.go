@@ -412,19 +412,27 @@ func (d *iptDriver) gone(ctx context.Context, f ruleset.IPVersion, keys []string
 	if err != nil {
 		return false, false
 	}
-	others, base := 0, false
-	for _, n := range names {
-		if k, ok := strings.CutPrefix(n, iptPrefix); ok && isKey(k) {
-			if slices.Contains(keys, k) {
-				return false, false
-			}
-			others++
-		}
-		if n == iptTop || n == iptMasq || strings.HasPrefix(n, iptMarkPrefx) {
-			base = true
+	present := attachmentNames(names)
+	for _, k := range keys {
+		if slices.Contains(present, k) {
+			return false, false
 		}
 	}
-	return true, base && others == 0
+	base := slices.ContainsFunc(names, func(n string) bool {
+		return n == iptTop || n == iptMasq || strings.HasPrefix(n, iptMarkPrefx)
+	})
+	return true, base && len(present) == 0
+}
+
+// attachmentNames are the keys of the attachment chains among names.
+func attachmentNames(names []string) []string {
+	var keys []string
+	for _, n := range names {
+		if k, ok := strings.CutPrefix(n, iptPrefix); ok && isKey(k) {
+			keys = append(keys, k)
+		}
+	}
+	return keys
 }
 
 // remove deletes attachments as the table shows them (and the base when
@@ -461,6 +469,13 @@ func (d *iptDriver) remove(ctx context.Context, f ruleset.IPVersion, keys []stri
 // reads one chain; the teardown itself runs under the node lock and is
 // refused by the kernel if an attachment was added meanwhile.
 func (d *iptDriver) maybeTeardown(ctx context.Context, f ruleset.IPVersion) {
+	// While another attachment's chain is there the teardown would keep
+	// the base anyway (renderIPTRemove): the chain names tell that with no
+	// tool run, where reading the top chain on legacy iptables copies the
+	// whole table, every pod's rules.
+	if names, err := d.fw.ChainNames(ctx, f.Tables(), "nat"); err == nil && len(attachmentNames(names)) > 0 {
+		return
+	}
 	top, err := d.chain(ctx, f, iptTop)
 	if err != nil || top == nil || len(top.Rules) > 0 {
 		return
