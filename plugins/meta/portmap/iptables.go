@@ -373,6 +373,12 @@ func (d *iptDriver) del(ctx context.Context, keys []string, fams []ruleset.IPVer
 				}
 			}
 		}
+		if gone, orphanBase := d.gone(ctx, f, keys); gone {
+			if orphanBase {
+				d.maybeTeardown(ctx, f)
+			}
+			continue
+		}
 		err := d.apply(ctx, renderIPTDel(f, keys[0]))
 		switch {
 		case err == nil:
@@ -388,6 +394,45 @@ func (d *iptDriver) del(ctx context.Context, keys []string, fams []ruleset.IPVer
 		}
 	}
 	return udp, nil
+}
+
+// gone tells, from the nat table's chain names alone (no tool run: one
+// getsockopt on legacy iptables, one netlink dump on iptables-nft), that
+// no chain of the attachment (under any of keys) is there, and whether
+// the base is then left with no attachment at all (a DEL interrupted
+// before its teardown). A DEL of an attachment already removed is common:
+// containerd runs one at StopPodSandbox and another at RemovePodSandbox.
+// Without this check it failed its transaction and fell back to reading
+// the whole table; on legacy iptables that read and the restore after it
+// each copy every pod's rules (measured with 250 pods on the node: 24.8
+// ms of CPU for the second DEL against 12.1 with 25). On any doubt (the
+// names unreadable) it says no, and DEL takes the usual path.
+func (d *iptDriver) gone(ctx context.Context, f ruleset.IPVersion, keys []string) (gone, orphanBase bool) {
+	names, err := d.fw.ChainNames(ctx, f.Tables(), "nat")
+	if err != nil {
+		return false, false
+	}
+	present := attachmentNames(names)
+	for _, k := range keys {
+		if slices.Contains(present, k) {
+			return false, false
+		}
+	}
+	base := slices.ContainsFunc(names, func(n string) bool {
+		return n == iptTop || n == iptMasq || strings.HasPrefix(n, iptMarkPrefx)
+	})
+	return true, base && len(present) == 0
+}
+
+// attachmentNames are the keys of the attachment chains among names.
+func attachmentNames(names []string) []string {
+	var keys []string
+	for _, n := range names {
+		if k, ok := strings.CutPrefix(n, iptPrefix); ok && isKey(k) {
+			keys = append(keys, k)
+		}
+	}
+	return keys
 }
 
 // remove deletes attachments as the table shows them (and the base when
@@ -424,6 +469,13 @@ func (d *iptDriver) remove(ctx context.Context, f ruleset.IPVersion, keys []stri
 // reads one chain; the teardown itself runs under the node lock and is
 // refused by the kernel if an attachment was added meanwhile.
 func (d *iptDriver) maybeTeardown(ctx context.Context, f ruleset.IPVersion) {
+	// While another attachment's chain is there the teardown would keep
+	// the base anyway (renderIPTRemove): the chain names tell that with no
+	// tool run, where reading the top chain on legacy iptables copies the
+	// whole table, every pod's rules.
+	if names, err := d.fw.ChainNames(ctx, f.Tables(), "nat"); err == nil && len(attachmentNames(names)) > 0 {
+		return
+	}
 	top, err := d.chain(ctx, f, iptTop)
 	if err != nil || top == nil || len(top.Rules) > 0 {
 		return
