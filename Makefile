@@ -110,12 +110,12 @@ bench: deps build
 	  echo "meshwire-bench: finished $$(date -u +%Y-%m-%dT%H:%M:%SZ)"; } | tee -a $(BENCH_OUT)
 	@echo "raw output: $(BENCH_OUT)"; grep -qx 'meshwire-bench: exit 0' $(BENCH_OUT)
 
-# The README's and docs/performance.md's benchmark tables, rewritten from
+# The benchmark tables of the README, docs/performance.md and docs/fastpath.md, rewritten from
 # BENCH_OUT between their <!-- bench:NAME --> markers (test/bench/benchreport);
 # refuses a dirty tree's or an unfinished run's output, and the tables of a
 # benchmark that failed or did not run.
 bench-report:
-	$(GO) run ./test/bench/benchreport -in $(BENCH_OUT) README.md docs/performance.md
+	$(GO) run ./test/bench/benchreport -in $(BENCH_OUT) README.md docs/performance.md docs/fastpath.md
 
 # The fast-path subset: BenchmarkFastpath and BenchmarkCapture (EBPF mode),
 # each configuration in ROUNDS alternating rounds per placement ("one CPU"
