@@ -325,8 +325,9 @@ func (a *ambientAgent) reconcile(ctx context.Context) {
 // pod the API server shows enrolled on this node, with addresses, that no
 // record names: a pod that started before ambient mode was on (its ADD
 // wrote none). Its namespace and sandbox are found through its processes
-// (podnetns.Find), so that its DEL removes the record as for any other
-// pod; one not found is logged once and looked for again each round.
+// (podnetns.Find; /proc is read once a round, and only when a pod has
+// no record), so that its DEL removes the record as for any other pod;
+// one not found is logged once and looked for again each round.
 // Reconcile then enrolls it as it enrolls a recorded pod.
 func (a *ambientAgent) adopt() {
 	if a.watch == nil {
@@ -341,11 +342,18 @@ func (a *ambientAgent) adopt() {
 	for _, r := range recs {
 		recorded[r.UID], recorded[r.Key()] = true, true
 	}
+	var procs *podnetns.Processes // read once a round, when a pod needs it
 	for _, w := range a.watch.Pods() {
 		if !w.Enrolled || w.Terminating || len(w.IPs) == 0 || recorded[w.UID] || recorded[w.Namespace+"/"+w.Name] {
 			continue
 		}
-		found, err := podnetns.Find(w.UID, w.ContainerIDs)
+		if procs == nil {
+			if procs, err = podnetns.ReadProcesses(); err != nil {
+				a.logf("ambient: %v", err)
+				return
+			}
+		}
+		found, err := procs.Find(w.UID, w.ContainerIDs)
 		if err == nil && found.ContainerID == "" {
 			err = fmt.Errorf("pod %s: its sandbox's cgroup names no container", w.UID)
 		}

@@ -54,21 +54,44 @@ type process struct {
 	cgroups []procfs.Cgroup
 }
 
-// Find finds the namespace and sandbox of the pod with uid and the
-// containers containerIDs through its processes.
-func Find(uid string, containerIDs []string) (Found, error) {
-	if uid == "" || strings.ContainsAny(uid, "/\n") {
-		return Found{}, fmt.Errorf("find a pod's namespace: bad uid %q", uid)
-	}
+// Processes are the node's processes and the namespaces the runtime
+// mounted, read once (ReadProcesses) to find several pods.
+type Processes struct {
+	procs   []process
+	mounted map[[2]uint64]string
+}
+
+// ReadProcesses reads every process's namespace, start time and cgroups,
+// and the namespaces under NetnsDirs.
+func ReadProcesses() (*Processes, error) {
 	procs, err := processes()
+	if err != nil {
+		return nil, fmt.Errorf("read the processes: %w", err)
+	}
+	return &Processes{procs: procs, mounted: mountedNetns()}, nil
+}
+
+// Find finds the namespace and sandbox of the pod with uid and the
+// containers containerIDs through its processes, reading them
+// (ReadProcesses: for several pods, read once).
+func Find(uid string, containerIDs []string) (Found, error) {
+	ps, err := ReadProcesses()
 	if err != nil {
 		return Found{}, fmt.Errorf("find the namespace of pod %s: %w", uid, err)
 	}
-	mounted := mountedNetns()
+	return ps.Find(uid, containerIDs)
+}
+
+// Find finds the namespace and sandbox of the pod with uid and the
+// containers containerIDs among ps.
+func (ps *Processes) Find(uid string, containerIDs []string) (Found, error) {
+	if uid == "" || strings.ContainsAny(uid, "/\n") {
+		return Found{}, fmt.Errorf("find a pod's namespace: bad uid %q", uid)
+	}
 	path := ""
 	var ns [2]uint64
-	for _, p := range procs {
-		if where, ok := mounted[p.ns]; ok && ofPod(p.cgroups, uid, containerIDs) {
+	for _, p := range ps.procs {
+		if where, ok := ps.mounted[p.ns]; ok && ofPod(p.cgroups, uid, containerIDs) {
 			path, ns = where, p.ns
 			break
 		}
@@ -77,9 +100,9 @@ func Find(uid string, containerIDs []string) (Found, error) {
 		return Found{}, fmt.Errorf("pod %s: %w", uid, ErrNotFound)
 	}
 	var first *process
-	for i, p := range procs {
+	for i, p := range ps.procs {
 		if p.ns == ns && (first == nil || p.start < first.start) {
-			first = &procs[i]
+			first = &ps.procs[i]
 		}
 	}
 	return Found{Netns: path, ContainerID: leaf(first.cgroups)}, nil

@@ -48,7 +48,7 @@ func TestAmbientAdoptsRunningPod(t *testing.T) {
 	api := fake.NewClientset(
 		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "shop", Labels: map[string]string{ambient.LabelDataplaneMode: ambient.DataplaneModeAmbient}}},
 		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "shop", Name: "web", UID: types.UID(uid)},
-			Spec:   corev1.PodSpec{NodeName: node, ServiceAccountName: "web"},
+			Spec: corev1.PodSpec{NodeName: node, ServiceAccountName: "web"},
 			Status: corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "198.18.70.5", PodIPs: []corev1.PodIP{{IP: "198.18.70.5"}},
 				ContainerStatuses: []corev1.ContainerStatus{{Name: "web", ContainerID: "containerd://app43"}}}},
 	)
