@@ -343,10 +343,19 @@ func (a *ambientAgent) adopt() {
 		recorded[r.UID], recorded[r.Key()] = true, true
 	}
 	var procs *podnetns.Processes // read once a round, when a pod needs it
+	wanted := map[string]bool{}
+	defer func() {
+		for uid := range a.unfound {
+			if !wanted[uid] {
+				delete(a.unfound, uid) // recorded since, or gone
+			}
+		}
+	}()
 	for _, w := range a.watch.Pods() {
 		if !w.Enrolled || w.Terminating || len(w.IPs) == 0 || recorded[w.UID] || recorded[w.Namespace+"/"+w.Name] {
 			continue
 		}
+		wanted[w.UID] = true
 		if procs == nil {
 			if procs, err = podnetns.ReadProcesses(); err != nil {
 				a.logf("ambient: %v", err)
@@ -364,7 +373,6 @@ func (a *ambientAgent) adopt() {
 			}
 			continue
 		}
-		delete(a.unfound, w.UID)
 		// kubelet names every pod's interface eth0.
 		rec := podnetns.Pod{ContainerID: found.ContainerID, IfName: "eth0", Netns: found.Netns,
 			UID: w.UID, Namespace: w.Namespace, Name: w.Name, IPs: w.IPs}
