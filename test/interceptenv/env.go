@@ -507,23 +507,19 @@ func (e *Env) command(uid, gid uint32, netAdmin bool, args ...string) *exec.Cmd 
 
 // DialAs makes one request from the pod as uid/gid (through `proxy dial`).
 func (e *Env) DialAs(uid, gid uint32, dst netip.AddrPort, msg string) (string, error) {
-	cmd := e.command(uid, gid, false, "dial", dst.String(), msg)
-	var out, errb strings.Builder
-	cmd.Stdout, cmd.Stderr = &out, &errb
-	if err := e.Pod.Do(cmd.Start); err != nil {
-		return "", err
-	}
-	if err := cmd.Wait(); err != nil {
-		return "", fmt.Errorf("%v: %s", err, errb.String())
-	}
-	return strings.TrimSpace(out.String()), nil
+	return e.runInPod(e.command(uid, gid, false, "dial", dst.String(), msg))
 }
 
 // DialFrom is DialAs from a socket bound to from with IP_TRANSPARENT and
 // SO_MARK mark (0: none), as Envoy's original_src filter opens its
 // upstream connections (CAP_NET_ADMIN, ambient, for both).
 func (e *Env) DialFrom(uid, gid uint32, from netip.Addr, mark int, dst netip.AddrPort, msg string) (string, error) {
-	cmd := e.command(uid, gid, true, "dial", "-from", from.String(), "-mark", strconv.Itoa(mark), dst.String(), msg)
+	return e.runInPod(e.command(uid, gid, true, "dial", "-from", from.String(), "-mark", strconv.Itoa(mark), dst.String(), msg))
+}
+
+// runInPod starts cmd in the pod's namespace and returns its output,
+// trimmed, or its error with what it wrote on stderr.
+func (e *Env) runInPod(cmd *exec.Cmd) (string, error) {
 	var out, errb strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := e.Pod.Do(cmd.Start); err != nil {
