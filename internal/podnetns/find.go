@@ -64,11 +64,12 @@ type Processes struct {
 // ReadProcesses reads every process's namespace, start time and cgroups,
 // and the namespaces under NetnsDirs.
 func ReadProcesses() (*Processes, error) {
-	procs, err := processes()
+	mounted := mountedNetns()
+	procs, err := processes(mounted)
 	if err != nil {
 		return nil, fmt.Errorf("read the processes: %w", err)
 	}
-	return &Processes{procs: procs, mounted: mountedNetns()}, nil
+	return &Processes{procs: procs, mounted: mounted}, nil
 }
 
 // Find finds the namespace and sandbox of the pod with uid and the
@@ -108,9 +109,11 @@ func (ps *Processes) Find(uid string, containerIDs []string) (Found, error) {
 	return Found{Netns: path, ContainerID: leaf(first.cgroups)}, nil
 }
 
-// processes reads every process's namespace, start time and cgroups;
-// those that end meanwhile, or that cannot be read, are left out.
-func processes() ([]process, error) {
+// processes reads the namespace of every process and, for those in a
+// namespace of mounted (the host's own processes are not), its start time
+// and cgroups; those that end meanwhile, or that cannot be read, are left
+// out.
+func processes(mounted map[[2]uint64]string) ([]process, error) {
 	fs, err := procfs.NewFS(ProcDir)
 	if err != nil {
 		return nil, err
@@ -123,6 +126,9 @@ func processes() ([]process, error) {
 	for _, p := range all {
 		ino, dev, err := netns.Identify(filepath.Join(ProcDir, strconv.Itoa(p.PID), "ns", "net"))
 		if err != nil {
+			continue
+		}
+		if _, ok := mounted[[2]uint64{ino, dev}]; !ok {
 			continue
 		}
 		st, err := p.Stat()
