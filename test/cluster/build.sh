@@ -1,5 +1,5 @@
 #!/bin/bash
-# build.sh [e2e|reference|critest]: build the single-node cluster's binaries and images, once
+# build.sh [e2e|reference|flannel|critest]: build the cluster's binaries and images, once
 # per pinned version set, into a cache outside the repository, and print
 # that cache directory. A second run with the same pins prints it at once.
 #
@@ -8,7 +8,11 @@
 #            build`), coredns (./coredns, a module of its own), e2e.test
 #            (only with the e2e argument: the largest build)
 #   reference/  the reference CNI plugins v1.9.1 (only with the reference
-#            argument), the control of cluster.sh conformance
+#            argument), the control of the conformance suites
+#   flannel/ flanneld v0.27.4 (flanneld) and flannel's CNI plugin from
+#            github.com/containernetworking/plugins v0.9.1 (cni/flannel),
+#            only with the flannel argument: the multi-node cluster's pod
+#            network
 #   images/  docker-archive tars of pause, agnhost, busybox, coredns, named
 #            as the e2e suite and kubelet ask for them (images.sh; a link
 #            to images-KEY, whose key adds images.sh and the Debian
@@ -35,6 +39,8 @@ ETCD_VERSION=v3.6.4    # go.etcd.io/etcd/server/v3, as k8s.io/kubernetes require
 COREDNS_VERSION=v1.12.1 # coredns/go.mod
 CRI_TOOLS_VERSION=v1.37.0 # critest/go.mod
 REFERENCE_PLUGINS=v1.9.1   # github.com/containernetworking/plugins: the control of conformance and critest
+FLANNEL_VERSION=v0.27.4    # github.com/flannel-io/flannel (v0.28 needs a tencentcloud-sdk-go the proxy does not serve)
+FLANNEL_CNI_VERSION=v0.9.1 # the last github.com/containernetworking/plugins with plugins/meta/flannel
 
 CACHE_ROOT=${MESHWIRE_CLUSTER_CACHE:-/var/cache/meshwire-cluster}
 
@@ -45,7 +51,7 @@ dir=$CACHE_ROOT/k8s-$K8S_VERSION-$key
 bin=$dir/bin
 # The images have a key of their own (the binaries', images.sh, the Debian
 # packages they copy): $dir/images links to the current ones.
-ikey=$( { echo "$key"; cat images.sh; dpkg-query -W busybox-static curl wget netcat-openbsd bind9-dnsutils iproute2 bash libc-bin 2>&1; } | sha256sum | cut -c1-16)
+ikey=$( { echo "$key"; cat images.sh; dpkg-query -W busybox-static curl wget netcat-openbsd bind9-dnsutils iproute2 bash libc-bin 2>&1 || :; } | sha256sum | cut -c1-16)
 images=$dir/images-$ikey
 
 log() { printf '%s build.sh: %s\n' "$(date -u +%T)" "$*" >&2; }
@@ -83,7 +89,7 @@ reference_plugins() {
 
 if [ "${1:-}" = critest ]; then
 	dir=$CACHE_ROOT/critest-$CRI_TOOLS_VERSION-$( { cat critest/go.mod critest/go.sum cmd/pause/main.go images.sh; go version; echo "$REFERENCE_PLUGINS";
-		dpkg-query -W busybox-static nginx-light 2>&1; } | sha256sum | cut -c1-16)
+		dpkg-query -W busybox-static nginx-light 2>&1 || :; } | sha256sum | cut -c1-16)
 	mkdir -p "$dir/bin"
 	exec 9>"$dir/.lock" && flock 9 # one build at a time (make critest runs beside another)
 	step critest bash -c "go build -trimpath -ldflags '-s -w' -o '$dir/bin/' ./cmd/pause && cd critest &&
@@ -117,8 +123,17 @@ for old in "$dir"/images-*; do # earlier images of these binaries
 	case $old in "$images" | "$images.log") ;; *) rm -rf "$old" "$dir/.done-${old##*/}" ;; esac
 done
 
-# The control network of `cluster.sh conformance`.
+# The control network of the conformance suites.
 [ "${1:-}" != reference ] || reference_plugins
+
+# The multi-node cluster's pod network. flanneld needs cgo (its udp
+# backend); the CNI plugin is named flannel too, hence two directories.
+if [ "${1:-}" = flannel ]; then
+	step flannel bash -c "GOBIN='$dir/flannel/bin' GOFLAGS= CGO_ENABLED=1 go install -trimpath \
+		-ldflags '-s -w -X github.com/flannel-io/flannel/pkg/version.Version=$FLANNEL_VERSION' github.com/flannel-io/flannel@$FLANNEL_VERSION &&
+		mv '$dir/flannel/bin/flannel' '$dir/flannel/flanneld' && rmdir '$dir/flannel/bin' &&
+		GOBIN='$dir/flannel/cni' GOFLAGS= go install -trimpath -ldflags '-s -w' github.com/containernetworking/plugins/plugins/meta/flannel@$FLANNEL_CNI_VERSION"
+fi
 
 if [ "${1:-}" = e2e ]; then
 	step e2e go test -c -trimpath -ldflags "$ldflags" -o "$bin/e2e.test" k8s.io/kubernetes/test/e2e

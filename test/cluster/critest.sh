@@ -8,8 +8,9 @@
 #
 #   down    tear down what a killed run left
 #
-# cluster.sh's functions (containerd's config, processes, tear-down) with a
-# state directory, a network and a bridge of its own. A run holds the
+# The cluster's lifecycle pieces it needs (lib/common.sh: processes,
+# containerd; lib/host.sh: the host's snapshot and tear-down) with a state
+# directory, a network and a bridge of its own. A run holds the
 # kernel-test lock (/run/meshwire-tests.lock), so it never runs beside the
 # cluster (whose pod range 198.18.0.0/16 holds this one's) or `make test`;
 # it builds before taking it. CRITEST_FOCUS replaces the Ginkgo focus
@@ -18,17 +19,23 @@
 # $MESHWIRE_CRITEST_REPORT/PLUGINS (they outlive the tear-down).
 set -euo pipefail
 
-here=$(cd "$(dirname "$0")" && pwd)
 export MESHWIRE_CLUSTER_STATE=${MESHWIRE_CRITEST_STATE:-/var/lib/meshwire-critest}
-# shellcheck source-path=SCRIPTDIR source=cluster.sh
-. "$here/cluster.sh"
-log() { printf '%s critest: %s\n' "$(date -u +%T)" "$*" >&2; }
+LOG_PREFIX=critest
+# shellcheck source-path=SCRIPTDIR source=lib/common.sh
+. "$(dirname "$0")/lib/common.sh"
+# shellcheck source-path=SCRIPTDIR source=lib/host.sh
+. "$lib/host.sh"
+SOCK=$STATE/containerd/containerd.sock CNI_BIN=$STATE/cni/bin CNI_CONF=$STATE/cni/net.d
 
 POD_CIDR=198.18.254.0/24 BRIDGE=mwc0 NETWORK=mwc-critest
 CGROUP_PARENTS="k8s.io test.slice" # critest's pods: /test.slice (containerd 1.6 has no RuntimeConfig)
 LOCK=/run/meshwire-tests.lock
 REPORT=${MESHWIRE_CRITEST_REPORT:-/var/tmp/meshwire-critest}
-FOCUS=${CRITEST_FOCUS:-'\[k8s\.io\] Networking'} # the networking specs (4 in v1.37.0)
+FOCUS=${CRITEST_FOCUS:-'\[k8s\.io\] Networking'} # the networking specs
+# How many specs the focus must run: 4 networking specs in critest v1.37.0
+# (CRITEST_SPECS for another focus). Fewer, or any failure, fails the run.
+SPECS=${CRITEST_SPECS:-4}
+[ -z "${CRITEST_FOCUS:-}" ] || [ -n "${CRITEST_SPECS:-}" ] || SPECS=
 HOST_PORT=12000 # the port mapping spec's
 # What the plugins leave on the host is reported, then removed: their chains
 # (iptables), their IPAM records.
@@ -76,15 +83,17 @@ run() {
 	log "$plugins plugins from $src"
 	for p in bridge host-local portmap bandwidth loopback; do cp "$src/$p" "$CNI_BIN/"; done
 	conflist >"$CNI_CONF/10-$NETWORK.conflist"
-	write_containerd_config
-	start_containerd
-	import_image_set "$CACHE/images"
+	write_containerd_config "$STATE/config/containerd.toml" "$STATE/containerd" "$STATE/containerd/state" "$SOCK" \
+		"$STATE/containerd/runc" "$CNI_BIN" "$CNI_CONF"
+	start_containerd critest "$STATE/config/containerd.toml" "$SOCK"
+	import_image_set "$SOCK" "$CACHE/images"
 
 	log "critest --ginkgo.focus '$FOCUS' (log: $REPORT/$plugins/critest.log)"
 	local st=0
 	(cd "$REPORT/$plugins" && "$CACHE/bin/critest" --runtime-endpoint "unix://$SOCK" --image-endpoint "unix://$SOCK" \
 		--report-dir "$REPORT/$plugins" --ginkgo.focus "$FOCUS" --ginkgo.no-color) >"$REPORT/$plugins/critest.log" 2>&1 || st=$?
 	grep -E '^ *\[FAIL\]|^Ran [0-9]|^(SUCCESS|FAIL)!' "$REPORT/$plugins/critest.log" | sed "s/^/$plugins: /" >&2 || true
+	specs_ran "$plugins" || st=1
 
 	"$CTR" -a "$SOCK" -n k8s.io containers ls -q | grep -q . && { log "$plugins: critest left containers in containerd:"; "$CTR" -a "$SOCK" -n k8s.io containers ls >&2; st=1; }
 	stop containerd
@@ -95,6 +104,22 @@ run() {
 	down
 	log "$plugins: done in $((SECONDS - t0))s"
 	return "$st"
+}
+
+# specs_ran PLUGINS: Ginkgo's summary says SPECS specs ran and passed (a
+# focus that matches fewer, say after an upgrade of critest, fails).
+specs_ran() {
+	local ran passed
+	ran=$(sed -n 's/^Ran \([0-9]*\) of .*/\1/p' "$REPORT/$1/critest.log")
+	passed=$(sed -n 's/.*-- \([0-9]*\) Passed | \([0-9]*\) Failed.*/\1 \2/p' "$REPORT/$1/critest.log")
+	if [ -n "$SPECS" ] && [ "$ran" != "$SPECS" ]; then
+		log "$1: ran ${ran:-no} specs, want $SPECS"
+		return 1
+	fi
+	if [ -z "$ran" ] || [ "$ran" = 0 ] || [ "$passed" != "$ran 0" ]; then
+		log "$1: ${ran:-no} specs ran, passed and failed: ${passed:-no summary}"
+		return 1
+	fi
 }
 
 # leftovers: what the plugins' DEL left of the run's pods (all were

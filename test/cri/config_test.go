@@ -9,18 +9,18 @@ import (
 )
 
 // TestClusterConfig: the cluster's and critest's containerd config
-// (test/cluster/cluster.sh's write_containerd_config) and the CRI tests'
+// (test/cluster/lib/common.sh's write_containerd_config) and the CRI tests'
 // are one template filled alike: what the script writes is what
 // RenderConfig gives for the script's values, with every placeholder
 // filled.
 func TestClusterConfig(t *testing.T) {
 	state := t.TempDir()
-	script := `. test/cluster/cluster.sh && write_containerd_config && ` +
+	script := `. test/cluster/lib/common.sh && SOCK=$STATE/containerd/containerd.sock CNI_BIN=$STATE/cni/bin CNI_CONF=$STATE/cni/net.d && ` +
+		`write_containerd_config "$STATE/config/containerd.toml" "$STATE/containerd" "$STATE/containerd/state" "$SOCK" "$STATE/containerd/runc" "$CNI_BIN" "$CNI_CONF" && ` +
 		`printf '%s\n' "$SOCK" "$SANDBOX_IMAGE" "$RUNC" "$CNI_BIN" "$CNI_CONF"`
-	// $0 in test/cluster, as critest.sh's, which sources it the same way.
-	cmd := exec.Command("bash", "-c", script, "test/cluster/config-check")
+	cmd := exec.Command("bash", "-c", script)
 	cmd.Dir = "../.."
-	cmd.Env = append(os.Environ(), "MESHWIRE_CLUSTER_STATE="+state, "NODE_IP=192.0.2.1", "NODE_NAME=n")
+	cmd.Env = append(os.Environ(), "MESHWIRE_CLUSTER_STATE="+state)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("write_containerd_config: %v\n%s", err, out)

@@ -4,13 +4,14 @@
 // after everything was deleted. Not shipped.
 //
 //	snapshot save FILE [-wait D]            # the host's state, as JSON
-//	snapshot check FILE [-allow RE] [-wait D]  # compare: exit 1 and list the differences
+//	snapshot check FILE [-allow RE] [-bridge NAME] [-wait D]  # compare: exit 1 and list the differences
 //
 // save retakes the snapshot until two in a row agree, a second apart, or
 // -wait runs out (a kube-proxy still writing its rules); check retakes it
 // until it matches FILE or -wait runs out (what a runtime or kube-proxy
 // removes settles asynchronously); lines matching -allow are not
-// differences.
+// differences, nor are those -bridge names: what a bridge plugin keeps on
+// the node by design once every pod is gone (bridge.go).
 package main
 
 import (
@@ -32,6 +33,7 @@ func main() {
 	cmd, file := os.Args[1], os.Args[2]
 	fs := flag.NewFlagSet("snapshot "+cmd, flag.ExitOnError)
 	allow := fs.String("allow", "", "differences matching this regular expression are expected")
+	bridge := fs.String("bridge", "", "the bridge a bridge plugin keeps: its link, addresses, their routes, its sysctls and forwarding turned on are expected")
 	wait := fs.Duration("wait", 30*time.Second, "how long check retakes the snapshot until it matches")
 	_ = fs.Parse(os.Args[3:])
 	var err error
@@ -39,14 +41,23 @@ func main() {
 	case "save":
 		err = save(file, *wait)
 	case "check":
-		var re *regexp.Regexp
+		var allowed []func(string) bool
 		if *allow != "" {
+			var re *regexp.Regexp
 			if re, err = regexp.Compile(*allow); err != nil {
 				break
 			}
+			allowed = append(allowed, re.MatchString)
+		}
+		if *bridge != "" {
+			var b func(string) bool
+			if b, err = bridgeAllowance(*bridge); err != nil {
+				break
+			}
+			allowed = append(allowed, b)
 		}
 		var diff []string
-		if diff, err = check(file, re, *wait); err == nil && len(diff) > 0 {
+		if diff, err = check(file, allowed, *wait); err == nil && len(diff) > 0 {
 			fmt.Printf("the host differs from %s:\n", file)
 			for _, d := range diff {
 				fmt.Println("  " + d)
@@ -85,7 +96,7 @@ func save(file string, wait time.Duration) error {
 	return os.WriteFile(file, b, 0o600)
 }
 
-func check(file string, allow *regexp.Regexp, wait time.Duration) ([]string, error) {
+func check(file string, allowed []func(string) bool, wait time.Duration) ([]string, error) {
 	b, err := os.ReadFile(file)
 	if err != nil {
 		return nil, err
@@ -100,10 +111,14 @@ func check(file string, allow *regexp.Regexp, wait time.Duration) ([]string, err
 			return nil, err
 		}
 		var diff []string
+	next:
 		for _, d := range before.Diff(after) {
-			if allow == nil || !allow.MatchString(d) {
-				diff = append(diff, d)
+			for _, ok := range allowed {
+				if ok(d) {
+					continue next
+				}
 			}
+			diff = append(diff, d)
 		}
 		if len(diff) == 0 || time.Now().After(deadline) {
 			return diff, nil
