@@ -1,0 +1,122 @@
+// Package framework is what meshwire's cluster suites (../../suites) share,
+// in the manner of Kubernetes' test/e2e/framework: the running cluster as
+// cluster.sh up described it (its nodes, where the host sees their files,
+// how to run a command in each), a client-go client, one way to report a
+// check, and the few operations the suites need on pods (apply a manifest,
+// exec, logs, wait).
+package framework
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+)
+
+// Description is $STATE/cluster.json, written by cluster.sh up.
+type Description struct {
+	State       string `json:"state"`
+	Bin         string `json:"bin"`
+	Repo        string `json:"repo"`
+	Kubeconfig  string `json:"kubeconfig"`
+	CNI         string `json:"cni"`
+	PodCIDR     string `json:"podCIDR"`
+	ServiceCIDR string `json:"serviceCIDR"`
+	APIIP       string `json:"apiIP"`
+	Nodes       []Node `json:"nodes"`
+}
+
+// Node is one node of the cluster.
+type Node struct {
+	Name string `json:"name"`
+	IP   string `json:"ip"`
+	// Dir is the node's directory (its disk), empty for the single node
+	// that runs on the host itself.
+	Dir string `json:"dir"`
+	// PluginLog is where the host sees the node's CNI plugin log
+	// (/var/log/meshwire/cni.log on the node).
+	PluginLog string `json:"pluginLog"`
+	// VarLibCNI is where the host sees the node's /var/lib/cni.
+	VarLibCNI string `json:"varLibCNI"`
+	// Enter is the command prefix that runs a command in the node's
+	// namespaces (empty on the host's node).
+	Enter []string `json:"enter"`
+}
+
+// Command is name with args run in the node.
+func (n Node) Command(name string, args ...string) *exec.Cmd {
+	argv := append(append(append([]string{}, n.Enter...), name), args...)
+	return exec.Command(argv[0], argv[1:]...)
+}
+
+// Cluster is the running cluster and a client of its API server.
+type Cluster struct {
+	Description
+	Config *rest.Config
+	Client kubernetes.Interface
+}
+
+// StateDir is the cluster's state directory (cluster.sh's
+// MESHWIRE_CLUSTER_STATE).
+func StateDir() string {
+	if d := os.Getenv("MESHWIRE_CLUSTER_STATE"); d != "" {
+		return d
+	}
+	return "/var/lib/meshwire-cluster"
+}
+
+// Load reads the running cluster's description, or fails t: a suite never
+// passes for want of a cluster.
+func Load(t testing.TB) *Cluster {
+	t.Helper()
+	c, err := LoadCluster()
+	if err != nil {
+		t.Fatalf("no running cluster to test (make cluster first): %v", err)
+	}
+	return c
+}
+
+// LoadCluster reads the running cluster's description and makes a client.
+func LoadCluster() (*Cluster, error) {
+	b, err := os.ReadFile(filepath.Join(StateDir(), "cluster.json"))
+	if err != nil {
+		return nil, err
+	}
+	c := &Cluster{}
+	if err := json.Unmarshal(b, &c.Description); err != nil {
+		return nil, fmt.Errorf("cluster.json: %w", err)
+	}
+	if len(c.Nodes) == 0 {
+		return nil, fmt.Errorf("cluster.json names no node")
+	}
+	if c.Config, err = clientcmd.BuildConfigFromFlags("", c.Kubeconfig); err != nil {
+		return nil, err
+	}
+	c.Config.QPS, c.Config.Burst = 50, 100
+	if c.Client, err = kubernetes.NewForConfig(c.Config); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Node returns the node named name.
+func (c *Cluster) Node(name string) (Node, error) {
+	for _, n := range c.Nodes {
+		if n.Name == name {
+			return n, nil
+		}
+	}
+	return Node{}, fmt.Errorf("no node %q in the cluster's description", name)
+}
+
+// Script is cluster.sh, for the suites that take clusters up and down.
+func (c *Cluster) Script() string { return ScriptPath(c.Repo) }
+
+// ScriptPath is cluster.sh in the repository at repo.
+func ScriptPath(repo string) string { return filepath.Join(repo, "test", "cluster", "cluster.sh") }

@@ -1,0 +1,55 @@
+package framework
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+)
+
+// Manifest reads manifests/NAME of the cluster's directory with every
+// @KEY@ replaced by vars[KEY]; a placeholder vars does not fill is an
+// error, so that no manifest is applied half-rendered.
+func (c *Cluster) Manifest(name string, vars map[string]string) ([]byte, error) {
+	b, err := os.ReadFile(filepath.Join(c.Repo, "test", "cluster", "manifests", name))
+	if err != nil {
+		return nil, err
+	}
+	return Render(b, vars)
+}
+
+var placeholder = regexp.MustCompile(`@[A-Z_]+@`)
+
+// Render replaces every @KEY@ of b by vars[KEY] (lines that begin with #
+// are comments and keep theirs).
+func Render(b []byte, vars map[string]string) ([]byte, error) {
+	lines := strings.Split(string(b), "\n")
+	for i, l := range lines {
+		if strings.HasPrefix(strings.TrimSpace(l), "#") {
+			continue
+		}
+		var missing []string
+		lines[i] = placeholder.ReplaceAllStringFunc(l, func(p string) string {
+			v, ok := vars[strings.Trim(p, "@")]
+			if !ok {
+				missing = append(missing, p)
+			}
+			return v
+		})
+		if len(missing) > 0 {
+			return nil, fmt.Errorf("line %d: nothing to fill %s with", i+1, strings.Join(missing, ", "))
+		}
+	}
+	return []byte(strings.Join(lines, "\n")), nil
+}
+
+// Placement names two nodes for pods that must run apart: the first two
+// nodes of the cluster, or its one node twice.
+func (c *Cluster) Placement() (a, b string) {
+	a, b = c.Nodes[0].Name, c.Nodes[0].Name
+	if len(c.Nodes) > 1 {
+		b = c.Nodes[1].Name
+	}
+	return a, b
+}

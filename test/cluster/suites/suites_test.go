@@ -1,0 +1,76 @@
+//go:build cluster
+
+// Package suites is meshwire's cluster suites, Go tests against the
+// cluster test/cluster/cluster.sh starts (make cluster), built with the
+// "cluster" tag and run by the cluster make targets: smoke, mesh, ambient,
+// podstart, Kubernetes' e2e suite with the reference plugins as the
+// control, and the multi-node ones. Each check is reported through
+// framework.Check: a failed check fails the test, which goes on to list
+// the others.
+package suites
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/meshwire/meshwire/test/cluster/e2e/framework"
+)
+
+// get asks for url from a busybox container with wget (busybox's timeout,
+// not wget -T: Debian's static busybox 1.35 wget crashes with -T).
+func get(ctx context.Context, c *framework.Cluster, ns, pod, container, url string) (string, error) {
+	out, err := c.Exec(ctx, ns, pod, container, "timeout", "10", "wget", "-q", "-O", "-", url)
+	return strings.TrimSpace(out), err
+}
+
+// answers is a check's error: the reply, unless it is want.
+func answers(reply string, err error, want string) error {
+	if err != nil {
+		return err
+	}
+	if reply != want {
+		return fmt.Errorf("answered %q, want %q", reply, want)
+	}
+	return nil
+}
+
+// apply renders manifests/NAME with vars and applies it, or ends t.
+func apply(t *testing.T, ctx context.Context, c *framework.Cluster, name string, vars map[string]string) {
+	t.Helper()
+	b, err := c.Manifest(name, vars)
+	framework.Require(t, "render "+name, err)
+	framework.Require(t, "apply "+name, c.Apply(ctx, b))
+}
+
+// fresh waits until namespaces of an earlier run are gone.
+func fresh(t *testing.T, ctx context.Context, c *framework.Cluster, namespaces ...string) {
+	t.Helper()
+	for _, ns := range namespaces {
+		framework.Require(t, "no namespace "+ns+" left from an earlier run", c.WaitNamespaceGone(ctx, ns, 2*time.Minute))
+	}
+}
+
+// containsLine says whether one line of out, trimmed, is line.
+func containsLine(out, line string) bool {
+	for _, l := range strings.Split(out, "\n") {
+		if strings.TrimSpace(l) == line {
+			return true
+		}
+	}
+	return false
+}
+
+// placed checks that each pod runs on the node it was placed on.
+func placed(t *testing.T, ctx context.Context, c *framework.Cluster, ns string, want map[string]string) {
+	t.Helper()
+	for pod, node := range want {
+		p, err := c.Client.CoreV1().Pods(ns).Get(ctx, pod, metav1GetOptions)
+		if err == nil && p.Spec.NodeName != node {
+			err = fmt.Errorf("on %s", p.Spec.NodeName)
+		}
+		framework.Check(t, fmt.Sprintf("%s/%s runs on %s", ns, pod, node), err)
+	}
+}
