@@ -45,12 +45,14 @@ deps:
 	@test/deps.sh
 
 # Kernel tests are the test files built with the "kernel" tag
-# (internal/kerneltest): vet checks both builds, and gofmt every file.
+# (internal/kerneltest), the cluster suites those with the "cluster" tag
+# (test/clustersuites): vet checks every build, and gofmt every file.
 vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) vet -tags kernel ./...
+	$(GO) vet -tags cluster ./test/clustersuites/...
 
 # Every test, kernel tests included (they need root and are never skipped),
 # on a host seeded with other tools' rules (test/seed-host.sh), which the

@@ -1,13 +1,13 @@
 //go:build cluster
 
-// Package suites is meshwire's cluster suites, Go tests against the
+// Package clustersuites is meshwire's cluster suites, Go tests against the
 // cluster test/cluster/cluster.sh starts (make cluster), built with the
 // "cluster" tag and run by the cluster make targets: smoke, mesh, ambient,
 // podstart, Kubernetes' e2e suite with the reference plugins as the
 // control, and the multi-node ones. Each check is reported through
 // framework.Check: a failed check fails the test, which goes on to list
 // the others.
-package suites
+package clustersuites
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshwire/meshwire/test/cluster/e2e/framework"
+	"github.com/meshwire/meshwire/test/clustersuites/framework"
 )
 
 // get asks for url from a busybox container with wget (busybox's timeout,

@@ -1,6 +1,6 @@
 //go:build cluster
 
-package suites
+package clustersuites
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/meshwire/meshwire/test/cluster/e2e/framework"
+	"github.com/meshwire/meshwire/test/clustersuites/framework"
 )
 
 var metav1GetOptions = metav1.GetOptions{}

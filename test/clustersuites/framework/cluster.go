@@ -1,4 +1,4 @@
-// Package framework is what meshwire's cluster suites (../../suites) share,
+// Package framework is what meshwire's cluster suites (test/clustersuites) share,
 // in the manner of Kubernetes' test/e2e/framework: the running cluster as
 // cluster.sh up described it (its nodes, where the host sees their files,
 // how to run a command in each), a client-go client, one way to report a
