@@ -12,8 +12,6 @@ import (
 	"github.com/meshwire/meshwire/test/clustersuites/framework"
 )
 
-var metav1GetOptions = metav1.GetOptions{}
-
 // TestSmoke: a busybox client reaches agnhost netexec behind a ClusterIP
 // Service by the Service's IP and by its DNS names through CoreDNS, and a
 // pod that the chained intercept plugin intercepts (its annotation) is

@@ -16,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/meshwire/meshwire/test/clustersuites/framework"
 )
 
@@ -41,8 +44,8 @@ func answers(reply string, err error, want string) error {
 func apply(t *testing.T, ctx context.Context, c *framework.Cluster, name string, vars map[string]string) {
 	t.Helper()
 	b, err := c.Manifest(name, vars)
-	framework.Require(t, "render "+name, err)
-	framework.Require(t, "apply "+name, c.Apply(ctx, b))
+	framework.Must(t, "render "+name, err)
+	framework.Must(t, "apply "+name, c.Apply(ctx, b))
 }
 
 // fresh waits until namespaces of an earlier run are gone.
@@ -67,10 +70,49 @@ func containsLine(out, line string) bool {
 func placed(t *testing.T, ctx context.Context, c *framework.Cluster, ns string, want map[string]string) {
 	t.Helper()
 	for pod, node := range want {
-		p, err := c.Client.CoreV1().Pods(ns).Get(ctx, pod, metav1GetOptions)
+		p, err := c.Client.CoreV1().Pods(ns).Get(ctx, pod, metav1.GetOptions{})
 		if err == nil && p.Spec.NodeName != node {
 			err = fmt.Errorf("on %s", p.Spec.NodeName)
 		}
 		framework.Check(t, fmt.Sprintf("%s/%s runs on %s", ns, pod, node), err)
+	}
+}
+
+// checkCNI is nil when the cluster's network is kind (meshwire, or
+// reference: the control).
+func checkCNI(c *framework.Cluster, kind string) error {
+	if c.CNI != kind {
+		return fmt.Errorf("the cluster's network is %s (MESHWIRE_CLUSTER_CNI), this suite needs %s", c.CNI, kind)
+	}
+	return nil
+}
+
+// podReady is a condition: pod ns/name is Ready.
+func podReady(ctx context.Context, c *framework.Cluster, ns, name string) func() error {
+	return func() error {
+		p, err := c.Client.CoreV1().Pods(ns).Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if !framework.Ready(p) {
+			return fmt.Errorf("%s/%s not Ready (%s)", ns, name, p.Status.Phase)
+		}
+		return nil
+	}
+}
+
+// nodeReady is a condition: the node's Ready condition is true.
+func nodeReady(ctx context.Context, c *framework.Cluster, name string) func() error {
+	return func() error {
+		n, err := c.Client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, cond := range n.Status.Conditions {
+			if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+				return nil
+			}
+		}
+		return fmt.Errorf("node %s not Ready", name)
 	}
 }

@@ -40,6 +40,15 @@ func Require(t testing.TB, what string, err error) {
 	}
 }
 
+// Must ends the test when err is not nil, and says nothing otherwise: for
+// the steps that set a check up (render, apply), not the checks.
+func Must(t testing.TB, what string, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatalf("FAIL: %s: %v", what, err)
+	}
+}
+
 // Eventually calls fn every second until it returns nil or within runs
 // out, and reports the outcome as one check (the last error on failure).
 func Eventually(t testing.TB, what string, within time.Duration, fn func() error) bool {

@@ -1,0 +1,338 @@
+//go:build cluster
+
+package clustersuites
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/meshwire/meshwire/internal/proxylog"
+	"github.com/meshwire/meshwire/test/clustersuites/framework"
+)
+
+const meshNS = "mwk-mesh"
+
+var meshModes = []string{"redirect", "tproxy", "ebpf"}
+
+// meshVars fills manifests/mesh.yaml for one mode's Deployment.
+func meshVars(mode, name, node string) map[string]string {
+	v := map[string]string{"NAME": name, "NODE": node, "MODE": mode, "ISTIO_MODE": "REDIRECT",
+		"MESHWIRE_MODE": strings.ToUpper(mode), "PROXY_MODE": "redirect", "PROXY_UID": "1337", "PROXY_CAPS": "[]"}
+	if mode == "tproxy" {
+		v["ISTIO_MODE"], v["PROXY_MODE"], v["PROXY_UID"], v["PROXY_CAPS"] = "TPROXY", "tproxy", "0", "[NET_ADMIN]"
+	}
+	return v
+}
+
+// TestMesh: Istio-annotated pods in REDIRECT, TPROXY and EBPF mode behind
+// NodePort Services, their servers on one node and meshed callers on
+// another (on a cluster of several nodes every pair crosses nodes), with
+// the fast path each node's agent attached; a new meshwire image rolled
+// out under them. Checked at each stage: every request reached the
+// application through its sidecar (from 127.0.0.6, the sidecar's
+// passthrough address), every sidecar-to-sidecar request is in the calling
+// sidecar's outbound log with the Service's ClusterIP as its original
+// destination, no sidecar got a connection for its status ports (every
+// replica's log read, none may be empty), each node's fast path holds a
+// policy per meshed pod of the node and carried messages, EBPF mode's
+// programs hold the node's EBPF pods, and the long-lived connections held.
+func TestMesh(t *testing.T) {
+	c := framework.Load(t)
+	ctx := context.Background()
+	framework.Require(t, "the cluster's network is meshwire", checkCNI(c, "meshwire"))
+	fresh(t, ctx, c, meshNS)
+	servers, callers := c.Placement()
+	_, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: meshNS}}, metav1.CreateOptions{})
+	framework.Require(t, "namespace "+meshNS, err)
+	deleted := false
+	defer func() {
+		if !deleted {
+			framework.Check(t, "namespace "+meshNS+" deleted", c.DeleteNamespace(ctx, meshNS, 2*time.Minute))
+		}
+	}()
+	for _, m := range meshModes {
+		apply(t, ctx, c, "mesh.yaml", meshVars(m, "app-"+m, servers))
+		apply(t, ctx, c, "mesh.yaml", meshVars(m, "caller-"+m, callers))
+		apply(t, ctx, c, "mesh-service.yaml", map[string]string{"MODE": m})
+	}
+	for _, m := range meshModes {
+		for _, name := range []string{"app-" + m, "caller-" + m} {
+			_, err := c.WaitReady(ctx, meshNS, "app="+name, 1, 2*time.Minute)
+			framework.Require(t, name+" Ready", err)
+		}
+	}
+	apply(t, ctx, c, "mesh-clients.yaml", map[string]string{"NODE": callers})
+	for _, p := range []string{"client", "long"} {
+		framework.Require(t, p+" Ready", framework.Poll(2*time.Minute, podReady(ctx, c, meshNS, p)))
+	}
+	m := &mesh{t: t, ctx: ctx, c: c, callers: callers}
+	m.check("before the rollout")
+
+	// A new image tag rolled out under the running pods: every node's
+	// agent restarts; connections stay up, and the pods' fast-path
+	// policies come back from the plugin's records.
+	lines := map[string]int{}
+	for _, mode := range meshModes {
+		lines[mode] = m.longLines(mode)
+	}
+	m.rollout()
+	time.Sleep(3 * time.Second)
+	for _, mode := range meshModes {
+		n := m.longLines(mode)
+		framework.Checkf(t, fmt.Sprintf("after the rollout: the long-lived connection to %s held (%d lines echoed before, %d now)", mode, lines[mode], n),
+			n > lines[mode], "it echoed nothing since")
+	}
+	// A pod started after the rollout is meshed by the new agent's plugins.
+	scale := fmt.Sprintf(`{"spec":{"replicas":2}}`)
+	_, err = c.Client.AppsV1().Deployments(meshNS).Patch(ctx, "app-redirect", "application/merge-patch+json", []byte(scale), metav1.PatchOptions{})
+	framework.Require(t, "app-redirect scaled to 2", err)
+	_, err = c.WaitReady(ctx, meshNS, "app=app-redirect", 2, 2*time.Minute)
+	framework.Require(t, "app-redirect's 2 pods Ready", err)
+	m.check("after the rollout")
+
+	deleted = framework.Check(t, "namespace "+meshNS+" deleted", c.DeleteNamespace(ctx, meshNS, 2*time.Minute))
+	for _, n := range c.Nodes {
+		framework.Eventually(t, "the meshed pods are gone: no pod policy left on "+n.Name, 30*time.Second,
+			framework.MetricIs(ctx, n, "meshwire_fastpath_pod_policies", 0))
+	}
+}
+
+type mesh struct {
+	t       *testing.T
+	ctx     context.Context
+	c       *framework.Cluster
+	callers string // the node of the callers and clients
+}
+
+// check runs every check of one stage.
+func (m *mesh) check(stage string) {
+	t, ctx, c := m.t, m.ctx, m.c
+	caller, err := c.Node(m.callers)
+	framework.Require(t, "the callers' node", err)
+	before := m.redirected()
+	for i, mode := range meshModes {
+		next := meshModes[(i+1)%len(meshModes)]
+		svc, err := c.Client.CoreV1().Services(meshNS).Get(ctx, "app-"+mode, metav1.GetOptions{})
+		framework.Require(t, stage+": Service app-"+mode, err)
+		np := nodePort(svc, "http")
+		nodePortAddr := net.JoinHostPort(caller.IP, strconv.Itoa(int(np)))
+		for _, target := range []string{"app-" + mode, svc.Spec.ClusterIP, nodePortAddr} {
+			reply, err := get(ctx, c, meshNS, "client", "client", "http://"+target+"/clientip")
+			framework.Check(t, fmt.Sprintf("%s: client -> %s via %s: through the sidecar", stage, mode, target), viaSidecar(reply, err))
+		}
+		reply, err := hostGet("http://" + nodePortAddr + "/clientip")
+		framework.Check(t, fmt.Sprintf("%s: host -> %s via NodePort %s: through the sidecar", stage, mode, nodePortAddr), viaSidecar(reply, err))
+		// Sidecar to sidecar: next's caller's app, through its sidecar's
+		// outbound listener, to mode's Service, then mode's server's
+		// sidecar's inbound one.
+		pods, err := c.Pods(ctx, meshNS, "app=caller-"+next)
+		framework.Require(t, stage+": caller-"+next, err)
+		for _, p := range pods {
+			want := fmt.Sprintf(`outbound to %s:80`, svc.Spec.ClusterIP)
+			outs := m.count(p.Name, func(r proxylog.Record) bool {
+				return r.Event == "conn" && r.Listener == "outbound" && r.OrigDst == svc.Spec.ClusterIP+":80"
+			})
+			out, err := c.Exec(ctx, meshNS, p.Name, "app", "curl", "-sS", "-m", "10", "http://app-"+mode+"/clientip")
+			framework.Check(t, fmt.Sprintf("%s: %s's app on %s -> %s: through both sidecars", stage, p.Name, p.Spec.NodeName, mode), viaSidecar(strings.TrimSpace(out), err))
+			n := m.count(p.Name, func(r proxylog.Record) bool {
+				return r.Event == "conn" && r.Listener == "outbound" && r.OrigDst == svc.Spec.ClusterIP+":80"
+			})
+			framework.Checkf(t, fmt.Sprintf("%s: %s's sidecar logged the connection (%s)", stage, p.Name, want),
+				outs >= 0 && n >= outs+1, "%d such connections before, %d after", outs, n)
+		}
+	}
+	// Kubelet's probes of the status ports: never captured, on any
+	// replica; a replica whose log cannot be read fails.
+	meshed, err := c.Pods(ctx, meshNS, "mesh.meshwire.io/mode")
+	framework.Require(t, stage+": the meshed pods", err)
+	for _, p := range meshed {
+		n := m.count(p.Name, func(r proxylog.Record) bool {
+			return r.Event == "conn" && (strings.HasSuffix(r.OrigDst, ":15020") || strings.HasSuffix(r.OrigDst, ":15021"))
+		})
+		framework.Checkf(t, fmt.Sprintf("%s: %s's sidecar got no connection for its status ports", stage, p.Name),
+			n == 0, "%s", statusPortFailure(n))
+	}
+	// Each node's fast path: a policy per meshed pod of the node, messages
+	// carried where meshed pods are, EBPF mode's pods registered.
+	after := m.redirected()
+	for _, node := range c.Nodes {
+		var pods, ebpf int
+		for _, p := range meshed {
+			if p.Spec.NodeName == node.Name {
+				pods++
+				if p.Labels["mesh.meshwire.io/mode"] == "ebpf" {
+					ebpf++
+				}
+			}
+		}
+		framework.Check(t, fmt.Sprintf("%s: %s's fast path holds %d pod policies (one per meshed pod)", stage, node.Name, pods),
+			framework.MetricIs(ctx, node, "meshwire_fastpath_pod_policies", float64(pods))())
+		framework.Check(t, fmt.Sprintf("%s: %s's EBPF mode holds %d pods", stage, node.Name, ebpf),
+			framework.MetricIs(ctx, node, "meshwire_capture_pods", float64(ebpf))())
+		if pods > 0 {
+			framework.Checkf(t, fmt.Sprintf("%s: %s's fast path carried messages between apps and sidecars (%g)", stage, node.Name, after[node.Name]-before[node.Name]),
+				after[node.Name] > before[node.Name], "%g before, %g after", before[node.Name], after[node.Name])
+		}
+	}
+	long, err := c.Client.CoreV1().Pods(meshNS).Get(ctx, "long", metav1.GetOptions{})
+	framework.Require(t, stage+": pod long", err)
+	for _, s := range long.Status.ContainerStatuses {
+		framework.Checkf(t, fmt.Sprintf("%s: the long-lived connection to %s held", stage, s.Name), s.RestartCount == 0, "%d restarts", s.RestartCount)
+	}
+}
+
+// statusPortFailure describes a count of m.count: -1 is a log that could
+// not be read or holds no "ready" record.
+func statusPortFailure(n int) string {
+	if n < 0 {
+		return "its log is missing or empty"
+	}
+	return fmt.Sprintf("%d connections: kubelet's probes were captured", n)
+}
+
+// count is how many records of pod's sidecar log match, or -1 when the log
+// cannot be read or lacks the proxy's "ready" record (an empty log judges
+// nothing).
+func (m *mesh) count(pod string, match func(proxylog.Record) bool) int {
+	out, err := m.c.Logs(m.ctx, meshNS, pod, "istio-proxy")
+	if err != nil {
+		return -1
+	}
+	return countRecords(out, match)
+}
+
+// countRecords counts the proxy log's records that match, or -1 without a
+// "ready" record.
+func countRecords(log string, match func(proxylog.Record) bool) int {
+	n, ready := 0, false
+	for _, line := range strings.Split(log, "\n") {
+		var r proxylog.Record
+		if json.Unmarshal([]byte(line), &r) != nil {
+			continue
+		}
+		if r.Event == "ready" {
+			ready = true
+		}
+		if match(r) {
+			n++
+		}
+	}
+	if !ready {
+		return -1
+	}
+	return n
+}
+
+// redirected is each node's count of messages its fast path carried.
+func (m *mesh) redirected() map[string]float64 {
+	out := map[string]float64{}
+	for _, n := range m.c.Nodes {
+		v, err := framework.Metric(m.ctx, n, "meshwire_fastpath_redirected_messages_total")
+		framework.Must(m.t, "the fast path's counter on "+n.Name, err)
+		out[n.Name] = v
+	}
+	return out
+}
+
+// longLines is how many lines the long-lived connection to mode echoed.
+func (m *mesh) longLines(mode string) int {
+	out, err := m.c.Logs(m.ctx, meshNS, "long", mode)
+	framework.Must(m.t, "the log of long's "+mode, err)
+	return strings.Count(out, "\n")
+}
+
+// rollout rolls the agent's DaemonSet to the other of its two image tags
+// (latest, rollout): every node's agent pod is replaced, every node stays
+// Ready, and the fast path's policies are restored on every node.
+func (m *mesh) rollout() {
+	t, ctx, c := m.t, m.ctx, m.c
+	dsc := c.Client.AppsV1().DaemonSets("kube-system")
+	ds, err := dsc.Get(ctx, "meshwire-node", metav1.GetOptions{})
+	framework.Require(t, "meshwire's DaemonSet", err)
+	policies := map[string]float64{}
+	for _, n := range c.Nodes {
+		policies[n.Name], err = framework.Metric(ctx, n, "meshwire_fastpath_pod_policies")
+		framework.Require(t, "the pod policies of "+n.Name, err)
+	}
+	old, err := c.Pods(ctx, "kube-system", "app.kubernetes.io/name=meshwire")
+	framework.Require(t, "the agents' pods", err)
+	image := "localhost/meshwire:rollout"
+	if ds.Spec.Template.Spec.Containers[0].Image == image {
+		image = "localhost/meshwire:latest"
+	}
+	t.Logf("rolling out %s", image)
+	ds.Spec.Template.Spec.Containers[0].Image = image
+	_, err = dsc.Update(ctx, ds, metav1.UpdateOptions{})
+	framework.Require(t, "the DaemonSet's image set to "+image, err)
+	framework.Eventually(t, "the rollout of "+image+" done: every agent pod replaced and Ready", 3*time.Minute, func() error {
+		pods, err := c.Pods(ctx, "kube-system", "app.kubernetes.io/name=meshwire")
+		if err != nil {
+			return err
+		}
+		if len(pods) != len(c.Nodes) {
+			return fmt.Errorf("%d agent pods, want %d", len(pods), len(c.Nodes))
+		}
+		for i := range pods {
+			p := &pods[i]
+			for _, o := range old {
+				if o.UID == p.UID {
+					return fmt.Errorf("%s not replaced yet", p.Name)
+				}
+			}
+			if p.Spec.Containers[0].Image != image || !framework.Ready(p) {
+				return fmt.Errorf("%s not Ready with %s yet", p.Name, image)
+			}
+		}
+		return nil
+	})
+	for _, n := range c.Nodes {
+		framework.Eventually(t, "node "+n.Name+" Ready after the rollout", time.Minute, nodeReady(ctx, c, n.Name))
+		framework.Eventually(t, fmt.Sprintf("%s's fast-path policies restored (%g)", n.Name, policies[n.Name]), time.Minute,
+			framework.MetricIs(ctx, n, "meshwire_fastpath_pod_policies", policies[n.Name]))
+	}
+}
+
+// viaSidecar is a check's error: nil when the application's /clientip
+// answered the sidecar's passthrough address (127.0.0.6): the connection
+// came through the sidecar.
+func viaSidecar(reply string, err error) error {
+	if err != nil {
+		return err
+	}
+	if !strings.HasPrefix(reply, "127.0.0.6:") {
+		return fmt.Errorf("the application saw %q, not the sidecar's 127.0.0.6", reply)
+	}
+	return nil
+}
+
+func nodePort(svc *corev1.Service, name string) int32 {
+	for _, p := range svc.Spec.Ports {
+		if p.Name == name {
+			return p.NodePort
+		}
+	}
+	return 0
+}
+
+// hostGet asks url from the host (the test's own process).
+func hostGet(url string) (string, error) {
+	cl := http.Client{Timeout: 10 * time.Second}
+	resp, err := cl.Get(url)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return strings.TrimSpace(string(b)), err
+}
