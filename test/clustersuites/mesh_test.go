@@ -27,7 +27,7 @@ var meshModes = []string{"redirect", "tproxy", "ebpf"}
 
 // meshVars fills manifests/mesh.yaml for one mode's Deployment.
 func meshVars(mode, name, node string) map[string]string {
-	v := map[string]string{"NAME": name, "NODE": node, "MODE": mode, "ISTIO_MODE": "REDIRECT",
+	v := map[string]string{"NAMESPACE": meshNS, "NAME": name, "NODE": node, "MODE": mode, "ISTIO_MODE": "REDIRECT",
 		"MESHWIRE_MODE": strings.ToUpper(mode), "PROXY_MODE": "redirect", "PROXY_UID": "1337", "PROXY_CAPS": "[]"}
 	if mode == "tproxy" {
 		v["ISTIO_MODE"], v["PROXY_MODE"], v["PROXY_UID"], v["PROXY_CAPS"] = "TPROXY", "tproxy", "0", "[NET_ADMIN]"
@@ -64,7 +64,7 @@ func TestMesh(t *testing.T) {
 	for _, m := range meshModes {
 		apply(t, ctx, c, "mesh.yaml", meshVars(m, "app-"+m, servers))
 		apply(t, ctx, c, "mesh.yaml", meshVars(m, "caller-"+m, callers))
-		apply(t, ctx, c, "mesh-service.yaml", map[string]string{"MODE": m})
+		apply(t, ctx, c, "mesh-service.yaml", map[string]string{"NAMESPACE": meshNS, "MODE": m})
 	}
 	for _, m := range meshModes {
 		for _, name := range []string{"app-" + m, "caller-" + m} {
