@@ -297,12 +297,14 @@ func (a *ambient) unhealthy(ns, pod string) int {
 	return len(l.Items)
 }
 
+func (a *ambient) setAmbient(on bool) { setAmbient(a.t, a.ctx, a.c, on) }
+
 // setAmbient turns --ambient on or off in meshwire's DaemonSet (the rest of
 // its command as up installed it), rolled out on every node.
-func (a *ambient) setAmbient(on bool) {
-	dsc := a.c.Client.AppsV1().DaemonSets("kube-system")
-	ds, err := dsc.Get(a.ctx, "meshwire-node", metav1.GetOptions{})
-	framework.Must(a.t, "meshwire's DaemonSet", err)
+func setAmbient(t *testing.T, ctx context.Context, c *framework.Cluster, on bool) {
+	dsc := c.Client.AppsV1().DaemonSets("kube-system")
+	ds, err := dsc.Get(ctx, "meshwire-node", metav1.GetOptions{})
+	framework.Must(t, "meshwire's DaemonSet", err)
 	cmd := ds.Spec.Template.Spec.Containers[0].Command
 	var next []string
 	has := false
@@ -320,10 +322,10 @@ func (a *ambient) setAmbient(on bool) {
 		next = append(next, "--ambient")
 	}
 	ds.Spec.Template.Spec.Containers[0].Command = next
-	_, err = dsc.Update(a.ctx, ds, metav1.UpdateOptions{})
-	framework.Must(a.t, fmt.Sprintf("--ambient %v in meshwire's DaemonSet", on), err)
-	framework.Must(a.t, "the agent's rollout", framework.Poll(3*time.Minute, func() error {
-		ds, err := dsc.Get(a.ctx, "meshwire-node", metav1.GetOptions{})
+	_, err = dsc.Update(ctx, ds, metav1.UpdateOptions{})
+	framework.Must(t, fmt.Sprintf("--ambient %v in meshwire's DaemonSet", on), err)
+	framework.Must(t, "the agent's rollout", framework.Poll(3*time.Minute, func() error {
+		ds, err := dsc.Get(ctx, "meshwire-node", metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -333,8 +335,8 @@ func (a *ambient) setAmbient(on bool) {
 		}
 		return nil
 	}))
-	for _, n := range a.c.Nodes {
-		framework.Must(a.t, "node "+n.Name+" Ready", framework.Poll(time.Minute, nodeReady(a.ctx, a.c, n.Name)))
+	for _, n := range c.Nodes {
+		framework.Must(t, "node "+n.Name+" Ready", framework.Poll(time.Minute, nodeReady(ctx, c, n.Name)))
 	}
 }
 

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"net/netip"
 	"regexp"
@@ -12,9 +13,13 @@ import (
 
 // bridgeAllowance says which differences a bridge plugin explains once
 // every pod of the node is gone: the bridge name it keeps by design (the
-// reference plugins and meshwire's alike), read from the live node.
+// reference plugins and meshwire's alike), read from the live node. A node
+// that never ran a pod has no bridge, and nothing is explained.
 func bridgeAllowance(name string) (func(string) bool, error) {
 	l, err := netlinksafe.LinkByName(name)
+	if errors.As(err, &netlink.LinkNotFoundError{}) {
+		return func(string) bool { return false }, nil
+	}
 	if err != nil {
 		return nil, fmt.Errorf("-bridge %s: %w", name, err)
 	}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"net/netip"
+	"regexp"
 	"testing"
 )
 
@@ -49,6 +50,22 @@ func TestBridgeAllows(t *testing.T) {
 	} {
 		if ok(d) {
 			t.Errorf("allowed, but the bridge does not explain it: %s", d)
+		}
+	}
+}
+
+// TestOthersNetns: only the namespaces of the given names are judged.
+func TestOthersNetns(t *testing.T) {
+	ok := othersNetns(regexp.MustCompile(`^(cni-|mwk-node)`))
+	for d, want := range map[string]bool{
+		`netns: removed "mwt-mwti-pod-8435-990"`: true,
+		`netns: added "mwt-rand-71eb0232"`:       true,
+		`netns: added "mwk-node1"`:               false,
+		`netns: removed "cni-1234"`:              false,
+		`links: added "mwk-node1 type=veth"`:     false,
+	} {
+		if ok(d) != want {
+			t.Errorf("%s: allowed %v, want %v", d, ok(d), want)
 		}
 	}
 }

@@ -4,14 +4,16 @@
 // after everything was deleted. Not shipped.
 //
 //	snapshot save FILE [-wait D]            # the host's state, as JSON
-//	snapshot check FILE [-allow RE] [-bridge NAME] [-wait D]  # compare: exit 1 and list the differences
+//	snapshot check FILE [-allow RE] [-bridge NAME] [-netns RE] [-wait D]  # compare: exit 1 and list the differences
 //
 // save retakes the snapshot until two in a row agree, a second apart, or
 // -wait runs out (a kube-proxy still writing its rules); check retakes it
 // until it matches FILE or -wait runs out (what a runtime or kube-proxy
 // removes settles asynchronously); lines matching -allow are not
 // differences, nor are those -bridge names: what a bridge plugin keeps on
-// the node by design once every pod is gone (bridge.go).
+// the node by design once every pod is gone (bridge.go); with -netns, only
+// the named network namespaces whose names match are judged: the others
+// are other tools' (a machine's other users come and go meanwhile).
 package main
 
 import (
@@ -34,6 +36,7 @@ func main() {
 	fs := flag.NewFlagSet("snapshot "+cmd, flag.ExitOnError)
 	allow := fs.String("allow", "", "differences matching this regular expression are expected")
 	bridge := fs.String("bridge", "", "the bridge a bridge plugin keeps: its link, addresses, their routes, its sysctls and forwarding turned on are expected")
+	ownNetns := fs.String("netns", "", "judge only the named network namespaces whose names match this regular expression")
 	wait := fs.Duration("wait", 30*time.Second, "how long check retakes the snapshot until it matches")
 	_ = fs.Parse(os.Args[3:])
 	var err error
@@ -48,6 +51,13 @@ func main() {
 				break
 			}
 			allowed = append(allowed, re.MatchString)
+		}
+		if *ownNetns != "" {
+			var re *regexp.Regexp
+			if re, err = regexp.Compile(*ownNetns); err != nil {
+				break
+			}
+			allowed = append(allowed, othersNetns(re))
 		}
 		if *bridge != "" {
 			var b func(string) bool
@@ -123,5 +133,16 @@ func check(file string, allowed []func(string) bool, wait time.Duration) ([]stri
 		if len(diff) == 0 || time.Now().After(deadline) {
 			return diff, nil
 		}
+	}
+}
+
+var netnsLine = regexp.MustCompile(`^netns: (added|removed) "(.*)"$`)
+
+// othersNetns allows the differences of named network namespaces whose
+// names own does not match.
+func othersNetns(own *regexp.Regexp) func(string) bool {
+	return func(d string) bool {
+		m := netnsLine.FindStringSubmatch(d)
+		return m != nil && !own.MatchString(m[2])
 	}
 }
