@@ -335,7 +335,11 @@ func setAmbient(t *testing.T, ctx context.Context, c *framework.Cluster, on bool
 		}
 		return nil
 	}))
-	for _, n := range c.Nodes {
+	// The API's nodes, not the description's: a suite may have removed
+	// one (TestNodeFaults).
+	nodes, err := c.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	framework.Must(t, "the nodes", err)
+	for _, n := range nodes.Items {
 		framework.Must(t, "node "+n.Name+" Ready", framework.Poll(time.Minute, nodeReady(ctx, c, n.Name)))
 	}
 }
