@@ -33,7 +33,8 @@ var (
 )
 
 // packages lists every package of the module, test/ included, once per
-// test binary.
+// test binary: what it imports in either build, the plain one and the
+// one with the kernel tag (the kernel tests', internal/kerneltest).
 func packages(t *testing.T) []goPackage {
 	t.Helper()
 	packagesOnce.Do(func() { packagesList, packagesErr = listPackages() })
@@ -43,8 +44,43 @@ func packages(t *testing.T) []goPackage {
 	return packagesList
 }
 
+// buildTags are the tag sets the module is built with: `make unit` and
+// `make test`.
+var buildTags = []string{"", "kernel"}
+
 func listPackages() ([]goPackage, error) {
-	cmd := exec.Command("go", "list", "-json", "./...")
+	var pkgs []goPackage
+	at := map[string]int{}
+	for _, tags := range buildTags {
+		list, err := listPackagesTagged(tags)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range list {
+			i, ok := at[p.Path]
+			if !ok {
+				at[p.Path] = len(pkgs)
+				pkgs = append(pkgs, p)
+				continue
+			}
+			pkgs[i].Imports = union(pkgs[i].Imports, p.Imports)
+			pkgs[i].TestImports = union(pkgs[i].TestImports, p.TestImports)
+		}
+	}
+	sort.Slice(pkgs, func(i, j int) bool { return pkgs[i].Path < pkgs[j].Path })
+	return pkgs, nil
+}
+
+// union is a and b's names, sorted, each once.
+func union(a, b []string) []string {
+	out := append(slices.Clone(a), b...)
+	sort.Strings(out)
+	return slices.Compact(out)
+}
+
+// listPackagesTagged lists the module's packages as built with tags.
+func listPackagesTagged(tags string) ([]goPackage, error) {
+	cmd := exec.Command("go", "list", "-json", "-tags", tags, "./...")
 	cmd.Dir = root
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
