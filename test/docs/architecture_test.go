@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/meshwire/meshwire/internal/golden"
 )
 
 const module = "github.com/meshwire/meshwire/"
@@ -313,19 +315,7 @@ func section(t *testing.T, rel, begin, end string) (doc string, from, to int) {
 // lineDiff lists the lines of want that have lacks and the lines of have
 // that want lacks.
 func lineDiff(have, want string) string {
-	hl, wl := strings.Split(have, "\n"), strings.Split(want, "\n")
-	var diff []string
-	for _, l := range wl {
-		if !slices.Contains(hl, l) {
-			diff = append(diff, "missing: "+l)
-		}
-	}
-	for _, l := range hl {
-		if !slices.Contains(wl, l) {
-			diff = append(diff, "not in the code: "+l)
-		}
-	}
-	return strings.Join(diff, "\n")
+	return golden.LineDiff(want, have, "missing: ", "not in the code: ")
 }
 
 // layer is one row of the layer table: its name and its packages.
