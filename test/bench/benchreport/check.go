@@ -43,9 +43,12 @@ func judgeRun(r *Run, minRounds int) ([]verdictRow, error) {
 		out = append(out, verdictRow{bench: b, target: "the benchmark's run and its own bounds", figure: "failed (see its log in the output)"})
 	}
 	ran := func(b string) bool { return r.Results[b] == "ok" }
-	plugins := false
+	// The plugins' targets need every plugin benchmark's tables: judged
+	// when all ran and passed (a failed one is a miss above; a run of
+	// some is for looking).
+	plugins := true
 	for _, b := range pluginBenches {
-		plugins = plugins || ran(b)
+		plugins = plugins && ran(b)
 	}
 	if plugins {
 		rows, ps, err := pluginTargets(r)

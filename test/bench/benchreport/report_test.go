@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -436,6 +437,22 @@ func TestCheck(t *testing.T) {
 	_, want := countMissed(rows)
 	if err != nil || n != want || !strings.Contains(b.String(), fmt.Sprintf("bench-check: %d of %d targets missed", want, len(rows))) {
 		t.Errorf("check = %d, %v, want %d missed:\n%s", n, err, want, b.String())
+	}
+
+	// A plugin benchmark that failed is a miss, and the plugins' targets
+	// are left to the full run; so are they when some did not run.
+	failedBridge := strings.Replace(s, "meshwire-bench: exit", "--- FAIL: BenchmarkBridge\n    bridge_bench_test.go:1: a bound\nmeshwire-bench: exit", 1)
+	rows, err = judgeRun(parse(t, failedBridge), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range rows {
+		if v.bench == "plugins" {
+			t.Errorf("a plugin target judged beside a failed BenchmarkBridge: %+v", v)
+		}
+	}
+	if !slices.ContainsFunc(rows, func(v verdictRow) bool { return v.bench == "BenchmarkBridge" && !v.met }) {
+		t.Error("the failed BenchmarkBridge is not a miss")
 	}
 
 	// Output with no stated target is not judged.
