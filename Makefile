@@ -27,7 +27,7 @@ COMMANDS  := meshwire iptables-init
 TEST_TIMEOUT ?= 60m
 BENCH ?= .
 
-.PHONY: all build test unit deps demo bench bench-report bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-ambient cluster-podstart cluster-podstart-compare cluster-conformance cluster-network-suite cluster-faults
+.PHONY: all build test unit deps demo bench bench-report bench-check bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-ambient cluster-podstart cluster-podstart-compare cluster-conformance cluster-network-suite cluster-faults
 
 all: build
 
@@ -92,39 +92,39 @@ demo: build
 # Benchmarks run side by side with the reference plugins v1.9.1 (built by the
 # benchmarks from the Go module proxy, once per run) and Debian's 1.1.1
 # (/usr/lib/cni, installed by test/deps.sh). What they print goes to
-# BENCH_OUT too, between "meshwire-bench:" lines naming the commit, whether
-# the tree was clean, the dates, the machine and its load, and the node's
-# cached firewall backend (bridge's ipMasq and portmap use it when their
-# config names none, and it moves their figures: docs/performance.md); `make
-# bench-report` writes the README's and docs/performance.md's tables from it.
+# BENCH_OUT too, between "meshwire-bench:" lines naming the target, the
+# commit, whether the tree was clean, the dates, the machine and its load,
+# and the node's cached firewall backend (test/bench/run.sh).
 BENCH_OUT ?= bench.out
 bench: deps build
-	@{ echo "meshwire-bench: commit $$(git rev-parse HEAD)"; \
-	  echo "meshwire-bench: tree $$(test -z "$$(git status --porcelain)" && echo clean || echo dirty)"; \
-	  echo "meshwire-bench: started $$(date -u +%Y-%m-%dT%H:%M:%SZ)"; \
-	  echo "meshwire-bench: machine $$(nproc) CPUs ($$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n1)), $$(awk '/^MemTotal/ {printf "%.0f GiB", $$2/1048576}' /proc/meminfo), Linux $$(uname -r)"; \
-	  echo "meshwire-bench: load at start $$(cut -d' ' -f1-3 /proc/loadavg)"; \
-	  echo "meshwire-bench: firewall backend $$(cat /run/meshwire/firewall-backend 2>/dev/null || echo 'not detected yet')"; \
-	  echo "meshwire-bench: bench $(BENCH)"; } | tee $(BENCH_OUT)
-	@{ MESHWIRE_BIN_DIR=$(BIN) $(GO) test -tags kernel -count=1 -run '^$$' -bench '$(BENCH)' -benchtime 1x -timeout 120m ./test/bench/... 2>&1; \
-	  echo "meshwire-bench: exit $$?"; \
-	  echo "meshwire-bench: load at end $$(cut -d' ' -f1-3 /proc/loadavg)"; \
-	  echo "meshwire-bench: finished $$(date -u +%Y-%m-%dT%H:%M:%SZ)"; } | tee -a $(BENCH_OUT)
-	@echo "raw output: $(BENCH_OUT)"; grep -qx 'meshwire-bench: exit 0' $(BENCH_OUT)
-
-# The benchmark tables of the README, docs/performance.md and docs/fastpath.md, rewritten from
-# BENCH_OUT between their <!-- bench:NAME --> markers (test/bench/benchreport);
-# refuses a dirty tree's or an unfinished run's output, and the tables of a
-# benchmark that failed or did not run.
-bench-report:
-	$(GO) run ./test/bench/benchreport -in $(BENCH_OUT) README.md docs/performance.md docs/fastpath.md
+	@GO=$(GO) MESHWIRE_BIN_DIR=$(BIN) test/bench/run.sh bench $(BENCH_OUT) '$(BENCH)' 120m
 
 # The fast-path subset: BenchmarkFastpath and BenchmarkCapture (EBPF mode),
 # each configuration in ROUNDS alternating rounds per placement ("one CPU"
-# and "spread", docs/fastpath.md); ROUNDS=2 makes a quick run.
+# and "spread", docs/fastpath.md); ROUNDS=2 makes a quick run. Its output
+# goes to BENCH_OUT with the same header, for bench-check and bench-report.
 ROUNDS ?= 10
 bench-fastpath: deps build
-	MESHWIRE_BENCH_ROUNDS=$(ROUNDS) MESHWIRE_BIN_DIR=$(BIN) $(GO) test -tags kernel -count=1 -run '^$$' -bench '^Benchmark(Fastpath|Capture)$$' -benchtime 1x -timeout 240m ./test/bench/
+	@GO=$(GO) MESHWIRE_BIN_DIR=$(BIN) MESHWIRE_BENCH_ROUNDS=$(ROUNDS) test/bench/run.sh bench-fastpath $(BENCH_OUT) '^Benchmark(Fastpath|Capture)$$' 240m
+
+# Every stated target of the run in BENCH_OUT, judged: the plugins' from
+# their tables, the fast path's and EBPF mode's on the paired per-round
+# figures of at least MIN_ROUNDS rounds (docs/performance.md#judged); a
+# failed benchmark is a miss. Exits 1 on a miss, 2 on output it cannot
+# judge.
+MIN_ROUNDS ?= 10
+bench-check:
+	$(GO) run ./test/bench/benchreport -check -min-rounds $(MIN_ROUNDS) -in $(BENCH_OUT)
+
+# The benchmark tables of REPORT_DOCS rewritten from BENCH_OUT between their
+# <!-- bench:NAME --> markers (test/bench/benchreport), and BENCH_OUT kept,
+# compressed, as docs/bench/COMMIT.txt.gz, which test/bench/benchreport's
+# tests check every table against; refuses a dirty tree's or an unfinished
+# run's output, and the tables of a benchmark that failed or did not run (a
+# make bench-fastpath run: REPORT_DOCS=docs/fastpath.md).
+REPORT_DOCS ?= README.md docs/performance.md docs/fastpath.md
+bench-report:
+	$(GO) run ./test/bench/benchreport -in $(BENCH_OUT) -keep docs/bench $(REPORT_DOCS)
 
 # bpf2go compiles ebpf/capture/capture.c and ebpf/fastpath/fastpath.c;
 # clang and libbpf's headers are installed when missing (the generated Go and object are committed: build needs neither).

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -60,4 +61,23 @@ func firstDifference(got, want string) string {
 		i++
 	}
 	return fmt.Sprintf("line %d", i+1)
+}
+
+// LineDiff lists the lines of a that b lacks, each after aLabel, then the
+// lines of b that a lacks, after bLabel: the short diff of two renderings
+// whose lines are mostly distinct, such as markdown tables.
+func LineDiff(a, b, aLabel, bLabel string) string {
+	al, bl := strings.Split(a, "\n"), strings.Split(b, "\n")
+	var diff []string
+	for _, l := range al {
+		if !slices.Contains(bl, l) {
+			diff = append(diff, aLabel+l)
+		}
+	}
+	for _, l := range bl {
+		if !slices.Contains(al, l) {
+			diff = append(diff, bLabel+l)
+		}
+	}
+	return strings.Join(diff, "\n")
 }

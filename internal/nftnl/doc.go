@@ -15,7 +15,7 @@
 // there. A rule appended or removed by handle needs none of that.
 //
 // Why not github.com/google/nftables: it is slower on what the plugins do.
-// BenchmarkCodecVsLibrary (codec_bench_test.go) runs both, with the same
+// BenchmarkCodecVsLibrary (codec_bench_kernel_test.go) runs both, with the same
 // semantics, on one ADD's ipMasq rules (IPv4 + IPv6 appended in a nat
 // POSTROUTING holding 100 other attachments), one DEL (find the
 // attachment's rules by comment in both families, delete them by handle),

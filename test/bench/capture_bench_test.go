@@ -408,37 +408,75 @@ func captureBenchReport(b *testing.B, res map[string][]*captureBenchResult, pls 
 		}
 		panic(name)
 	}
+	for _, pl := range pls {
+		er := newEveryRound("EBPF interception, "+pl.name, nRounds)
+		for i, cfg := range captureBenchConfigs {
+			r := res[pl.name][i]
+			er.add(cfg.name, "conntrack entries per connection", r.conntrack, func(v float64) string { return fmt.Sprintf("%.2f", v) })
+			er.add(cfg.name, "connections/s", r.rate, noDecimal)
+			er.add(cfg.name, "hop 64 B µs", microseconds(r.hop), oneDecimal)
+			er.add(cfg.name, "hop 64 B CPU µs/request", microseconds(r.hopCPU), oneDecimal)
+			er.add(cfg.name, "sidecar to sidecar 64 B µs", microseconds(r.s2s), oneDecimal)
+			er.add(cfg.name, "sidecar to sidecar CPU µs/request", microseconds(r.s2sCPU), oneDecimal)
+		}
+		er.write()
+	}
+
 	ebpf, fastIdx := idx("EBPF"), []int{idx("REDIRECT + fast path"), idx("EBPF + fast path")}
-	tg := newTargets("EBPF interception: targets (with the fast path: the Istio pod's policy, as the chained intercept plugin writes it)", pls)
-	tg.judge("conntrack entries per connection: 0", "EBPF", func(pl string) (string, bool) {
-		e, r := fastpathBenchMean(res[pl][ebpf].conntrack), fastpathBenchMean(res[pl][captureBenchRedirect].conntrack)
-		return fmt.Sprintf("%.2f (REDIRECT %.2f)", e, r), e == 0
+	redirOf := func(pl string) *captureBenchResult { return res[pl][captureBenchRedirect] }
+	noneOf := func(pl string) *captureBenchResult { return res[pl][captureBenchNone] }
+	tg := newTargets("EBPF interception: targets (with the fast path: the Istio pod's policy, as the chained intercept plugin writes it)", pls, nRounds)
+	tg.judge("conntrack entries per connection: 0", "EBPF", limit{value: 0, atMost: true, plain: true}, func(pl string) figure {
+		e, r := res[pl][ebpf].conntrack, redirOf(pl).conntrack
+		return figure{paired: e, medians: fmt.Sprintf("%.2f (REDIRECT %.2f)", fastpathBenchMean(e), fastpathBenchMean(r))}
 	})
+	// The ADDs alternate between the modes: each EBPF ADD is paired with
+	// the REDIRECT ADD beside it.
 	ea, ra := adds["EBPF"].Median(), adds["REDIRECT"].Median()
-	tg.tab.Add("ADD no slower than REDIRECT's", "EBPF", fmt.Sprintf("%s (%s vs %s ms)", harness.Ratio(ea, ra), ms(ea), ms(ra)), verdict(ea <= ra), "(measured once)")
-	tg.judge("connection rate at least REDIRECT's", "EBPF", func(pl string) (string, bool) {
-		e, r := fastpathBenchMean(res[pl][ebpf].rate), fastpathBenchMean(res[pl][captureBenchRedirect].rate)
-		return fmt.Sprintf("%.2fx (%.0f vs %.0f /s)", e/r, e, r), e >= r
+	tg.once("ADD no slower than REDIRECT's", "EBPF", atMost(1), figure{
+		paired:  pairedRatios(microseconds(adds["EBPF"]), microseconds(adds["REDIRECT"])),
+		medians: fmt.Sprintf("%s (%s vs %s ms)", harness.Ratio(ea, ra), ms(ea), ms(ra)),
+		groups:  roundGroups(microseconds(adds["EBPF"]), "REDIRECT", microseconds(adds["REDIRECT"]), "µs", noDecimal, false),
 	})
+	tg.judge("connection rate at least REDIRECT's", "EBPF", atLeast(1), func(pl string) figure {
+		e, r := res[pl][ebpf].rate, redirOf(pl).rate
+		return figure{
+			paired:  pairedRatios(e, r),
+			medians: fmt.Sprintf("%.2fx (%.0f vs %.0f /s)", fastpathBenchMean(e)/fastpathBenchMean(r), fastpathBenchMean(e), fastpathBenchMean(r)),
+			groups:  roundGroups(e, "REDIRECT", r, "/s", noDecimal, true),
+		}
+	})
+	// ratio is a latency or CPU figure against REDIRECT alone's, round by
+	// round.
+	ratio := func(x, base rounds, medians string) figure {
+		return figure{paired: pairedRatios(microseconds(x), microseconds(base)), medians: medians, groups: roundGroups(microseconds(x), "REDIRECT", microseconds(base), "µs", oneDecimal, false)}
+	}
 	fast := idx("EBPF + fast path")
-	tg.judge("hop 64 B round trip <= 0.5x REDIRECT alone", captureBenchConfigs[fast].name, func(pl string) (string, bool) {
-		rs := res[pl]
-		d, redir := rs[fast].hop.Median(), rs[captureBenchRedirect].hop.Median()
-		r := float64(d) / float64(redir)
-		return fmt.Sprintf("%.2fx (%s vs %s µs; %s)", r, fastpathBenchUs(d), fastpathBenchUs(redir), unixRefFigure(rs[captureBenchNone].unixHop.Median(), redir)), r <= 0.5
+	tg.judge("hop 64 B round trip <= 0.5x REDIRECT alone", captureBenchConfigs[fast].name, atMost(0.5), func(pl string) figure {
+		x, redir := res[pl][fast].hop, redirOf(pl).hop
+		d, r := x.Median(), redir.Median()
+		return ratio(x, redir, fmt.Sprintf("%s (%s vs %s µs; %s)", harness.Ratio(d, r), fastpathBenchUs(d), fastpathBenchUs(r), unixRefFigure(noneOf(pl).unixHop.Median(), r)))
 	})
-	tg.judge("CPU time per request, hop 64 B <= 0.6x REDIRECT alone", captureBenchConfigs[fast].name, func(pl string) (string, bool) {
-		return cpuFigure(res[pl][fast].hopCPU.Median(), res[pl][captureBenchRedirect].hopCPU.Median(), 0.6)
+	tg.judge("CPU time per request, hop 64 B <= 0.6x REDIRECT alone", captureBenchConfigs[fast].name, atMost(0.6), func(pl string) figure {
+		x, redir := res[pl][fast].hopCPU, redirOf(pl).hopCPU
+		text, _ := cpuFigure(x.Median(), redir.Median(), 0.6)
+		return ratio(x, redir, text)
 	})
 	for _, i := range fastIdx {
-		tg.judge("sidecar to sidecar 64 B round trip >= 35% of the way from REDIRECT to no mesh", captureBenchConfigs[i].name, func(pl string) (string, bool) {
-			rs := res[pl]
-			fig, ok := gapFigure(rs[i].s2s.Median(), rs[captureBenchRedirect].s2s.Median(), rs[captureBenchNone].s2s.Median(), 0.35)
-			unixClosed, _ := gapClosed(rs[captureBenchNone].unixS2S.Median(), rs[captureBenchRedirect].s2s.Median(), rs[captureBenchNone].s2s.Median())
-			return fmt.Sprintf("%s; the same four processes over Unix sockets %s µs, %.0f%% of the way", fig, fastpathBenchUs(rs[captureBenchNone].unixS2S.Median()), 100*unixClosed), ok
+		tg.judge("sidecar to sidecar 64 B round trip >= 35% of the way from REDIRECT to no mesh", captureBenchConfigs[i].name, shareAtLeast(0.35), func(pl string) figure {
+			x, redir, none := res[pl][i].s2s, redirOf(pl).s2s, noneOf(pl).s2s
+			text, _ := gapFigure(x.Median(), redir.Median(), none.Median(), 0.35)
+			unixClosed, _ := gapClosed(noneOf(pl).unixS2S.Median(), redir.Median(), none.Median())
+			return figure{
+				paired:  pairedGaps(microseconds(x), microseconds(redir), microseconds(none)),
+				medians: fmt.Sprintf("%s; the same four processes over Unix sockets %s µs, %.0f%% of the way", text, fastpathBenchUs(noneOf(pl).unixS2S.Median()), 100*unixClosed),
+				groups:  roundGroups(microseconds(x), "REDIRECT", microseconds(redir), "µs", oneDecimal, false),
+			}
 		})
-		tg.judge("CPU time per request, sidecar to sidecar 64 B <= 0.8x REDIRECT", captureBenchConfigs[i].name, func(pl string) (string, bool) {
-			return cpuFigure(res[pl][i].s2sCPU.Median(), res[pl][captureBenchRedirect].s2sCPU.Median(), 0.8)
+		tg.judge("CPU time per request, sidecar to sidecar 64 B <= 0.8x REDIRECT", captureBenchConfigs[i].name, atMost(0.8), func(pl string) figure {
+			x, redir := res[pl][i].s2sCPU, redirOf(pl).s2sCPU
+			text, _ := cpuFigure(x.Median(), redir.Median(), 0.8)
+			return ratio(x, redir, text)
 		})
 	}
 	tg.write()

@@ -611,44 +611,74 @@ func fastpathBenchReport(b *testing.B, res map[string]map[string][]*fastpathBenc
 		ct.Write(os.Stdout)
 	}
 
-	tg := newTargets("fast path: targets, the Istio pod (as the DaemonSet ships it)", pls)
+	for _, pl := range pls {
+		er := newEveryRound("fast path, "+pl.name, nRounds)
+		for i, cfg := range fastpathBenchConfigs {
+			hop, whole := res[pl.name]["hop"][i], res[pl.name]["whole"][i]
+			er.add(cfg.name, "hop 64 B µs", microseconds(hop.rtt64), oneDecimal)
+			er.add(cfg.name, "hop 64 B CPU µs/request", microseconds(hop.cpu64), oneDecimal)
+			er.add(cfg.name, "hop bulk MB/s", hop.mbps, noDecimal)
+			er.add(cfg.name, "hop bulk CPU µs/MB", hop.cpuMB, noDecimal)
+			for _, k := range fastpathBenchJudged {
+				m := fastpathBenchMeasures[k]
+				er.add(cfg.name, "whole "+m.name+" µs", microseconds(m.rtt(whole)), oneDecimal)
+				er.add(cfg.name, "whole "+m.name+" CPU µs/request", microseconds(m.cpu(whole)), oneDecimal)
+			}
+			er.add(cfg.name, "whole bulk MB/s", whole.mbps, noDecimal)
+			er.add(cfg.name, "whole bulk CPU µs/MB", whole.cpuMB, noDecimal)
+		}
+		er.write()
+	}
+
+	tg := newTargets("fast path: targets, the Istio pod (as the DaemonSet ships it)", pls, nRounds)
+	redirOf := func(pl, path string) *fastpathBenchResult { return res[pl][path][fastpathBenchRedirect] }
+	noneOf := func(pl, path string) *fastpathBenchResult { return res[pl][path][fastpathBenchNone] }
+	// ratio is a latency or CPU figure of configuration i against
+	// REDIRECT alone's, round by round.
+	ratio := func(x, base []float64, medians string) figure {
+		return figure{paired: pairedRatios(x, base), medians: medians, groups: roundGroups(x, "REDIRECT", base, "µs", oneDecimal, false)}
+	}
 	for i, cfg := range fastpathBenchConfigs {
 		if !cfg.pod {
 			continue
 		}
-		tg.judge("hop 64 B round trip <= 0.55x REDIRECT alone", cfg.name, func(pl string) (string, bool) {
-			hop := res[pl]["hop"]
-			d, redir := hop[i].rtt64.Median(), hop[fastpathBenchRedirect].rtt64.Median()
-			r := float64(d) / float64(redir)
-			return fmt.Sprintf("%.2fx (%s vs %s µs; %s)", r, fastpathBenchUs(d), fastpathBenchUs(redir), unixRefFigure(hop[fastpathBenchNone].unix.Median(), redir)), r <= 0.55
+		tg.judge("hop 64 B round trip <= 0.55x REDIRECT alone", cfg.name, atMost(0.55), func(pl string) figure {
+			hop, redir := res[pl]["hop"][i], redirOf(pl, "hop")
+			d, r := hop.rtt64.Median(), redir.rtt64.Median()
+			return ratio(microseconds(hop.rtt64), microseconds(redir.rtt64),
+				fmt.Sprintf("%s (%s vs %s µs; %s)", harness.Ratio(d, r), fastpathBenchUs(d), fastpathBenchUs(r), unixRefFigure(noneOf(pl, "hop").unix.Median(), r)))
 		})
-		bulk := func(pl, path string) (string, bool) {
-			rs := res[pl][path]
-			m, redir := floatMedian(rs[i].mbps), floatMedian(rs[fastpathBenchRedirect].mbps)
-			c, redirC := floatMedian(rs[i].cpuMB), floatMedian(rs[fastpathBenchRedirect].cpuMB)
-			return fmt.Sprintf("%.2fx (%.0f vs %.0f MB/s; CPU %.2fx: %.0f vs %.0f µs per MB)", m/redir, m, redir, c/redirC, c, redirC), m/redir >= 1.5
+		bulk := func(pl, path string) figure {
+			x, redir := res[pl][path][i], redirOf(pl, path)
+			m, r := floatMedian(x.mbps), floatMedian(redir.mbps)
+			c, rc := floatMedian(x.cpuMB), floatMedian(redir.cpuMB)
+			return figure{
+				paired:  pairedRatios(x.mbps, redir.mbps),
+				medians: fmt.Sprintf("%.2fx (%.0f vs %.0f MB/s; CPU %.2fx: %.0f vs %.0f µs per MB)", m/r, m, r, c/rc, c, rc),
+				groups:  roundGroups(x.mbps, "REDIRECT", redir.mbps, "MB/s", noDecimal, true),
+			}
 		}
-		tg.judge("bulk throughput, the hop (app -> sidecar sink) >= 1.5x REDIRECT alone", cfg.name, func(pl string) (string, bool) { return bulk(pl, "hop") })
-		tg.beside("bulk throughput, the whole path (app -> sidecar -> remote sink), beside the hop's", cfg.name, func(pl string) string {
-			s, _ := bulk(pl, "whole")
-			return s
-		})
+		tg.judge("bulk throughput, the hop (app -> sidecar sink) >= 1.5x REDIRECT alone", cfg.name, atLeast(1.5), func(pl string) figure { return bulk(pl, "hop") })
+		tg.beside("bulk throughput, the whole path (app -> sidecar -> remote sink), beside the hop's", cfg.name, atLeast(0), func(pl string) figure { return bulk(pl, "whole") })
 		for _, k := range fastpathBenchJudged {
 			m := fastpathBenchMeasures[k]
-			tg.judge("whole path "+m.name+" round trip >= 30% of the way from REDIRECT alone to none", cfg.name, func(pl string) (string, bool) {
-				whole := res[pl]["whole"]
-				return gapFigure(m.rtt(whole[i]).Median(), m.rtt(whole[fastpathBenchRedirect]).Median(), m.rtt(whole[fastpathBenchNone]).Median(), 0.3)
+			tg.judge("whole path "+m.name+" round trip >= 30% of the way from REDIRECT alone to none", cfg.name, shareAtLeast(0.3), func(pl string) figure {
+				x, redir, none := microseconds(m.rtt(res[pl]["whole"][i])), microseconds(m.rtt(redirOf(pl, "whole"))), microseconds(m.rtt(noneOf(pl, "whole")))
+				text, _ := gapFigure(m.rtt(res[pl]["whole"][i]).Median(), m.rtt(redirOf(pl, "whole")).Median(), m.rtt(noneOf(pl, "whole")).Median(), 0.3)
+				return figure{paired: pairedGaps(x, redir, none), medians: text, groups: roundGroups(x, "REDIRECT", redir, "µs", oneDecimal, false)}
 			})
 		}
-		tg.judge("CPU time per request, hop 64 B <= 0.6x REDIRECT alone", cfg.name, func(pl string) (string, bool) {
-			hop := res[pl]["hop"]
-			return cpuFigure(hop[i].cpu64.Median(), hop[fastpathBenchRedirect].cpu64.Median(), 0.6)
+		tg.judge("CPU time per request, hop 64 B <= 0.6x REDIRECT alone", cfg.name, atMost(0.6), func(pl string) figure {
+			hop, redir := res[pl]["hop"][i], redirOf(pl, "hop")
+			text, _ := cpuFigure(hop.cpu64.Median(), redir.cpu64.Median(), 0.6)
+			return ratio(microseconds(hop.cpu64), microseconds(redir.cpu64), text)
 		})
 		for _, k := range fastpathBenchJudged {
 			m := fastpathBenchMeasures[k]
-			tg.judge("CPU time per request, whole path "+m.name+" <= 0.8x REDIRECT alone", cfg.name, func(pl string) (string, bool) {
-				whole := res[pl]["whole"]
-				return cpuFigure(m.cpu(whole[i]).Median(), m.cpu(whole[fastpathBenchRedirect]).Median(), 0.8)
+			tg.judge("CPU time per request, whole path "+m.name+" <= 0.8x REDIRECT alone", cfg.name, atMost(0.8), func(pl string) figure {
+				x, redir := m.cpu(res[pl]["whole"][i]), m.cpu(redirOf(pl, "whole"))
+				text, _ := cpuFigure(x.Median(), redir.Median(), 0.8)
+				return ratio(microseconds(x), microseconds(redir), text)
 			})
 		}
 	}

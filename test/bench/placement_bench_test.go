@@ -446,34 +446,83 @@ func spreadCell(r rounds) string {
 
 // placementNote says how the two placements are to be read, under every
 // table of targets.
-const placementNote = `Targets are judged on "one CPU" (every process of the path pinned to one CPU: each round trip is the path's CPU work) and on CPU time per request; "spread" (wherever the scheduler puts the processes) is reported, not judged: there each round trip between two processes on different CPUs also pays a cross-CPU wake-up, which no interception mode removes.`
+const placementNote = `Targets are judged on "one CPU" (every process of the path pinned to one CPU: each round trip is the path's CPU work) and on CPU time per request, each on its paired figure: in every round the configuration against the same round's baseline, the median of those per-round figures over the rounds (paired.go); "spread" (wherever the scheduler puts the processes) is reported, not judged: there each round trip between two processes on different CPUs also pays a cross-CPU wake-up, which no interception mode removes.`
 
 // targets is a table of targets, one row per target and configuration:
-// the figure on "one CPU" with its verdict, and the figure on "spread".
+// on "one CPU" the paired figure with its verdict, how many rounds met the
+// target alone, the rounds in two groups and the figure from the rounds'
+// medians; on "spread" the paired figure.
 type targets struct {
 	tab *harness.Table
 	pls []placement
 }
 
-func newTargets(title string, pls []placement) *targets {
+// figure is what a target is judged on in one placement.
+type figure struct {
+	paired  perRound // one figure per round, the configuration against the same round's baseline
+	medians string   // the figure from the rounds' medians, with its parts
+	groups  string   // the configuration's and the baseline's rounds in two groups
+}
+
+func newTargets(title string, pls []placement, nRounds int) *targets {
 	return &targets{pls: pls, tab: &harness.Table{
-		Title:  title + ". " + placementNote,
-		Header: []string{"target", "configuration", pls[0].name, "target met", pls[1].name + " (not judged)"},
+		Title:  fmt.Sprintf("%s (%d rounds). %s", title, nRounds, placementNote),
+		Header: []string{ColTarget, ColConfig, ColJudged, ColWithin, ColMet, ColGroups, ColMedians, ColSpread},
 	}}
 }
 
-// judge adds a row: fig gives a placement's figure and whether it meets
-// the target.
-func (t *targets) judge(target, config string, fig func(placement string) (string, bool)) {
-	judged, ok := fig(t.pls[0].name)
-	beside, _ := fig(t.pls[1].name)
-	t.tab.Add(target, config, judged, verdict(ok), beside)
+// judge adds a row: fig gives a placement's figure, judged on "one CPU"
+// against l.
+func (t *targets) judge(target, config string, l limit, fig func(placement string) figure) {
+	one, spread := fig(t.pls[0].name), fig(t.pls[1].name)
+	j := one.paired.judge(l)
+	t.tab.Add(target, config, j.cell(l), j.rounds(), verdict(j.ok), one.groups, one.medians, spread.paired.judge(l).cell(l))
+}
+
+// once adds a row measured once rather than per placement (its pairs
+// are the alternating samples).
+func (t *targets) once(target, config string, l limit, f figure) {
+	j := f.paired.judge(l)
+	t.tab.Add(target, config, j.cell(l), j.rounds()+" pairs", verdict(j.ok), f.groups, f.medians, "(measured once)")
 }
 
 // beside adds a row that is printed, not judged: a figure that explains
-// a judged one.
-func (t *targets) beside(target, config string, fig func(placement string) string) {
-	t.tab.Add(target, config, fig(t.pls[0].name), "not judged", fig(t.pls[1].name))
+// a judged one (l formats it).
+func (t *targets) beside(target, config string, l limit, fig func(placement string) figure) {
+	one, spread := fig(t.pls[0].name), fig(t.pls[1].name)
+	t.tab.Add(target, config, one.paired.judge(l).cell(l), "", "not judged", one.groups, one.medians, spread.paired.judge(l).cell(l))
 }
 
 func (t *targets) write() { t.tab.Write(os.Stdout) }
+
+// roundGroups is the configuration's and the baseline's rounds (x and
+// base, in unit) in two groups each; higher says a higher value is the
+// faster.
+func roundGroups(x []float64, baseName string, base []float64, unit string, f func(float64) string, higher bool) string {
+	return fmt.Sprintf("%s %s; %s: %s", groupsCell(x, f, higher), unit, baseName, groupsCell(base, f, higher))
+}
+
+// everyRound is a table of every round's figures, in round order, from
+// which the paired figures of the targets come.
+type everyRound struct{ tab *harness.Table }
+
+func newEveryRound(title string, nRounds int) *everyRound {
+	h := []string{"configuration", "figure"}
+	for k := 1; k <= nRounds; k++ {
+		h = append(h, fmt.Sprintf("round %d", k))
+	}
+	return &everyRound{tab: &harness.Table{Title: title + ": every round's figure, in round order (the paired figures of the targets come from these)", Header: h}}
+}
+
+func (e *everyRound) add(config, what string, v []float64, f func(float64) string) {
+	row := []string{config, what}
+	for _, x := range v {
+		row = append(row, f(x))
+	}
+	for len(row) < len(e.tab.Header) {
+		row = append(row, "")
+	}
+	e.tab.Add(row...)
+}
+
+func (e *everyRound) write() { e.tab.Write(os.Stdout) }

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/meshwire/meshwire/internal/golden"
 )
 
 const module = "github.com/meshwire/meshwire/"
@@ -33,7 +35,8 @@ var (
 )
 
 // packages lists every package of the module, test/ included, once per
-// test binary.
+// test binary: what it imports in either build, the plain one and the
+// one with the kernel tag (the kernel tests', internal/kerneltest).
 func packages(t *testing.T) []goPackage {
 	t.Helper()
 	packagesOnce.Do(func() { packagesList, packagesErr = listPackages() })
@@ -43,8 +46,43 @@ func packages(t *testing.T) []goPackage {
 	return packagesList
 }
 
+// buildTags are the tag sets the module is built with: `make unit` and
+// `make test`.
+var buildTags = []string{"", "kernel"}
+
 func listPackages() ([]goPackage, error) {
-	cmd := exec.Command("go", "list", "-json", "./...")
+	var pkgs []goPackage
+	at := map[string]int{}
+	for _, tags := range buildTags {
+		list, err := listPackagesTagged(tags)
+		if err != nil {
+			return nil, err
+		}
+		for _, p := range list {
+			i, ok := at[p.Path]
+			if !ok {
+				at[p.Path] = len(pkgs)
+				pkgs = append(pkgs, p)
+				continue
+			}
+			pkgs[i].Imports = union(pkgs[i].Imports, p.Imports)
+			pkgs[i].TestImports = union(pkgs[i].TestImports, p.TestImports)
+		}
+	}
+	sort.Slice(pkgs, func(i, j int) bool { return pkgs[i].Path < pkgs[j].Path })
+	return pkgs, nil
+}
+
+// union is a and b's names, sorted, each once.
+func union(a, b []string) []string {
+	out := append(slices.Clone(a), b...)
+	sort.Strings(out)
+	return slices.Compact(out)
+}
+
+// listPackagesTagged lists the module's packages as built with tags.
+func listPackagesTagged(tags string) ([]goPackage, error) {
+	cmd := exec.Command("go", "list", "-json", "-tags", tags, "./...")
 	cmd.Dir = root
 	var out, errb bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &errb
@@ -277,19 +315,7 @@ func section(t *testing.T, rel, begin, end string) (doc string, from, to int) {
 // lineDiff lists the lines of want that have lacks and the lines of have
 // that want lacks.
 func lineDiff(have, want string) string {
-	hl, wl := strings.Split(have, "\n"), strings.Split(want, "\n")
-	var diff []string
-	for _, l := range wl {
-		if !slices.Contains(hl, l) {
-			diff = append(diff, "missing: "+l)
-		}
-	}
-	for _, l := range hl {
-		if !slices.Contains(wl, l) {
-			diff = append(diff, "not in the code: "+l)
-		}
-	}
-	return strings.Join(diff, "\n")
+	return golden.LineDiff(want, have, "missing: ", "not in the code: ")
 }
 
 // layer is one row of the layer table: its name and its packages.

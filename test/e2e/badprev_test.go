@@ -28,10 +28,13 @@ var badPrevResults = []struct {
 // TestBadPrevResult runs every plugin binary, for ADD and CHECK at 1.1.0
 // and 0.4.0, with each bad prevResult, beside a pod that an earlier ADD
 // wired: the answer is code 7 naming the entry, never a panic or code 999,
-// and the pod and the host are left exactly as they were. DEL, which must
-// always finish the job, drops such entries and succeeds: the pod's own
-// DEL, run plugin by plugin with a bad prevResult, removes everything
-// (the leak check), and every other plugin's DEL succeeds too.
+// and the pod and the host are left exactly as they were (each compared
+// with its snapshot right after the calls). DEL, which must always finish
+// the job, drops such entries and succeeds: the pod's own DEL, run plugin
+// by plugin with a bad prevResult, leaves the host as it was before the
+// pod's ADD and the pod as it was made, compared right after those DELs,
+// before the runtime's own DEL (with the good cached result) runs at
+// cleanup; and every other plugin's DEL succeeds too.
 func TestBadPrevResult(t *testing.T) {
 	h := harness.New(t)
 	nodeBaseline(t)
@@ -47,6 +50,25 @@ func TestBadPrevResult(t *testing.T) {
 		"portMappings": []map[string]any{{"hostPort": 18461, "containerPort": 80, "protocol": "tcp"}},
 		"bandwidth":    map[string]any{"ingressRate": 10_000_000, "ingressBurst": 1_000_000},
 	}
+	// The bridge and the node's base chains outlive pods: made by a first
+	// pod (another host port) before the host's snapshot.
+	first := h.Attach(list, h.NewNS("bad"), "eth0", map[string]any{
+		"portMappings": []map[string]any{{"hostPort": 18462, "containerPort": 80, "protocol": "tcp"}},
+		"bandwidth":    caps["bandwidth"],
+	})
+	first.MustAdd()
+	t.Cleanup(func() {
+		if err := first.Del(); err != nil {
+			t.Errorf("DEL of the first pod: %v", err)
+		}
+	})
+	chaosSettled(t, "veth", "mwbad")
+	dirs := []string{dataDir}
+	unwired, err := harness.StableSnapshot(dirs...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fresh := chaosPodSnapshot(t, ns)
 	a := h.Attach(list, ns, "eth0", caps)
 	a.MustAdd()
 	t.Cleanup(func() {
@@ -54,9 +76,28 @@ func TestBadPrevResult(t *testing.T) {
 			t.Errorf("DEL: %v", err)
 		}
 	})
-	before, err := harness.TakeSnapshot()
+	chaosSettled(t, "veth", "mwbad")
+	before, err := harness.StableSnapshot(dirs...)
 	if err != nil {
 		t.Fatal(err)
+	}
+	wired := chaosPodSnapshot(t, ns)
+	// judge compares the host and the pod with their snapshots, now.
+	judge := func(host, pod *harness.Snapshot, what string) {
+		t.Helper()
+		diff, err := host.HostDiff(dirs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(diff) > 0 {
+			t.Fatalf("%s, the host differs from its snapshot:\n  %s", what, strings.Join(diff, "\n  "))
+		}
+		if diff, err = pod.NSDiff(ns); err != nil {
+			t.Fatal(err)
+		}
+		if len(diff) > 0 {
+			t.Fatalf("%s, the pod differs from its snapshot:\n  %s", what, strings.Join(diff, "\n  "))
+		}
 	}
 	plugins := map[string]string{
 		"bridge":     `"bridge":"mwbad0","ipMasq":true,"ipam":{"type":"host-local","subnet":"198.18.61.0/24","dataDir":"` + dataDir + `"}`,
@@ -98,28 +139,21 @@ func TestBadPrevResult(t *testing.T) {
 			}
 		}
 	}
-	after, err := harness.TakeSnapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if diff := before.Diff(after); len(diff) > 0 {
-		t.Fatalf("a rejected call changed the host:\n  %s", strings.Join(diff, "\n  "))
-	}
+	judge(before, wired, "after the rejected calls")
 	if err := a.Check(); err != nil {
 		t.Fatalf("CHECK of the pod after the rejected calls: %v", err)
 	}
 	// The pod's DEL, in the runtime's order, each plugin given every bad
-	// entry at once: it succeeds and leaves nothing (CheckNoLeaks).
+	// entry at once: it succeeds and leaves nothing, judged before the
+	// runtime's DEL at cleanup could remove what it left.
 	worst := `{"interfaces":[null,{"name":"eth0"}],"ips":[null,{"interface":1},{"address":"198.18.61.2/24","interface":1}],"routes":[null]}`
 	for _, plugin := range []string{"bandwidth", "portmap", "bridge", "veth", "loopback", "intercept", "host-local"} {
 		if r := h.Exec(plugin, env("DEL"), conf(plugin, "1.1.0", worst)); r.ExitCode != 0 {
 			t.Fatalf("%s DEL with a bad prevResult: exit %d, stdout %s, stderr %s", plugin, r.ExitCode, r.Stdout, r.Stderr)
 		}
 	}
-	if ns.HasLink("eth0") {
-		t.Fatal("the pod's eth0 is left after its DEL with a bad prevResult")
-	}
-	if n := harness.Reservations(t, dataDir, "mwbad"); n != 0 {
-		t.Fatalf("%d addresses still reserved after the DEL", n)
+	judge(unwired, fresh, "after the pod's DEL with a bad prevResult")
+	if n := harness.Reservations(t, dataDir, "mwbad"); n != 1 {
+		t.Fatalf("%d addresses reserved after the DEL, want the first pod's alone", n)
 	}
 }

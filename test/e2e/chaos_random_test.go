@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -34,9 +35,16 @@ import (
 
 // Kills at arbitrary instructions: beside the named points (chaos_test.go),
 // each command is killed by an external SIGKILL after a random delay drawn
-// below its own measured duration, wherever it is then. The state a kill
-// reached is the last record the command logged (its debug log: steps and
-// their names), so the report says how many distinct states the kills hit.
+// uniformly from (0, 1.2 x its median duration] (killDelay; the median of
+// several undisturbed runs), wherever it is then, so that its end is hit
+// too. Where a kill landed is told two ways: its state (the last record the
+// command logged at debug level, the system call its main thread was in
+// and the programs of its group) and its code point (that record and the
+// function of meshwire's code each of its threads stood in,
+// killsite_test.go). The same code point shows as several states (a
+// thread in futex, in read or running), so the report gives both counts,
+// and each command must reach a floor of distinct code points
+// (chaosPointFloor).
 //
 // MESHWIRE_CHAOS_KILLS sets the kills per command (default chaosRandomKills,
 // a sample for `make test`); `make chaos` runs the full count.
@@ -51,27 +59,77 @@ func chaosRandomCount() int {
 	return chaosRandomKills
 }
 
-// killTally counts the kills of one test and the distinct states they
-// reached, per command.
+// killTally counts the kills of one test, the distinct states they
+// reached and the distinct code points, per command.
 type killTally struct {
 	mu     sync.Mutex
 	kills  map[string]int
 	states map[string]map[string]bool
+	points map[string]map[string]int // hits per code point
 }
 
-func (k *killTally) add(cmd, state string) {
+// kill is where one kill landed.
+type kill struct {
+	state string // the last record; the main thread's system call and the group's programs
+	point string // the last record; the functions of meshwire's code the threads stood in
+}
+
+func (k *killTally) add(cmd string, at kill) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if k.kills == nil {
-		k.kills, k.states = map[string]int{}, map[string]map[string]bool{}
+		k.kills, k.states, k.points = map[string]int{}, map[string]map[string]bool{}, map[string]map[string]int{}
 	}
 	k.kills[cmd]++
 	if k.states[cmd] == nil {
-		k.states[cmd] = map[string]bool{}
+		k.states[cmd], k.points[cmd] = map[string]bool{}, map[string]int{}
 	}
-	k.states[cmd][state] = true
+	k.states[cmd][at.state] = true
+	k.points[cmd][at.point]++
 }
 
+// chaosPointFloors are the fewest distinct code points each command's
+// kills must reach in `make chaos` (60 kills per command and list: kills
+// is the command's total there), about half of what a run of it reached
+// (2026-11-28: bridge ADD 70 of 120 kills, loopback DEL 17 of 240,
+// portmap DEL 14 of 120, meshwire install 9 of 120, ...). Some commands
+// spend most of their time in one place (portmap DEL in its firewall
+// transaction, install copying binaries, loopback in the process's
+// start), so their floors are low.
+var chaosPointFloors = map[string]struct{ floor, kills int }{
+	"bandwidth ADD":    {8, 60},
+	"bandwidth DEL":    {6, 60},
+	"bridge ADD":       {30, 120},
+	"bridge DEL":       {25, 120},
+	"veth ADD":         {15, 60},
+	"veth DEL":         {15, 60},
+	"portmap ADD":      {12, 120},
+	"portmap DEL":      {6, 120},
+	"loopback ADD":     {8, 240},
+	"loopback DEL":     {8, 240},
+	"intercept ADD":    {25, 180},
+	"intercept DEL":    {15, 180},
+	"iptables-init":    {12, 120},
+	"meshwire install": {4, 120},
+}
+
+// chaosPointFloor is the floor of cmd for n kills: its floor in `make
+// chaos`, in proportion for fewer kills (code points grow slower than
+// kills, so the proportion is below what n kills reach), at least 1.
+func chaosPointFloor(cmd string, n int) (int, error) {
+	f, ok := chaosPointFloors[cmd]
+	if !ok {
+		return 0, fmt.Errorf("no floor of code points is stated for %s (chaosPointFloors)", cmd)
+	}
+	if n >= f.kills {
+		return f.floor, nil
+	}
+	return max(1, (f.floor*n+f.kills-1)/f.kills), nil
+}
+
+// report logs the kills, states and code points per command, with the
+// code points themselves in verbose runs, and fails a command whose kills
+// reached fewer code points than the floor.
 func (k *killTally) report(t *testing.T) {
 	t.Helper()
 	var names []string
@@ -82,8 +140,21 @@ func (k *killTally) report(t *testing.T) {
 	sort.Strings(names)
 	var parts []string
 	for _, n := range names {
-		parts = append(parts, fmt.Sprintf("%s %d kills, %d states", n, k.kills[n], len(k.states[n])))
+		parts = append(parts, fmt.Sprintf("%s %d kills, %d states, %d code points", n, k.kills[n], len(k.states[n]), len(k.points[n])))
 		total += k.kills[n]
+		if testing.Verbose() {
+			var points []string
+			for _, p := range slices.Sorted(maps.Keys(k.points[n])) {
+				points = append(points, fmt.Sprintf("%3d x %s", k.points[n][p], p))
+			}
+			t.Logf("code points of %s:\n  %s", n, strings.Join(points, "\n  "))
+		}
+		floor, err := chaosPointFloor(n, k.kills[n])
+		if err != nil {
+			t.Error(err)
+		} else if len(k.points[n]) < floor {
+			t.Errorf("%s: %d kills reached %d distinct code points, want at least %d: the delays miss most of the command", n, k.kills[n], len(k.points[n]), floor)
+		}
 	}
 	t.Logf("random kills: %d: %s", total, strings.Join(parts, "; "))
 }
@@ -113,16 +184,30 @@ func lastState(logFile string) string {
 	return state
 }
 
+// killDelay draws the delay of a kill from (0, 1.2 x median]: anywhere in
+// a run of median length, and past its end for the runs that take longer.
+func killDelay(median time.Duration) time.Duration {
+	return time.Duration(rand.Int64N(int64(median)*6/5) + 1)
+}
+
+// medianRun is the median duration of runs (the lower one of an even
+// count).
+func medianRun(runs []time.Duration) time.Duration {
+	d := slices.Sorted(slices.Values(runs))
+	return d[(len(d)-1)/2]
+}
+
 // killAfter runs cmd, killed with SIGKILL after delay unless it ends
 // first: only the command, as a runtime kills a plugin (its children, a
 // firewall tool, must die with it), or with group its whole process group.
 // It reports whether the kill landed and where: the programs of the group
 // at that instant (a firewall tool the command ran, or only itself) and
-// the system call its main thread was in.
-func killAfter(cmd *exec.Cmd, delay time.Duration, group bool) (killed bool, where string, err error) {
+// the system call its main thread was in; and the code its threads stood
+// in (codeSite).
+func killAfter(cmd *exec.Cmd, delay time.Duration, group bool) (killed bool, where, code string, err error) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
-		return false, "", err
+		return false, "", "", err
 	}
 	var mu sync.Mutex
 	done := false
@@ -137,7 +222,9 @@ func killAfter(cmd *exec.Cmd, delay time.Duration, group bool) (killed bool, whe
 				pid = -pid
 			}
 			_ = syscall.Kill(pid, syscall.SIGSTOP)
+			waitStopped(cmd.Process.Pid)
 			where = processGroupState(cmd.Process.Pid)
+			code = codeSite(cmd.Process.Pid)
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 			killed = true
 		}
@@ -150,9 +237,9 @@ func killAfter(cmd *exec.Cmd, delay time.Duration, group bool) (killed bool, whe
 	timer.Stop()
 	var ee *exec.ExitError
 	if k && errors.As(err, &ee) && ee.Sys().(syscall.WaitStatus).Signaled() {
-		return true, where, err
+		return true, where, code, err
 	}
-	return false, "", err
+	return false, "", "", err
 }
 
 // processGroupState names the programs of process group pgid but its
@@ -193,19 +280,35 @@ func processGroupState(pgid int) string {
 // runOrKill runs cmd (an iptables-init, an install) with its debug log
 // in a file: to its end (delay 0), or killed after delay, alone or with
 // its process group at random. It returns whether the kill landed, how
-// long the run took, the state it reached, and its error (with its output
+// long the run took, where it was killed, and its error (with its output
 // when it ran to its end).
-func runOrKill(t *testing.T, cmd *exec.Cmd, delay time.Duration) (killed bool, took time.Duration, state string, err error) {
+func runOrKill(t *testing.T, cmd *exec.Cmd, delay time.Duration) (killed bool, took time.Duration, at kill, err error) {
 	logFile := filepath.Join(t.TempDir(), "run.log")
 	cmd.Env = append(os.Environ(), logging.EnvFile+"="+logFile, logging.EnvLevel+"=debug")
 	start := time.Now()
-	var where string
+	var where, code string
 	if delay > 0 {
-		killed, where, err = killAfter(cmd, delay, rand.IntN(2) == 0)
+		killed, where, code, err = killAfter(cmd, delay, rand.IntN(2) == 0)
 	} else if out, rerr := cmd.CombinedOutput(); rerr != nil {
 		err = fmt.Errorf("%w: %s", rerr, out)
 	}
-	return killed, time.Since(start), lastState(logFile) + "; " + where, err
+	last := lastState(logFile)
+	return killed, time.Since(start), kill{state: last + "; " + where, point: last + "; " + code}, err
+}
+
+// undisturbedMedian runs run (to its end) n times and returns the median
+// duration, the base of the kills' delays.
+func undisturbedMedian(t *testing.T, n int, run func() (time.Duration, error)) time.Duration {
+	t.Helper()
+	var took []time.Duration
+	for range n {
+		d, err := run()
+		if err != nil {
+			t.Fatalf("undisturbed run: %v", err)
+		}
+		took = append(took, d)
+	}
+	return medianRun(took)
 }
 
 // killerExec is libcni's exec with one plugin command armed: the next
@@ -219,9 +322,9 @@ type killerExec struct {
 	durations map[string][]time.Duration
 	armed     string // "plugin CMD"
 	delay     time.Duration
-	fired     bool   // the armed command ran
-	killed    bool   // and the kill landed
-	state     string // what it logged last
+	fired     bool // the armed command ran
+	killed    bool // and the kill landed
+	at        kill // where
 	n         int
 }
 
@@ -256,10 +359,10 @@ func (k *killerExec) ExecPlugin(ctx context.Context, path string, stdin []byte, 
 	cmd.Stdout, cmd.Stderr = &out, os.Stderr
 	start := time.Now()
 	var killed bool
-	var where string
+	var where, code string
 	var err error
 	if arm {
-		killed, where, err = killAfter(cmd, delay, k.n%2 == 0)
+		killed, where, code, err = killAfter(cmd, delay, k.n%2 == 0)
 	} else {
 		err = cmd.Run()
 	}
@@ -267,7 +370,8 @@ func (k *killerExec) ExecPlugin(ctx context.Context, path string, stdin []byte, 
 	defer os.Remove(logFile)
 	k.mu.Lock()
 	if arm {
-		k.killed, k.state = killed, lastState(logFile)+"; "+where
+		last := lastState(logFile)
+		k.killed, k.at = killed, kill{state: last + "; " + where, point: last + "; " + code}
 	} else {
 		k.durations[name] = append(k.durations[name], took)
 	}
@@ -285,36 +389,37 @@ func (k *killerExec) ExecPlugin(ctx context.Context, path string, stdin []byte, 
 	return out.Bytes(), nil
 }
 
-// arm makes the next run of plugin's cmd die after a delay drawn below
-// its median duration so far (times 1.2, so that the end is hit too).
-func (k *killerExec) arm(plugin, cmd string) {
+// arm makes the next run of plugin's cmd die after killDelay of its
+// median duration over its undisturbed runs so far (at least the 3 cycles
+// chaosRandomRun starts with).
+func (k *killerExec) arm(t *testing.T, plugin, cmd string) {
+	t.Helper()
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	name := plugin + " " + cmd
-	d := slices.Clone(k.durations[name])
-	slices.Sort(d)
-	median := 20 * time.Millisecond
-	if len(d) > 0 {
-		median = d[len(d)/2]
+	if len(k.durations[name]) < 3 {
+		t.Fatalf("%s has run undisturbed %d times: no median to draw its kills' delays from", name, len(k.durations[name]))
 	}
-	k.armed, k.delay, k.fired, k.killed, k.state = name, time.Duration(rand.Int64N(int64(median)*6/5)+1), false, false, ""
+	k.armed, k.delay, k.fired, k.killed, k.at = name, killDelay(medianRun(k.durations[name])), false, false, kill{}
 }
 
 // outcome is whether the armed command ran and was killed, and where.
-func (k *killerExec) outcome() (fired, killed bool, state string) {
+func (k *killerExec) outcome() (fired, killed bool, at kill) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	fired, killed, state = k.fired, k.killed, k.state
+	fired, killed, at = k.fired, k.killed, k.at
 	k.armed = ""
-	return fired, killed, state
+	return fired, killed, at
 }
 
 // chaosRandomRun kills each of plugins' ADD and DEL at random instants
 // until each was killed n times, every kill followed by the runtime's
-// DEL (retried until it succeeds once, at most 3 times), on pods from
-// pod. after, when set, judges each pod once its DEL succeeded. The list
-// first runs 3 undisturbed ADD+DEL cycles, which time the commands.
-func chaosRandomRun(t *testing.T, h *harness.H, list *libcni.NetworkConfigList, caps map[string]any, args [][2]string, plugins []string, n int, tally *killTally, pod func() *harness.NS, after func(*harness.NS)) {
+// DEL, which must succeed the first time, on pods from pod. Right after
+// every DEL, before anything else runs, the host must equal host (a
+// snapshot taken with dirs, the pods' namespaces aside) and the pod its
+// own snapshot from before its ADD. The list first runs 3 undisturbed
+// ADD+DEL cycles, which time the commands.
+func chaosRandomRun(t *testing.T, h *harness.H, list *libcni.NetworkConfigList, caps map[string]any, args [][2]string, plugins []string, n int, tally *killTally, pod func() *harness.NS, host *harness.Snapshot, dirs []string) {
 	t.Helper()
 	k := newKillerExec(t.TempDir())
 	saved := h.CNI
@@ -327,21 +432,35 @@ func chaosRandomRun(t *testing.T, h *harness.H, list *libcni.NetworkConfigList, 
 		}
 		return a
 	}
+	var live []*harness.NS
+	fresh := map[*harness.NS]*harness.Snapshot{}
+	newPod := func() *harness.NS {
+		ns := pod()
+		live = append(live, ns)
+		fresh[ns] = chaosPodSnapshot(t, ns)
+		return ns
+	}
 	del := func(a *harness.Attachment, ns *harness.NS, why string) {
 		t.Helper()
-		var err error
-		for i := 0; i < 3; i++ {
-			if err = a.Del(); err == nil {
-				if after != nil {
-					after(ns)
-				}
-				return
-			}
+		if err := a.Del(); err != nil {
+			t.Fatalf("the runtime's DEL after %s: %v", why, err)
 		}
-		t.Fatalf("the runtime's DEL after %s: %v", why, err)
+		diff, err := host.HostDiff(dirs, live...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(diff) > 0 {
+			t.Fatalf("the host after the DEL that followed %s, against its snapshot:\n  %s", why, strings.Join(diff, "\n  "))
+		}
+		if diff, err = fresh[ns].NSDiff(ns); err != nil {
+			t.Fatal(err)
+		}
+		if len(diff) > 0 {
+			t.Fatalf("%s after the DEL that followed %s, against the fresh pod:\n  %s", ns.Name, why, strings.Join(diff, "\n  "))
+		}
 	}
 	for i := 0; i < 3; i++ {
-		ns := pod()
+		ns := newPod()
 		a := attach(ns)
 		a.MustAdd()
 		del(a, ns, "an undisturbed ADD")
@@ -352,28 +471,30 @@ func chaosRandomRun(t *testing.T, h *harness.H, list *libcni.NetworkConfigList, 
 				if tries > 20*n {
 					t.Fatalf("%s %s: %d kills in %d tries: the delays miss the command", p, cmd, got, tries)
 				}
-				ns := pod()
+				ns := newPod()
 				a := attach(ns)
 				var err error
 				if cmd == "ADD" {
-					k.arm(p, cmd)
+					k.arm(t, p, cmd)
 					_, err = a.Add()
 				} else {
 					a.MustAdd()
-					k.arm(p, cmd)
+					k.arm(t, p, cmd)
 					err = a.Del()
 				}
-				fired, killed, state := k.outcome()
+				fired, killed, at := k.outcome()
+				why := fmt.Sprintf("%s %s run undisturbed", p, cmd)
 				switch {
 				case !fired:
 					t.Fatalf("%s %s never ran (%v)", p, cmd, err)
 				case killed:
 					got++
-					tally.add(p+" "+cmd, state)
+					tally.add(p+" "+cmd, at)
+					why = fmt.Sprintf("%s %s killed at %q (%s)", p, cmd, at.point, at.state)
 				case err != nil:
 					t.Fatalf("%s %s failed undisturbed: %v", p, cmd, err)
 				}
-				del(a, ns, fmt.Sprintf("%s %s killed at %q", p, cmd, state))
+				del(a, ns, why)
 			}
 		}
 	}
@@ -429,11 +550,23 @@ func TestChaosRandom(t *testing.T) {
 				})
 				chaosSettled(t, "mwr", "mwtrand")
 				h.CheckNoLeaks(dataDir) // judged before the first pod goes
+				host, err := harness.StableSnapshot(dataDir)
+				if err != nil {
+					t.Fatal(err)
+				}
 				var plugins []string
 				for _, p := range list.Plugins {
 					plugins = append(plugins, p.Network.Type)
 				}
-				chaosRandomRun(t, h, list, caps, nil, plugins, n, &tally, func() *harness.NS { return h.NewNS("rand") }, nil)
+				// lo up and down once: the kernel gives it its address and
+				// routes the first time it comes up, which loopback's DEL
+				// (lo down, as the reference's) does not take back.
+				pod := func() *harness.NS {
+					ns := h.NewNS("rand")
+					chaosPodSetup(t, ns, [][]string{{"ip", "link", "set", "lo", "up"}, {"ip", "link", "set", "lo", "down"}})
+					return ns
+				}
+				chaosRandomRun(t, h, list, caps, nil, plugins, n, &tally, pod, host, []string{dataDir})
 			})
 		}
 	})
@@ -451,74 +584,97 @@ func TestChaosRandom(t *testing.T) {
 				}
 				caps := map[string]any{"io.kubernetes.cri.pod-annotations": annotations}
 				args := [][2]string{{"IgnoreUnknown", "1"}, {"K8S_POD_NAMESPACE", "shop"}, {"K8S_POD_NAME", "p1"}}
-				fresh := map[string]*harness.Snapshot{}
+				// With the pods of the modes before, which live as long as h.
+				host, err := harness.StableSnapshot()
+				if err != nil {
+					t.Fatal(err)
+				}
 				pod := func() *harness.NS {
 					ns := h.NewNS("rand")
 					chaosPodSetup(t, ns, [][]string{{"ip", "link", "add", "eth9", "type", "veth", "peer", "name", "eth8"},
 						{"ip", "addr", "add", "198.18.59.2/24", "dev", "eth9"}, {"ip", "addr", "add", "fd42:6d79::2/64", "dev", "eth9", "nodad"},
 						{"ip", "link", "set", "lo", "up"}, {"ip", "link", "set", "lo", "down"}})
-					fresh[ns.Name] = chaosPodSnapshot(t, ns)
 					return ns
 				}
-				after := func(ns *harness.NS) {
-					if diff := fresh[ns.Name].Diff(chaosPodSnapshot(t, ns)); len(diff) > 0 {
-						t.Fatalf("%s after its DEL, against the fresh pod:\n  %s", ns.Name, strings.Join(diff, "\n  "))
-					}
-				}
-				chaosRandomRun(t, h, list, caps, args, []string{"loopback", "intercept"}, n, &tally, pod, after)
+				chaosRandomRun(t, h, list, caps, args, []string{"loopback", "intercept"}, n, &tally, pod, host, nil)
 			})
 		}
 	})
 	t.Run("iptables-init", func(t *testing.T) {
 		h := harness.New(t)
 		h.CheckNoLeaks()
-		bin := filepath.Join(h.BinDir, "iptables-init")
-		args := chaosIptablesInitArgs
-		newPod := func() *harness.NS { return chaosIptablesInitPod(t, h, "rand") }
-		// In the pod's namespace, through nsenter (so that the kill of its
-		// process group takes iptables-init and what it runs).
-		run := func(ns *harness.NS, delay time.Duration, a ...string) (killed bool, took time.Duration, state string, err error) {
-			return runOrKill(t, exec.Command("nsenter", append([]string{"--net=" + ns.Path, bin}, a...)...), delay)
-		}
-		ref := newPod()
-		_, took, _, err := run(ref, 0, args...)
+		host, err := harness.StableSnapshot()
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := chaosPodSnapshot(t, ref)
+		bin := filepath.Join(h.BinDir, "iptables-init")
+		args := chaosIptablesInitArgs
+		var pods []*harness.NS
+		newPod := func() *harness.NS {
+			ns := chaosIptablesInitPod(t, h, "rand")
+			pods = append(pods, ns)
+			return ns
+		}
+		// In the pod's namespace, through nsenter (so that the kill of its
+		// process group takes iptables-init and what it runs).
+		run := func(ns *harness.NS, delay time.Duration, a ...string) (killed bool, took time.Duration, at kill, err error) {
+			return runOrKill(t, exec.Command("nsenter", append([]string{"--net=" + ns.Path, bin}, a...)...), delay)
+		}
 		empty := chaosPodSnapshot(t, newPod())
+		ref := newPod()
+		if _, _, _, err := run(ref, 0, args...); err != nil {
+			t.Fatal(err)
+		}
+		want := chaosPodSnapshot(t, ref)
+		median := undisturbedMedian(t, 5, func() (time.Duration, error) {
+			_, took, _, err := run(newPod(), 0, args...)
+			return took, err
+		})
 		for got, tries := 0, 0; got < 2*n; tries++ {
 			if tries > 40*n {
 				t.Fatalf("%d kills in %d tries", got, tries)
 			}
 			ns := newPod()
-			killed, _, state, err := run(ns, time.Duration(rand.Int64N(int64(took)*6/5)+1), args...)
+			killed, _, at, err := run(ns, killDelay(median), args...)
 			if !killed && err != nil {
 				t.Fatalf("undisturbed run: %v", err)
 			}
+			why := "an undisturbed run"
 			if killed {
 				got++
-				tally.add("iptables-init", state)
+				tally.add("iptables-init", at)
+				why = fmt.Sprintf("a kill at %q (%s)", at.point, at.state)
 			}
 			if _, _, _, err := run(ns, 0, args...); err != nil {
-				t.Fatalf("the run after a kill at %q: %v", state, err)
+				t.Fatalf("the run after %s: %v", why, err)
 			}
 			if diff := want.Diff(chaosPodSnapshot(t, ns)); len(diff) > 0 {
-				t.Fatalf("after a kill at %q and a second run, against an undisturbed run:\n  %s", state, strings.Join(diff, "\n  "))
+				t.Fatalf("after %s and a second run, against an undisturbed run:\n  %s", why, strings.Join(diff, "\n  "))
 			}
 			if _, _, _, err := run(ns, 0, "--cleanup-only"); err != nil {
 				t.Fatal(err)
 			}
 			if diff := empty.Diff(chaosPodSnapshot(t, ns)); len(diff) > 0 {
-				t.Fatalf("--cleanup-only after a kill at %q left:\n  %s", state, strings.Join(diff, "\n  "))
+				t.Fatalf("--cleanup-only after %s left:\n  %s", why, strings.Join(diff, "\n  "))
+			}
+			diff, err := host.HostDiff(nil, pods...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(diff) > 0 {
+				t.Fatalf("the host after %s, a second run and --cleanup-only, against its snapshot:\n  %s", why, strings.Join(diff, "\n  "))
 			}
 		}
 	})
 	t.Run("meshwire install", func(t *testing.T) {
 		h := harness.New(t)
 		h.CheckNoLeaks()
+		host, err := harness.StableSnapshot()
+		if err != nil {
+			t.Fatal(err)
+		}
 		fixture := installFixture(t, "10-flannel.conflist")
-		install := func(binDir, confDir string, delay time.Duration) (killed bool, took time.Duration, state string, err error) {
+		install := func(binDir, confDir string, delay time.Duration) (killed bool, took time.Duration, at kill, err error) {
 			return runOrKill(t, exec.Command(filepath.Join(h.BinDir, "meshwire"), "install", "--cni-bin-dir", binDir, "--cni-conf-dir", confDir, "--chain", "--once"), delay)
 		}
 		node := func() (string, string) {
@@ -529,29 +685,42 @@ func TestChaosRandom(t *testing.T) {
 			return binDir, confDir
 		}
 		refBin, refConf := node()
-		_, took, _, err := install(refBin, refConf, 0)
-		if err != nil {
+		if _, _, _, err := install(refBin, refConf, 0); err != nil {
 			t.Fatal(err)
 		}
 		want := dirState(t, refBin) + dirState(t, refConf)
+		median := undisturbedMedian(t, 5, func() (time.Duration, error) {
+			binDir, confDir := node()
+			_, took, _, err := install(binDir, confDir, 0)
+			return took, err
+		})
 		for got, tries := 0, 0; got < 2*n; tries++ {
 			if tries > 40*n {
 				t.Fatalf("%d kills in %d tries", got, tries)
 			}
 			binDir, confDir := node()
-			killed, _, state, err := install(binDir, confDir, time.Duration(rand.Int64N(int64(took)*6/5)+1))
+			killed, _, at, err := install(binDir, confDir, killDelay(median))
 			if !killed && err != nil {
 				t.Fatalf("undisturbed install: %v", err)
 			}
+			why := "an undisturbed install"
 			if killed {
 				got++
-				tally.add("meshwire install", state)
+				tally.add("meshwire install", at)
+				why = fmt.Sprintf("a kill at %q (%s)", at.point, at.state)
 			}
 			if _, _, _, err := install(binDir, confDir, 0); err != nil {
-				t.Fatalf("the install after a kill at %q: %v", state, err)
+				t.Fatalf("the install after %s: %v", why, err)
 			}
 			if gotState := dirState(t, binDir) + dirState(t, confDir); gotState != want {
-				t.Fatalf("after a kill at %q and a second install:\n%s\nwant, as an undisturbed install:\n%s", state, gotState, want)
+				t.Fatalf("after %s and a second install:\n%s\nwant, as an undisturbed install:\n%s", why, gotState, want)
+			}
+			diff, err := host.HostDiff(nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(diff) > 0 {
+				t.Fatalf("the host after %s and a second install, against its snapshot:\n  %s", why, strings.Join(diff, "\n  "))
 			}
 		}
 	})

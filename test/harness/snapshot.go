@@ -418,10 +418,10 @@ func minus(a, b []string) []string {
 // and their routes with it asynchronously.
 const settle = 3 * time.Second
 
-// stableSnapshot takes snapshots until two in a row agree (or settle runs
-// out), so that the previous test's asynchronous teardown is not mistaken for
-// this test's doing.
-func stableSnapshot(dirs []string) (*Snapshot, error) {
+// StableSnapshot takes snapshots of the host until two in a row agree (or
+// settle runs out), so that an earlier test's asynchronous teardown is not
+// mistaken for what comes next.
+func StableSnapshot(dirs ...string) (*Snapshot, error) {
 	prev, err := TakeSnapshot(dirs...)
 	if err != nil {
 		return nil, err
@@ -440,28 +440,58 @@ func stableSnapshot(dirs []string) (*Snapshot, error) {
 	return prev, nil
 }
 
+// HostDiff compares the host with s, a snapshot of it taken with the same
+// dirs, again until they agree or settle runs out (the kernel removes a
+// deleted link's peer, routes and addresses asynchronously), and lists
+// what still differs. The namespaces of live, which the test made after s
+// and still uses (pods whose DEL was just judged), are no difference.
+func (s *Snapshot) HostDiff(dirs []string, live ...*NS) ([]string, error) {
+	return s.settledDiff(func() (*Snapshot, error) {
+		now, err := TakeSnapshot(dirs...)
+		if err != nil {
+			return nil, err
+		}
+		now.Parts["netns"] = slices.DeleteFunc(now.Parts["netns"], func(name string) bool {
+			return !slices.Contains(s.Parts["netns"], name) && slices.ContainsFunc(live, func(n *NS) bool { return n.Name == name })
+		})
+		return now, nil
+	})
+}
+
+// NSDiff compares the namespace n with s, a SnapshotNS of it, as HostDiff
+// does the host.
+func (s *Snapshot) NSDiff(n *NS) ([]string, error) {
+	return s.settledDiff(func() (*Snapshot, error) { return SnapshotNS(n) })
+}
+
+func (s *Snapshot) settledDiff(take func() (*Snapshot, error)) ([]string, error) {
+	for deadline := time.Now().Add(settle); ; {
+		now, err := take()
+		if err != nil {
+			return nil, err
+		}
+		if diff := s.Diff(now); len(diff) == 0 || time.Now().After(deadline) {
+			return diff, nil
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
 // CheckNoLeaks takes a snapshot now and registers a cleanup (which runs after
 // the cleanups registered later, i.e. after the test's own teardown) that
 // fails the test if the host changed. Tests that touch the host call it first.
 // Tests using it must not run in parallel with others that touch the host.
 func (h *H) CheckNoLeaks(dirs ...string) {
 	h.T.Helper()
-	before, err := stableSnapshot(dirs)
+	before, err := StableSnapshot(dirs...)
 	if err != nil {
 		h.T.Fatalf("snapshot host: %v", err)
 	}
 	h.T.Cleanup(func() {
-		var diff []string
-		for deadline := time.Now().Add(settle); ; {
-			after, err := TakeSnapshot(dirs...)
-			if err != nil {
-				h.T.Errorf("snapshot host: %v", err)
-				return
-			}
-			if diff = before.Diff(after); len(diff) == 0 || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(50 * time.Millisecond)
+		diff, err := before.HostDiff(dirs)
+		if err != nil {
+			h.T.Errorf("snapshot host: %v", err)
+			return
 		}
 		if len(diff) > 0 {
 			h.T.Errorf("host state changed by the test (leak or damage):\n  %s", strings.Join(diff, "\n  "))

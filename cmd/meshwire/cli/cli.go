@@ -1,6 +1,6 @@
 // Package cli is the meshwire command line: add, check, del, ls, gc, demo,
 // fastpath, install, node, completion, version. The commands are cobra
-// commands (root.go); their flags, with the notes of flagnotes.go, make
+// commands (root.go); their flags, with the notes of usage.go (flagNotes), make
 // both every command's usage (usage.go) and the flag tables of
 // docs/meshwire.md (doctable.go).
 package cli

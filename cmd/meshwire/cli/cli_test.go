@@ -79,9 +79,69 @@ func TestHelpEveryCommand(t *testing.T) {
 	}
 }
 
-// TestUsageErrors: a usage error is one line naming the fault, then the
-// command's usage, on stderr; exit 2, nothing on stdout.
+// wantUsageError fails t unless meshwire args exited 2 with nothing on
+// stdout and, on stderr, one line naming msg, then the usage of the
+// command path (as its Use line begins).
+func wantUsageError(t *testing.T, args []string, msg, path string) {
+	t.Helper()
+	out, errOut, code := runMain(args...)
+	first, rest, _ := strings.Cut(errOut, "\n")
+	if code != 2 || out != "" || !strings.HasPrefix(first, "meshwire: ") || !strings.Contains(first, msg) ||
+		!strings.Contains(rest, "Usage:\n  "+path) || !strings.Contains(rest, "\nFlags:\n") {
+		t.Errorf("meshwire %q: exit %d, stdout %q, stderr:\n%s\nwant exit 2, %q then the usage of %q", args, code, out, errOut, msg, path)
+	}
+}
+
+// requiresOperand tells whether c's Use line names something it cannot
+// run without: an operand (NAME, COMMAND, attach|detach|status) or a
+// required flag (install's --cni-bin-dir DIR), anything not in brackets.
+func requiresOperand(c *cobra.Command) bool {
+	f := strings.Fields(c.Use)
+	return len(f) > 1 && !strings.HasPrefix(f[1], "[")
+}
+
+// TestUsageErrors: on every command path, an unknown flag, a flag
+// without its value and a missing operand each exit 2 with the command's
+// usage on stderr.
 func TestUsageErrors(t *testing.T) {
+	operands := 0
+	for _, path := range commandPaths(t) {
+		c, _, err := Commands().Find(path)
+		if err != nil {
+			t.Fatalf("%q: %v", path, err)
+		}
+		usagePath := strings.TrimSuffix("meshwire "+strings.Join(path, " "), " ")
+		if !c.HasParent() {
+			usagePath = "meshwire COMMAND"
+		}
+		wantUsageError(t, append(slices.Clone(path), "--no-such-flag"), "unknown flag: --no-such-flag", usagePath)
+		own, global := flagGroups(c)
+		values := 0
+		for _, f := range append(own, global...) {
+			if f.NoOptDefVal != "" {
+				continue // a bool: it takes no value
+			}
+			values++
+			wantUsageError(t, append(slices.Clone(path), "--"+f.Name), "flag needs an argument: --"+f.Name, usagePath)
+		}
+		if values == 0 {
+			t.Errorf("meshwire %q has no flag with a value (the global ones?)", path)
+		}
+		if requiresOperand(c) {
+			operands++
+			wantUsageError(t, path, "", usagePath)
+		}
+	}
+	// meshwire COMMAND, add, check, del NAME, fastpath SUB, install,
+	// node, completion SHELL.
+	if operands != 8 {
+		t.Errorf("%d commands require an operand, want 8", operands)
+	}
+}
+
+// TestUsageErrorMessages: a usage error is one line naming the fault,
+// then the command's usage, on stderr; exit 2, nothing on stdout.
+func TestUsageErrorMessages(t *testing.T) {
 	for _, c := range []struct {
 		args      []string
 		msg, path string
@@ -115,12 +175,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"version", "now"}, `version: takes no arguments`, "meshwire version"},
 		{[]string{"--cni-path"}, "flag needs an argument: --cni-path", "meshwire COMMAND"},
 	} {
-		out, errOut, code := runMain(c.args...)
-		first, rest, _ := strings.Cut(errOut, "\n")
-		if code != 2 || out != "" || !strings.HasPrefix(first, "meshwire: ") || !strings.Contains(first, c.msg) ||
-			!strings.Contains(rest, "Usage:\n  "+c.path) || !strings.Contains(rest, "\nFlags:\n") {
-			t.Errorf("meshwire %q: exit %d, stdout %q, stderr:\n%s\nwant exit 2, %q then the usage of %q", c.args, code, out, errOut, c.msg, c.path)
-		}
+		wantUsageError(t, c.args, c.msg, c.path)
 	}
 }
 

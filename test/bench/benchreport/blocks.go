@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	mwbench "github.com/meshwire/meshwire/test/bench"
 )
 
 // A block is what the tool writes between <!-- bench:NAME --> and
@@ -48,8 +50,8 @@ func stamp(r *Run, placement string, benches ...string) string {
 	if unsettled > 0 {
 		settled = fmt.Sprintf("%d timed blocks began before the machine settled", unsettled)
 	}
-	return fmt.Sprintf("*`make bench` at %s, %s; %s; %s; load %s at start, %s at end; %s.*",
-		short(r.Commit), r.Started.UTC().Format("2006-01-02"), r.Machine, placement, firstField(r.LoadA), firstField(r.LoadB), settled)
+	return fmt.Sprintf("*`make %s` at %s, %s; %s; %s; load %s at start, %s at end; %s.*",
+		r.Target, short(r.Commit), r.Started.UTC().Format("2006-01-02"), r.Machine, placement, firstField(r.LoadA), firstField(r.LoadB), settled)
 }
 
 const unpinned = "processes where the scheduler puts them"
@@ -138,6 +140,39 @@ func judged(ok bool) *bool { return &ok }
 // targetsBlock is the table of stated targets, against each peer, from the
 // plugin benchmarks' tables.
 func targetsBlock(r *Run) (string, error) {
+	rows, ps, err := pluginTargets(r)
+	if err != nil {
+		return "", err
+	}
+	t := &Table{Header: []string{"what", "target"}}
+	for _, p := range ps {
+		t.Header = append(t.Header, "against "+p.long)
+	}
+	t.Header = append(t.Header, "met")
+	var missed []string
+	for _, row := range rows {
+		met := "(not judged)"
+		if row.met != nil {
+			met = "yes"
+			if !*row.met {
+				met, missed = "**no**", append(missed, row.what)
+			}
+		}
+		t.Rows = append(t.Rows, append(append([]string{row.what, row.target}, row.cells...), met))
+	}
+	verdict := "Every judged target holds against every peer in this run."
+	if len(missed) > 0 {
+		verdict = "Not met in this run: " + strings.Join(missed, "; ") + "."
+	}
+	return fmt.Sprintf("%s\n\n%s\n%s", stamp(r, unpinned, pluginBenches...), t.Markdown(), verdict), nil
+}
+
+// pluginBenches are the benchmarks the plugins' targets come from.
+var pluginBenches = []string{"BenchmarkHostLocal", "BenchmarkBridge", "BenchmarkPortmap", "BenchmarkBandwidth", "BenchmarkIntercept"}
+
+// pluginTargets judges the plugins' stated targets from their benchmarks'
+// tables, against each peer: one row per target.
+func pluginTargets(r *Run) ([]targetRow, []peer, error) {
 	var e errs
 	hlAdd := e.table(r, "BenchmarkHostLocal", "host-local: median latency (ms) of one ADD,")
 	br := e.table(r, "BenchmarkBridge", "bridge + host-local: ")
@@ -149,11 +184,11 @@ func targetsBlock(r *Run) (string, error) {
 	own, err := r.Line("BenchmarkHostLocal", "meshwire ADD at 50,000 / at 0:")
 	e.add(err)
 	if e.err != nil {
-		return "", e.err
+		return nil, nil, e.err
 	}
 	ps := peersOf(br)
 	if len(ps) == 0 {
-		return "", fmt.Errorf("table %q names no peer", br.Title)
+		return nil, nil, fmt.Errorf("table %q names no peer", br.Title)
 	}
 	var rows []targetRow
 
@@ -243,30 +278,9 @@ func targetsBlock(r *Run) (string, error) {
 	}
 	rows = append(rows, row)
 	if e.err != nil {
-		return "", e.err
+		return nil, nil, e.err
 	}
-
-	t := &Table{Header: []string{"what", "target"}}
-	for _, p := range ps {
-		t.Header = append(t.Header, "against "+p.long)
-	}
-	t.Header = append(t.Header, "met")
-	var missed []string
-	for _, row := range rows {
-		met := "(not judged)"
-		if row.met != nil {
-			met = "yes"
-			if !*row.met {
-				met, missed = "**no**", append(missed, row.what)
-			}
-		}
-		t.Rows = append(t.Rows, append(append([]string{row.what, row.target}, row.cells...), met))
-	}
-	verdict := "Every judged target holds against every peer in this run."
-	if len(missed) > 0 {
-		verdict = "Not met in this run: " + strings.Join(missed, "; ") + "."
-	}
-	return fmt.Sprintf("%s\n\n%s\n%s", stamp(r, unpinned, "BenchmarkHostLocal", "BenchmarkBridge", "BenchmarkPortmap", "BenchmarkBandwidth", "BenchmarkIntercept"), t.Markdown(), verdict), nil
+	return rows, ps, nil
 }
 
 var (
@@ -308,32 +322,35 @@ func captureBlock(r *Run) (string, error) {
 		e.add(fmt.Errorf("table %q has no column %q after %q", per.Title, col, from))
 		return ""
 	}
-	// verdict finds the targets row of target (a prefix) and config.
-	verdict := func(target, config, fallback string) (string, string) {
-		for _, row := range tg.Rows {
-			if len(row) >= 4 && strings.HasPrefix(row[0], target) && row[1] == config {
+	printed, err := readTargets(tg)
+	e.add(err)
+	// verdict finds the targets row of target (a prefix) and config: the
+	// target, its judged figure and whether it was met.
+	verdict := func(target, config, fallback string) (string, string, string) {
+		for _, p := range printed {
+			if strings.HasPrefix(p.target, target) && p.config == config {
 				th := fallback
-				if m := thresholdRe.FindString(row[0]); m != "" {
+				if m := thresholdRe.FindString(p.target); m != "" {
 					th = m
 				}
 				met := "yes"
-				if row[3] != "met" {
+				if p.met != "met" {
 					met = "**no**"
 				}
-				return th + " (" + config + ")", met
+				return th + " (" + config + ")", p.judged, met
 			}
 		}
 		e.add(fmt.Errorf("table %q has no target %q for %q", tg.Title, target, config))
-		return "", ""
+		return "", "", ""
 	}
-	t := &Table{Header: append(append([]string{"per proxied connection, one CPU"}, configs...), "target", "met")}
+	t := &Table{Header: append(append([]string{"per proxied connection, one CPU"}, configs...), "target", "judged: paired per round, median [min–max]", "met")}
 	addRow := func(what string, cell func(config string) string, target, targetConfig, fallback string) {
 		row := []string{what}
 		for _, c := range configs {
 			row = append(row, cell(c))
 		}
-		th, met := verdict(target, targetConfig, fallback)
-		t.Rows = append(t.Rows, append(row, th, met))
+		th, judged, met := verdict(target, targetConfig, fallback)
+		t.Rows = append(t.Rows, append(row, th, judged, met))
 	}
 	addRow("conntrack entries in the pod", func(c string) string { return e.cell(per, "conntrack entries per connection", c) },
 		"conntrack entries per connection: 0", "EBPF", "0")
@@ -389,10 +406,14 @@ func fastpathBlock(r *Run) (string, error) {
 		rounds = m[1]
 	}
 	placement := "IPv4, " + rounds + ` rounds per configuration in alternating order, in two placements: "one CPU" (every process of the path on one CPU, judged) and "spread" (where the scheduler puts them)`
+	printed, err := readTargets(tg)
+	if err != nil {
+		return "", err
+	}
 	var missed []string
-	for _, row := range tg.Rows {
-		if len(row) >= 4 && row[3] == "NOT MET" {
-			missed = append(missed, row[0]+" ("+row[1]+")")
+	for _, p := range printed {
+		if p.met == "NOT MET" {
+			missed = append(missed, p.target+" ("+p.config+")")
 		}
 	}
 	verdict := "Every judged target holds in this run."
@@ -412,38 +433,70 @@ func fastpathHeadline(r *Run) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	printed, err := readTargets(tg)
+	if err != nil {
+		return "", err
+	}
 	configs := []string{"REDIRECT + fast path, Istio pod", "TPROXY + fast path, Istio pod"}
-	lead := func(cell string) string { f, _, _ := strings.Cut(cell, " ("); return f }
+	// The median of the paired figures, without its min–max.
+	lead := func(cell string) string { f, _, _ := strings.Cut(cell, " ["); return f }
 	t := &Table{Header: []string{"target, the Istio pod", "REDIRECT + fast path, one CPU", "TPROXY + fast path, one CPU", "spread (REDIRECT / TPROXY, not judged)"}}
 	var order []string
 	cells := map[string][]string{}
-	for _, row := range tg.Rows {
-		if len(row) < 5 {
-			return "", fmt.Errorf("table %q: a row of %d cells", tg.Title, len(row))
-		}
-		i := slices.Index(configs, row[1])
+	for _, p := range printed {
+		i := slices.Index(configs, p.config)
 		if i < 0 {
 			continue
 		}
-		if _, ok := cells[row[0]]; !ok {
-			order = append(order, row[0])
-			cells[row[0]] = make([]string, 2*len(configs))
+		if _, ok := cells[p.target]; !ok {
+			order = append(order, p.target)
+			cells[p.target] = make([]string, 2*len(configs))
 		}
-		one := lead(row[2])
-		switch row[3] {
+		one := lead(p.judged)
+		switch p.met {
 		case "met":
 		case "NOT MET":
 			one = "**" + one + "** (not met)"
 		default:
-			one += " (" + row[3] + ")"
+			one += " (" + p.met + ")"
 		}
-		cells[row[0]][i], cells[row[0]][len(configs)+i] = one, lead(row[4])
+		cells[p.target][i], cells[p.target][len(configs)+i] = one, lead(p.spread)
 	}
 	for _, target := range order {
 		c := cells[target]
 		t.Rows = append(t.Rows, []string{target, c[0], c[1], c[2] + " / " + c[3]})
 	}
-	return fmt.Sprintf("%s\n\n%s", stamp(r, "IPv4, every process of the path on one CPU (judged) and spread", bench), t.Markdown()), nil
+	return fmt.Sprintf("%s\n\n%s", stamp(r, "IPv4, every process of the path on one CPU (judged, paired per round: the median of each round's figure against the same round's REDIRECT) and spread", bench), t.Markdown()), nil
+}
+
+// printedTarget is one row of a benchmark's table of targets.
+type printedTarget struct {
+	target, config, judged, within, met, groups, medians, spread string
+}
+
+// readTargets reads a benchmark's table of targets by its columns' names
+// (test/bench's Col... constants).
+func readTargets(t *Table) ([]printedTarget, error) {
+	cols := []string{mwbench.ColTarget, mwbench.ColConfig, mwbench.ColJudged, mwbench.ColWithin, mwbench.ColMet, mwbench.ColGroups, mwbench.ColMedians, mwbench.ColSpread}
+	idx := make([]int, len(cols))
+	for i, c := range cols {
+		k, err := t.Col(c)
+		if err != nil {
+			return nil, fmt.Errorf("%v: the output of an older benchmark? (run make bench again)", err)
+		}
+		idx[i] = k
+	}
+	var out []printedTarget
+	for _, row := range t.Rows {
+		cell := func(i int) string {
+			if idx[i] < len(row) {
+				return row[idx[i]]
+			}
+			return ""
+		}
+		out = append(out, printedTarget{cell(0), cell(1), cell(2), cell(3), cell(4), cell(5), cell(6), cell(7)})
+	}
+	return out, nil
 }
 
 // errs keeps the first error of a series of look-ups, so that a block

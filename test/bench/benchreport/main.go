@@ -1,19 +1,30 @@
-// Command benchreport writes the benchmark tables of the README and
-// docs/performance.md from the output of one `make bench` run (`make
-// bench-report`), so that every published figure comes from that run, as
-// it printed it or computed from what it printed, with the run's commit
-// and date above it.
+// Command benchreport writes the benchmark tables of the README,
+// docs/performance.md and docs/fastpath.md from the output of one `make
+// bench` (or `make bench-fastpath`) run, so that every published figure
+// comes from that run, as it printed it or computed from what it printed,
+// with the run's commit and date above it; it keeps that output beside
+// the documents, checks that their tables are what it writes, and judges
+// the run's stated targets.
 //
-//	benchreport [-in bench.out] FILE...
+//	benchreport [-in bench.out] [-keep docs/bench] FILE...   (make bench-report)
+//	benchreport -check [-min-rounds 10] [-in bench.out]      (make bench-check)
+//	benchreport -verify docs/bench FILE...
 //
 // In each FILE it replaces what lies between <!-- bench:NAME --> and
 // <!-- /bench:NAME --> with the block NAME (blocks.go). It refuses a run
 // made from a dirty tree, one that did not finish or ended in an error no
 // benchmark reported, and one that lacks a table a block needs or whose
-// benchmark failed; then it changes no file.
+// benchmark failed; then it changes no file. With -keep it writes the
+// output, compressed, to DIR/COMMIT.txt.gz (tie.go).
+//
+// -check prints every stated target of the run with its verdict (check.go)
+// and exits 1 when one is missed, 2 when the output cannot be judged.
+// -verify writes every block of each FILE again from the kept output of the
+// run it names and exits 1 when one differs.
 package main
 
 import (
+	"bytes"
 	"flag"
 	"fmt"
 	"io"
@@ -22,31 +33,72 @@ import (
 )
 
 func main() {
-	in := flag.String("in", "bench.out", "the output of make bench")
+	in := flag.String("in", "bench.out", "the output of make bench (or make bench-fastpath), plain or .gz")
+	keepDir := flag.String("keep", "", "keep the output, compressed, as `DIR`/COMMIT.txt.gz once the files are written")
+	judge := flag.Bool("check", false, "judge the run's stated targets: exit 1 when one is missed")
+	minRounds := flag.Int("min-rounds", 10, "with -check: the fewest rounds the fast path's and EBPF mode's paired figures are judged on")
+	verifyDir := flag.String("verify", "", "check that every table of the FILEs is what the output kept in `DIR` writes")
 	flag.Usage = func() {
-		fmt.Fprintf(flag.CommandLine.Output(), "usage: benchreport [-in bench.out] FILE...\n")
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: benchreport [-in bench.out] [-keep DIR] FILE...\n       benchreport -check [-min-rounds N] [-in bench.out]\n       benchreport -verify DIR FILE...\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
-	if flag.NArg() == 0 {
-		flag.Usage()
-		os.Exit(2)
-	}
-	if err := report(*in, flag.Args(), os.Stdout, os.Stderr); err != nil {
-		fmt.Fprintf(os.Stderr, "benchreport: %v\n", err)
-		os.Exit(1)
+	switch {
+	case *judge:
+		if flag.NArg() != 0 {
+			flag.Usage()
+			os.Exit(2)
+		}
+		missed, err := check(*in, *minRounds, os.Stdout)
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "benchreport: %v\n", err)
+			os.Exit(2)
+		}
+		if missed > 0 {
+			os.Exit(1)
+		}
+	case *verifyDir != "":
+		if flag.NArg() == 0 {
+			flag.Usage()
+			os.Exit(2)
+		}
+		failed := false
+		for _, f := range flag.Args() {
+			run, err := verify(f, *verifyDir)
+			switch {
+			case err != nil:
+				fmt.Fprintf(os.Stderr, "benchreport: %v\n", err)
+				failed = true
+			case untied[run] != "":
+				fmt.Printf("%s: from the run at %s, %s: not verified\n", f, run, untied[run])
+			default:
+				fmt.Printf("%s: every table is what the run at %s wrote\n", f, run)
+			}
+		}
+		if failed {
+			os.Exit(1)
+		}
+	default:
+		if flag.NArg() == 0 {
+			flag.Usage()
+			os.Exit(2)
+		}
+		if err := report(*in, *keepDir, flag.Args(), os.Stdout, os.Stderr); err != nil {
+			fmt.Fprintf(os.Stderr, "benchreport: %v\n", err)
+			os.Exit(1)
+		}
 	}
 }
 
 // report rewrites files from the run in path: all of them, or none; it
-// says what it wrote on stdout, and warns on stderr.
-func report(path string, files []string, stdout, stderr io.Writer) error {
-	f, err := os.Open(path)
+// says what it wrote on stdout, and warns on stderr. With keepDir it then
+// keeps the output there.
+func report(path, keepDir string, files []string, stdout, stderr io.Writer) error {
+	data, err := readOutput(path)
 	if err != nil {
-		return fmt.Errorf("%v (run make bench first)", err)
+		return err
 	}
-	defer f.Close()
-	r, err := Parse(f)
+	r, err := Parse(bytes.NewReader(data))
 	if err != nil {
 		return fmt.Errorf("%s: %v", path, err)
 	}
@@ -78,5 +130,12 @@ func report(path string, files []string, stdout, stderr io.Writer) error {
 		}
 	}
 	fmt.Fprintf(stdout, "from the run at %s, %s\n", short(r.Commit), r.Started.UTC().Format("2006-01-02 15:04 MST"))
+	if keepDir != "" {
+		kept, err := keep(keepDir, r.Commit, data)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "its output: %s (commit it with the tables)\n", kept)
+	}
 	return nil
 }

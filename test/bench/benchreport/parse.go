@@ -18,6 +18,7 @@ const headerPrefix = "meshwire-bench: "
 // tables the benchmarks printed, their other lines, and which benchmarks
 // passed.
 type Run struct {
+	Target    string // the make target that ran it: "bench" or "bench-fastpath"
 	Commit    string // full hash
 	Tree      string // "clean" or "dirty"
 	Started   time.Time
@@ -104,6 +105,10 @@ func Parse(r io.Reader) (*Run, error) {
 		return ""
 	}
 	run.Commit, run.Tree, run.Machine, run.Exit = one("commit"), one("tree"), one("machine"), one("exit")
+	run.Target = one("target")
+	if run.Target == "" {
+		run.Target = "bench" // written before the header named its target
+	}
 	run.LoadA, run.LoadB = one("load at start"), one("load at end")
 	var err error
 	if s := one("started"); s != "" {
@@ -121,7 +126,7 @@ func Parse(r io.Reader) (*Run, error) {
 
 // headerKeys are the keys of the header lines, longest first where one
 // starts another.
-var headerKeys = []string{"load at start", "load at end", "commit", "tree", "started", "finished", "machine", "bench", "exit"}
+var headerKeys = []string{"load at start", "load at end", "commit", "tree", "started", "finished", "machine", "bench", "target", "rounds", "exit"}
 
 func splitHeader(kv string) (key, value string) {
 	for _, k := range headerKeys {
@@ -152,11 +157,18 @@ func cells(line string) []string {
 // report their failure (a build error, a panic, a time-out). A failed
 // benchmark's tables are refused by Find; the run block names it.
 func (r *Run) Check() error {
+	if r.Commit != "" && r.Tree != "clean" {
+		return fmt.Errorf("the run was made from a %s tree at %s: commit, then run make bench again", orUnknown(r.Tree), short(r.Commit))
+	}
+	return r.CheckFinished()
+}
+
+// CheckFinished is Check but for the tree: a run to judge, not to
+// publish.
+func (r *Run) CheckFinished() error {
 	switch {
 	case r.Commit == "":
 		return fmt.Errorf("no %q line: not the output of `make bench`", headerPrefix+"commit")
-	case r.Tree != "clean":
-		return fmt.Errorf("the run was made from a %s tree at %s: commit, then run make bench again", orUnknown(r.Tree), short(r.Commit))
 	case r.Started.IsZero():
 		return fmt.Errorf("no start date in the output")
 	case r.Finished.IsZero() || r.Exit == "":
