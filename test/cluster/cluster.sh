@@ -387,8 +387,8 @@ network_leaks() {
 		[ "$CNI" = reference ] || check_probe_sets
 	else
 		# The routes flannel had to nodes removed since (node remove).
-		local gone
-		gone=$(sed 's/\./\\./g; s|.*|^routes: removed ".* Dst: & .*"$|' "$STATE/removed-cidrs" 2>/dev/null | paste -sd'|')
+		local gone=""
+		[ ! -f "$STATE/removed-cidrs" ] || gone=$(sed 's/\./\\./g; s|.*|^routes: removed ".* Dst: & .*"$|' "$STATE/removed-cidrs" | paste -sd'|')
 		for name in $(node_names); do
 			node "$name"
 			check_leaks "$CNI-$N" "$ND/network-before.json" cni0 "$gone" "${NX[@]}"
