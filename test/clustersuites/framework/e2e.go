@@ -114,10 +114,10 @@ func ReadE2E(dir string) (E2EResult, error) {
 	}
 	for _, s := range suites.Suites {
 		for _, tc := range s.Cases {
-			// Ginkgo's own nodes (BeforeSuite, AfterSuite, ...) are not
-			// specs.
-			if strings.HasPrefix(tc.Name, "[SynchronizedBeforeSuite]") || strings.HasPrefix(tc.Name, "[SynchronizedAfterSuite]") ||
-				strings.HasPrefix(tc.Name, "[BeforeSuite]") || strings.HasPrefix(tc.Name, "[AfterSuite]") || strings.HasPrefix(tc.Name, "[ReportAfterSuite]") {
+			// A spec is an It; Ginkgo's suite nodes ([ReportBeforeSuite],
+			// [SynchronizedBeforeSuite], [ReportAfterSuite] ...) are not,
+			// but one that failed fails the run.
+			if !strings.HasPrefix(tc.Name, "[It] ") {
 				if tc.Failure != nil || tc.Error != nil || tc.Status == "failed" {
 					res.Specs[tc.Name] = "failed"
 				}

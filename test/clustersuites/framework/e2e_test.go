@@ -10,11 +10,13 @@ import (
 const junit = `<?xml version="1.0" encoding="UTF-8"?>
 <testsuites tests="5" disabled="3" errors="0" failures="1" time="10">
   <testsuite name="Kubernetes e2e suite" package="/" tests="5" disabled="0" skipped="2" errors="0" failures="1" time="10">
+    <testcase name="[ReportBeforeSuite]" classname="Kubernetes e2e suite" status="passed" time="0"></testcase>
     <testcase name="[SynchronizedBeforeSuite]" classname="Kubernetes e2e suite" status="passed" time="1"></testcase>
-    <testcase name="[sig-network] Services should serve a basic endpoint [Conformance]" classname="Kubernetes e2e suite" status="passed" time="3"></testcase>
-    <testcase name="[sig-network] DNS should provide DNS for services [Conformance]" classname="Kubernetes e2e suite" status="failed" time="3"><failure message="timed out" type="failed">x</failure></testcase>
-    <testcase name="[sig-network] Networking Granular Checks [Conformance]" classname="Kubernetes e2e suite" status="skipped" time="0"><skipped message="skipped"></skipped></testcase>
-    <testcase name="[sig-network] Conntrack should be able to preserve UDP traffic" classname="Kubernetes e2e suite" status="passed" time="1"></testcase>
+    <testcase name="[ReportAfterSuite] Kubernetes e2e suite report" classname="Kubernetes e2e suite" status="passed" time="0"></testcase>
+    <testcase name="[It] [sig-network] Services should serve a basic endpoint [Conformance]" classname="Kubernetes e2e suite" status="passed" time="3"></testcase>
+    <testcase name="[It] [sig-network] DNS should provide DNS for services [Conformance]" classname="Kubernetes e2e suite" status="failed" time="3"><failure message="timed out" type="failed">x</failure></testcase>
+    <testcase name="[It] [sig-network] Networking Granular Checks [Conformance]" classname="Kubernetes e2e suite" status="skipped" time="0"><skipped message="skipped"></skipped></testcase>
+    <testcase name="[It] [sig-network] Conntrack should be able to preserve UDP traffic" classname="Kubernetes e2e suite" status="passed" time="1"></testcase>
   </testsuite>
 </testsuites>`
 
