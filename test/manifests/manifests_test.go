@@ -173,6 +173,10 @@ func checkDaemonSet(t *testing.T, source string, docs [][]byte) map[string]strin
 	if sc := node.SecurityContext; !privileged && (sc == nil || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL")) {
 		t.Error("an unprivileged node agent drops every capability but those it adds")
 	}
+	// A grace period of 0 is a SIGKILL: no cleanup (unset is 30 s).
+	if _, ok := flags["--cleanup-on-exit"]; ok && spec.TerminationGracePeriodSeconds != nil && *spec.TerminationGracePeriodSeconds < 5 {
+		t.Errorf("terminationGracePeriodSeconds %d: with --cleanup-on-exit the agent needs time to take its config change back", *spec.TerminationGracePeriodSeconds)
+	}
 	if fastpath && !spec.HostPID {
 		t.Error("with --fastpath the node agent needs the host's PID namespace: it sweeps the records of namespaces gone from every process's")
 	}
