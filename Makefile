@@ -19,7 +19,8 @@ BINDIR    ?= /usr/local/bin
 # Every main package that ships (the test/ tree holds test-only programs;
 # internal/ holds development tools such as the docs generator, run by
 # `go generate`, never installed).
-MAINS     = $(shell $(GO) list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' ./...)
+# (MAINS runs `go list` once, when first needed.)
+MAINS     = $(eval MAINS := $$(shell $(GO) list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' ./...))$(MAINS)
 SHIPPED   = $(filter-out $(PKG)/test/% $(PKG)/internal/%,$(MAINS))
 TESTBINS  = $(filter $(PKG)/test/%,$(MAINS))
 COMMANDS  := meshwire iptables-init
@@ -41,31 +42,41 @@ build:
 	$(GO) build -trimpath -ldflags "$(LDFLAGS) -X $(PKG)/internal/hostlocal.BuildID=$$($(GO) tool buildid $(BIN)/host-local)" -o $(BIN)/ $(filter-out $(HOSTLOCAL),$(SHIPPED))
 	@test -z "$(TESTBINS)" || $(GO) build -trimpath -o $(BIN)/test/ $(TESTBINS)
 
+# The system packages (apt-get) and the Go modules, fetched at the same time.
 deps:
-	@test/deps.sh
+	@test/deps.sh & apt=$$!; $(GO) mod download; st=$$?; wait $$apt && exit $$st
 
 # Kernel tests are the test files built with the "kernel" tag
 # (internal/kerneltest), the cluster suites those with the "cluster" tag
-# (test/clustersuites): vet checks every build, and gofmt every file.
+# (test/clustersuites): vet checks every build once, and gofmt every file.
+# Every go command of build, vet and test compiles with -trimpath, as the
+# shipped binaries are built: one compilation of each package in the build
+# cache serves them all.
 vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
-	$(GO) vet ./...
-	$(GO) vet -tags kernel ./...
-	$(GO) vet -tags cluster ./test/clustersuites/...
+	$(GO) vet -trimpath ./...
+	$(GO) vet -trimpath -tags kernel ./...
+	$(GO) vet -trimpath -tags cluster ./test/clustersuites/...
 
 # Every test, kernel tests included (they need root and are never skipped),
 # on a host seeded with other tools' rules (test/seed-host.sh), which the
-# tests must leave as they found it; the seed goes when they end.
-test: deps build vet
+# tests must leave as they found it; the seed goes when they end. The
+# system packages install while the modules download and build and vet
+# compile (the tests wait for them); go test does not vet again what vet
+# has checked (-vet=off).
+test:
+	@mkdir -p $(BIN); test/deps.sh >$(BIN)/deps.log 2>&1 & apt=$$!; \
+	  $(MAKE) --no-print-directory build vet; st=$$?; \
+	  wait $$apt || st=1; cat $(BIN)/deps.log; exit $$st
 	@test/seed-host.sh add
-	@MESHWIRE_BIN_DIR=$(BIN) $(GO) test -tags kernel -count=1 -timeout $(TEST_TIMEOUT) ./...; \
+	@MESHWIRE_BIN_DIR=$(BIN) $(GO) test -trimpath -vet=off -tags kernel -count=1 -timeout $(TEST_TIMEOUT) ./...; \
 	  st=$$?; test/seed-host.sh remove || st=1; exit $$st
 
 # Tests that need neither root nor the kernel: any user, no network
 # namespace, no firewall tool.
 unit:
-	$(GO) test -count=1 ./...
+	$(GO) test -trimpath -count=1 ./...
 
 # The crash tests in full: every command killed at random instants
 # CHAOS_KILLS times per plugin command (make test runs a sample of 4).
