@@ -59,7 +59,7 @@ type Config struct {
 	// IPv6 adds the IPv6 rules (Istio's EnableIPv6).
 	IPv6 bool
 	// RedirectDNS sends the pods' DNS to ztunnel unless a pod says
-	// otherwise (Pod.DNS).
+	// otherwise (Overrides.DNS).
 	RedirectDNS bool
 	// ProbeSNAT and ProbeSNATv6 are the addresses the host rule gives the
 	// node's probes (DefaultProbeSNAT, DefaultProbeSNATv6), which the
@@ -79,9 +79,9 @@ const (
 	DNSOff
 )
 
-// Pod is what one pod changes of the in-pod rules (Istio's
+// Overrides is what one pod changes of the in-pod rules (Istio's
 // PodLevelOverrides).
-type Pod struct {
+type Overrides struct {
 	// Ingress leaves inbound traffic alone (a gateway's pod).
 	Ingress bool
 	// VirtualInterfaces are interfaces whose inbound TCP is the pod's
@@ -171,7 +171,7 @@ func (c Config) Families() []ruleset.IPVersion {
 // written once per family, IPv4's first. istio-nftables orders the
 // matches of the two conntrack zone rules differently from
 // istio-iptables (nft).
-func inPod(cfg Config, pod Pod, nft bool) []entry {
+func inPod(cfg Config, pod Overrides, nft bool) []entry {
 	var out []entry
 	add := func(table string, r ruleset.Rule) { out = append(out, entry{table, r}) }
 	// each adds the rule of each family, with that family's addresses.
@@ -263,7 +263,7 @@ func inPod(cfg Config, pod Pod, nft bool) []entry {
 // pod's namespace with iptables (either variant): for each family, each
 // table's chains (declared, so emptied when there) and rules, in
 // istio-cni's order.
-func InPodIPTables(cfg Config, pod Pod) *ruleset.Tx {
+func InPodIPTables(cfg Config, pod Overrides) *ruleset.Tx {
 	entries := inPod(cfg, pod, false)
 	tx := &ruleset.Tx{}
 	for _, f := range cfg.Families() {
@@ -307,7 +307,7 @@ func InPodIPTables(cfg Config, pod Pod) *ruleset.Tx {
 // namespace with native nftables: istio-nftables' inet tables
 // (istio-ambient-nat, -mangle, -raw), each replaced whole, and removed
 // when the pod needs none of its rules.
-func InPodNft(cfg Config, pod Pod) *ruleset.Tx {
+func InPodNft(cfg Config, pod Overrides) *ruleset.Tx {
 	entries := inPod(cfg, pod, true)
 	tx := &ruleset.Tx{}
 	for _, table := range tables {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -52,7 +53,7 @@ func (n *Node) routing() []intercept.Step {
 
 // installInPod installs the in-pod rules of pod in the calling thread's
 // namespace, in place of any there, and the policy routing.
-func (n *Node) installInPod(ctx context.Context, pod ambient.Pod) error {
+func (n *Node) installInPod(ctx context.Context, ov ambient.Overrides) error {
 	if err := apply.ApplySteps(n.routing()); err != nil {
 		return fmt.Errorf("in-pod routing: %w", err)
 	}
@@ -60,12 +61,12 @@ func (n *Node) installInPod(ctx context.Context, pod ambient.Pod) error {
 	defer fw.Close()
 	if n.nft() {
 		// The transaction replaces istio-ambient-* whole.
-		return fw.Apply(ctx, ambient.InPodNft(n.o.Config, pod))
+		return fw.Apply(ctx, ambient.InPodNft(n.o.Config, ov))
 	}
 	if err := removeIPTables(ctx, fw, n.families(), []string{"mangle", "nat", "raw"}, []string{"PREROUTING", "OUTPUT"}, []string{ambient.ChainPrerouting, ambient.ChainOutput}); err != nil {
 		return err
 	}
-	return fw.Apply(ctx, ambient.InPodIPTables(n.o.Config, pod))
+	return fw.Apply(ctx, ambient.InPodIPTables(n.o.Config, ov))
 }
 
 // removeInPod removes the in-pod rules from the calling thread's
@@ -149,8 +150,8 @@ func (n *Node) InstallHost(ctx context.Context) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	var errs []error
-	for _, e := range n.pods {
-		errs = append(errs, n.probeAddrs(ctx, e, true))
+	for _, r := range n.pods {
+		errs = append(errs, n.probeAddrs(ctx, r.UID, r.Ambient.IPs, true))
 	}
 	return errors.Join(errs...)
 }
@@ -185,9 +186,8 @@ func (n *Node) RemoveHost(ctx context.Context) (bool, error) {
 // in the calling thread's namespace (the host's): the addresses of the
 // families the rules have. Adding one there, or removing one not there,
 // is not an error.
-func (n *Node) probeAddrs(ctx context.Context, e enrolled, add bool) error {
-	p := e.Pod
-	for _, a := range e.IPs {
+func (n *Node) probeAddrs(ctx context.Context, uid string, ips []netip.Addr, add bool) error {
+	for _, a := range ips {
 		f := ruleset.V4
 		if a.Is6() {
 			f = ruleset.V6
@@ -208,12 +208,12 @@ func (n *Node) probeAddrs(ctx context.Context, e enrolled, add bool) error {
 			}
 		} else if add {
 			// The comment is the pod's uid, as istio-cni writes it.
-			err = netlink.IpsetAdd(set, &netlink.IPSetEntry{IP: net.IP(a.AsSlice()), Comment: p.UID, Replace: true})
+			err = netlink.IpsetAdd(set, &netlink.IPSetEntry{IP: net.IP(a.AsSlice()), Comment: uid, Replace: true})
 		} else if err = netlink.IpsetDel(set, &netlink.IPSetEntry{IP: net.IP(a.AsSlice())}); errors.Is(err, unix.ENOENT) || isIPSetNotFound(err) {
 			err = nil
 		}
 		if err != nil {
-			return fmt.Errorf("probe set %s, address %s of pod %s: %w", set, a, p.Key(), err)
+			return fmt.Errorf("probe set %s, address %s: %w", set, a, err)
 		}
 	}
 	return nil

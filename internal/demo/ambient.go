@@ -1,9 +1,11 @@
 package demo
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -19,6 +21,7 @@ import (
 	"github.com/meshwire/meshwire/internal/cniruntime"
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/nodeagent"
+	"github.com/meshwire/meshwire/internal/nodelayout"
 	"github.com/meshwire/meshwire/internal/proxylog"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
@@ -33,28 +36,21 @@ const (
 	demoAmbientUID = "uid-mwdemo-ambient"
 )
 
-// ambientDir is where ambient mode keeps its state, as `meshwire node
-// --ambient-dir` lays it out: in the demo's state dir, so that the next
-// demo's agent finds what a demo killed hard left enrolled, and forgets it.
-func ambientDir(rt *cniruntime.Runtime) string { return filepath.Join(rt.StateDir, "ambient") }
+// nodeState is where the demo's pods' records and ambient mode's socket
+// are, laid out as on a node (package nodelayout): in the demo's state
+// dir, so that the next demo's agent finds what a demo killed hard left
+// enrolled, and forgets it.
+func nodeState(rt *cniruntime.Runtime) string { return filepath.Join(rt.StateDir, "node") }
 
 func ambientOptions(rt *cniruntime.Runtime) nodeagent.AmbientOptions {
-	dir := ambientDir(rt)
-	return nodeagent.AmbientOptions{
-		PodsDir:       filepath.Join(dir, "pods"),
-		StateDir:      filepath.Join(dir, "ambient", "enrolled"),
-		AgentSocket:   filepath.Join(dir, "ambient", "agent.sock"),
-		ZtunnelSocket: filepath.Join(dir, "ztunnel.sock"),
-	}
+	return nodeagent.AmbientOptions{StateDir: nodeState(rt), ZtunnelSocket: filepath.Join(nodeState(rt), "ztunnel.sock")}
 }
 
-// ambientEnv points the intercept plugin, which the runtime runs with the
-// demo's environment, at the demo's agent: for every ADD and DEL of the
-// demo, leftovers' too (never at the node's own agent).
-func ambientEnv(rt *cniruntime.Runtime) {
-	o := ambientOptions(rt)
-	_ = os.Setenv("MESHWIRE_PODS_DIR", o.PodsDir)
-	_ = os.Setenv("MESHWIRE_AMBIENT_SOCKET", o.AgentSocket)
+// stateEnv points the intercept plugin, which the runtime runs with the
+// demo's environment, at the demo's records and agent: for every ADD and
+// DEL of the demo, leftovers' too (never at the node's own).
+func stateEnv(rt *cniruntime.Runtime) {
+	_ = os.Setenv(nodelayout.EnvNodeStateDir, nodeState(rt))
 }
 
 // ambientConflist is the conflist with the intercept plugin appended, which
@@ -68,20 +64,20 @@ func ambientConflist(conflist []byte) ([]byte, error) {
 
 // logBuffer keeps the agent's log, shown when a step of the part fails.
 type logBuffer struct {
-	mu    sync.Mutex
-	lines []string
+	mu sync.Mutex
+	b  bytes.Buffer
 }
 
-func (l *logBuffer) logf(format string, a ...any) {
+func (l *logBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.lines = append(l.lines, fmt.Sprintf(format, a...))
+	return l.b.Write(p)
 }
 
 func (l *logBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return strings.Join(l.lines, "\n")
+	return l.b.String()
 }
 
 // ambientSteps starts ambient mode and the ztunnel stand-in, wires the
@@ -97,7 +93,11 @@ func (d *demo) ambientSteps(conflist []byte, a, b *cniruntime.Record) {
 		return
 	}
 	failed := d.failed
+	// The agent's log (log/slog's default logger), kept while the part
+	// runs.
 	log := &logBuffer{}
+	defer slog.SetDefault(slog.Default())
+	slog.SetDefault(slog.New(slog.NewTextHandler(log, nil)))
 	defer func() {
 		if d.failed > failed {
 			fmt.Fprintf(d.errOut, "meshwire: the ambient agent's log:\n%s\n", log)
@@ -107,7 +107,7 @@ func (d *demo) ambientSteps(conflist []byte, a, b *cniruntime.Record) {
 	o := ambientOptions(d.rt)
 	// Its own context: an interrupt must not stop the agent before the
 	// pod's DEL has told it, or its host rule would stay.
-	amb, err := nodeagent.StartAmbient(context.Background(), o, 200*time.Millisecond, log.logf)
+	amb, err := nodeagent.StartAmbient(context.Background(), o, 200*time.Millisecond)
 	if err != nil {
 		d.step("start ambient mode", func() (string, error) { return "", err })
 		return

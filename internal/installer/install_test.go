@@ -4,45 +4,27 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/meshwire/meshwire/internal/logging/logtest"
 )
-
-// logBuf collects the installer's log lines.
-type logBuf struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (l *logBuf) logf(format string, a ...any) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.lines = append(l.lines, fmt.Sprintf(format, a...))
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Join(l.lines, "\n")
-}
 
 // node is a fake node: a source directory with the built files, and the
 // CNI binary and config directories.
 type node struct {
 	t                    *testing.T
 	src, bin, conf       string
-	log                  *logBuf
+	log                  *logtest.Buffer
 	chain, cleanupOnExit bool
 }
 
 func newNode(t *testing.T, chain bool, confs ...string) *node {
-	n := &node{t: t, src: t.TempDir(), bin: t.TempDir(), conf: t.TempDir(), log: &logBuf{}, chain: chain}
+	n := &node{t: t, src: t.TempDir(), bin: t.TempDir(), conf: t.TempDir(), log: logtest.Capture(t), chain: chain}
 	// What `make build` leaves in bin/: plugins, commands, test programs.
 	for _, name := range append(append([]string{}, pluginNames...), "meshwire", "iptables-init") {
 		if err := os.WriteFile(filepath.Join(n.src, name), []byte("#!/bin/sh\necho "+name+"\n"), 0o755); err != nil {
@@ -61,7 +43,7 @@ func newNode(t *testing.T, chain bool, confs ...string) *node {
 func (n *node) options() Options {
 	return Options{BinDir: n.bin, ConfDir: n.conf, SourceDir: n.src, Chain: n.chain, Once: true,
 		CleanupOnExit: n.cleanupOnExit, DefaultConflist: []byte(`{"cniVersion":"1.1.0","name":"meshwire","plugins":[{"type":"bridge"}]}`),
-		Logf: n.log.logf, Resync: time.Second}
+		Resync: time.Second}
 }
 
 func (n *node) installer() *Installer {

@@ -47,7 +47,7 @@ func start(t *testing.T, p *pods) (*Server, string) {
 func startTimeout(t *testing.T, p *pods, timeout time.Duration) (*Server, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "ztunnel", "ztunnel.sock")
-	s, err := Listen(path, p.get, t.Logf)
+	s, err := Listen(path, p.get)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -172,7 +172,7 @@ func TestSocketFile(t *testing.T) {
 	if err := os.WriteFile(path, nil, 0o644); err != nil { // a stale file
 		t.Fatal(err)
 	}
-	s, err := Listen(path, func() []Workload { return nil }, nil)
+	s, err := Listen(path, func() []Workload { return nil })
 	if err != nil {
 		t.Fatal(err)
 	}

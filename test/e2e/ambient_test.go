@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/meshwire/meshwire/internal/ambient"
+	"github.com/meshwire/meshwire/internal/nodelayout"
 	"github.com/meshwire/meshwire/test/harness"
 	ie "github.com/meshwire/meshwire/test/interceptenv"
 )
@@ -57,7 +58,7 @@ func startAmbientNode(t *testing.T, h *harness.H, ns *harness.NS, dir, backend s
 	a := &ambientNode{t: t, ns: ns, addr: n.addr, stderr: &syncBuffer{}, exited: make(chan struct{})}
 	a.cmd = exec.Command(filepath.Join(h.BinDir, "meshwire"), "node", "--cni-bin-dir", n.binDir, "--cni-conf-dir", n.confDir,
 		"--intercept", "--listen", n.addr, "--interval", "200ms",
-		"--ambient", "--ambient-dir", dir, "--ztunnel-socket", filepath.Join(dir, "ztunnel.sock"),
+		"--ambient", "--node-state-dir", dir, "--ztunnel-socket", filepath.Join(dir, "ztunnel.sock"),
 		"--ambient-backend", backend, "--ambient-dns-capture=false")
 	a.cmd.Stderr = a.stderr
 	if err := ns.Do(a.cmd.Start); err != nil {
@@ -134,8 +135,7 @@ func testAmbient(t *testing.T, h *harness.H, backend string) {
 	dir := t.TempDir()
 	// The plugin finds the agent's socket and the records' directory
 	// where this agent keeps them.
-	t.Setenv("MESHWIRE_PODS_DIR", filepath.Join(dir, "pods"))
-	t.Setenv("MESHWIRE_AMBIENT_SOCKET", filepath.Join(dir, "ambient", "agent.sock"))
+	t.Setenv(nodelayout.EnvNodeStateDir, dir)
 
 	outer := t
 	agent := startAmbientNode(t, h, e.Remote, dir, backend)

@@ -23,7 +23,7 @@ import (
 type ambientCase struct {
 	name        string
 	redirectDNS bool
-	pod         ambient.Pod
+	pod         ambient.Overrides
 	host        bool // the host rule, not the in-pod rules
 }
 
@@ -31,11 +31,11 @@ var virtualInterfaces = []string{"fake1s0f0", "fake1s0f1"}
 
 var ambientCases = []ambientCase{
 	{name: "default", redirectDNS: true},
-	{name: "ingress", pod: ambient.Pod{Ingress: true}},
-	{name: "virtual_interfaces", pod: ambient.Pod{VirtualInterfaces: virtualInterfaces}},
-	{name: "ingress_and_virtual_interfaces", pod: ambient.Pod{Ingress: true, VirtualInterfaces: virtualInterfaces}},
-	{name: "dns_pod_enabled_and_off_globally", pod: ambient.Pod{DNS: ambient.DNSOn}},
-	{name: "dns_pod_disabled_and_on_globally", redirectDNS: true, pod: ambient.Pod{DNS: ambient.DNSOff}},
+	{name: "ingress", pod: ambient.Overrides{Ingress: true}},
+	{name: "virtual_interfaces", pod: ambient.Overrides{VirtualInterfaces: virtualInterfaces}},
+	{name: "ingress_and_virtual_interfaces", pod: ambient.Overrides{Ingress: true, VirtualInterfaces: virtualInterfaces}},
+	{name: "dns_pod_enabled_and_off_globally", pod: ambient.Overrides{DNS: ambient.DNSOn}},
+	{name: "dns_pod_disabled_and_on_globally", redirectDNS: true, pod: ambient.Overrides{DNS: ambient.DNSOff}},
 	{name: "hostprobe", redirectDNS: true, host: true},
 }
 
