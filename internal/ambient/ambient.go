@@ -346,6 +346,38 @@ func InPodNft(cfg Config, pod Overrides) *ruleset.Tx {
 	return tx
 }
 
+// InPod is the in-pod rules of a pod with overrides ov, with native
+// nftables or iptables: what they own (replaced and removed whole
+// through the firewall: InPodOwned), and the transaction that writes
+// them (InPodNft, InPodIPTables).
+func InPod(cfg Config, ov Overrides, native bool) (ruleset.Owned, *ruleset.Tx) {
+	if native {
+		return InPodOwned(cfg, native), InPodNft(cfg, ov)
+	}
+	return InPodOwned(cfg, native), InPodIPTables(cfg, ov)
+}
+
+// InPodOwned is what the in-pod rules own in a pod's namespace: the inet
+// tables istio-ambient-nat, -mangle and -raw with native nftables; with
+// iptables, ISTIO_PRERT and ISTIO_OUTPUT in mangle, nat and raw, jumped to
+// from PREROUTING and OUTPUT.
+func InPodOwned(cfg Config, native bool) ruleset.Owned {
+	var o ruleset.Owned
+	if native {
+		for _, t := range tables {
+			o.Tables = append(o.Tables, ruleset.TableID{Family: ruleset.Inet, Name: NftTablePrefix + t})
+		}
+		return o
+	}
+	for _, f := range cfg.Families() {
+		for _, t := range []string{mangle, nat, raw} {
+			o.Chains = append(o.Chains, ruleset.OwnedChains{Table: ruleset.TableID{Family: f.Tables(), Name: t},
+				Builtins: []string{"PREROUTING", "OUTPUT"}, Chains: []string{ChainPrerouting, ChainOutput}})
+		}
+	}
+	return o
+}
+
 // nftChain is istio-nftables' name of a chain: prerouting, output,
 // istio-prerouting, istio-output, postrouting.
 func nftChain(name string) string {

@@ -55,6 +55,9 @@ type Options struct {
 	Store podstate.Store
 	// ZtunnelSocket is where ztunnel connects.
 	ZtunnelSocket string
+	// Firewall is the firewall of the calling thread's namespace
+	// (firewall.New(Backend) when nil; tests give an in-memory one).
+	Firewall func() firewall.Interface
 }
 
 // Stats are the node's counters.

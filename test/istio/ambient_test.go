@@ -206,13 +206,18 @@ func ambientPod(t *testing.T, h *harness.H, b backend, c ambientCase, cfg ambien
 		be = firewall.Backend{Kind: firewall.IPTables, Variant: firewall.Variant(b.variant)}
 	}
 	err := p.ns.Do(func() error {
+		fw := firewall.New(be)
+		defer fw.Close()
 		if c.host && be.Kind == firewall.IPTables {
-			if err := ambient.ProbeIPSets(cfg); err != nil {
+			// The probe ipsets, as ambient.Host declares them.
+			sets := &ruleset.Tx{}
+			for _, f := range cfg.Families() {
+				sets.AddSet(ruleset.IPSets(f), ruleset.Set{Name: ambient.ProbeSetName(f), Family: f})
+			}
+			if err := fw.Apply(context.Background(), sets); err != nil {
 				return err
 			}
 		}
-		fw := firewall.New(be)
-		defer fw.Close()
 		return fw.Apply(context.Background(), tx)
 	})
 	if err != nil {

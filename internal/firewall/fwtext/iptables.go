@@ -44,6 +44,9 @@ func IPTablesFamily(tx *ruleset.Tx) (ruleset.IPVersion, error) {
 // read back by its Spec or else its position). Tables are neither added
 // nor deleted in iptables.
 func IPTablesRestore(tx *ruleset.Tx) (string, error) {
+	if err := tx.Err(); err != nil {
+		return "", err
+	}
 	if _, err := IPTablesFamily(tx); err != nil {
 		return "", err
 	}
