@@ -22,6 +22,7 @@ import (
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/nodeagent"
 	"github.com/meshwire/meshwire/internal/nodelayout"
+	"github.com/meshwire/meshwire/internal/poll"
 	"github.com/meshwire/meshwire/internal/proxylog"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
@@ -136,7 +137,7 @@ func (d *demo) ambientSteps(conflist []byte, a, b *cniruntime.Record) {
 		return
 	}
 	defer zt.stop()
-	if err := waitFor(10*time.Second, func() bool { return amb.ZtunnelsConnected() > 0 }); err != nil {
+	if err := poll.Until(10*time.Second, func() bool { return amb.ZtunnelsConnected() > 0 }); err != nil {
 		d.step("the ztunnel stand-in connects to the agent", func() (string, error) { return "", err })
 		return
 	}
@@ -245,17 +246,6 @@ func (s *sidecar) seen(d time.Duration, match func(proxylog.Record) bool) (proxy
 			return r, true
 		}
 	}
-}
-
-func waitFor(timeout time.Duration, ok func() bool) error {
-	deadline := time.Now().Add(timeout)
-	for !ok() {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not within %s", timeout)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return nil
 }
 
 // ambientHostClean checks that the host holds no rule and no set of

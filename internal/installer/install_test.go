@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/meshwire/meshwire/internal/logging/logtest"
+	"github.com/meshwire/meshwire/internal/poll"
 )
 
 // node is a fake node: a source directory with the built files, and the
@@ -277,15 +278,12 @@ func TestApplyOwn(t *testing.T) {
 	}
 }
 
-// waitFor polls cond for up to 5 seconds.
+// waitFor waits for cond for up to 5 seconds.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if cond() {
-			return
-		}
+	if err := poll.Until(5*time.Second, cond); err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
-	t.Fatalf("timed out waiting: %s", what)
 }
 
 // TestWatch runs the installer in watch mode: it chains the config, re-applies

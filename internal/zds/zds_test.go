@@ -15,6 +15,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/meshwire/meshwire/internal/poll"
 )
 
 // pods is a snapshot source the tests change as they go.
@@ -158,12 +160,8 @@ func netnsIno(t *testing.T) uint64 {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if err := poll.Until(5*time.Second, cond); err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 
 	"github.com/meshwire/meshwire/internal/installer"
+	"github.com/meshwire/meshwire/internal/poll"
 	"github.com/meshwire/meshwire/test/harness"
 )
 
@@ -54,16 +55,11 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// waitUntil polls cond for up to limit.
+// waitUntil waits for cond for up to limit.
 func waitUntil(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
-	for end := time.Now().Add(limit); ; time.Sleep(25 * time.Millisecond) {
-		if cond() {
-			return
-		}
-		if time.Now().After(end) {
-			t.Fatalf("not within %s: %s", limit, what)
-		}
+	if err := poll.Until(limit, cond); err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
 }
 
