@@ -1,7 +1,6 @@
 package demo
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -12,7 +11,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -20,6 +18,7 @@ import (
 	"github.com/meshwire/meshwire/internal/ambient"
 	"github.com/meshwire/meshwire/internal/cniruntime"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/logging"
 	"github.com/meshwire/meshwire/internal/nodeagent"
 	"github.com/meshwire/meshwire/internal/nodelayout"
 	"github.com/meshwire/meshwire/internal/poll"
@@ -63,24 +62,6 @@ func ambientConflist(conflist []byte) ([]byte, error) {
 	})
 }
 
-// logBuffer keeps the agent's log, shown when a step of the part fails.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // ambientSteps starts ambient mode and the ztunnel stand-in, wires the
 // ambient pod, shows its traffic going through ztunnel both ways with the
 // original destinations, the host's probe reaching its app uncaptured, and
@@ -96,7 +77,7 @@ func (d *demo) ambientSteps(conflist []byte, a, b *cniruntime.Record) {
 	failed := d.failed
 	// The agent's log (log/slog's default logger), kept while the part
 	// runs.
-	log := &logBuffer{}
+	log := &logging.Buffer{}
 	defer slog.SetDefault(slog.Default())
 	slog.SetDefault(slog.New(slog.NewTextHandler(log, nil)))
 	defer func() {

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/meshwire/meshwire/internal/logging"
 	"github.com/meshwire/meshwire/internal/logging/logtest"
 	"github.com/meshwire/meshwire/internal/poll"
 )
@@ -20,7 +21,7 @@ import (
 type node struct {
 	t                    *testing.T
 	src, bin, conf       string
-	log                  *logtest.Buffer
+	log                  *logging.Buffer
 	chain, cleanupOnExit bool
 }
 

@@ -12,12 +12,14 @@
 package logging
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 
 	"github.com/meshwire/meshwire/internal/nodelayout"
 )
@@ -135,4 +137,24 @@ func Open(cfg *Config, getenv func(string) string) (*slog.Logger, func(), error)
 	}
 	l := slog.New(slog.NewJSONHandler(f, &slog.HandlerOptions{Level: lvl}))
 	return l, func() { _ = f.Close() }, nil
+}
+
+// Buffer is a log kept in memory, which several goroutines (a slog
+// handler, a command's standard error) write while another reads it.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *Buffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String is everything written so far.
+func (l *Buffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

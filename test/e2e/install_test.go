@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,6 +16,7 @@ import (
 	"github.com/containernetworking/cni/libcni"
 
 	"github.com/meshwire/meshwire/internal/installer"
+	"github.com/meshwire/meshwire/internal/logging"
 	"github.com/meshwire/meshwire/internal/poll"
 	"github.com/meshwire/meshwire/test/harness"
 )
@@ -36,24 +36,8 @@ func installFixture(t *testing.T, name string) []byte {
 	return b
 }
 
-// syncBuffer is a bytes.Buffer a running command writes while the test
-// reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+// syncBuffer is what a running command writes while the test reads it.
+type syncBuffer = logging.Buffer
 
 // waitUntil waits for cond for up to limit.
 func waitUntil(t *testing.T, limit time.Duration, what string, cond func() bool) {

@@ -64,21 +64,7 @@ func oldBuild(t *testing.T, h *harness.H) string {
 // directory.
 func startUpgradeAgent(t *testing.T, bin string, ns *harness.NS, n agentNode, zsock string) *ambientNode {
 	t.Helper()
-	a := &ambientNode{t: t, ns: ns, addr: n.addr, stderr: &syncBuffer{}, exited: make(chan struct{})}
-	a.cmd = exec.Command(bin, "node", "--cni-bin-dir", n.binDir, "--cni-conf-dir", n.confDir,
-		"--intercept", "--listen", n.addr, "--interval", "200ms", "--fastpath",
-		"--ambient", "--ztunnel-socket", zsock, "--ambient-backend", "iptables-nft")
-	a.cmd.Stderr = a.stderr
-	if err := ns.Do(a.cmd.Start); err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = a.cmd.Wait(); close(a.exited) }()
-	t.Cleanup(func() {
-		a.kill()
-		if t.Failed() {
-			t.Logf("the agent's log (%s):\n%s", bin, a.stderr.String())
-		}
-	})
+	a := startAgent(t, bin, ns, n, "--fastpath", "--ambient", "--ztunnel-socket", zsock, "--ambient-backend", "iptables-nft")
 	waitUntil(t, 30*time.Second, "the agent ready (plugins installed, fast path attached)", func() bool {
 		return a.metric("meshwire_node_ready") == "1"
 	})

@@ -4,36 +4,17 @@
 package logtest
 
 import (
-	"bytes"
 	"log/slog"
-	"sync"
 	"testing"
+
+	"github.com/meshwire/meshwire/internal/logging"
 )
 
-// Buffer holds the records logged, one text line each (slog's text
-// handler, level debug and above).
-type Buffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *Buffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-// String is every line logged so far.
-func (l *Buffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// Capture makes the default logger write to a new Buffer until the test
-// ends, and returns it. Tests that capture must not run in parallel.
-func Capture(t testing.TB) *Buffer {
-	l := &Buffer{}
+// Capture makes the default logger write to a new buffer until the test
+// ends, one text line per record (slog's text handler, level debug and
+// above), and returns it. Tests that capture must not run in parallel.
+func Capture(t testing.TB) *logging.Buffer {
+	l := &logging.Buffer{}
 	old := slog.Default()
 	slog.SetDefault(slog.New(slog.NewTextHandler(l, &slog.HandlerOptions{Level: slog.LevelDebug})))
 	t.Cleanup(func() { slog.SetDefault(old) })
