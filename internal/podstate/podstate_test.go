@@ -97,6 +97,23 @@ func TestUpdate(t *testing.T) {
 	if err != nil || r.Fastpath == nil || !r.Fastpath.Policy.IntoProxy || r.Call == nil {
 		t.Fatalf("second section: %+v, %v", r, err)
 	}
+	// A repeated ADD of the pod (Put) keeps the agent's enrollment of
+	// the same namespace, not that of another.
+	if _, err := s.Update(name, false, func(r *Record) error { r.Ambient = &Enrollment{Why: "labeled"}; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Put(Record{ContainerID: "c1", IfName: "eth0", NetnsIno: 10, Call: &Call{}}); err != nil {
+		t.Fatal(err)
+	}
+	if r, _, _ := s.Read(name); r.Ambient == nil || r.Fastpath != nil {
+		t.Fatalf("after a repeated ADD: %+v", r)
+	}
+	if err := s.Put(Record{ContainerID: "c1", IfName: "eth0", NetnsIno: 11, Call: &Call{}}); err != nil {
+		t.Fatal(err)
+	}
+	if r, _, _ := s.Read(name); r.Ambient != nil {
+		t.Fatalf("the enrollment of another namespace stayed: %+v", r)
+	}
 	if _, err := s.Update(name, false, func(r *Record) error { r.Call, r.Fastpath = nil, nil; return nil }); err != nil {
 		t.Fatal(err)
 	}

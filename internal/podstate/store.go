@@ -140,9 +140,18 @@ func (s Store) Update(name string, create bool, change func(*Record) error) (Rec
 	return out, err
 }
 
-// Put writes r as its attachment's record (Record.File), in place of any.
+// Put writes r as its attachment's record (Record.File), in place of
+// any; the enrollment of a record of the same namespace stays when r has
+// none (the node agent's, which a repeated ADD of the pod knows nothing
+// of).
 func (s Store) Put(r Record) error {
-	_, err := s.Update(r.File(), true, func(old *Record) error { *old = r; return nil })
+	_, err := s.Update(r.File(), true, func(old *Record) error {
+		if r.Ambient == nil && old.Ambient != nil && old.NetnsIno == r.NetnsIno && old.NetnsDev == r.NetnsDev {
+			r.Ambient = old.Ambient
+		}
+		*old = r
+		return nil
+	})
 	return err
 }
 
