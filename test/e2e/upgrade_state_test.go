@@ -5,6 +5,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -66,7 +67,14 @@ func startUpgradeAgent(t *testing.T, bin string, ns *harness.NS, n agentNode, zs
 	t.Helper()
 	a := startAgent(t, bin, ns, n, "--fastpath", "--ambient", "--ztunnel-socket", zsock, "--ambient-backend", "iptables-nft")
 	waitUntil(t, 30*time.Second, "the agent ready (plugins installed, fast path attached)", func() bool {
-		return a.metric("meshwire_node_ready") == "1"
+		listening := ns.Do(func() error {
+			c, err := net.DialTimeout("tcp", a.addr, time.Second)
+			if err == nil {
+				c.Close()
+			}
+			return err
+		}) == nil
+		return listening && a.metric("meshwire_node_ready") == "1"
 	})
 	return a
 }
