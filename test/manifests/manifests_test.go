@@ -19,9 +19,7 @@ import (
 	"testing"
 
 	"github.com/meshwire/meshwire/cmd/meshwire/cli"
-	"github.com/meshwire/meshwire/ebpf/fastpath/podrecord"
-	"github.com/meshwire/meshwire/internal/podnetns"
-	"github.com/meshwire/meshwire/internal/zds"
+	"github.com/meshwire/meshwire/internal/nodelayout"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -222,18 +220,21 @@ func checkDaemonSet(t *testing.T, source string, docs [][]byte) map[string]strin
 	need := map[string]string{
 		"--cni-bin-dir": flags["--cni-bin-dir"], "--cni-conf-dir": flags["--cni-conf-dir"],
 		"--plugin-log": filepath.Dir(flags["--plugin-log"]),
+		// the pods' records, which the agent repairs from, replays into
+		// the fast path it attaches and enrolls in ambient mode
+		"pods' records": nodelayout.Default().Pods(),
+		// the stores of earlier versions, which the agent moves into the
+		// records (a node upgraded in place)
+		"earlier calls": nodelayout.Default().LegacyCalls(),
 		// ambient mode (off as shipped, its mounts there for --ambient):
-		// the plugin's pod records, the enrolled pods and the plugin's
-		// socket, ztunnel's ZDS socket
-		"--ambient pods":   podnetns.Dir,
-		"--ambient state":  filepath.Dir(podnetns.Socket),
-		"--ztunnel-socket": filepath.Dir(zds.SocketPath),
+		// the plugin's socket, ztunnel's ZDS socket
+		"--ambient state":  nodelayout.Default().Ambient(),
+		"--ztunnel-socket": filepath.Dir(nodelayout.ZtunnelSocket),
 	}
 	if fastpath {
 		need["--cgroup"] = flags["--cgroup"]
-		// the intercept plugin's records, which the agent replays when it
-		// attaches the fast path
-		need["--fastpath"] = podrecord.Dir
+		// the policies of earlier versions, for the fast path's replay
+		need["earlier policies"] = nodelayout.Default().LegacyFastpath()
 	}
 	if file, ok := flags["--conflist"]; ok {
 		need["--conflist"] = filepath.Dir(file)

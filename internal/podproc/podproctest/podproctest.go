@@ -1,9 +1,9 @@
-// Package podnetnstest runs processes the way kubelet places a pod's
-// containers, for tests of podnetns.Find and of what uses it. Each runs
+// Package podproctest runs processes the way kubelet places a pod's
+// containers, for tests of podproc.Find and of what uses it. Each runs
 // in a cgroup named after its container, below one named after the pod's
 // uid (kubelet's cgroupfs driver) or directly under containerd's (kubelet
 // with cgroupsPerQOS false), in a given network namespace.
-package podnetnstest
+package podproctest
 
 import (
 	"fmt"

@@ -1,6 +1,6 @@
 //go:build kernel
 
-package podnetns_test
+package podproc_test
 
 import (
 	"errors"
@@ -11,8 +11,8 @@ import (
 	"github.com/meshwire/meshwire/ebpf/loader"
 	"github.com/meshwire/meshwire/internal/kerneltest"
 	"github.com/meshwire/meshwire/internal/netns"
-	"github.com/meshwire/meshwire/internal/podnetns"
-	"github.com/meshwire/meshwire/internal/podnetns/podnetnstest"
+	"github.com/meshwire/meshwire/internal/podproc"
+	"github.com/meshwire/meshwire/internal/podproc/podproctest"
 )
 
 // TestFind: a pod's processes, in cgroups named as kubelet's cgroupfs
@@ -34,18 +34,18 @@ func TestFind(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cg := podnetnstest.New(t, root)
-	if _, err := podnetns.Find(uid, nil); !errors.Is(err, podnetns.ErrNotFound) {
+	cg := podproctest.New(t, root)
+	if _, err := podproc.Find(uid, nil); !errors.Is(err, podproc.ErrNotFound) {
 		t.Fatalf("no process yet: %v", err)
 	}
 	cg.Start(uid, "hostnet", "") // in the pod's cgroup, the host's namespace
-	if _, err := podnetns.Find(uid, nil); !errors.Is(err, podnetns.ErrNotFound) {
+	if _, err := podproc.Find(uid, nil); !errors.Is(err, podproc.ErrNotFound) {
 		t.Fatalf("a process in the host's namespace only: %v", err)
 	}
 	cg.Start(uid, "sandbox0123", path)
 	cg.Start(uid, "app4567", path)
 	cg.Start(other, "x", path)
-	got, err := podnetns.Find(uid, nil)
+	got, err := podproc.Find(uid, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -54,7 +54,7 @@ func TestFind(t *testing.T) {
 	if netns.CheckIdentity(got.Netns, ino, dev) != nil || got.ContainerID != "sandbox0123" {
 		t.Fatalf("found %+v, want %s and the sandbox", got, path)
 	}
-	if _, err := podnetns.Find("2b8f9c1e-4d2a-4f7e-9a61-5c3d2e1f0a9b", nil); !errors.Is(err, podnetns.ErrNotFound) {
+	if _, err := podproc.Find("2b8f9c1e-4d2a-4f7e-9a61-5c3d2e1f0a9b", nil); !errors.Is(err, podproc.ErrNotFound) {
 		t.Fatalf("another uid: %v", err)
 	}
 
@@ -71,10 +71,10 @@ func TestFind(t *testing.T) {
 	cg.Start("", "flatapp", path2)
 	cg.Start("", "flatother", path)
 	const flat = "3b8f9c1e-4d2a-4f7e-9a61-5c3d2e1f0a9b"
-	if _, err := podnetns.Find(flat, []string{"nothere"}); !errors.Is(err, podnetns.ErrNotFound) {
+	if _, err := podproc.Find(flat, []string{"nothere"}); !errors.Is(err, podproc.ErrNotFound) {
 		t.Fatalf("containers not running: %v", err)
 	}
-	got, err = podnetns.Find(flat, []string{"flatapp"})
+	got, err = podproc.Find(flat, []string{"flatapp"})
 	if err != nil {
 		t.Fatal(err)
 	}

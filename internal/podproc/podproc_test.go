@@ -1,4 +1,4 @@
-package podnetns
+package podproc
 
 import (
 	"testing"

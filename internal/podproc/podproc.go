@@ -1,4 +1,8 @@
-package podnetns
+// Package podproc finds a Kubernetes pod's network namespace and sandbox
+// through the pod's processes, for a pod that has no record on the node
+// (package podstate): one that started before the node agent's ambient
+// mode was on.
+package podproc
 
 import (
 	"errors"
