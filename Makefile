@@ -27,7 +27,7 @@ COMMANDS  := meshwire iptables-init
 TEST_TIMEOUT ?= 60m
 BENCH ?= .
 
-.PHONY: all build test unit deps demo bench bench-report bench-check bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-ambient cluster-podstart cluster-podstart-compare cluster-conformance cluster-network-suite cluster-faults
+.PHONY: all build test unit deps demo bench bench-report bench-check bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-ambient cluster-podstart cluster-podstart-compare cluster-conformance cluster-network-suite cluster-faults cluster-status
 
 all: build
 
@@ -223,6 +223,10 @@ cluster-conformance:
 # meshwire fails a spec the control passes.
 cluster-network-suite:
 	$(CLUSTER_SUITE) '^TestNetworkSuite$$'
+
+# containerd 2 gating the node on meshwire's CNI STATUS (RUNTIME=containerd2).
+cluster-status:
+	$(CLUSTER_SUITE) '^TestStatusGate$$'
 
 # A node's power cut and return, and a node removed for good (NODES >= 2).
 cluster-faults:
