@@ -28,7 +28,7 @@ COMMANDS  := meshwire iptables-init
 TEST_TIMEOUT ?= 60m
 BENCH ?= .
 
-.PHONY: all build test unit deps demo bench bench-report bench-check bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-ambient cluster-podstart cluster-podstart-compare cluster-conformance cluster-network-suite cluster-faults
+.PHONY: all build test unit deps demo bench bench-report bench-check bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-ambient cluster-podstart cluster-podstart-compare cluster-conformance cluster-network-suite cluster-faults cluster-status
 
 all: build
 
@@ -174,9 +174,13 @@ image: build
 # node on the host) or NODES=N (N nodes in namespaces of their own, flannel
 # between them). Not part of `make test`. MESHWIRE_CLUSTER_CNI=reference
 # starts it on the reference plugins v1.9.1 (the control).
+# RUNTIME=containerd2, PROXY_MODE=nftables, FIREWALL=iptables|nftables:
+# the cluster's other shapes (test/cluster/cluster.sh's header).
 NODES ?= 1
+CLUSTER_ENV = MESHWIRE_CLUSTER_NODES=$(NODES) $(if $(RUNTIME),MESHWIRE_CLUSTER_RUNTIME=$(RUNTIME)) \
+	$(if $(PROXY_MODE),MESHWIRE_CLUSTER_PROXY_MODE=$(PROXY_MODE)) $(if $(FIREWALL),MESHWIRE_CLUSTER_FIREWALL=$(FIREWALL))
 cluster:
-	MESHWIRE_CLUSTER_NODES=$(NODES) test/cluster/cluster.sh up
+	$(CLUSTER_ENV) test/cluster/cluster.sh up
 
 cluster-down:
 	test/cluster/cluster.sh down
@@ -186,7 +190,7 @@ cluster-down:
 # (conformance, network-suite, podstart-compare) take clusters of NODES
 # nodes up and down themselves.
 CLUSTER_TIMEOUT ?= 240m
-CLUSTER_SUITE = MESHWIRE_CLUSTER_NODES=$(NODES) $(GO) test -tags cluster -count=1 -v -timeout $(CLUSTER_TIMEOUT) ./test/clustersuites/ -run
+CLUSTER_SUITE = $(CLUSTER_ENV) $(GO) test -tags cluster -count=1 -v -timeout $(CLUSTER_TIMEOUT) ./test/clustersuites/ -run
 
 # Services, DNS and per-pod interception; across nodes on several.
 cluster-smoke:
@@ -230,6 +234,10 @@ cluster-conformance:
 # meshwire fails a spec the control passes.
 cluster-network-suite:
 	$(CLUSTER_SUITE) '^TestNetworkSuite$$'
+
+# containerd 2 gating the node on meshwire's CNI STATUS (RUNTIME=containerd2).
+cluster-status:
+	$(CLUSTER_SUITE) '^TestStatusGate$$'
 
 # A node's power cut and return, and a node removed for good (NODES >= 2).
 cluster-faults:
