@@ -26,6 +26,8 @@ TESTBINS  = $(filter $(PKG)/test/%,$(MAINS))
 COMMANDS  := meshwire iptables-init
 
 TEST_TIMEOUT ?= 60m
+# The node-wide lock of meshwire's kernel tests (internal/kerneltest).
+KERNEL_LOCK = /run/meshwire-tests.lock
 BENCH ?= .
 
 .PHONY: all build test unit deps demo bench bench-report bench-check bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-ambient cluster-podstart cluster-podstart-compare cluster-conformance cluster-network-suite cluster-faults cluster-status
@@ -62,6 +64,8 @@ vet:
 # Every test, kernel tests included (they need root and are never skipped),
 # on a host seeded with other tools' rules (test/seed-host.sh), which the
 # tests must leave as they found it; the seed goes when they end. The
+# kernel tests' lock is held from the seed to its removal (a cluster holds
+# it for its life): the test processes serialize on a lock of their own. The
 # system packages install while the modules download and build and vet
 # compile (the tests wait for them); go test does not vet again what vet
 # has checked (-vet=off).
@@ -69,9 +73,11 @@ test:
 	@mkdir -p $(BIN); test/deps.sh >$(BIN)/deps.log 2>&1 & apt=$$!; \
 	  $(MAKE) --no-print-directory build vet; st=$$?; \
 	  wait $$apt || st=1; cat $(BIN)/deps.log; exit $$st
-	@test/seed-host.sh add
-	@MESHWIRE_BIN_DIR=$(BIN) $(GO) test -trimpath -vet=off -tags kernel -count=1 -timeout $(TEST_TIMEOUT) ./...; \
-	  st=$$?; test/seed-host.sh remove || st=1; exit $$st
+	@flock -n $(KERNEL_LOCK) true || echo "make test: waiting for $(KERNEL_LOCK) (a cluster, a benchmark or other tests hold it)"
+	@flock $(KERNEL_LOCK) env MESHWIRE_KERNEL_PACKAGE_LOCK=$(KERNEL_LOCK).packages sh -c '\
+	  test/seed-host.sh add || exit 1; \
+	  MESHWIRE_BIN_DIR=$(BIN) $(GO) test -trimpath -vet=off -tags kernel -count=1 -timeout $(TEST_TIMEOUT) ./...; \
+	  st=$$?; test/seed-host.sh remove || st=1; exit $$st'
 
 # Tests that need neither root nor the kernel: any user, no network
 # namespace, no firewall tool.
