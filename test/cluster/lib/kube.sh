@@ -128,10 +128,17 @@ EOF
 	echo "nameserver 127.0.0.1" >"$STATE/config/resolv.conf"
 }
 
-# kube_proxy_config FILE NAME: kube-proxy in PROXY_MODE (iptables or
-# nftables); it leaves the node's conntrack settings and route_localnet
-# alone.
+# kube_proxy_config FILE NAME [netns]: kube-proxy in PROXY_MODE (iptables
+# or nftables); it leaves route_localnet and the conntrack table's size
+# (one for the whole machine) alone. A node with a network namespace of
+# its own (netns) gets kube-proxy's conntrack timeouts, as a kind node
+# does (they are the namespace's: KubeProxy's CLOSE_WAIT spec reads them);
+# the one node that shares the host's keeps the host's.
 kube_proxy_config() {
+	local timeouts="  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s"
+	[ "${3:-}" = netns ] && timeouts="  tcpEstablishedTimeout: 24h0m0s
+  tcpCloseWaitTimeout: 1h0m0s"
 	mkdir -p "$(dirname "$1")"
 	cat >"$1" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
@@ -145,8 +152,7 @@ metricsBindAddress: 127.0.0.1:10249
 conntrack:
   maxPerCore: 0
   min: 0
-  tcpEstablishedTimeout: 0s
-  tcpCloseWaitTimeout: 0s
+$timeouts
 iptables:
   localhostNodePorts: false
 EOF

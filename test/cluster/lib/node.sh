@@ -76,7 +76,7 @@ node_new() {
 	write_containerd_config "$d/config/containerd.toml" "$d/containerd" /run/containerd "$d/containerd.sock" \
 		/run/containerd/runc /opt/cni/bin /etc/cni/net.d
 	kubelet_config "$d/config/kubelet.yaml" "$d/containerd.sock" "$2" "$name"
-	kube_proxy_config "$d/config/kube-proxy.yaml" "$name"
+	kube_proxy_config "$d/config/kube-proxy.yaml" "$name" netns
 }
 
 # node_boot NAME: what a node has from its power-on: its network namespace,
