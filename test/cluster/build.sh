@@ -120,6 +120,9 @@ step coredns bash -c "cd coredns && go build -trimpath -ldflags '-s -w -X github
 
 # END BINARIES
 
+# The program of Conntrack's invalid-state spec's image, from the same
+# module (its version is go.mod's, in the key).
+step regression-issue-74839 go build -trimpath -ldflags "-s -w" -o "$bin/" k8s.io/kubernetes/test/images/regression-issue-74839
 agnhost_src=$(go list -f '{{.Dir}}' k8s.io/kubernetes/test/images/agnhost)
 step "images-$ikey" ./images.sh "$bin" "$images" "$K8S_VERSION" "$COREDNS_VERSION" "$agnhost_src"
 ln -sfn "images-$ikey" "$dir/images"

@@ -155,6 +155,13 @@ with_libs "$work/distroless-iptables" /usr/sbin/conntrack
 image registry.k8s.io/build-image/distroless-iptables:v0.7.13 distroless-iptables "$work/distroless-iptables" \
 	'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
 
+# regression-issue-74839, the server of Conntrack's invalid-state spec
+# (it answers with raw sockets), as its Dockerfile lays it out.
+rootfs "$work/regression"
+cp "$bin/regression-issue-74839" "$work/regression/regression-issue-74839"
+image registry.k8s.io/e2e-test-images/regression-issue-74839:1.2 regression-issue-74839 "$work/regression" \
+	'ENTRYPOINT ["/regression-issue-74839"]'
+
 rootfs "$work/coredns"
 cp "$bin/coredns" "$work/coredns/coredns"
 image "registry.k8s.io/coredns/coredns:$coredns_version" coredns "$work/coredns" 'ENTRYPOINT ["/coredns"]'
