@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -141,13 +140,7 @@ func compareWithControl(t *testing.T, name, focus, skip string, want int, allPas
 				results[cni] = framework.E2EResult{Summary: []string{"not run: meshwire failed no spec"}}
 				break
 			}
-			quoted := make([]string, len(failed))
-			for i, f := range failed {
-				// The report names a spec "[It] " and its text; Ginkgo
-				// focuses on the text.
-				quoted[i] = regexp.QuoteMeta(strings.TrimPrefix(f, "[It] "))
-			}
-			focus = strings.Join(quoted, "|")
+			focus = framework.FocusOn(failed)
 		}
 		if c, ok := framework.Running(); !ok || c.CNI != cni {
 			framework.Require(t, cni+": cluster up", life.Up(cni, cni))

@@ -177,6 +177,18 @@ func E2ECompare(run, control E2EResult) (both []string, err error) {
 	return both, nil
 }
 
+// FocusOn is a Ginkgo focus that selects the specs named (as E2EResult
+// names them, "[It] " and the spec's text) and no other: Ginkgo matches
+// the focus against the suite's description, a space and the spec's
+// text, without the prefix.
+func FocusOn(specs []string) string {
+	quoted := make([]string, len(specs))
+	for i, s := range specs {
+		quoted[i] = "(^| )" + regexp.QuoteMeta(strings.TrimPrefix(s, "[It] ")) + "$"
+	}
+	return strings.Join(quoted, "|")
+}
+
 func orNotRun(s string) string {
 	if s == "" {
 		return "not run"

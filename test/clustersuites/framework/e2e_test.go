@@ -3,6 +3,7 @@ package framework
 import (
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -76,5 +77,34 @@ func TestE2ECompare(t *testing.T) {
 	delete(run.Specs, "c")
 	if _, err := E2ECompare(run, control); err == nil || !strings.Contains(err.Error(), "not run") {
 		t.Errorf("a spec the control passed did not run: %v", err)
+	}
+}
+
+// TestFocusOn: the focus selects exactly the specs named, by what Ginkgo
+// matches (the suite's description, a space, the spec's text: no "[It] "
+// prefix), with their brackets and dots taken literally.
+func TestFocusOn(t *testing.T) {
+	named := []string{
+		"[It] [sig-network] KubeProxy should set TCP CLOSE_WAIT timeout [Privileged]",
+		"[It] [sig-network] Services should serve a basic endpoint from pods  [Conformance]",
+	}
+	focus := regexp.MustCompile(FocusOn(named))
+	for _, text := range []string{
+		"Kubernetes e2e suite [sig-network] KubeProxy should set TCP CLOSE_WAIT timeout [Privileged]",
+		"Kubernetes e2e suite [sig-network] Services should serve a basic endpoint from pods  [Conformance]",
+	} {
+		if !focus.MatchString(text) {
+			t.Errorf("the focus %q does not select %q", focus, text)
+		}
+	}
+	for _, text := range []string{
+		"Kubernetes e2e suite [sig-network] KubeProxy should set TCP CLOSE_WAIT timeout [Privileged] and more",
+		"Kubernetes e2e suite [sig-network] KubeProxy should set TCP CLOSE_WAIT timeout P",
+		"Kubernetes e2e suite [sig-network] Services should serve a basic endpoint from pods",
+		"Kubernetes e2e suite x[sig-network] KubeProxy should set TCP CLOSE_WAIT timeout [Privileged]",
+	} {
+		if focus.MatchString(text) {
+			t.Errorf("the focus %q selects %q", focus, text)
+		}
 	}
 }
