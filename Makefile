@@ -19,15 +19,18 @@ BINDIR    ?= /usr/local/bin
 # Every main package that ships (the test/ tree holds test-only programs;
 # internal/ holds development tools such as the docs generator, run by
 # `go generate`, never installed).
-MAINS     = $(shell $(GO) list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' ./...)
+# (MAINS runs `go list` once, when first needed.)
+MAINS     = $(eval MAINS := $$(shell $(GO) list -f '{{if eq .Name "main"}}{{.ImportPath}}{{end}}' ./...))$(MAINS)
 SHIPPED   = $(filter-out $(PKG)/test/% $(PKG)/internal/%,$(MAINS))
 TESTBINS  = $(filter $(PKG)/test/%,$(MAINS))
 COMMANDS  := meshwire iptables-init
 
 TEST_TIMEOUT ?= 60m
+# The node-wide lock of meshwire's kernel tests (internal/kerneltest).
+KERNEL_LOCK = /run/meshwire-tests.lock
 BENCH ?= .
 
-.PHONY: all build test unit deps demo bench bench-report bench-check bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-ambient cluster-podstart cluster-podstart-compare cluster-conformance cluster-network-suite cluster-faults
+.PHONY: all build test unit deps demo bench bench-report bench-check bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-ambient cluster-podstart cluster-podstart-compare cluster-conformance cluster-network-suite cluster-faults cluster-status
 
 all: build
 
@@ -41,31 +44,45 @@ build:
 	$(GO) build -trimpath -ldflags "$(LDFLAGS) -X $(PKG)/internal/hostlocal.BuildID=$$($(GO) tool buildid $(BIN)/host-local)" -o $(BIN)/ $(filter-out $(HOSTLOCAL),$(SHIPPED))
 	@test -z "$(TESTBINS)" || $(GO) build -trimpath -o $(BIN)/test/ $(TESTBINS)
 
+# The system packages (apt-get) and the Go modules, fetched at the same time.
 deps:
-	@test/deps.sh
+	@test/deps.sh & apt=$$!; $(GO) mod download; st=$$?; wait $$apt && exit $$st
 
 # Kernel tests are the test files built with the "kernel" tag
 # (internal/kerneltest), the cluster suites those with the "cluster" tag
-# (test/clustersuites): vet checks every build, and gofmt every file.
+# (test/clustersuites): vet checks every build once, and gofmt every file.
+# Every go command of build, vet and test compiles with -trimpath, as the
+# shipped binaries are built: one compilation of each package in the build
+# cache serves them all.
 vet:
 	@unformatted=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	  if [ -n "$$unformatted" ]; then echo "gofmt needed:"; echo "$$unformatted"; exit 1; fi
-	$(GO) vet ./...
-	$(GO) vet -tags kernel ./...
-	$(GO) vet -tags cluster ./test/clustersuites/...
+	$(GO) vet -trimpath ./...
+	$(GO) vet -trimpath -tags kernel ./...
+	$(GO) vet -trimpath -tags cluster ./test/clustersuites/...
 
 # Every test, kernel tests included (they need root and are never skipped),
 # on a host seeded with other tools' rules (test/seed-host.sh), which the
-# tests must leave as they found it; the seed goes when they end.
-test: deps build vet
-	@test/seed-host.sh add
-	@MESHWIRE_BIN_DIR=$(BIN) $(GO) test -tags kernel -count=1 -timeout $(TEST_TIMEOUT) ./...; \
-	  st=$$?; test/seed-host.sh remove || st=1; exit $$st
+# tests must leave as they found it; the seed goes when they end. The
+# kernel tests' lock is held from the seed to its removal (a cluster holds
+# it for its life): the test processes serialize on a lock of their own. The
+# system packages install while the modules download and build and vet
+# compile (the tests wait for them); go test does not vet again what vet
+# has checked (-vet=off).
+test:
+	@mkdir -p $(BIN); test/deps.sh >$(BIN)/deps.log 2>&1 & apt=$$!; \
+	  $(MAKE) --no-print-directory build vet; st=$$?; \
+	  wait $$apt || st=1; cat $(BIN)/deps.log; exit $$st
+	@flock -n $(KERNEL_LOCK) true || echo "make test: waiting for $(KERNEL_LOCK) (a cluster, a benchmark or other tests hold it)"
+	@flock $(KERNEL_LOCK) env MESHWIRE_KERNEL_PACKAGE_LOCK=$(KERNEL_LOCK).packages sh -c '\
+	  test/seed-host.sh add || exit 1; \
+	  MESHWIRE_BIN_DIR=$(BIN) $(GO) test -trimpath -vet=off -tags kernel -count=1 -timeout $(TEST_TIMEOUT) ./...; \
+	  st=$$?; test/seed-host.sh remove || st=1; exit $$st'
 
 # Tests that need neither root nor the kernel: any user, no network
 # namespace, no firewall tool.
 unit:
-	$(GO) test -count=1 ./...
+	$(GO) test -trimpath -count=1 ./...
 
 # The crash tests in full: every command killed at random instants
 # CHAOS_KILLS times per plugin command (make test runs a sample of 4).
@@ -163,9 +180,13 @@ image: build
 # node on the host) or NODES=N (N nodes in namespaces of their own, flannel
 # between them). Not part of `make test`. MESHWIRE_CLUSTER_CNI=reference
 # starts it on the reference plugins v1.9.1 (the control).
+# RUNTIME=containerd2, PROXY_MODE=nftables, FIREWALL=iptables|nftables:
+# the cluster's other shapes (test/cluster/cluster.sh's header).
 NODES ?= 1
+CLUSTER_ENV = MESHWIRE_CLUSTER_NODES=$(NODES) $(if $(RUNTIME),MESHWIRE_CLUSTER_RUNTIME=$(RUNTIME)) \
+	$(if $(PROXY_MODE),MESHWIRE_CLUSTER_PROXY_MODE=$(PROXY_MODE)) $(if $(FIREWALL),MESHWIRE_CLUSTER_FIREWALL=$(FIREWALL))
 cluster:
-	MESHWIRE_CLUSTER_NODES=$(NODES) test/cluster/cluster.sh up
+	$(CLUSTER_ENV) test/cluster/cluster.sh up
 
 cluster-down:
 	test/cluster/cluster.sh down
@@ -175,7 +196,7 @@ cluster-down:
 # (conformance, network-suite, podstart-compare) take clusters of NODES
 # nodes up and down themselves.
 CLUSTER_TIMEOUT ?= 240m
-CLUSTER_SUITE = MESHWIRE_CLUSTER_NODES=$(NODES) $(GO) test -tags cluster -count=1 -v -timeout $(CLUSTER_TIMEOUT) ./test/clustersuites/ -run
+CLUSTER_SUITE = $(CLUSTER_ENV) $(GO) test -tags cluster -count=1 -v -timeout $(CLUSTER_TIMEOUT) ./test/clustersuites/ -run
 
 # Services, DNS and per-pod interception; across nodes on several.
 cluster-smoke:
@@ -219,6 +240,10 @@ cluster-conformance:
 # meshwire fails a spec the control passes.
 cluster-network-suite:
 	$(CLUSTER_SUITE) '^TestNetworkSuite$$'
+
+# containerd 2 gating the node on meshwire's CNI STATUS (RUNTIME=containerd2).
+cluster-status:
+	$(CLUSTER_SUITE) '^TestStatusGate$$'
 
 # A node's power cut and return, and a node removed for good (NODES >= 2).
 cluster-faults:

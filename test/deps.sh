@@ -32,6 +32,7 @@ cluster)
   needs ipset ipset # down's leak check of ambient's probe sets (the host snapshot has no ipsets)
   # what images.sh copies into the agnhost and dnsutils images
   needs /usr/bin/wget wget /usr/bin/nc netcat-openbsd /usr/bin/dig bind9-dnsutils /usr/sbin/ip iproute2
+  needs /usr/sbin/conntrack conntrack # the distroless-iptables image's (KubeProxy's CLOSE_WAIT spec)
   ;;
 *)
   cri

@@ -1,17 +1,15 @@
 // Package bpfnode attaches meshwire's BPF programs on the node, the one
 // sequence `meshwire fastpath attach` and the node agent (and `meshwire
-// install --fastpath`) run. It attaches the fast path (package fastpath), the meshed
-// pods' records replayed into a fast path just attached (podrecord), and
-// the ebpf interception programs (package capture). Callers report what
-// it did; it prints nothing.
+// install --fastpath`) run. It attaches the fast path (package fastpath)
+// and the ebpf interception programs (package capture). Callers replay
+// the meshed pods' records into a fast path it attached (Result.Fresh;
+// package podstate) and report what it did; it prints nothing.
 package bpfnode
 
 import (
 	"github.com/meshwire/meshwire/ebpf/capture"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
-	"github.com/meshwire/meshwire/ebpf/fastpath/podrecord"
 	"github.com/meshwire/meshwire/ebpf/loader"
-	"github.com/meshwire/meshwire/internal/netns"
 )
 
 // Options say what to attach, and in which order.
@@ -42,12 +40,10 @@ type Result struct {
 	// (FastpathRan).
 	Fastpath    loader.Result
 	FastpathRan bool
-	// Replayed: the records were replayed (a fast path was attached or
-	// replaced, not found attached), with what it did and its error,
-	// which is reported, never fatal.
-	Replayed  bool
-	Replay    podrecord.Replayed
-	ReplayErr error
+	// Fresh: a fast path was attached or replaced (not found attached):
+	// it holds no pod's policy yet, and the caller replays the pods'
+	// records into it.
+	Fresh bool
 	// Capture is what the ebpf interception programs' attach did, when
 	// it ran (CaptureRan).
 	Capture    loader.Result
@@ -81,18 +77,12 @@ func Attach(o Options) (Result, error) {
 	return r, nil
 }
 
-// attachFastpath attaches the fast path and, when it attached one (or
-// replaced another build's), writes the meshed pods' fast-path records
-// into it: their policies survive a detach (the agent's restart) and
-// reach pods created while it was not attached.
+// attachFastpath attaches the fast path and says whether it attached one
+// (or replaced another build's).
 func (r *Result) attachFastpath(cfg fastpath.Config) error {
 	r.FastpathRan = true
 	res, err := fastpath.Attach(cfg)
 	r.Fastpath = res
-	if err != nil || res == loader.AlreadyAttached {
-		return err
-	}
-	r.Replayed = true
-	r.Replay, r.ReplayErr = podrecord.Replay("", cfg.PinDir, netns.Live)
-	return nil
+	r.Fresh = err == nil && res != loader.AlreadyAttached
+	return err
 }

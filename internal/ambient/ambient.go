@@ -59,7 +59,7 @@ type Config struct {
 	// IPv6 adds the IPv6 rules (Istio's EnableIPv6).
 	IPv6 bool
 	// RedirectDNS sends the pods' DNS to ztunnel unless a pod says
-	// otherwise (Pod.DNS).
+	// otherwise (Overrides.DNS).
 	RedirectDNS bool
 	// ProbeSNAT and ProbeSNATv6 are the addresses the host rule gives the
 	// node's probes (DefaultProbeSNAT, DefaultProbeSNATv6), which the
@@ -79,9 +79,9 @@ const (
 	DNSOff
 )
 
-// Pod is what one pod changes of the in-pod rules (Istio's
+// Overrides is what one pod changes of the in-pod rules (Istio's
 // PodLevelOverrides).
-type Pod struct {
+type Overrides struct {
 	// Ingress leaves inbound traffic alone (a gateway's pod).
 	Ingress bool
 	// VirtualInterfaces are interfaces whose inbound TCP is the pod's
@@ -171,7 +171,7 @@ func (c Config) Families() []ruleset.IPVersion {
 // written once per family, IPv4's first. istio-nftables orders the
 // matches of the two conntrack zone rules differently from
 // istio-iptables (nft).
-func inPod(cfg Config, pod Pod, nft bool) []entry {
+func inPod(cfg Config, pod Overrides, nft bool) []entry {
 	var out []entry
 	add := func(table string, r ruleset.Rule) { out = append(out, entry{table, r}) }
 	// each adds the rule of each family, with that family's addresses.
@@ -263,7 +263,7 @@ func inPod(cfg Config, pod Pod, nft bool) []entry {
 // pod's namespace with iptables (either variant): for each family, each
 // table's chains (declared, so emptied when there) and rules, in
 // istio-cni's order.
-func InPodIPTables(cfg Config, pod Pod) *ruleset.Tx {
+func InPodIPTables(cfg Config, pod Overrides) *ruleset.Tx {
 	entries := inPod(cfg, pod, false)
 	tx := &ruleset.Tx{}
 	for _, f := range cfg.Families() {
@@ -307,7 +307,7 @@ func InPodIPTables(cfg Config, pod Pod) *ruleset.Tx {
 // namespace with native nftables: istio-nftables' inet tables
 // (istio-ambient-nat, -mangle, -raw), each replaced whole, and removed
 // when the pod needs none of its rules.
-func InPodNft(cfg Config, pod Pod) *ruleset.Tx {
+func InPodNft(cfg Config, pod Overrides) *ruleset.Tx {
 	entries := inPod(cfg, pod, true)
 	tx := &ruleset.Tx{}
 	for _, table := range tables {
@@ -344,6 +344,38 @@ func InPodNft(cfg Config, pod Pod) *ruleset.Tx {
 		}
 	}
 	return tx
+}
+
+// InPod is the in-pod rules of a pod with overrides ov, with native
+// nftables or iptables: what they own (replaced and removed whole
+// through the firewall: InPodOwned), and the transaction that writes
+// them (InPodNft, InPodIPTables).
+func InPod(cfg Config, ov Overrides, native bool) (ruleset.Owned, *ruleset.Tx) {
+	if native {
+		return InPodOwned(cfg, native), InPodNft(cfg, ov)
+	}
+	return InPodOwned(cfg, native), InPodIPTables(cfg, ov)
+}
+
+// InPodOwned is what the in-pod rules own in a pod's namespace: the inet
+// tables istio-ambient-nat, -mangle and -raw with native nftables; with
+// iptables, ISTIO_PRERT and ISTIO_OUTPUT in mangle, nat and raw, jumped to
+// from PREROUTING and OUTPUT.
+func InPodOwned(cfg Config, native bool) ruleset.Owned {
+	var o ruleset.Owned
+	if native {
+		for _, t := range tables {
+			o.Tables = append(o.Tables, ruleset.TableID{Family: ruleset.Inet, Name: NftTablePrefix + t})
+		}
+		return o
+	}
+	for _, f := range cfg.Families() {
+		for _, t := range []string{mangle, nat, raw} {
+			o.Chains = append(o.Chains, ruleset.OwnedChains{Table: ruleset.TableID{Family: f.Tables(), Name: t},
+				Builtins: []string{"PREROUTING", "OUTPUT"}, Chains: []string{ChainPrerouting, ChainOutput}})
+		}
+	}
+	return o
 }
 
 // nftChain is istio-nftables' name of a chain: prerouting, output,

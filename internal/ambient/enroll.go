@@ -33,7 +33,7 @@ const (
 	// 50804); the label DataplaneModeNone replaced it.
 	AnnotationRedirection = "ambient.istio.io/redirection"
 
-	// The pod's overrides of the in-pod rules (Pod).
+	// The pod's overrides of the in-pod rules (Overrides).
 	AnnotationBypassInbound     = "ambient.istio.io/bypass-inbound-capture"
 	AnnotationDNSCapture        = "ambient.istio.io/dns-capture"
 	AnnotationVirtualInterfaces = "istio.io/reroute-virtual-interfaces"
@@ -60,7 +60,7 @@ type PodMeta struct {
 //     selector is NotIn [none]: no label, or any other value, enrolls).
 //
 // Istio also leaves out pods whose phase is Succeeded or Failed (see
-// podwatch.Pod.Terminating); that is not a matter of labels.
+// podwatch.APIPod.Terminating); that is not a matter of labels.
 func Enrolled(pod PodMeta, nsLabels map[string]string) (bool, string) {
 	if pod.HostNetwork {
 		return false, "on the host's network: no namespace of its own to redirect in"
@@ -89,7 +89,7 @@ func NamespaceAmbient(nsLabels map[string]string) bool {
 	return nsLabels[LabelDataplaneMode] == DataplaneModeAmbient
 }
 
-// Overrides is the Pod of a pod's annotations: what it changes of the
+// ParseOverrides is the Overrides of a pod's annotations: what it changes of the
 // in-pod rules. It is istio-cni's getPodLevelTrafficOverrides
 // (cni/pkg/nodeagent/net.go):
 //
@@ -100,13 +100,13 @@ func NamespaceAmbient(nsLabels map[string]string) bool {
 //     interface names, blanks around them and empty items dropped:
 //     VirtualInterfaces.
 //
-// The Pod is always Istio's: a boolean annotation whose value does not
+// The Overrides are always Istio's: a boolean annotation whose value does not
 // parse counts as absent, and interface names are kept as they are. The
 // error names each annotation Istio ignores (a bad boolean) or that cannot
 // be installed (a name no interface can have, which iptables and nft
 // refuse): the caller logs it, as Istio does, or refuses the pod.
-func Overrides(annotations map[string]string) (Pod, error) {
-	var pod Pod
+func ParseOverrides(annotations map[string]string) (Overrides, error) {
+	var pod Overrides
 	var errs []error
 	boolean := func(name string) (value, ok bool) {
 		v, present := annotations[name]

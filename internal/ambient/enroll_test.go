@@ -60,33 +60,33 @@ func TestOverrides(t *testing.T) {
 	for _, c := range []struct {
 		name    string
 		in      map[string]string
-		want    Pod
+		want    Overrides
 		errWith []string // the annotations the error names
 	}{
-		{name: "pod dns override", in: map[string]string{AnnotationDNSCapture: "true"}, want: Pod{DNS: DNSOn}},
-		{name: "no pod dns set", want: Pod{}},
-		{name: "pod dns disabled", in: map[string]string{AnnotationDNSCapture: "false"}, want: Pod{DNS: DNSOff}},
+		{name: "pod dns override", in: map[string]string{AnnotationDNSCapture: "true"}, want: Overrides{DNS: DNSOn}},
+		{name: "no pod dns set", want: Overrides{}},
+		{name: "pod dns disabled", in: map[string]string{AnnotationDNSCapture: "false"}, want: Overrides{DNS: DNSOff}},
 		{
 			name: "pod dns disabled, ingress mode enabled, two virt interfaces", // (Istio's name; its DNS is "true")
 			in:   map[string]string{AnnotationDNSCapture: "true", AnnotationBypassInbound: "true", AnnotationVirtualInterfaces: "en0ps1, en1ps1"},
-			want: Pod{DNS: DNSOn, Ingress: true, VirtualInterfaces: []string{"en0ps1", "en1ps1"}},
+			want: Overrides{DNS: DNSOn, Ingress: true, VirtualInterfaces: []string{"en0ps1", "en1ps1"}},
 		},
 		{
 			name:    "various manglings",
 			in:      map[string]string{AnnotationDNSCapture: "tweedledum", AnnotationBypassInbound: "tweedledee", AnnotationVirtualInterfaces: "asd^&&*$&*(#$&*(#&$*())),   "},
-			want:    Pod{VirtualInterfaces: []string{"asd^&&*$&*(#$&*(#&$*()))"}},
+			want:    Overrides{VirtualInterfaces: []string{"asd^&&*$&*(#$&*(#&$*()))"}},
 			errWith: []string{AnnotationDNSCapture, AnnotationBypassInbound, AnnotationVirtualInterfaces},
 		},
 
-		{name: "ParseBool's other spellings", in: map[string]string{AnnotationBypassInbound: "1", AnnotationDNSCapture: "F"}, want: Pod{Ingress: true, DNS: DNSOff}},
-		{name: "ingress explicitly off", in: map[string]string{AnnotationBypassInbound: "false"}, want: Pod{}},
-		{name: "empty boolean", in: map[string]string{AnnotationDNSCapture: ""}, want: Pod{}, errWith: []string{AnnotationDNSCapture}},
-		{name: "only separators", in: map[string]string{AnnotationVirtualInterfaces: " , ,"}, want: Pod{}},
-		{name: "a name with a slash", in: map[string]string{AnnotationVirtualInterfaces: "eth0,a/b"}, want: Pod{VirtualInterfaces: []string{"eth0", "a/b"}}, errWith: []string{AnnotationVirtualInterfaces}},
-		{name: "unrelated annotations", in: map[string]string{AnnotationSidecarStatus: "x", AnnotationRedirection: "enabled"}, want: Pod{}},
+		{name: "ParseBool's other spellings", in: map[string]string{AnnotationBypassInbound: "1", AnnotationDNSCapture: "F"}, want: Overrides{Ingress: true, DNS: DNSOff}},
+		{name: "ingress explicitly off", in: map[string]string{AnnotationBypassInbound: "false"}, want: Overrides{}},
+		{name: "empty boolean", in: map[string]string{AnnotationDNSCapture: ""}, want: Overrides{}, errWith: []string{AnnotationDNSCapture}},
+		{name: "only separators", in: map[string]string{AnnotationVirtualInterfaces: " , ,"}, want: Overrides{}},
+		{name: "a name with a slash", in: map[string]string{AnnotationVirtualInterfaces: "eth0,a/b"}, want: Overrides{VirtualInterfaces: []string{"eth0", "a/b"}}, errWith: []string{AnnotationVirtualInterfaces}},
+		{name: "unrelated annotations", in: map[string]string{AnnotationSidecarStatus: "x", AnnotationRedirection: "enabled"}, want: Overrides{}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			got, err := Overrides(c.in)
+			got, err := ParseOverrides(c.in)
 			if got.Ingress != c.want.Ingress || got.DNS != c.want.DNS || !slices.Equal(got.VirtualInterfaces, c.want.VirtualInterfaces) {
 				t.Errorf("Overrides = %+v, want %+v", got, c.want)
 			}

@@ -16,12 +16,12 @@ func TestGolden(t *testing.T) {
 	v4.IPv6, v4.RedirectDNS = false, false
 	for name, c := range map[string]struct {
 		cfg Config
-		pod Pod
+		pod Overrides
 	}{
 		"inpod-dns-ipv6":     {cfg: node},
-		"inpod-ingress-virt": {cfg: v4, pod: Pod{Ingress: true, VirtualInterfaces: []string{"k6t-eth0"}}},
-		"inpod-dns-off-ipv6": {cfg: node, pod: Pod{DNS: DNSOff}},
-		"inpod-dns-on-ipv4":  {cfg: v4, pod: Pod{DNS: DNSOn}},
+		"inpod-ingress-virt": {cfg: v4, pod: Overrides{Ingress: true, VirtualInterfaces: []string{"k6t-eth0"}}},
+		"inpod-dns-off-ipv6": {cfg: node, pod: Overrides{DNS: DNSOff}},
+		"inpod-dns-on-ipv4":  {cfg: v4, pod: Overrides{DNS: DNSOn}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			var b strings.Builder

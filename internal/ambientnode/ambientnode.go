@@ -2,12 +2,13 @@
 // the job istio-cni's node agent does. For each enrolled pod it installs
 // the in-pod rules (package ambient) and policy routing in the pod's
 // network namespace, puts the pod's addresses in the probe sets of the
-// host rule, and hands the namespace to the node's ztunnel; it undoes all
-// three when the pod leaves ambient or goes. The pods' namespaces come
-// from the intercept plugin's records (package podnetns); whether a pod is
-// enrolled is the caller's to decide (Options.Decide: the API server's
-// labels, or the pod's annotations). What it enrolled is kept on the node,
-// so that a restarted agent knows its pods again.
+// host rule, and hands the namespace to the node's ztunnel over ZDS
+// (package zds: the Node serves ztunnel's socket); it undoes all three
+// when the pod leaves ambient or goes. The pods come from their records
+// (package podstate), which the intercept plugin writes; whether a pod is
+// enrolled is the caller's decision, handed down with the record (Sync).
+// What it enrolled is kept in the pod's record, so that a restarted agent
+// knows its pods again.
 package ambientnode
 
 import (
@@ -15,32 +16,27 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"maps"
+	"log/slog"
 	"net/netip"
-	"os"
 	"reflect"
 	"slices"
 	"sync"
 
-	"github.com/vishvananda/netlink"
-
+	"github.com/meshwire/meshwire/internal/agentsocket"
 	"github.com/meshwire/meshwire/internal/ambient"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/intercept/apply"
 	"github.com/meshwire/meshwire/internal/netns"
-	"github.com/meshwire/meshwire/internal/podnetns"
-	"github.com/meshwire/meshwire/internal/recordfile"
+	"github.com/meshwire/meshwire/internal/podstate"
+	"github.com/meshwire/meshwire/internal/zds"
 )
 
-// StateDir is where the enrolled pods are kept, beside the agent's socket
-// (podnetns.Socket), in the directory the DaemonSet mounts.
-const StateDir = "/var/lib/cni/meshwire/ambient/enrolled"
-
-// Enrollment is the decision for one pod.
-type Enrollment struct {
+// Decision is the caller's decision for one pod's record.
+type Decision struct {
 	Enrolled bool
 	Why      string // why (not), for logs and the plugin's answer
-	// Pod is what the pod changes of the in-pod rules.
-	Pod ambient.Pod
+	// Overrides are what the pod changes of the in-pod rules.
+	Overrides ambient.Overrides
 	// UID and ServiceAccount are what ztunnel is told of the pod, with
 	// its names; UID is the record's when empty.
 	UID, ServiceAccount string
@@ -50,53 +46,18 @@ type Enrollment struct {
 	IPs []netip.Addr
 }
 
-// Workload is one pod as ztunnel is told of it.
-type Workload struct {
-	UID, Name, Namespace, ServiceAccount string
-	// Netns opens the pod's namespace, checked to be the pod's.
-	Netns func() (*os.File, error)
-}
-
-// Ztunnel is the hand-off to the node's ztunnel.
-type Ztunnel interface {
-	// Add hands w to ztunnel and waits for its ack.
-	Add(ctx context.Context, w Workload) error
-	// Del tells ztunnel the pod is gone.
-	Del(ctx context.Context, uid string) error
-	// Connected tells whether a ztunnel is connected.
-	Connected() bool
-}
-
 // Options are a Node's.
 type Options struct {
 	Config ambient.Config
 	// Backend programs the in-pod rules and the host rule (the host's).
 	Backend firewall.Backend
-	// PodsDir holds the plugin's records (podnetns.Dir when empty), and
-	// StateDir the enrolled pods (StateDir when empty).
-	PodsDir, StateDir string
-	// Decide decides for one pod's record; atAdd: at the pod's ADD (a
-	// pod just created, which the API server's watch may not show yet).
-	Decide  func(p podnetns.Pod, atAdd bool) Enrollment
-	Ztunnel Ztunnel
-	Logf    func(format string, a ...any)
-}
-
-// enrolled is what the node keeps of an enrolled pod.
-type enrolled struct {
-	Pod        podnetns.Pod `json:"pod"`
-	Enrollment Enrollment   `json:"enrollment"`
-	Backend    string       `json:"backend"`
-	// IPs are the addresses put in the probe sets.
-	IPs []netip.Addr `json:"ips"`
-}
-
-func (e enrolled) workload() Workload {
-	uid := e.Enrollment.UID
-	if uid == "" {
-		uid = e.Pod.UID
-	}
-	return Workload{UID: uid, Name: e.Pod.Name, Namespace: e.Pod.Namespace, ServiceAccount: e.Enrollment.ServiceAccount, Netns: e.Pod.Open}
+	// Store holds the pods' records.
+	Store podstate.Store
+	// ZtunnelSocket is where ztunnel connects.
+	ZtunnelSocket string
+	// Firewall is the firewall of the calling thread's namespace
+	// (firewall.New(Backend) when nil; tests give an in-memory one).
+	Firewall func() firewall.Interface
 }
 
 // Stats are the node's counters.
@@ -109,22 +70,23 @@ type Stats struct {
 // Node enrolls and unenrolls the pods of this node. Its methods are safe
 // to call at once: one pod is acted on at a time.
 type Node struct {
-	o  Options
-	mu sync.Mutex // held by each pod's act (Sync), ztunnel's ack waited for
+	o   Options
+	zds *zds.Server
+	mu  sync.Mutex // held by each pod's act (Sync), ztunnel's ack waited for
 	// pmu guards pods and stats, which Sync changes holding mu too: the
 	// snapshot a connecting ztunnel asks for (Workloads) must not wait
 	// for an act that waits for that ztunnel.
 	pmu   sync.Mutex
-	pods  map[string]enrolled // by record name
+	pods  map[string]podstate.Record // the enrolled pods' records, by name
 	stats Stats
 }
 
 // setPod keeps (or, with ok false, drops) an enrolled pod.
-func (n *Node) setPod(name string, e enrolled, ok bool) {
+func (n *Node) setPod(name string, r podstate.Record, ok bool) {
 	n.pmu.Lock()
 	defer n.pmu.Unlock()
 	if ok {
-		n.pods[name] = e
+		n.pods[name] = r
 	} else {
 		delete(n.pods, name)
 	}
@@ -137,51 +99,76 @@ func (n *Node) count(f func(*Stats)) {
 	f(&n.stats)
 }
 
-// New reads the pods the node enrolled before (a restart of the agent).
+// New reads the pods the node enrolled before (a restart of the agent)
+// from their records and listens on ztunnel's socket; Serve serves it.
 func New(o Options) (*Node, error) {
-	if o.PodsDir == "" {
-		o.PodsDir = podnetns.Dir
-	}
-	if o.StateDir == "" {
-		o.StateDir = StateDir
-	}
-	if o.Logf == nil {
-		o.Logf = func(string, ...any) {}
-	}
-	if o.Decide == nil || o.Ztunnel == nil {
-		return nil, errors.New("ambient mode needs a decision and a ztunnel hand-off")
-	}
 	if o.Config.ProbeSNAT == (ambient.Config{}).ProbeSNAT {
 		o.Config.ProbeSNAT = ambient.DefaultProbeSNAT
 	}
 	if o.Config.ProbeSNATv6 == (ambient.Config{}).ProbeSNATv6 {
 		o.Config.ProbeSNATv6 = ambient.DefaultProbeSNATv6
 	}
-	recs, bad, err := recordfile.ReadAll[enrolled](o.StateDir, "the enrolled pods")
+	recs, err := o.Store.List()
 	if err != nil {
 		return nil, err
 	}
-	for _, name := range bad {
-		_ = recordfile.Remove(o.StateDir, name, "a write of an enrolled pod cut short")
+	n := &Node{o: o, pods: map[string]podstate.Record{}}
+	for name, r := range recs {
+		if r.Ambient != nil {
+			n.pods[name] = r
+		}
 	}
-	n := &Node{o: o, pods: map[string]enrolled{}}
-	maps.Copy(n.pods, recs)
+	if n.zds, err = zds.Listen(o.ZtunnelSocket, n.Workloads); err != nil {
+		return nil, err
+	}
 	return n, nil
+}
+
+// Serve serves ztunnel's socket until ctx ends or Close.
+func (n *Node) Serve(ctx context.Context) error { return n.zds.Serve(ctx) }
+
+// Close closes ztunnel's socket (its connections too). The enrolled pods
+// stay as they are: their rules, ztunnel's hold on them.
+func (n *Node) Close() error { return n.zds.Close() }
+
+// Ztunnels are the ZDS server's gauge and counters.
+func (n *Node) Ztunnels() zds.Stats { return n.zds.Stats() }
+
+// workload is the pod of record r as ztunnel is told of it.
+func workload(r podstate.Record) zds.Workload {
+	uid := r.Ambient.UID
+	if uid == "" {
+		uid = r.UID
+	}
+	return zds.Workload{UID: uid, Name: r.Name, Namespace: r.Namespace, ServiceAccount: r.Ambient.ServiceAccount, Netns: r.Open}
 }
 
 // Workloads are the enrolled pods whose namespace is still theirs: the
 // snapshot ztunnel is sent when it connects.
-func (n *Node) Workloads() []Workload {
+func (n *Node) Workloads() []zds.Workload {
 	n.pmu.Lock()
 	defer n.pmu.Unlock()
-	out := make([]Workload, 0, len(n.pods))
-	for _, e := range n.pods {
-		if e.Pod.Check() == nil {
-			out = append(out, e.workload())
+	out := make([]zds.Workload, 0, len(n.pods))
+	for _, r := range n.pods {
+		if r.Check() == nil {
+			out = append(out, workload(r))
 		}
 	}
-	slices.SortFunc(out, func(a, b Workload) int { return cmp.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name) })
+	slices.SortFunc(out, func(a, b zds.Workload) int { return cmp.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name) })
 	return out
+}
+
+// Enrolled lists the names of the enrolled pods' records.
+func (n *Node) Enrolled() []string {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	return slices.Sorted(func(yield func(string) bool) {
+		for name := range n.pods {
+			if !yield(name) {
+				return
+			}
+		}
+	})
 }
 
 // Stats returns the node's counters.
@@ -193,122 +180,117 @@ func (n *Node) Stats() Stats {
 	return s
 }
 
-// Reconcile acts on every pod: the records the plugin wrote, and the pods
-// enrolled whose record is gone.
-func (n *Node) Reconcile(ctx context.Context) error {
-	recs, err := podnetns.List(n.o.PodsDir)
-	if err != nil {
-		return err
-	}
-	names := map[string]bool{}
-	for name := range recs {
-		names[name] = true
-	}
-	n.pmu.Lock()
-	for name := range n.pods {
-		names[name] = true
-	}
-	n.pmu.Unlock()
-	var errs []error
-	for _, name := range slices.Sorted(maps.Keys(names)) {
-		if _, err := n.Sync(ctx, name, false); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// Sync acts on the pod of record name (podnetns.Pod.Record) and answers
-// as the plugin's question expects. atAdd is the plugin's ADD: the pod's
-// containers have not started, and an enrolled pod is not let start
-// before ztunnel holds it (no ztunnel connected is an error).
-func (n *Node) Sync(ctx context.Context, name string, atAdd bool) (string, error) {
+// Sync acts on the pod of record name: rec as read (present false: there
+// is none, its DEL ran) and the caller's decision d for it. It answers as
+// the plugin's question expects (package agentsocket). atAdd is the
+// plugin's ADD: the pod's containers have not started, and an enrolled
+// pod is not let start before ztunnel holds it (no ztunnel connected is
+// an error).
+func (n *Node) Sync(ctx context.Context, name string, rec podstate.Record, present bool, d Decision, atAdd bool) (string, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	cur, was := n.pods[name]
-	rec, ok, err := podnetns.Read(n.o.PodsDir, name)
-	if err != nil {
-		return "", err
-	}
-	if ok && rec.Check() != nil {
+	if present && rec.Check() != nil {
 		// The pod's namespace went without a DEL: its record is the
 		// agent's to collect.
-		n.o.Logf("ambient: the namespace of pod %s is gone; forgetting the pod", rec.Key())
-		_ = podnetns.Remove(n.o.PodsDir, rec.ContainerID, rec.IfName)
-		ok = false
+		slog.Info("the namespace of the pod is gone; forgetting the pod", "pod", rec.Key(), "containerID", rec.ContainerID, "netns", rec.Netns)
+		_ = n.o.Store.Forget(name, rec.NetnsIno)
+		present = false
 	}
-	if !ok {
-		if was && cur.Pod.Check() == nil {
+	if !present {
+		if was && cur.Check() == nil {
 			// DEL with the namespace still there (the runtime may ADD
 			// the same sandbox again): its rules go too.
-			return podnetns.AnswerNotEnrolled + ": the pod's DEL ran", n.unenroll(ctx, name, cur)
+			return agentsocket.AnswerNotEnrolled + ": the pod's DEL ran", n.unenroll(ctx, name, cur)
 		}
 		if was {
-			return podnetns.AnswerNotEnrolled + ": the pod is gone", n.forget(ctx, name, cur)
+			return agentsocket.AnswerNotEnrolled + ": the pod is gone", n.forget(ctx, name, cur)
 		}
-		return podnetns.AnswerNotEnrolled + ": no record of the pod", nil
+		return agentsocket.AnswerNotEnrolled + ": no record of the pod", nil
 	}
-	e := n.o.Decide(rec, atAdd)
-	if !e.Enrolled {
+	if !d.Enrolled {
 		if was {
 			if err := n.unenroll(ctx, name, cur); err != nil {
 				return "", err
 			}
-			n.o.Logf("ambient: pod %s left ambient mode: %s", rec.Key(), e.Why)
+			slog.Info("pod left ambient mode", "pod", rec.Key(), "why", d.Why)
 		}
-		return podnetns.AnswerNotEnrolled + ": " + e.Why, nil
+		return agentsocket.AnswerNotEnrolled + ": " + d.Why, nil
 	}
-	want := enrolled{Pod: rec, Enrollment: e, Backend: n.o.Backend.String()}
-	if was && reflect.DeepEqual(cur.Pod, want.Pod) && reflect.DeepEqual(cur.Enrollment, want.Enrollment) && cur.Backend == want.Backend {
-		return podnetns.AnswerEnrolled, nil
+	want := podstate.Enrollment{Why: d.Why, Overrides: d.Overrides, UID: d.UID, ServiceAccount: d.ServiceAccount, Backend: n.o.Backend.String()}
+	if was && same(cur, rec, want, d.IPs) {
+		return agentsocket.AnswerEnrolled, nil
 	}
-	if atAdd && !n.o.Ztunnel.Connected() {
+	if atAdd && n.zds.Stats().Connected == 0 {
 		return "", fmt.Errorf("pod %s is enrolled in ambient mode and no ztunnel is connected to the node agent", rec.Key())
 	}
-	if err := n.enroll(ctx, name, want, was); err != nil {
+	if err := n.enroll(ctx, name, rec, want, d.IPs, was); err != nil {
 		n.count(func(s *Stats) { s.EnrollFailures++ })
 		return "", fmt.Errorf("enroll pod %s in ambient mode: %w", rec.Key(), err)
 	}
 	n.count(func(s *Stats) { s.Enrollments++ })
-	n.o.Logf("ambient: pod %s enrolled (%s)", rec.Key(), e.Why)
-	return podnetns.AnswerEnrolled, nil
+	slog.Info("pod enrolled in ambient mode", "pod", rec.Key(), "containerID", rec.ContainerID, "netns", rec.Netns, "why", d.Why)
+	return agentsocket.AnswerEnrolled, nil
+}
+
+// same tells whether the enrolled pod cur is rec enrolled as want: the
+// same attachment in the same namespace with the same addresses, the
+// same decision.
+func same(cur, rec podstate.Record, want podstate.Enrollment, ips []netip.Addr) bool {
+	have := *cur.Ambient
+	have.IPs = nil
+	return cur.ContainerID == rec.ContainerID && cur.Netns == rec.Netns && cur.NetnsIno == rec.NetnsIno &&
+		slices.Equal(cur.IPs, rec.IPs) && reflect.DeepEqual(have, want) &&
+		(len(ips) == 0 || slices.Equal(podAddrs(ips), cur.Ambient.IPs))
 }
 
 // enroll installs the pod's rules (in place of any it had), adds its
-// addresses to the probe sets, keeps it, and hands it to ztunnel. A
-// failure undoes what it did.
-func (n *Node) enroll(ctx context.Context, name string, e enrolled, again bool) error {
-	e.IPs = podAddrs(e.Enrollment.IPs, e.Pod.IPs)
-	if err := netns.Enter(e.Pod.Netns, func() error {
+// addresses to the probe sets, records the enrollment, and hands the pod
+// to ztunnel. A failure undoes what it did.
+func (n *Node) enroll(ctx context.Context, name string, rec podstate.Record, e podstate.Enrollment, ips []netip.Addr, again bool) error {
+	e.IPs = podAddrs(ips, rec.IPs)
+	if err := netns.Enter(rec.Netns, func() error {
 		if len(e.IPs) == 0 {
-			var err error
-			if e.IPs, err = localAddrs(); err != nil {
-				return err
+			addrs, err := apply.LocalAddrs()
+			if err != nil {
+				return fmt.Errorf("read the pod's addresses: %w", err)
+			}
+			for _, a := range addrs {
+				if a.IsGlobalUnicast() {
+					e.IPs = append(e.IPs, a)
+				}
 			}
 		}
-		return n.installInPod(ctx, e.Enrollment.Pod)
+		return n.installInPod(ctx, e.Overrides)
 	}); err != nil {
 		return fmt.Errorf("install the in-pod rules: %w", err)
 	}
-	if err := n.probeAddrs(ctx, e, true); err != nil {
-		n.undo(ctx, e)
+	if err := n.probeAddrs(ctx, rec.UID, e.IPs, true); err != nil {
+		n.undo(ctx, rec.Netns, e.IPs)
 		return err
 	}
-	if err := recordfile.Write(n.o.StateDir, name, "the enrolled pod", e); err != nil {
-		n.undo(ctx, e)
+	rec, err := n.o.Store.Update(name, false, func(r *podstate.Record) error {
+		if r.NetnsIno != rec.NetnsIno {
+			return podstate.ErrGone // another attachment's, since
+		}
+		r.Ambient = &e
+		return nil
+	})
+	if err != nil {
+		n.undo(ctx, rec.Netns, e.IPs)
 		return err
 	}
-	n.setPod(name, e, true)
-	if err := n.o.Ztunnel.Add(ctx, e.workload()); err != nil {
+	n.setPod(name, rec, true)
+	if err := n.zds.Add(ctx, workload(rec)); err != nil {
 		n.count(func(s *Stats) { s.HandoffErrors++ })
 		if again {
 			// ztunnel gets the pod at its next snapshot; its rules are
 			// in place.
 			return fmt.Errorf("hand the pod to ztunnel: %w", err)
 		}
-		n.setPod(name, e, false)
-		_ = recordfile.Remove(n.o.StateDir, name, "the enrolled pod")
-		n.undo(ctx, e)
+		n.setPod(name, rec, false)
+		_ = n.dropEnrollment(name, rec.NetnsIno)
+		n.undo(ctx, rec.Netns, e.IPs)
 		return fmt.Errorf("hand the pod to ztunnel: %w", err)
 	}
 	return nil
@@ -316,38 +298,54 @@ func (n *Node) enroll(ctx context.Context, name string, e enrolled, again bool) 
 
 // undo removes the rules and probe addresses of a pod whose enrollment
 // failed.
-func (n *Node) undo(ctx context.Context, e enrolled) {
-	_ = netns.Enter(e.Pod.Netns, func() error { return n.removeInPod(ctx) })
-	_ = n.probeAddrs(ctx, e, false)
+func (n *Node) undo(ctx context.Context, path string, ips []netip.Addr) {
+	_ = netns.Enter(path, func() error { return n.removeInPod(ctx) })
+	_ = n.probeAddrs(ctx, "", ips, false)
 }
 
 // unenroll takes an enrolled pod whose namespace is still there out of
 // ambient mode: its rules removed, then forgotten.
-func (n *Node) unenroll(ctx context.Context, name string, e enrolled) error {
-	err := netns.Enter(e.Pod.Netns, func() error { return n.removeInPod(ctx) })
+func (n *Node) unenroll(ctx context.Context, name string, r podstate.Record) error {
+	err := netns.Enter(r.Netns, func() error { return n.removeInPod(ctx) })
 	if err != nil && !netns.IsGone(err) {
-		return fmt.Errorf("remove the in-pod rules of pod %s: %w", e.Pod.Key(), err)
+		return fmt.Errorf("remove the in-pod rules of pod %s: %w", r.Key(), err)
 	}
-	return n.forget(ctx, name, e)
+	return n.forget(ctx, name, r)
 }
 
 // forget tells ztunnel the pod is gone, removes its probe addresses and
-// its record.
-func (n *Node) forget(ctx context.Context, name string, e enrolled) error {
-	if err := n.o.Ztunnel.Del(ctx, e.workload().UID); err != nil {
+// its record's enrollment.
+func (n *Node) forget(ctx context.Context, name string, r podstate.Record) error {
+	if err := n.zds.Del(ctx, workload(r).UID); err != nil {
 		// Not the pod's error: ztunnel's next snapshot leaves it out.
 		n.count(func(s *Stats) { s.HandoffErrors++ })
-		n.o.Logf("ambient: tell ztunnel pod %s is gone: %v", e.Pod.Key(), err)
+		slog.Warn("could not tell ztunnel the pod is gone", "pod", r.Key(), "error", err)
 	}
-	if err := n.probeAddrs(ctx, e, false); err != nil {
+	if err := n.probeAddrs(ctx, r.UID, r.Ambient.IPs, false); err != nil {
 		return err
 	}
-	if err := recordfile.Remove(n.o.StateDir, name, "the enrolled pod"); err != nil {
+	if err := n.dropEnrollment(name, r.NetnsIno); err != nil {
 		return err
 	}
-	n.setPod(name, e, false)
+	n.setPod(name, r, false)
 	n.count(func(s *Stats) { s.Unenrollments++ })
 	return nil
+}
+
+// dropEnrollment removes the enrollment from the record named name, if
+// it is still that of the namespace of nsfs inode ino; a record gone is
+// not an error.
+func (n *Node) dropEnrollment(name string, ino uint64) error {
+	_, err := n.o.Store.Update(name, false, func(r *podstate.Record) error {
+		if r.NetnsIno == ino {
+			r.Ambient = nil
+		}
+		return nil
+	})
+	if errors.Is(err, podstate.ErrGone) {
+		return nil
+	}
+	return err
 }
 
 // podAddrs are the first of the lists of addresses that has any, less
@@ -365,20 +363,4 @@ func podAddrs(lists ...[]netip.Addr) []netip.Addr {
 		}
 	}
 	return nil
-}
-
-// localAddrs are the global unicast addresses of the calling thread's
-// namespace.
-func localAddrs() ([]netip.Addr, error) {
-	addrs, err := netlink.AddrList(nil, netlink.FAMILY_ALL)
-	if err != nil {
-		return nil, fmt.Errorf("read the pod's addresses: %w", err)
-	}
-	var out []netip.Addr
-	for _, a := range addrs {
-		if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap().IsGlobalUnicast() {
-			out = append(out, ip.Unmap())
-		}
-	}
-	return out, nil
 }

@@ -2,37 +2,42 @@ package ambientnode
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
+	"net/netip"
 	"os"
-	"slices"
 	"strings"
-
-	"github.com/vishvananda/netlink"
-	"golang.org/x/sys/unix"
 
 	"github.com/meshwire/meshwire/internal/ambient"
 	"github.com/meshwire/meshwire/internal/firewall"
-	"github.com/meshwire/meshwire/internal/firewall/installed"
 	"github.com/meshwire/meshwire/internal/intercept"
 	"github.com/meshwire/meshwire/internal/intercept/apply"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // The rules, in the pod's namespace (the calling thread's) and on the
-// host. Installing is idempotent: the in-pod rules replace any the pod
-// had (a pod whose overrides changed, an agent that restarted midway).
+// host, written through the firewall's front door: the rule model says
+// what they are and what they own for the node's backend (package
+// ambient), the firewall replaces and removes them whole (firewall.Replace,
+// firewall.Remove). Installing is idempotent: the in-pod rules replace any
+// the pod had (a pod whose overrides changed, an agent that restarted
+// midway).
 
-func (n *Node) nft() bool { return n.o.Backend.Kind == firewall.NFTables }
+// native tells whether the rules are native nftables' (else iptables').
+func (n *Node) native() bool { return n.o.Backend.Kind == firewall.NFTables }
 
-// families are the iptables families of the rules.
-func (n *Node) families() []ruleset.Family {
-	var out []ruleset.Family
-	for _, f := range n.o.Config.Families() {
-		out = append(out, f.Tables())
+// firewall is the firewall of the calling thread's namespace.
+func (n *Node) firewall() firewall.Interface {
+	if n.o.Firewall != nil {
+		return n.o.Firewall()
 	}
-	return out
+	return firewall.New(n.o.Backend)
+}
+
+// closeFirewall ends fw's use, waiting for the kernel when it must.
+func closeFirewall(fw firewall.Interface) {
+	if f := fw.Release(); f != nil {
+		_ = f.Close()
+	}
 }
 
 // routing is the in-pod policy routing (istio-cni's
@@ -50,22 +55,17 @@ func (n *Node) routing() []intercept.Step {
 	return steps
 }
 
-// installInPod installs the in-pod rules of pod in the calling thread's
-// namespace, in place of any there, and the policy routing.
-func (n *Node) installInPod(ctx context.Context, pod ambient.Pod) error {
+// installInPod installs the in-pod rules of a pod with overrides ov in
+// the calling thread's namespace, in place of any there, and the policy
+// routing.
+func (n *Node) installInPod(ctx context.Context, ov ambient.Overrides) error {
 	if err := apply.ApplySteps(n.routing()); err != nil {
 		return fmt.Errorf("in-pod routing: %w", err)
 	}
-	fw := firewall.New(n.o.Backend)
-	defer fw.Close()
-	if n.nft() {
-		// The transaction replaces istio-ambient-* whole.
-		return fw.Apply(ctx, ambient.InPodNft(n.o.Config, pod))
-	}
-	if err := removeIPTables(ctx, fw, n.families(), []string{"mangle", "nat", "raw"}, []string{"PREROUTING", "OUTPUT"}, []string{ambient.ChainPrerouting, ambient.ChainOutput}); err != nil {
-		return err
-	}
-	return fw.Apply(ctx, ambient.InPodIPTables(n.o.Config, pod))
+	fw := n.firewall()
+	defer closeFirewall(fw)
+	owned, tx := ambient.InPod(n.o.Config, ov, n.native())
+	return firewall.Replace(ctx, fw, owned, tx)
 }
 
 // removeInPod removes the in-pod rules from the calling thread's
@@ -74,85 +74,29 @@ func (n *Node) removeInPod(ctx context.Context) error {
 	if err := apply.RemoveSteps(n.routing()); err != nil {
 		return fmt.Errorf("in-pod routing: %w", err)
 	}
-	fw := firewall.New(n.o.Backend)
-	defer fw.Close()
-	if n.nft() {
-		tx := &ruleset.Tx{}
-		for _, t := range []string{"nat", "mangle", "raw"} {
-			tx.DestroyTable(ruleset.TableID{Family: ruleset.Inet, Name: ambient.NftTablePrefix + t})
-		}
-		return fw.Apply(ctx, tx)
-	}
-	return removeIPTables(ctx, fw, n.families(), []string{"mangle", "nat", "raw"}, []string{"PREROUTING", "OUTPUT"}, []string{ambient.ChainPrerouting, ambient.ChainOutput})
-}
-
-// removeIPTables removes, from each table of each family, the jumps from
-// the built-in chains to chains, then those chains.
-func removeIPTables(ctx context.Context, fw firewall.Interface, fams []ruleset.Family, tables, builtins, chains []string) error {
-	for _, fam := range fams {
-		for _, table := range tables {
-			if ok, err := fw.HasTable(ctx, fam, table); err != nil || !ok {
-				if err != nil {
-					return err
-				}
-				continue
-			}
-			for _, b := range builtins {
-				if _, err := firewall.DeleteMatching(ctx, fw, fam, table, b, func(r installed.Rule) bool {
-					return slices.Contains(chains, r.Jump)
-				}); err != nil {
-					return fmt.Errorf("remove the jumps of %s %s: %w", table, b, err)
-				}
-			}
-			tx := &ruleset.Tx{}
-			id := ruleset.TableID{Family: fam, Name: table}
-			for _, c := range chains {
-				ok, err := fw.HasChain(ctx, fam, table, c)
-				if err != nil {
-					return err
-				}
-				if ok {
-					tx.FlushChain(id, c).DeleteChain(id, c)
-				}
-			}
-			if !tx.Empty() {
-				if err := fw.Apply(ctx, tx); err != nil {
-					return fmt.Errorf("remove the chains of %s: %w", table, err)
-				}
-			}
-		}
-	}
-	return nil
+	fw := n.firewall()
+	defer closeFirewall(fw)
+	return firewall.Remove(ctx, fw, ambient.InPodOwned(n.o.Config, n.native()))
 }
 
 // InstallHost installs the host rule and the probe sets, in the calling
-// thread's namespace (the host's), in place of any there, and puts back
-// the addresses of the pods already enrolled.
+// thread's namespace (the host's), in place of any there: the sets hold
+// the addresses of the pods enrolled, and only them (an address of a pod
+// whose DEL ran while no agent ran goes).
 func (n *Node) InstallHost(ctx context.Context) error {
-	fw := firewall.New(n.o.Backend)
-	defer fw.Close()
-	if n.nft() {
-		if err := fw.Apply(ctx, ambient.HostNft(n.o.Config)); err != nil {
-			return fmt.Errorf("install the host's probe rule: %w", err)
-		}
-	} else {
-		if err := ambient.ProbeIPSets(n.o.Config); err != nil {
-			return err
-		}
-		if err := removeIPTables(ctx, fw, n.families(), []string{"nat"}, []string{"POSTROUTING"}, []string{ambient.ChainPostrouting}); err != nil {
-			return err
-		}
-		if err := fw.Apply(ctx, ambient.HostIPTables(n.o.Config)); err != nil {
-			return fmt.Errorf("install the host's probe rule: %w", err)
-		}
-	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	var errs []error
-	for _, e := range n.pods {
-		errs = append(errs, n.probeAddrs(ctx, e, true))
+	var probes []ruleset.Element
+	for _, r := range n.pods {
+		probes = append(probes, elements(r.UID, r.Ambient.IPs)...)
 	}
-	return errors.Join(errs...)
+	fw := n.firewall()
+	defer closeFirewall(fw)
+	owned, tx := ambient.Host(n.o.Config, n.native(), probes)
+	if err := firewall.Replace(ctx, fw, owned, tx); err != nil {
+		return fmt.Errorf("install the host's probe rule: %w", err)
+	}
+	return nil
 }
 
 // RemoveHost removes the host rule and the probe sets, once no pod is
@@ -164,63 +108,33 @@ func (n *Node) RemoveHost(ctx context.Context) (bool, error) {
 	if len(n.pods) > 0 {
 		return false, nil
 	}
-	fw := firewall.New(n.o.Backend)
-	defer fw.Close()
-	if n.nft() {
-		tx := (&ruleset.Tx{}).DestroyTable(ruleset.TableID{Family: ruleset.Inet, Name: ambient.NftTablePrefix + "nat"})
-		return true, fw.Apply(ctx, tx)
-	}
-	if err := removeIPTables(ctx, fw, n.families(), []string{"nat"}, []string{"POSTROUTING"}, []string{ambient.ChainPostrouting}); err != nil {
-		return false, err
-	}
-	for _, f := range n.o.Config.Families() {
-		if err := netlink.IpsetDestroy(ambient.ProbeSetName(f)); err != nil && !errors.Is(err, unix.ENOENT) {
-			return false, fmt.Errorf("remove ipset %s: %w", ambient.ProbeSetName(f), err)
-		}
+	fw := n.firewall()
+	defer closeFirewall(fw)
+	owned, _ := ambient.Host(n.o.Config, n.native(), nil)
+	if err := firewall.Remove(ctx, fw, owned); err != nil {
+		return false, fmt.Errorf("remove the host's probe rule: %w", err)
 	}
 	return true, nil
 }
 
-// probeAddrs adds the pod's addresses to the probe sets (or removes them),
-// in the calling thread's namespace (the host's): the addresses of the
-// families the rules have. Adding one there, or removing one not there,
-// is not an error.
-func (n *Node) probeAddrs(ctx context.Context, e enrolled, add bool) error {
-	p := e.Pod
-	for _, a := range e.IPs {
-		f := ruleset.V4
-		if a.Is6() {
-			f = ruleset.V6
-			if !n.o.Config.IPv6 {
-				continue
-			}
-		}
-		set := ambient.ProbeSetName(f)
-		var err error
-		if n.nft() {
-			verb := "add"
-			if !add {
-				verb = "delete"
-			}
-			_, err = firewall.Nft(ctx, verb, "element", "inet", ambient.NftTablePrefix+"nat", set, "{ "+a.String()+" }")
-			if err != nil && !add && strings.Contains(err.Error(), "No such file or directory") {
-				err = nil
-			}
-		} else if add {
-			// The comment is the pod's uid, as istio-cni writes it.
-			err = netlink.IpsetAdd(set, &netlink.IPSetEntry{IP: net.IP(a.AsSlice()), Comment: p.UID, Replace: true})
-		} else if err = netlink.IpsetDel(set, &netlink.IPSetEntry{IP: net.IP(a.AsSlice())}); errors.Is(err, unix.ENOENT) || isIPSetNotFound(err) {
-			err = nil
-		}
-		if err != nil {
-			return fmt.Errorf("probe set %s, address %s of pod %s: %w", set, a, p.Key(), err)
-		}
+// probeAddrs adds the pod's addresses to the probe sets (or removes
+// them), in the calling thread's namespace (the host's); each is
+// commented with the pod's uid, as istio-cni writes it. Adding one there,
+// or removing one not there, is not an error.
+func (n *Node) probeAddrs(ctx context.Context, uid string, ips []netip.Addr, add bool) error {
+	fw := n.firewall()
+	defer closeFirewall(fw)
+	if err := fw.Apply(ctx, ambient.ProbeAddrs(n.o.Config, n.native(), elements(uid, ips), add)); err != nil {
+		return fmt.Errorf("the probe sets, addresses %v: %w", ips, err)
 	}
 	return nil
 }
 
-// isIPSetNotFound tells the kernel's answer to the removal of an element
-// that is not in the set (IPSET_ERR_EXIST).
-func isIPSetNotFound(err error) bool {
-	return err != nil && (errors.Is(err, unix.Errno(4102)) || strings.Contains(err.Error(), "element is missing"))
+// elements are the probe sets' elements of a pod's addresses.
+func elements(uid string, ips []netip.Addr) []ruleset.Element {
+	out := make([]ruleset.Element, 0, len(ips))
+	for _, a := range ips {
+		out = append(out, ruleset.Element{Addr: a.Unmap(), Comment: uid})
+	}
+	return out
 }

@@ -133,7 +133,7 @@ func wrap(name, cmd string, fn func(*skel.CmdArgs) error, getenv func(string) st
 		}
 		logger, closeLog, _ := logging.Open(lc.Log, getenv)
 		defer closeLog()
-		logger = logger.With("plugin", name, "command", cmd, "containerID", args.ContainerID, "netns", args.Netns, "ifname", args.IfName)
+		logger = logger.With("plugin", name, "command", cmd, logging.KeyContainerID, args.ContainerID, logging.KeyNetns, args.Netns, "ifname", args.IfName)
 		slog.SetDefault(logger)
 		start := time.Now()
 		defer func() {

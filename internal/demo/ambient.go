@@ -4,13 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/vishvananda/netlink"
@@ -18,7 +18,10 @@ import (
 	"github.com/meshwire/meshwire/internal/ambient"
 	"github.com/meshwire/meshwire/internal/cniruntime"
 	"github.com/meshwire/meshwire/internal/firewall"
+	"github.com/meshwire/meshwire/internal/logging"
 	"github.com/meshwire/meshwire/internal/nodeagent"
+	"github.com/meshwire/meshwire/internal/nodelayout"
+	"github.com/meshwire/meshwire/internal/poll"
 	"github.com/meshwire/meshwire/internal/proxylog"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
@@ -33,28 +36,21 @@ const (
 	demoAmbientUID = "uid-mwdemo-ambient"
 )
 
-// ambientDir is where ambient mode keeps its state, as `meshwire node
-// --ambient-dir` lays it out: in the demo's state dir, so that the next
-// demo's agent finds what a demo killed hard left enrolled, and forgets it.
-func ambientDir(rt *cniruntime.Runtime) string { return filepath.Join(rt.StateDir, "ambient") }
+// nodeState is where the demo's pods' records and ambient mode's socket
+// are, laid out as on a node (package nodelayout): in the demo's state
+// dir, so that the next demo's agent finds what a demo killed hard left
+// enrolled, and forgets it.
+func nodeState(rt *cniruntime.Runtime) string { return filepath.Join(rt.StateDir, "node") }
 
 func ambientOptions(rt *cniruntime.Runtime) nodeagent.AmbientOptions {
-	dir := ambientDir(rt)
-	return nodeagent.AmbientOptions{
-		PodsDir:       filepath.Join(dir, "pods"),
-		StateDir:      filepath.Join(dir, "ambient", "enrolled"),
-		AgentSocket:   filepath.Join(dir, "ambient", "agent.sock"),
-		ZtunnelSocket: filepath.Join(dir, "ztunnel.sock"),
-	}
+	return nodeagent.AmbientOptions{StateDir: nodeState(rt), ZtunnelSocket: filepath.Join(nodeState(rt), "ztunnel.sock")}
 }
 
-// ambientEnv points the intercept plugin, which the runtime runs with the
-// demo's environment, at the demo's agent: for every ADD and DEL of the
-// demo, leftovers' too (never at the node's own agent).
-func ambientEnv(rt *cniruntime.Runtime) {
-	o := ambientOptions(rt)
-	_ = os.Setenv("MESHWIRE_PODS_DIR", o.PodsDir)
-	_ = os.Setenv("MESHWIRE_AMBIENT_SOCKET", o.AgentSocket)
+// stateEnv points the intercept plugin, which the runtime runs with the
+// demo's environment, at the demo's records and agent: for every ADD and
+// DEL of the demo, leftovers' too (never at the node's own).
+func stateEnv(rt *cniruntime.Runtime) {
+	_ = os.Setenv(nodelayout.EnvNodeStateDir, nodeState(rt))
 }
 
 // ambientConflist is the conflist with the intercept plugin appended, which
@@ -64,24 +60,6 @@ func ambientConflist(conflist []byte) ([]byte, error) {
 		"type":         "intercept",
 		"capabilities": map[string]bool{"io.kubernetes.cri.pod-annotations": true},
 	})
-}
-
-// logBuffer keeps the agent's log, shown when a step of the part fails.
-type logBuffer struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (l *logBuffer) logf(format string, a ...any) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.lines = append(l.lines, fmt.Sprintf(format, a...))
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Join(l.lines, "\n")
 }
 
 // ambientSteps starts ambient mode and the ztunnel stand-in, wires the
@@ -97,7 +75,11 @@ func (d *demo) ambientSteps(conflist []byte, a, b *cniruntime.Record) {
 		return
 	}
 	failed := d.failed
-	log := &logBuffer{}
+	// The agent's log (log/slog's default logger), kept while the part
+	// runs.
+	log := &logging.Buffer{}
+	defer slog.SetDefault(slog.Default())
+	slog.SetDefault(slog.New(slog.NewTextHandler(log, nil)))
 	defer func() {
 		if d.failed > failed {
 			fmt.Fprintf(d.errOut, "meshwire: the ambient agent's log:\n%s\n", log)
@@ -107,7 +89,7 @@ func (d *demo) ambientSteps(conflist []byte, a, b *cniruntime.Record) {
 	o := ambientOptions(d.rt)
 	// Its own context: an interrupt must not stop the agent before the
 	// pod's DEL has told it, or its host rule would stay.
-	amb, err := nodeagent.StartAmbient(context.Background(), o, 200*time.Millisecond, log.logf)
+	amb, err := nodeagent.StartAmbient(context.Background(), o, 200*time.Millisecond)
 	if err != nil {
 		d.step("start ambient mode", func() (string, error) { return "", err })
 		return
@@ -136,7 +118,7 @@ func (d *demo) ambientSteps(conflist []byte, a, b *cniruntime.Record) {
 		return
 	}
 	defer zt.stop()
-	if err := waitFor(10*time.Second, func() bool { return amb.ZtunnelsConnected() > 0 }); err != nil {
+	if err := poll.Until(10*time.Second, func() bool { return amb.ZtunnelsConnected() > 0 }); err != nil {
 		d.step("the ztunnel stand-in connects to the agent", func() (string, error) { return "", err })
 		return
 	}
@@ -245,17 +227,6 @@ func (s *sidecar) seen(d time.Duration, match func(proxylog.Record) bool) (proxy
 			return r, true
 		}
 	}
-}
-
-func waitFor(timeout time.Duration, ok func() bool) error {
-	deadline := time.Now().Add(timeout)
-	for !ok() {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("not within %s", timeout)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return nil
 }
 
 // ambientHostClean checks that the host holds no rule and no set of

@@ -21,12 +21,13 @@ import (
 	"github.com/meshwire/meshwire/internal/buildinfo"
 	"github.com/meshwire/meshwire/internal/cniruntime"
 	"github.com/meshwire/meshwire/internal/netns"
+	"github.com/meshwire/meshwire/internal/nodelayout"
 	"github.com/meshwire/meshwire/internal/probe"
 )
 
 // StateDir keeps the demo's records on tmpfs, apart from the user's, so
 // that a demo killed hard is cleaned up by the next one.
-const StateDir = "/run/meshwire-demo"
+const StateDir = nodelayout.DemoDir
 
 var demoPods = []string{"mwdemo-a", "mwdemo-b"}
 
@@ -53,7 +54,7 @@ func Run(ctx context.Context, o Options) error {
 			d.newBridge = br // created by this demo: removed at the end
 		}
 	}
-	ambientEnv(rt)
+	stateEnv(rt)
 	d.cleanup("leftovers of an earlier demo")
 	defer func() {
 		if ctx.Err() != nil {

@@ -181,7 +181,7 @@ func run(ctx context.Context, name, stdin string, args ...string) (string, error
 			return "", missingTool(name)
 		}
 		msg := strings.TrimSpace(errb.String())
-		if strings.Contains(msg, "xtables lock") || strings.Contains(msg, "Resource temporarily unavailable") {
+		if lockBusy(name, err) {
 			return "", cnierr.TryAgain("%s: the xtables lock is busy: %s", name, msg)
 		}
 		if msg == "" {
@@ -190,6 +190,19 @@ func run(ctx context.Context, name, stdin string, args ...string) (string, error
 		return "", fmt.Errorf("%s %s: %s", name, strings.Join(args, " "), msg)
 	}
 	return out.String(), nil
+}
+
+// resourceProblem is the exit status of the iptables tools that could
+// not get what they needed, the xtables lock above all (xtables.h's
+// RESOURCE_PROBLEM; measured with iptables 1.8.9: a restore that waited
+// -w for a held lock exits with it).
+const resourceProblem = 4
+
+// lockBusy tells whether err is an iptables tool's exit for a busy
+// xtables lock, by its exit status (nft has no such lock).
+func lockBusy(name string, err error) bool {
+	var ee *exec.ExitError
+	return strings.Contains(name, "tables") && errors.As(err, &ee) && ee.ExitCode() == resourceProblem
 }
 
 // missingTool is the error of a firewall tool that is not installed: code

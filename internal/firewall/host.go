@@ -7,7 +7,6 @@ import (
 	"os"
 	"slices"
 	"strings"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -74,6 +73,9 @@ type Reader interface {
 	// and, for a chain of a loaded table, one getsockopt).
 	HasTable(ctx context.Context, fam ruleset.Family, table string) (bool, error)
 	HasChain(ctx context.Context, fam ruleset.Family, table, chain string) (bool, error)
+	// ReadSet reads a set: of a native nftables table, or an ipset
+	// (ruleset.IPSets); nil when it is not there.
+	ReadSet(ctx context.Context, id ruleset.TableID, name string) (*installed.Set, error)
 	// ChainNames lists the chains of a table, with no tool run: for
 	// nf_tables one netlink chain dump; for legacy iptables the built-in
 	// chains (in hook order) and the user chains, with one getsockopt,
@@ -201,7 +203,7 @@ func (h *Host) ReadTable(ctx context.Context, fam ruleset.Family, table string) 
 	if err != nil {
 		return nil, err
 	}
-	out, err := retryDump(func() (string, error) { return h.b.Save(ctx, f, table) })
+	out, err := h.b.Save(ctx, f, table)
 	if err != nil {
 		return nil, err
 	}
@@ -248,7 +250,7 @@ func (h *Host) ReadTables(ctx context.Context, fam ruleset.Family, names []strin
 	case 1:
 		table = loaded[0]
 	}
-	save, err := retryDump(func() (string, error) { return h.b.Save(ctx, f, table) })
+	save, err := h.b.Save(ctx, f, table)
 	if err != nil {
 		return nil, err
 	}
@@ -272,9 +274,15 @@ func (h *Host) ReadChain(ctx context.Context, fam ruleset.Family, table, chain s
 	if err != nil {
 		return nil, err
 	}
-	out, err := retryDump(func() (string, error) { return h.b.ListChain(ctx, f, table, chain) })
+	// A chain that is not there is nil: told by the table's chains (one
+	// getsockopt, no tool), before the tool's read and, for a chain
+	// removed meanwhile, after its failure.
+	if ok, err := h.HasChain(ctx, fam, table, chain); err != nil || !ok {
+		return nil, err
+	}
+	out, err := h.b.ListChain(ctx, f, table, chain)
 	if err != nil {
-		if noSuchChain(err) {
+		if ok, herr := h.HasChain(ctx, fam, table, chain); herr == nil && !ok {
 			return nil, nil
 		}
 		return nil, err
@@ -285,29 +293,6 @@ func (h *Host) ReadChain(ctx context.Context, fam ruleset.Family, table, chain s
 		}
 	}
 	return &installed.Chain{Family: fam, Table: table, Name: chain, Hook: ruleset.BuiltinHook(chain)}, nil
-}
-
-// noSuchChain: how iptables says the chain (or table) is not there.
-func noSuchChain(err error) bool {
-	s := err.Error()
-	return strings.Contains(s, "No chain/target/match by that name") || strings.Contains(s, "does not exist") ||
-		strings.Contains(s, "Table does not exist")
-}
-
-// retryDump repeats a read that iptables-nft abandons when the ruleset
-// changes under it ("results may be incomplete or inconsistent"), which
-// concurrent ADDs and DELs make common.
-func retryDump(fn func() (string, error)) (string, error) {
-	var out string
-	var err error
-	for i := 0; i < 8; i++ {
-		out, err = fn()
-		if err == nil || !strings.Contains(err.Error(), "incomplete or inconsistent") {
-			return out, err
-		}
-		time.Sleep(time.Duration(i+1) * 5 * time.Millisecond)
-	}
-	return out, err
 }
 
 func (h *Host) Tables(ctx context.Context, fam ruleset.Family) ([]string, error) {
@@ -356,17 +341,42 @@ func (h *Host) ChainNames(ctx context.Context, fam ruleset.Family, table string)
 	return fwtext.LegacyChainNames(f, table)
 }
 
+func (h *Host) ReadSet(ctx context.Context, id ruleset.TableID, name string) (*installed.Set, error) {
+	if id.IsIPSets() {
+		f, err := tableFamilyOf(id.Family)
+		if err != nil {
+			return nil, err
+		}
+		return readIPSet(f, name)
+	}
+	c, err := h.c()
+	if err != nil {
+		return nil, err
+	}
+	return fwnetlink.ReadSet(c, id, name)
+}
+
 // Route names how a transaction is written on backend b: "netlink" when
 // every operation is one that netlink writes with no tool (fwnetlink.Encode;
 // rules appended to iptables tables only when b's live in nf_tables),
 // else "restore v4" or "restore v6" (one iptables-restore) for iptables,
-// "nft" (one nft -f) for nftables. The fake names its transactions the
-// same way.
+// "nft" (one nft -f) for nftables; the ipsets' operations are "ipset"
+// (netlink, one operation at a time), and a transaction with them and
+// others is each run's route in turn, joined by ", ". The fake names its
+// transactions the same way.
 func Route(b Backend, tx *ruleset.Tx) string {
-	if _, ok := fwnetlink.Encode(tx, b.NFTablesBacked()); ok {
-		return "netlink"
+	var r []string
+	for _, part := range fwtext.SplitIPSets(tx) {
+		switch _, ok := fwnetlink.Encode(part, b.NFTablesBacked()); {
+		case fwtext.IsIPSets(part):
+			r = append(r, "ipset")
+		case ok:
+			r = append(r, "netlink")
+		default:
+			r = append(r, ToolRoute(b, part))
+		}
 	}
-	return ToolRoute(b, tx)
+	return strings.Join(r, ", ")
 }
 
 // ToolRoute names how tx is written on backend b by its tool.
@@ -382,14 +392,31 @@ func ToolRoute(b Backend, tx *ruleset.Tx) string {
 	return strings.Join(r, ", ")
 }
 
-// Apply writes tx: over netlink when Route says so, else with the tool.
-// Rules appended over netlink to an iptables table that is not there yet
-// (iptables-nft makes its tables on first use) go through
-// iptables-restore instead.
+// Apply writes tx (refused whole when its building failed: Tx.Err): its
+// ipset operations over netlink, the rest over netlink when Route says
+// so, else with the tool. Rules appended over netlink to an iptables
+// table that is not there yet (iptables-nft makes its tables on first
+// use) go through iptables-restore instead.
 func (h *Host) Apply(ctx context.Context, tx *ruleset.Tx) error {
-	if tx.Empty() {
-		return nil
+	if err := tx.Err(); err != nil {
+		return err
 	}
+	for _, part := range fwtext.SplitIPSets(tx) {
+		var err error
+		if fwtext.IsIPSets(part) {
+			err = applyIPSets(part)
+		} else {
+			err = h.apply(ctx, part)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// apply writes tx, which holds no ipset operation.
+func (h *Host) apply(ctx context.Context, tx *ruleset.Tx) error {
 	if batch, ok := fwnetlink.Encode(tx, h.b.NFTablesBacked()); ok {
 		c, err := h.c()
 		if err == nil {
@@ -400,11 +427,15 @@ func (h *Host) Apply(ctx context.Context, tx *ruleset.Tx) error {
 		}
 	}
 	if h.b.Kind == NFTables {
+		tx, err := h.present(ctx, tx)
+		if err != nil || tx.Empty() {
+			return err
+		}
 		script, err := fwtext.NftScript(tx)
 		if err != nil {
 			return err
 		}
-		return notFound(NftApply(ctx, script))
+		return h.notFound(ctx, tx, NftApply(ctx, script))
 	}
 	for _, part := range fwtext.ByFamily(tx) {
 		v, err := fwtext.IPTablesFamily(part)
@@ -415,21 +446,87 @@ func (h *Host) Apply(ctx context.Context, tx *ruleset.Tx) error {
 		if err != nil {
 			return err
 		}
-		if err := notFound(h.b.Restore(ctx, v, payload)); err != nil {
+		if err := h.notFound(ctx, part, h.b.Restore(ctx, v, payload)); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// notFound marks the tools' "not there" as ErrNotFound.
-func notFound(err error) error {
+// present narrows tx's element removals to the elements the sets hold
+// (nft fails on one that is not there, and only recent versions have
+// "destroy element"): a removal of none, or from a set that is not
+// there, goes.
+func (h *Host) present(ctx context.Context, tx *ruleset.Tx) (*ruleset.Tx, error) {
+	out := &ruleset.Tx{}
+	for _, o := range tx.Ops() {
+		if o.Object() != "element" || o.Verb != ruleset.Destroy {
+			out.AppendOps(o)
+			continue
+		}
+		s, err := h.ReadSet(ctx, o.Table, o.Set.Name)
+		if err != nil {
+			return nil, err
+		}
+		var keep []ruleset.Element
+		for _, e := range o.Elements {
+			if s.Has(e.Addr) {
+				keep = append(keep, e)
+			}
+		}
+		if len(keep) > 0 {
+			o.Elements = keep
+			out.AppendOps(o)
+		}
+	}
+	return out, nil
+}
+
+// notFound marks the failure err of tx's tool as ErrNotFound when
+// something tx deletes is not there now: a chain, or a rule (by its
+// handle or its iptables form), as the firewall reads them back. The
+// tools' messages are not read.
+func (h *Host) notFound(ctx context.Context, tx *ruleset.Tx, err error) error {
 	if err == nil {
 		return nil
 	}
-	s := err.Error()
-	if strings.Contains(s, "does a matching rule exist") || noSuchChain(err) || strings.Contains(s, "No such file or directory") {
-		return fmt.Errorf("%w: %v", ErrNotFound, err)
+	for _, o := range tx.Ops() {
+		if o.Verb != ruleset.Delete {
+			continue
+		}
+		switch o.Object() {
+		case "chain":
+			if ok, herr := h.HasChain(ctx, o.Table.Family, o.Table.Name, o.Chain.Name); herr == nil && !ok {
+				return fmt.Errorf("%w: %v", ErrNotFound, err)
+			}
+		case "rule":
+			if gone, herr := h.ruleGone(ctx, o); herr == nil && gone {
+				return fmt.Errorf("%w: %v", ErrNotFound, err)
+			}
+		}
 	}
 	return err
+}
+
+// ruleGone tells whether the rule a deletion names by its read-back
+// reference is not in its chain (a rule named by its form is not told:
+// the tools normalize what they print).
+func (h *Host) ruleGone(ctx context.Context, o ruleset.Op) (bool, error) {
+	if o.Ref == nil {
+		return false, nil
+	}
+	c, err := h.ReadChain(ctx, o.Table.Family, o.Table.Name, o.ChainName())
+	if err != nil || c == nil {
+		return c == nil, err
+	}
+	for _, r := range c.Rules {
+		ref := fwtext.Ref(r)
+		switch {
+		case o.Ref.Handle != 0 && ref.Handle == o.Ref.Handle,
+			o.Ref.Handle == 0 && o.Ref.Spec != "" && ref.Spec == o.Ref.Spec,
+			o.Ref.Handle == 0 && o.Ref.Spec == "" && ref.Position == o.Ref.Position:
+			return false, nil
+		}
+	}
+	return true, nil
 }

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/meshwire/meshwire/internal/nodelayout"
 )
 
 // CacheFile remembers the backend Detect picked for this node's host
@@ -14,13 +16,13 @@ import (
 // It has one meaning, for every plugin: "the node's detected backend". It
 // lives on tmpfs, so a reboot detects again, and nothing removes it before.
 // Tests point it elsewhere.
-var CacheFile = "/run/meshwire/firewall-backend"
+var CacheFile = nodelayout.FirewallBackendCache
 
 // OldCacheFiles are where earlier meshwire versions cached the same
 // detection (ipmasq and portmap kept one each). They are read, never
 // written, when CacheFile is absent, so that a node upgraded with pods in
 // place keeps the backend their ADDs used.
-var OldCacheFiles = []string{"/run/meshwire/ipmasq-backend", "/run/meshwire/portmap/backend"}
+var OldCacheFiles = nodelayout.LegacyFirewallBackendCaches
 
 // Resolve returns the backend to program in the host network namespace:
 // the configured one (a name Parse accepts) as is; else the node's cached

@@ -33,7 +33,14 @@ func Path(name string) string { return filepath.Join(Dir, name+".golden") }
 // got there when EnvUpdate is 1.
 func Check(t testing.TB, name, got string) {
 	t.Helper()
-	path := Path(name)
+	CheckFile(t, Path(name), got)
+}
+
+// CheckFile is Check for a golden file at path (relative to the test's
+// package), wherever it is: a file of the repository that is generated,
+// such as a manifest rendered from a chart.
+func CheckFile(t testing.TB, path, got string) {
+	t.Helper()
 	if os.Getenv(EnvUpdate) == "1" {
 		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 			t.Fatal(err)

@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -45,8 +46,6 @@ type Options struct {
 	// configures writes (the "log" object of the entries it chains, or of
 	// every plugin of OwnConflist).
 	PluginLog string
-	// Logf writes one line (no trailing newline needed).
-	Logf func(format string, a ...any)
 	// Resync is how often the watch re-checks everything (and retries a
 	// failure) even without an event; default 10s.
 	Resync time.Duration
@@ -126,9 +125,6 @@ func New(o Options) (*Installer, error) {
 	if o.Chain && (len(o.PodCIDRs) > 0 || o.Intercept || o.CNIVersion != "") {
 		return nil, errors.New("the pod CIDRs, the CNI version and intercept shape meshwire's own conflist, which is not written with --chain")
 	}
-	if o.Logf == nil {
-		o.Logf = func(string, ...any) {}
-	}
 	if o.Resync <= 0 {
 		o.Resync = 10 * time.Second
 	}
@@ -172,7 +168,7 @@ func (in *Installer) Run(ctx context.Context) error {
 	}
 	in.Watch(ctx)
 	if !in.o.CleanupOnExit {
-		in.o.Logf("stopping; the plugins and the config stay in place")
+		slog.Info("stopping; the plugins and the config stay in place")
 		return nil
 	}
 	return in.Cleanup()
@@ -182,13 +178,13 @@ func (in *Installer) Run(ctx context.Context) error {
 func (in *Installer) report(err error) {
 	if err == nil {
 		if in.lastErr != "" {
-			in.o.Logf("config applied again")
+			slog.Info("config applied again")
 		}
 		in.lastErr = ""
 		return
 	}
 	if err.Error() != in.lastErr {
-		in.o.Logf("error: %v; retrying on the next change and every %s", err, in.o.Resync)
+		slog.Error("could not install; retrying on the next change and every "+in.o.Resync.String(), "error", err)
 	}
 	in.lastErr = err.Error()
 }
@@ -204,7 +200,7 @@ func (in *Installer) installBinaries() error {
 	if gone, err := removeTemps(in.o.BinDir); err != nil {
 		return fmt.Errorf("%s: %w", in.o.BinDir, err)
 	} else if len(gone) > 0 {
-		in.o.Logf("removed temporary files of an earlier run from %s: %s", in.o.BinDir, strings.Join(gone, ", "))
+		slog.Info("removed temporary files of an earlier run", "dir", in.o.BinDir, "files", strings.Join(gone, ", "))
 	}
 	stamps := map[string]stamp{}
 	unchanged := 0
@@ -215,7 +211,7 @@ func (in *Installer) installBinaries() error {
 			return fmt.Errorf("install %s as %s: %w", src, filepath.Join(in.o.BinDir, b.Name), err)
 		}
 		if changed {
-			in.o.Logf("installed %s", filepath.Join(in.o.BinDir, b.Name))
+			slog.Info("installed " + filepath.Join(in.o.BinDir, b.Name))
 		} else {
 			unchanged++
 		}
@@ -224,7 +220,7 @@ func (in *Installer) installBinaries() error {
 		}
 	}
 	if unchanged > 0 {
-		in.o.Logf("%d plugins in %s already up to date", unchanged, in.o.BinDir)
+		slog.Info(fmt.Sprintf("%d plugins already up to date", unchanged), "dir", in.o.BinDir)
 	}
 	in.binStamp = stamps
 	return nil
@@ -284,7 +280,7 @@ func (in *Installer) apply() error {
 	if gone, err := removeTemps(dir); err != nil {
 		return fmt.Errorf("%s: %w", dir, err)
 	} else if len(gone) > 0 {
-		in.o.Logf("removed temporary files of an earlier run from %s: %s", dir, strings.Join(gone, ", "))
+		slog.Info("removed temporary files of an earlier run", "dir", dir, "files", strings.Join(gone, ", "))
 	}
 	names, err := in.confNames()
 	if err != nil {
@@ -302,9 +298,9 @@ func (in *Installer) apply() error {
 }
 
 // upToDate logs, on the first Apply only, that nothing needed changing.
-func (in *Installer) upToDate(format string, a ...any) {
+func (in *Installer) upToDate(msg string) {
 	if !in.applied {
-		in.o.Logf(format, a...)
+		slog.Info(msg)
 	}
 }
 
@@ -315,12 +311,12 @@ func (in *Installer) applyOwn(names []string) error {
 		return fmt.Errorf("write %s: %w", filepath.Join(dir, OwnConflist), err)
 	}
 	if changed {
-		in.o.Logf("wrote %s", filepath.Join(dir, OwnConflist))
+		slog.Info("wrote " + filepath.Join(dir, OwnConflist))
 	} else {
-		in.upToDate("%s is up to date", filepath.Join(dir, OwnConflist))
+		in.upToDate(filepath.Join(dir, OwnConflist) + " is up to date")
 	}
 	if first := First(append(names, OwnConflist)); first != OwnConflist && first != in.warned {
-		in.o.Logf("warning: runtimes use %s, which sorts before %s", filepath.Join(dir, first), OwnConflist)
+		slog.Warn("runtimes use " + filepath.Join(dir, first) + ", which sorts before " + OwnConflist)
 		in.warned = first
 	}
 	return nil
@@ -335,7 +331,7 @@ func (in *Installer) applyChain(names []string) error {
 			if err := removeFile(dir, n); err != nil {
 				return fmt.Errorf("remove %s: %w", filepath.Join(dir, n), err)
 			}
-			in.o.Logf("removed %s (written by a run without --chain)", filepath.Join(dir, n))
+			slog.Info("removed " + filepath.Join(dir, n) + " (written by a run without --chain)")
 		}
 	}
 	primary := Primary(names)
@@ -353,13 +349,13 @@ func (in *Installer) applyChain(names []string) error {
 	}
 	if !e.Converted {
 		if !e.Changed {
-			in.upToDate("%s already has meshwire's plugins", path)
+			in.upToDate(path + " already has meshwire's plugins")
 			return nil
 		}
 		if _, err := WriteFile(dir, primary, e.Out); err != nil {
 			return fmt.Errorf("write %s: %w", path, err)
 		}
-		in.o.Logf("chained %s into %s", describeAdded(e), path)
+		slog.Info("chained " + describeAdded(e) + " into " + path)
 		return nil
 	}
 	// A single-plugin config: write the list under the .conflist name,
@@ -379,7 +375,7 @@ func (in *Installer) applyChain(names []string) error {
 	if err := removeFile(dir, primary); err != nil {
 		return fmt.Errorf("remove %s (converted into %s): %w", path, tpath, err)
 	}
-	in.o.Logf("converted %s into %s and chained %s", path, tpath, describeAdded(e))
+	slog.Info("converted " + path + " into " + tpath + " and chained " + describeAdded(e))
 	return nil
 }
 
@@ -403,7 +399,7 @@ func (in *Installer) Cleanup() error {
 		if err := removeFile(dir, OwnConflist); err != nil {
 			return fmt.Errorf("remove %s: %w", filepath.Join(dir, OwnConflist), err)
 		}
-		in.o.Logf("removed %s", filepath.Join(dir, OwnConflist))
+		slog.Info("removed " + filepath.Join(dir, OwnConflist))
 		return nil
 	}
 	names, err := in.confNames()
@@ -436,7 +432,7 @@ func (in *Installer) Cleanup() error {
 			errs = append(errs, fmt.Errorf("write %s: %w", path, err))
 			continue
 		}
-		in.o.Logf("removed %s from %s", strings.Join(e.Removed, ", "), path)
+		slog.Info("removed " + strings.Join(e.Removed, ", ") + " from " + path)
 	}
 	return errors.Join(errs...)
 }
@@ -448,9 +444,9 @@ func (in *Installer) Cleanup() error {
 func (in *Installer) Watch(ctx context.Context) {
 	w, err := watchDir(in.o.ConfDir)
 	if err != nil {
-		in.o.Logf("cannot watch %s (%v); checking it every %s", in.o.ConfDir, err, in.o.Resync)
+		slog.Warn("cannot watch "+in.o.ConfDir+"; checking it every "+in.o.Resync.String(), "error", err)
 	} else {
-		in.o.Logf("watching %s", in.o.ConfDir)
+		slog.Info("watching " + in.o.ConfDir)
 	}
 	defer func() {
 		if w != nil {
@@ -470,7 +466,7 @@ func (in *Installer) Watch(ctx context.Context) {
 			return
 		case _, ok := <-events:
 			if !ok {
-				in.o.Logf("lost the watch on %s (%v); checking it every %s", in.o.ConfDir, w.Err(), in.o.Resync)
+				slog.Warn("lost the watch on "+in.o.ConfDir+"; checking it every "+in.o.Resync.String(), "error", w.Err())
 				w.Close()
 				w = nil
 				continue
@@ -486,13 +482,13 @@ func (in *Installer) Watch(ctx context.Context) {
 		case <-tick.C:
 			if w == nil {
 				if w, err = watchDir(in.o.ConfDir); err == nil {
-					in.o.Logf("watching %s", in.o.ConfDir)
+					slog.Info("watching " + in.o.ConfDir)
 				}
 			}
 			if in.binariesTouched() {
-				in.o.Logf("plugins in %s changed; installing again", in.o.BinDir)
+				slog.Info("plugins in " + in.o.BinDir + " changed; installing again")
 				if err := in.InstallBinaries(); err != nil {
-					in.o.Logf("error: %v", err)
+					slog.Error("could not install", "error", err)
 				}
 			}
 		}

@@ -4,45 +4,29 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/meshwire/meshwire/internal/logging"
+	"github.com/meshwire/meshwire/internal/logging/logtest"
+	"github.com/meshwire/meshwire/internal/poll"
 )
-
-// logBuf collects the installer's log lines.
-type logBuf struct {
-	mu    sync.Mutex
-	lines []string
-}
-
-func (l *logBuf) logf(format string, a ...any) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.lines = append(l.lines, fmt.Sprintf(format, a...))
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Join(l.lines, "\n")
-}
 
 // node is a fake node: a source directory with the built files, and the
 // CNI binary and config directories.
 type node struct {
 	t                    *testing.T
 	src, bin, conf       string
-	log                  *logBuf
+	log                  *logging.Buffer
 	chain, cleanupOnExit bool
 }
 
 func newNode(t *testing.T, chain bool, confs ...string) *node {
-	n := &node{t: t, src: t.TempDir(), bin: t.TempDir(), conf: t.TempDir(), log: &logBuf{}, chain: chain}
+	n := &node{t: t, src: t.TempDir(), bin: t.TempDir(), conf: t.TempDir(), log: logtest.Capture(t), chain: chain}
 	// What `make build` leaves in bin/: plugins, commands, test programs.
 	for _, name := range append(append([]string{}, pluginNames...), "meshwire", "iptables-init") {
 		if err := os.WriteFile(filepath.Join(n.src, name), []byte("#!/bin/sh\necho "+name+"\n"), 0o755); err != nil {
@@ -61,7 +45,7 @@ func newNode(t *testing.T, chain bool, confs ...string) *node {
 func (n *node) options() Options {
 	return Options{BinDir: n.bin, ConfDir: n.conf, SourceDir: n.src, Chain: n.chain, Once: true,
 		CleanupOnExit: n.cleanupOnExit, DefaultConflist: []byte(`{"cniVersion":"1.1.0","name":"meshwire","plugins":[{"type":"bridge"}]}`),
-		Logf: n.log.logf, Resync: time.Second}
+		Resync: time.Second}
 }
 
 func (n *node) installer() *Installer {
@@ -295,15 +279,12 @@ func TestApplyOwn(t *testing.T) {
 	}
 }
 
-// waitFor polls cond for up to 5 seconds.
+// waitFor waits for cond for up to 5 seconds.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
-		if cond() {
-			return
-		}
+	if err := poll.Until(5*time.Second, cond); err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
-	t.Fatalf("timed out waiting: %s", what)
 }
 
 // TestWatch runs the installer in watch mode: it chains the config, re-applies

@@ -115,56 +115,6 @@ func (b *builder) insert6(table string, pos int, r ruleset.Rule) {
 	}
 }
 
-func rule(chain string, t ruleset.Target, m ...ruleset.Match) ruleset.Rule {
-	return ruleset.Rule{Chain: chain, Match: m, Target: t}
-}
-
-func jump(chain string) ruleset.Target    { return ruleset.Target{Kind: ruleset.Jump, Chain: chain} }
-func ret() ruleset.Target                 { return ruleset.Target{Kind: ruleset.Return} }
-func redirect(port uint16) ruleset.Target { return ruleset.Target{Kind: ruleset.Redirect, Port: port} }
-func zone(z uint16) ruleset.Target        { return ruleset.Target{Kind: ruleset.CTZone, Zone: z} }
-
-func in(ifc string) ruleset.Match      { return ruleset.Match{Kind: ruleset.MatchIn, Name: ifc} }
-func out(ifc string) ruleset.Match     { return ruleset.Match{Kind: ruleset.MatchOut, Name: ifc} }
-func proto(p string) ruleset.Match     { return ruleset.Match{Kind: ruleset.MatchProto, Name: p} }
-func src(p netip.Prefix) ruleset.Match { return ruleset.Match{Kind: ruleset.MatchSrc, Prefix: p} }
-func dst(p netip.Prefix) ruleset.Match { return ruleset.Match{Kind: ruleset.MatchDst, Prefix: p} }
-func notDst(p netip.Prefix) ruleset.Match {
-	return ruleset.Match{Kind: ruleset.MatchDst, Prefix: p, Not: true}
-}
-func sport(p string, port uint16) ruleset.Match {
-	return ruleset.Match{Kind: ruleset.MatchSPort, Name: p, Ports: []uint16{port}}
-}
-func dport(p string, ports ...uint16) ruleset.Match {
-	return ruleset.Match{Kind: ruleset.MatchDPort, Name: p, Ports: ports}
-}
-func notDport(p string, ports ...uint16) ruleset.Match {
-	return ruleset.Match{Kind: ruleset.MatchDPort, Name: p, Ports: ports, Not: true}
-}
-func mark(v uint32) ruleset.Match { return ruleset.Match{Kind: ruleset.MatchMark, Value: v} }
-func notMark(v uint32) ruleset.Match {
-	return ruleset.Match{Kind: ruleset.MatchMark, Value: v, Not: true}
-}
-func connmark(v uint32) ruleset.Match  { return ruleset.Match{Kind: ruleset.MatchConnMark, Value: v} }
-func ctstate(s string) ruleset.Match   { return ruleset.Match{Kind: ruleset.MatchCTState, Name: s} }
-func owner(o Owner) ruleset.Match      { return o.match(false) }
-func notOwner(o Owner) ruleset.Match   { return o.match(true) }
-func single(a netip.Addr) netip.Prefix { return netip.PrefixFrom(a, a.BitLen()) }
-
-// Owner is a proxy uid or gid.
-type Owner struct {
-	ID  uint32
-	GID bool
-}
-
-func (o Owner) match(neg bool) ruleset.Match {
-	k := ruleset.MatchUID
-	if o.GID {
-		k = ruleset.MatchGID
-	}
-	return ruleset.Match{Kind: k, Value: o.ID, Not: neg}
-}
-
 // lo is the pod's loopback range of family f (istio's
 // HostIPv4LoopbackCidr, or ::1/128).
 func (b *builder) lo(f Family) netip.Prefix { return b.cfg.loopback(f) }

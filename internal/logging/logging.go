@@ -1,19 +1,27 @@
-// Package logging gives meshwire binaries an optional structured log.
+// Package logging gives meshwire binaries their structured log
+// (log/slog), with the same keys everywhere (KeyPod, KeyNetns,
+// KeyContainerID).
 //
-// Plugins must never write logs to stdout, which carries the CNI result. The
-// log is off unless the plugin config has a "log" object or the MESHWIRE_LOG
-// environment variable names a file; then records are appended to that file
-// as JSON lines (log/slog), one line per record so that plugins running in
-// parallel never interleave within a record.
+// Plugins must never write logs to stdout, which carries the CNI result. A
+// plugin's log is off unless its config has a "log" object or the
+// MESHWIRE_LOG environment variable names a file; then records are
+// appended to that file as JSON lines, one line per record so that
+// plugins running in parallel never interleave within a record (Open).
+// The long-running commands (the node agent, the installer) log to their
+// standard error, as text or JSON (NewCommand).
 package logging
 
 import (
+	"bytes"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
+
+	"github.com/meshwire/meshwire/internal/nodelayout"
 )
 
 // Config is the "log" object of a plugin config:
@@ -26,9 +34,41 @@ type Config struct {
 
 // Environment variables that turn the log on when the config does not.
 const (
-	EnvFile  = "MESHWIRE_LOG"       // path of the log file
-	EnvLevel = "MESHWIRE_LOG_LEVEL" // debug, info (default), warn, error
+	EnvFile  = nodelayout.EnvPluginLog      // path of the log file
+	EnvLevel = nodelayout.EnvPluginLogLevel // debug, info (default), warn, error
 )
+
+// The keys that name a pod in every meshwire log: the plugins' records
+// carry KeyContainerID and KeyNetns of the attachment they work on, the
+// node agent's name the pod too (namespace/name).
+const (
+	KeyPod         = "pod"
+	KeyNetns       = "netns"
+	KeyContainerID = "containerID"
+)
+
+// Formats of a command's log (NewCommand).
+const (
+	FormatText = "text"
+	FormatJSON = "json"
+)
+
+// NewCommand returns the log of a long-running command, written to w in
+// format (FormatText when empty, or FormatJSON) from level up.
+func NewCommand(w io.Writer, format, level string) (*slog.Logger, error) {
+	lvl, err := ParseLevel(level)
+	if err != nil {
+		return nil, err
+	}
+	o := &slog.HandlerOptions{Level: lvl}
+	switch strings.ToLower(format) {
+	case "", FormatText:
+		return slog.New(slog.NewTextHandler(w, o)), nil
+	case FormatJSON:
+		return slog.New(slog.NewJSONHandler(w, o)), nil
+	}
+	return nil, fmt.Errorf("unknown log format %q (want %s or %s)", format, FormatText, FormatJSON)
+}
 
 // ParseLevel maps a level name to a slog level; empty means info.
 func ParseLevel(s string) (slog.Level, error) {
@@ -97,4 +137,24 @@ func Open(cfg *Config, getenv func(string) string) (*slog.Logger, func(), error)
 	}
 	l := slog.New(slog.NewJSONHandler(f, &slog.HandlerOptions{Level: lvl}))
 	return l, func() { _ = f.Close() }, nil
+}
+
+// Buffer is a log kept in memory, which several goroutines (a slog
+// handler, a command's standard error) write while another reads it.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *Buffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String is everything written so far.
+func (l *Buffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -19,8 +20,9 @@ import (
 	"github.com/meshwire/meshwire/ebpf/capture"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/internal/buildinfo"
-	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/installer"
+	"github.com/meshwire/meshwire/internal/nodelayout"
+	"github.com/meshwire/meshwire/internal/podstate"
 )
 
 // Options are `meshwire node`'s.
@@ -39,10 +41,12 @@ type Options struct {
 	// Interval is how often the agent checks the fast path and reads the
 	// log (default 10s).
 	Interval time.Duration
+	// StateDir is the root of the node's state (nodelayout.StateDir
+	// when empty): the pods' records the agent reads and repairs from,
+	// and ambient mode's socket.
+	StateDir string
 	// Ambient, when set, turns on Istio's ambient mode.
 	Ambient *AmbientOptions
-	// Logf writes one line.
-	Logf func(format string, a ...any)
 }
 
 // Agent is a running node agent.
@@ -58,6 +62,9 @@ type Agent struct {
 	attaches uint64 // attachments the agent made
 	stopping bool
 
+	layout    nodelayout.Layout
+	store     podstate.Store
+	records   nsSweep[string] // the sweep of the records of namespaces gone
 	rep       *Repairer
 	repairing atomic.Bool    // a round of rep is running
 	repairs   sync.WaitGroup // the rounds running, waited for at stop
@@ -79,9 +86,6 @@ const sweepEvery = 6
 
 // New checks o and returns an agent (nothing runs yet).
 func New(o Options) (*Agent, error) {
-	if o.Logf == nil {
-		o.Logf = func(string, ...any) {}
-	}
 	if o.Interval <= 0 {
 		o.Interval = 10 * time.Second
 	}
@@ -97,16 +101,18 @@ func New(o Options) (*Agent, error) {
 	if o.Install.Once {
 		return nil, errors.New("the node agent keeps the config applied; it has no --once")
 	}
-	if o.Install.Logf == nil {
-		o.Install.Logf = o.Logf
-	}
 	in, err := installer.New(o.Install)
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{o: o, in: in, rep: &Repairer{BinDir: o.Install.BinDir, Logf: o.Logf}}
+	if o.Ambient != nil {
+		o.Ambient.StateDir = o.StateDir
+	}
+	l := nodelayout.At(o.StateDir)
+	store := podstate.New(l)
+	a := &Agent{o: o, in: in, layout: l, store: store, rep: &Repairer{BinDir: o.Install.BinDir, Store: store}}
 	if o.Fastpath != nil {
-		a.fp = &FastpathOwner{Config: *o.Fastpath, Adopt: true, Logf: o.Logf}
+		a.fp = &FastpathOwner{Config: *o.Fastpath, Adopt: true, Store: store}
 		if a.fp.Config.PinDir == "" {
 			a.fp.Config.PinDir = fastpath.DefaultPinDir
 		}
@@ -128,7 +134,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	srv := &http.Server{Handler: a.Handler(), ReadHeaderTimeout: 5 * time.Second}
 	go func() { _ = srv.Serve(ln) }()
-	a.o.Logf("serving /healthz, /readyz and /metrics on %s", ln.Addr())
+	slog.Info("serving /healthz, /readyz and /metrics", "address", ln.Addr().String())
 	defer func() {
 		sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -138,12 +144,21 @@ func (a *Agent) Run(ctx context.Context) error {
 	repairCtx, stopRepairs := context.WithCancel(ctx)
 	defer stopRepairs()
 	a.repairCtx = repairCtx
+	// The stores of an earlier version, moved into the pods' records
+	// before anything reads them (a node upgraded in place).
+	switch m, err := a.store.Migrate(); {
+	case err != nil:
+		slog.Error("could not move an earlier version's records of the pods (tried again at the next start)", "error", err)
+	case m.Any():
+		slog.Info("moved an earlier version's records of the pods", "dir", a.store.Dir(),
+			"calls", m.Calls, "fastpathPolicies", m.Fastpath, "enrolled", m.Enrolled, "enrolledGone", m.Dropped)
+	}
 	var kick chan struct{}
 	if a.o.Ambient == nil {
-		removeAmbientSocket(a.o.Logf)
+		removeAmbientSocket(a.layout)
 	}
 	if a.o.Ambient != nil {
-		amb, err := startAmbient(repairCtx, *a.o.Ambient, a.o.Logf)
+		amb, err := startAmbient(repairCtx, *a.o.Ambient)
 		if err != nil {
 			return err
 		}
@@ -180,7 +195,7 @@ loop:
 	a.mu.Lock()
 	a.stopping = true
 	a.mu.Unlock()
-	a.o.Logf("stopping")
+	slog.Info("stopping")
 	stopRepairs()
 	a.repairs.Wait()
 	stopInstaller()
@@ -201,22 +216,19 @@ func (a *Agent) tick() {
 	if a.fp != nil {
 		err := a.fp.Ensure()
 		if err != nil && (a.fpErr == nil || a.fpErr.Error() != err.Error()) {
-			a.o.Logf("%v; trying again every %s", err, a.o.Interval)
+			slog.Error("the fast path is not attached; trying again every "+a.o.Interval.String(), "error", err)
 		}
 		a.mu.Lock()
 		a.fpErr, a.attaches = err, a.fp.Attaches()
 		a.mu.Unlock()
-		if time.Since(a.lastSweep) >= sweepEvery*a.o.Interval {
-			a.lastSweep = time.Now()
-			err := a.fp.Collect()
-			if err != nil && (a.sweepErr == nil || a.sweepErr.Error() != err.Error()) {
-				a.o.Logf("%v", err)
-			}
-			a.sweepErr = err
-			a.mu.Lock()
-			a.collected, a.collectedPolicies = a.fp.Collected()
-			a.mu.Unlock()
+	}
+	if time.Since(a.lastSweep) >= sweepEvery*a.o.Interval {
+		a.lastSweep = time.Now()
+		err := a.sweep()
+		if err != nil && (a.sweepErr == nil || a.sweepErr.Error() != err.Error()) {
+			slog.Warn("sweep of what pods gone without a DEL left", "error", err)
 		}
+		a.sweepErr = err
 	}
 	if a.plog != nil {
 		a.plog.read()
@@ -241,7 +253,7 @@ func (a *Agent) startReconcile() {
 		defer a.repairs.Done()
 		defer a.reconciling.Store(false)
 		for again := true; again && a.repairCtx.Err() == nil; again = a.reconcileAgain.Swap(false) {
-			_ = cnierr.Catch(func() error { amb.reconcile(a.repairCtx); return nil })
+			guard("ambient mode's round", func() { amb.reconcile(a.repairCtx) })
 		}
 	}()
 }
@@ -257,9 +269,10 @@ func (a *Agent) startRepair() {
 	go func() {
 		defer a.repairs.Done()
 		defer a.repairing.Store(false)
-		err := cnierr.Catch(func() error { return a.rep.Round(a.repairCtx) })
+		var err error
+		guard("the meshed pods' checks", func() { err = a.rep.Round(a.repairCtx) })
 		if err != nil && a.repairCtx.Err() == nil {
-			a.o.Logf("check the meshed pods: %v", err)
+			slog.Warn("could not check the meshed pods", "error", err)
 		}
 	}()
 }

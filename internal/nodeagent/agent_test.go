@@ -210,7 +210,7 @@ func testAgent(t *testing.T, withConf bool, listen string) (*Agent, string) {
 		Install:  installer.Options{BinDir: bin, ConfDir: conf, SourceDir: src, Chain: true, CleanupOnExit: true, PluginLog: filepath.Join(t.TempDir(), "cni.log"), Resync: 100 * time.Millisecond},
 		Listen:   listen,
 		Interval: 50 * time.Millisecond,
-		Logf:     t.Logf,
+		StateDir: t.TempDir(),
 	})
 	if err != nil {
 		t.Fatal(err)

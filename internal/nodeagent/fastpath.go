@@ -3,15 +3,16 @@ package nodeagent
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/meshwire/meshwire/ebpf/bpfnode"
 	"github.com/meshwire/meshwire/ebpf/capture"
 	"github.com/meshwire/meshwire/ebpf/capture/pods"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
-	"github.com/meshwire/meshwire/ebpf/fastpath/podrecord"
 	"github.com/meshwire/meshwire/ebpf/loader"
 	"github.com/meshwire/meshwire/internal/netns"
+	"github.com/meshwire/meshwire/internal/podstate"
 )
 
 // FastpathOwner attaches the eBPF fast path for a long-running command
@@ -24,7 +25,9 @@ type FastpathOwner struct {
 	// container. Without it such a fast path is someone else's (`meshwire
 	// fastpath attach` by hand) and stays attached when the owner stops.
 	Adopt bool
-	Logf  func(format string, a ...any)
+	// Store holds the pods' records, replayed into a fast path this
+	// owner attaches.
+	Store podstate.Store
 
 	owned    bool
 	attaches uint64 // attachments this owner made
@@ -35,15 +38,16 @@ type FastpathOwner struct {
 	captured bool
 	// The sweeps of the pinned entries kept per pod: ebpf interception's
 	// registrations and the fast path's pod policies.
-	captureGC, policyGC, rulesGC, recordGC nsSweep
+	captureGC, policyGC, rulesGC nsSweep[uint64]
 }
 
-// nsSweep collects the entries of one map keyed by namespace cookie whose
-// namespace is gone without a DEL.
-type nsSweep struct {
+// nsSweep collects the entries of one store (a map keyed by namespace
+// cookie, the pods' records by name) whose namespace is gone without a
+// DEL.
+type nsSweep[K comparable] struct {
 	// suspects are the entries the last sweep found without a namespace
-	// (cookie -> nsfs inode).
-	suspects  map[uint64]uint64
+	// (key -> nsfs inode).
+	suspects  map[K]uint64
 	collected uint64
 }
 
@@ -51,25 +55,24 @@ type nsSweep struct {
 // time too, with the same inode: a namespace that moved between holders
 // (a task, an open file, a bind mount) while one sweep walked /proc is
 // seen by the next. forget removes one entry if it still has that inode.
-func (s *nsSweep) sweep(stale map[uint64]uint64, forget func(ns, ino uint64) error, logf func(ns, ino uint64)) error {
-	for ns, ino := range stale {
-		if prev, ok := s.suspects[ns]; !ok || prev != ino {
+func (s *nsSweep[K]) sweep(stale map[K]uint64, forget func(key K, ino uint64) error, log func(key K, ino uint64)) error {
+	for key, ino := range stale {
+		if prev, ok := s.suspects[key]; !ok || prev != ino {
 			continue
 		}
-		if err := forget(ns, ino); err != nil {
+		if err := forget(key, ino); err != nil {
 			return err
 		}
-		delete(stale, ns)
+		delete(stale, key)
 		s.collected++
-		logf(ns, ino)
+		log(key, ino)
 	}
 	s.suspects = stale
 	return nil
 }
 
 // Collect forgets the ebpf interception registrations, the fast-path
-// policies, the fast path's copies of interception settings and the
-// fast-path records (podrecord) of pods
+// policies and the fast path's copies of interception settings of pods
 // whose network namespace is gone without a DEL (a crashed runtime, a node
 // restored from a snapshot of its pins): an entry goes when two sweeps in
 // a row found its namespace gone. Outside the host's PID namespace it does
@@ -79,7 +82,7 @@ func (f *FastpathOwner) Collect() error {
 	dir, rules := f.Config.PinDir, loader.RulesDir(f.Config.PinDir)
 	for _, c := range []struct {
 		what   string
-		sweep  *nsSweep
+		sweep  *nsSweep[uint64]
 		stale  func() (map[uint64]uint64, error)
 		forget func(ns, ino uint64) error
 	}{
@@ -92,9 +95,6 @@ func (f *FastpathOwner) Collect() error {
 		{"fast path's copy of the interception settings", &f.rulesGC,
 			func() (map[uint64]uint64, error) { return pods.Stale(rules, netns.Live) },
 			func(ns, ino uint64) error { return pods.ForgetStale(rules, ns, ino) }},
-		{"fast-path record", &f.recordGC,
-			func() (map[uint64]uint64, error) { return podrecord.Stale("", netns.Live) },
-			func(ns, ino uint64) error { return podrecord.ForgetStale("", ns, ino) }},
 	} {
 		stale, err := c.stale()
 		if errors.Is(err, pods.ErrNotAttached) {
@@ -103,7 +103,7 @@ func (f *FastpathOwner) Collect() error {
 		}
 		if err == nil {
 			err = c.sweep.sweep(stale, c.forget, func(ns, ino uint64) {
-				f.Logf("forgot the %s of a pod whose namespace is gone without a DEL (netns cookie %d, nsfs inode %d)", c.what, ns, ino)
+				slog.Info("collected the "+c.what+" of a pod whose namespace is gone without a DEL", "netnsCookie", ns, "netnsIno", ino)
 			})
 		}
 		if err != nil {
@@ -137,9 +137,9 @@ func (f *FastpathOwner) Ensure() error {
 		return fmt.Errorf("attach the ebpf interception programs: %w", err)
 	case !r.CaptureRan:
 	case r.Capture == loader.Replaced:
-		f.Logf("replaced the ebpf interception programs of another meshwire build in place (%s)", capture.DefaultPinDir)
+		slog.Info("replaced the ebpf interception programs of another meshwire build in place", "pins", capture.DefaultPinDir)
 	case r.Capture == loader.Attached:
-		f.Logf("attached the ebpf interception programs (pinned in %s)", capture.DefaultPinDir)
+		slog.Info("attached the ebpf interception programs", "pins", capture.DefaultPinDir)
 	}
 	if !r.FastpathRan {
 		return nil
@@ -150,32 +150,36 @@ func (f *FastpathOwner) Ensure() error {
 		err = fmt.Errorf("attach the fast path: %w", err)
 	case already && !f.owned && f.Adopt:
 		f.owned = true
-		f.Logf("fast path already attached (%s); it is this agent's now, detached when it stops", f.Config.PinDir)
+		slog.Info("fast path already attached; it is this agent's now, detached when it stops", "pins", f.Config.PinDir)
 	case already && !f.owned:
 		if f.lastErr != nil || f.attaches == 0 {
-			f.Logf("fast path already attached (%s); leaving it attached on exit", f.Config.PinDir)
+			slog.Info("fast path already attached; leaving it attached on exit", "pins", f.Config.PinDir)
 		}
 	case already:
 	default:
 		switch {
 		case r.Fastpath == loader.Replaced:
-			f.Logf("replaced the fast path of another meshwire build with this one's (pinned in %s); its connections keep the old one until they close", f.Config.PinDir)
+			slog.Info("replaced the fast path of another meshwire build with this one's; its connections keep the old one until they close", "pins", f.Config.PinDir)
 		case f.owned:
-			f.Logf("the fast path was detached by someone else; attached it again (pinned in %s)", f.Config.PinDir)
+			slog.Warn("the fast path was detached by someone else; attached it again", "pins", f.Config.PinDir)
 		default:
-			f.Logf("attached the fast path (pinned in %s)", f.Config.PinDir)
+			slog.Info("attached the fast path", "pins", f.Config.PinDir)
 		}
 		f.owned = true
 		f.attaches++
-		// The meshed pods' fast-path records (podrecord), written into
-		// the fast path just attached: their policies survive this
-		// agent's restart (which detaches) and reach pods created while
-		// it was not attached.
-		if r.Replay.Pods > 0 || r.Replay.Dropped > 0 {
-			f.Logf("restored the fast-path policies of %d meshed pods from %s (%d records of namespaces gone removed)", r.Replay.Pods, podrecord.Dir, r.Replay.Dropped)
+		// The meshed pods' records (package podstate), written into the
+		// fast path just attached: their policies survive this agent's
+		// restart (which detaches) and reach pods created while it was
+		// not attached.
+		m, rp, err := f.Store.Restore(f.Config.PinDir, netns.Live)
+		if m.Any() {
+			slog.Info("moved an earlier version's records of the pods", "dir", f.Store.Dir(), "calls", m.Calls, "fastpathPolicies", m.Fastpath, "enrolled", m.Enrolled)
 		}
-		if r.ReplayErr != nil {
-			f.Logf("restoring the meshed pods' fast-path policies: %v", r.ReplayErr)
+		if rp.Pods > 0 || rp.Dropped > 0 {
+			slog.Info(fmt.Sprintf("restored the fast-path policies of %d meshed pods", rp.Pods), "dir", f.Store.Dir(), "goneRemoved", rp.Dropped)
+		}
+		if err != nil {
+			slog.Warn("could not restore every meshed pod's fast-path policy", "error", err)
 		}
 	}
 	f.lastErr = err
@@ -198,20 +202,42 @@ func (f *FastpathOwner) Release() error {
 	// upgrade) takes them over in place.
 	switch was, err := capture.Detach("", false); {
 	case err != nil:
-		f.Logf("ebpf interception left attached: %v", err)
+		slog.Warn("ebpf interception left attached", "error", err)
 	case was:
-		f.Logf("detached the ebpf interception programs")
+		slog.Info("detached the ebpf interception programs")
 	}
 	d, err := fastpath.Detach(f.Config.PinDir)
 	switch {
 	case err != nil:
 		return fmt.Errorf("detach the fast path: %w", err)
 	case !d.WasAttached:
-		f.Logf("fast path was no longer attached")
+		slog.Info("fast path was no longer attached")
 	case d.Live > 0:
-		f.Logf("detached the fast path; %d sockets keep it until they close", d.Live)
+		slog.Info(fmt.Sprintf("detached the fast path; %d sockets keep it until they close", d.Live))
 	default:
-		f.Logf("detached the fast path")
+		slog.Info("detached the fast path")
 	}
 	return nil
+}
+
+// sweep collects what pods gone without a DEL left: the pods' records
+// and, with the fast path, its pinned entries (FastpathOwner.Collect).
+func (a *Agent) sweep() error {
+	var errs []error
+	if a.fp != nil {
+		errs = append(errs, a.fp.Collect())
+		a.mu.Lock()
+		a.collected, a.collectedPolicies = a.fp.Collected()
+		a.mu.Unlock()
+	}
+	stale, err := a.store.Stale(netns.Live)
+	if err == nil {
+		err = a.records.sweep(stale, a.store.Forget, func(name string, ino uint64) {
+			slog.Info("collected the record of a pod whose namespace is gone without a DEL", "record", name, "netnsIno", ino)
+		})
+	}
+	if err != nil {
+		errs = append(errs, fmt.Errorf("collect the pods' records of namespaces that are gone: %w", err))
+	}
+	return errors.Join(errs...)
 }

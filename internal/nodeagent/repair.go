@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -13,7 +14,8 @@ import (
 	"github.com/containernetworking/cni/pkg/types"
 
 	"github.com/meshwire/meshwire/internal/cnierr"
-	"github.com/meshwire/meshwire/internal/meshedpods"
+	"github.com/meshwire/meshwire/internal/nodelayout"
+	"github.com/meshwire/meshwire/internal/podstate"
 )
 
 // interceptPlugin is the chained plugin whose calls the agent repeats.
@@ -27,8 +29,9 @@ type pluginExec interface {
 	ExecPlugin(ctx context.Context, pluginPath string, stdinData []byte, environ []string) ([]byte, error)
 }
 
-// Repairer checks every meshed pod (meshedpods) and repairs drift: it runs
-// the intercept plugin's CHECK with the pod's recorded call and, when
+// Repairer checks every meshed pod (the records with a call, package
+// podstate) and repairs drift: it runs the intercept plugin's CHECK with
+// the pod's recorded call and, when
 // CHECK finds the pod's interception missing or changed (rules flushed in
 // the pod, lost while the agent was down, an EBPF registration gone), the
 // same ADD again, which converges on the pod's config. The plugin decides
@@ -37,9 +40,8 @@ type pluginExec interface {
 type Repairer struct {
 	// BinDir holds the intercept plugin (the host's CNI bin directory).
 	BinDir string
-	// Dir holds the calls (meshedpods.Dir when empty).
-	Dir  string
-	Logf func(format string, a ...any)
+	// Store holds the pods' records.
+	Store podstate.Store
 
 	// exec runs the plugin (invoke.RawExec when nil; tests replace it).
 	exec pluginExec
@@ -69,9 +71,15 @@ func (r *Repairer) Stats() RepairStats {
 // its ADD (gone, its DEL on its way; a name or pid reused) is left to its
 // DEL, and so is one whose path leads to the agent's own namespace.
 func (r *Repairer) Round(ctx context.Context) error {
-	calls, err := meshedpods.List(r.Dir)
+	recs, err := r.Store.List()
 	if err != nil {
 		return err
+	}
+	calls := map[string]podstate.Record{}
+	for name, rec := range recs {
+		if rec.Call != nil {
+			calls[name] = rec
+		}
 	}
 	r.mu.Lock()
 	r.pods = len(calls)
@@ -80,15 +88,15 @@ func (r *Repairer) Round(ctx context.Context) error {
 	}
 	r.mu.Unlock()
 	seen := map[string]bool{}
-	for _, c := range calls {
+	for name, c := range calls {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		seen[c.Name()] = true
-		if c.CheckNetns() != nil {
+		seen[name] = true
+		if c.Check() != nil {
 			continue // gone, or the path leads elsewhere: left to its DEL
 		}
-		r.one(ctx, c)
+		r.one(ctx, name, c)
 	}
 	r.mu.Lock()
 	for name := range r.lastFailure {
@@ -101,10 +109,10 @@ func (r *Repairer) Round(ctx context.Context) error {
 }
 
 // one checks one pod and repairs it when CHECK reports drift.
-func (r *Repairer) one(ctx context.Context, c meshedpods.Call) {
+func (r *Repairer) one(ctx context.Context, name string, c podstate.Record) {
 	err := r.run(ctx, "CHECK", c)
 	if err == nil {
-		r.note(c, "")
+		r.note(name, "")
 		return
 	}
 	var ce *types.Error
@@ -114,7 +122,7 @@ func (r *Repairer) one(ctx context.Context, c meshedpods.Call) {
 		r.mu.Lock()
 		r.checkFailures++
 		r.mu.Unlock()
-		r.note(c, "cannot check the interception of pod "+c.ContainerID+": "+err.Error())
+		r.note(name, "cannot check the interception of pod "+c.ContainerID+": "+err.Error())
 		return
 	}
 	drift := ce.Msg
@@ -122,44 +130,45 @@ func (r *Repairer) one(ctx context.Context, c meshedpods.Call) {
 		r.mu.Lock()
 		r.failures++
 		r.mu.Unlock()
-		r.note(c, "could not repair the interception of pod "+c.ContainerID+" ("+drift+"): "+err.Error())
+		r.note(name, "could not repair the interception of pod "+c.ContainerID+" ("+drift+"): "+err.Error())
 		return
 	}
 	r.mu.Lock()
 	r.repairs++
 	r.mu.Unlock()
-	r.Logf("repaired the interception of pod %s in %s: %s", c.ContainerID, c.Netns, drift)
-	r.note(c, "")
+	slog.Info("repaired the pod's interception", "pod", c.Key(), "containerID", c.ContainerID, "netns", c.Netns, "drift", drift)
+	r.note(name, "")
 }
 
 // note logs a failure once per pod until it changes or the pod is well.
-func (r *Repairer) note(c meshedpods.Call, failure string) {
+func (r *Repairer) note(name, failure string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if failure == "" {
-		delete(r.lastFailure, c.Name())
+		delete(r.lastFailure, name)
 		return
 	}
-	if r.lastFailure[c.Name()] != failure {
-		r.Logf("%s", failure)
+	if r.lastFailure[name] != failure {
+		slog.Warn(failure, "record", name)
 	}
-	r.lastFailure[c.Name()] = failure
+	r.lastFailure[name] = failure
 }
 
 // run executes the plugin as the runtime did, cmd with the pod's call;
-// an ADD says it is a repair (meshedpods.EnvRepair).
-func (r *Repairer) run(ctx context.Context, cmd string, c meshedpods.Call) error {
+// an ADD says it is a repair (nodelayout.EnvRepair). The plugin finds
+// the records where the agent reads them (nodelayout.EnvNodeStateDir).
+func (r *Repairer) run(ctx context.Context, cmd string, c podstate.Record) error {
 	ctx, cancel := context.WithTimeout(ctx, repairTimeout)
 	defer cancel()
-	args := invoke.Args{Command: cmd, ContainerID: c.ContainerID, NetNS: c.Netns, PluginArgsStr: c.Args, IfName: c.IfName, Path: r.BinDir}
-	env := args.AsEnv()
+	args := invoke.Args{Command: cmd, ContainerID: c.ContainerID, NetNS: c.Netns, PluginArgsStr: c.Call.Args, IfName: c.IfName, Path: r.BinDir}
+	env := append(args.AsEnv(), nodelayout.EnvNodeStateDir+"="+r.Store.Layout.Root)
 	if cmd == "ADD" {
-		env = append(env, meshedpods.EnvRepair+"=1")
+		env = append(env, nodelayout.EnvRepair+"=1")
 	}
 	var ex pluginExec = &invoke.RawExec{Stderr: os.Stderr}
 	if r.exec != nil {
 		ex = r.exec
 	}
-	_, err := ex.ExecPlugin(ctx, filepath.Join(r.BinDir, interceptPlugin), c.Config, env)
+	_, err := ex.ExecPlugin(ctx, filepath.Join(r.BinDir, interceptPlugin), c.Call.Config, env)
 	return err
 }

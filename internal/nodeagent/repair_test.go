@@ -9,8 +9,10 @@ import (
 	"testing"
 
 	"github.com/meshwire/meshwire/internal/cnierr"
-	"github.com/meshwire/meshwire/internal/meshedpods"
+	"github.com/meshwire/meshwire/internal/logging/logtest"
 	"github.com/meshwire/meshwire/internal/netns"
+	"github.com/meshwire/meshwire/internal/nodelayout"
+	"github.com/meshwire/meshwire/internal/podstate"
 )
 
 // fakePlugin answers the agent's calls from a table keyed by container id
@@ -45,7 +47,7 @@ func (f *fakePlugin) ExecPlugin(_ context.Context, path string, _ []byte, env []
 // ADD; one whose namespace is gone, whose path leads to another namespace
 // than at ADD, or to the agent's own, is not even checked.
 func TestRepairerRepeatsADDOnDriftOnly(t *testing.T) {
-	dir := t.TempDir()
+	store := podstate.New(nodelayout.At(t.TempDir()))
 	nsPath := filepath.Join(t.TempDir(), "netns")
 	if err := writeFile(nsPath); err != nil {
 		t.Fatal(err)
@@ -58,15 +60,18 @@ func TestRepairerRepeatsADDOnDriftOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []meshedpods.Call{
-		{ContainerID: "drifted", Netns: nsPath, IfName: "eth0", Config: []byte(`{}`), NetnsIno: ino, NetnsDev: dev},
-		{ContainerID: "well", Netns: nsPath, IfName: "eth0", Config: []byte(`{}`), NetnsIno: ino, NetnsDev: dev},
-		{ContainerID: "refused", Netns: nsPath, IfName: "eth0", Config: []byte(`{}`), NetnsIno: ino, NetnsDev: dev},
-		{ContainerID: "gone", Netns: nsPath + "-gone", IfName: "eth0", Config: []byte(`{}`), NetnsIno: ino, NetnsDev: dev},
-		{ContainerID: "reused", Netns: nsPath, IfName: "eth0", Config: []byte(`{}`), NetnsIno: ino + 1, NetnsDev: dev},
-		{ContainerID: "host", Netns: "/proc/self/ns/net", IfName: "eth0", Config: []byte(`{}`), NetnsIno: self, NetnsDev: selfDev},
+	call := &podstate.Call{Config: []byte(`{}`)}
+	for _, c := range []podstate.Record{
+		{ContainerID: "drifted", Netns: nsPath, IfName: "eth0", Call: call, NetnsIno: ino, NetnsDev: dev},
+		{ContainerID: "well", Netns: nsPath, IfName: "eth0", Call: call, NetnsIno: ino, NetnsDev: dev},
+		{ContainerID: "refused", Netns: nsPath, IfName: "eth0", Call: call, NetnsIno: ino, NetnsDev: dev},
+		{ContainerID: "gone", Netns: nsPath + "-gone", IfName: "eth0", Call: call, NetnsIno: ino, NetnsDev: dev},
+		{ContainerID: "reused", Netns: nsPath, IfName: "eth0", Call: call, NetnsIno: ino + 1, NetnsDev: dev},
+		{ContainerID: "host", Netns: "/proc/self/ns/net", IfName: "eth0", Call: call, NetnsIno: self, NetnsDev: selfDev},
+		// Not meshed by the plugin (an ambient pod's record): not checked.
+		{ContainerID: "ambient", Netns: nsPath, IfName: "eth0", NetnsIno: ino, NetnsDev: dev, Namespace: "shop", Name: "web"},
 	} {
-		if err := meshedpods.Write(dir, c); err != nil {
+		if err := store.Put(c); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -74,8 +79,8 @@ func TestRepairerRepeatsADDOnDriftOnly(t *testing.T) {
 		"drifted CHECK": cnierr.CheckFailed("interception rules are missing in %s", nsPath),
 		"refused CHECK": cnierr.Field("istio-inbound-ports", "bad"),
 	}}
-	var logs []string
-	r := &Repairer{BinDir: "/opt/cni/bin", Dir: dir, exec: fp, Logf: func(f string, a ...any) { logs = append(logs, f) }}
+	log := logtest.Capture(t)
+	r := &Repairer{BinDir: "/opt/cni/bin", Store: store, exec: fp}
 	if err := r.Round(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -84,20 +89,23 @@ func TestRepairerRepeatsADDOnDriftOnly(t *testing.T) {
 		t.Fatalf("calls %q, want %q", fp.calls, want)
 	}
 	for i, env := range fp.envs {
-		if slices.Contains(env, "CNI_COMMAND=ADD") != slices.Contains(env, meshedpods.EnvRepair+"=1") {
+		if slices.Contains(env, "CNI_COMMAND=ADD") != slices.Contains(env, nodelayout.EnvRepair+"=1") {
 			t.Fatalf("call %d: the ADD, and only it, is marked a repair: %q", i, env)
+		}
+		if !slices.Contains(env, nodelayout.EnvNodeStateDir+"="+store.Layout.Root) {
+			t.Fatalf("call %d: the plugin is not told where the records are: %q", i, env)
 		}
 	}
 	if st := r.Stats(); st != (RepairStats{Pods: 6, Repairs: 1, Errors: 1}) {
 		t.Fatalf("stats %+v", st)
 	}
 	// A failure is logged once while it lasts.
-	n := len(logs)
+	before := log.String()
 	if err := r.Round(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if got := len(logs) - n; got != 1 { // the second repair only
-		t.Fatalf("%d lines logged by the second round, want 1: %q", got, logs[n:])
+	if got := strings.TrimPrefix(log.String(), before); strings.Count(got, "\n") != 1 || !strings.Contains(got, "repaired") { // the second repair only
+		t.Fatalf("the second round logged %q, want the repair only", got)
 	}
 }
 

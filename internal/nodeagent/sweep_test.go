@@ -10,14 +10,14 @@ import (
 // with the same inode; one reported once, or with another inode the
 // second time, stays; a failed forget stops the sweep with its error.
 func TestSweepTwice(t *testing.T) {
-	var s nsSweep
+	var s nsSweep[uint64]
 	var forgot []uint64
 	forget := func(ns, ino uint64) error { forgot = append(forgot, ns); return nil }
-	logf := func(ns, ino uint64) {}
-	if err := s.sweep(map[uint64]uint64{1: 10, 2: 20}, forget, logf); err != nil || len(forgot) != 0 {
+	log := func(ns, ino uint64) {}
+	if err := s.sweep(map[uint64]uint64{1: 10, 2: 20}, forget, log); err != nil || len(forgot) != 0 {
 		t.Fatalf("first sweep forgot %v (%v)", forgot, err)
 	}
-	if err := s.sweep(map[uint64]uint64{1: 10, 2: 21, 3: 30}, forget, logf); err != nil {
+	if err := s.sweep(map[uint64]uint64{1: 10, 2: 21, 3: 30}, forget, log); err != nil {
 		t.Fatal(err)
 	}
 	if len(forgot) != 1 || forgot[0] != 1 || s.collected != 1 {
@@ -27,7 +27,7 @@ func TestSweepTwice(t *testing.T) {
 		t.Fatalf("suspects %v, want %v", s.suspects, want)
 	}
 	boom := errors.New("boom")
-	if err := s.sweep(map[uint64]uint64{3: 30}, func(ns, ino uint64) error { return boom }, logf); !errors.Is(err, boom) {
+	if err := s.sweep(map[uint64]uint64{3: 30}, func(ns, ino uint64) error { return boom }, log); !errors.Is(err, boom) {
 		t.Fatalf("a failed forget: %v", err)
 	}
 }

@@ -53,8 +53,9 @@ func Client(kubeconfig string) (kubernetes.Interface, error) {
 	return kubernetes.NewForConfig(rest.AddUserAgent(cfg, "meshwire-node"))
 }
 
-// Pod is what the node agent needs of one pod of its node.
-type Pod struct {
+// APIPod is a pod of this node as the API server shows it: what the node
+// agent needs of it.
+type APIPod struct {
 	UID, Name, Namespace, ServiceAccount string
 	// IPs are the pod's addresses (status.podIPs, or status.podIP), none
 	// before the runtime's CNI ADD is reported. A Terminating pod whose
@@ -68,12 +69,12 @@ type Pod struct {
 	// Overrides are ambient.Overrides of the pod's annotations; with
 	// OverridesErr, the annotations it ignored or that cannot be
 	// installed.
-	Overrides    ambient.Pod
+	Overrides    ambient.Overrides
 	OverridesErr error
 	// ContainerIDs are the runtime's ids of the pod's containers, init
 	// and ephemeral ones too, as its status reports them (without the
 	// "containerd://" prefix): how the agent finds the processes of a pod
-	// that started before ambient mode was on (podnetns.Find).
+	// that started before ambient mode was on (podproc.Find).
 	ContainerIDs []string
 	// Terminating: the pod's phase is Succeeded or Failed, its containers
 	// are gone for good (Istio's CheckPodTerminal). Istio takes such a pod
@@ -185,42 +186,42 @@ func Start(ctx context.Context, c kubernetes.Interface, node string, changed fun
 }
 
 // Pod is the pod of this node with that UID, if there is one.
-func (w *Watcher) Pod(uid string) (Pod, bool) {
+func (w *Watcher) Pod(uid string) (APIPod, bool) {
 	objs, err := w.pods.GetIndexer().ByIndex(byUID, uid)
 	if err != nil {
-		return Pod{}, false
+		return APIPod{}, false
 	}
 	for _, o := range objs {
 		if p := o.(*corev1.Pod); p.Spec.NodeName == w.node {
 			return w.view(p), true
 		}
 	}
-	return Pod{}, false
+	return APIPod{}, false
 }
 
 // Pods are all the pods of this node, by namespace and name.
-func (w *Watcher) Pods() []Pod {
-	var out []Pod
+func (w *Watcher) Pods() []APIPod {
+	var out []APIPod
 	for _, o := range w.pods.GetStore().List() {
 		if p := o.(*corev1.Pod); p.Spec.NodeName == w.node {
 			out = append(out, w.view(p))
 		}
 	}
-	slices.SortFunc(out, func(a, b Pod) int {
+	slices.SortFunc(out, func(a, b APIPod) int {
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
 	return out
 }
 
-// view is a pod as Pod reports it.
-func (w *Watcher) view(p *corev1.Pod) Pod {
+// view is a pod as an APIPod.
+func (w *Watcher) view(p *corev1.Pod) APIPod {
 	nsLabels, known := w.namespaceLabels(p.Namespace)
 	enrolled, why := ambient.Enrolled(ambient.PodMeta{Labels: p.Labels, Annotations: p.Annotations, HostNetwork: p.Spec.HostNetwork}, nsLabels)
 	if !known {
 		why = "namespace " + p.Namespace + " not known; " + why
 	}
-	overrides, err := ambient.Overrides(p.Annotations)
-	v := Pod{
+	overrides, err := ambient.ParseOverrides(p.Annotations)
+	v := APIPod{
 		UID: string(p.UID), Name: p.Name, Namespace: p.Namespace, ServiceAccount: p.Spec.ServiceAccountName,
 		IPs: podIPs(p), Enrolled: enrolled, Why: why, Overrides: overrides, OverridesErr: err,
 		Terminating: terminal(p), ContainerIDs: containerIDs(p),
@@ -272,7 +273,7 @@ func (w *Watcher) podUpdated(oldObj, newObj any) {
 		return
 	}
 	w.remember(p)
-	// Status updates that change nothing Pod reports (conditions,
+	// Status updates that change nothing an APIPod holds (conditions,
 	// container states) are many: no call for them.
 	if maps.Equal(old.Labels, p.Labels) && maps.Equal(old.Annotations, p.Annotations) &&
 		slices.Equal(podIPs(old), podIPs(p)) && terminal(old) == terminal(p) {

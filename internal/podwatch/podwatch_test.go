@@ -107,9 +107,9 @@ func (k *cluster) reset() {
 }
 
 // enrolled waits until the pod uid is known with that enrollment.
-func (k *cluster) enrolled(uid string, want bool) Pod {
+func (k *cluster) enrolled(uid string, want bool) APIPod {
 	k.t.Helper()
-	var p Pod
+	var p APIPod
 	k.eventually("pod "+uid+" enrolled="+map[bool]string{true: "true", false: "false"}[want], func() bool {
 		var ok bool
 		p, ok = k.w.Pod(uid)
@@ -160,10 +160,10 @@ func TestPodLabeled(t *testing.T) {
 	k := start(t, namespace("apps", nil), p)
 	k.called("apps-web")
 	got := k.enrolled("apps-web", true)
-	want := Pod{
+	want := APIPod{
 		UID: "apps-web", Name: "web", Namespace: "apps", ServiceAccount: "sa-web",
 		IPs:      []netip.Addr{netip.MustParseAddr("10.0.0.5"), netip.MustParseAddr("fd00::5")},
-		Enrolled: true, Overrides: ambient.Pod{DNS: ambient.DNSOff},
+		Enrolled: true, Overrides: ambient.Overrides{DNS: ambient.DNSOff},
 	}
 	if got.UID != want.UID || got.Name != want.Name || got.Namespace != want.Namespace || got.ServiceAccount != want.ServiceAccount ||
 		!slices.Equal(got.IPs, want.IPs) || got.Overrides.DNS != ambient.DNSOff || got.OverridesErr != nil || got.Terminating || got.Why == "" {
@@ -314,7 +314,7 @@ func TestTerminalPodKeepsItsIPs(t *testing.T) {
 		t.Fatal(err)
 	}
 	k.called("apps-job")
-	var got Pod
+	var got APIPod
 	k.eventually("Terminating", func() bool {
 		got, _ = k.w.Pod("apps-job")
 		return got.Terminating

@@ -1,8 +1,8 @@
 // Package recordfile keeps small JSON records on the node, one file per
 // pod attachment, so that a command killed at any instruction leaves
 // either the whole record or a temporary file its next Remove finds by
-// name. Its users are the fast path's per-pod records (podrecord) and the intercept
-// plugin's calls the node agent checks (meshedpods).
+// name. Its user is the pods' records (package podstate), and the
+// reading of the stores of earlier versions.
 package recordfile
 
 import (

@@ -9,17 +9,10 @@ type Table struct {
 	Family  Family
 	Name    string
 	Comment string
-	// Sets of the table (native nftables), declared before its chains.
+	// Sets of the table (native nftables), declared before its chains;
+	// declaring one keeps its elements when it is there.
 	Sets   []Set
 	Chains []Chain
-}
-
-// Set is a named set of a native nftables table, of addresses of one
-// type ("ipv4_addr", "ipv6_addr"). Declaring it keeps its elements when
-// it is there.
-type Set struct {
-	Name string
-	Type string
 }
 
 // ID names the table.

@@ -1,6 +1,6 @@
 // Package zds is Istio's ztunnel discovery service (ZDS): the hand-off of
 // enrolled pods' network namespaces from the node agent to ztunnel over a
-// Unix SOCK_SEQPACKET socket, /var/run/ztunnel/ztunnel.sock. The agent
+// Unix SOCK_SEQPACKET socket (nodelayout.ZtunnelSocket). The agent
 // (`meshwire node`, as istio-cni's agent) is the server; ztunnel connects,
 // says ZdsHello, and is sent one message at a time, each acknowledged
 // before the next:
@@ -22,10 +22,14 @@
 // that module raises meshwire's own requirements through minimal version
 // selection (google.golang.org/grpc 1.72 to 1.82, k8s.io/api and
 // k8s.io/apimachinery 0.34 to 0.36, and more): a wire format of seven
-// messages is not worth that. Regenerate with protoc and protoc-gen-go at
-// go.mod's google.golang.org/protobuf version:
+// messages is not worth that. The comment protoc-gen-go copies from the
+// proto's package line is taken out after generation, so that this
+// file's is the package's only doc comment (the generated file's license
+// header is separated from its package clause). Regenerate with protoc
+// and protoc-gen-go at go.mod's google.golang.org/protobuf version:
 //
 //	go install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 package zds
 
 //go:generate protoc --go_out=. --go_opt=paths=source_relative --go_opt=Mzds.proto=github.com/meshwire/meshwire/internal/zds;zds zds.proto
+//go:generate sed -i -e "/^\/\/ GRPC package - part of the URL/,/^\/\/ URL:/d" zds.pb.go

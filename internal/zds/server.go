@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -17,8 +18,6 @@ import (
 )
 
 const (
-	// SocketPath is where ztunnel looks for the node agent.
-	SocketPath = "/var/run/ztunnel/ztunnel.sock"
 	// MaxMessage bounds one message either way: istio-cni reads ztunnel's
 	// messages into 1024 bytes, and meshwire sends nothing larger (a pod's
 	// uid, name, namespace and service account fit with room to spare).
@@ -57,7 +56,6 @@ type Server struct {
 	path     string
 	ln       *net.UnixListener
 	snapshot func() []Workload
-	logf     func(string, ...any)
 	timeout  time.Duration
 
 	mu     sync.Mutex
@@ -75,11 +73,9 @@ type Server struct {
 // snapshot returns every enrolled workload; it is read on each ztunnel
 // connection, after the connection counts for Add and Del, so a caller
 // that records a workload before calling Add (and forgets it before Del)
-// never loses one between a snapshot and an update. logf may be nil.
-func Listen(path string, snapshot func() []Workload, logf func(string, ...any)) (*Server, error) {
-	if logf == nil {
-		logf = func(string, ...any) {}
-	}
+// never loses one between a snapshot and an update. The server logs
+// through log/slog's default logger.
+func Listen(path string, snapshot func() []Workload) (*Server, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return nil, fmt.Errorf("zds: socket directory: %w", err)
 	}
@@ -98,7 +94,7 @@ func Listen(path string, snapshot func() []Workload, logf func(string, ...any)) 
 		ln.Close()
 		return nil, fmt.Errorf("zds: %w", err)
 	}
-	return &Server{path: path, ln: ln, snapshot: snapshot, logf: logf, timeout: Timeout, stop: make(chan struct{})}, nil
+	return &Server{path: path, ln: ln, snapshot: snapshot, timeout: Timeout, stop: make(chan struct{})}, nil
 }
 
 // Serve accepts ztunnel connections until ctx ends or Close, then closes
@@ -120,7 +116,7 @@ func (s *Server) Serve(ctx context.Context) error {
 			if errors.Is(err, net.ErrClosed) {
 				return nil
 			}
-			s.logf("zds: accept: %v", err)
+			slog.Warn("ZDS: accept", "error", err)
 			continue
 		}
 		s.mu.Lock()
@@ -180,7 +176,7 @@ func (s *Server) Add(ctx context.Context, w Workload) error {
 	}
 	s.mu.Unlock()
 	if c == nil {
-		s.logf("zds: add %s: no ztunnel connected, it gets the pod in its snapshot", w.UID)
+		slog.Info("ZDS: no ztunnel connected; it gets the pod in its snapshot", "uid", w.UID)
 		return nil
 	}
 	return c.do(ctx, &request{add: &w})
@@ -248,10 +244,10 @@ func (s *Server) handle(uc *net.UnixConn) {
 	defer uc.Close()
 	hello, err := c.readHello()
 	if err != nil {
-		s.logf("zds: ztunnel connection dropped: %v", err)
+		slog.Warn("ZDS: ztunnel connection dropped", "error", err)
 		return
 	}
-	s.logf("zds: ztunnel connected (hello, version %v)", hello.GetVersion())
+	slog.Info("ZDS: ztunnel connected", "version", hello.GetVersion().String())
 
 	s.mu.Lock()
 	s.conns = append(s.conns, c)
@@ -276,7 +272,7 @@ func (s *Server) handle(uc *net.UnixConn) {
 	}()
 
 	if err := c.sendSnapshot(); err != nil {
-		s.logf("zds: ztunnel connection dropped during the snapshot: %v", err)
+		slog.Warn("ZDS: ztunnel connection dropped during the snapshot", "error", err)
 		return
 	}
 	for {
@@ -285,17 +281,17 @@ func (s *Server) handle(uc *net.UnixConn) {
 			err := c.serve(r)
 			r.resp <- err
 			if errors.Is(err, errConn) {
-				s.logf("zds: ztunnel connection dropped: %v", err)
+				slog.Warn("ZDS: ztunnel connection dropped", "error", err)
 				return
 			}
 		case m := <-c.acks:
-			s.logf("zds: ztunnel connection dropped: protocol error: unsolicited message %v", m)
+			slog.Warn("ZDS: ztunnel connection dropped: protocol error: unsolicited message", "message", fmt.Sprint(m))
 			return
 		case err := <-c.rerr:
 			if errors.Is(err, io.EOF) {
-				s.logf("zds: ztunnel disconnected")
+				slog.Info("ZDS: ztunnel disconnected")
 			} else {
-				s.logf("zds: ztunnel connection dropped: %v", err)
+				slog.Warn("ZDS: ztunnel connection dropped", "error", err)
 			}
 			return
 		case <-s.stop:
@@ -360,12 +356,12 @@ func (c *conn) sendSnapshot() error {
 					return err
 				}
 				if err != nil {
-					c.s.logf("zds: snapshot: %v", err)
+					slog.Warn("ZDS: snapshot", "error", err)
 				}
 				continue
 			}
 			c.s.failed.Add(1)
-			c.s.logf("zds: snapshot: %s: open netns: %v; sending keep", w.UID, err)
+			slog.Warn("ZDS: snapshot: cannot open the pod's namespace; sending keep", "uid", w.UID, "error", err)
 		}
 		msg := &WorkloadRequest{Payload: &WorkloadRequest_Keep{Keep: &KeepWorkload{Uid: w.UID}}}
 		ack, err := c.exchange(msg, nil)
@@ -373,7 +369,7 @@ func (c *conn) sendSnapshot() error {
 			return err
 		}
 		if ack.GetError() != "" {
-			c.s.logf("zds: snapshot: keep %s: ztunnel: %s", w.UID, ack.GetError())
+			slog.Warn("ZDS: snapshot: keep refused by ztunnel", "uid", w.UID, "error", ack.GetError())
 		}
 	}
 	ack, err := c.exchange(&WorkloadRequest{Payload: &WorkloadRequest_SnapshotSent{SnapshotSent: &SnapshotSent{}}}, nil)
@@ -381,7 +377,7 @@ func (c *conn) sendSnapshot() error {
 		return err
 	}
 	if ack.GetError() != "" {
-		c.s.logf("zds: snapshot sent: ztunnel: %s", ack.GetError())
+		slog.Warn("ZDS: snapshot sent: ztunnel answered an error", "error", ack.GetError())
 	}
 	return nil
 }

@@ -18,9 +18,6 @@
 // 	protoc        v3.21.12
 // source: zds.proto
 
-// GRPC package - part of the URL. Service is added.
-// URL: /PACKAGE.SERVICE/METHOD
-
 package zds
 
 import (

@@ -15,6 +15,8 @@ import (
 
 	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/meshwire/meshwire/internal/poll"
 )
 
 // pods is a snapshot source the tests change as they go.
@@ -47,7 +49,7 @@ func start(t *testing.T, p *pods) (*Server, string) {
 func startTimeout(t *testing.T, p *pods, timeout time.Duration) (*Server, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "ztunnel", "ztunnel.sock")
-	s, err := Listen(path, p.get, t.Logf)
+	s, err := Listen(path, p.get)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,12 +160,8 @@ func netnsIno(t *testing.T) uint64 {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
+	if err := poll.Until(5*time.Second, cond); err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
 }
 
@@ -172,7 +170,7 @@ func TestSocketFile(t *testing.T) {
 	if err := os.WriteFile(path, nil, 0o644); err != nil { // a stale file
 		t.Fatal(err)
 	}
-	s, err := Listen(path, func() []Workload { return nil }, nil)
+	s, err := Listen(path, func() []Workload { return nil })
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,5 +1,5 @@
 #!/bin/bash
-# build.sh [e2e|reference|flannel|critest]: build the cluster's binaries and images, once
+# build.sh [e2e|reference|flannel|containerd2|critest]: build the cluster's binaries and images, once
 # per pinned version set, into a cache outside the repository, and print
 # that cache directory. A second run with the same pins prints it at once.
 #
@@ -13,6 +13,9 @@
 #            github.com/containernetworking/plugins v0.9.1 (cni/flannel),
 #            only with the flannel argument: the multi-node cluster's pod
 #            network
+#   containerd2/  containerd v2.4.2 (containerd, containerd-shim-runc-v2,
+#            ctr), only with the containerd2 argument: the cluster's other
+#            runtime (MESHWIRE_CLUSTER_RUNTIME=containerd2)
 #   images/  docker-archive tars of pause, agnhost, busybox, coredns, named
 #            as the e2e suite and kubelet ask for them (images.sh; a link
 #            to images-KEY, whose key adds images.sh and the Debian
@@ -56,6 +59,7 @@ CRI_TOOLS_VERSION=v1.37.0 # critest/go.mod
 REFERENCE_PLUGINS=v1.9.1   # github.com/containernetworking/plugins: the control of conformance and critest
 FLANNEL_VERSION=v0.27.4    # github.com/flannel-io/flannel (v0.28 needs a tencentcloud-sdk-go the proxy does not serve)
 FLANNEL_CNI_VERSION=v0.9.1 # the last github.com/containernetworking/plugins with plugins/meta/flannel
+CONTAINERD2_VERSION=v2.4.2 # github.com/containerd/containerd/v2: the runtime that calls CNI STATUS
 
 CACHE_ROOT=${MESHWIRE_CLUSTER_CACHE:-/var/cache/meshwire-cluster}
 
@@ -66,7 +70,7 @@ dir=$CACHE_ROOT/k8s-$K8S_VERSION-$key
 bin=$dir/bin
 # The images have a key of their own (the binaries', images.sh, the Debian
 # packages they copy): $dir/images links to the current ones.
-ikey=$( { echo "$key"; cat images.sh; dpkg-query -W busybox-static curl wget netcat-openbsd bind9-dnsutils iproute2 bash libc-bin 2>&1 || :; } | sha256sum | cut -c1-16)
+ikey=$( { echo "$key"; cat images.sh; dpkg-query -W busybox-static curl wget netcat-openbsd bind9-dnsutils iproute2 bash libc-bin conntrack 2>&1 || :; } | sha256sum | cut -c1-16)
 images=$dir/images-$ikey
 
 log() { printf '%s build.sh: %s\n' "$(date -u +%T)" "$*" >&2; }
@@ -148,6 +152,15 @@ if [ "${1:-}" = flannel ]; then
 		-ldflags '-s -w -X github.com/flannel-io/flannel/pkg/version.Version=$FLANNEL_VERSION' github.com/flannel-io/flannel@$FLANNEL_VERSION &&
 		mv '$dir/flannel/bin/flannel' '$dir/flannel/flanneld' && rmdir '$dir/flannel/bin' &&
 		GOBIN='$dir/flannel/cni' GOFLAGS= go install -trimpath -ldflags '-s -w' github.com/containernetworking/plugins/plugins/meta/flannel@$FLANNEL_CNI_VERSION"
+fi
+
+# containerd 2 (without cgo: no btrfs snapshotter, which the cluster does
+# not use); the version stamped as its release's.
+if [ "${1:-}" = containerd2 ]; then
+	c2=github.com/containerd/containerd/v2
+	step containerd2 env GOBIN="$dir/containerd2" GOFLAGS= go install -trimpath \
+		-ldflags "-s -w -X $c2/version.Version=$CONTAINERD2_VERSION" \
+		$c2/cmd/containerd@$CONTAINERD2_VERSION $c2/cmd/containerd-shim-runc-v2@$CONTAINERD2_VERSION $c2/cmd/ctr@$CONTAINERD2_VERSION
 fi
 
 if [ "${1:-}" = e2e ]; then

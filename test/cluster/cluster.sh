@@ -32,6 +32,15 @@
 # MESHWIRE_CLUSTER_CNI=reference: the reference plugins v1.9.1 (bridge,
 # host-local, portmap, bandwidth, loopback) in their place, the control.
 #
+# The nodes people run (make cluster RUNTIME=... PROXY_MODE=... FIREWALL=...):
+#   MESHWIRE_CLUSTER_RUNTIME=containerd2: containerd v2.4.2 (build.sh
+#     containerd2) instead of Debian's 1.6.20; the one node's conflist at
+#     cniVersion 1.1.0, so that it calls the plugins' STATUS
+#   MESHWIRE_CLUSTER_PROXY_MODE=nftables: kube-proxy in nftables mode
+#   MESHWIRE_CLUSTER_FIREWALL=iptables|nftables: on one node, meshwire's
+#     plugins (bridge's masquerade, portmap, intercept) forced to that
+#     firewall backend instead of the one detected on the node
+#
 # No systemd: the processes are started with setsid and tracked by pid.
 # No registry: every image is imported into containerd (images.sh).
 set -euo pipefail
@@ -49,6 +58,12 @@ NODES=${MESHWIRE_CLUSTER_NODES:-1}
 [[ $NODES =~ ^[1-9]$ ]] || { echo "MESHWIRE_CLUSTER_NODES: 1 to 9, not '$NODES'" >&2; exit 2; }
 CNI=${MESHWIRE_CLUSTER_CNI:-meshwire}
 case $CNI in meshwire | reference) ;; *) echo "MESHWIRE_CLUSTER_CNI: meshwire or reference, not '$CNI'" >&2; exit 2 ;; esac
+RUNTIME=${MESHWIRE_CLUSTER_RUNTIME:-containerd}
+case $RUNTIME in containerd | containerd2) ;; *) echo "MESHWIRE_CLUSTER_RUNTIME: containerd or containerd2, not '$RUNTIME'" >&2; exit 2 ;; esac
+PROXY_MODE=${MESHWIRE_CLUSTER_PROXY_MODE:-iptables}
+case $PROXY_MODE in iptables | nftables) ;; *) echo "MESHWIRE_CLUSTER_PROXY_MODE: iptables or nftables, not '$PROXY_MODE'" >&2; exit 2 ;; esac
+FIREWALL=${MESHWIRE_CLUSTER_FIREWALL:-}
+case $FIREWALL in "" | iptables | nftables) ;; *) echo "MESHWIRE_CLUSTER_FIREWALL: iptables or nftables, not '$FIREWALL'" >&2; exit 2 ;; esac
 # A running cluster's own settings win (down, env, node).
 if [ -f "$STATE/settings" ]; then
 	# shellcheck source=/dev/null
@@ -133,9 +148,10 @@ install_meshwire() {
 	local d=$STATE/manifests/meshwire
 	mkdir -p "$d"
 	cp "$repo/conf/kubernetes/daemonset.yaml" "$d/daemonset.yaml"
-	cp "$here/manifests/meshwire/cluster.conflist" "$d/"
-	sed -e "s#@STATE@#$STATE#g" -e "s#@POD_CIDR@#$POD_CIDR#g" \
-		"$here/manifests/meshwire/kustomization.yaml" >"$d/kustomization.yaml"
+	node_conflist >"$d/cluster.conflist"
+	# (With FIREWALL, the conflist has its own intercept entry.)
+	sed -e "s#@STATE@#$STATE#g" -e "s#@POD_CIDR@#$POD_CIDR#g" -e "s#@CNI_VERSION@#$(cni_version)#g" \
+		${FIREWALL:+-e '/- --intercept$/d'} "$here/manifests/meshwire/kustomization.yaml" >"$d/kustomization.yaml"
 	kc apply -k "$d" >&2
 	wait_for "meshwire's conflist in $CNI_CONF" 120 ls "$CNI_CONF/05-meshwire.conflist"
 }
@@ -148,13 +164,38 @@ install_reference() {
 	for p in bridge host-local portmap bandwidth loopback; do
 		install -m 0755 "$CACHE/reference/$p" "$CNI_BIN/$p"
 	done
-	install -m 0644 "$here/manifests/meshwire/cluster.conflist" "$CNI_CONF/05-reference.conflist"
+	node_conflist | sed "s/\"cniVersion\": \"[0-9.]*\"/\"cniVersion\": \"$(cni_version)\"/" >"$CNI_CONF/05-reference.conflist"
 	log "reference plugins v1.9.1 and $CNI_CONF/05-reference.conflist installed"
 }
 
+# cni_version: the one node's conflist's cniVersion: 1.0.0, the newest
+# containerd 1.6 reads; 1.1.0 on containerd 2, which then calls STATUS.
+cni_version() { if [ "$RUNTIME" = containerd2 ]; then echo 1.1.0; else echo 1.0.0; fi; }
+
+# node_conflist: the one node's conflist (manifests/meshwire), with
+# meshwire's plugins forced to FIREWALL's backend when it is set (bridge's
+# ipMasqBackend, portmap's backend; intercept's, iptables-backend, through
+# an entry of its own instead of the installer's --intercept).
+node_conflist() {
+	local f=$here/manifests/meshwire/cluster.conflist
+	if [ -z "$FIREWALL" ]; then cat "$f"; return; fi
+	local ipt=$FIREWALL
+	[ "$ipt" = iptables ] && ipt=iptables-nft
+	sed -e "s|\"ipMasq\": true,|\"ipMasq\": true, \"ipMasqBackend\": \"$FIREWALL\",|" \
+		-e "s|{\"type\": \"portmap\", |{\"type\": \"portmap\", \"backend\": \"$FIREWALL\", |" \
+		-e "s|{\"type\": \"bandwidth\", \"capabilities\": {\"bandwidth\": true}}|&,\n    {\"type\": \"intercept\", \"iptables-backend\": \"$ipt\", \"capabilities\": {\"io.kubernetes.cri.pod-annotations\": true}, \"istio-service-cidr\": \"*\", \"istio-inbound-ports\": \"*\", \"istio-local-exclude-ports\": \"15020\", \"istio-local-outbound-ports-exclude\": \"15020\", \"log\": {\"file\": \"$STATE/meshwire/log/cni.log\"}}|" "$f"
+}
+
 # kube_proxy_synced [PREFIX...]: kube-proxy's first sync (the kubernetes
-# Service's rule) in the node PREFIX runs in.
-kube_proxy_synced() { "$@" iptables -t nat -S KUBE-SERVICES 2>/dev/null | grep -q 'default/kubernetes:https'; }
+# Service's rule, in its iptables chains or its nftables table) in the node
+# PREFIX runs in.
+kube_proxy_synced() {
+	if [ "$PROXY_MODE" = nftables ]; then
+		"$@" nft list table ip kube-proxy 2>/dev/null | grep -q 'default/kubernetes/tcp/https'
+	else
+		"$@" iptables -t nat -S KUBE-SERVICES 2>/dev/null | grep -q 'default/kubernetes:https'
+	fi
+}
 
 node_ready() {
 	[ "$(kc get node "$1" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null)" = True ]
@@ -176,12 +217,18 @@ up() {
 	bin_dir
 	[ "$CNI" = meshwire ] || "$here/build.sh" reference >/dev/null
 	[ "$NODES" = 1 ] || "$here/build.sh" flannel >/dev/null
-	log "binaries: $BIN; $NODES node(s), pods wired by $CNI"
+	if [ "$RUNTIME" = containerd2 ]; then
+		"$here/build.sh" containerd2 >/dev/null
+		CONTAINERD=$CACHE/containerd2/containerd CTR=$CACHE/containerd2/ctr
+	fi
+	[ -z "$FIREWALL" ] || [ "$NODES" = 1 ] || die "MESHWIRE_CLUSTER_FIREWALL: one node only (flannel writes the nodes' conflist)"
+	log "binaries: $BIN; $NODES node(s) on $RUNTIME, kube-proxy in $PROXY_MODE mode, pods wired by $CNI${FIREWALL:+ forced to $FIREWALL}"
 	log "make build (log: /tmp/meshwire-cluster-make-build.log)"
 	make -C "$repo" build >/tmp/meshwire-cluster-make-build.log 2>&1 || die "make build failed: /tmp/meshwire-cluster-make-build.log"
 	mkdir -p "$PKI" "$KCFG" "$LOGS" "$RUN" "$STATE/config"
 	trap '[ $? = 0 ] || log "up failed: the logs are in $LOGS; $0 down cleans up"' EXIT
-	printf 'BIN=%q\nCNI=%q\nNODES=%q\n' "$BIN" "$CNI" "$NODES" >"$STATE/settings"
+	printf 'BIN=%q\nCNI=%q\nNODES=%q\nRUNTIME=%q\nCONTAINERD=%q\nCTR=%q\nPROXY_MODE=%q\nFIREWALL=%q\n' \
+		"$BIN" "$CNI" "$NODES" "$RUNTIME" "$CONTAINERD" "$CTR" "$PROXY_MODE" "$FIREWALL" >"$STATE/settings"
 	hold_test_lock
 	snapshot_host
 	"$SNAPSHOT" save "$STATE/host-before.json"
@@ -275,8 +322,8 @@ up_nodes() {
 write_description() {
 	local name first=1
 	{
-		printf '{"state":"%s","bin":"%s","repo":"%s","kubeconfig":"%s","cni":"%s","podCIDR":"%s","serviceCIDR":"%s","apiIP":"%s","nodes":[' \
-			"$STATE" "$BIN" "$repo" "$ADMIN" "$CNI" "$POD_CIDR" "$SERVICE_CIDR" "$API_IP"
+		printf '{"state":"%s","bin":"%s","repo":"%s","kubeconfig":"%s","cni":"%s","runtime":"%s","proxyMode":"%s","firewall":"%s","podCIDR":"%s","serviceCIDR":"%s","apiIP":"%s","nodes":[' \
+			"$STATE" "$BIN" "$repo" "$ADMIN" "$CNI" "$RUNTIME" "$PROXY_MODE" "$FIREWALL" "$POD_CIDR" "$SERVICE_CIDR" "$API_IP"
 		if [ "$NODES" = 1 ]; then
 			printf '{"name":"%s","ip":"%s","pluginLog":"%s","varLibCNI":"/var/lib/cni","enter":[]}' \
 				"$NODE_NAME" "$NODE_IP" "$STATE/meshwire/log/cni.log"

@@ -146,6 +146,15 @@ ln -sf /usr/bin/bash "$work/jessie/bin/sh"
 image registry.k8s.io/e2e-test-images/jessie-dnsutils:1.7 jessie-dnsutils "$work/jessie" \
 	'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' 'CMD ["sh"]'
 
+# distroless-iptables, where KubeProxy's CLOSE_WAIT spec reads the node's
+# conntrack table from a host-network pod (`sleep 600`, then `sh -c
+# "conntrack -L ... | grep ..."`): Debian's conntrack with its libraries,
+# busybox for the shell, sleep and grep.
+rootfs "$work/distroless-iptables" busybox
+with_libs "$work/distroless-iptables" /usr/sbin/conntrack
+image registry.k8s.io/build-image/distroless-iptables:v0.7.13 distroless-iptables "$work/distroless-iptables" \
+	'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'
+
 rootfs "$work/coredns"
 cp "$bin/coredns" "$work/coredns/coredns"
 image "registry.k8s.io/coredns/coredns:$coredns_version" coredns "$work/coredns" 'ENTRYPOINT ["/coredns"]'

@@ -17,6 +17,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"github.com/meshwire/meshwire/internal/nodelayout"
+	"github.com/meshwire/meshwire/internal/podstate"
 	"github.com/meshwire/meshwire/internal/proxylog"
 	"github.com/meshwire/meshwire/test/clustersuites/framework"
 )
@@ -539,25 +541,23 @@ func (a *ambient) noRecords(n framework.Node) error {
 }
 
 // addAnswered: the intercept plugin's ADD of the pod (its sandbox, as the
-// agent's record of the enrolled pod names it) logged the agent's answer
-// "enrolled".
+// pod's record on the node names it, with the agent's enrollment in it)
+// logged the agent's answer "enrolled".
 func (a *ambient) addAnswered(uid string) error {
-	dir := filepath.Join(a.app.VarLibCNI, "meshwire", "ambient", "enrolled")
-	entries, err := os.ReadDir(dir)
+	store := podstate.New(nodelayout.At(filepath.Join(a.app.VarLibCNI, "meshwire")))
+	recs, err := store.List()
 	if err != nil {
 		return err
 	}
-	sandbox := regexp.MustCompile(`[0-9a-f]{64}`)
 	var cid string
-	for _, e := range entries {
-		b, err := os.ReadFile(filepath.Join(dir, e.Name()))
-		if err == nil && strings.Contains(string(b), uid) {
-			cid = sandbox.FindString(string(b))
+	for _, r := range recs {
+		if r.UID == uid && r.Ambient != nil {
+			cid = r.ContainerID
 			break
 		}
 	}
 	if cid == "" {
-		return fmt.Errorf("no record in %s names pod %s with a sandbox", dir, uid)
+		return fmt.Errorf("no record in %s names pod %s enrolled", store.Dir(), uid)
 	}
 	log, err := os.ReadFile(a.app.PluginLog)
 	if err != nil {

@@ -19,8 +19,9 @@ import (
 	"github.com/meshwire/meshwire/internal/ambient"
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/nodeagent"
-	"github.com/meshwire/meshwire/internal/podnetns"
-	"github.com/meshwire/meshwire/internal/podnetns/podnetnstest"
+	"github.com/meshwire/meshwire/internal/nodelayout"
+	"github.com/meshwire/meshwire/internal/podproc/podproctest"
+	"github.com/meshwire/meshwire/internal/podstate"
 	"github.com/meshwire/meshwire/test/harness"
 )
 
@@ -40,7 +41,7 @@ func TestAmbientAdoptsRunningPod(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cg := podnetnstest.New(t, root)
+	cg := podproctest.New(t, root)
 	// As kubelet with cgroupsPerQOS false runs them (the project's
 	// cluster): no pod cgroup, each container's own under containerd's.
 	sandbox := cg.Start("", "sandbox42", pod.Path)
@@ -53,14 +54,13 @@ func TestAmbientAdoptsRunningPod(t *testing.T) {
 				ContainerStatuses: []corev1.ContainerStatus{{Name: "web", ContainerID: "containerd://app43"}}}},
 	)
 	dir := t.TempDir()
-	pods := filepath.Join(dir, "pods")
+	store := podstate.New(nodelayout.At(dir))
 	x, err := nodeagent.StartAmbient(context.Background(), nodeagent.AmbientOptions{
 		Config:        ambient.Config{RedirectDNS: true},
 		Backend:       firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantNFT},
-		ZtunnelSocket: filepath.Join(dir, "ztunnel.sock"), AgentSocket: filepath.Join(dir, "agent.sock"),
-		PodsDir: pods, StateDir: filepath.Join(dir, "enrolled"),
+		ZtunnelSocket: filepath.Join(dir, "ztunnel.sock"), StateDir: dir,
 		API: true, Client: api, NodeName: node,
-	}, 100*time.Millisecond, t.Logf)
+	}, 100*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -71,7 +71,7 @@ func TestAmbientAdoptsRunningPod(t *testing.T) {
 		}
 	})
 	waitUntil(t, 10*time.Second, "the running pod enrolled", func() bool { return x.Enrolled() == 1 })
-	rec, ok, err := podnetns.Read(pods, podnetns.Pod{ContainerID: "sandbox42", IfName: "eth0"}.Record())
+	rec, ok, err := store.Read(podstate.Name("sandbox42", "eth0"))
 	if err != nil || !ok {
 		t.Fatalf("no record named after the sandbox: %v", err)
 	}
@@ -86,7 +86,7 @@ func TestAmbientAdoptsRunningPod(t *testing.T) {
 	// runtime removes it after).
 	app.Kill()
 	sandbox.Kill()
-	if err := podnetns.Remove(pods, "sandbox42", "eth0"); err != nil {
+	if err := store.Remove(podstate.Name("sandbox42", "eth0")); err != nil {
 		t.Fatal(err)
 	}
 	waitUntil(t, 10*time.Second, "the pod unenrolled", func() bool { return x.Enrolled() == 0 })

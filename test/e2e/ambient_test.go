@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/meshwire/meshwire/internal/ambient"
+	"github.com/meshwire/meshwire/internal/nodelayout"
 	"github.com/meshwire/meshwire/test/harness"
 	ie "github.com/meshwire/meshwire/test/interceptenv"
 )
@@ -53,12 +54,25 @@ type ambientNode struct {
 
 func startAmbientNode(t *testing.T, h *harness.H, ns *harness.NS, dir, backend string) *ambientNode {
 	t.Helper()
-	n := newAgentNode(t)
-	a := &ambientNode{t: t, ns: ns, addr: n.addr, stderr: &syncBuffer{}, exited: make(chan struct{})}
-	a.cmd = exec.Command(filepath.Join(h.BinDir, "meshwire"), "node", "--cni-bin-dir", n.binDir, "--cni-conf-dir", n.confDir,
-		"--intercept", "--listen", n.addr, "--interval", "200ms",
-		"--ambient", "--ambient-dir", dir, "--ztunnel-socket", filepath.Join(dir, "ztunnel.sock"),
+	a := startAgent(t, filepath.Join(h.BinDir, "meshwire"), ns, newAgentNode(t),
+		"--ambient", "--node-state-dir", dir, "--ztunnel-socket", filepath.Join(dir, "ztunnel.sock"),
 		"--ambient-backend", backend, "--ambient-dns-capture=false")
+	waitUntil(t, 20*time.Second, "the agent's ambient socket", func() bool {
+		_, err := os.Stat(filepath.Join(dir, "ambient", "agent.sock"))
+		return err == nil
+	})
+	return a
+}
+
+// startAgent starts `meshwire node` of binary bin in namespace ns on
+// node n (its CNI directories, its address; the agent installs its own
+// intercept), with more flags, and kills it when the test ends (its log
+// shown when the test failed).
+func startAgent(t *testing.T, bin string, ns *harness.NS, n agentNode, flags ...string) *ambientNode {
+	t.Helper()
+	a := &ambientNode{t: t, ns: ns, addr: n.addr, stderr: &syncBuffer{}, exited: make(chan struct{})}
+	a.cmd = exec.Command(bin, append([]string{"node", "--cni-bin-dir", n.binDir, "--cni-conf-dir", n.confDir,
+		"--intercept", "--listen", n.addr, "--interval", "200ms"}, flags...)...)
 	a.cmd.Stderr = a.stderr
 	if err := ns.Do(a.cmd.Start); err != nil {
 		t.Fatal(err)
@@ -67,12 +81,8 @@ func startAmbientNode(t *testing.T, h *harness.H, ns *harness.NS, dir, backend s
 	t.Cleanup(func() {
 		a.kill()
 		if t.Failed() {
-			t.Logf("the agent's log:\n%s", a.stderr.String())
+			t.Logf("the agent's log (%s):\n%s", bin, a.stderr.String())
 		}
-	})
-	waitUntil(t, 20*time.Second, "the agent's ambient socket", func() bool {
-		_, err := os.Stat(filepath.Join(dir, "ambient", "agent.sock"))
-		return err == nil
 	})
 	return a
 }
@@ -134,8 +144,7 @@ func testAmbient(t *testing.T, h *harness.H, backend string) {
 	dir := t.TempDir()
 	// The plugin finds the agent's socket and the records' directory
 	// where this agent keeps them.
-	t.Setenv("MESHWIRE_PODS_DIR", filepath.Join(dir, "pods"))
-	t.Setenv("MESHWIRE_AMBIENT_SOCKET", filepath.Join(dir, "ambient", "agent.sock"))
+	t.Setenv(nodelayout.EnvNodeStateDir, dir)
 
 	outer := t
 	agent := startAmbientNode(t, h, e.Remote, dir, backend)
@@ -268,10 +277,7 @@ func testAmbient(t *testing.T, h *harness.H, backend string) {
 	}
 	ambientHostClean(t, e.Remote, backend)
 	if entries, _ := os.ReadDir(filepath.Join(dir, "pods")); len(entries) != 0 {
-		t.Fatalf("pod records left: %v", entries)
-	}
-	if entries, _ := os.ReadDir(filepath.Join(dir, "ambient", "enrolled")); len(entries) != 0 {
-		t.Fatalf("enrolled pods left: %v", entries)
+		t.Fatalf("pod records (with their enrollments) left: %v", entries)
 	}
 }
 

@@ -4,16 +4,15 @@ package e2e
 
 import (
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/meshwire/meshwire/ebpf/capture/pods"
-	"github.com/meshwire/meshwire/ebpf/fastpath/podrecord"
 	"github.com/meshwire/meshwire/ebpf/loader"
 	"github.com/meshwire/meshwire/internal/netns"
+	"github.com/meshwire/meshwire/internal/nodelayout"
+	"github.com/meshwire/meshwire/internal/podstate"
 	"github.com/meshwire/meshwire/test/harness"
 	ie "github.com/meshwire/meshwire/test/interceptenv"
 )
@@ -133,9 +132,9 @@ func TestFastpathPoliciesReplayed(t *testing.T) {
 	}()
 	// Detached however the test ends (a detach of nothing succeeds).
 	t.Cleanup(func() { fastpathDetach(t, h) })
-	record := filepath.Join(podrecord.Dir, podrecord.Name(a.RT.ContainerID, a.RT.IfName))
-	if _, err := os.Stat(record); err != nil {
-		t.Fatalf("ADD with no fast path attached left no record: %v", err)
+	store := podstate.New(nodelayout.Default())
+	if r, ok, err := store.Read(podstate.Name(a.RT.ContainerID, a.RT.IfName)); err != nil || !ok || r.Fastpath == nil || r.Fastpath.Mirror == nil {
+		t.Fatalf("ADD with no fast path attached left no record of the pod's policy and settings: %+v %v %v", r, ok, err)
 	}
 	for _, step := range []string{"attach after the pod's ADD", "attach again after a detach"} {
 		if step != "attach after the pod's ADD" {
@@ -167,8 +166,8 @@ func TestFastpathPoliciesReplayed(t *testing.T) {
 	if err := a.Del(); err != nil {
 		t.Fatalf("DEL: %v", err)
 	}
-	if _, err := os.Stat(record); !os.IsNotExist(err) {
-		t.Fatalf("DEL left the record: %v", err)
+	if store.Exists(podstate.Name(a.RT.ContainerID, a.RT.IfName)) {
+		t.Fatal("DEL left the record")
 	}
 	if out, err := e.Pod.Exec("ip", "link", "set", "lo", "up"); err != nil {
 		t.Fatalf("lo up: %v %s", err, out)

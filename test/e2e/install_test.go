@@ -9,7 +9,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -17,6 +16,8 @@ import (
 	"github.com/containernetworking/cni/libcni"
 
 	"github.com/meshwire/meshwire/internal/installer"
+	"github.com/meshwire/meshwire/internal/logging"
+	"github.com/meshwire/meshwire/internal/poll"
 	"github.com/meshwire/meshwire/test/harness"
 )
 
@@ -35,35 +36,14 @@ func installFixture(t *testing.T, name string) []byte {
 	return b
 }
 
-// syncBuffer is a bytes.Buffer a running command writes while the test
-// reads it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
+// syncBuffer is what a running command writes while the test reads it.
+type syncBuffer = logging.Buffer
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// waitUntil polls cond for up to limit.
+// waitUntil waits for cond for up to limit.
 func waitUntil(t *testing.T, limit time.Duration, what string, cond func() bool) {
 	t.Helper()
-	for end := time.Now().Add(limit); ; time.Sleep(25 * time.Millisecond) {
-		if cond() {
-			return
-		}
-		if time.Now().After(end) {
-			t.Fatalf("not within %s: %s", limit, what)
-		}
+	if err := poll.Until(limit, cond); err != nil {
+		t.Fatalf("%s: %v", what, err)
 	}
 }
 

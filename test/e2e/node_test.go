@@ -216,7 +216,7 @@ func TestNodeAgent(t *testing.T) {
 		return m["meshwire_capture_collected_total"] == 1 && m["meshwire_capture_pods"] == 0 &&
 			m["meshwire_fastpath_policies_collected_total"] == 1 && m["meshwire_fastpath_pod_policies"] == policies
 	})
-	for _, want := range []string{"forgot the ebpf interception registration of a pod whose namespace is gone", "forgot the fast-path policy of a pod whose namespace is gone"} {
+	for _, want := range []string{"collected the ebpf interception registration of a pod whose namespace is gone", "collected the fast-path policy of a pod whose namespace is gone"} {
 		if !strings.Contains(stderr.String(), want) {
 			t.Errorf("log does not say %q:\n%s", want, stderr.String())
 		}

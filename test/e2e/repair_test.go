@@ -9,7 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/meshwire/meshwire/internal/meshedpods"
+	"github.com/meshwire/meshwire/internal/nodelayout"
+	"github.com/meshwire/meshwire/internal/podstate"
 	"github.com/meshwire/meshwire/test/harness"
 	ie "github.com/meshwire/meshwire/test/interceptenv"
 )
@@ -22,7 +23,7 @@ import (
 // Each time the agent, within an interval or two, finds the drift by the
 // pod's CHECK and repeats its ADD: CHECK passes again, the traffic goes
 // through the sidecar, the repair is counted in /metrics. DEL removes the
-// pod's recorded call.
+// pod's record.
 func TestNodeAgentRepairsDrift(t *testing.T) {
 	h := harness.New(t)
 	h.CheckNoLeaks()
@@ -39,8 +40,10 @@ func TestNodeAgentRepairsDrift(t *testing.T) {
 			_ = a.Del()
 		}
 	})
-	if !meshedpods.Exists("", a.RT.ContainerID, "lo") {
-		t.Fatal("ADD recorded no call for the node agent")
+	store := podstate.New(nodelayout.Default())
+	record := podstate.Name(a.RT.ContainerID, "lo")
+	if r, ok, err := store.Read(record); err != nil || !ok || r.Call == nil {
+		t.Fatalf("ADD recorded no call for the node agent: %+v %v %v", r, ok, err)
 	}
 	remote := ie.AP(ie.RemoteV4, ie.RemotePort)
 	interceptExpect(t, e, e.Pod, remote, "remote", ie.PodV4.String(), "outbound")
@@ -92,7 +95,7 @@ func TestNodeAgentRepairsDrift(t *testing.T) {
 		t.Fatal(err)
 	}
 	delDone = true
-	if meshedpods.Exists("", a.RT.ContainerID, "lo") {
-		t.Fatal("DEL left the pod's recorded call")
+	if store.Exists(record) {
+		t.Fatal("DEL left the pod's record")
 	}
 }

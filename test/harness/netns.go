@@ -1,7 +1,6 @@
 package harness
 
 import (
-	"fmt"
 	"net"
 	"os"
 	"os/exec"
@@ -12,6 +11,7 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/meshwire/meshwire/internal/kerneltest"
 	"github.com/meshwire/meshwire/internal/netns"
 )
 
@@ -23,22 +23,17 @@ type NS struct {
 	open *netns.NS // opened by Netlink
 }
 
-// NewNS creates a namespace named mwt-<prefix>-<random> and removes it at
-// cleanup. The name is visible to `ip netns` while the test runs.
+// NewNS creates a namespace as kerneltest.NewNS names it (mwt-<prefix>-...)
+// and removes it at cleanup. The name is visible to `ip netns` while the
+// test runs.
 func (h *H) NewNS(prefix string) *NS {
 	h.T.Helper()
-	name := fmt.Sprintf("mwt-%s-%s", prefix, RandomID()[:8])
-	p, err := netns.Create(name)
-	if err != nil {
-		h.T.Fatalf("create netns %s: %v", name, err)
-	}
+	name, p := kerneltest.NewNS(h.T, prefix)
 	n := &NS{Name: name, Path: p, h: h}
+	// Registered after the namespace's removal, so run before it.
 	h.T.Cleanup(func() {
 		if n.open != nil {
 			n.open.Close()
-		}
-		if err := netns.Delete(name); err != nil {
-			h.T.Errorf("delete netns %s: %v", name, err)
 		}
 	})
 	return n

@@ -23,7 +23,7 @@ import (
 type ambientCase struct {
 	name        string
 	redirectDNS bool
-	pod         ambient.Pod
+	pod         ambient.Overrides
 	host        bool // the host rule, not the in-pod rules
 }
 
@@ -31,11 +31,11 @@ var virtualInterfaces = []string{"fake1s0f0", "fake1s0f1"}
 
 var ambientCases = []ambientCase{
 	{name: "default", redirectDNS: true},
-	{name: "ingress", pod: ambient.Pod{Ingress: true}},
-	{name: "virtual_interfaces", pod: ambient.Pod{VirtualInterfaces: virtualInterfaces}},
-	{name: "ingress_and_virtual_interfaces", pod: ambient.Pod{Ingress: true, VirtualInterfaces: virtualInterfaces}},
-	{name: "dns_pod_enabled_and_off_globally", pod: ambient.Pod{DNS: ambient.DNSOn}},
-	{name: "dns_pod_disabled_and_on_globally", redirectDNS: true, pod: ambient.Pod{DNS: ambient.DNSOff}},
+	{name: "ingress", pod: ambient.Overrides{Ingress: true}},
+	{name: "virtual_interfaces", pod: ambient.Overrides{VirtualInterfaces: virtualInterfaces}},
+	{name: "ingress_and_virtual_interfaces", pod: ambient.Overrides{Ingress: true, VirtualInterfaces: virtualInterfaces}},
+	{name: "dns_pod_enabled_and_off_globally", pod: ambient.Overrides{DNS: ambient.DNSOn}},
+	{name: "dns_pod_disabled_and_on_globally", redirectDNS: true, pod: ambient.Overrides{DNS: ambient.DNSOff}},
 	{name: "hostprobe", redirectDNS: true, host: true},
 }
 
@@ -206,13 +206,18 @@ func ambientPod(t *testing.T, h *harness.H, b backend, c ambientCase, cfg ambien
 		be = firewall.Backend{Kind: firewall.IPTables, Variant: firewall.Variant(b.variant)}
 	}
 	err := p.ns.Do(func() error {
+		fw := firewall.New(be)
+		defer fw.Close()
 		if c.host && be.Kind == firewall.IPTables {
-			if err := ambient.ProbeIPSets(cfg); err != nil {
+			// The probe ipsets, as ambient.Host declares them.
+			sets := &ruleset.Tx{}
+			for _, f := range cfg.Families() {
+				sets.AddSet(ruleset.IPSets(f), ruleset.Set{Name: ambient.ProbeSetName(f), Family: f})
+			}
+			if err := fw.Apply(context.Background(), sets); err != nil {
 				return err
 			}
 		}
-		fw := firewall.New(be)
-		defer fw.Close()
 		return fw.Apply(context.Background(), tx)
 	})
 	if err != nil {

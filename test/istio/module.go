@@ -7,21 +7,27 @@ package istio
 import (
 	"os"
 	"path/filepath"
-	"runtime"
+
+	"github.com/meshwire/meshwire/test/harness"
 )
 
 // Release is the Istio release whose test data testdata/ carries.
 const Release = "1.30.3"
 
-// testdata is the directory of the committed golden files, found from this
-// source file so that any test package can read them.
-func testdata() string {
-	_, file, _, _ := runtime.Caller(0)
-	return filepath.Join(filepath.Dir(file), "testdata")
+// testdata is the directory of the committed golden files, found from the
+// repository's root so that any test package can read them (make test
+// builds with -trimpath: a source file's own path names no directory).
+func testdata() (string, error) {
+	root, err := harness.RepoRoot()
+	return filepath.Join(root, "test", "istio", "testdata"), err
 }
 
 // File reads one of Istio's golden files by its path in the istio
 // repository.
 func File(path string) ([]byte, error) {
-	return os.ReadFile(filepath.Join(testdata(), filepath.FromSlash(path)))
+	dir, err := testdata()
+	if err != nil {
+		return nil, err
+	}
+	return os.ReadFile(filepath.Join(dir, filepath.FromSlash(path)))
 }

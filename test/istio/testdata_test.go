@@ -15,7 +15,10 @@ import (
 // module, and makes sure every file is listed: Istio's test data is
 // compared with, never edited.
 func TestGoldensAsCopied(t *testing.T) {
-	dir := testdata()
+	dir, err := testdata()
+	if err != nil {
+		t.Fatal(err)
+	}
 	f, err := os.Open(filepath.Join(dir, "SHA256SUMS"))
 	if err != nil {
 		t.Fatal(err)

@@ -50,7 +50,7 @@ func TestZtunnelStandIn(t *testing.T) {
 	err := e.Pod.Do(func() error {
 		fw := firewall.New(firewall.Backend{Kind: firewall.IPTables, Variant: firewall.VariantNFT})
 		defer fw.Close()
-		return fw.Apply(context.Background(), ambient.InPodIPTables(cfg, ambient.Pod{}))
+		return fw.Apply(context.Background(), ambient.InPodIPTables(cfg, ambient.Overrides{}))
 	})
 	if err != nil {
 		t.Fatalf("in-pod rules: %v", err)
@@ -68,7 +68,7 @@ func TestZtunnelStandIn(t *testing.T) {
 	}
 	sock := filepath.Join(t.TempDir(), "ztunnel.sock")
 	agent := func() *zds.Server {
-		s, err := zds.Listen(sock, snapshot, t.Logf)
+		s, err := zds.Listen(sock, snapshot)
 		if err != nil {
 			t.Fatal(err)
 		}

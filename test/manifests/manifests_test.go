@@ -19,9 +19,7 @@ import (
 	"testing"
 
 	"github.com/meshwire/meshwire/cmd/meshwire/cli"
-	"github.com/meshwire/meshwire/ebpf/fastpath/podrecord"
-	"github.com/meshwire/meshwire/internal/podnetns"
-	"github.com/meshwire/meshwire/internal/zds"
+	"github.com/meshwire/meshwire/internal/nodelayout"
 
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -44,26 +42,36 @@ func documents(t *testing.T) map[string][][]byte {
 		if err != nil {
 			t.Fatal(err)
 		}
-		r := yaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
-		for {
-			doc, err := r.Read()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				t.Fatalf("%s: %v", f, err)
-			}
-			if len(bytes.TrimSpace(doc)) == 0 {
-				continue
-			}
-			j, err := yaml.ToJSON(doc)
-			if err != nil {
-				t.Fatalf("%s: %v", f, err)
-			}
-			docs[filepath.Base(f)] = append(docs[filepath.Base(f)], j)
-		}
+		docs[filepath.Base(f)] = splitDocuments(t, f, data)
 	}
 	return docs
+}
+
+// splitDocuments returns the YAML documents of data (from source), as
+// JSON, leaving out the empty ones.
+func splitDocuments(t *testing.T, source string, data []byte) [][]byte {
+	t.Helper()
+	var docs [][]byte
+	r := yaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return docs
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", source, err)
+		}
+		if len(bytes.TrimSpace(doc)) == 0 {
+			continue
+		}
+		j, err := yaml.ToJSON(doc)
+		if err != nil {
+			t.Fatalf("%s: %v", source, err)
+		}
+		if string(j) != "null" { // only comments
+			docs = append(docs, j)
+		}
+	}
 }
 
 // strict decodes JSON into v, refusing unknown fields.
@@ -75,29 +83,38 @@ func strict(data []byte, v any) error {
 
 func TestManifestsDecodeStrictly(t *testing.T) {
 	for file, docs := range documents(t) {
-		for i, doc := range docs {
-			var meta struct{ Kind, APIVersion string }
-			if err := json.Unmarshal(doc, &meta); err != nil {
-				t.Fatalf("%s #%d: %v", file, i, err)
-			}
-			var obj any
-			switch meta.APIVersion + "/" + meta.Kind {
-			case "apps/v1/DaemonSet":
-				obj = &appsv1.DaemonSet{}
-			case "v1/Pod":
-				obj = &corev1.Pod{}
-			case "v1/ServiceAccount":
-				obj = &corev1.ServiceAccount{}
-			case "rbac.authorization.k8s.io/v1/ClusterRole":
-				obj = &rbacv1.ClusterRole{}
-			case "rbac.authorization.k8s.io/v1/ClusterRoleBinding":
-				obj = &rbacv1.ClusterRoleBinding{}
-			default:
-				t.Fatalf("%s #%d: kind %s %s has no check here", file, i, meta.APIVersion, meta.Kind)
-			}
-			if err := strict(doc, obj); err != nil {
-				t.Errorf("%s #%d (%s): %v", file, i, meta.Kind, err)
-			}
+		decodeStrictly(t, file, docs)
+	}
+}
+
+// decodeStrictly decodes each of docs (from source) strictly into its
+// Kubernetes API type.
+func decodeStrictly(t *testing.T, source string, docs [][]byte) {
+	t.Helper()
+	for i, doc := range docs {
+		var meta struct{ Kind, APIVersion string }
+		if err := json.Unmarshal(doc, &meta); err != nil {
+			t.Fatalf("%s #%d: %v", source, i, err)
+		}
+		var obj any
+		switch meta.APIVersion + "/" + meta.Kind {
+		case "apps/v1/DaemonSet":
+			obj = &appsv1.DaemonSet{}
+		case "v1/Pod":
+			obj = &corev1.Pod{}
+		case "v1/ServiceAccount":
+			obj = &corev1.ServiceAccount{}
+		case "v1/ConfigMap":
+			obj = &corev1.ConfigMap{}
+		case "rbac.authorization.k8s.io/v1/ClusterRole":
+			obj = &rbacv1.ClusterRole{}
+		case "rbac.authorization.k8s.io/v1/ClusterRoleBinding":
+			obj = &rbacv1.ClusterRoleBinding{}
+		default:
+			t.Fatalf("%s #%d: kind %s %s has no check here", source, i, meta.APIVersion, meta.Kind)
+		}
+		if err := strict(doc, obj); err != nil {
+			t.Errorf("%s #%d (%s): %v", source, i, meta.Kind, err)
 		}
 	}
 }
@@ -109,9 +126,26 @@ func TestStrictDecodingRefusesTypos(t *testing.T) {
 	}
 }
 
+// TestDaemonSet checks the DaemonSet as shipped: the chained intercept
+// plugin, its config change taken back on exit, the fast path.
 func TestDaemonSet(t *testing.T) {
+	docs := documents(t)["daemonset.yaml"]
+	flags := checkDaemonSet(t, "daemonset.yaml", docs)
+	for _, f := range []string{"--chain", "--cleanup-on-exit", "--fastpath"} {
+		if _, ok := flags[f]; !ok {
+			t.Errorf("node container lacks %s", f)
+		}
+	}
+}
+
+// checkDaemonSet checks what the node agent relies on in the DaemonSet of
+// docs (from source): its mounts, probes, port and privileges are those
+// its flags need, and the real command line accepts the flags. It returns
+// the flags.
+func checkDaemonSet(t *testing.T, source string, docs [][]byte) map[string]string {
+	t.Helper()
 	var ds appsv1.DaemonSet
-	decodeKind(t, "daemonset.yaml", "DaemonSet", &ds)
+	decodeDoc(t, source, docs, "DaemonSet", &ds)
 	spec := ds.Spec.Template.Spec
 	if !spec.HostNetwork || ds.Spec.Selector == nil || !labelsMatch(ds.Spec.Selector.MatchLabels, ds.Spec.Template.Labels) {
 		t.Fatalf("want host network and a selector matching the template: %+v", ds.Spec)
@@ -128,23 +162,40 @@ func TestDaemonSet(t *testing.T) {
 		k, v, _ := strings.Cut(a, "=")
 		flags[k] = v
 	}
-	for _, f := range []string{"--chain", "--cleanup-on-exit", "--fastpath"} {
-		if _, ok := flags[f]; !ok {
-			t.Errorf("node container lacks %s", f)
-		}
+	_, fastpath := flags["--fastpath"]
+	_, ambient := flags["--ambient"]
+	privileged := node.SecurityContext != nil && node.SecurityContext.Privileged != nil && *node.SecurityContext.Privileged
+	if (fastpath || ambient) && !privileged {
+		t.Error("with --fastpath or --ambient the node agent needs privilege")
 	}
-	if sc := node.SecurityContext; sc == nil || sc.Privileged == nil || !*sc.Privileged {
-		t.Error("with --fastpath the node agent needs privilege")
+	if sc := node.SecurityContext; !privileged && (sc == nil || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL")) {
+		t.Error("an unprivileged node agent drops every capability but those it adds")
 	}
-	if !spec.HostPID {
+	// A grace period of 0 is a SIGKILL: no cleanup (unset is 30 s).
+	if _, ok := flags["--cleanup-on-exit"]; ok && spec.TerminationGracePeriodSeconds != nil && *spec.TerminationGracePeriodSeconds < 5 {
+		t.Errorf("terminationGracePeriodSeconds %d: with --cleanup-on-exit the agent needs time to take its config change back", *spec.TerminationGracePeriodSeconds)
+	}
+	if fastpath && !spec.HostPID {
 		t.Error("with --fastpath the node agent needs the host's PID namespace: it sweeps the records of namespaces gone from every process's")
 	}
 
 	// Each mount is the host's directory, at /host + its path or at the
-	// same path; the directories the agent is given are mounted.
+	// same path, or the ConfigMap holding --conflist; the directories the
+	// agent is given are mounted.
 	mounts := map[string]bool{}
+	var conflist []byte // the ConfigMap's, for the command line below
 	for _, m := range node.VolumeMounts {
 		i := slices.IndexFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == m.Name })
+		if file, ok := flags["--conflist"]; ok && i >= 0 && spec.Volumes[i].ConfigMap != nil && filepath.Dir(file) == m.MountPath {
+			var cm corev1.ConfigMap
+			decodeDoc(t, source, docs, "ConfigMap", &cm)
+			conflist = []byte(cm.Data[filepath.Base(file)])
+			if cm.Name != spec.Volumes[i].ConfigMap.Name || cm.Namespace != ds.Namespace || len(conflist) == 0 {
+				t.Errorf("--conflist=%s: the ConfigMap %s/%s has no %s", file, ds.Namespace, spec.Volumes[i].ConfigMap.Name, filepath.Base(file))
+			}
+			mounts[m.MountPath] = true
+			continue
+		}
 		if i < 0 || spec.Volumes[i].HostPath == nil {
 			t.Errorf("mount %s (volume %s) is not a host directory", m.MountPath, m.Name)
 			continue
@@ -166,25 +217,37 @@ func TestDaemonSet(t *testing.T) {
 			}
 		}
 	}
-	for flag, dir := range map[string]string{
-		"--cni-bin-dir": flags["--cni-bin-dir"], "--cni-conf-dir": flags["--cni-conf-dir"], "--cgroup": flags["--cgroup"],
+	need := map[string]string{
+		"--cni-bin-dir": flags["--cni-bin-dir"], "--cni-conf-dir": flags["--cni-conf-dir"],
 		"--plugin-log": filepath.Dir(flags["--plugin-log"]),
-		// the intercept plugin's records, which the agent replays when it
-		// attaches the fast path
-		"--fastpath": podrecord.Dir,
+		// the pods' records, which the agent repairs from, replays into
+		// the fast path it attaches and enrolls in ambient mode
+		"pods' records": nodelayout.Default().Pods(),
+		// the stores of earlier versions, which the agent moves into the
+		// records (a node upgraded in place)
+		"earlier calls": nodelayout.Default().LegacyCalls(),
 		// ambient mode (off as shipped, its mounts there for --ambient):
-		// the plugin's pod records, the enrolled pods and the plugin's
-		// socket, ztunnel's ZDS socket
-		"--ambient pods":   podnetns.Dir,
-		"--ambient state":  filepath.Dir(podnetns.Socket),
-		"--ztunnel-socket": filepath.Dir(zds.SocketPath),
-	} {
+		// the plugin's socket, ztunnel's ZDS socket
+		"--ambient state":  nodelayout.Default().Ambient(),
+		"--ztunnel-socket": filepath.Dir(nodelayout.ZtunnelSocket),
+	}
+	if fastpath {
+		need["--cgroup"] = flags["--cgroup"]
+		// the policies of earlier versions, for the fast path's replay
+		need["earlier policies"] = nodelayout.Default().LegacyFastpath()
+	}
+	if file, ok := flags["--conflist"]; ok {
+		need["--conflist"] = filepath.Dir(file)
+	}
+	for flag, dir := range need {
 		if !mounts[dir] {
 			t.Errorf("%s: %q is not a mounted host directory", flag, dir)
 		}
 	}
-	if !strings.HasPrefix(flags["--plugin-log"], "/var/log/") {
-		t.Errorf("the plugin log %q must have the same path on the host (it is written into the CNI config)", flags["--plugin-log"])
+	// The plugin log is written into the CNI config: the plugins write it
+	// on the host, the agent reads it here.
+	if log := flags["--plugin-log"]; !strings.HasPrefix(log, "/") || !sameOnHost(spec, node, filepath.Dir(log)) {
+		t.Errorf("the plugin log %q must have the same path on the host (it is written into the CNI config)", log)
 	}
 
 	// The probes and the metrics port are where the agent listens, on
@@ -210,11 +273,19 @@ func TestDaemonSet(t *testing.T) {
 	}
 
 	// The real command line accepts every flag: it fails on the missing
-	// directories, never with a usage error.
+	// directories, never with a usage error (the conflist is the
+	// ConfigMap's).
 	args := []string{"node"}
 	for _, a := range node.Command[2:] {
-		if strings.HasPrefix(a, "--cni-bin-dir=") || strings.HasPrefix(a, "--cni-conf-dir=") {
-			a = a[:strings.Index(a, "=")+1] + filepath.Join(t.TempDir(), "missing")
+		switch k, _, _ := strings.Cut(a, "="); k {
+		case "--cni-bin-dir", "--cni-conf-dir":
+			a = k + "=" + filepath.Join(t.TempDir(), "missing")
+		case "--conflist":
+			f := filepath.Join(t.TempDir(), "meshwire.conflist")
+			if err := os.WriteFile(f, conflist, 0o644); err != nil {
+				t.Fatal(err)
+			}
+			a = k + "=" + f
 		}
 		args = append(args, a)
 	}
@@ -222,6 +293,18 @@ func TestDaemonSet(t *testing.T) {
 	if code := cli.Main(args, []byte("{}"), io.Discard, &stderr); code != 1 {
 		t.Errorf("meshwire %q: exit %d, want 1 (the missing directories): %s", args, code, stderr.String())
 	}
+	return flags
+}
+
+// sameOnHost tells whether the container mounts the host's dir at dir.
+func sameOnHost(spec corev1.PodSpec, c corev1.Container, dir string) bool {
+	for _, m := range c.VolumeMounts {
+		i := slices.IndexFunc(spec.Volumes, func(v corev1.Volume) bool { return v.Name == m.Name })
+		if m.MountPath == dir && i >= 0 && spec.Volumes[i].HostPath != nil && spec.Volumes[i].HostPath.Path == dir {
+			return true
+		}
+	}
+	return false
 }
 
 func TestSamplePod(t *testing.T) {
@@ -259,21 +342,22 @@ func fromField(env []corev1.EnvVar, name, path string) bool {
 	return i >= 0 && env[i].ValueFrom != nil && env[i].ValueFrom.FieldRef != nil && env[i].ValueFrom.FieldRef.FieldPath == path
 }
 
-// decodeKind decodes strictly into v the one document of kind in file.
-func decodeKind(t *testing.T, file, kind string, v any) {
+// decodeDoc decodes strictly into v the one document of kind among docs
+// (from source).
+func decodeDoc(t *testing.T, source string, docs [][]byte, kind string, v any) {
 	t.Helper()
 	var found [][]byte
-	for _, doc := range documents(t)[file] {
+	for _, doc := range docs {
 		var meta struct{ Kind string }
 		if err := json.Unmarshal(doc, &meta); err == nil && meta.Kind == kind {
 			found = append(found, doc)
 		}
 	}
 	if len(found) != 1 {
-		t.Fatalf("%s: %d documents of kind %s, want one", file, len(found), kind)
+		t.Fatalf("%s: %d documents of kind %s, want one", source, len(found), kind)
 	}
 	if err := strict(found[0], v); err != nil {
-		t.Fatalf("%s: %s: %v", file, kind, err)
+		t.Fatalf("%s: %s: %v", source, kind, err)
 	}
 }
 
@@ -307,7 +391,7 @@ func labelsMatch(sel, labels map[string]string) bool {
 // pods Istio's ambient mode enrolls) with its own ServiceAccount, whose
 // token is mounted, and may do nothing else.
 func TestDaemonSetAPIAccess(t *testing.T) {
-	for _, p := range loadAPIAccess(t).problems() {
+	for _, p := range loadAPIAccess(t, "daemonset.yaml", documents(t)["daemonset.yaml"]).problems() {
 		t.Error(p)
 	}
 }
@@ -330,7 +414,7 @@ func TestAPIAccessCheckFails(t *testing.T) {
 		"no token for the SA":   func(a *apiAccess) { a.sa.AutomountServiceAccountToken = &no },
 		"the SA somewhere else": func(a *apiAccess) { a.sa.Namespace = "default" },
 	} {
-		a := loadAPIAccess(t)
+		a := loadAPIAccess(t, "daemonset.yaml", documents(t)["daemonset.yaml"])
 		spoil(&a)
 		if len(a.problems()) == 0 {
 			t.Errorf("%s: the check passes", name)
@@ -347,14 +431,14 @@ type apiAccess struct {
 	binding rbacv1.ClusterRoleBinding
 }
 
-// loadAPIAccess reads the node agent's access from the manifest.
-func loadAPIAccess(t *testing.T) apiAccess {
+// loadAPIAccess reads the node agent's access from docs (from source).
+func loadAPIAccess(t *testing.T, source string, docs [][]byte) apiAccess {
 	t.Helper()
 	var a apiAccess
-	decodeKind(t, "daemonset.yaml", "DaemonSet", &a.ds)
-	decodeKind(t, "daemonset.yaml", "ServiceAccount", &a.sa)
-	decodeKind(t, "daemonset.yaml", "ClusterRole", &a.role)
-	decodeKind(t, "daemonset.yaml", "ClusterRoleBinding", &a.binding)
+	decodeDoc(t, source, docs, "DaemonSet", &a.ds)
+	decodeDoc(t, source, docs, "ServiceAccount", &a.sa)
+	decodeDoc(t, source, docs, "ClusterRole", &a.role)
+	decodeDoc(t, source, docs, "ClusterRoleBinding", &a.binding)
 	return a
 }
 

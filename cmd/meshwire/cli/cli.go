@@ -20,10 +20,11 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/meshwire/meshwire/internal/cniruntime"
+	"github.com/meshwire/meshwire/internal/nodelayout"
 )
 
 // defaultStateDir is where meshwire keeps its records (--state-dir).
-const defaultStateDir = "/var/lib/meshwire"
+const defaultStateDir = nodelayout.CommandDir
 
 // errUsage marks errors that exit 2.
 var errUsage = errors.New("usage")

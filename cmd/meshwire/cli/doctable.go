@@ -1,6 +1,6 @@
 package cli
 
-//go:generate go run gendoc.go ../../../docs/meshwire.md
+//go:generate go run ../../../internal/gendoc ../../../docs/meshwire.md
 
 import (
 	"fmt"

@@ -15,8 +15,10 @@ import (
 	"github.com/meshwire/meshwire/ebpf/bpfnode"
 	"github.com/meshwire/meshwire/ebpf/capture"
 	"github.com/meshwire/meshwire/ebpf/fastpath"
-	"github.com/meshwire/meshwire/ebpf/fastpath/podrecord"
 	"github.com/meshwire/meshwire/ebpf/loader"
+	"github.com/meshwire/meshwire/internal/netns"
+	"github.com/meshwire/meshwire/internal/nodelayout"
+	"github.com/meshwire/meshwire/internal/podstate"
 )
 
 // fastpathCmd is `meshwire fastpath attach|detach|status`.
@@ -99,15 +101,21 @@ func (e *env) fastpathAttach(cfg fastpath.Config) error {
 	default:
 		fmt.Fprintf(e.out, "fast path attached (pinned in %s)\n", cfg.PinDir)
 	}
-	if r.Replayed {
-		// The meshed pods' fast-path records (policies and copies of
-		// their interception settings, podrecord); a failure is
-		// reported, not fatal.
-		if r.Replay.Pods > 0 || r.Replay.Dropped > 0 {
-			fmt.Fprintf(e.out, "meshed pods' policies restored from %s: %d (%d of namespaces gone, removed)\n", podrecord.Dir, r.Replay.Pods, r.Replay.Dropped)
+	if r.Fresh {
+		// The meshed pods' fast-path policies and copies of their
+		// interception settings, from their records (moved from an
+		// earlier version's stores first); a failure is reported, not
+		// fatal.
+		store := podstate.New(nodelayout.Default())
+		m, rp, err := store.Restore(cfg.PinDir, netns.Live)
+		if m.Any() {
+			fmt.Fprintf(e.out, "moved an earlier version's records of the pods into %s\n", store.Dir())
 		}
-		if r.ReplayErr != nil {
-			fmt.Fprintf(e.out, "warning: restoring the meshed pods' policies: %v\n", r.ReplayErr)
+		if rp.Pods > 0 || rp.Dropped > 0 {
+			fmt.Fprintf(e.out, "meshed pods' policies restored from %s: %d (%d of namespaces gone, removed)\n", store.Dir(), rp.Pods, rp.Dropped)
+		}
+		if err != nil {
+			fmt.Fprintf(e.out, "warning: restoring the meshed pods' policies: %v\n", err)
 		}
 	}
 	switch {

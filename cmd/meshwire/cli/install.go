@@ -3,7 +3,6 @@ package cli
 import (
 	"errors"
 	"fmt"
-	"log"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +13,8 @@ import (
 	"github.com/meshwire/meshwire/ebpf/fastpath"
 	"github.com/meshwire/meshwire/internal/installer"
 	"github.com/meshwire/meshwire/internal/nodeagent"
+	"github.com/meshwire/meshwire/internal/nodelayout"
+	"github.com/meshwire/meshwire/internal/podstate"
 )
 
 // keyValues is a repeatable KEY=VALUE flag.
@@ -118,7 +119,11 @@ func (e *env) installCmd() *cobra.Command {
 	finish := installerFlags(fs, &o)
 	fs.BoolVar(&o.Once, "once", false, "apply once and exit instead of watching")
 	withFastpath := fs.Bool("fastpath", false, "also attach the eBPF fast path (and detach it on exit with --cleanup-on-exit)")
+	startLog := logFlags(fs)
 	c.RunE = func(*cobra.Command, []string) error {
+		if err := startLog(e, "install"); err != nil {
+			return err
+		}
 		if err := finish(e, "install"); err != nil {
 			return err
 		}
@@ -132,9 +137,6 @@ func (e *env) install(o installer.Options, withFastpath bool) error {
 	if o.Once && o.CleanupOnExit {
 		return usagef("install: --cleanup-on-exit takes back the change when the installer stops; with --once there is nothing to wait for")
 	}
-	logger := log.New(e.errOut, "meshwire install: ", log.LstdFlags|log.Lmsgprefix)
-	o.Logf = logger.Printf
-
 	in, err := installer.New(o)
 	if err != nil {
 		return fmt.Errorf("install: %w", err)
@@ -148,7 +150,7 @@ func (e *env) install(o installer.Options, withFastpath bool) error {
 		}
 		// One attached before (by `meshwire fastpath attach`, another
 		// container) is not this installer's to detach.
-		owner = &nodeagent.FastpathOwner{Config: fastpath.Defaults(), Logf: logger.Printf}
+		owner = &nodeagent.FastpathOwner{Config: fastpath.Defaults(), Store: podstate.New(nodelayout.Default())}
 		if err := owner.Ensure(); err != nil {
 			return fmt.Errorf("install --fastpath: %w (nothing was changed)", err)
 		}

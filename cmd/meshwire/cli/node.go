@@ -3,9 +3,7 @@ package cli
 import (
 	"errors"
 	"fmt"
-	"log"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -15,7 +13,7 @@ import (
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/installer"
 	"github.com/meshwire/meshwire/internal/nodeagent"
-	"github.com/meshwire/meshwire/internal/zds"
+	"github.com/meshwire/meshwire/internal/nodelayout"
 )
 
 // nodeCmd is `meshwire node`, the node agent (see package nodeagent).
@@ -33,8 +31,13 @@ func (e *env) nodeCmd() *cobra.Command {
 	checkFastpath := fastpathFlags(fs, &cfg)
 	fs.StringVar(&o.Listen, "listen", "127.0.0.1:9966", "address of /healthz, /readyz and /metrics")
 	fs.DurationVar(&o.Interval, "interval", 10*time.Second, "how often to check that the fast path is attached and every meshed pod's interception is in place, and read the plugin log")
+	fs.StringVar(&o.StateDir, "node-state-dir", nodelayout.StateDir, "where the pods' records and ambient mode's socket are, as the plugins keep them")
+	startLog := logFlags(fs)
 	withAmbient, checkAmbient := ambientFlags(fs)
 	c.RunE = func(*cobra.Command, []string) error {
+		if err := startLog(e, "node"); err != nil {
+			return err
+		}
 		if err := finish(e, "node"); err != nil {
 			return err
 		}
@@ -61,8 +64,6 @@ func (e *env) node(o nodeagent.Options) error {
 	if (o.Fastpath != nil || o.Ambient != nil) && os.Geteuid() != 0 {
 		return errors.New("node --fastpath, --ambient: must run as root (they load BPF programs, program other namespaces' firewalls)")
 	}
-	logger := log.New(e.errOut, "meshwire node: ", log.LstdFlags|log.Lmsgprefix)
-	o.Logf = logger.Printf
 	a, err := nodeagent.New(o)
 	if err != nil {
 		return fmt.Errorf("node: %w", err)
@@ -83,8 +84,7 @@ func ambientFlags(fs *pflag.FlagSet) (on *bool, check func(installer.Options) (*
 	fs.BoolVar(&o.Config.RedirectDNS, "ambient-dns-capture", false, "ambient: send enrolled pods' DNS to ztunnel's DNS proxy (a pod's ambient.istio.io/dns-capture wins)")
 	fs.BoolVar(&o.Config.IPv6, "ambient-ipv6", false, "ambient: the IPv6 rules too")
 	backend := fs.String("ambient-backend", "", "ambient: firewall of the rules: iptables-nft, iptables-legacy or nftables (default: the host's)")
-	fs.StringVar(&o.ZtunnelSocket, "ztunnel-socket", zds.SocketPath, "ambient: the ZDS socket ztunnel connects to")
-	dir := fs.String("ambient-dir", "", "ambient: where the plugin's pod records (pods/), the enrolled pods and the agent's socket (ambient/) are (default /var/lib/cni/meshwire; the plugin reads MESHWIRE_PODS_DIR and MESHWIRE_AMBIENT_SOCKET)")
+	fs.StringVar(&o.ZtunnelSocket, "ztunnel-socket", nodelayout.ZtunnelSocket, "ambient: the ZDS socket ztunnel connects to")
 	fs.StringVar(&o.Kubeconfig, "kubeconfig", "", "ambient: kubeconfig of the API server (default: the in-cluster config when in a pod)")
 	fs.StringVar(&o.NodeName, "node-name", os.Getenv("NODE_NAME"), "ambient: this node's name in the API server (default $NODE_NAME)")
 	fs.Uint32Var(&o.Config.KubeletUID, "kubelet-uid", 0, "ambient with nftables: the uid of kubelet, whose probes the host rule matches")
@@ -101,11 +101,6 @@ func ambientFlags(fs *pflag.FlagSet) (on *bool, check func(installer.Options) (*
 				return nil, usagef("node: --ambient-backend: %v", err)
 			}
 			o.Backend = b
-		}
-		if *dir != "" {
-			o.PodsDir = filepath.Join(*dir, "pods")
-			o.StateDir = filepath.Join(*dir, "ambient", "enrolled")
-			o.AgentSocket = filepath.Join(*dir, "ambient", "agent.sock")
 		}
 		o.API = o.Kubeconfig != "" || os.Getenv("KUBERNETES_SERVICE_HOST") != ""
 		return &o, nil

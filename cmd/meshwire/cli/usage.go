@@ -24,6 +24,7 @@ type flagNote struct {
 var flagNotes = map[string]flagNote{
 	"cni-path":       {arg: "DIRS", same: "`CNI_PATH` of the plugins"},
 	"state-dir":      {arg: "DIR"},
+	"node-state-dir": {arg: "DIR", same: "`MESHWIRE_NODE_STATE_DIR` of the intercept plugin"},
 	"conf":           {arg: "FILE"},
 	"ifname":         {arg: "IF", same: "`CNI_IFNAME` of the plugins"},
 	"port":           {arg: "[HOSTIP:]HOST:CONTAINER[/PROTO]", same: "the `portMappings` capability"},

@@ -238,7 +238,7 @@ func Register(dir string, s Settings) error {
 }
 
 // RegisterNS is Register for the pod of network namespace cookie ns, whose
-// nsfs inode is ino (podrecord's replay names namespaces so).
+// nsfs inode is ino (the replay of the pods' records names namespaces so).
 func RegisterNS(dir string, ns, ino uint64, s Settings) error {
 	m, err := open(dir)
 	if err != nil {

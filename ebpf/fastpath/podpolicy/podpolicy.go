@@ -98,7 +98,7 @@ func Set(dir string, p Policy) (bool, error) {
 
 // Put writes the policy of the pod of network namespace cookie ns, whose
 // nsfs inode is ino, under the fast path pinned at dir: Set's work, for a
-// namespace named by its cookie (podrecord's replay). It reports whether
+// namespace named by its cookie (the pods' records' replay, package podstate). It reports whether
 // the fast path is attached; when it is not, it does nothing.
 func Put(dir string, ns, ino uint64, p Policy) (bool, error) {
 	m, err := open(dir)

@@ -37,7 +37,10 @@ func builtins(id ruleset.TableID) []*installed.Chain {
 }
 
 // apply applies one operation to state.
-func (f *Fake) apply(state map[ruleset.TableID]*table, o ruleset.Op, netlink bool) error {
+func (f *Fake) apply(state map[ruleset.TableID]*table, ipsets sets, o ruleset.Op, netlink bool) error {
+	if o.Set != nil {
+		return f.applySetOp(state, ipsets, o)
+	}
 	t := state[o.Table]
 	if f.isIPTables(o.Table) {
 		if o.Object() == "table" {
@@ -58,7 +61,7 @@ func (f *Fake) apply(state map[ruleset.TableID]*table, o ruleset.Op, netlink boo
 	if o.Object() == "chain" {
 		return t.applyChain(o)
 	}
-	return t.applyRule(o)
+	return t.applyRule(o, ipsets)
 }
 
 func applyTable(state map[ruleset.TableID]*table, o ruleset.Op) error {
@@ -98,8 +101,13 @@ func (t *table) define(id ruleset.TableID, def *ruleset.Table) error {
 	if def == nil {
 		return nil
 	}
-	if len(def.Sets) > 0 {
-		return fmt.Errorf("table %s: the fake holds no sets", id)
+	if t.sets == nil {
+		t.sets = sets{}
+	}
+	for _, s := range def.Sets {
+		if err := t.sets.declare(s); err != nil {
+			return err
+		}
 	}
 	if def.Comment != "" {
 		t.comment = def.Comment
@@ -110,7 +118,11 @@ func (t *table) define(id ruleset.TableID, def *ruleset.Table) error {
 	for _, c := range def.Chains {
 		ch := t.chain(c.Name)
 		for _, r := range c.Rules {
-			if err := t.addRule(ch, readBack(id.Family, r, false), -1); err != nil {
+			err := checkSets(t.sets, r)
+			if err == nil {
+				err = t.addRule(ch, readBack(id.Family, r, false), setsMatched(r), -1)
+			}
+			if err != nil {
 				return fmt.Errorf("chain %s: %w", c.Name, err)
 			}
 		}
@@ -174,7 +186,7 @@ func (t *table) applyChain(o ruleset.Op) error {
 	return nil
 }
 
-func (t *table) applyRule(o ruleset.Op) error {
+func (t *table) applyRule(o ruleset.Op, ipsets sets) error {
 	c := t.chain(o.ChainName())
 	if c == nil {
 		return fmt.Errorf("no such chain: %w", unix.ENOENT)
@@ -185,7 +197,14 @@ func (t *table) applyRule(o ruleset.Op) error {
 		if o.Verb == ruleset.Insert {
 			at = o.Index
 		}
-		return t.addRule(c, readBack(o.Table.Family, *o.Rule, t.iptables), at)
+		have := t.sets
+		if t.iptables {
+			have = ipsets
+		}
+		if err := checkSets(have, *o.Rule); err != nil {
+			return err
+		}
+		return t.addRule(c, readBack(o.Table.Family, *o.Rule, t.iptables), setsMatched(*o.Rule), at)
 	case ruleset.Delete:
 		i := t.find(c, o)
 		if i < 0 {

@@ -17,6 +17,7 @@ package fwfake
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"strings"
@@ -40,6 +41,7 @@ type Fake struct {
 
 	mu     sync.Mutex
 	tables map[ruleset.TableID]*table
+	ipsets sets
 	log    []Applied
 }
 
@@ -55,12 +57,16 @@ type table struct {
 	iptables bool // an iptables table (built-in chains, Spec'd rules)
 	chains   []*installed.Chain
 	handle   uint64
+	sets     sets                // a native table's
+	setRefs  map[uint64][]string // the sets each rule (by handle) matches
 }
 
 var _ firewall.Interface = (*Fake)(nil)
 
 // New returns an empty firewall of backend b.
-func New(b firewall.Backend) *Fake { return &Fake{b: b, tables: map[ruleset.TableID]*table{}} }
+func New(b firewall.Backend) *Fake {
+	return &Fake{b: b, tables: map[ruleset.TableID]*table{}, ipsets: sets{}}
+}
 
 func (f *Fake) Backend() firewall.Backend { return f.b }
 
@@ -94,6 +100,8 @@ func (f *Fake) nftBacked() bool {
 
 func (t *table) clone() *table {
 	c := *t
+	c.sets = t.sets.clone()
+	c.setRefs = maps.Clone(t.setRefs)
 	c.chains = make([]*installed.Chain, len(t.chains))
 	for i, ch := range t.chains {
 		x := *ch
@@ -127,12 +135,20 @@ func (t *table) referenced(chain string) bool {
 	return false
 }
 
-func (t *table) addRule(c *installed.Chain, r installed.Rule, at int) error {
+// addRule adds r (read back from what was written, which matches the sets
+// named) to chain c at index at (-1: the end).
+func (t *table) addRule(c *installed.Chain, r installed.Rule, matched []string, at int) error {
 	if r.Jump != "" && t.chain(r.Jump) == nil {
 		return fmt.Errorf("jump to chain %s, which is not there: %w", r.Jump, unix.ENOENT)
 	}
 	t.handle++
 	r.Handle, r.Table, r.Chain, r.Family = t.handle, c.Table, c.Name, c.Family
+	if len(matched) > 0 {
+		if t.setRefs == nil {
+			t.setRefs = map[uint64][]string{}
+		}
+		t.setRefs[r.Handle] = matched
+	}
 	if at < 0 || at > len(c.Rules) {
 		at = len(c.Rules)
 	}
@@ -146,6 +162,9 @@ func (f *Fake) Apply(_ context.Context, tx *ruleset.Tx) error {
 	if tx.Empty() {
 		return nil
 	}
+	if err := tx.Err(); err != nil {
+		return err
+	}
 	route := firewall.Route(f.b, tx)
 	if f.Fail != nil {
 		if err := f.Fail(route); err != nil {
@@ -154,36 +173,39 @@ func (f *Fake) Apply(_ context.Context, tx *ruleset.Tx) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if route == "nft" && f.b.Kind != firewall.NFTables || strings.HasPrefix(route, "restore") && f.b.Kind != firewall.IPTables {
-		return fmt.Errorf("%s on a %s firewall", route, f.b)
+	for _, r := range strings.Split(route, ", ") {
+		if r == "nft" && f.b.Kind != firewall.NFTables || (strings.HasPrefix(r, "restore") || r == "ipset") && f.b.Kind != firewall.IPTables {
+			return fmt.Errorf("%s on a %s firewall", r, f.b)
+		}
 	}
-	state, err := f.try(tx, route == "netlink")
+	state, ipsets, err := f.try(tx, route == "netlink")
 	if err != nil && route == "netlink" && tx.OnlyAddsRules() {
 		// As Host: iptables-restore makes the table netlink did not find.
 		route = firewall.ToolRoute(f.b, tx)
-		state, err = f.try(tx, false)
+		state, ipsets, err = f.try(tx, false)
 	}
 	if err != nil {
 		return err
 	}
-	f.tables = state
+	f.tables, f.ipsets = state, ipsets
 	f.log = append(f.log, Applied{Route: route, Tx: tx})
 	return nil
 }
 
 // try applies tx to a copy of the tables. Over netlink, iptables tables
 // are not made on first use (iptables-nft makes them).
-func (f *Fake) try(tx *ruleset.Tx, netlink bool) (map[ruleset.TableID]*table, error) {
+func (f *Fake) try(tx *ruleset.Tx, netlink bool) (map[ruleset.TableID]*table, sets, error) {
 	state := make(map[ruleset.TableID]*table, len(f.tables))
 	for k, t := range f.tables {
 		state[k] = t.clone()
 	}
+	ipsets := f.ipsets.clone()
 	for _, o := range tx.Ops() {
-		if err := f.apply(state, o, netlink); err != nil {
-			return nil, fmt.Errorf("%s: %w", o, err)
+		if err := f.apply(state, ipsets, o, netlink); err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", o, err)
 		}
 	}
-	return state, nil
+	return state, ipsets, nil
 }
 
 // Load puts tables in place as they are given (fixtures: what other
@@ -356,6 +378,9 @@ func (f *Fake) Dump() string {
 		if t.comment != "" {
 			fmt.Fprintf(&b, "\tcomment %q\n", t.comment)
 		}
+		for _, name := range slices.Sorted(maps.Keys(t.sets)) {
+			fmt.Fprintf(&b, "\tset %s {%s }\n", name, t.sets[name].text())
+		}
 		for _, c := range t.chains {
 			fmt.Fprintf(&b, "\tchain %s {\n", c.Name)
 			if c.Comment != "" {
@@ -370,6 +395,9 @@ func (f *Fake) Dump() string {
 			b.WriteString("\t}\n")
 		}
 		b.WriteString("}\n")
+	}
+	for _, name := range slices.Sorted(maps.Keys(f.ipsets)) {
+		fmt.Fprintf(&b, "ipset %s {%s }\n", name, f.ipsets[name].text())
 	}
 	return b.String()
 }

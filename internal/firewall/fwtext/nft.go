@@ -19,6 +19,9 @@ import (
 // when it is not there, on every nft version); Replace is that followed
 // by the block.
 func NftScript(tx *ruleset.Tx) (string, error) {
+	if err := tx.Err(); err != nil {
+		return "", err
+	}
 	var b strings.Builder
 	for _, o := range tx.Ops() {
 		s, err := nftCommand(o)
@@ -33,6 +36,8 @@ func NftScript(tx *ruleset.Tx) (string, error) {
 func nftCommand(o ruleset.Op) (string, error) {
 	where := o.Table.String()
 	switch o.Object() {
+	case "set", "element":
+		return nftSetCommand(o)
 	case "table":
 		switch o.Verb {
 		case ruleset.Add, ruleset.Create:
@@ -287,7 +292,7 @@ func NftTable(t ruleset.Table) string {
 		fmt.Fprintf(&b, "\tcomment %s\n", Quote(t.Comment))
 	}
 	for _, s := range t.Sets {
-		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n\t}\n", s.Name, s.Type)
+		fmt.Fprintf(&b, "\tset %s {\n\t\ttype %s\n\t}\n", s.Name, s.NftType())
 	}
 	for _, c := range t.Chains {
 		fmt.Fprintf(&b, "\tchain %s {\n", c.Name)

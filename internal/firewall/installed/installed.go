@@ -133,3 +133,25 @@ func (t *Table) Rules() []Rule {
 
 // ID names the table.
 func (t *Table) ID() ruleset.TableID { return ruleset.TableID{Family: t.Family, Name: t.Name} }
+
+// Set is a set as read back: where it is (a native nftables table, or
+// ruleset.IPSets for an ipset), its name, and its elements (an ipset's
+// with their comments).
+type Set struct {
+	Table    ruleset.TableID
+	Name     string
+	Elements []ruleset.Element
+}
+
+// Has tells whether the set holds address a.
+func (s *Set) Has(a netip.Addr) bool {
+	if s == nil {
+		return false
+	}
+	for _, e := range s.Elements {
+		if e.Addr == a {
+			return true
+		}
+	}
+	return false
+}

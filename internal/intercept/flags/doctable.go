@@ -1,6 +1,6 @@
 package flags
 
-//go:generate go run ./gendoc ../../../docs/iptables-init.md
+//go:generate go run ../../gendoc ../../../docs/iptables-init.md
 
 import (
 	"fmt"

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/netip"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -11,15 +12,14 @@ import (
 
 	"github.com/meshwire/meshwire/ebpf/capture/pods"
 	"github.com/meshwire/meshwire/ebpf/fastpath/podpolicy"
-	"github.com/meshwire/meshwire/ebpf/fastpath/podrecord"
 	"github.com/meshwire/meshwire/ebpf/loader"
 	"github.com/meshwire/meshwire/internal/cnierr"
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/intercept"
 	"github.com/meshwire/meshwire/internal/intercept/apply"
 	"github.com/meshwire/meshwire/internal/intercept/flags"
-	"github.com/meshwire/meshwire/internal/meshedpods"
 	"github.com/meshwire/meshwire/internal/netns"
+	"github.com/meshwire/meshwire/internal/podstate"
 )
 
 // request is the install request of o: a repeated ADD converges on the
@@ -66,11 +66,14 @@ func cmdAdd(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if meshedpods.Repairing() {
+	store := podstate.Default()
+	name := podstate.Name(args.ContainerID, args.IfName)
+	repairing := podstate.Repairing()
+	if repairing {
 		// The node agent's repair: held against the pod's DEL, which
 		// waits for it, and only in the namespace recorded at ADD.
-		_, release, err := meshedpods.LockForRepair("", args.ContainerID, args.IfName)
-		if errors.Is(err, meshedpods.ErrGone) {
+		_, release, err := store.LockForRepair(name)
+		if errors.Is(err, podstate.ErrGone) {
 			slog.Info("the node agent's repair found the pod's DEL done; nothing to repair")
 			return types.PrintResult(prev, conf.CNIVersion)
 		}
@@ -79,54 +82,88 @@ func cmdAdd(args *skel.CmdArgs) error {
 		}
 		defer release()
 	}
+	rec := newRecord(args, conf, d, prev)
 	if !d.Intercept {
 		slog.Info("pod not intercepted", "why", d.Why)
 		if d.Fastpath != nil {
 			// Its init container installs the rules; the fast path's
 			// policy is still the plugin's to write.
-			err := netns.Enter(args.Netns, func() error { setFastpathPolicy(args, *d.Fastpath, nil); return nil })
+			err := netns.Enter(args.Netns, func() error { rec.Fastpath = fastpathOf(*d.Fastpath, nil); return nil })
 			if err != nil {
 				return cnierr.Wrap(err, "enter %s", args.Netns)
 			}
 		}
-		if !meshedpods.Repairing() {
-			if err := ambientAdd(args, d.Pod, prev); err != nil {
+		if repairing {
+			applyFastpath(rec)
+			return types.PrintResult(prev, conf.CNIVersion)
+		}
+		ambient := ambientOn(store) && rec.Kubernetes()
+		if ambient || rec.Fastpath != nil {
+			if err := store.Put(rec); err != nil {
+				return cnierr.Wrap(err, "record the pod for the node agent")
+			}
+		}
+		if ambient {
+			if err := ambientAdd(store, rec, d.Pod); err != nil {
 				return err
 			}
 		}
+		applyFastpath(rec)
 		return types.PrintResult(prev, conf.CNIVersion)
 	}
 	err = netns.Enter(args.Netns, func() error {
 		out, err := apply.Install(context.Background(), request(o))
 		report(out, err, d)
 		if err == nil && d.Fastpath != nil {
-			setFastpathPolicy(args, *d.Fastpath, &out.Request)
+			rec.Fastpath = fastpathOf(*d.Fastpath, &out.Request)
 		}
 		return err
 	})
 	if err != nil {
 		return cnierr.Wrap(err, "install interception rules in %s", args.Netns)
 	}
-	keepCall(args)
+	if !repairing {
+		// The call, for the node agent's checks: repeated when the pod's
+		// rules went. A failure is logged: the pod is meshed, only not
+		// watched.
+		rec.Call = &podstate.Call{Args: args.Args, Config: args.StdinData}
+		if err := store.Put(rec); err != nil {
+			slog.Warn("could not record the pod for the node agent: drift in its interception will not be repaired, a later fast path will not know its policy", "error", err)
+		}
+	}
+	applyFastpath(rec)
 	return types.PrintResult(prev, conf.CNIVersion)
 }
 
-// keepCall records the runtime's ADD of a pod whose interception the
-// plugin installed, so that the node agent checks it every interval and
-// repeats it when the pod's rules went (meshedpods). A failure is logged:
-// the pod is meshed, only not watched.
-func keepCall(args *skel.CmdArgs) {
-	if meshedpods.Repairing() {
-		return
+// newRecord is the pod's record (package podstate) as the runtime's ADD
+// describes it: the attachment, its namespace's identity, and the
+// Kubernetes pod's names, addresses and Istio annotations.
+func newRecord(args *skel.CmdArgs, conf *config, d decision, prev *current.Result) podstate.Record {
+	r := podstate.Record{ContainerID: args.ContainerID, IfName: args.IfName, Netns: args.Netns, Network: conf.Name}
+	if err := r.Identify(); err != nil {
+		slog.Warn("could not identify the pod's namespace", "error", err)
 	}
-	c := meshedpods.Call{ContainerID: args.ContainerID, Netns: args.Netns, IfName: args.IfName, Args: args.Args, Config: args.StdinData}
-	var err error
-	if c.NetnsIno, c.NetnsDev, err = netns.Identify(args.Netns); err == nil {
-		err = meshedpods.Write("", c)
+	p := d.Pod
+	if p.Kubernetes && p.Name != "" && p.Namespace != "" {
+		r.UID, r.Namespace, r.Name = p.UID, p.Namespace, p.Name
+		r.Annotations = podstate.IstioAnnotations(p.Annotations)
+		for _, ip := range prev.IPs {
+			if a, ok := netip.AddrFromSlice(ip.Address.IP); ok {
+				r.IPs = append(r.IPs, a.Unmap())
+			}
+		}
 	}
-	if err != nil {
-		slog.Warn("could not record the pod for the node agent's checks: drift in its interception will not be repaired", "error", err)
+	return r
+}
+
+// removeRecord removes the pod's record, once a repair of the pod is
+// done, and what a plugin of an earlier version recorded of it.
+func removeRecord(store podstate.Store, args *skel.CmdArgs) error {
+	name := podstate.Name(args.ContainerID, args.IfName)
+	if err := store.RemoveLegacy(name); err != nil {
+		return cnierr.Wrap(err, "remove what an earlier version recorded of the pod")
 	}
+	return cnierr.Wrap(store.Remove(name), "remove the pod's record")
 }
 
 func cmdDel(args *skel.CmdArgs) error {
@@ -134,15 +171,11 @@ func cmdDel(args *skel.CmdArgs) error {
 	if err != nil {
 		return err
 	}
-	if err := meshedpods.Remove("", args.ContainerID, args.IfName); err != nil {
-		return cnierr.Wrap(err, "remove the pod's intercept call")
-	}
-	if err := ambientDel(args); err != nil {
+	store := podstate.Default()
+	if err := removeRecord(store, args); err != nil {
 		return err
 	}
-	if err := podrecord.Remove("", podrecord.Name(args.ContainerID, args.IfName)); err != nil {
-		return cnierr.Wrap(err, "remove the pod's fast-path record")
-	}
+	ambientDel(store, args)
 	if args.Netns == "" {
 		return nil // the rules lived in the namespace, gone with it
 	}
@@ -218,50 +251,54 @@ func cmdCheck(args *skel.CmdArgs) error {
 	})
 }
 
-// setFastpathPolicy records the fast path's policy for the pod whose
-// namespace the thread is in, and with req (the interception installed
-// here) the copy of its settings by which the fast path tracks only the
-// connections they capture (podrecord: attach replays the records), and
-// writes both when the fast path is attached. A failure is logged, not
-// returned: the pod works without the fast path, and a pod with no policy
-// gets the safe default (only its application is fed); one with no copy
-// has all its connections tracked.
-func setFastpathPolicy(args *skel.CmdArgs, p podpolicy.Policy, req *apply.Request) {
-	rec := podrecord.Record{Policy: p}
+// fastpathOf is the fast path's section of the pod's record for policy p
+// in the namespace the thread is in, and with req (the interception
+// installed here) the copy of its settings by which the fast path tracks
+// only the connections they capture. A failure is logged, not returned:
+// the pod works without the fast path, and a pod with no policy gets the
+// safe default (only its application is fed); one with no copy has all
+// its connections tracked.
+func fastpathOf(p podpolicy.Policy, req *apply.Request) *podstate.Fastpath {
+	f := &podstate.Fastpath{Policy: p}
 	var err error
-	if rec.Netns, err = netns.Cookie(); err == nil {
-		rec.NetnsIno, err = netns.Inode()
-	}
-	if err != nil {
+	if f.Cookie, err = netns.Cookie(); err != nil {
 		slog.Warn("could not name the pod's namespace for the fast path: it gets the default (only the application is fed)", "error", err)
-		return
+		return nil
 	}
 	if req != nil {
 		s, err := apply.MirrorOf(req.Config, req.Local)
 		if err == nil {
-			rec.Mirror = &s
+			f.Mirror = &s
 		} else {
 			slog.Info("the fast path tracks every connection of the pod: ebpf interception's settings cannot express its interception", "error", err)
 		}
 	}
-	if err := podrecord.Write("", podrecord.Name(args.ContainerID, args.IfName), rec); err != nil {
-		slog.Warn("could not record the pod's fast-path policy: a later attach will not know it", "error", err)
+	return f
+}
+
+// applyFastpath writes the pod's fast-path policy and settings copy into
+// the fast path when it is attached (a fast path attached later gets them
+// from the pod's record). A failure is logged.
+func applyFastpath(r podstate.Record) {
+	f := r.Fastpath
+	if f == nil {
+		return
 	}
-	attached, err := podrecord.Apply("", rec)
+	attached, err := f.Apply("", r.NetnsIno)
 	switch {
 	case err != nil:
 		slog.Warn("could not write the pod's fast-path policy and settings copy: it gets the default (only the application is fed, every connection tracked)", "error", err)
 	case !attached:
 		return
 	default:
-		slog.Info("fast-path policy written", "intoProxy", p.IntoProxy, "noPeer", p.NoPeer, "settingsCopied", rec.Mirror != nil)
-		if rec.Mirror != nil {
+		slog.Info("fast-path policy written", "intoProxy", f.Policy.IntoProxy, "noPeer", f.Policy.NoPeer, "settingsCopied", f.Mirror != nil)
+		if f.Mirror != nil {
 			return
 		}
 	}
 	// No copy (the rules are the init container's, or the copy failed):
 	// an earlier one would mirror settings the pod no longer has.
-	if err := pods.Forget(loader.RulesDir("")); err != nil {
+	if err := pods.ForgetStale(loader.RulesDir(""), f.Cookie, r.NetnsIno); err != nil {
 		slog.Warn("remove the fast path's earlier copy of the pod's settings", "error", err)
 	}
 }
@@ -280,11 +317,29 @@ func cmdStatus(args *skel.CmdArgs) error {
 	return b.Available(ctx)
 }
 
-// cmdGC has nothing to collect: every rule lives in a pod's namespace and
-// goes with it. The records of the pods' namespaces (podnetns) are the
-// node agent's to collect once their namespace is gone: they are kept for
-// every network, and GC names the attachments of one.
+// cmdGC removes the records (package podstate) of this network's
+// attachments that the runtime no longer has: the rules lived in the
+// pods' namespaces and went with them, and the node agent collects what
+// the fast path kept of them.
 func cmdGC(args *skel.CmdArgs) error {
-	_, _, err := parseConfig(args.StdinData)
-	return err
+	conf, _, err := parseConfig(args.StdinData)
+	if err != nil {
+		return err
+	}
+	keep := map[string]bool{}
+	for _, a := range conf.ValidAttachments {
+		keep[podstate.Name(a.ContainerID, a.IfName)] = true
+	}
+	store := podstate.Default()
+	recs, err := store.List()
+	if err != nil {
+		return cnierr.Wrap(err, "read the pods' records")
+	}
+	var errs []error
+	for name, r := range recs {
+		if r.Network == conf.Name && !keep[name] {
+			errs = append(errs, store.Remove(name))
+		}
+	}
+	return cnierr.Wrap(errors.Join(errs...), "remove the records of attachments gone")
 }

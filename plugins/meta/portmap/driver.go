@@ -11,12 +11,13 @@ import (
 	"github.com/meshwire/meshwire/internal/filelock"
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/firewall/installed"
+	"github.com/meshwire/meshwire/internal/nodelayout"
 	"github.com/meshwire/meshwire/internal/ruleset"
 )
 
 // stateDir holds the node-wide lock of the slow paths and the hints that
 // say which ADD transaction to try first.
-var stateDir = "/run/meshwire/portmap"
+var stateDir = nodelayout.PortmapDir
 
 const lockTimeout = 10 * time.Second
 

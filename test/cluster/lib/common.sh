@@ -113,8 +113,9 @@ import_image_set() {
 # requests, and resolves no registry name).
 start_containerd() {
 	local name=$1 config=$2 sock=$3; shift 3
+	# (Its shim is found on PATH: the one built beside it first.)
 	start "$(proc "$name" containerd)" "$@" env HTTP_PROXY=http://127.0.0.1:9 HTTPS_PROXY=http://127.0.0.1:9 NO_PROXY= \
-		"$CONTAINERD" --config "$config"
+		PATH="$(dirname "$CONTAINERD"):$PATH" "$CONTAINERD" --config "$config"
 	wait_for "containerd of $name" 30 "$CTR" -a "$sock" version
 }
 

@@ -128,14 +128,15 @@ EOF
 	echo "nameserver 127.0.0.1" >"$STATE/config/resolv.conf"
 }
 
-# kube_proxy_config FILE NAME: kube-proxy in iptables mode; it leaves the
-# node's conntrack settings and route_localnet alone.
+# kube_proxy_config FILE NAME: kube-proxy in PROXY_MODE (iptables or
+# nftables); it leaves the node's conntrack settings and route_localnet
+# alone.
 kube_proxy_config() {
 	mkdir -p "$(dirname "$1")"
 	cat >"$1" <<EOF
 apiVersion: kubeproxy.config.k8s.io/v1alpha1
 kind: KubeProxyConfiguration
-mode: iptables
+mode: $PROXY_MODE
 clientConnection: {kubeconfig: $KCFG/kube-proxy.kubeconfig}
 hostnameOverride: $2
 clusterCIDR: $POD_CIDR

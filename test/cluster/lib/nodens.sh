@@ -11,12 +11,14 @@
 #
 #   nodens.sh hold DIR NETNS   the node's holder process: joins the node's
 #                              cgroups (DIR/cgroup-procs), enters NETNS,
-#                              unshares the mount and cgroup namespaces,
-#                              mounts, writes DIR/ready and sleeps; its
+#                              unshares the mount, cgroup and UTS
+#                              namespaces, names the node NETNS (its
+#                              hostname, as a kind node's), mounts,
+#                              writes DIR/ready and sleeps; its
 #                              namespaces are the node's for as long as it
 #                              lives (cluster.sh starts it with setsid)
 #   nodens.sh enter DIR CMD... CMD in the node: its cgroups, then the
-#                              holder's network, mount and cgroup
+#                              holder's network, mount, cgroup and UTS
 #                              namespaces
 #
 # DIR/private lists the host paths the node has its own copy of (DIR/fs
@@ -34,18 +36,22 @@ case ${1:-} in
 enter)
 	dir=$2; shift 2
 	join "$dir"
-	exec nsenter --target "$(cat "$dir/holder.pid")" --net --mount --cgroup -- "$@"
+	exec nsenter --target "$(cat "$dir/holder.pid")" --net --mount --cgroup --uts -- "$@"
 	;;
 hold)
 	dir=$2 netns=$3
 	join "$dir"
 	echo $$ >"$dir/holder.pid"
-	exec nsenter --net="/run/netns/$netns" unshare --mount --cgroup --propagation private "$0" mounts "$dir"
+	exec nsenter --net="/run/netns/$netns" unshare --mount --cgroup --uts --propagation private "$0" mounts "$dir" "$netns"
 	;;
 mounts)
 	# In the node's namespaces, as the holder (its pid is the one hold
 	# wrote: nsenter and unshare exec without forking).
 	dir=$2
+	# The node's own hostname: what a host-network pod's hostname is
+	# (Kubernetes' e2e specs of internalTrafficPolicy=Local compare it
+	# with the node's name).
+	hostname "$3"
 	# sysfs shows the network devices of the namespace that mounts it:
 	# the node's, not the host's (kubelet, flannel and the plugins read
 	# /sys/class/net).

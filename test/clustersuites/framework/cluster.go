@@ -26,6 +26,9 @@ type Description struct {
 	Repo        string `json:"repo"`
 	Kubeconfig  string `json:"kubeconfig"`
 	CNI         string `json:"cni"`
+	Runtime     string `json:"runtime"`   // containerd (1.6) or containerd2
+	ProxyMode   string `json:"proxyMode"` // kube-proxy's: iptables or nftables
+	Firewall    string `json:"firewall"`  // the backend meshwire's plugins are forced to, or empty`
 	PodCIDR     string `json:"podCIDR"`
 	ServiceCIDR string `json:"serviceCIDR"`
 	APIIP       string `json:"apiIP"`
