@@ -186,10 +186,12 @@ keyed() {
 	done
 }
 # The images' key: the binaries' (their link's target), the scripts that
-# make the root file systems, the Debian packages they copy.
+# make the root file systems (peers.sh's images part), the Debian packages
+# they copy.
 images_key() {
 	readlink "$dir/$1"
-	cat peers.sh ../../conf/kubernetes/rootfs.sh
+	sed -n '/^# IMAGES/,/^# END IMAGES/p' peers.sh
+	cat ../../conf/kubernetes/rootfs.sh
 	dpkg-query -W iptables nftables busybox-static libc6 2>&1 || :
 }
 
