@@ -178,12 +178,14 @@ image: build
 # (test/cluster, docs/kubernetes.md): builds Kubernetes once per pinned
 # version into /var/cache/meshwire-cluster, then starts it: NODES=1 (one
 # node on the host) or NODES=N (N nodes in namespaces of their own, flannel
-# between them). Not part of `make test`. MESHWIRE_CLUSTER_CNI=reference
-# starts it on the reference plugins v1.9.1 (the control).
+# between them). Not part of `make test`. CNI=reference
+# (MESHWIRE_CLUSTER_CNI) starts it on the reference plugins v1.9.1 (the
+# control); CNI=istio-cni on Istio's istio-cni, chained by Istio's own
+# DaemonSet after meshwire's bridge and host-local (test/cluster/lib/istio.sh).
 # RUNTIME=containerd2, PROXY_MODE=nftables, FIREWALL=iptables|nftables:
 # the cluster's other shapes (test/cluster/cluster.sh's header).
 NODES ?= 1
-CLUSTER_ENV = MESHWIRE_CLUSTER_NODES=$(NODES) $(if $(RUNTIME),MESHWIRE_CLUSTER_RUNTIME=$(RUNTIME)) \
+CLUSTER_ENV = MESHWIRE_CLUSTER_NODES=$(NODES) $(if $(CNI),MESHWIRE_CLUSTER_CNI=$(CNI)) $(if $(RUNTIME),MESHWIRE_CLUSTER_RUNTIME=$(RUNTIME)) \
 	$(if $(PROXY_MODE),MESHWIRE_CLUSTER_PROXY_MODE=$(PROXY_MODE)) $(if $(FIREWALL),MESHWIRE_CLUSTER_FIREWALL=$(FIREWALL))
 cluster:
 	$(CLUSTER_ENV) test/cluster/cluster.sh up
