@@ -30,7 +30,7 @@ TEST_TIMEOUT ?= 60m
 KERNEL_LOCK = /run/meshwire-tests.lock
 BENCH ?= .
 
-.PHONY: all build test unit deps demo bench bench-report bench-check bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-ambient cluster-podstart cluster-podstart-compare cluster-conformance cluster-network-suite cluster-faults cluster-status
+.PHONY: all build test unit deps demo bench bench-report bench-check bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-ambient cluster-podstart cluster-podstart-compare cluster-conformance cluster-network-suite cluster-faults cluster-status cluster-istio-rules
 
 all: build
 
@@ -246,6 +246,15 @@ cluster-network-suite:
 # containerd 2 gating the node on meshwire's CNI STATUS (RUNTIME=containerd2).
 cluster-status:
 	$(CLUSTER_SUITE) '^TestStatusGate$$'
+
+# The same pods on a fresh istio-cni cluster, then on a fresh meshwire one
+# (REDIRECT and TPROXY sidecar pods, and init-container pods run by
+# meshwire's iptables-init and Istio's pilot-agent istio-iptables): their
+# rules, read from the node, must be the same. The readings are kept in
+# $$MESHWIRE_CLUSTER_E2E_REPORT/istio-rules (ISTIO_RULES_LEGS=meshwire: a
+# meshwire cluster against the istio-cni readings stored there).
+cluster-istio-rules:
+	ISTIO_RULES_LEGS='$(ISTIO_RULES_LEGS)' $(CLUSTER_SUITE) '^TestIstioRules$$'
 
 # A node's power cut and return, and a node removed for good (NODES >= 2).
 cluster-faults:
