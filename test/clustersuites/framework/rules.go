@@ -27,7 +27,10 @@ echo "$1"`
 // rulesScript prints the firewall rules of the network namespace $1, one
 // section per tool: both iptables variants of both families (each sees
 // only its own tables), then the nftables tables that are no iptables
-// variant's (a native nftables backend's).
+// variant's (a native nftables backend's); then its policy routing
+// (TPROXY's mark rule and the table it looks up): the rules, and the
+// routes of the tables other than main and local (those hold the pod's
+// own addresses, which differ from pod to pod).
 const rulesScript = `n=$1
 for t in iptables-legacy-save iptables-nft-save ip6tables-legacy-save ip6tables-nft-save; do
 	echo "### $t"
@@ -39,11 +42,18 @@ nsenter --net="$n" nft list tables 2>&1 | while read -r _ fam name; do
 		case $name in filter | nat | mangle | raw | security) continue ;; esac ;;
 	esac
 	nsenter --net="$n" nft list table "$fam" "$name" 2>&1
+done
+echo "### ip rule"
+nsenter --net="$n" ip -4 rule 2>&1
+nsenter --net="$n" ip -6 rule 2>&1
+echo "### ip route (tables other than main and local)"
+for f in -4 -6; do
+	nsenter --net="$n" ip "$f" route show table all 2>&1 | grep ' table ' | grep -Ev ' table (main|local)( |$)' || :
 done`
 
 // PodRules reads the firewall rules in pod's network namespace from its
 // node (iptables-save of both variants and families, nft for the other
-// tables), normalized (NormalizeRules).
+// tables, the policy routing), normalized (NormalizeRules).
 func (c *Cluster) PodRules(ctx context.Context, pod *corev1.Pod) (string, error) {
 	if pod.Status.PodIP == "" || pod.Spec.NodeName == "" {
 		return "", fmt.Errorf("pod %s/%s has no address or node yet", pod.Namespace, pod.Name)
