@@ -3,6 +3,7 @@ package framework
 import (
 	"context"
 	"fmt"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -66,6 +67,9 @@ func PodStart(ctx context.Context, cs kubernetes.Interface, pods, rounds int, im
 	return res, nil
 }
 
+// maxReopen bounds how often a round's watch may be opened again.
+const maxReopen = 5
+
 // grace is the pods' termination grace period: pause exits on SIGTERM.
 var grace = int64(1)
 
@@ -109,26 +113,49 @@ func podStartRound(ctx context.Context, cs kubernetes.Interface, r, n int, image
 		return nil, 0, err
 	}
 	ready := map[string]time.Duration{}
+	seen := func(pod *corev1.Pod) {
+		if _, ok := ready[pod.Name]; ok || !Ready(pod) {
+			return
+		}
+		mu.Lock()
+		ready[pod.Name] = time.Since(created[pod.Name])
+		mu.Unlock()
+	}
 	timeout := time.After(5 * time.Minute)
+	reopened := 0
 	for len(ready) < n {
 		select {
 		case ev, ok := <-w.ResultChan():
 			if !ok {
-				return nil, 0, fmt.Errorf("watch closed with %d of %d pods Ready", len(ready), n)
-			}
-			pod, isPod := ev.Object.(*corev1.Pod)
-			if !isPod || ev.Type == watch.Deleted {
+				// The API server may end a watch at any time (seen once
+				// on the reference's cluster, in round 2): list what
+				// happened meanwhile and watch again from there. Pods the
+				// list finds Ready are timed at the list, a little late.
+				if reopened++; reopened > maxReopen {
+					return nil, 0, fmt.Errorf("watch closed %d times, %d of %d pods Ready", reopened, len(ready), n)
+				}
+				l, err := cs.CoreV1().Pods(PodStartNS).List(ctx, metav1.ListOptions{LabelSelector: sel})
+				if err != nil {
+					return nil, 0, fmt.Errorf("watch closed, then: %w", err)
+				}
+				for i := range l.Items {
+					seen(&l.Items[i])
+				}
+				if w, err = cs.CoreV1().Pods(PodStartNS).Watch(ctx, metav1.ListOptions{LabelSelector: sel, ResourceVersion: l.ResourceVersion}); err != nil {
+					return nil, 0, fmt.Errorf("watch closed, then: %w", err)
+				}
+				defer w.Stop()
 				continue
 			}
-			if _, seen := ready[pod.Name]; seen || !Ready(pod) {
-				continue
+			if pod, isPod := ev.Object.(*corev1.Pod); isPod && ev.Type != watch.Deleted {
+				seen(pod)
 			}
-			mu.Lock()
-			ready[pod.Name] = time.Since(created[pod.Name])
-			mu.Unlock()
 		case <-timeout:
 			return nil, 0, fmt.Errorf("%d of %d pods Ready after 5 minutes", len(ready), n)
 		}
+	}
+	if reopened > 0 {
+		fmt.Fprintf(os.Stderr, "pod start, round %d: the watch was opened again %d time(s)\n", r, reopened)
 	}
 	var ms []float64
 	for _, d := range ready {
