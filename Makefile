@@ -30,7 +30,7 @@ TEST_TIMEOUT ?= 60m
 KERNEL_LOCK = /run/meshwire-tests.lock
 BENCH ?= .
 
-.PHONY: all build test unit deps demo bench bench-report bench-check bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-ambient cluster-podstart cluster-podstart-compare cluster-conformance cluster-network-suite cluster-faults cluster-status
+.PHONY: all build test unit deps demo bench bench-report bench-check bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-ambient cluster-podstart cluster-podstart-compare cluster-conformance cluster-network-suite cluster-faults cluster-status cluster-istio-rules
 
 all: build
 
@@ -178,12 +178,14 @@ image: build
 # (test/cluster, docs/kubernetes.md): builds Kubernetes once per pinned
 # version into /var/cache/meshwire-cluster, then starts it: NODES=1 (one
 # node on the host) or NODES=N (N nodes in namespaces of their own, flannel
-# between them). Not part of `make test`. MESHWIRE_CLUSTER_CNI=reference
-# starts it on the reference plugins v1.9.1 (the control).
+# between them). Not part of `make test`. CNI=reference
+# (MESHWIRE_CLUSTER_CNI) starts it on the reference plugins v1.9.1 (the
+# control); CNI=istio-cni on Istio's istio-cni, chained by Istio's own
+# DaemonSet after meshwire's bridge and host-local (test/cluster/lib/istio.sh).
 # RUNTIME=containerd2, PROXY_MODE=nftables, FIREWALL=iptables|nftables:
 # the cluster's other shapes (test/cluster/cluster.sh's header).
 NODES ?= 1
-CLUSTER_ENV = MESHWIRE_CLUSTER_NODES=$(NODES) $(if $(RUNTIME),MESHWIRE_CLUSTER_RUNTIME=$(RUNTIME)) \
+CLUSTER_ENV = MESHWIRE_CLUSTER_NODES=$(NODES) $(if $(CNI),MESHWIRE_CLUSTER_CNI=$(CNI)) $(if $(RUNTIME),MESHWIRE_CLUSTER_RUNTIME=$(RUNTIME)) \
 	$(if $(PROXY_MODE),MESHWIRE_CLUSTER_PROXY_MODE=$(PROXY_MODE)) $(if $(FIREWALL),MESHWIRE_CLUSTER_FIREWALL=$(FIREWALL))
 cluster:
 	$(CLUSTER_ENV) test/cluster/cluster.sh up
@@ -244,6 +246,15 @@ cluster-network-suite:
 # containerd 2 gating the node on meshwire's CNI STATUS (RUNTIME=containerd2).
 cluster-status:
 	$(CLUSTER_SUITE) '^TestStatusGate$$'
+
+# The same pods on a fresh istio-cni cluster, then on a fresh meshwire one
+# (REDIRECT and TPROXY sidecar pods, and init-container pods run by
+# meshwire's iptables-init and Istio's pilot-agent istio-iptables): their
+# rules, read from the node, must be the same. The readings are kept in
+# $$MESHWIRE_CLUSTER_E2E_REPORT/istio-rules (ISTIO_RULES_LEGS=meshwire: a
+# meshwire cluster against the istio-cni readings stored there).
+cluster-istio-rules:
+	ISTIO_RULES_LEGS='$(ISTIO_RULES_LEGS)' $(CLUSTER_SUITE) '^TestIstioRules$$'
 
 # A node's power cut and return, and a node removed for good (NODES >= 2).
 cluster-faults:

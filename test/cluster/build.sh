@@ -21,6 +21,21 @@
 #            to images-KEY, whose key adds images.sh and the Debian
 #            packages it copies)
 #
+# build.sh istio and build.sh fortio add what the comparisons with Istio's
+# own programs run (peers.sh), each in a directory keyed by its pin, its
+# build command, the Go version (and, for images, peers.sh, rootfs.sh and
+# the Debian packages they copy), reached through a link of its name:
+#   istio-bin/    istio-cni, install-cni and pilot-agent from istio.io/istio
+#                 at ISTIO_VERSION (istio build)
+#   helm/         helm, which renders istio-cni's chart of that module
+#                 (peers.sh render; istio build)
+#   istio-images/ localhost/istio/install-cni:meshwire-test and
+#                 localhost/istio/proxyv2:meshwire-test (istio build)
+#   fortio-bin/, fortio-images/  fortio and localhost/fortio:meshwire-test
+#                 (fortio build)
+# The images directories have an index as images/ has, for the cluster's
+# import.
+#
 # build.sh critest builds only cri-tools' critest (./critest, a module of
 # its own), the images its specs run (images.sh critest) and the reference
 # CNI plugins (reference/, the control), into a cache directory of their
@@ -154,5 +169,49 @@ fi
 if [ "${1:-}" = e2e ]; then
 	step e2e go test -c -trimpath -ldflags "$ldflags" -o "$bin/e2e.test" k8s.io/kubernetes/test/e2e
 fi
+
+# ISTIO: Istio's own programs beside meshwire (see the header), and fortio.
+ISTIO_VERSION=v0.0.0-20260827124520-eed52ebb66ad # istio.io/istio: only master pseudo-versions are served (tags are refused); test/istio's goldens come from this one
+HELM_VERSION=v3.19.0   # helm.sh/helm/v3 (pairs with client-go v0.34)
+FORTIO_VERSION=v1.67.1 # fortio.org/fortio (v1.68 and newer import grol.io/grol, which the proxy does not serve)
+
+# keyed NAME EXTRA CMD...: run CMD once per key into $dir/NAME-KEY (CMD
+# names that directory @OUT@), the key being the hash of EXTRA, CMD and the
+# Go version; $dir/NAME links to it, and the other keys' are removed.
+keyed() {
+	local name=$1 extra=$2 key old; shift 2
+	key=$( { printf '%s\n' "$extra" "$*"; go version; } | sha256sum | cut -c1-16)
+	mkdir -p "$dir/$name-$key"
+	step "$name-$key" "${@//@OUT@/$dir/$name-$key}"
+	ln -sfn "$name-$key" "$dir/$name"
+	for old in "$dir/$name"-*; do
+		case $old in "$dir/$name-$key" | "$dir/$name-$key.log") ;; *) rm -rf "$old" "$dir/.done-${old##*/}" ;; esac
+	done
+}
+# The images' key: the binaries' (their link's target), the scripts that
+# make the root file systems (peers.sh's images part), the Debian packages
+# they copy.
+images_key() {
+	readlink "$dir/$1"
+	sed -n '/^# IMAGES/,/^# END IMAGES/p' peers.sh
+	cat ../../conf/kubernetes/rootfs.sh
+	dpkg-query -W iptables nftables busybox-static libc6 2>&1 || :
+}
+
+if [ "${1:-}" = istio ]; then
+	ib=istio.io/istio
+	keyed istio-bin "" env GOBIN=@OUT@ GOFLAGS= nice -n 10 go install -trimpath \
+		-ldflags "-s -w -X $ib/pkg/version.buildVersion=$ISTIO_VERSION -X $ib/pkg/version.buildGitRevision=${ISTIO_VERSION##*-} -X $ib/pkg/version.buildStatus=Clean" \
+		$ib/cni/cmd/istio-cni@$ISTIO_VERSION $ib/cni/cmd/install-cni@$ISTIO_VERSION $ib/pilot/cmd/pilot-agent@$ISTIO_VERSION
+	keyed helm "" env GOBIN=@OUT@ GOFLAGS= nice -n 10 go install -trimpath \
+		-ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" helm.sh/helm/v3/cmd/helm@$HELM_VERSION
+	keyed istio-images "$(images_key istio-bin)" ./peers.sh images istio "$dir/istio-bin" @OUT@
+fi
+
+if [ "${1:-}" = fortio ]; then
+	keyed fortio-bin "" env GOBIN=@OUT@ GOFLAGS= nice -n 10 go install -trimpath -ldflags "-s -w" fortio.org/fortio@$FORTIO_VERSION
+	keyed fortio-images "$(images_key fortio-bin)" ./peers.sh images fortio "$dir/fortio-bin" @OUT@
+fi
+# END ISTIO
 
 echo "$dir"

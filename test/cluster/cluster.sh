@@ -31,6 +31,10 @@
 #
 # MESHWIRE_CLUSTER_CNI=reference: the reference plugins v1.9.1 (bridge,
 # host-local, portmap, bandwidth, loopback) in their place, the control.
+# MESHWIRE_CLUSTER_CNI=istio-cni: Istio's istio-cni, built from the pinned
+# istio.io/istio (build.sh istio) and installed by Istio's own DaemonSet,
+# chained after the same conflist of meshwire's plugins (lib/istio.sh);
+# meshwire's DaemonSet does not run: the peer of the sidecar comparisons.
 #
 # The nodes people run (make cluster RUNTIME=... PROXY_MODE=... FIREWALL=...):
 #   MESHWIRE_CLUSTER_RUNTIME=containerd2: containerd v2.4.2 (build.sh
@@ -53,11 +57,13 @@ set -euo pipefail
 . "$lib/kube.sh"
 # shellcheck source-path=SCRIPTDIR source=lib/node.sh
 . "$lib/node.sh"
+# shellcheck source-path=SCRIPTDIR source=lib/istio.sh
+. "$lib/istio.sh"
 
 NODES=${MESHWIRE_CLUSTER_NODES:-1}
 [[ $NODES =~ ^[1-9]$ ]] || { echo "MESHWIRE_CLUSTER_NODES: 1 to 9, not '$NODES'" >&2; exit 2; }
 CNI=${MESHWIRE_CLUSTER_CNI:-meshwire}
-case $CNI in meshwire | reference) ;; *) echo "MESHWIRE_CLUSTER_CNI: meshwire or reference, not '$CNI'" >&2; exit 2 ;; esac
+case $CNI in meshwire | reference | istio-cni) ;; *) echo "MESHWIRE_CLUSTER_CNI: meshwire, reference or istio-cni, not '$CNI'" >&2; exit 2 ;; esac
 RUNTIME=${MESHWIRE_CLUSTER_RUNTIME:-containerd}
 case $RUNTIME in containerd | containerd2) ;; *) echo "MESHWIRE_CLUSTER_RUNTIME: containerd or containerd2, not '$RUNTIME'" >&2; exit 2 ;; esac
 PROXY_MODE=${MESHWIRE_CLUSTER_PROXY_MODE:-iptables}
@@ -215,7 +221,8 @@ up() {
 	local t0=$SECONDS
 	"$repo/test/deps.sh" cluster
 	bin_dir
-	[ "$CNI" = meshwire ] || "$here/build.sh" reference >/dev/null
+	[ "$CNI" != reference ] || "$here/build.sh" reference >/dev/null
+	[ "$CNI" != istio-cni ] || istio_build
 	[ "$NODES" = 1 ] || "$here/build.sh" flannel >/dev/null
 	if [ "$RUNTIME" = containerd2 ]; then
 		"$here/build.sh" containerd2 >/dev/null
@@ -265,6 +272,7 @@ up_host_node() {
 	kube_proxy_config "$STATE/config/kube-proxy.yaml" "$NODE_NAME"
 	start_containerd "$NODE_NAME" "$STATE/config/containerd.toml" "$SOCK"
 	import_image_set "$SOCK" "$CACHE/images"
+	istio_images "$SOCK"
 	[ ! -f "$STATE/images.tar" ] || "$CTR" -a "$SOCK" -n k8s.io images import --no-unpack "$STATE/images.tar" >/dev/null
 	start_kubelet "$NODE_NAME" "$NODE_IP" "$STATE/config/kubelet.yaml" "$STATE/kubelet"
 	start_kube_proxy "$NODE_NAME" "$STATE/config/kube-proxy.yaml"
@@ -276,9 +284,9 @@ up_host_node() {
 	wait_for "kube-proxy's rules" 60 kube_proxy_synced
 	"$SNAPSHOT" save "$STATE/network-before.json"
 	log "node $NODE_NAME registered, NotReady (no CNI config yet): installing $CNI"
-	install_"$CNI"
+	install_"${CNI//-/_}"
 	wait_for "node $NODE_NAME Ready" 120 node_ready "$NODE_NAME"
-	[ "$CNI" = reference ] || kc -n kube-system rollout status ds/meshwire-node --timeout=120s >&2
+	[ "$CNI" != meshwire ] || kc -n kube-system rollout status ds/meshwire-node --timeout=120s >&2
 }
 
 # up_nodes: NODES nodes in namespaces of their own, flannel between them.
@@ -314,6 +322,7 @@ up_nodes() {
 			wait_for "intercept chained into $N's conflist" 60 grep -q '"intercept"' "$ND/fs/etc/cni/net.d/10-flannel.conflist"
 		done
 	fi
+	[ "$CNI" != istio-cni ] || install_istio_cni
 }
 
 # write_description: $STATE/cluster.json, what the suites (suites/) know
@@ -348,16 +357,18 @@ env_lines() {
 
 # ------------------------------------------------------------------- down
 
-# drain: delete every pod (meshwire's last, so that the plugins it
-# configured run DEL for the others) and wait until kubelet has stopped
-# their sandboxes, which runs the CNI DEL. Fails when any of it does not
-# happen: what the plugins left can then not be judged.
+# drain: delete every pod (the network's DaemonSet's last, meshwire's or
+# istio-cni's, so that the plugins it configured run DEL for the others)
+# and wait until kubelet has stopped their sandboxes, which runs the CNI
+# DEL. Fails when any of it does not happen: what the plugins left can
+# then not be judged.
 drain() {
 	kc get --raw /readyz >/dev/null 2>&1 || { log "apiserver not answering: no drain"; return 1; }
 	log "draining the node(s)"
-	local ns
+	local ns keep=kube-system
+	[ "$CNI" != istio-cni ] || keep=$ISTIO_NS
 	for ns in $(kc get ns -o jsonpath='{.items[*].metadata.name}'); do
-		case $ns in default | kube-system | kube-public | kube-node-lease) ;;
+		case $ns in default | kube-system | kube-public | kube-node-lease | "$keep") ;;
 		*) kc delete ns "$ns" --wait=false >/dev/null ;;
 		esac
 	done
@@ -366,8 +377,9 @@ drain() {
 		kc -n "$ns" delete ds -l 'app.kubernetes.io/name!=meshwire' --ignore-not-found >/dev/null 2>&1 || true
 		kc -n "$ns" delete pod -l 'app.kubernetes.io/name!=meshwire' --wait=false >/dev/null 2>&1 || true
 	done
-	wait_for "pods other than meshwire's gone" 180 only_meshwire_left || return 1
+	wait_for "pods other than the network's gone" 180 only_network_left || return 1
 	kc -n kube-system delete ds meshwire-node --ignore-not-found >/dev/null 2>&1 || true
+	[ "$CNI" != istio-cni ] || istio_drain || return 1
 	wait_for "every pod gone" 60 no_pods || return 1
 	wait_for "every sandbox stopped" 60 no_ready_sandbox || return 1
 	# Deleting the DaemonSet took back what its installer wrote.
@@ -384,8 +396,10 @@ drain() {
 	fi
 }
 
-only_meshwire_left() {
-	[ -z "$(kc get pods -A -o jsonpath='{range .items[*]}{.metadata.labels.app\.kubernetes\.io/name}{"|"}{.metadata.name}{"\n"}{end}' | grep -v '^meshwire|')" ]
+# only_network_left: no pod left but the network's DaemonSet's (meshwire's,
+# istio-cni's).
+only_network_left() {
+	[ -z "$(kc get pods -A -o jsonpath='{range .items[*]}{.metadata.labels.app\.kubernetes\.io/name}{"|"}{.metadata.name}{"\n"}{end}' | grep -Ev "^(meshwire|$ISTIO_APP)\|")" ]
 }
 no_pods() { [ -z "$(kc get pods -A -o name)" ]; }
 # no_ready_sandbox: ctr lists the sandboxes' pause tasks of every node:

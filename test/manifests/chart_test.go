@@ -43,11 +43,17 @@ const (
 // values.schema.json, the templates rendered, the manifests in helm's
 // install order, each after its "# Source:" line.
 func render(values map[string]any) (string, error) {
-	ch, err := loader.Load(chartDir)
+	return renderChart(chartDir, release, namespace, values)
+}
+
+// renderChart is render for any chart: the one in dir, as release name in
+// namespace ns.
+func renderChart(dir, name, ns string, values map[string]any) (string, error) {
+	ch, err := loader.Load(dir)
 	if err != nil {
 		return "", err
 	}
-	opts := chartutil.ReleaseOptions{Name: release, Namespace: namespace, Revision: 1, IsInstall: true}
+	opts := chartutil.ReleaseOptions{Name: name, Namespace: ns, Revision: 1, IsInstall: true}
 	vals, err := chartutil.ToRenderValues(ch, values, opts, chartutil.DefaultCapabilities)
 	if err != nil {
 		return "", err
@@ -56,9 +62,9 @@ func render(values map[string]any) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	for name := range files {
-		if path.Base(name) == "NOTES.txt" {
-			delete(files, name)
+	for f := range files {
+		if path.Base(f) == "NOTES.txt" {
+			delete(files, f)
 		}
 	}
 	_, manifests, err := releaseutil.SortManifests(files, nil, releaseutil.InstallOrder)

@@ -17,7 +17,7 @@ net.netfilter.nf_conntrack_tcp_timeout_established net.netfilter.nf_conntrack_tc
 # directory, and the mount points of the nodes' own directories (node.sh):
 # removed at down when they did not exist at up (the shared ones only when
 # empty: other users of this machine may have put things there meanwhile).
-NEW_TREES="/var/log/pods /var/log/containers /var/lib/kubelet" # kubelet: container logs, device-plugins socket
+NEW_TREES="/var/log/pods /var/log/containers /var/lib/kubelet /run/istio-cni" # kubelet: container logs, device-plugins socket; istio-cni's sockets (lib/istio.sh)
 NEW_DIRS="/run/containerd/s /run/containerd /var/lib/cni/results /var/lib/cni/networks /var/lib/cni/meshwire/fastpath /var/lib/cni/meshwire/intercept /var/lib/cni/meshwire/pods /var/lib/cni/meshwire/ambient/enrolled /var/lib/cni/meshwire/ambient /var/lib/cni/meshwire /var/lib/cni /run/ztunnel
 /etc/cni/net.d /etc/cni /opt/cni/bin /opt/cni /var/log/meshwire"
 

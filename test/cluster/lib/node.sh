@@ -106,6 +106,7 @@ node_start() {
 	node "$1"
 	start_containerd "$N" "$ND/config/containerd.toml" "$NSOCK" "${NX[@]}"
 	import_image_set "$NSOCK" "$CACHE/images"
+	istio_images "$NSOCK"
 	[ ! -f "$STATE/images.tar" ] || "$CTR" -a "$NSOCK" -n k8s.io images import --no-unpack "$STATE/images.tar" >/dev/null
 	start_kubelet "$N" "$NIP" "$ND/config/kubelet.yaml" /var/lib/kubelet "${NX[@]}"
 	start_kube_proxy "$N" "$ND/config/kube-proxy.yaml" "${NX[@]}"
@@ -245,12 +246,12 @@ EOF
 
 # node_cni NAME: the node's CNI binaries (the base plugins of the network
 # kind: meshwire's, installed with make install as a distribution would
-# ship them, or the reference v1.9.1's; flannel's plugin v0.9.1) and
-# flannel's conflist.
+# ship them, also under istio-cni, or the reference v1.9.1's; flannel's
+# plugin v0.9.1) and flannel's conflist.
 node_cni() {
 	node "$1"
 	local bin=$ND/fs/opt/cni/bin p
-	if [ "$CNI" = meshwire ]; then
+	if [ "$CNI" != reference ]; then
 		make -s -C "$repo" install CNI_BIN_DIR="$bin" BINDIR="$ND/fs/usr/local/bin" >/dev/null
 	else
 		for p in bridge host-local portmap bandwidth loopback; do install -m 0755 "$CACHE/reference/$p" "$bin/$p"; done

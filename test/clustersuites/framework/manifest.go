@@ -53,3 +53,13 @@ func (c *Cluster) Placement() (a, b string) {
 	}
 	return a, b
 }
+
+// IstioInitArgs are the arguments Istio's sidecar injector gives the
+// istio-init container with its default values (istio.io/istio's
+// injection-template.yaml), for mode REDIRECT or TPROXY, after
+// pilot-agent's subcommand istio-iptables (meshwire's iptables-init takes
+// the same flags without it).
+func IstioInitArgs(mode string) []string {
+	return []string{"-p", "15001", "-z", "15006", "-u", "1337", "-m", mode, "-i", "*", "-x", "", "-b", "*",
+		"-d", "15090,15021,15020", "--log_output_level=default:info"}
+}
