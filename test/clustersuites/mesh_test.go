@@ -72,6 +72,24 @@ func TestMesh(t *testing.T) {
 			framework.Require(t, name+" Ready", err)
 		}
 	}
+	// The callers' node serves each Service (its kube-proxy has the
+	// Service's rules, endpoints included) before any traffic starts: on
+	// several nodes the endpoints reach each node's kube-proxy on its own
+	// time, and a first request before that fails (seen on two nodes:
+	// the first request timed out, long's nc exited).
+	callerNode, err := c.Node(callers)
+	framework.Require(t, "the callers' node", err)
+	for _, m := range meshModes {
+		framework.Eventually(t, "the callers' node serves Service app-"+m, time.Minute, func() error {
+			svc, err := c.Client.CoreV1().Services(meshNS).Get(ctx, "app-"+m, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			addr := net.JoinHostPort(callerNode.IP, strconv.Itoa(int(nodePort(svc, "http"))))
+			_, err = hostGet("http://" + addr + "/clientip")
+			return err
+		})
+	}
 	apply(t, ctx, c, "mesh-clients.yaml", map[string]string{"NODE": callers})
 	for _, p := range []string{"client", "long"} {
 		framework.Require(t, p+" Ready", framework.Poll(2*time.Minute, podReady(ctx, c, meshNS, p)))
