@@ -70,7 +70,7 @@ dir=$CACHE_ROOT/k8s-$K8S_VERSION-$key
 bin=$dir/bin
 # The images have a key of their own (the binaries', images.sh, the Debian
 # packages they copy): $dir/images links to the current ones.
-ikey=$( { echo "$key"; cat images.sh; dpkg-query -W busybox-static curl wget netcat-openbsd bind9-dnsutils iproute2 bash libc-bin conntrack 2>&1 || :; } | sha256sum | cut -c1-16)
+ikey=$( { echo "$key"; cat images.sh lib/image.sh; dpkg-query -W busybox-static curl wget netcat-openbsd bind9-dnsutils iproute2 bash libc-bin conntrack 2>&1 || :; } | sha256sum | cut -c1-16)
 images=$dir/images-$ikey
 
 log() { printf '%s build.sh: %s\n' "$(date -u +%T)" "$*" >&2; }
@@ -194,6 +194,7 @@ keyed() {
 images_key() {
 	readlink "$dir/$1"
 	sed -n '/^# IMAGES/,/^# END IMAGES/p' peers.sh
+	cat lib/image.sh
 	cat ../../conf/kubernetes/rootfs.sh
 	dpkg-query -W iptables nftables busybox-static libc6 2>&1 || :
 }

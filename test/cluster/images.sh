@@ -20,11 +20,8 @@ AGNHOST_TOOLS="/usr/bin/curl /usr/bin/wget /usr/bin/nc /usr/bin/dig /usr/sbin/ip
 
 work=$(mktemp -d /tmp/mwk-images.XXXXXX)
 trap 'rm -rf "$work"' EXIT
-podman() {
-	command podman --root "$work/store/root" --runroot "$work/store/run" \
-		--tmpdir "$work/store/tmp" --storage-driver vfs --events-backend none \
-		--cgroup-manager cgroupfs "$@"
-}
+# shellcheck source=lib/image.sh
+. "$(dirname "$0")/lib/image.sh"
 
 # rootfs DIR [busybox]: an empty root file system, or busybox with a link
 # per applet, /etc/passwd and /etc/group (root, nobody) and a sticky /tmp.
@@ -59,18 +56,6 @@ with_libs() {
 			[ -e "$root$lib" ] || cp --parents -L "$lib" "$root/"
 		done
 	done
-}
-
-# image NAME FILE DIR CHANGE...: import DIR as NAME, save it as OUT/FILE.tar.
-image() {
-	local name=$1 file=$2 d=$3; shift 3
-	local changes=()
-	for c in "$@"; do changes+=(--change "$c"); done
-	tar -C "$d" --numeric-owner --owner=0 --group=0 -cf "$work/$file-rootfs.tar" .
-	podman import --quiet "${changes[@]}" "$work/$file-rootfs.tar" "$name" >/dev/null
-	rm -f "$out/$file.tar"
-	podman save --quiet --format docker-archive -o "$out/$file.tar" "$name"
-	echo "$name $file.tar" >>"$out/index.new"
 }
 
 # busybox_image NAME: Debian's busybox-static as the e2e suite's busybox.

@@ -52,23 +52,8 @@ FORTIO_IMAGE=localhost/fortio:meshwire-test
 # ------------------------------------------------------------------ images
 # IMAGES: what decides the images (build.sh keys them on this part).
 
-podman_store() {
-	command podman --root "$work/store/root" --runroot "$work/store/run" \
-		--tmpdir "$work/store/tmp" --storage-driver vfs --events-backend none \
-		--cgroup-manager cgroupfs "$@"
-}
-
-# image NAME FILE DIR CHANGE...: import DIR as NAME, save it as OUT/FILE.tar.
-image() {
-	local name=$1 file=$2 d=$3; shift 3
-	local changes=() c
-	for c in "$@"; do changes+=(--change "$c"); done
-	tar -C "$d" --numeric-owner --owner=0 --group=0 -cf "$work/$file-rootfs.tar" .
-	podman_store import --quiet "${changes[@]}" "$work/$file-rootfs.tar" "$name" >/dev/null
-	rm -f "$out/$file.tar"
-	podman_store save --quiet --format docker-archive -o "$out/$file.tar" "$name"
-	echo "$name $file.tar" >>"$out/index.new"
-}
+# shellcheck source=lib/image.sh
+. "$here/lib/image.sh"
 
 # iptables_rootfs DIR BIN...: meshwire's image's root file system (the
 # iptables and nftables tools, busybox, the istio-proxy user) with BIN in
