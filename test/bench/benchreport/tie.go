@@ -23,9 +23,7 @@ import (
 // was kept (docs/bench/ came after them). Their blocks are not verified;
 // an entry no document names any more is refused (TestUntiedRunsNamed),
 // so the list empties as stated runs replace them.
-var untied = map[string]string{
-	"3ff1ee7": "the run of 2026-11-28, whose output was not kept",
-}
+var untied = map[string]string{}
 
 // readRun parses the output in path, plain or gzip-compressed, of a run
 // that finished; to publish, of a clean tree.
