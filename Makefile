@@ -256,6 +256,12 @@ cluster-status:
 cluster-istio-rules:
 	ISTIO_RULES_LEGS='$(ISTIO_RULES_LEGS)' $(CLUSTER_SUITE) '^TestIstioRules$$'
 
+# kube-apiserver stopped for 60 s as kubelet starts 10 sidecar pods'
+# sandboxes, on a fresh one-node cluster per network (APIAWAY_LEGS,
+# "meshwire istio-cni"): who gets its network while the API server is away.
+cluster-apiserver-away:
+	APIAWAY_LEGS='$(APIAWAY_LEGS)' $(CLUSTER_SUITE) '^TestAPIServerAway$$'
+
 # A node's power cut and return, and a node removed for good (NODES >= 2).
 cluster-faults:
 	$(CLUSTER_SUITE) '^TestNodeFaults$$'

@@ -18,6 +18,8 @@
 #   status  the processes, the nodes and the pods
 #   node kill|boot|remove NAME   a node's power cut, its power-on after
 #           one, its removal for good (multi-node only)
+#   control stop|start NAME   stop a control-plane process (kube-apiserver,
+#           ...), or start it again as it was started (an API outage)
 #
 # MESHWIRE_CLUSTER_NODES (make cluster NODES=N), 1 by default: one node on
 # the host itself, its pods on the bridge mwk0, whose CNI config meshwire's
@@ -334,15 +336,15 @@ write_description() {
 		printf '{"state":"%s","bin":"%s","repo":"%s","kubeconfig":"%s","cni":"%s","runtime":"%s","proxyMode":"%s","firewall":"%s","podCIDR":"%s","serviceCIDR":"%s","apiIP":"%s","nodes":[' \
 			"$STATE" "$BIN" "$repo" "$ADMIN" "$CNI" "$RUNTIME" "$PROXY_MODE" "$FIREWALL" "$POD_CIDR" "$SERVICE_CIDR" "$API_IP"
 		if [ "$NODES" = 1 ]; then
-			printf '{"name":"%s","ip":"%s","pluginLog":"%s","varLibCNI":"/var/lib/cni","enter":[]}' \
-				"$NODE_NAME" "$NODE_IP" "$STATE/meshwire/log/cni.log"
+			printf '{"name":"%s","ip":"%s","pluginLog":"%s","varLibCNI":"/var/lib/cni","criSocket":"%s","runtimeLog":"%s","enter":[]}' \
+				"$NODE_NAME" "$NODE_IP" "$STATE/meshwire/log/cni.log" "$SOCK" "$LOGS/containerd.log"
 		else
 			for name in $(node_names); do
 				node "$name"
 				[ "$first" = 1 ] || printf ','
 				first=0
-				printf '{"name":"%s","ip":"%s","dir":"%s","pluginLog":"%s","varLibCNI":"%s","enter":["%s","enter","%s"]}' \
-					"$N" "$NIP" "$ND" "$ND/fs/var/log/meshwire/cni.log" "$ND/fs/var/lib/cni" "$lib/nodens.sh" "$ND"
+				printf '{"name":"%s","ip":"%s","dir":"%s","pluginLog":"%s","varLibCNI":"%s","criSocket":"%s","runtimeLog":"%s","enter":["%s","enter","%s"]}' \
+					"$N" "$NIP" "$ND" "$ND/fs/var/log/meshwire/cni.log" "$ND/fs/var/lib/cni" "$NSOCK" "$LOGS/$N.containerd.log" "$lib/nodens.sh" "$ND"
 			done
 		fi
 		printf ']}\n'
@@ -535,6 +537,24 @@ node_command() {
 	esac
 }
 
+# control_command stop|start NAME: stop one of the control plane's
+# processes, or start it again with the command it was started with
+# (TestAPIServerAway's outage of kube-apiserver).
+control_command() {
+	local verb=${1:-} name=${2:-}
+	case " $CONTROL " in *" $name "*) ;; *) die "control: one of $CONTROL, not '$name'" ;; esac
+	[ "$name" != kernel-test-lock ] || die "control: the kernel tests' lock goes with down only"
+	[ -f "$RUN/$name.cmd" ] || die "control: $name was never started"
+	case $verb in
+	stop) stop "$name" ;;
+	start)
+		if alive "$name"; then die "control: $name is running"; fi
+		eval "start $name $(cat "$RUN/$name.cmd")"
+		;;
+	*) die "control: stop or start, not '$verb'" ;;
+	esac
+}
+
 status() {
 	local c name
 	for c in $CONTROL $HOST_NODE; do
@@ -559,7 +579,8 @@ main() {
 	env) bin_dir; env_lines ;;
 	status) status ;;
 	node) shift; node_command "$@" ;;
-	*) echo "usage: $0 up|down|env|status|node kill|boot|remove NAME" >&2; exit 2 ;;
+	control) shift; control_command "$@" ;;
+	*) echo "usage: $0 up|down|env|status|node kill|boot|remove NAME|control stop|start NAME" >&2; exit 2 ;;
 	esac
 }
 

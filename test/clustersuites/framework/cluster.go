@@ -47,6 +47,10 @@ type Node struct {
 	PluginLog string `json:"pluginLog"`
 	// VarLibCNI is where the host sees the node's /var/lib/cni.
 	VarLibCNI string `json:"varLibCNI"`
+	// CRISocket is the node's containerd socket, as the host sees it.
+	CRISocket string `json:"criSocket"`
+	// RuntimeLog is the node's containerd log.
+	RuntimeLog string `json:"runtimeLog"`
 	// Enter is the command prefix that runs a command in the node's
 	// namespaces (empty on the host's node).
 	Enter []string `json:"enter"`
@@ -120,6 +124,16 @@ func (c *Cluster) Node(name string) (Node, error) {
 
 // Script is cluster.sh, for the suites that take clusters up and down.
 func (c *Cluster) Script() string { return ScriptPath(c.Repo) }
+
+// Control stops (verb "stop") or starts again ("start") one of the
+// control plane's processes, such as kube-apiserver (cluster.sh control).
+func (c *Cluster) Control(verb, name string) error {
+	out, err := exec.Command(c.Script(), "control", verb, name).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("cluster.sh control %s %s: %v: %s", verb, name, err, out)
+	}
+	return nil
+}
 
 // ScriptPath is cluster.sh in the repository at repo.
 func ScriptPath(repo string) string { return filepath.Join(repo, "test", "cluster", "cluster.sh") }

@@ -62,14 +62,20 @@ func (c *Cluster) PodRules(ctx context.Context, pod *corev1.Pod) (string, error)
 	if err != nil {
 		return "", err
 	}
-	out, err := n.Command("sh", "-c", podNetnsScript, "sh", pod.Status.PodIP).Output()
+	return n.RulesAt(pod.Status.PodIP)
+}
+
+// RulesAt reads, as PodRules does, the rules of the sandbox on node n
+// whose eth0 holds ip: without the API server.
+func (n Node) RulesAt(ip string) (string, error) {
+	out, err := n.Command("sh", "-c", podNetnsScript, "sh", ip).Output()
 	if err != nil {
-		return "", fmt.Errorf("pod %s/%s's network namespace on %s: %w%s", pod.Namespace, pod.Name, n.Name, err, stderr(err))
+		return "", fmt.Errorf("the network namespace of %s on %s: %w%s", ip, n.Name, err, stderr(err))
 	}
 	netns := strings.TrimSpace(string(out))
 	out, err = n.Command("sh", "-c", rulesScript, "sh", netns).Output()
 	if err != nil {
-		return "", fmt.Errorf("the rules of pod %s/%s (%s on %s): %w%s", pod.Namespace, pod.Name, netns, n.Name, err, stderr(err))
+		return "", fmt.Errorf("the rules of %s (%s on %s): %w%s", ip, netns, n.Name, err, stderr(err))
 	}
 	return NormalizeRules(string(out)), nil
 }
