@@ -149,6 +149,7 @@ func readIstioRules(t *testing.T, c *framework.Cluster, dir string) {
 		}
 		pods[name] = &ps[0]
 	}
+	logInitTimes(t, c.CNI, names, pods)
 	for _, name := range names {
 		p := pods[name]
 		if p == nil {
@@ -233,4 +234,30 @@ func compareIstioRules(t *testing.T) {
 	}
 	sort.Strings(files)
 	t.Logf("the readings: %s", strings.Join(files, " "))
+}
+
+// logInitTimes logs, for each pod with an istio-init, how long that init
+// container ran and the pod's start (created to Ready), at the API's
+// resolution of a second: meshwire's iptables-init beside Istio's
+// istio-iptables.
+func logInitTimes(t *testing.T, network string, names []string, pods map[string]*corev1.Pod) {
+	for _, name := range names {
+		p := pods[name]
+		if p == nil || !strings.HasPrefix(name, "init-") {
+			continue
+		}
+		run := "?"
+		for _, s := range p.Status.InitContainerStatuses {
+			if term := s.State.Terminated; s.Name == "istio-init" && term != nil {
+				run = fmt.Sprintf("%.0f s", term.FinishedAt.Sub(term.StartedAt.Time).Seconds())
+			}
+		}
+		start := "?"
+		for _, cond := range p.Status.Conditions {
+			if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue {
+				start = fmt.Sprintf("%.0f s", cond.LastTransitionTime.Sub(p.CreationTimestamp.Time).Seconds())
+			}
+		}
+		t.Logf("%s: %s: istio-init ran %s, the pod created to Ready %s (a second's resolution)", network, name, run, start)
+	}
 }
