@@ -79,8 +79,9 @@ func TestPodStartCompare(t *testing.T) {
 		framework.Check(t, name+": cluster down, its leak checks passed", life.Down(name))
 	}
 	table, err := framework.ComparePodStart("meshwire", all["meshwire"], "reference v1.9.1", all["reference"], podStartTargets)
-	text := fmt.Sprintf("pod start, %s, %d node(s), %d legs (%s)\n\n%s\neach cluster's p50: %s\n",
-		time.Now().UTC().Format("2006-01-02"), clusterNodes(), legs, strings.Join(order[:min(legs, len(order))], ", "), table, strings.Join(medians, ", "))
+	text := fmt.Sprintf("pod start, %s, %d node(s), %d legs (%s)\n\n%s\neach cluster's p50: %s\n\n%s",
+		time.Now().UTC().Format("2006-01-02"), clusterNodes(), legs, strings.Join(order[:min(legs, len(order))], ", "), table, strings.Join(medians, ", "),
+		framework.CompareCPU("meshwire", all["meshwire"], "reference v1.9.1", all["reference"]))
 	_ = os.WriteFile(reportDir("podstart", "summary.txt"), []byte(text), 0o644)
 	t.Log("\n" + text)
 	framework.Check(t, "pod start within its targets against the control", err)

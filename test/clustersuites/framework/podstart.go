@@ -22,12 +22,16 @@ type PodStartResult struct {
 	Rounds  int       `json:"rounds"`
 	StartMS []float64 `json:"start_ms"`
 	DeleteS []float64 `json:"delete_s"`
+	// CPU is each round's CPU time, from the creates to the last pod
+	// Ready, in seconds by component (SampleCPU).
+	CPU []map[string]float64 `json:"cpu_s,omitempty"`
 }
 
 // Add puts r's pods and rounds together with p's.
 func (p PodStartResult) Add(r PodStartResult) PodStartResult {
 	return PodStartResult{Pods: r.Pods, Rounds: p.Rounds + r.Rounds,
-		StartMS: append(slices.Clone(p.StartMS), r.StartMS...), DeleteS: append(slices.Clone(p.DeleteS), r.DeleteS...)}
+		StartMS: append(slices.Clone(p.StartMS), r.StartMS...), DeleteS: append(slices.Clone(p.DeleteS), r.DeleteS...),
+		CPU: append(slices.Clone(p.CPU), r.CPU...)}
 }
 
 // PodStartNS is the namespace pod-start runs use.
@@ -55,14 +59,15 @@ func PodStart(ctx context.Context, cs kubernetes.Interface, pods, rounds int, im
 	}
 	res := PodStartResult{Pods: pods, Rounds: rounds}
 	for r := 1; r <= rounds; r++ {
-		start, del, err := podStartRound(ctx, cs, r, pods, image)
+		start, cpu, del, err := podStartRound(ctx, cs, r, pods, image)
 		if err != nil {
 			return res, fmt.Errorf("round %d: %w", r, err)
 		}
 		res.StartMS = append(res.StartMS, start...)
 		res.DeleteS = append(res.DeleteS, del.Seconds())
-		logf("round %d: %d pods, create to Ready p50 %.0f ms, p99 %.0f ms; all deleted in %.1f s",
-			r, pods, Percentile(start, 50), Percentile(start, 99), del.Seconds())
+		res.CPU = append(res.CPU, cpu)
+		logf("round %d: %d pods, create to Ready p50 %.0f ms, p99 %.0f ms; all deleted in %.1f s; CPU until the last Ready: %s",
+			r, pods, Percentile(start, 50), Percentile(start, 99), del.Seconds(), CPULine(cpu))
 	}
 	return res, nil
 }
@@ -73,16 +78,17 @@ const maxReopen = 5
 // grace is the pods' termination grace period: pause exits on SIGTERM.
 var grace = int64(1)
 
-func podStartRound(ctx context.Context, cs kubernetes.Interface, r, n int, image string) ([]float64, time.Duration, error) {
+func podStartRound(ctx context.Context, cs kubernetes.Interface, r, n int, image string) ([]float64, map[string]float64, time.Duration, error) {
 	label := fmt.Sprintf("round-%d", r)
 	sel := "podstart=" + label
 	w, err := cs.CoreV1().Pods(PodStartNS).Watch(ctx, metav1.ListOptions{LabelSelector: sel})
 	if err != nil {
-		return nil, 0, err
+		return nil, nil, 0, err
 	}
 	defer w.Stop()
 	var mu sync.Mutex
 	created := map[string]time.Time{}
+	cpu0 := SampleCPU()
 	errs := make(chan error, n)
 	var wg sync.WaitGroup
 	for i := 0; i < n; i++ {
@@ -110,7 +116,7 @@ func podStartRound(ctx context.Context, cs kubernetes.Interface, r, n int, image
 	wg.Wait()
 	close(errs)
 	if err := <-errs; err != nil {
-		return nil, 0, err
+		return nil, nil, 0, err
 	}
 	ready := map[string]time.Duration{}
 	seen := func(pod *corev1.Pod) {
@@ -132,17 +138,17 @@ func podStartRound(ctx context.Context, cs kubernetes.Interface, r, n int, image
 				// happened meanwhile and watch again from there. Pods the
 				// list finds Ready are timed at the list, a little late.
 				if reopened++; reopened > maxReopen {
-					return nil, 0, fmt.Errorf("watch closed %d times, %d of %d pods Ready", reopened, len(ready), n)
+					return nil, nil, 0, fmt.Errorf("watch closed %d times, %d of %d pods Ready", reopened, len(ready), n)
 				}
 				l, err := cs.CoreV1().Pods(PodStartNS).List(ctx, metav1.ListOptions{LabelSelector: sel})
 				if err != nil {
-					return nil, 0, fmt.Errorf("watch closed, then: %w", err)
+					return nil, nil, 0, fmt.Errorf("watch closed, then: %w", err)
 				}
 				for i := range l.Items {
 					seen(&l.Items[i])
 				}
 				if w, err = cs.CoreV1().Pods(PodStartNS).Watch(ctx, metav1.ListOptions{LabelSelector: sel, ResourceVersion: l.ResourceVersion}); err != nil {
-					return nil, 0, fmt.Errorf("watch closed, then: %w", err)
+					return nil, nil, 0, fmt.Errorf("watch closed, then: %w", err)
 				}
 				defer w.Stop()
 				continue
@@ -151,12 +157,13 @@ func podStartRound(ctx context.Context, cs kubernetes.Interface, r, n int, image
 				seen(pod)
 			}
 		case <-timeout:
-			return nil, 0, fmt.Errorf("%d of %d pods Ready after 5 minutes", len(ready), n)
+			return nil, nil, 0, fmt.Errorf("%d of %d pods Ready after 5 minutes", len(ready), n)
 		}
 	}
 	if reopened > 0 {
 		fmt.Fprintf(os.Stderr, "pod start, round %d: the watch was opened again %d time(s)\n", r, reopened)
 	}
+	cpu := CPUDelta(cpu0, SampleCPU())
 	var ms []float64
 	for _, d := range ready {
 		ms = append(ms, float64(d.Microseconds())/1000)
@@ -165,7 +172,7 @@ func podStartRound(ctx context.Context, cs kubernetes.Interface, r, n int, image
 	// has stopped it, its sandbox with it (the CNI DEL).
 	t0 := time.Now()
 	if err := cs.CoreV1().Pods(PodStartNS).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: sel}); err != nil {
-		return nil, 0, err
+		return nil, nil, 0, err
 	}
 	err = Poll(5*time.Minute, func() error {
 		l, err := cs.CoreV1().Pods(PodStartNS).List(ctx, metav1.ListOptions{LabelSelector: sel})
@@ -177,7 +184,7 @@ func podStartRound(ctx context.Context, cs kubernetes.Interface, r, n int, image
 		}
 		return nil
 	})
-	return ms, time.Since(t0), err
+	return ms, cpu, time.Since(t0), err
 }
 
 // Percentile is the nearest-rank percentile of xs.
