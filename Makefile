@@ -182,11 +182,14 @@ image: build
 # (MESHWIRE_CLUSTER_CNI) starts it on the reference plugins v1.9.1 (the
 # control); CNI=istio-cni on Istio's istio-cni, chained by Istio's own
 # DaemonSet after meshwire's bridge and host-local (test/cluster/lib/istio.sh).
-# RUNTIME=containerd2, PROXY_MODE=nftables, FIREWALL=iptables|nftables:
-# the cluster's other shapes (test/cluster/cluster.sh's header).
+# RUNTIME=containerd2, PROXY_MODE=nftables, FIREWALL=iptables|nftables,
+# INSTALL=helm (NODES >= 2: meshwire by helm install of conf/helm/meshwire,
+# helm upgrade in cluster-mesh, helm uninstall at cluster-down): the
+# cluster's other shapes (test/cluster/cluster.sh's header).
 NODES ?= 1
 CLUSTER_ENV = MESHWIRE_CLUSTER_NODES=$(NODES) $(if $(CNI),MESHWIRE_CLUSTER_CNI=$(CNI)) $(if $(RUNTIME),MESHWIRE_CLUSTER_RUNTIME=$(RUNTIME)) \
-	$(if $(PROXY_MODE),MESHWIRE_CLUSTER_PROXY_MODE=$(PROXY_MODE)) $(if $(FIREWALL),MESHWIRE_CLUSTER_FIREWALL=$(FIREWALL))
+	$(if $(PROXY_MODE),MESHWIRE_CLUSTER_PROXY_MODE=$(PROXY_MODE)) $(if $(FIREWALL),MESHWIRE_CLUSTER_FIREWALL=$(FIREWALL)) \
+	$(if $(INSTALL),MESHWIRE_CLUSTER_INSTALL=$(INSTALL))
 cluster:
 	$(CLUSTER_ENV) test/cluster/cluster.sh up
 

@@ -33,6 +33,10 @@ type Options struct {
 	Chain           bool   // chain into the primary config instead of writing OwnConflist
 	Once            bool   // apply once and return, instead of watching
 	CleanupOnExit   bool   // when ctx ends, take back the config change
+	// KeepOnExit, when set, is asked when ctx ends, before CleanupOnExit
+	// takes the change back: true keeps it (this installer is being
+	// replaced, and the next one takes the config over).
+	KeepOnExit      func() bool
 	DefaultConflist []byte // OwnConflist's contents (without Chain)
 	// PodCIDRs, Intercept and CNIVersion change OwnConflist (without Chain): see
 	// OwnOptions.
@@ -169,6 +173,10 @@ func (in *Installer) Run(ctx context.Context) error {
 	in.Watch(ctx)
 	if !in.o.CleanupOnExit {
 		slog.Info("stopping; the plugins and the config stay in place")
+		return nil
+	}
+	if in.o.KeepOnExit != nil && in.o.KeepOnExit() {
+		slog.Info("stopping; the plugins and the config stay in place for the installer that replaces this one")
 		return nil
 	}
 	return in.Cleanup()

@@ -444,3 +444,27 @@ func TestState(t *testing.T) {
 		t.Fatalf("after Apply: %+v", st)
 	}
 }
+
+// TestKeepOnExit: with CleanupOnExit, a KeepOnExit that answers true (an
+// update: the agent's DaemonSet stays) leaves the chained config in place;
+// false takes it back.
+func TestKeepOnExit(t *testing.T) {
+	for _, keep := range []bool{true, false} {
+		n := newNode(t, true, "10-calico.conflist")
+		o := n.options()
+		o.Once, o.CleanupOnExit, o.Resync = false, true, time.Hour
+		asked := false
+		o.KeepOnExit = func() bool { asked = true; return keep }
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- run(ctx, o) }()
+		waitFor(t, "the chaining", func() bool { b, _ := os.ReadFile(filepath.Join(n.conf, "10-calico.conflist")); return HasMarker(b) })
+		cancel()
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+		if chained := HasMarker(n.read("10-calico.conflist")); !asked || chained != keep {
+			t.Errorf("keep %v: asked %v, still chained %v", keep, asked, chained)
+		}
+	}
+}

@@ -21,14 +21,15 @@
 #            to images-KEY, whose key adds images.sh and the Debian
 #            packages it copies)
 #
-# build.sh istio and build.sh fortio add what the comparisons with Istio's
+# build.sh istio, build.sh helm and build.sh fortio add what the comparisons with Istio's
 # own programs run (peers.sh), each in a directory keyed by its pin, its
 # build command, the Go version (and, for images, peers.sh, rootfs.sh and
 # the Debian packages they copy), reached through a link of its name:
 #   istio-bin/    istio-cni, install-cni and pilot-agent from istio.io/istio
 #                 at ISTIO_VERSION (istio build)
 #   helm/         helm, which renders istio-cni's chart of that module
-#                 (peers.sh render; istio build)
+#                 (peers.sh render) and installs meshwire's (cluster.sh's
+#                 INSTALL=helm) (istio or helm build)
 #   istio-images/ localhost/istio/install-cni:meshwire-test and
 #                 localhost/istio/proxyv2:meshwire-test (istio build)
 #   fortio-bin/, fortio-images/  fortio and localhost/fortio:meshwire-test
@@ -199,13 +200,18 @@ images_key() {
 	dpkg-query -W iptables nftables busybox-static libc6 2>&1 || :
 }
 
+# helm: istio's chart's renderer, and meshwire's own chart's installer
+# (cluster.sh's INSTALL=helm).
+if [ "${1:-}" = istio ] || [ "${1:-}" = helm ]; then
+	keyed helm "" env GOBIN=@OUT@ GOFLAGS= nice -n 10 go install -trimpath \
+		-ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" helm.sh/helm/v3/cmd/helm@$HELM_VERSION
+fi
+
 if [ "${1:-}" = istio ]; then
 	ib=istio.io/istio
 	keyed istio-bin "" env GOBIN=@OUT@ GOFLAGS= nice -n 10 go install -trimpath \
 		-ldflags "-s -w -X $ib/pkg/version.buildVersion=$ISTIO_VERSION -X $ib/pkg/version.buildGitRevision=${ISTIO_VERSION##*-} -X $ib/pkg/version.buildStatus=Clean" \
 		$ib/cni/cmd/istio-cni@$ISTIO_VERSION $ib/cni/cmd/install-cni@$ISTIO_VERSION $ib/pilot/cmd/pilot-agent@$ISTIO_VERSION
-	keyed helm "" env GOBIN=@OUT@ GOFLAGS= nice -n 10 go install -trimpath \
-		-ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" helm.sh/helm/v3/cmd/helm@$HELM_VERSION
 	keyed istio-images "$(images_key istio-bin)" ./peers.sh images istio "$dir/istio-bin" @OUT@
 fi
 

@@ -46,6 +46,12 @@
 #   MESHWIRE_CLUSTER_FIREWALL=iptables|nftables: on one node, meshwire's
 #     plugins (bridge's masquerade, portmap, intercept) forced to that
 #     firewall backend instead of the one detected on the node
+#   MESHWIRE_CLUSTER_INSTALL=helm: meshwire's DaemonSet installed with
+#     `helm install meshwire conf/helm/meshwire -n kube-system` (helm
+#     v3.19.0, build.sh helm) instead of kubectl apply, and removed at down
+#     with `helm uninstall`; several nodes only (one node's DaemonSet is a
+#     kustomization of the manifest); fortio's image (build.sh fortio) on
+#     every node, for the mesh suite's load during `helm upgrade`
 #
 # No systemd: the processes are started with setsid and tracked by pid.
 # No registry: every image is imported into containerd (images.sh).
@@ -72,6 +78,8 @@ PROXY_MODE=${MESHWIRE_CLUSTER_PROXY_MODE:-iptables}
 case $PROXY_MODE in iptables | nftables) ;; *) echo "MESHWIRE_CLUSTER_PROXY_MODE: iptables or nftables, not '$PROXY_MODE'" >&2; exit 2 ;; esac
 FIREWALL=${MESHWIRE_CLUSTER_FIREWALL:-}
 case $FIREWALL in "" | iptables | nftables) ;; *) echo "MESHWIRE_CLUSTER_FIREWALL: iptables or nftables, not '$FIREWALL'" >&2; exit 2 ;; esac
+INSTALL=${MESHWIRE_CLUSTER_INSTALL:-kubectl}
+case $INSTALL in kubectl | helm) ;; *) echo "MESHWIRE_CLUSTER_INSTALL: kubectl or helm, not '$INSTALL'" >&2; exit 2 ;; esac
 # A running cluster's own settings win (down, env, node).
 if [ -f "$STATE/settings" ]; then
 	# shellcheck source=/dev/null
@@ -147,8 +155,13 @@ meshwire_images() {
 # through a kustomization (manifests/meshwire) that points its host paths
 # into the state directory and makes meshwire write the node's only CNI
 # config itself. Several: the DaemonSet as shipped, which chains
-# intercept into flannel's conflist on every node.
+# intercept into flannel's conflist on every node; with INSTALL=helm, the
+# chart it is rendered from, with its default values, as a release.
 install_meshwire() {
+	if [ "$INSTALL" = helm ]; then
+		hc install meshwire "$repo/conf/helm/meshwire" -n kube-system >&2
+		return
+	fi
 	if [ "$NODES" -gt 1 ]; then
 		kc apply -f "$repo/conf/kubernetes/daemonset.yaml" >&2
 		return
@@ -162,6 +175,20 @@ install_meshwire() {
 		${FIREWALL:+-e '/- --intercept$/d'} "$here/manifests/meshwire/kustomization.yaml" >"$d/kustomization.yaml"
 	kc apply -k "$d" >&2
 	wait_for "meshwire's conflist in $CNI_CONF" 120 ls "$CNI_CONF/05-meshwire.conflist"
+}
+
+# hc: helm (build.sh helm's) on the cluster, its own files under the state
+# directory; the suites run it the same way (framework.Cluster.Helm).
+hc() {
+	HELM_CONFIG_HOME=$STATE/helm/config HELM_CACHE_HOME=$STATE/helm/cache HELM_DATA_HOME=$STATE/helm/data \
+		"$(dirname "$BIN")/helm/helm" --kubeconfig "$ADMIN" "$@"
+}
+
+# fortio_images SOCKET: fortio's image (build.sh fortio) into a node's
+# containerd, with INSTALL=helm: the mesh suite's load during the upgrade.
+fortio_images() {
+	[ "$INSTALL" = helm ] || return 0
+	import_image_set "$1" "$CACHE/fortio-images"
 }
 
 # install_reference: one node: the control network, the reference plugins
@@ -231,13 +258,19 @@ up() {
 		CONTAINERD=$CACHE/containerd2/containerd CTR=$CACHE/containerd2/ctr
 	fi
 	[ -z "$FIREWALL" ] || [ "$NODES" = 1 ] || die "MESHWIRE_CLUSTER_FIREWALL: one node only (flannel writes the nodes' conflist)"
-	log "binaries: $BIN; $NODES node(s) on $RUNTIME, kube-proxy in $PROXY_MODE mode, pods wired by $CNI${FIREWALL:+ forced to $FIREWALL}"
+	if [ "$INSTALL" = helm ]; then
+		[ "$NODES" -gt 1 ] || die "MESHWIRE_CLUSTER_INSTALL=helm: several nodes only (NODES >= 2), where the chart is installed as shipped; one node's DaemonSet is a kustomization of the manifest"
+		[ "$CNI" = meshwire ] || die "MESHWIRE_CLUSTER_INSTALL=helm: meshwire's network only, not $CNI"
+		"$here/build.sh" helm >/dev/null
+		"$here/build.sh" fortio >/dev/null
+	fi
+	log "binaries: $BIN; $NODES node(s) on $RUNTIME, kube-proxy in $PROXY_MODE mode, pods wired by $CNI${FIREWALL:+ forced to $FIREWALL}, installed with $INSTALL"
 	log "make build (log: /tmp/meshwire-cluster-make-build.log)"
 	make -C "$repo" build >/tmp/meshwire-cluster-make-build.log 2>&1 || die "make build failed: /tmp/meshwire-cluster-make-build.log"
 	mkdir -p "$PKI" "$KCFG" "$LOGS" "$RUN" "$STATE/config"
 	trap '[ $? = 0 ] || log "up failed: the logs are in $LOGS; $0 down cleans up"' EXIT
-	printf 'BIN=%q\nCNI=%q\nNODES=%q\nRUNTIME=%q\nCONTAINERD=%q\nCTR=%q\nPROXY_MODE=%q\nFIREWALL=%q\n' \
-		"$BIN" "$CNI" "$NODES" "$RUNTIME" "$CONTAINERD" "$CTR" "$PROXY_MODE" "$FIREWALL" >"$STATE/settings"
+	printf 'BIN=%q\nCNI=%q\nNODES=%q\nRUNTIME=%q\nCONTAINERD=%q\nCTR=%q\nPROXY_MODE=%q\nFIREWALL=%q\nINSTALL=%q\n' \
+		"$BIN" "$CNI" "$NODES" "$RUNTIME" "$CONTAINERD" "$CTR" "$PROXY_MODE" "$FIREWALL" "$INSTALL" >"$STATE/settings"
 	hold_test_lock
 	snapshot_host
 	"$SNAPSHOT" save "$STATE/host-before.json"
@@ -333,8 +366,8 @@ up_nodes() {
 write_description() {
 	local name first=1
 	{
-		printf '{"state":"%s","bin":"%s","repo":"%s","kubeconfig":"%s","cni":"%s","runtime":"%s","proxyMode":"%s","firewall":"%s","podCIDR":"%s","serviceCIDR":"%s","apiIP":"%s","nodes":[' \
-			"$STATE" "$BIN" "$repo" "$ADMIN" "$CNI" "$RUNTIME" "$PROXY_MODE" "$FIREWALL" "$POD_CIDR" "$SERVICE_CIDR" "$API_IP"
+		printf '{"state":"%s","bin":"%s","repo":"%s","kubeconfig":"%s","cni":"%s","runtime":"%s","proxyMode":"%s","firewall":"%s","install":"%s","podCIDR":"%s","serviceCIDR":"%s","apiIP":"%s","nodes":[' \
+			"$STATE" "$BIN" "$repo" "$ADMIN" "$CNI" "$RUNTIME" "$PROXY_MODE" "$FIREWALL" "$INSTALL" "$POD_CIDR" "$SERVICE_CIDR" "$API_IP"
 		if [ "$NODES" = 1 ]; then
 			printf '{"name":"%s","ip":"%s","pluginLog":"%s","varLibCNI":"/var/lib/cni","criSocket":"%s","runtimeLog":"%s","enter":[]}' \
 				"$NODE_NAME" "$NODE_IP" "$STATE/meshwire/log/cni.log" "$SOCK" "$LOGS/containerd.log"
@@ -380,7 +413,15 @@ drain() {
 		kc -n "$ns" delete pod -l 'app.kubernetes.io/name!=meshwire' --wait=false >/dev/null 2>&1 || true
 	done
 	wait_for "pods other than the network's gone" 180 only_network_left || return 1
-	kc -n kube-system delete ds meshwire-node --ignore-not-found >/dev/null 2>&1 || true
+	if [ "$INSTALL" = helm ]; then
+		# The release's removal is the DaemonSet's: its pods first
+		# (foreground), then the DaemonSet, its RBAC and the release.
+		log "helm uninstall meshwire"
+		hc uninstall meshwire -n kube-system --cascade foreground --wait --timeout 120s >&2 || return 1
+		wait_for "meshwire's agent pods gone" 120 no_agent_pods || return 1
+	else
+		kc -n kube-system delete ds meshwire-node --ignore-not-found >/dev/null 2>&1 || true
+	fi
 	[ "$CNI" != istio-cni ] || istio_drain || return 1
 	wait_for "every pod gone" 60 no_pods || return 1
 	wait_for "every sandbox stopped" 60 no_ready_sandbox || return 1
@@ -404,6 +445,7 @@ only_network_left() {
 	[ -z "$(kc get pods -A -o jsonpath='{range .items[*]}{.metadata.labels.app\.kubernetes\.io/name}{"|"}{.metadata.name}{"\n"}{end}' | grep -Ev "^(meshwire|$ISTIO_APP)\|")" ]
 }
 no_pods() { [ -z "$(kc get pods -A -o name)" ]; }
+no_agent_pods() { [ -z "$(kc -n kube-system get pods -l app.kubernetes.io/name=meshwire -o name)" ]; }
 # no_ready_sandbox: ctr lists the sandboxes' pause tasks of every node:
 # none running any more.
 no_ready_sandbox() {

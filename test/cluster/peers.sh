@@ -90,7 +90,7 @@ images() {
 		install -m 0755 "$bin/fortio" "$work/fortio/usr/bin/fortio"
 		printf 'root:x:0:0:root:/:/usr/bin/fortio\nnobody:x:65534:65534:nobody:/:/usr/bin/fortio\n' >"$work/fortio/etc/passwd"
 		image "$FORTIO_IMAGE" fortio "$work/fortio" \
-			'ENTRYPOINT ["/usr/bin/fortio"]' 'CMD ["server"]' 'EXPOSE 8078 8079 8080'
+			'ENTRYPOINT ["/usr/bin/fortio"]' 'CMD ["server"]' 'EXPOSE 8078' 'EXPOSE 8079' 'EXPOSE 8080'
 		;;
 	*) echo "peers.sh images: istio or fortio, not '$set'" >&2; exit 2 ;;
 	esac

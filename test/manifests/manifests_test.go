@@ -407,6 +407,8 @@ func TestAPIAccessCheckFails(t *testing.T) {
 		"another group":         func(a *apiAccess) { a.role.Rules[0].APIGroups = []string{"apps"} },
 		"no watch":              func(a *apiAccess) { a.role.Rules[0].Verbs = []string{"get", "list"} },
 		"no namespaces":         func(a *apiAccess) { a.role.Rules[0].Resources = []string{"pods"} },
+		"every DaemonSet":       func(a *apiAccess) { a.role.Rules[1].ResourceNames = nil },
+		"no DaemonSet":          func(a *apiAccess) { a.role.Rules = a.role.Rules[:1] },
 		"another subject":       func(a *apiAccess) { a.binding.Subjects[0].Namespace = "default" },
 		"another role":          func(a *apiAccess) { a.binding.RoleRef.Name = "cluster-admin" },
 		"the default account":   func(a *apiAccess) { a.ds.Spec.Template.Spec.ServiceAccountName = "" },
@@ -472,7 +474,28 @@ func (a apiAccess) problems() []string {
 		out = append(out, "the ClusterRole aggregates others")
 	}
 	granted := map[string][]string{} // resource: verbs
+	// --keep-while-daemonset: the agent gets its own DaemonSet when it
+	// stops, by name, and nothing else of the apps group.
+	keep, ownDS := "", false
+	for _, c := range spec.Containers {
+		for _, arg := range c.Command {
+			if v, ok := strings.CutPrefix(arg, "--keep-while-daemonset="); ok {
+				keep = v
+			}
+		}
+	}
+	if keep != "" && keep != a.ds.Namespace+"/"+a.ds.Name {
+		out = append(out, fmt.Sprintf("--keep-while-daemonset=%s, not the DaemonSet's own %s/%s", keep, a.ds.Namespace, a.ds.Name))
+	}
 	for _, r := range a.role.Rules {
+		if slices.Equal(r.APIGroups, []string{"apps"}) {
+			if !slices.Equal(r.Resources, []string{"daemonsets"}) || !slices.Equal(r.Verbs, []string{"get"}) ||
+				!slices.Equal(r.ResourceNames, []string{a.ds.Name}) || len(r.NonResourceURLs) > 0 || keep == "" {
+				out = append(out, fmt.Sprintf("rule %+v: the apps group's one rule is get of the agent's own DaemonSet %s by name, with --keep-while-daemonset", r, a.ds.Name))
+			}
+			ownDS = true
+			continue
+		}
 		if !slices.Equal(r.APIGroups, []string{""}) || len(r.NonResourceURLs) > 0 {
 			out = append(out, fmt.Sprintf("rule %+v: want the core group's resources only", r))
 		}
@@ -487,6 +510,9 @@ func (a apiAccess) problems() []string {
 				granted[res] = append(granted[res], v)
 			}
 		}
+	}
+	if keep != "" && !ownDS {
+		out = append(out, "--keep-while-daemonset without the right to get the DaemonSet: every update would take the config change back")
 	}
 	for _, res := range agentNeeds {
 		for _, v := range []string{"list", "watch"} {

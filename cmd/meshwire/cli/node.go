@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -34,6 +35,7 @@ func (e *env) nodeCmd() *cobra.Command {
 	fs.StringVar(&o.StateDir, "node-state-dir", nodelayout.StateDir, "where the pods' records and ambient mode's socket are, as the plugins keep them")
 	startLog := logFlags(fs)
 	withAmbient, checkAmbient := ambientFlags(fs)
+	keepWhile := fs.String("keep-while-daemonset", "", "with --cleanup-on-exit: on SIGTERM, keep the config change while this DaemonSet (NAMESPACE/NAME, the agent's own, read with the pod's service account) exists and is not being deleted: an update, whose next agent takes it over")
 	c.RunE = func(*cobra.Command, []string) error {
 		if err := startLog(e, "node"); err != nil {
 			return err
@@ -53,6 +55,16 @@ func (e *env) nodeCmd() *cobra.Command {
 		}
 		if *withAmbient {
 			o.Ambient = amb
+		}
+		if *keepWhile != "" {
+			ns, name, ok := strings.Cut(*keepWhile, "/")
+			if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+				return usagef("node: --keep-while-daemonset: NAMESPACE/NAME, not %q", *keepWhile)
+			}
+			if !o.Install.CleanupOnExit {
+				return usagef("node: --keep-while-daemonset decides when --cleanup-on-exit takes the config change back; it needs --cleanup-on-exit")
+			}
+			o.Install.KeepOnExit = nodeagent.KeepWhileDaemonSet(nil, ns, name, 5*time.Second)
 		}
 		return e.node(o)
 	}

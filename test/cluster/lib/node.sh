@@ -107,6 +107,7 @@ node_start() {
 	start_containerd "$N" "$ND/config/containerd.toml" "$NSOCK" "${NX[@]}"
 	import_image_set "$NSOCK" "$CACHE/images"
 	istio_images "$NSOCK"
+	fortio_images "$NSOCK"
 	[ ! -f "$STATE/images.tar" ] || "$CTR" -a "$NSOCK" -n k8s.io images import --no-unpack "$STATE/images.tar" >/dev/null
 	start_kubelet "$N" "$NIP" "$ND/config/kubelet.yaml" /var/lib/kubelet "${NX[@]}"
 	start_kube_proxy "$N" "$ND/config/kube-proxy.yaml" "${NX[@]}"

@@ -7,11 +7,13 @@
 package framework
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"k8s.io/client-go/kubernetes"
@@ -29,6 +31,7 @@ type Description struct {
 	Runtime     string `json:"runtime"`   // containerd (1.6) or containerd2
 	ProxyMode   string `json:"proxyMode"` // kube-proxy's: iptables or nftables
 	Firewall    string `json:"firewall"`  // the backend meshwire's plugins are forced to, or empty`
+	Install     string `json:"install"`   // how meshwire's DaemonSet was installed: kubectl (or empty) or helm
 	PodCIDR     string `json:"podCIDR"`
 	ServiceCIDR string `json:"serviceCIDR"`
 	APIIP       string `json:"apiIP"`
@@ -137,3 +140,17 @@ func (c *Cluster) Control(verb, name string) error {
 
 // ScriptPath is cluster.sh in the repository at repo.
 func ScriptPath(repo string) string { return filepath.Join(repo, "test", "cluster", "cluster.sh") }
+
+// Helm runs helm, build.sh helm's beside the cluster's binaries, against
+// the cluster, with its files under the state directory, as cluster.sh
+// runs it (hc); it returns helm's output.
+func (c *Cluster) Helm(ctx context.Context, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, filepath.Join(filepath.Dir(c.Bin), "helm", "helm"), append([]string{"--kubeconfig", c.Kubeconfig}, args...)...)
+	cmd.Env = append(os.Environ(), "HELM_CONFIG_HOME="+filepath.Join(c.State, "helm", "config"),
+		"HELM_CACHE_HOME="+filepath.Join(c.State, "helm", "cache"), "HELM_DATA_HOME="+filepath.Join(c.State, "helm", "data"))
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("helm %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return string(out), nil
+}
