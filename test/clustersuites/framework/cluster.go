@@ -21,14 +21,14 @@ import (
 
 // Description is $STATE/cluster.json, written by cluster.sh up.
 type Description struct {
-	State       string `json:"state"`
-	Bin         string `json:"bin"`
-	Repo        string `json:"repo"`
-	Kubeconfig  string `json:"kubeconfig"`
-	CNI         string `json:"cni"`
-	Runtime     string `json:"runtime"`   // containerd (1.6) or containerd2
-	ProxyMode   string `json:"proxyMode"` // kube-proxy's: iptables or nftables
-	Firewall    string `json:"firewall"`  // the backend meshwire's plugins are forced to, or empty`
+	State      string `json:"state"`
+	Bin        string `json:"bin"`
+	Repo       string `json:"repo"`
+	Kubeconfig string `json:"kubeconfig"`
+	CNI        string `json:"cni"`
+	Runtime    string `json:"runtime"`   // containerd (1.6) or containerd2
+	ProxyMode  string `json:"proxyMode"` // kube-proxy's: iptables or nftables
+	Firewall   string `json:"firewall"`  // the backend meshwire's plugins are forced to, or empty`
 	// IPFamily is ipv4 or dual (empty: a cluster from before dual
 	// stack, IPv4 only); Family says which.
 	IPFamily    string `json:"ipFamily"`
@@ -38,8 +38,8 @@ type Description struct {
 	// cluster, empty otherwise.
 	PodCIDR6     string `json:"podCIDR6"`
 	ServiceCIDR6 string `json:"serviceCIDR6"`
-	APIIP       string `json:"apiIP"`
-	Nodes       []Node `json:"nodes"`
+	APIIP        string `json:"apiIP"`
+	Nodes        []Node `json:"nodes"`
 }
 
 // Family is the cluster's address families: ipv4 or dual.

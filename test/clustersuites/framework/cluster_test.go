@@ -8,8 +8,8 @@ import (
 // A description from before dual stack (no ipFamily) is IPv4 only.
 func TestDescriptionFamily(t *testing.T) {
 	for in, want := range map[string]string{
-		`{"cni":"meshwire"}`: "ipv4",
-		`{"cni":"meshwire","ipFamily":"ipv4"}`: "ipv4",
+		`{"cni":"meshwire"}`:                                                 "ipv4",
+		`{"cni":"meshwire","ipFamily":"ipv4"}`:                               "ipv4",
 		`{"cni":"meshwire","ipFamily":"dual","podCIDR6":"fd6d:776b:1::/64"}`: "dual",
 	} {
 		var d Description
