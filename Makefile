@@ -30,7 +30,7 @@ TEST_TIMEOUT ?= 60m
 KERNEL_LOCK = /run/meshwire-tests.lock
 BENCH ?= .
 
-.PHONY: all build test unit deps demo bench bench-report bench-check bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-ambient cluster-podstart cluster-podstart-compare cluster-conformance cluster-network-suite cluster-faults cluster-status cluster-istio-rules
+.PHONY: all build test unit deps demo bench bench-report bench-check bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-ambient cluster-podstart cluster-podstart-compare cluster-conformance cluster-network-suite cluster-faults cluster-status cluster-istio-rules cluster-dualstack
 
 all: build
 
@@ -184,12 +184,13 @@ image: build
 # DaemonSet after meshwire's bridge and host-local (test/cluster/lib/istio.sh).
 # RUNTIME=containerd2, PROXY_MODE=nftables, FIREWALL=iptables|nftables,
 # INSTALL=helm (NODES >= 2: meshwire by helm install of conf/helm/meshwire,
-# helm upgrade in cluster-mesh, helm uninstall at cluster-down): the
-# cluster's other shapes (test/cluster/cluster.sh's header).
+# helm upgrade in cluster-mesh, helm uninstall at cluster-down),
+# IP_FAMILY=dual: the cluster's other shapes (test/cluster/cluster.sh's
+# header).
 NODES ?= 1
 CLUSTER_ENV = MESHWIRE_CLUSTER_NODES=$(NODES) $(if $(CNI),MESHWIRE_CLUSTER_CNI=$(CNI)) $(if $(RUNTIME),MESHWIRE_CLUSTER_RUNTIME=$(RUNTIME)) \
 	$(if $(PROXY_MODE),MESHWIRE_CLUSTER_PROXY_MODE=$(PROXY_MODE)) $(if $(FIREWALL),MESHWIRE_CLUSTER_FIREWALL=$(FIREWALL)) \
-	$(if $(INSTALL),MESHWIRE_CLUSTER_INSTALL=$(INSTALL))
+	$(if $(INSTALL),MESHWIRE_CLUSTER_INSTALL=$(INSTALL)) $(if $(IP_FAMILY),MESHWIRE_CLUSTER_IP_FAMILY=$(IP_FAMILY))
 cluster:
 	$(CLUSTER_ENV) test/cluster/cluster.sh up
 
@@ -240,6 +241,13 @@ cluster-podstart-compare:
 # checks.
 cluster-conformance:
 	$(CLUSTER_SUITE) '^TestConformance$$'
+
+# Kubernetes' [Feature:IPv6DualStack] specs on fresh dual-stack clusters,
+# meshwire then the reference plugins v1.9.1 (the control): 9 specs on
+# one node, 22 on two or more (NODES).
+cluster-dualstack: IP_FAMILY = dual
+cluster-dualstack:
+	$(CLUSTER_SUITE) '^TestDualStack$$'
 
 # The broad sig-network suite on meshwire and on the control: fails when
 # meshwire fails a spec the control passes.

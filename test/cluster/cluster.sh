@@ -52,6 +52,8 @@
 #     with `helm uninstall`; several nodes only (one node's DaemonSet is a
 #     kustomization of the manifest); fortio's image (build.sh fortio) on
 #     every node, for the mesh suite's load during `helm upgrade`
+#   MESHWIRE_CLUSTER_IP_FAMILY=dual: IPv4 and IPv6 pods, Services and
+#     nodes (lib/ipfamily.sh); ipv4, the default, IPv4 only
 #
 # No systemd: the processes are started with setsid and tracked by pid.
 # No registry: every image is imported into containerd (images.sh).
@@ -67,6 +69,8 @@ set -euo pipefail
 . "$lib/node.sh"
 # shellcheck source-path=SCRIPTDIR source=lib/istio.sh
 . "$lib/istio.sh"
+# shellcheck source-path=SCRIPTDIR source=lib/ipfamily.sh
+. "$lib/ipfamily.sh"
 
 NODES=${MESHWIRE_CLUSTER_NODES:-1}
 [[ $NODES =~ ^[1-9]$ ]] || { echo "MESHWIRE_CLUSTER_NODES: 1 to 9, not '$NODES'" >&2; exit 2; }
@@ -80,6 +84,8 @@ FIREWALL=${MESHWIRE_CLUSTER_FIREWALL:-}
 case $FIREWALL in "" | iptables | nftables) ;; *) echo "MESHWIRE_CLUSTER_FIREWALL: iptables or nftables, not '$FIREWALL'" >&2; exit 2 ;; esac
 INSTALL=${MESHWIRE_CLUSTER_INSTALL:-kubectl}
 case $INSTALL in kubectl | helm) ;; *) echo "MESHWIRE_CLUSTER_INSTALL: kubectl or helm, not '$INSTALL'" >&2; exit 2 ;; esac
+IP_FAMILY=${MESHWIRE_CLUSTER_IP_FAMILY:-ipv4}
+case $IP_FAMILY in ipv4 | dual) ;; *) echo "MESHWIRE_CLUSTER_IP_FAMILY: ipv4 or dual, not '$IP_FAMILY'" >&2; exit 2 ;; esac
 # A running cluster's own settings win (down, env, node).
 if [ -f "$STATE/settings" ]; then
 	# shellcheck source=/dev/null
@@ -101,6 +107,7 @@ else
 	POD_CIDR=198.18.0.0/17 NODE_CIDR_MASK=24 # a /24 per node; the underlay above it
 	API_IP=$HOST_UL_IP
 fi
+ipfamily_addresses # POD_CIDRS, SERVICE_CIDRS; the IPv6 ones in dual stack
 BRIDGE=mwk0 NETWORK=mwk-cluster # manifests/meshwire/cluster.conflist's (one node)
 SOCK=$STATE/containerd/containerd.sock CNI_BIN=$STATE/cni/bin CNI_CONF=$STATE/cni/net.d
 
@@ -129,6 +136,7 @@ guard() {
 		-m comment --comment "meshwire cluster: no Service at this address" -j REJECT
 	"$@" iptables -I FORWARD 1 -j MWK-GUARD
 	"$@" iptables -I OUTPUT 1 -j MWK-GUARD
+	ipfamily_guard "$@"
 }
 
 # ------------------------------------------------------------------ meshwire
@@ -173,6 +181,7 @@ install_meshwire() {
 	# (With FIREWALL, the conflist has its own intercept entry.)
 	sed -e "s#@STATE@#$STATE#g" -e "s#@POD_CIDR@#$POD_CIDR#g" -e "s#@CNI_VERSION@#$(cni_version)#g" \
 		${FIREWALL:+-e '/- --intercept$/d'} "$here/manifests/meshwire/kustomization.yaml" >"$d/kustomization.yaml"
+	ipfamily_kustomization "$d/kustomization.yaml"
 	kc apply -k "$d" >&2
 	wait_for "meshwire's conflist in $CNI_CONF" 120 ls "$CNI_CONF/05-meshwire.conflist"
 }
@@ -210,8 +219,10 @@ cni_version() { if [ "$RUNTIME" = containerd2 ]; then echo 1.1.0; else echo 1.0.
 # node_conflist: the one node's conflist (manifests/meshwire), with
 # meshwire's plugins forced to FIREWALL's backend when it is set (bridge's
 # ipMasqBackend, portmap's backend; intercept's, iptables-backend, through
-# an entry of its own instead of the installer's --intercept).
-node_conflist() {
+# an entry of its own instead of the installer's --intercept), and
+# host-local's IPv6 range in dual stack.
+node_conflist() { node_conflist_firewall | ipfamily_conflist; }
+node_conflist_firewall() {
 	local f=$here/manifests/meshwire/cluster.conflist
 	if [ -z "$FIREWALL" ]; then cat "$f"; return; fi
 	local ipt=$FIREWALL
@@ -264,13 +275,14 @@ up() {
 		"$here/build.sh" helm >/dev/null
 		"$here/build.sh" fortio >/dev/null
 	fi
-	log "binaries: $BIN; $NODES node(s) on $RUNTIME, kube-proxy in $PROXY_MODE mode, pods wired by $CNI${FIREWALL:+ forced to $FIREWALL}, installed with $INSTALL"
+	ipfamily_check
+	log "binaries: $BIN; $NODES node(s) on $RUNTIME, kube-proxy in $PROXY_MODE mode, pods wired by $CNI${FIREWALL:+ forced to $FIREWALL}, installed with $INSTALL, $IP_FAMILY (pods $POD_CIDRS, Services $SERVICE_CIDRS)"
 	log "make build (log: /tmp/meshwire-cluster-make-build.log)"
 	make -C "$repo" build >/tmp/meshwire-cluster-make-build.log 2>&1 || die "make build failed: /tmp/meshwire-cluster-make-build.log"
 	mkdir -p "$PKI" "$KCFG" "$LOGS" "$RUN" "$STATE/config"
 	trap '[ $? = 0 ] || log "up failed: the logs are in $LOGS; $0 down cleans up"' EXIT
-	printf 'BIN=%q\nCNI=%q\nNODES=%q\nRUNTIME=%q\nCONTAINERD=%q\nCTR=%q\nPROXY_MODE=%q\nFIREWALL=%q\nINSTALL=%q\n' \
-		"$BIN" "$CNI" "$NODES" "$RUNTIME" "$CONTAINERD" "$CTR" "$PROXY_MODE" "$FIREWALL" "$INSTALL" >"$STATE/settings"
+	printf 'BIN=%q\nCNI=%q\nNODES=%q\nRUNTIME=%q\nCONTAINERD=%q\nCTR=%q\nPROXY_MODE=%q\nFIREWALL=%q\nINSTALL=%q\nIP_FAMILY=%q\n' \
+		"$BIN" "$CNI" "$NODES" "$RUNTIME" "$CONTAINERD" "$CTR" "$PROXY_MODE" "$FIREWALL" "$INSTALL" "$IP_FAMILY" >"$STATE/settings"
 	hold_test_lock
 	snapshot_host
 	"$SNAPSHOT" save "$STATE/host-before.json"
@@ -366,8 +378,8 @@ up_nodes() {
 write_description() {
 	local name first=1
 	{
-		printf '{"state":"%s","bin":"%s","repo":"%s","kubeconfig":"%s","cni":"%s","runtime":"%s","proxyMode":"%s","firewall":"%s","install":"%s","podCIDR":"%s","serviceCIDR":"%s","apiIP":"%s","nodes":[' \
-			"$STATE" "$BIN" "$repo" "$ADMIN" "$CNI" "$RUNTIME" "$PROXY_MODE" "$FIREWALL" "$INSTALL" "$POD_CIDR" "$SERVICE_CIDR" "$API_IP"
+		printf '{"state":"%s","bin":"%s","repo":"%s","kubeconfig":"%s","cni":"%s","runtime":"%s","proxyMode":"%s","firewall":"%s","install":"%s","ipFamily":"%s","podCIDR":"%s","serviceCIDR":"%s","podCIDR6":"%s","serviceCIDR6":"%s","apiIP":"%s","nodes":[' \
+			"$STATE" "$BIN" "$repo" "$ADMIN" "$CNI" "$RUNTIME" "$PROXY_MODE" "$FIREWALL" "$INSTALL" "$IP_FAMILY" "$POD_CIDR" "$SERVICE_CIDR" "$POD_CIDR6" "$SERVICE_CIDR6" "$API_IP"
 		if [ "$NODES" = 1 ]; then
 			printf '{"name":"%s","ip":"%s","pluginLog":"%s","varLibCNI":"/var/lib/cni","criSocket":"%s","runtimeLog":"%s","enter":[]}' \
 				"$NODE_NAME" "$NODE_IP" "$STATE/meshwire/log/cni.log" "$SOCK" "$LOGS/containerd.log"
@@ -571,7 +583,7 @@ node_command() {
 		kc delete node "$2" --wait=true >&2 || true
 		# The other nodes' flanneld removes its route to the node's pod
 		# CIDR: not a leak of theirs (network_leaks).
-		cat "$STATE/nodes/$2/cidr" >>"$STATE/removed-cidrs" 2>/dev/null || true
+		cat "$STATE/nodes/$2/cidr" "$STATE/nodes/$2/cidr6" >>"$STATE/removed-cidrs" 2>/dev/null || true
 		node_stop "$2"
 		write_description
 		;;

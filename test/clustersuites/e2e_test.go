@@ -27,7 +27,32 @@ const (
 	// TestConformance runs (130 specs with them, 85 without).
 	networkFocus = `\[sig-network\]`
 	networkSkip  = `\[Feature:|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Conformance\]`
+	// Dual stack (test/e2e/network/dual_stack.go): 23 specs select, of
+	// which the SCTP one is skipped: this machine's kernel has no SCTP (a
+	// socket of it fails with EPROTONOSUPPORT), for the control as for
+	// meshwire.
+	dualStackFocus = `\[Feature:IPv6DualStack\]`
+	dualStackSkip  = `\[Feature:SCTPConnectivity\]`
 )
+
+// dualStackSpecs is how many dual-stack specs run: all 22 on two nodes or
+// more; on one, the 9 that do not build on NewNetworkingTestConfig (the
+// 13 Granular Checks left skip themselves below 2 nodes).
+func dualStackSpecs(nodes int) int {
+	if nodes >= 2 {
+		return 22
+	}
+	return 9
+}
+
+// clusterFamily is the address families the suites that take clusters up
+// ask for (MESHWIRE_CLUSTER_IP_FAMILY): ipv4 by default, or dual.
+func clusterFamily() string {
+	if f := os.Getenv("MESHWIRE_CLUSTER_IP_FAMILY"); f != "" {
+		return f
+	}
+	return "ipv4"
+}
 
 // networkSpecs is how many specs the broad suite runs: of the 85 it
 // selects, 76 ran on two nodes on 2026-11-28 (the 9 others skip
@@ -69,7 +94,7 @@ func TestE2E(t *testing.T) {
 		t.Fatalf("E2E_FOCUS %q: set E2E_SPECS, the number of specs it must run", focus)
 	}
 	dir := reportDir(c.CNI)
-	t.Logf("e2e.test --ginkgo.focus %q --ginkgo.skip %q, %d specs expected (report and log: %s)", focus, skip, want, dir)
+	t.Logf("e2e.test --ginkgo.focus %q --ginkgo.skip %q on %d node(s), %s, %d specs expected (report and log: %s)", focus, skip, len(c.Nodes), c.Family(), want, dir)
 	r, err := c.RunE2E(context.Background(), focus, skip, dir)
 	framework.Require(t, "e2e.test ran and reported", err)
 	for _, l := range r.Summary {
@@ -86,6 +111,19 @@ func TestE2E(t *testing.T) {
 // passes).
 func TestConformance(t *testing.T) {
 	compareWithControl(t, "conformance", conformanceFocus, conformanceSkip, conformanceSpecs, true, false)
+}
+
+// TestDualStack: Kubernetes' [Feature:IPv6DualStack] specs on a fresh
+// dual-stack cluster whose network is meshwire, then on a fresh one whose
+// network is the reference plugins v1.9.1 (the control), each taken down
+// with its leak checks; MESHWIRE_CLUSTER_NODES nodes (1 by default).
+// Both must run the number dualStackSpecs states; meshwire must pass
+// every one.
+func TestDualStack(t *testing.T) {
+	if clusterFamily() != "dual" {
+		t.Fatalf("MESHWIRE_CLUSTER_IP_FAMILY is %q: the dual-stack specs need dual (make cluster-dualstack sets it)", clusterFamily())
+	}
+	compareWithControl(t, "dualstack", dualStackFocus, dualStackSkip, dualStackSpecs(clusterNodes()), true, false)
 }
 
 // TestNetworkSuite: the broad sig-network suite, meshwire beside the
@@ -112,8 +150,9 @@ func clusterNodes() int {
 }
 
 // compareWithControl runs the e2e suite on meshwire and on the control,
-// fresh clusters each; a meshwire cluster of the same size already running
-// is used for the first leg, and started again at the end. With
+// fresh clusters each; a meshwire cluster of the same size and address
+// families already running is used for the first leg, and started again
+// at the end. With
 // onFailures, the control runs only the specs that failed on meshwire
 // (and not at all when none did).
 func compareWithControl(t *testing.T, name, focus, skip string, want int, allPass, onFailures bool) {
@@ -124,7 +163,7 @@ func compareWithControl(t *testing.T, name, focus, skip string, want int, allPas
 	t0 := time.Now()
 	restore := false
 	if c, ok := framework.Running(); ok {
-		if c.CNI != "meshwire" || len(c.Nodes) != nodes {
+		if c.CNI != "meshwire" || len(c.Nodes) != nodes || c.Family() != clusterFamily() {
 			framework.Require(t, "the running cluster taken down", life.Down("running"))
 		} else {
 			restore = true
@@ -173,7 +212,7 @@ func compareWithControl(t *testing.T, name, focus, skip string, want int, allPas
 	}
 	both, err := framework.E2ECompare(m, ref)
 	framework.Check(t, "every spec the control passed passed on meshwire", err)
-	summary := []string{fmt.Sprintf("%s, %s, Kubernetes v1.34.3, %d node(s), focus %q, skip %q", name, time.Now().UTC().Format("2006-01-02"), nodes, suiteFocus, skip)}
+	summary := []string{fmt.Sprintf("%s, %s, Kubernetes v1.34.3, %d node(s), %s, focus %q, skip %q", name, time.Now().UTC().Format("2006-01-02"), nodes, clusterFamily(), suiteFocus, skip)}
 	for _, cni := range []string{"meshwire", "reference"} {
 		summary = append(summary, "", fmt.Sprintf("== %s (log: %s)", cni, results[cni].Log))
 		summary = append(summary, results[cni].Summary...)

@@ -6,7 +6,9 @@
 # kube-proxy. Sourced by cluster.sh after common.sh; defines only. The
 # caller sets API_IP (the address the apiserver advertises and the
 # kubeconfigs name), POD_CIDR, NODE_CIDR_MASK, SERVICE_CIDR and the DNS
-# settings.
+# settings, and lib/ipfamily.sh's (POD_CIDRS, SERVICE_CIDRS,
+# NODE_CIDR_MASK_FLAGS, node_ips, ipfamily_san: IPv4 and IPv6 in dual
+# stack).
 
 API_PORT=6443
 ETCD_CLIENT=127.0.0.1:2379
@@ -79,7 +81,7 @@ make_pki() {
 # its kubelet's kubeconfig, kubelet-NAME.
 node_pki() {
 	cert "kubelet-$1" "system:node:$1" system:nodes clientAuth
-	cert "kubelet-serving-$1" "$1" "" serverAuth "IP:$2,IP:127.0.0.1,DNS:$1"
+	cert "kubelet-serving-$1" "$1" "" serverAuth "IP:$2$(ipfamily_san "$2"),IP:127.0.0.1,DNS:$1"
 	kubeconfig "kubelet-$1" "kubelet-$1"
 }
 
@@ -146,7 +148,7 @@ kind: KubeProxyConfiguration
 mode: $PROXY_MODE
 clientConnection: {kubeconfig: $KCFG/kube-proxy.kubeconfig}
 hostnameOverride: $2
-clusterCIDR: $POD_CIDR
+clusterCIDR: ${POD_CIDRS:-$POD_CIDR}
 healthzBindAddress: 127.0.0.1:10256
 metricsBindAddress: 127.0.0.1:10249
 conntrack:
@@ -171,7 +173,7 @@ start_apiserver() {
 	start kube-apiserver "$BIN/kube-apiserver" \
 		--etcd-servers "http://$ETCD_CLIENT" \
 		--advertise-address "$API_IP" --secure-port "$API_PORT" \
-		--service-cluster-ip-range "$SERVICE_CIDR" \
+		--service-cluster-ip-range "${SERVICE_CIDRS:-$SERVICE_CIDR}" \
 		--client-ca-file "$PKI/ca.crt" \
 		--tls-cert-file "$PKI/apiserver.crt" --tls-private-key-file "$PKI/apiserver.key" \
 		--kubelet-client-certificate "$PKI/apiserver-kubelet-client.crt" \
@@ -196,8 +198,8 @@ start_controller_manager() {
 		--use-service-account-credentials \
 		--service-account-private-key-file "$PKI/sa.key" --root-ca-file "$PKI/ca.crt" \
 		--cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key" \
-		--service-cluster-ip-range "$SERVICE_CIDR" \
-		--allocate-node-cidrs --cluster-cidr "$POD_CIDR" --node-cidr-mask-size "$NODE_CIDR_MASK" \
+		--service-cluster-ip-range "${SERVICE_CIDRS:-$SERVICE_CIDR}" \
+		--allocate-node-cidrs --cluster-cidr "${POD_CIDRS:-$POD_CIDR}" "${NODE_CIDR_MASK_FLAGS[@]}" \
 		--controllers '*,bootstrapsigner,tokencleaner' \
 		--cert-dir "$STATE/controller-manager" \
 		--profiling=false
@@ -218,7 +220,7 @@ start_kubelet() {
 	start "$(proc "$name" kubelet)" "$@" "$BIN/kubelet" \
 		--config "$config" \
 		--kubeconfig "$KCFG/kubelet-$name.kubeconfig" \
-		--hostname-override "$name" --node-ip "$ip" \
+		--hostname-override "$name" --node-ip "$(node_ips "$ip")" \
 		--root-dir "$root" --cert-dir "$root/pki" \
 		--v 1
 }

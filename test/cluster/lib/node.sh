@@ -41,6 +41,7 @@ underlay_up() {
 	iptables -A MWK-UNDERLAY -i "$UNDERLAY" ! -o "$UNDERLAY" \
 		-m comment --comment "meshwire cluster: nothing of the nodes leaves the machine" -j REJECT
 	iptables -I FORWARD 1 -j MWK-UNDERLAY
+	ipfamily_underlay_up
 }
 
 underlay_down() {
@@ -95,6 +96,7 @@ node_boot() {
 	# the underlay itself): no default route, so that nothing a node or
 	# its pods send to another address can leave (MWK-UNDERLAY too).
 	ip -n "$N" route add "$SERVICE_CIDR" via "$HOST_UL_IP"
+	ipfamily_node_boot
 	start "$N.holder" "$lib/nodens.sh" hold "$ND" "$N"
 	wait_for "node $N's namespaces" 20 test -e "$ND/ready" || die "node $N: nodens.sh hold failed ($LOGS/$N.holder.log)"
 	guard "${NX[@]}"
@@ -122,6 +124,7 @@ node_flannel() {
 	wait_for "node $N's pod CIDR" 60 node_cidr "$N" || die "node $N got no pod CIDR"
 	cidr=$(node_cidr "$N")
 	echo "$cidr" >"$ND/cidr"
+	ipfamily_node_cidr
 	# The control plane runs on no node: the API server reaches the pods
 	# (its proxy, the e2e suite's) through the node that holds them.
 	ip route replace "$cidr" via "$NIP" dev "$UNDERLAY"
@@ -138,6 +141,8 @@ flannel_converged() {
 	for other in $(node_names); do
 		[ "$other" = "$1" ] && continue
 		"$lib/nodens.sh" enter "$STATE/nodes/$1" ip route show "$(cat "$STATE/nodes/$other/cidr")" | grep -q . || return 1
+		[ ! -s "$STATE/nodes/$other/cidr6" ] ||
+			"$lib/nodens.sh" enter "$STATE/nodes/$1" ip -6 route show "$(cat "$STATE/nodes/$other/cidr6")" | grep -q . || return 1
 	done
 }
 
@@ -199,9 +204,7 @@ node_stop() {
 # flannel_setup: flanneld's configuration and its RBAC (a client
 # certificate bound to the role flannel's own manifest grants).
 flannel_setup() {
-	cat >"$STATE/config/flannel-net-conf.json" <<EOF
-{"Network": "$POD_CIDR", "Backend": {"Type": "$FLANNEL_BACKEND"}}
-EOF
+	flannel_net_conf >"$STATE/config/flannel-net-conf.json" # (lib/ipfamily.sh)
 	cert flannel flannel "" clientAuth
 	kubeconfig flannel flannel
 	kc apply -f - >&2 <<EOF

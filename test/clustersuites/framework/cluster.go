@@ -23,19 +23,34 @@ import (
 
 // Description is $STATE/cluster.json, written by cluster.sh up.
 type Description struct {
-	State       string `json:"state"`
-	Bin         string `json:"bin"`
-	Repo        string `json:"repo"`
-	Kubeconfig  string `json:"kubeconfig"`
-	CNI         string `json:"cni"`
-	Runtime     string `json:"runtime"`   // containerd (1.6) or containerd2
-	ProxyMode   string `json:"proxyMode"` // kube-proxy's: iptables or nftables
-	Firewall    string `json:"firewall"`  // the backend meshwire's plugins are forced to, or empty`
-	Install     string `json:"install"`   // how meshwire's DaemonSet was installed: kubectl (or empty) or helm
+	State      string `json:"state"`
+	Bin        string `json:"bin"`
+	Repo       string `json:"repo"`
+	Kubeconfig string `json:"kubeconfig"`
+	CNI        string `json:"cni"`
+	Runtime    string `json:"runtime"`   // containerd (1.6) or containerd2
+	ProxyMode  string `json:"proxyMode"` // kube-proxy's: iptables or nftables
+	Firewall   string `json:"firewall"`  // the backend meshwire's plugins are forced to, or empty`
+	Install    string `json:"install"`   // how meshwire's DaemonSet was installed: kubectl (or empty) or helm
+	// IPFamily is ipv4 or dual (empty: a cluster from before dual
+	// stack, IPv4 only); Family says which.
+	IPFamily    string `json:"ipFamily"`
 	PodCIDR     string `json:"podCIDR"`
 	ServiceCIDR string `json:"serviceCIDR"`
-	APIIP       string `json:"apiIP"`
-	Nodes       []Node `json:"nodes"`
+	// PodCIDR6 and ServiceCIDR6 are the IPv6 ranges of a dual-stack
+	// cluster, empty otherwise.
+	PodCIDR6     string `json:"podCIDR6"`
+	ServiceCIDR6 string `json:"serviceCIDR6"`
+	APIIP        string `json:"apiIP"`
+	Nodes        []Node `json:"nodes"`
+}
+
+// Family is the cluster's address families: ipv4 or dual.
+func (d Description) Family() string {
+	if d.IPFamily == "" {
+		return "ipv4"
+	}
+	return d.IPFamily
 }
 
 // Node is one node of the cluster.
