@@ -27,7 +27,7 @@ const (
 	// TestConformance runs (130 specs with them, 85 without).
 	networkFocus = `\[sig-network\]`
 	networkSkip  = `\[Feature:|\[Serial\]|\[Disruptive\]|\[Flaky\]|\[Conformance\]`
-	// Dual stack (test/e2e/network/dual_stack.go): 23 specs select, of
+	// Dual stack (kubernetes/test/e2e/network/dual_stack.go): 23 specs select, of
 	// which the SCTP one is skipped: this machine's kernel has no SCTP (a
 	// socket of it fails with EPROTONOSUPPORT), for the control as for
 	// meshwire.
