@@ -110,11 +110,18 @@ import_image_set() {
 # Every image is imported: a pull (an image the suite wants that images.sh
 # does not make) goes to a closed local port and fails at once instead of
 # leaving the machine (containerd honours the proxy variables for registry
-# requests, and resolves no registry name).
+# requests, and resolves no registry name). The CNI plugins it runs
+# inherit its environment: NO_PROXY names the cluster's Service range and
+# the API server's address (when set: cluster.sh's, not critest.sh's),
+# so that a plugin with a Kubernetes client (istio-cni's GETs each pod
+# from the kubernetes Service) reaches the API server, as on a node
+# without a proxy.
 start_containerd() {
 	local name=$1 config=$2 sock=$3; shift 3
+	local no_proxy=${SERVICE_CIDR:-}
+	[ -z "${API_IP:-}" ] || no_proxy=${no_proxy:+$no_proxy,}$API_IP
 	# (Its shim is found on PATH: the one built beside it first.)
-	start "$(proc "$name" containerd)" "$@" env HTTP_PROXY=http://127.0.0.1:9 HTTPS_PROXY=http://127.0.0.1:9 NO_PROXY= \
+	start "$(proc "$name" containerd)" "$@" env HTTP_PROXY=http://127.0.0.1:9 HTTPS_PROXY=http://127.0.0.1:9 NO_PROXY="$no_proxy" \
 		PATH="$(dirname "$CONTAINERD"):$PATH" "$CONTAINERD" --config "$config"
 	wait_for "containerd of $name" 30 "$CTR" -a "$sock" version
 }
