@@ -169,8 +169,27 @@ start_etcd() {
 		--initial-cluster "mwk=http://$ETCD_PEER" --log-level warn
 }
 
+# audit_policy FILE: the API server's audit policy: every request at
+# Metadata level (who, which verb on what, when; no body), logged once it
+# is answered (no RequestReceived stage), so that the suites can count
+# the requests of each client (TestIstioPodStartCompare: API requests per
+# pod ADD, by user agent).
+audit_policy() {
+	mkdir -p "$(dirname "$1")"
+	cat >"$1" <<EOF
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: [RequestReceived]
+rules:
+- level: Metadata
+EOF
+}
+
 start_apiserver() {
+	audit_policy "$STATE/config/audit-policy.yaml"
 	start kube-apiserver "$BIN/kube-apiserver" \
+		--audit-policy-file "$STATE/config/audit-policy.yaml" \
+		--audit-log-path "$LOGS/audit.log" --audit-log-maxsize 200 --audit-log-maxbackup 2 \
 		--etcd-servers "http://$ETCD_CLIENT" \
 		--advertise-address "$API_IP" --secure-port "$API_PORT" \
 		--service-cluster-ip-range "${SERVICE_CIDRS:-$SERVICE_CIDR}" \

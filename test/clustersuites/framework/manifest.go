@@ -6,6 +6,9 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	"sigs.k8s.io/yaml"
 )
 
 // Manifest reads manifests/NAME of the cluster's directory with every
@@ -62,4 +65,17 @@ func (c *Cluster) Placement() (a, b string) {
 func IstioInitArgs(mode string) []string {
 	return []string{"-p", "15001", "-z", "15006", "-u", "1337", "-m", mode, "-i", "*", "-x", "", "-b", "*",
 		"-d", "15090,15021,15020", "--log_output_level=default:info"}
+}
+
+// DecodePod decodes a rendered manifest of one Pod strictly (a key the
+// Pod type does not know is an error).
+func DecodePod(b []byte) (*corev1.Pod, error) {
+	p := &corev1.Pod{}
+	if err := yaml.UnmarshalStrict(b, p); err != nil {
+		return nil, err
+	}
+	if p.Kind != "Pod" {
+		return nil, fmt.Errorf("kind %q, want Pod", p.Kind)
+	}
+	return p, nil
 }

@@ -16,22 +16,54 @@ import (
 )
 
 // PodStartResult is one pod-start run: the create-to-Ready time of every
-// pod of every round, and how long each round's deletion took.
+// pod of every round, how long each round's deletion took, and each
+// round's window.
 type PodStartResult struct {
 	Pods    int       `json:"pods"`
 	Rounds  int       `json:"rounds"`
 	StartMS []float64 `json:"start_ms"`
 	DeleteS []float64 `json:"delete_s"`
+	Windows []Window  `json:"windows,omitempty"`
 	// CPU is each round's CPU time, from the creates to the last pod
 	// Ready, in seconds by component (SampleCPU).
 	CPU []map[string]float64 `json:"cpu_s,omitempty"`
+}
+
+// Window is a round's pod start: from just before its first create
+// request to the moment the last of its pods was seen Ready. What the
+// node and the API server did for the round's pod starts (CNI ADDs, API
+// requests) lies in it.
+type Window struct {
+	From time.Time `json:"from"`
+	To   time.Time `json:"to"`
+}
+
+// Contains says whether t lies in w (both ends included).
+func (w Window) Contains(t time.Time) bool { return !t.Before(w.From) && !t.After(w.To) }
+
+// InWindows says whether t lies in one of ws.
+func InWindows(ws []Window, t time.Time) bool {
+	for _, w := range ws {
+		if w.Contains(t) {
+			return true
+		}
+	}
+	return false
 }
 
 // Add puts r's pods and rounds together with p's.
 func (p PodStartResult) Add(r PodStartResult) PodStartResult {
 	return PodStartResult{Pods: r.Pods, Rounds: p.Rounds + r.Rounds,
 		StartMS: append(slices.Clone(p.StartMS), r.StartMS...), DeleteS: append(slices.Clone(p.DeleteS), r.DeleteS...),
-		CPU: append(slices.Clone(p.CPU), r.CPU...)}
+		Windows: append(slices.Clone(p.Windows), r.Windows...), CPU: append(slices.Clone(p.CPU), r.CPU...)}
+}
+
+// PausePod is the pod PodStart starts by default: one pause container of
+// image, no probe.
+func PausePod(image string) *corev1.Pod {
+	return &corev1.Pod{Spec: corev1.PodSpec{
+		Containers: []corev1.Container{{Name: "pause", Image: image, ImagePullPolicy: corev1.PullIfNotPresent}},
+	}}
 }
 
 // PodStartNS is the namespace pod-start runs use.
@@ -44,6 +76,13 @@ const PodStartNS = "mwk-podstart"
 // gone (the CNI DEL), so that the next round starts on idle nodes. logf
 // gets a line per round.
 func PodStart(ctx context.Context, cs kubernetes.Interface, pods, rounds int, image string, logf func(string, ...any)) (PodStartResult, error) {
+	return PodStartOf(ctx, cs, pods, rounds, PausePod(image), logf)
+}
+
+// PodStartOf is PodStart with pods made from tmpl (its spec, labels and
+// annotations; the name, the namespace and the grace period are
+// PodStart's).
+func PodStartOf(ctx context.Context, cs kubernetes.Interface, pods, rounds int, tmpl *corev1.Pod, logf func(string, ...any)) (PodStartResult, error) {
 	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: PodStartNS}}
 	if _, err := cs.CoreV1().Namespaces().Create(ctx, ns, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 		return PodStartResult{}, err
@@ -59,11 +98,12 @@ func PodStart(ctx context.Context, cs kubernetes.Interface, pods, rounds int, im
 	}
 	res := PodStartResult{Pods: pods, Rounds: rounds}
 	for r := 1; r <= rounds; r++ {
-		start, cpu, del, err := podStartRound(ctx, cs, r, pods, image)
+		start, win, cpu, del, err := podStartRound(ctx, cs, r, pods, tmpl)
 		if err != nil {
 			return res, fmt.Errorf("round %d: %w", r, err)
 		}
 		res.StartMS = append(res.StartMS, start...)
+		res.Windows = append(res.Windows, win)
 		res.DeleteS = append(res.DeleteS, del.Seconds())
 		res.CPU = append(res.CPU, cpu)
 		logf("round %d: %d pods, create to Ready p50 %.0f ms, p99 %.0f ms; all deleted in %.1f s; CPU until the last Ready: %s",
@@ -78,30 +118,30 @@ const maxReopen = 5
 // grace is the pods' termination grace period: pause exits on SIGTERM.
 var grace = int64(1)
 
-func podStartRound(ctx context.Context, cs kubernetes.Interface, r, n int, image string) ([]float64, map[string]float64, time.Duration, error) {
+func podStartRound(ctx context.Context, cs kubernetes.Interface, r, n int, tmpl *corev1.Pod) ([]float64, Window, map[string]float64, time.Duration, error) {
 	label := fmt.Sprintf("round-%d", r)
 	sel := "podstart=" + label
+	var win Window
 	w, err := cs.CoreV1().Pods(PodStartNS).Watch(ctx, metav1.ListOptions{LabelSelector: sel})
 	if err != nil {
-		return nil, nil, 0, err
+		return nil, win, nil, 0, err
 	}
 	defer w.Stop()
 	var mu sync.Mutex
 	created := map[string]time.Time{}
-	cpu0 := SampleCPU()
 	errs := make(chan error, n)
 	var wg sync.WaitGroup
+	cpu0 := SampleCPU()
+	win.From = time.Now()
 	for i := 0; i < n; i++ {
 		name := fmt.Sprintf("ps-%d-%d", r, i)
-		pod := &corev1.Pod{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"podstart": label}},
-			Spec: corev1.PodSpec{
-				TerminationGracePeriodSeconds: &grace,
-				Containers: []corev1.Container{{
-					Name: "pause", Image: image, ImagePullPolicy: corev1.PullIfNotPresent,
-				}},
-			},
+		pod := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: PodStartNS,
+			Labels: map[string]string{}, Annotations: tmpl.Annotations}, Spec: *tmpl.Spec.DeepCopy()}
+		for k, v := range tmpl.Labels {
+			pod.Labels[k] = v
 		}
+		pod.Labels["podstart"] = label
+		pod.Spec.TerminationGracePeriodSeconds = &grace
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -116,7 +156,7 @@ func podStartRound(ctx context.Context, cs kubernetes.Interface, r, n int, image
 	wg.Wait()
 	close(errs)
 	if err := <-errs; err != nil {
-		return nil, nil, 0, err
+		return nil, win, nil, 0, err
 	}
 	ready := map[string]time.Duration{}
 	seen := func(pod *corev1.Pod) {
@@ -125,6 +165,7 @@ func podStartRound(ctx context.Context, cs kubernetes.Interface, r, n int, image
 		}
 		mu.Lock()
 		ready[pod.Name] = time.Since(created[pod.Name])
+		win.To = time.Now()
 		mu.Unlock()
 	}
 	timeout := time.After(5 * time.Minute)
@@ -138,17 +179,17 @@ func podStartRound(ctx context.Context, cs kubernetes.Interface, r, n int, image
 				// happened meanwhile and watch again from there. Pods the
 				// list finds Ready are timed at the list, a little late.
 				if reopened++; reopened > maxReopen {
-					return nil, nil, 0, fmt.Errorf("watch closed %d times, %d of %d pods Ready", reopened, len(ready), n)
+					return nil, win, nil, 0, fmt.Errorf("watch closed %d times, %d of %d pods Ready", reopened, len(ready), n)
 				}
 				l, err := cs.CoreV1().Pods(PodStartNS).List(ctx, metav1.ListOptions{LabelSelector: sel})
 				if err != nil {
-					return nil, nil, 0, fmt.Errorf("watch closed, then: %w", err)
+					return nil, win, nil, 0, fmt.Errorf("watch closed, then: %w", err)
 				}
 				for i := range l.Items {
 					seen(&l.Items[i])
 				}
 				if w, err = cs.CoreV1().Pods(PodStartNS).Watch(ctx, metav1.ListOptions{LabelSelector: sel, ResourceVersion: l.ResourceVersion}); err != nil {
-					return nil, nil, 0, fmt.Errorf("watch closed, then: %w", err)
+					return nil, win, nil, 0, fmt.Errorf("watch closed, then: %w", err)
 				}
 				defer w.Stop()
 				continue
@@ -157,7 +198,7 @@ func podStartRound(ctx context.Context, cs kubernetes.Interface, r, n int, image
 				seen(pod)
 			}
 		case <-timeout:
-			return nil, nil, 0, fmt.Errorf("%d of %d pods Ready after 5 minutes", len(ready), n)
+			return nil, win, nil, 0, fmt.Errorf("%d of %d pods Ready after 5 minutes", len(ready), n)
 		}
 	}
 	if reopened > 0 {
@@ -172,7 +213,7 @@ func podStartRound(ctx context.Context, cs kubernetes.Interface, r, n int, image
 	// has stopped it, its sandbox with it (the CNI DEL).
 	t0 := time.Now()
 	if err := cs.CoreV1().Pods(PodStartNS).DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{LabelSelector: sel}); err != nil {
-		return nil, nil, 0, err
+		return nil, win, cpu, 0, err
 	}
 	err = Poll(5*time.Minute, func() error {
 		l, err := cs.CoreV1().Pods(PodStartNS).List(ctx, metav1.ListOptions{LabelSelector: sel})
@@ -184,7 +225,7 @@ func podStartRound(ctx context.Context, cs kubernetes.Interface, r, n int, image
 		}
 		return nil
 	})
-	return ms, cpu, time.Since(t0), err
+	return ms, win, cpu, time.Since(t0), err
 }
 
 // Percentile is the nearest-rank percentile of xs.
@@ -230,4 +271,42 @@ func ComparePodStart(aName string, a PodStartResult, bName string, b PodStartRes
 		return table, fmt.Errorf("missed: %v", misses)
 	}
 	return table, nil
+}
+
+// CompareTimes writes the table of the samples a against b (in ms) at each
+// target's percentile, what naming them, and judges each target: the
+// error lists the misses; no sample on either side is an error too.
+func CompareTimes(what, aName string, a []float64, bName string, b []float64, targets []PodStartTarget) (string, error) {
+	table := fmt.Sprintf("| %s | %s | %s | %s / %s | target |\n|---|---|---|---|---|\n", what, aName, bName, aName, bName)
+	var misses []string
+	for _, tg := range targets {
+		x, y := Percentile(a, tg.Percentile), Percentile(b, tg.Percentile)
+		ratio := x / y
+		met := "met"
+		if y == 0 || ratio > tg.Max {
+			met = "**missed**"
+			misses = append(misses, fmt.Sprintf("p%.0f %.2fx > %.2fx", tg.Percentile, ratio, tg.Max))
+		}
+		table += fmt.Sprintf("| p%.0f (%d and %d samples) | %s ms | %s ms | %.2fx | <= %.2fx, %s |\n",
+			tg.Percentile, len(a), len(b), msString(x), msString(y), ratio, tg.Max, met)
+	}
+	if len(a) == 0 || len(b) == 0 {
+		return table, fmt.Errorf("nothing measured (%d and %d samples)", len(a), len(b))
+	}
+	if len(misses) > 0 {
+		return table, fmt.Errorf("missed: %v", misses)
+	}
+	return table, nil
+}
+
+// msString is ms with a precision that suits it: 3 digits below 10 ms,
+// none above 100.
+func msString(ms float64) string {
+	switch {
+	case ms < 10:
+		return fmt.Sprintf("%.2f", ms)
+	case ms < 100:
+		return fmt.Sprintf("%.1f", ms)
+	}
+	return fmt.Sprintf("%.0f", ms)
 }
