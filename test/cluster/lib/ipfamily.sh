@@ -120,9 +120,16 @@ ipfamily_underlay_up() {
 # ipfamily_node_boot: the node's (node.sh's N, NIP) IPv6 address on its
 # underlay veth, without DAD (it is unique by construction, and would
 # otherwise stay tentative for a second or two after every boot), and
-# its route to the IPv6 Service range through the host.
+# its route to the IPv6 Service range through the host; and IPv6
+# forwarding on, as a dual-stack node has it (kubeadm's preflight asks
+# for it) before its network is installed. Otherwise the bridge plugin's
+# first ADD turns it on, the kernel adds each interface's subnet-router
+# anycast routes (local table, fe80::/128 and the underlay's prefix), and
+# down's leak check finds them (seen with meshwire and the reference
+# alike, two nodes, 2026-11-29).
 ipfamily_node_boot() {
 	[ "$IP_FAMILY" = dual ] || return 0
+	ip netns exec "$N" sysctl -qw net.ipv6.conf.all.forwarding=1
 	ip -n "$N" addr add "$(ip6_of "$NIP")/64" dev eth0 nodad
 	ip -n "$N" route add "$SERVICE_CIDR6" via "$HOST_UL_IP6"
 }
