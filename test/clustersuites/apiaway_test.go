@@ -52,13 +52,6 @@ type APIAwayResult struct {
 	ReadyAfterMS float64 `json:"readyAfterMS"`
 }
 
-func apiAwayLegs() []string {
-	if s := os.Getenv("APIAWAY_LEGS"); s != "" {
-		return strings.Fields(s)
-	}
-	return []string{"meshwire", "istio-cni"}
-}
-
 // TestAPIServerAway (one node): 10 sidecar pods (REDIRECT, the shape
 // istio-cni acts on) bound to the node, kube-apiserver stopped for 60 s
 // just as kubelet starts their sandboxes (a hostPath gate holds them back
@@ -75,15 +68,8 @@ func TestAPIServerAway(t *testing.T) {
 	framework.Must(t, "the repository", err)
 	life := framework.Lifecycle{Repo: repo, Nodes: 1, Logs: reportDir("apiaway", "lifecycle")}
 	var results []APIAwayResult
-	for _, cni := range apiAwayLegs() {
-		c, ok := framework.Running()
-		if !ok || c.CNI != cni || len(c.Nodes) != 1 {
-			if ok {
-				framework.Require(t, "the running cluster ("+c.CNI+") taken down", life.Down("running"))
-			}
-			framework.Require(t, cni+": cluster up", life.Up(cni, cni))
-		}
-		res := apiAway(t, framework.Load(t))
+	for _, cni := range legs("APIAWAY_LEGS", "meshwire", "istio-cni") {
+		res := apiAway(t, clusterOf(t, life, cni))
 		results = append(results, res)
 		b, _ := json.MarshalIndent(res, "", "  ")
 		_ = os.WriteFile(reportDir("apiaway", cni+".json"), b, 0o644)

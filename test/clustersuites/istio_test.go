@@ -48,17 +48,6 @@ func istioInitArgs(runner, mode string) string {
 	return string(b)
 }
 
-// istioRulesLegs are the networks TestIstioRules runs on, in order:
-// istio-cni first, whose readings the meshwire leg is compared with
-// (ISTIO_RULES_LEGS=meshwire compares a meshwire cluster with the
-// readings an earlier run stored).
-func istioRulesLegs() []string {
-	if s := os.Getenv("ISTIO_RULES_LEGS"); s != "" {
-		return strings.Fields(s)
-	}
-	return []string{"istio-cni", "meshwire"}
-}
-
 // TestIstioRules: the same pods on a fresh istio-cni cluster and on a fresh
 // meshwire cluster must be given the same rules. On each network: the
 // REDIRECT and TPROXY sidecar pods of the mesh suite (their rules set by
@@ -84,16 +73,11 @@ func TestIstioRules(t *testing.T) {
 	if c, ok := framework.Running(); ok && c.CNI == "meshwire" && len(c.Nodes) == nodes {
 		restore = true
 	}
-	legs := istioRulesLegs()
-	for _, cni := range legs {
-		c, ok := framework.Running()
-		if !ok || c.CNI != cni || len(c.Nodes) != nodes {
-			if ok {
-				framework.Require(t, "the running cluster ("+c.CNI+") taken down", life.Down("running"))
-			}
-			framework.Require(t, cni+": cluster up", life.Up(cni, cni))
-		}
-		c = framework.Load(t)
+	// istio-cni first, whose readings the meshwire leg is compared with
+	// (ISTIO_RULES_LEGS=meshwire compares a meshwire cluster with the
+	// readings an earlier run stored).
+	for _, cni := range legs("ISTIO_RULES_LEGS", "istio-cni", "meshwire") {
+		c := clusterOf(t, life, cni)
 		dir := reportDir("istio-rules", cni)
 		_ = os.RemoveAll(dir)
 		framework.Must(t, "the report directory "+dir, os.MkdirAll(dir, 0o755))

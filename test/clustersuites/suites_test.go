@@ -12,6 +12,7 @@ package clustersuites
 import (
 	"context"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -46,6 +47,30 @@ func apply(t *testing.T, ctx context.Context, c *framework.Cluster, name string,
 	b, err := c.Manifest(name, vars)
 	framework.Must(t, "render "+name, err)
 	framework.Must(t, "apply "+name, c.Apply(ctx, b))
+}
+
+// legs are the networks a comparing suite runs on, in order: those the
+// environment variable env names (blank-separated; only blanks: none),
+// else def.
+func legs(env string, def ...string) []string {
+	if s := os.Getenv(env); s != "" {
+		return strings.Fields(s)
+	}
+	return def
+}
+
+// clusterOf is the running cluster when its network is cni and it has
+// life.Nodes nodes; else the running one is taken down, with its leak
+// checks, and a fresh one of cni started.
+func clusterOf(t *testing.T, life framework.Lifecycle, cni string) *framework.Cluster {
+	t.Helper()
+	if c, ok := framework.Running(); !ok || c.CNI != cni || len(c.Nodes) != life.Nodes {
+		if ok {
+			framework.Require(t, "the running cluster ("+c.CNI+") taken down", life.Down("running"))
+		}
+		framework.Require(t, cni+": cluster up", life.Up(cni, cni))
+	}
+	return framework.Load(t)
 }
 
 // fresh waits until namespaces of an earlier run are gone.
