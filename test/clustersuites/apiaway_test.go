@@ -68,7 +68,9 @@ func TestAPIServerAway(t *testing.T) {
 	framework.Must(t, "the repository", err)
 	life := framework.Lifecycle{Repo: repo, Nodes: 1, Logs: reportDir("apiaway", "lifecycle")}
 	var results []APIAwayResult
-	for _, cni := range legs("APIAWAY_LEGS", "meshwire", "istio-cni") {
+	nets := legs("APIAWAY_LEGS", "meshwire", "istio-cni")
+	framework.Require(t, "a network to run on (APIAWAY_LEGS)", checkf(len(nets) > 0, "APIAWAY_LEGS names none"))
+	for _, cni := range nets {
 		res := apiAway(t, clusterOf(t, life, cni))
 		results = append(results, res)
 		b, _ := json.MarshalIndent(res, "", "  ")
