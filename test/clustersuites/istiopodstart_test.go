@@ -5,10 +5,8 @@ package clustersuites
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -76,32 +74,20 @@ type auditRow struct {
 // on each leg, every pod's ADD found in its plugin's log (the plugin acted
 // on every pod). The report: istio-podstart/ under the report directory.
 func TestIstioPodStartCompare(t *testing.T) {
-	repo, err := filepath.Abs("../..")
-	framework.Must(t, "the repository", err)
-	life := framework.Lifecycle{Repo: repo, Nodes: clusterNodes(), Logs: reportDir("istio-podstart", "lifecycle")}
-	if _, ok := framework.Running(); ok {
-		framework.Require(t, "the running cluster taken down", life.Down("running"))
-	}
 	order := []string{"istio-cni", "meshwire", "meshwire", "istio-cni"}
-	legs := envInt("PODSTART_LEGS", len(order))
 	start := map[string]framework.PodStartResult{}
 	adds := map[string][]float64{}
 	audits := map[string]framework.AuditCounts{}
 	var medians []string
-	for i := 0; i < legs; i++ {
-		cni := order[i%len(order)]
-		name := fmt.Sprintf("%d-%s", i+1, cni)
-		framework.Require(t, name+": cluster up", life.Up(cni, name))
-		leg := istioPodStartLeg(t, framework.Load(t), name)
+	legs := alternateLegs(t, "istio-podstart", order, func(name, cni string, c *framework.Cluster) any {
+		leg := istioPodStartLeg(t, c, name)
 		start[cni] = start[cni].Add(leg.PodStart)
 		adds[cni] = append(adds[cni], framework.Values(leg.AddMS)...)
 		audits[cni] = audits[cni].Add(leg.audit)
 		medians = append(medians, fmt.Sprintf("%s: pod start p50 %.0f ms, ADD p50 %.2f ms", name,
 			framework.Percentile(leg.PodStart.StartMS, 50), framework.Percentile(framework.Values(leg.AddMS), 50)))
-		b, _ := json.MarshalIndent(leg, "", "  ")
-		_ = os.WriteFile(reportDir("istio-podstart", name+".json"), b, 0o644)
-		framework.Check(t, name+": cluster down, its leak checks passed", life.Down(name))
-	}
+		return leg
+	})
 
 	podTable, podErr := framework.ComparePodStart("meshwire", start["meshwire"], "istio-cni", start["istio-cni"], istioPodStartTargets)
 	addTable, addErr := framework.CompareTimes("the chained plugin's own ADD, from its log", "meshwire intercept", adds["meshwire"], "istio-cni", adds["istio-cni"], istioAddTargets)

@@ -57,27 +57,15 @@ func podStart(t *testing.T, c *framework.Cluster) framework.PodStartResult {
 // MESHWIRE_CLUSTER_NODES nodes, each taken down with its leak checks; the
 // pooled p50 and p99 judged against the targets above.
 func TestPodStartCompare(t *testing.T) {
-	repo, err := filepath.Abs("../..")
-	framework.Must(t, "the repository", err)
-	life := framework.Lifecycle{Repo: repo, Nodes: clusterNodes(), Logs: reportDir("podstart", "lifecycle")}
-	if _, ok := framework.Running(); ok {
-		framework.Require(t, "the running cluster taken down", life.Down("running"))
-	}
 	order := []string{"meshwire", "reference", "reference", "meshwire"}
-	legs := envInt("PODSTART_LEGS", len(order))
 	all := map[string]framework.PodStartResult{}
 	var medians []string
-	for i := 0; i < legs; i++ {
-		cni := order[i%len(order)]
-		name := fmt.Sprintf("%d-%s", i+1, cni)
-		framework.Require(t, name+": cluster up", life.Up(cni, name))
-		res := podStart(t, framework.Load(t))
+	legs := alternateLegs(t, "podstart", order, func(name, cni string, c *framework.Cluster) any {
+		res := podStart(t, c)
 		all[cni] = all[cni].Add(res)
 		medians = append(medians, fmt.Sprintf("%s %.0f ms", name, framework.Percentile(res.StartMS, 50)))
-		b, _ := json.Marshal(res)
-		_ = os.WriteFile(reportDir("podstart", name+".json"), b, 0o644)
-		framework.Check(t, name+": cluster down, its leak checks passed", life.Down(name))
-	}
+		return res
+	})
 	table, err := framework.ComparePodStart("meshwire", all["meshwire"], "reference v1.9.1", all["reference"], podStartTargets)
 	text := fmt.Sprintf("pod start, %s, %d node(s), %d legs (%s)\n\n%s\neach cluster's p50: %s\n\n%s",
 		time.Now().UTC().Format("2006-01-02"), clusterNodes(), legs, strings.Join(order[:min(legs, len(order))], ", "), table, strings.Join(medians, ", "),
@@ -85,4 +73,29 @@ func TestPodStartCompare(t *testing.T) {
 	_ = os.WriteFile(reportDir("podstart", "summary.txt"), []byte(text), 0o644)
 	t.Log("\n" + text)
 	framework.Check(t, "pod start within its targets against the control", err)
+}
+
+// alternateLegs runs leg on PODSTART_LEGS fresh clusters (len(order) by
+// default) of MESHWIRE_CLUSTER_NODES nodes whose networks follow order,
+// over again when the legs outnumber it, after taking down the running
+// cluster; each leg's cluster is named N-NETWORK, its result kept as
+// suite/N-NETWORK.json in the report directory, and it is taken down
+// with its leak checks. It returns how many legs ran.
+func alternateLegs(t *testing.T, suite string, order []string, leg func(name, cni string, c *framework.Cluster) any) int {
+	repo, err := filepath.Abs("../..")
+	framework.Must(t, "the repository", err)
+	life := framework.Lifecycle{Repo: repo, Nodes: clusterNodes(), Logs: reportDir(suite, "lifecycle")}
+	if _, ok := framework.Running(); ok {
+		framework.Require(t, "the running cluster taken down", life.Down("running"))
+	}
+	n := envInt("PODSTART_LEGS", len(order))
+	for i := 0; i < n; i++ {
+		cni := order[i%len(order)]
+		name := fmt.Sprintf("%d-%s", i+1, cni)
+		framework.Require(t, name+": cluster up", life.Up(cni, name))
+		b, _ := json.MarshalIndent(leg(name, cni, framework.Load(t)), "", "  ")
+		_ = os.WriteFile(reportDir(suite, name+".json"), b, 0o644)
+		framework.Check(t, name+": cluster down, its leak checks passed", life.Down(name))
+	}
+	return n
 }
