@@ -86,6 +86,20 @@ INSTALL=${MESHWIRE_CLUSTER_INSTALL:-kubectl}
 case $INSTALL in kubectl | helm) ;; *) echo "MESHWIRE_CLUSTER_INSTALL: kubectl or helm, not '$INSTALL'" >&2; exit 2 ;; esac
 IP_FAMILY=${MESHWIRE_CLUSTER_IP_FAMILY:-ipv4}
 case $IP_FAMILY in ipv4 | dual) ;; *) echo "MESHWIRE_CLUSTER_IP_FAMILY: ipv4 or dual, not '$IP_FAMILY'" >&2; exit 2 ;; esac
+# One cluster at a time on a host, and it is its own checkout's: up from
+# another checkout (a worktree) waits until that cluster is down (up to
+# MESHWIRE_CLUSTER_WAIT seconds, 7200), and down from another checkout
+# refuses (MESHWIRE_CLUSTER_FORCE_DOWN=1 takes it down anyway).
+cluster_owner() { sed -n 's/^REPO=//p' "$STATE/settings" 2>/dev/null; }
+if [ "${1:-}" = up ] && [ -n "$(cluster_owner)" ] && [ "$(cluster_owner)" != "$repo" ]; then
+	echo "cluster.sh: the cluster at $STATE is $(cluster_owner)'s; waiting until it is down" >&2
+	for _ in $(seq "$(( ${MESHWIRE_CLUSTER_WAIT:-7200} / 10 ))"); do [ -e "$STATE" ] || break; sleep 10; done
+	[ ! -e "$STATE" ] || { echo "cluster.sh: $STATE still up after ${MESHWIRE_CLUSTER_WAIT:-7200} s" >&2; exit 1; }
+fi
+if [ "${1:-}" = down ] && [ -n "$(cluster_owner)" ] && [ "$(cluster_owner)" != "$repo" ] && [ "${MESHWIRE_CLUSTER_FORCE_DOWN:-}" != 1 ]; then
+	echo "cluster.sh: the cluster at $STATE is $(cluster_owner)'s, not this checkout's ($repo): it takes it down (MESHWIRE_CLUSTER_FORCE_DOWN=1 to force)" >&2
+	exit 1
+fi
 # A running cluster's own settings win (down, env, node).
 if [ -f "$STATE/settings" ]; then
 	# shellcheck source=/dev/null
@@ -281,8 +295,8 @@ up() {
 	make -C "$repo" build >/tmp/meshwire-cluster-make-build.log 2>&1 || die "make build failed: /tmp/meshwire-cluster-make-build.log"
 	mkdir -p "$PKI" "$KCFG" "$LOGS" "$RUN" "$STATE/config"
 	trap '[ $? = 0 ] || log "up failed: the logs are in $LOGS; $0 down cleans up"' EXIT
-	printf 'BIN=%q\nCNI=%q\nNODES=%q\nRUNTIME=%q\nCONTAINERD=%q\nCTR=%q\nPROXY_MODE=%q\nFIREWALL=%q\nINSTALL=%q\nIP_FAMILY=%q\n' \
-		"$BIN" "$CNI" "$NODES" "$RUNTIME" "$CONTAINERD" "$CTR" "$PROXY_MODE" "$FIREWALL" "$INSTALL" "$IP_FAMILY" >"$STATE/settings"
+	printf 'REPO=%q\nBIN=%q\nCNI=%q\nNODES=%q\nRUNTIME=%q\nCONTAINERD=%q\nCTR=%q\nPROXY_MODE=%q\nFIREWALL=%q\nINSTALL=%q\nIP_FAMILY=%q\n' \
+		"$repo" "$BIN" "$CNI" "$NODES" "$RUNTIME" "$CONTAINERD" "$CTR" "$PROXY_MODE" "$FIREWALL" "$INSTALL" "$IP_FAMILY" >"$STATE/settings"
 	hold_test_lock
 	snapshot_host
 	"$SNAPSHOT" save "$STATE/host-before.json"

@@ -19,6 +19,8 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/meshwire/meshwire/test/harness"
 )
 
 // Description is $STATE/cluster.json, written by cluster.sh up.
@@ -103,6 +105,11 @@ func Load(t testing.TB) *Cluster {
 	c, err := LoadCluster()
 	if err != nil {
 		t.Fatalf("no running cluster to test (make cluster first): %v", err)
+	}
+	// One cluster at a time runs on a host, and a checkout's suites test
+	// its own (another worktree's cluster is another change under test).
+	if root, err := harness.RepoRoot(); err == nil && c.Repo != "" && c.Repo != root {
+		t.Fatalf("the running cluster is %s's, not this checkout's (%s): wait until it is down (flock /run/meshwire-cluster-slot.lock around up, the suites and down)", c.Repo, root)
 	}
 	return c
 }
