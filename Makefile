@@ -185,12 +185,14 @@ image: build
 # RUNTIME=containerd2, PROXY_MODE=nftables, FIREWALL=iptables|nftables,
 # INSTALL=helm (NODES >= 2: meshwire by helm install of conf/helm/meshwire,
 # helm upgrade in cluster-mesh, helm uninstall at cluster-down),
-# IP_FAMILY=dual: the cluster's other shapes (test/cluster/cluster.sh's
-# header).
+# IP_FAMILY=dual, FROM=COMMIT (the nodes start on meshwire at COMMIT, and
+# cluster-mesh's rollout upgrades them to this tree): the cluster's other
+# shapes (test/cluster/cluster.sh's header).
 NODES ?= 1
 CLUSTER_ENV = MESHWIRE_CLUSTER_NODES=$(NODES) $(if $(CNI),MESHWIRE_CLUSTER_CNI=$(CNI)) $(if $(RUNTIME),MESHWIRE_CLUSTER_RUNTIME=$(RUNTIME)) \
 	$(if $(PROXY_MODE),MESHWIRE_CLUSTER_PROXY_MODE=$(PROXY_MODE)) $(if $(FIREWALL),MESHWIRE_CLUSTER_FIREWALL=$(FIREWALL)) \
-	$(if $(INSTALL),MESHWIRE_CLUSTER_INSTALL=$(INSTALL)) $(if $(IP_FAMILY),MESHWIRE_CLUSTER_IP_FAMILY=$(IP_FAMILY))
+	$(if $(INSTALL),MESHWIRE_CLUSTER_INSTALL=$(INSTALL)) $(if $(IP_FAMILY),MESHWIRE_CLUSTER_IP_FAMILY=$(IP_FAMILY)) \
+	$(if $(FROM),MESHWIRE_CLUSTER_FROM=$(FROM))
 cluster:
 	$(CLUSTER_ENV) test/cluster/cluster.sh up
 

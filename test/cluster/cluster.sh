@@ -54,6 +54,10 @@
 #     every node, for the mesh suite's load during `helm upgrade`
 #   MESHWIRE_CLUSTER_IP_FAMILY=dual: IPv4 and IPv6 pods, Services and
 #     nodes (lib/ipfamily.sh); ipv4, the default, IPv4 only
+#   MESHWIRE_CLUSTER_FROM=COMMIT: the nodes start on meshwire as it was at
+#     COMMIT (its image, built from this repository's history, and its
+#     manifest on several nodes), and the image that the mesh suite rolls
+#     out is this tree's: an upgrade in place, old records and all
 #
 # No systemd: the processes are started with setsid and tracked by pid.
 # No registry: every image is imported into containerd (images.sh).
@@ -85,6 +89,7 @@ case $FIREWALL in "" | iptables | nftables) ;; *) echo "MESHWIRE_CLUSTER_FIREWAL
 INSTALL=${MESHWIRE_CLUSTER_INSTALL:-kubectl}
 case $INSTALL in kubectl | helm) ;; *) echo "MESHWIRE_CLUSTER_INSTALL: kubectl or helm, not '$INSTALL'" >&2; exit 2 ;; esac
 IP_FAMILY=${MESHWIRE_CLUSTER_IP_FAMILY:-ipv4}
+FROM=${MESHWIRE_CLUSTER_FROM:-}
 case $IP_FAMILY in ipv4 | dual) ;; *) echo "MESHWIRE_CLUSTER_IP_FAMILY: ipv4 or dual, not '$IP_FAMILY'" >&2; exit 2 ;; esac
 # One cluster at a time on a host, and it is its own checkout's: up from
 # another checkout (a worktree) waits until that cluster is down (up to
@@ -157,13 +162,26 @@ guard() {
 
 # meshwire_images: meshwire's image, built from this tree the way a user
 # builds it (make image); the same image under a second tag, the "new
-# version" the mesh suite rolls out; the test proxy (test/proxy), the
+# version" the mesh suite rolls out (with FROM, latest is FROM's image and
+# only rollout is this tree's); the test proxy (test/proxy), the
 # sidecar of the suites' pods; saved as one archive, $STATE/images.tar,
 # that each node's containerd imports.
 meshwire_images() {
+	local old
+	if [ -n "$FROM" ]; then
+		old=$STATE/from-src
+		log "make image at $FROM (the nodes' first meshwire, log: $LOGS/make-image-from.log)"
+		mkdir -p "$old"
+		git -C "$repo" archive "$FROM" | tar -x -C "$old"
+		make -C "$old" image VERSION="${FROM:0:12}" >"$LOGS/make-image-from.log" 2>&1 || { tail -20 "$LOGS/make-image-from.log" >&2; die "make image at $FROM failed"; }
+	fi
 	log "make image (meshwire's image, log: $LOGS/make-image.log)"
 	make -C "$repo" image >"$LOGS/make-image.log" 2>&1 || { tail -20 "$LOGS/make-image.log" >&2; die "make image failed"; }
 	podman tag localhost/meshwire:latest localhost/meshwire:rollout
+	if [ -n "$FROM" ]; then
+		podman tag "localhost/meshwire:${FROM:0:12}" localhost/meshwire:latest
+		rm -rf "$old"
+	fi
 	local root=$STATE/testproxy-root
 	mkdir -p "$root"
 	cp "$repo/bin/test/proxy" "$root/proxy"
@@ -184,13 +202,18 @@ install_meshwire() {
 		hc install meshwire "$repo/conf/helm/meshwire" -n kube-system >&2
 		return
 	fi
-	if [ "$NODES" -gt 1 ]; then
-		kc apply -f "$repo/conf/kubernetes/daemonset.yaml" >&2
-		return
-	fi
 	local d=$STATE/manifests/meshwire
 	mkdir -p "$d"
-	cp "$repo/conf/kubernetes/daemonset.yaml" "$d/daemonset.yaml"
+	# With FROM, the manifest of that commit (the flags its agent knows).
+	if [ -n "$FROM" ]; then
+		git -C "$repo" show "$FROM:conf/kubernetes/daemonset.yaml" >"$d/daemonset.yaml"
+	else
+		cp "$repo/conf/kubernetes/daemonset.yaml" "$d/daemonset.yaml"
+	fi
+	if [ "$NODES" -gt 1 ]; then
+		kc apply -f "$d/daemonset.yaml" >&2
+		return
+	fi
 	node_conflist >"$d/cluster.conflist"
 	# (With FIREWALL, the conflist has its own intercept entry.)
 	sed -e "s#@STATE@#$STATE#g" -e "s#@POD_CIDR@#$POD_CIDR#g" -e "s#@CNI_VERSION@#$(cni_version)#g" \
@@ -290,13 +313,17 @@ up() {
 		"$here/build.sh" fortio >/dev/null
 	fi
 	ipfamily_check
+	if [ -n "$FROM" ]; then
+		[ "$CNI" = meshwire ] && [ "$INSTALL" = kubectl ] || die "MESHWIRE_CLUSTER_FROM: meshwire's network installed with kubectl only"
+		FROM=$(git -C "$repo" rev-parse --verify -q "$FROM^{commit}") || die "MESHWIRE_CLUSTER_FROM: no commit $MESHWIRE_CLUSTER_FROM in $repo"
+	fi
 	log "binaries: $BIN; $NODES node(s) on $RUNTIME, kube-proxy in $PROXY_MODE mode, pods wired by $CNI${FIREWALL:+ forced to $FIREWALL}, installed with $INSTALL, $IP_FAMILY (pods $POD_CIDRS, Services $SERVICE_CIDRS)"
 	log "make build (log: /tmp/meshwire-cluster-make-build.log)"
 	make -C "$repo" build >/tmp/meshwire-cluster-make-build.log 2>&1 || die "make build failed: /tmp/meshwire-cluster-make-build.log"
 	mkdir -p "$PKI" "$KCFG" "$LOGS" "$RUN" "$STATE/config"
 	trap '[ $? = 0 ] || log "up failed: the logs are in $LOGS; $0 down cleans up"' EXIT
-	printf 'REPO=%q\nBIN=%q\nCNI=%q\nNODES=%q\nRUNTIME=%q\nCONTAINERD=%q\nCTR=%q\nPROXY_MODE=%q\nFIREWALL=%q\nINSTALL=%q\nIP_FAMILY=%q\n' \
-		"$repo" "$BIN" "$CNI" "$NODES" "$RUNTIME" "$CONTAINERD" "$CTR" "$PROXY_MODE" "$FIREWALL" "$INSTALL" "$IP_FAMILY" >"$STATE/settings"
+	printf 'FROM=%q\nREPO=%q\nBIN=%q\nCNI=%q\nNODES=%q\nRUNTIME=%q\nCONTAINERD=%q\nCTR=%q\nPROXY_MODE=%q\nFIREWALL=%q\nINSTALL=%q\nIP_FAMILY=%q\n' \
+		"$FROM" "$repo" "$BIN" "$CNI" "$NODES" "$RUNTIME" "$CONTAINERD" "$CTR" "$PROXY_MODE" "$FIREWALL" "$INSTALL" "$IP_FAMILY" >"$STATE/settings"
 	hold_test_lock
 	snapshot_host
 	"$SNAPSHOT" save "$STATE/host-before.json"
@@ -392,8 +419,8 @@ up_nodes() {
 write_description() {
 	local name first=1
 	{
-		printf '{"state":"%s","bin":"%s","repo":"%s","kubeconfig":"%s","cni":"%s","runtime":"%s","proxyMode":"%s","firewall":"%s","install":"%s","ipFamily":"%s","podCIDR":"%s","serviceCIDR":"%s","podCIDR6":"%s","serviceCIDR6":"%s","apiIP":"%s","nodes":[' \
-			"$STATE" "$BIN" "$repo" "$ADMIN" "$CNI" "$RUNTIME" "$PROXY_MODE" "$FIREWALL" "$INSTALL" "$IP_FAMILY" "$POD_CIDR" "$SERVICE_CIDR" "$POD_CIDR6" "$SERVICE_CIDR6" "$API_IP"
+		printf '{"state":"%s","bin":"%s","repo":"%s","kubeconfig":"%s","cni":"%s","runtime":"%s","proxyMode":"%s","firewall":"%s","install":"%s","from":"%s","ipFamily":"%s","podCIDR":"%s","serviceCIDR":"%s","podCIDR6":"%s","serviceCIDR6":"%s","apiIP":"%s","nodes":[' \
+			"$STATE" "$BIN" "$repo" "$ADMIN" "$CNI" "$RUNTIME" "$PROXY_MODE" "$FIREWALL" "$INSTALL" "$FROM" "$IP_FAMILY" "$POD_CIDR" "$SERVICE_CIDR" "$POD_CIDR6" "$SERVICE_CIDR6" "$API_IP"
 		if [ "$NODES" = 1 ]; then
 			printf '{"name":"%s","ip":"%s","pluginLog":"%s","varLibCNI":"/var/lib/cni","criSocket":"%s","runtimeLog":"%s","enter":[]}' \
 				"$NODE_NAME" "$NODE_IP" "$STATE/meshwire/log/cni.log" "$SOCK" "$LOGS/containerd.log"

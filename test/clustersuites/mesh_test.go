@@ -49,6 +49,9 @@ func meshVars(mode, name, node string) map[string]string {
 // replica's log read, none may be empty), each node's fast path holds a
 // policy per meshed pod of the node and carried messages, EBPF mode's
 // programs hold the node's EBPF pods, and the long-lived connections held.
+// On a cluster started on an earlier meshwire (make cluster FROM=COMMIT)
+// the rollout is the upgrade to this tree's, and the nodes' records of
+// the earlier stores become one record per pod (mesh_upgrade_test.go).
 // On a cluster installed with helm (make cluster INSTALL=helm) the rollout
 // is `helm upgrade --set image.tag=`, under fortio's load and with pods
 // created while it runs (mesh_helm_test.go).
@@ -117,6 +120,10 @@ func TestMesh(t *testing.T) {
 	for _, mode := range meshModes {
 		lines[mode] = m.longLines(mode)
 	}
+	var old map[string]stores
+	if c.From != "" {
+		old = m.fourStores()
+	}
 	var up *upgrade
 	if c.Install == "helm" {
 		up = m.helmUpgrade()
@@ -138,6 +145,9 @@ func TestMesh(t *testing.T) {
 		framework.Require(t, "app-redirect's 2 pods Ready", err)
 	}
 	m.check("after the rollout")
+	if old != nil {
+		m.oneRecordPerPod(old)
+	}
 	if up != nil {
 		m.upgradeChecks(up)
 	}

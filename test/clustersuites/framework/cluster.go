@@ -34,6 +34,10 @@ type Description struct {
 	ProxyMode  string `json:"proxyMode"` // kube-proxy's: iptables or nftables
 	Firewall   string `json:"firewall"`  // the backend meshwire's plugins are forced to, or empty`
 	Install    string `json:"install"`   // how meshwire's DaemonSet was installed: kubectl (or empty) or helm
+	// From is the commit whose meshwire the nodes started on (make
+	// cluster FROM=), the mesh suite's rollout being the upgrade to this
+	// tree's; empty: they started on this tree's.
+	From string `json:"from"`
 	// IPFamily is ipv4 or dual (empty: a cluster from before dual
 	// stack, IPv4 only); Family says which.
 	IPFamily    string `json:"ipFamily"`
