@@ -40,7 +40,7 @@ start() {
 	local name=$1; shift
 	log "starting $name"
 	printf '%q ' "$@" >"$RUN/$name.cmd"
-	setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null &
+	setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null 8>&- &
 	echo $! >"$RUN/$name.pid"
 }
 
