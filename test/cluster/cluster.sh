@@ -91,27 +91,7 @@ case $INSTALL in kubectl | helm) ;; *) echo "MESHWIRE_CLUSTER_INSTALL: kubectl o
 IP_FAMILY=${MESHWIRE_CLUSTER_IP_FAMILY:-ipv4}
 FROM=${MESHWIRE_CLUSTER_FROM:-}
 case $IP_FAMILY in ipv4 | dual) ;; *) echo "MESHWIRE_CLUSTER_IP_FAMILY: ipv4 or dual, not '$IP_FAMILY'" >&2; exit 2 ;; esac
-# One cluster at a time on a host, and it is its own checkout's: up from
-# another checkout (a worktree) waits until that cluster is down (up to
-# MESHWIRE_CLUSTER_WAIT seconds, 7200), and down from another checkout
-# refuses (MESHWIRE_CLUSTER_FORCE_DOWN=1 takes it down anyway). Each up
-# holds $UP_LOCK while it waits and until it returns, so that two waiting
-# ups do not both start (start() closes it for the cluster's processes).
-UP_LOCK=/run/meshwire-cluster-up.lock
-cluster_owner() { sed -n 's/^REPO=//p' "$STATE/settings" 2>/dev/null; }
-if [ "${1:-}" = up ]; then
-	exec 8>"$UP_LOCK"
-	flock -n 8 || { echo "cluster.sh: another up is under way or waiting ($UP_LOCK); waiting" >&2; flock 8; }
-	if [ -n "$(cluster_owner)" ] && [ "$(cluster_owner)" != "$repo" ]; then
-		echo "cluster.sh: the cluster at $STATE is $(cluster_owner)'s; waiting until it is down" >&2
-		for _ in $(seq "$(( ${MESHWIRE_CLUSTER_WAIT:-7200} / 10 ))"); do [ -e "$STATE" ] || break; sleep 10; done
-		[ ! -e "$STATE" ] || { echo "cluster.sh: $STATE still up after ${MESHWIRE_CLUSTER_WAIT:-7200} s" >&2; exit 1; }
-	fi
-fi
-if [ "${1:-}" = down ] && [ -n "$(cluster_owner)" ] && [ "$(cluster_owner)" != "$repo" ] && [ "${MESHWIRE_CLUSTER_FORCE_DOWN:-}" != 1 ]; then
-	echo "cluster.sh: the cluster at $STATE is $(cluster_owner)'s, not this checkout's ($repo): it takes it down (MESHWIRE_CLUSTER_FORCE_DOWN=1 to force)" >&2
-	exit 1
-fi
+cluster_slot "${1:-}"
 # A running cluster's own settings win (down, env, node).
 if [ -f "$STATE/settings" ]; then
 	# shellcheck source=/dev/null
