@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/meshwire/meshwire/internal/killpoint"
+	"github.com/meshwire/meshwire/internal/poll"
 	"github.com/meshwire/meshwire/internal/probe"
 	"github.com/meshwire/meshwire/test/harness"
 )
@@ -286,6 +287,16 @@ func TestChaosLoopbackAndIntercept(t *testing.T) {
 		chaosPodSetup(t, ns, [][]string{{"ip", "link", "add", "eth9", "type", "veth", "peer", "name", "eth8"},
 			{"ip", "addr", "add", "fd42:6d77::2/64", "dev", "eth9", "nodad"},
 			{"ip", "link", "set", "lo", "up"}, {"ip", "link", "set", "lo", "down"}})
+		// The kernel inserts the address's local route from a work
+		// queue, even with nodad: on a busy machine after the
+		// commands return (seen once in 104 pods: the route "added"
+		// between this snapshot and the one after the DEL).
+		if err := poll.Until(5*time.Second, func() bool {
+			out, _ := ns.Exec("ip", "-6", "route", "show", "table", "local", "fd42:6d77::2")
+			return strings.Contains(out, "fd42:6d77::2")
+		}); err != nil {
+			t.Fatalf("%s: the local route of fd42:6d77::2: %v", ns.Name, err)
+		}
 		pods = append(pods, pod{ns, chaosPodSnapshot(t, ns)})
 		return ns
 	})
