@@ -35,12 +35,14 @@ bin_dir() {
 }
 
 # start NAME CMD...: run CMD in a session of its own, output to
-# $LOGS/NAME.log, pid in $RUN/NAME.pid, command line in $RUN/NAME.cmd.
+# $LOGS/NAME.log, pid in $RUN/NAME.pid, command line in $RUN/NAME.cmd;
+# without the caller's fd 3 (where `flock LOCK cmd` holds a lock) and 8
+# (UP_LOCK), which the cluster's processes must not keep.
 start() {
 	local name=$1; shift
 	log "starting $name"
 	printf '%q ' "$@" >"$RUN/$name.cmd"
-	setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null 8>&- &
+	setsid "$@" >>"$LOGS/$name.log" 2>&1 </dev/null 3>&- 8>&- &
 	echo $! >"$RUN/$name.pid"
 }
 
@@ -53,6 +55,9 @@ stop() {
 	pid=$(cat "$RUN/$name.pid")
 	if kill -0 "$pid" 2>/dev/null; then
 		log "stopping $name (pid $pid)"
+		# The kernel tests' lock as a group: while it waits, its flock
+		# is a child that holds the lock once it gets it.
+		[ "$name" != kernel-test-lock ] || kill -TERM -- "-$pid" 2>/dev/null || true
 		kill -TERM "$pid" 2>/dev/null || true
 		for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
 		kill -0 "$pid" 2>/dev/null && { log "$name still running: SIGKILL"; kill -KILL "$pid" 2>/dev/null || true; sleep 0.5; }
