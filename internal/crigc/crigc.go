@@ -123,6 +123,8 @@ type NetworkReport struct {
 	// PluginGC is false when the conflist's cniVersion is below 1.1.0:
 	// its plugins have no GC, only the cached attachments were DELed.
 	PluginGC bool
+	// Disabled: the conflist says "disableGC", and nothing was done.
+	Disabled bool
 }
 
 // Report is what Run did.
@@ -288,6 +290,10 @@ func (o *Options) network(ctx context.Context, cni *libcni.CNIConfig, l *libcni.
 	cached []*libcni.NetworkAttachment, records map[string]podstate.Record,
 ) (NetworkReport, error) {
 	nr := NetworkReport{Network: l.Name}
+	if l.DisableGC {
+		nr.Disabled = true // the conflist's "disableGC": no runtime GCs it
+		return nr, nil
+	}
 	seen, cachedSeen, err := o.seen(l, cni, cached, records)
 	if err != nil {
 		return nr, err
@@ -443,6 +449,10 @@ func (r *Report) Write(w io.Writer, minAge time.Duration) {
 	fmt.Fprintf(w, "listed %d pod sandboxes over CRI at %s; kept what was made after %s (min-age %s)\n",
 		len(r.Sandboxes), r.ListedAt.UTC().Format(time.RFC3339Nano), r.Cutoff.UTC().Format(time.RFC3339Nano), minAge)
 	for _, n := range r.Networks {
+		if n.Disabled {
+			fmt.Fprintf(w, "network %s: not collected (its conflist says disableGC)\n", n.Network)
+			continue
+		}
 		fmt.Fprintf(w, "network %s: %d valid attachments, %d of them for their age alone", n.Network, len(n.Valid), len(n.Young))
 		for _, y := range n.Young {
 			fmt.Fprintf(w, " (%s %s, %s, %s)", short(y.ContainerID), y.IfName, y.Where, y.Since.UTC().Format(time.RFC3339Nano))

@@ -303,6 +303,21 @@ func TestRunAgeRule(t *testing.T) {
 	}
 }
 
+// A conflist with "disableGC" is left alone, as a runtime must.
+func TestRunDisableGC(t *testing.T) {
+	n := newNode(t)
+	n.add("lost")
+	n.age("lost", time.Now().Add(-time.Hour))
+	n.list.DisableGC = true
+	r, err := Run(context.Background(), n.options(serveCRI(t, &fakeCRI{}), time.Minute))
+	if err != nil || !r.Networks[0].Disabled {
+		t.Fatalf("%+v, %v", r, err)
+	}
+	if got := n.holders() + " " + n.cached(); got != "lost lost" {
+		t.Errorf("a disableGC network was collected: %s", got)
+	}
+}
+
 // Errors come before any change: a socket that is not one, a runtime
 // that does not answer or fails the listing, a plugin not on the path,
 // a negative min-age.
