@@ -125,6 +125,9 @@ func New(o Options) (*Agent, error) {
 	l := nodelayout.At(o.StateDir)
 	store := podstate.New(l)
 	a := &Agent{o: o, in: in, layout: l, store: store, rep: &Repairer{BinDir: o.Install.BinDir, Store: store}}
+	// The first runtime GC a round after the start: the installer's
+	// config in place, the runtime's sandboxes back after a reboot.
+	a.lastGC = time.Now()
 	if o.Fastpath != nil {
 		a.fp = &FastpathOwner{Config: *o.Fastpath, Adopt: true, Store: store}
 		if a.fp.Config.PinDir == "" {
