@@ -27,7 +27,8 @@ const meshNS = "mwk-mesh"
 
 var meshModes = []string{"redirect", "tproxy", "ebpf"}
 
-// meshVars fills manifests/mesh.yaml for one mode's Deployment.
+// meshVars fills manifests/mesh.yaml for one mode's Deployment (the
+// cluster fills @ISTIO_DUAL_STACK@: framework.FamilyVars).
 func meshVars(mode, name, node string) map[string]string {
 	v := map[string]string{"NAMESPACE": meshNS, "NAME": name, "NODE": node, "MODE": mode, "ISTIO_MODE": "REDIRECT",
 		"MESHWIRE_MODE": strings.ToUpper(mode), "PROXY_MODE": "redirect", "PROXY_UID": "1337", "PROXY_CAPS": "[]"}
@@ -49,6 +50,13 @@ func meshVars(mode, name, node string) map[string]string {
 // replica's log read, none may be empty), each node's fast path holds a
 // policy per meshed pod of the node and carried messages, EBPF mode's
 // programs hold the node's EBPF pods, and the long-lived connections held.
+// On a dual-stack cluster (make cluster IP_FAMILY=dual) the pods are
+// dual stack as Istio makes them (ISTIO_DUAL_STACK, mesh.yaml), the
+// Services RequireDualStack, and the same is checked over IPv6 too: to the
+// Services' IPv6 ClusterIPs and the servers' IPv6 addresses (the app sees
+// ::6, Istio's IPv6 passthrough address), sidecar to sidecar with the
+// IPv6 ClusterIP in the caller's outbound log, and a long-lived
+// connection per mode over IPv6 (mesh-clients6.yaml).
 // On a cluster installed with helm (make cluster INSTALL=helm) the rollout
 // is `helm upgrade --set image.tag=`, under fortio's load and with pods
 // created while it runs (mesh_helm_test.go).
@@ -103,19 +111,38 @@ func TestMesh(t *testing.T) {
 			return dnsAnswers(ctx, c, "app-"+m+"."+meshNS+".svc.cluster.local")
 		})
 	}
+	m := &mesh{t: t, ctx: ctx, c: c, callers: callers, long: []string{"long"}}
 	apply(t, ctx, c, "mesh-clients.yaml", map[string]string{"NODE": callers})
 	for _, p := range []string{"client", "long"} {
 		framework.Require(t, p+" Ready", framework.Poll(2*time.Minute, podReady(ctx, c, meshNS, p)))
 	}
-	m := &mesh{t: t, ctx: ctx, c: c, callers: callers}
+	if c.Family() == "dual" {
+		// The same over IPv6, once the client reaches each Service at
+		// its IPv6 ClusterIP (kube-proxy syncs each family on its own).
+		vars := map[string]string{"NODE": callers}
+		for _, mode := range meshModes {
+			v6 := m.serviceIPv6(mode)
+			addr := net.JoinHostPort(v6, "80")
+			framework.Eventually(t, "the client reaches Service app-"+mode+" at "+addr, time.Minute, func() error {
+				_, err := get(ctx, c, meshNS, "client", "client", "http://"+addr+"/clientip")
+				return err
+			})
+			vars[strings.ToUpper(mode)] = v6
+		}
+		apply(t, ctx, c, "mesh-clients6.yaml", vars)
+		framework.Require(t, "long6 Ready", framework.Poll(2*time.Minute, podReady(ctx, c, meshNS, "long6")))
+		m.long = append(m.long, "long6")
+	}
 	m.check("before the rollout")
 
 	// A new image tag rolled out under the running pods: every node's
 	// agent restarts; connections stay up, and the pods' fast-path
 	// policies come back from the plugin's records.
 	lines := map[string]int{}
-	for _, mode := range meshModes {
-		lines[mode] = m.longLines(mode)
+	for _, pod := range m.long {
+		for _, mode := range meshModes {
+			lines[pod+"/"+mode] = m.longLines(pod, mode)
+		}
 	}
 	var up *upgrade
 	if c.Install == "helm" {
@@ -124,10 +151,12 @@ func TestMesh(t *testing.T) {
 		m.rollout()
 	}
 	time.Sleep(3 * time.Second)
-	for _, mode := range meshModes {
-		n := m.longLines(mode)
-		framework.Checkf(t, fmt.Sprintf("after the rollout: the long-lived connection to %s held (%d lines echoed before, %d now)", mode, lines[mode], n),
-			n > lines[mode], "it echoed nothing since")
+	for _, pod := range m.long {
+		for _, mode := range meshModes {
+			n, before := m.longLines(pod, mode), lines[pod+"/"+mode]
+			framework.Checkf(t, fmt.Sprintf("after the rollout: %s's long-lived connection to %s held (%d lines echoed before, %d now)", pod, mode, before, n),
+				n > before, "it echoed nothing since")
+		}
 	}
 	if up == nil {
 		// A pod started after the rollout is meshed by the new agent's plugins.
@@ -153,7 +182,20 @@ type mesh struct {
 	t       *testing.T
 	ctx     context.Context
 	c       *framework.Cluster
-	callers string // the node of the callers and clients
+	callers string   // the node of the callers and clients
+	long    []string // the pods of long-lived connections: long, and long6 in dual stack
+}
+
+// serviceIPv6 is the IPv6 ClusterIP of mode's Service, which a dual-stack
+// cluster must give it, or it ends the test.
+func (m *mesh) serviceIPv6(mode string) string {
+	svc, err := m.c.Client.CoreV1().Services(meshNS).Get(m.ctx, "app-"+mode, metav1.GetOptions{})
+	framework.Require(m.t, "Service app-"+mode, err)
+	v6 := framework.IPv6(svc.Spec.ClusterIPs)
+	if v6 == "" {
+		framework.Require(m.t, "Service app-"+mode+" has an IPv6 ClusterIP (RequireDualStack)", fmt.Errorf("its ClusterIPs are %v", svc.Spec.ClusterIPs))
+	}
+	return v6
 }
 
 // check runs every check of one stage.
@@ -175,22 +217,51 @@ func (m *mesh) check(stage string) {
 		reply, err := hostGet("http://" + nodePortAddr + "/clientip")
 		framework.Check(t, fmt.Sprintf("%s: host -> %s via NodePort %s: through the sidecar", stage, mode, nodePortAddr), viaSidecar(reply, err))
 		// Sidecar to sidecar: next's caller's app, through its sidecar's
-		// outbound listener, to mode's Service, then mode's server's
-		// sidecar's inbound one.
+		// outbound listener, to mode's Service (by name: IPv4, which
+		// the resolver prefers to the cluster's ULA IPv6), then mode's
+		// server's sidecar's inbound one.
+		type call struct {
+			host, clusterIP string
+			via             func(string, error) error
+		}
+		calls := []call{{"app-" + mode, svc.Spec.ClusterIP, viaSidecar}}
+		if c.Family() == "dual" {
+			// Over IPv6: to the Service's IPv6 ClusterIP, and to each
+			// server's IPv6 address (no kube-proxy on the way); the
+			// host's NodePort stays IPv4: the one node's IPv6 address
+			// is the machine's uplink, which tests never use.
+			v6 := m.serviceIPv6(mode)
+			targets := []string{net.JoinHostPort(v6, "80")}
+			servers, err := c.Pods(ctx, meshNS, "app=app-"+mode)
+			framework.Require(t, stage+": app-"+mode, err)
+			for _, p := range servers {
+				ip := framework.PodIPv6(&p)
+				if framework.Checkf(t, stage+": "+p.Name+" has an IPv6 address", ip != "", "its addresses are %v", p.Status.PodIPs) {
+					targets = append(targets, net.JoinHostPort(ip, "8080"))
+				}
+			}
+			for _, target := range targets {
+				reply, err := get(ctx, c, meshNS, "client", "client", "http://"+target+"/clientip")
+				framework.Check(t, fmt.Sprintf("%s: client -> %s via %s: through the sidecar", stage, mode, target), viaSidecar6(reply, err))
+			}
+			calls = append(calls, call{"[" + v6 + "]", v6, viaSidecar6})
+		}
 		pods, err := c.Pods(ctx, meshNS, "app=caller-"+next)
 		framework.Require(t, stage+": caller-"+next, err)
-		for _, p := range pods {
-			want := fmt.Sprintf(`outbound to %s:80`, svc.Spec.ClusterIP)
-			outs := m.count(p.Name, func(r proxylog.Record) bool {
-				return r.Event == "conn" && r.Listener == "outbound" && r.OrigDst == svc.Spec.ClusterIP+":80"
-			})
-			out, err := c.Exec(ctx, meshNS, p.Name, "app", "curl", "-sS", "-m", "10", "http://app-"+mode+"/clientip")
-			framework.Check(t, fmt.Sprintf("%s: %s's app on %s -> %s: through both sidecars", stage, p.Name, p.Spec.NodeName, mode), viaSidecar(strings.TrimSpace(out), err))
-			n := m.count(p.Name, func(r proxylog.Record) bool {
-				return r.Event == "conn" && r.Listener == "outbound" && r.OrigDst == svc.Spec.ClusterIP+":80"
-			})
-			framework.Checkf(t, fmt.Sprintf("%s: %s's sidecar logged the connection (%s)", stage, p.Name, want),
-				outs >= 0 && n >= outs+1, "%d such connections before, %d after", outs, n)
+		for _, call := range calls {
+			origDst := net.JoinHostPort(call.clusterIP, "80")
+			outbound := func(r proxylog.Record) bool {
+				return r.Event == "conn" && r.Listener == "outbound" && r.OrigDst == origDst
+			}
+			for _, p := range pods {
+				outs := m.count(p.Name, outbound)
+				out, err := c.Exec(ctx, meshNS, p.Name, "app", "curl", "-gsS", "-m", "10", "http://"+call.host+"/clientip")
+				framework.Check(t, fmt.Sprintf("%s: %s's app on %s -> %s via %s: through both sidecars", stage, p.Name, p.Spec.NodeName, mode, call.host),
+					call.via(strings.TrimSpace(out), err))
+				n := m.count(p.Name, outbound)
+				framework.Checkf(t, fmt.Sprintf("%s: %s's sidecar logged the connection (outbound to %s)", stage, p.Name, origDst),
+					outs >= 0 && n >= outs+1, "%d such connections before, %d after", outs, n)
+			}
 		}
 	}
 	// Kubelet's probes of the status ports: never captured, on any
@@ -226,10 +297,18 @@ func (m *mesh) check(stage string) {
 				after[node.Name] > before[node.Name], "%g before, %g after", before[node.Name], after[node.Name])
 		}
 	}
-	long, err := c.Client.CoreV1().Pods(meshNS).Get(ctx, "long", metav1.GetOptions{})
-	framework.Require(t, stage+": pod long", err)
-	for _, s := range long.Status.ContainerStatuses {
-		framework.Checkf(t, fmt.Sprintf("%s: the long-lived connection to %s held", stage, s.Name), s.RestartCount == 0, "%d restarts", s.RestartCount)
+	m.longHeld(stage)
+}
+
+// longHeld: no container of the long-lived connections' pods restarted
+// (nc exits when its connection breaks).
+func (m *mesh) longHeld(stage string) {
+	for _, pod := range m.long {
+		p, err := m.c.Client.CoreV1().Pods(meshNS).Get(m.ctx, pod, metav1.GetOptions{})
+		framework.Require(m.t, stage+": pod "+pod, err)
+		for _, s := range p.Status.ContainerStatuses {
+			framework.Checkf(m.t, fmt.Sprintf("%s: %s's long-lived connection to %s held", stage, pod, s.Name), s.RestartCount == 0, "%d restarts", s.RestartCount)
+		}
 	}
 }
 
@@ -286,10 +365,10 @@ func (m *mesh) redirected() map[string]float64 {
 	return out
 }
 
-// longLines is how many lines the long-lived connection to mode echoed.
-func (m *mesh) longLines(mode string) int {
-	out, err := m.c.Logs(m.ctx, meshNS, "long", mode)
-	framework.Must(m.t, "the log of long's "+mode, err)
+// longLines is how many lines pod's long-lived connection to mode echoed.
+func (m *mesh) longLines(pod, mode string) int {
+	out, err := m.c.Logs(m.ctx, meshNS, pod, mode)
+	framework.Must(m.t, "the log of "+pod+"'s "+mode, err)
 	return strings.Count(out, "\n")
 }
 
@@ -374,12 +453,20 @@ func (m *mesh) rolloutDone(r *rolling, samePolicies bool) {
 // viaSidecar is a check's error: nil when the application's /clientip
 // answered the sidecar's passthrough address (127.0.0.6): the connection
 // came through the sidecar.
-func viaSidecar(reply string, err error) error {
+func viaSidecar(reply string, err error) error { return viaPassthrough(reply, err, "127.0.0.6") }
+
+// viaSidecar6 is viaSidecar over IPv6: the sidecar's IPv6 passthrough
+// address is ::6 (Istio's InboundPassthroughBindIpv6).
+func viaSidecar6(reply string, err error) error { return viaPassthrough(reply, err, "::6") }
+
+// viaPassthrough: the application's /clientip answered src, the
+// sidecar's passthrough address of the connection's family.
+func viaPassthrough(reply string, err error, src string) error {
 	if err != nil {
 		return err
 	}
-	if !strings.HasPrefix(reply, "127.0.0.6:") {
-		return fmt.Errorf("the application saw %q, not the sidecar's 127.0.0.6", reply)
+	if want := net.JoinHostPort(src, ""); !strings.HasPrefix(reply, want) {
+		return fmt.Errorf("the application saw %q, not the sidecar's %s", reply, src)
 	}
 	return nil
 }
