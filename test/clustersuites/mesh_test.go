@@ -121,7 +121,9 @@ func TestMesh(t *testing.T) {
 		// its IPv6 ClusterIP (kube-proxy syncs each family on its own).
 		vars := map[string]string{"NODE": callers}
 		for _, mode := range meshModes {
-			v6 := m.serviceIPv6(mode)
+			svc, err := c.Client.CoreV1().Services(meshNS).Get(ctx, "app-"+mode, metav1.GetOptions{})
+			framework.Require(t, "Service app-"+mode, err)
+			v6 := clusterIPv6(t, svc)
 			addr := net.JoinHostPort(v6, "80")
 			framework.Eventually(t, "the client reaches Service app-"+mode+" at "+addr, time.Minute, func() error {
 				_, err := get(ctx, c, meshNS, "client", "client", "http://"+addr+"/clientip")
@@ -186,14 +188,12 @@ type mesh struct {
 	long    []string // the pods of long-lived connections: long, and long6 in dual stack
 }
 
-// serviceIPv6 is the IPv6 ClusterIP of mode's Service, which a dual-stack
-// cluster must give it, or it ends the test.
-func (m *mesh) serviceIPv6(mode string) string {
-	svc, err := m.c.Client.CoreV1().Services(meshNS).Get(m.ctx, "app-"+mode, metav1.GetOptions{})
-	framework.Require(m.t, "Service app-"+mode, err)
+// clusterIPv6 is the Service's IPv6 ClusterIP, which a dual-stack
+// cluster must give it (RequireDualStack), or it ends the test.
+func clusterIPv6(t *testing.T, svc *corev1.Service) string {
 	v6 := framework.IPv6(svc.Spec.ClusterIPs)
 	if v6 == "" {
-		framework.Require(m.t, "Service app-"+mode+" has an IPv6 ClusterIP (RequireDualStack)", fmt.Errorf("its ClusterIPs are %v", svc.Spec.ClusterIPs))
+		framework.Require(t, "Service "+svc.Name+" has an IPv6 ClusterIP (RequireDualStack)", fmt.Errorf("its ClusterIPs are %v", svc.Spec.ClusterIPs))
 	}
 	return v6
 }
@@ -230,7 +230,7 @@ func (m *mesh) check(stage string) {
 			// server's IPv6 address (no kube-proxy on the way); the
 			// host's NodePort stays IPv4: the one node's IPv6 address
 			// is the machine's uplink, which tests never use.
-			v6 := m.serviceIPv6(mode)
+			v6 := clusterIPv6(t, svc)
 			targets := []string{net.JoinHostPort(v6, "80")}
 			servers, err := c.Pods(ctx, meshNS, "app=app-"+mode)
 			framework.Require(t, stage+": app-"+mode, err)
