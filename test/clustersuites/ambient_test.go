@@ -276,40 +276,51 @@ func (a *ambient) sidecarAndAmbient() {
 	ssvc, err := c.Client.CoreV1().Services(ambMeshNS).Get(ctx, "app-redirect", metav1.GetOptions{})
 	framework.Must(t, "Service app-redirect", err)
 
-	// Over IPv4 by the Services' names, and in dual stack over IPv6 to
-	// their IPv6 ClusterIPs.
-	type leg struct {
+	// Each family's addresses of the sidecar's end: the sidecar pod's,
+	// its Service's and its passthrough address (the app's are a.fams).
+	type end struct{ side, ssvc, passthrough string }
+	ends := []end{{side.Status.PodIP, ssvc.Spec.ClusterIP, passthrough4}}
+	// By the Services' names, over the family the resolver picks; in
+	// dual stack, each family by the Services' addresses too.
+	type call struct {
 		appHost, sideHost string // the URL hosts of the app's and the sidecar pod's Services
-		side, ssvc        string // the sidecar pod's and its Service's address
-		via               func(string, error) error
-		f                 family
+		fams              []int  // the families (of ends and a.fams) the calls may take
 	}
-	legs := []leg{{"app." + ambNS, "app-redirect." + ambMeshNS, side.Status.PodIP, ssvc.Spec.ClusterIP, viaSidecar, a.fams[0]}}
+	calls := []call{{"app." + ambNS, "app-redirect." + ambMeshNS, []int{0}}}
 	if len(a.fams) > 1 {
-		f := a.fams[1]
-		sside, sv6 := framework.PodIPv6(&side), framework.IPv6(ssvc.Spec.ClusterIPs)
+		e := end{framework.PodIPv6(&side), framework.IPv6(ssvc.Spec.ClusterIPs), passthrough6}
 		framework.Require(t, "9. the sidecar pod and its Service have IPv6 addresses (dual stack)",
-			nonEmpty("the sidecar pod", sside, "Service app-redirect (RequireDualStack)", sv6))
-		legs = append(legs, leg{"[" + f.svc + "]", "[" + sv6 + "]", sside, sv6, viaSidecar6, f})
+			nonEmpty("the sidecar pod", e.side, "Service app-redirect (RequireDualStack)", e.ssvc))
+		ends = append(ends, e)
+		calls = []call{{"app." + ambNS, "app-redirect." + ambMeshNS, []int{0, 1}},
+			{a.fams[0].svc, ends[0].ssvc, []int{0}}, {"[" + a.fams[1].svc + "]", "[" + e.ssvc + "]", []int{1}}}
 	}
-	for _, l := range legs {
-		out, err := c.Exec(ctx, ambMeshNS, side.Name, "app", "curl", "-gsS", "-m", "10", "http://"+l.appHost+"/clientip")
-		reply := strings.TrimSpace(out)
-		if want := net.JoinHostPort(l.side, ""); err == nil && !strings.HasPrefix(reply, want) {
-			err = fmt.Errorf("the app saw %q, not the sidecar pod's %s", reply, l.side)
+	// pick is the family, among fams, whose address of what the app saw
+	// (of) the reply names.
+	pick := func(reply string, err error, whose string, fams []int, of func(int) string) (int, error) {
+		addrs := make([]string, len(fams))
+		for i, f := range fams {
+			addrs[i] = of(f)
 		}
-		framework.Check(t, "9. sidecar pod ("+a.client.Name+") -> ambient app ("+a.app.Name+") via "+l.appHost+": answered, from the sidecar pod's address "+l.side, err)
-		svcDst := net.JoinHostPort(l.f.svc, "80")
+		i, err := answeredFrom(reply, err, whose, addrs...)
+		return fams[i], err
+	}
+	for _, l := range calls {
+		out, err := c.Exec(ctx, ambMeshNS, side.Name, "app", "curl", "-gsS", "-m", "10", "http://"+l.appHost+"/clientip")
+		i, err := pick(strings.TrimSpace(out), err, "the sidecar pod's", l.fams, func(i int) string { return ends[i].side })
+		framework.Check(t, "9. sidecar pod ("+a.client.Name+") -> ambient app ("+a.app.Name+") via "+l.appHost+": answered, from the sidecar pod's address "+ends[i].side, err)
+		svcDst := net.JoinHostPort(a.fams[i].svc, "80")
 		framework.Check(t, "9. ... through the sidecar's outbound listener (orig_dst "+svcDst+")", countAtLeast(a.c, ctx, ambMeshNS, side.Name, func(r proxylog.Record) bool {
 			return r.Event == "conn" && r.Listener == "outbound" && r.OrigDst == svcDst
 		}))
-		framework.Check(t, "9. ... and the app's stand-in's inbound listener", a.ztHas("", isConn("inbound", l.side, net.JoinHostPort(l.f.app, "8080"), a.appUID)))
+		framework.Check(t, "9. ... and the app's stand-in's inbound listener", a.ztHas("", isConn("inbound", ends[i].side, net.JoinHostPort(a.fams[i].app, "8080"), a.appUID)))
 
 		out, err = c.Exec(ctx, ambNS, "app", "app", "curl", "-gsS", "-m", "10", "http://"+l.sideHost+"/clientip")
-		framework.Check(t, "9. ambient app -> sidecar pod via "+l.sideHost+": answered through the sidecar's inbound listener", l.via(strings.TrimSpace(out), err))
-		ssvcDst := net.JoinHostPort(l.ssvc, "80")
+		i, err = pick(strings.TrimSpace(out), err, "the sidecar's", l.fams, func(i int) string { return ends[i].passthrough })
+		framework.Check(t, "9. ambient app -> sidecar pod via "+l.sideHost+": answered through the sidecar's inbound listener ("+ends[i].passthrough+")", err)
+		ssvcDst := net.JoinHostPort(ends[i].ssvc, "80")
 		framework.Check(t, "9. ... the app's connection went through its stand-in's outbound listener (orig_dst "+ssvcDst+")",
-			a.ztHas("", isConn("outbound", l.f.app, ssvcDst, a.appUID)))
+			a.ztHas("", isConn("outbound", a.fams[i].app, ssvcDst, a.appUID)))
 	}
 }
 
@@ -360,13 +371,8 @@ func (a *ambient) podIPv6(ns, name string) string {
 // f (the stand-in keeps it).
 func (a *ambient) clientGets(f family) error {
 	reply, err := get(a.ctx, a.c, ambClientNS, "client", "client", "http://"+net.JoinHostPort(f.svc, "80")+"/clientip")
-	if err != nil {
-		return err
-	}
-	if !strings.HasPrefix(reply, net.JoinHostPort(f.cli, "")) {
-		return fmt.Errorf("answered %q, want the client's address %s", reply, f.cli)
-	}
-	return nil
+	_, err = answeredFrom(reply, err, "the client's", f.cli)
+	return err
 }
 
 func (a *ambient) label(ns, value string) {

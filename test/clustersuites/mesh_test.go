@@ -52,11 +52,12 @@ func meshVars(mode, name, node string) map[string]string {
 // programs hold the node's EBPF pods, and the long-lived connections held.
 // On a dual-stack cluster (make cluster IP_FAMILY=dual) the pods are
 // dual stack as Istio makes them (ISTIO_DUAL_STACK, mesh.yaml), the
-// Services RequireDualStack, and the same is checked over IPv6 too: to the
-// Services' IPv6 ClusterIPs and the servers' IPv6 addresses (the app sees
-// ::6, Istio's IPv6 passthrough address), sidecar to sidecar with the
-// IPv6 ClusterIP in the caller's outbound log, and a long-lived
-// connection per mode over IPv6 (mesh-clients6.yaml).
+// Services RequireDualStack, and the same is checked over each family by
+// address: IPv6 to the Services' IPv6 ClusterIPs and the servers' IPv6
+// addresses (the app sees ::6, Istio's IPv6 passthrough address), sidecar
+// to sidecar with the ClusterIP of the family in the caller's outbound
+// log, and a long-lived connection per mode and family (mesh-long.yaml);
+// by name, the family the resolver picks.
 // On a cluster installed with helm (make cluster INSTALL=helm) the rollout
 // is `helm upgrade --set image.tag=`, under fortio's load and with pods
 // created while it runs (mesh_helm_test.go).
@@ -117,9 +118,11 @@ func TestMesh(t *testing.T) {
 		framework.Require(t, p+" Ready", framework.Poll(2*time.Minute, podReady(ctx, c, meshNS, p)))
 	}
 	if c.Family() == "dual" {
-		// The same over IPv6, once the client reaches each Service at
-		// its IPv6 ClusterIP (kube-proxy syncs each family on its own).
-		vars := map[string]string{"NODE": callers}
+		// long by address, once per family (long4, long6), once the
+		// client reaches each Service at its IPv6 ClusterIP
+		// (kube-proxy syncs each family on its own).
+		vars4 := map[string]string{"NAME": "long4", "NODE": callers}
+		vars6 := map[string]string{"NAME": "long6", "NODE": callers}
 		for _, mode := range meshModes {
 			svc, err := c.Client.CoreV1().Services(meshNS).Get(ctx, "app-"+mode, metav1.GetOptions{})
 			framework.Require(t, "Service app-"+mode, err)
@@ -129,11 +132,13 @@ func TestMesh(t *testing.T) {
 				_, err := get(ctx, c, meshNS, "client", "client", "http://"+addr+"/clientip")
 				return err
 			})
-			vars[strings.ToUpper(mode)] = v6
+			vars4[strings.ToUpper(mode)], vars6[strings.ToUpper(mode)] = svc.Spec.ClusterIP, v6
 		}
-		apply(t, ctx, c, "mesh-clients6.yaml", vars)
-		framework.Require(t, "long6 Ready", framework.Poll(2*time.Minute, podReady(ctx, c, meshNS, "long6")))
-		m.long = append(m.long, "long6")
+		for _, vars := range []map[string]string{vars4, vars6} {
+			apply(t, ctx, c, "mesh-long.yaml", vars)
+			framework.Require(t, vars["NAME"]+" Ready", framework.Poll(2*time.Minute, podReady(ctx, c, meshNS, vars["NAME"])))
+			m.long = append(m.long, vars["NAME"])
+		}
 	}
 	m.check("before the rollout")
 
@@ -185,7 +190,7 @@ type mesh struct {
 	ctx     context.Context
 	c       *framework.Cluster
 	callers string   // the node of the callers and clients
-	long    []string // the pods of long-lived connections: long, and long6 in dual stack
+	long    []string // the pods of long-lived connections: long, and long4 and long6 in dual stack
 }
 
 // clusterIPv6 is the Service's IPv6 ClusterIP, which a dual-stack
@@ -210,57 +215,60 @@ func (m *mesh) check(stage string) {
 		framework.Require(t, stage+": Service app-"+mode, err)
 		np := nodePort(svc, "http")
 		nodePortAddr := net.JoinHostPort(caller.IP, strconv.Itoa(int(np)))
-		for _, target := range []string{"app-" + mode, svc.Spec.ClusterIP, nodePortAddr} {
-			reply, err := get(ctx, c, meshNS, "client", "client", "http://"+target+"/clientip")
-			framework.Check(t, fmt.Sprintf("%s: client -> %s via %s: through the sidecar", stage, mode, target), viaSidecar(reply, err))
-		}
-		reply, err := hostGet("http://" + nodePortAddr + "/clientip")
-		framework.Check(t, fmt.Sprintf("%s: host -> %s via NodePort %s: through the sidecar", stage, mode, nodePortAddr), viaSidecar(reply, err))
-		// Sidecar to sidecar: next's caller's app, through its sidecar's
-		// outbound listener, to mode's Service (by name: IPv4, which
-		// the resolver prefers to the cluster's ULA IPv6), then mode's
-		// server's sidecar's inbound one.
-		type call struct {
-			host, clusterIP string
-			via             func(string, error) error
-		}
-		calls := []call{{"app-" + mode, svc.Spec.ClusterIP, viaSidecar}}
+		// Each family's way through the sidecars: the passthrough
+		// address the app sees and the ClusterIP the calling sidecar
+		// logs as the original destination. By name, either: the
+		// resolver picks the family (on a dual-stack cluster busybox's
+		// wget and agnhost's curl were seen to take IPv6).
+		v4 := route{passthrough4, svc.Spec.ClusterIP}
+		only4 := []route{v4}
+		targets := []target{{"app-" + mode, only4}, {svc.Spec.ClusterIP, only4}, {nodePortAddr, only4}}
+		calls := []target{{"app-" + mode, only4}}
 		if c.Family() == "dual" {
-			// Over IPv6: to the Service's IPv6 ClusterIP, and to each
-			// server's IPv6 address (no kube-proxy on the way); the
-			// host's NodePort stays IPv4: the one node's IPv6 address
-			// is the machine's uplink, which tests never use.
-			v6 := clusterIPv6(t, svc)
-			targets := []string{net.JoinHostPort(v6, "80")}
+			// Over IPv6 too: to the Service's IPv6 ClusterIP, and to
+			// each server's IPv6 address (no kube-proxy on the way);
+			// the host's NodePort stays IPv4: the one node's IPv6
+			// address is the machine's uplink, which tests never use.
+			// Sidecar to sidecar, each family by address as well as
+			// by name.
+			v6 := route{passthrough6, clusterIPv6(t, svc)}
+			byName := []route{v4, v6}
+			targets[0].routes = byName
+			targets = append(targets, target{net.JoinHostPort(v6.clusterIP, "80"), []route{v6}})
 			servers, err := c.Pods(ctx, meshNS, "app=app-"+mode)
 			framework.Require(t, stage+": app-"+mode, err)
 			for _, p := range servers {
 				ip := framework.PodIPv6(&p)
 				if framework.Checkf(t, stage+": "+p.Name+" has an IPv6 address", ip != "", "its addresses are %v", p.Status.PodIPs) {
-					targets = append(targets, net.JoinHostPort(ip, "8080"))
+					targets = append(targets, target{net.JoinHostPort(ip, "8080"), []route{v6}})
 				}
 			}
-			for _, target := range targets {
-				reply, err := get(ctx, c, meshNS, "client", "client", "http://"+target+"/clientip")
-				framework.Check(t, fmt.Sprintf("%s: client -> %s via %s: through the sidecar", stage, mode, target), viaSidecar6(reply, err))
-			}
-			calls = append(calls, call{"[" + v6 + "]", v6, viaSidecar6})
+			calls = []target{{"app-" + mode, byName}, {v4.clusterIP, []route{v4}}, {"[" + v6.clusterIP + "]", []route{v6}}}
 		}
+		for _, tg := range targets {
+			reply, err := get(ctx, c, meshNS, "client", "client", "http://"+tg.addr+"/clientip")
+			_, err = passedThrough(reply, err, tg.routes...)
+			framework.Check(t, fmt.Sprintf("%s: client -> %s via %s: through the sidecar", stage, mode, tg.addr), err)
+		}
+		reply, err := hostGet("http://" + nodePortAddr + "/clientip")
+		framework.Check(t, fmt.Sprintf("%s: host -> %s via NodePort %s: through the sidecar", stage, mode, nodePortAddr), viaSidecar(reply, err))
+		// Sidecar to sidecar: next's caller's app, through its sidecar's
+		// outbound listener, to mode's Service, then mode's server's
+		// sidecar's inbound one.
 		pods, err := c.Pods(ctx, meshNS, "app=caller-"+next)
 		framework.Require(t, stage+": caller-"+next, err)
 		for _, call := range calls {
-			origDst := net.JoinHostPort(call.clusterIP, "80")
-			outbound := func(r proxylog.Record) bool {
-				return r.Event == "conn" && r.Listener == "outbound" && r.OrigDst == origDst
-			}
 			for _, p := range pods {
-				outs := m.count(p.Name, outbound)
-				out, err := c.Exec(ctx, meshNS, p.Name, "app", "curl", "-gsS", "-m", "10", "http://"+call.host+"/clientip")
-				framework.Check(t, fmt.Sprintf("%s: %s's app on %s -> %s via %s: through both sidecars", stage, p.Name, p.Spec.NodeName, mode, call.host),
-					call.via(strings.TrimSpace(out), err))
-				n := m.count(p.Name, outbound)
-				framework.Checkf(t, fmt.Sprintf("%s: %s's sidecar logged the connection (outbound to %s)", stage, p.Name, origDst),
-					outs >= 0 && n >= outs+1, "%d such connections before, %d after", outs, n)
+				outs := map[route]int{}
+				for _, r := range call.routes {
+					outs[r] = m.count(p.Name, r.outbound)
+				}
+				out, err := c.Exec(ctx, meshNS, p.Name, "app", "curl", "-gsS", "-m", "10", "http://"+call.addr+"/clientip")
+				r, err := passedThrough(strings.TrimSpace(out), err, call.routes...)
+				framework.Check(t, fmt.Sprintf("%s: %s's app on %s -> %s via %s: through both sidecars", stage, p.Name, p.Spec.NodeName, mode, call.addr), err)
+				n := m.count(p.Name, r.outbound)
+				framework.Checkf(t, fmt.Sprintf("%s: %s's sidecar logged the connection (outbound to %s)", stage, p.Name, r.origDst()),
+					outs[r] >= 0 && n >= outs[r]+1, "%d such connections before, %d after", outs[r], n)
 			}
 		}
 	}
@@ -450,25 +458,53 @@ func (m *mesh) rolloutDone(r *rolling, samePolicies bool) {
 	}
 }
 
+// The sidecar's passthrough addresses, from which it connects to the app:
+// Istio's InboundPassthroughBindIpv4 and InboundPassthroughBindIpv6.
+const passthrough4, passthrough6 = "127.0.0.6", "::6"
+
+// route is an address family's way through the sidecars to a Service's
+// app: the sidecar's passthrough address of the family, which the app
+// sees, and the Service's ClusterIP of the family, which the calling
+// sidecar logs as the original destination (port 80).
+type route struct{ passthrough, clusterIP string }
+
+func (r route) origDst() string { return net.JoinHostPort(r.clusterIP, "80") }
+
+// outbound matches the calling sidecar's record of a connection by r.
+func (r route) outbound(rec proxylog.Record) bool {
+	return rec.Event == "conn" && rec.Listener == "outbound" && rec.OrigDst == r.origDst()
+}
+
+// target is an address to call and the routes a call to it may take.
+type target struct {
+	addr   string
+	routes []route
+}
+
+// passedThrough is the route, among routes, whose passthrough address the
+// application's /clientip answered: the connection came through the
+// sidecar over that route's family. Else an error, and routes[0].
+func passedThrough(reply string, err error, routes ...route) (route, error) {
+	srcs := make([]string, len(routes))
+	for i, r := range routes {
+		srcs[i] = r.passthrough
+	}
+	i, err := answeredFrom(reply, err, "the sidecar's", srcs...)
+	return routes[i], err
+}
+
 // viaSidecar is a check's error: nil when the application's /clientip
 // answered the sidecar's passthrough address (127.0.0.6): the connection
 // came through the sidecar.
-func viaSidecar(reply string, err error) error { return viaPassthrough(reply, err, "127.0.0.6") }
+func viaSidecar(reply string, err error) error {
+	_, err = passedThrough(reply, err, route{passthrough: passthrough4})
+	return err
+}
 
-// viaSidecar6 is viaSidecar over IPv6: the sidecar's IPv6 passthrough
-// address is ::6 (Istio's InboundPassthroughBindIpv6).
-func viaSidecar6(reply string, err error) error { return viaPassthrough(reply, err, "::6") }
-
-// viaPassthrough: the application's /clientip answered src, the
-// sidecar's passthrough address of the connection's family.
-func viaPassthrough(reply string, err error, src string) error {
-	if err != nil {
-		return err
-	}
-	if want := net.JoinHostPort(src, ""); !strings.HasPrefix(reply, want) {
-		return fmt.Errorf("the application saw %q, not the sidecar's %s", reply, src)
-	}
-	return nil
+// viaSidecar6 is viaSidecar over IPv6 (::6).
+func viaSidecar6(reply string, err error) error {
+	_, err = passedThrough(reply, err, route{passthrough: passthrough6})
+	return err
 }
 
 func nodePort(svc *corev1.Service, name string) int32 {

@@ -70,7 +70,7 @@ func TestFamilyVars(t *testing.T) {
 			"ISTIO_MODE": "REDIRECT", "MESHWIRE_MODE": "REDIRECT", "PROXY_MODE": "redirect", "PROXY_UID": "1337", "PROXY_CAPS": "[]",
 			"NODE_A": "a", "NODE_B": "b", "REDIRECT": "fd6d:776b:2::a", "TPROXY": "fd6d:776b:2::b", "EBPF": "fd6d:776b:2::c"}
 		services := 0
-		for _, name := range []string{"mesh.yaml", "mesh-service.yaml", "ambient.yaml", "mesh-clients6.yaml"} {
+		for _, name := range []string{"mesh.yaml", "mesh-service.yaml", "ambient.yaml", "mesh-long.yaml"} {
 			b, err := c.Manifest(name, vars)
 			if err != nil {
 				t.Fatalf("%s on %q: %v", name, family, err)
