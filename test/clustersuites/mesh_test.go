@@ -57,7 +57,9 @@ func meshVars(mode, name, node string) map[string]string {
 // addresses (the app sees ::6, Istio's IPv6 passthrough address), sidecar
 // to sidecar with the ClusterIP of the family in the caller's outbound
 // log, and a long-lived connection per mode and family (mesh-long.yaml);
-// by name, the family the resolver picks.
+// by name, the family the resolver picks. A pod per mode without
+// ISTIO_DUAL_STACK (nodual-MODE) shows Istio's decision the other way: its
+// IPv4 comes through its sidecar, its IPv6 reaches the app directly.
 // On a cluster installed with helm (make cluster INSTALL=helm) the rollout
 // is `helm upgrade --set image.tag=`, under fortio's load and with pods
 // created while it runs (mesh_helm_test.go).
@@ -75,13 +77,23 @@ func TestMesh(t *testing.T) {
 			framework.Check(t, "namespace "+meshNS+" deleted", c.DeleteNamespace(ctx, meshNS, 2*time.Minute))
 		}
 	}()
+	deployments := []string{"app-", "caller-"}
+	if c.Family() == "dual" {
+		deployments = append(deployments, "nodual-")
+	}
 	for _, m := range meshModes {
 		apply(t, ctx, c, "mesh.yaml", meshVars(m, "app-"+m, servers))
 		apply(t, ctx, c, "mesh.yaml", meshVars(m, "caller-"+m, callers))
 		apply(t, ctx, c, "mesh-service.yaml", map[string]string{"NAMESPACE": meshNS, "MODE": m})
+		if c.Family() == "dual" {
+			v := meshVars(m, "nodual-"+m, servers)
+			v["ISTIO_DUAL_STACK"] = "false"
+			apply(t, ctx, c, "mesh.yaml", v)
+		}
 	}
 	for _, m := range meshModes {
-		for _, name := range []string{"app-" + m, "caller-" + m} {
+		for _, prefix := range deployments {
+			name := prefix + m
 			_, err := c.WaitReady(ctx, meshNS, "app="+name, 1, 2*time.Minute)
 			framework.Require(t, name+" Ready", err)
 		}
@@ -271,6 +283,9 @@ func (m *mesh) check(stage string) {
 					outs[r] >= 0 && n >= outs[r]+1, "%d such connections before, %d after", outs[r], n)
 			}
 		}
+		if c.Family() == "dual" {
+			m.noDualStack(stage, mode)
+		}
 	}
 	// Kubelet's probes of the status ports: never captured, on any
 	// replica; a replica whose log cannot be read fails.
@@ -306,6 +321,28 @@ func (m *mesh) check(stage string) {
 		}
 	}
 	m.longHeld(stage)
+}
+
+// noDualStack: mode's pods without ISTIO_DUAL_STACK, whose first address
+// is IPv4, have no IPv6 capture, as Istio decides (istio-iptables programs
+// IPv6 rules for them only with dual stack): the client reaches each one's
+// app through its sidecar over IPv4, and directly over IPv6 (the app sees
+// the client's own IPv6 address).
+func (m *mesh) noDualStack(stage, mode string) {
+	t, ctx, c := m.t, m.ctx, m.c
+	client, err := c.Client.CoreV1().Pods(meshNS).Get(ctx, "client", metav1.GetOptions{})
+	framework.Require(t, stage+": pod client", err)
+	client6 := framework.PodIPv6(client)
+	pods, err := c.Pods(ctx, meshNS, "app=nodual-"+mode)
+	framework.Require(t, stage+": nodual-"+mode, err)
+	for _, p := range pods {
+		reply, err := get(ctx, c, meshNS, "client", "client", "http://"+net.JoinHostPort(p.Status.PodIP, "8080")+"/clientip")
+		framework.Check(t, fmt.Sprintf("%s: client -> %s (%s, no ISTIO_DUAL_STACK) at %s: through the sidecar", stage, p.Name, mode, p.Status.PodIP), viaSidecar(reply, err))
+		addr := net.JoinHostPort(framework.PodIPv6(&p), "8080")
+		reply, err = get(ctx, c, meshNS, "client", "client", "http://"+addr+"/clientip")
+		_, err = answeredFrom(reply, err, "the client's", client6)
+		framework.Check(t, fmt.Sprintf("%s: client -> %s at %s: not captured, the app saw the client's own address", stage, p.Name, addr), err)
+	}
 }
 
 // longHeld: no container of the long-lived connections' pods restarted
