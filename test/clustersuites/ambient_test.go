@@ -24,6 +24,7 @@ import (
 	"github.com/meshwire/meshwire/internal/nodelayout"
 	"github.com/meshwire/meshwire/internal/podstate"
 	"github.com/meshwire/meshwire/internal/proxylog"
+	"github.com/meshwire/meshwire/internal/ruleset"
 	"github.com/meshwire/meshwire/test/clustersuites/framework"
 )
 
@@ -566,11 +567,11 @@ func (a *ambient) probeSNAT() int {
 // probeSet lists the app node's probe set of the family of the address
 // ip: istio-inpod-probes-v4, or -v6.
 func (a *ambient) probeSet(ip string) (string, error) {
-	set := ambientpkg.ProbeSet + "-v4"
+	f := ruleset.V4
 	if addr, err := netip.ParseAddr(ip); err == nil && addr.Is6() {
-		set = ambientpkg.ProbeSet + "-v6"
+		f = ruleset.V6
 	}
-	out, err := a.app.Command("ipset", "list", set).Output()
+	out, err := a.app.Command("ipset", "list", ambientpkg.ProbeSetName(f)).Output()
 	return string(out), err
 }
 
