@@ -222,13 +222,14 @@ cluster-e2e:
 
 # Istio-annotated pods in REDIRECT, TPROXY and EBPF behind Services, with the
 # fast path, across a rollout of a new meshwire image; servers and callers
-# on different nodes.
+# on different nodes; over IPv6 too on a dual-stack cluster (IP_FAMILY=dual).
 cluster-mesh:
 	$(CLUSTER_SUITE) '^TestMesh$$'
 
 # Istio ambient mode through the API server: the agent with --ambient, a
 # ztunnel stand-in (test/proxy -zds) per node, pods enrolled and
-# unenrolled by their namespace's label (docs/ambient.md).
+# unenrolled by their namespace's label (docs/ambient.md); over IPv6 too on
+# a dual-stack cluster.
 cluster-ambient:
 	$(CLUSTER_SUITE) '^TestAmbient$$'
 

@@ -23,6 +23,10 @@
 //             bpf_sk_assign; the accepted socket keeps the original
 //             destination as its local address, and the rest of the
 //             connection is found by the kernel's own lookup.
+//   IPv6:     captured both ways as IPv4 is, unless the pod's entry says
+//             CAP_IPV4_ONLY: where the rules would have no IPv6 half (a
+//             pod whose first address is IPv4, without dual stack), its
+//             IPv6 is left alone, as theirs would be.
 //   DNS:      with DNS capture, TCP and UDP to port 53 (of the pod's
 //             nameservers, or any) go to the proxy's DNS port on loopback
 //             instead: connect4/6 for TCP and connected UDP, sendmsg4/6
@@ -577,6 +581,8 @@ int mw_cap_ingress(struct __sk_buff *skb)
 		tuple.ipv4.dport = bpf_htons(pod->inbound_port);
 		tuple_len = sizeof(tuple.ipv4);
 	} else if (skb->protocol == bpf_htons(ETH_P_IPV6)) {
+		if (pod->flags & CAP_IPV4_ONLY)
+			return TC_ACT_OK; // no IPv6 rules
 		struct ipv6hdr *ip6 = data + ETH_HLEN;
 		if ((void *)(ip6 + 1) > end || ip6->nexthdr != IPPROTO_TCP)
 			return TC_ACT_OK;

@@ -53,7 +53,7 @@ func TestOutboundRedirect(t *testing.T) {
 	cfg := intercept.Default()
 	cfg.InboundPorts = intercept.Ports{}
 	cfg.OutboundPortsExclude = []uint16{9999}
-	s, err := apply.SettingsOf(cfg, nil)
+	s, err := apply.SettingsOf(cfg, nil, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestOutboundRedirect(t *testing.T) {
 func TestStale(t *testing.T) {
 	kerneltest.Require(t)
 	dir := attachForTest(t)
-	s, err := apply.SettingsOf(intercept.Default(), nil)
+	s, err := apply.SettingsOf(intercept.Default(), nil, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func TestDNSHooksUpgrade(t *testing.T) {
 	_, path := kerneltest.NewNS(t, "capture-dns")
 	cfg := intercept.Default()
 	cfg.RedirectDNS, cfg.CaptureAllDNS = true, true
-	s, err := apply.SettingsOf(cfg, nil)
+	s, err := apply.SettingsOf(cfg, nil, true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,6 +31,11 @@ enum capture_flag {
 	                              // to the CIDR_DNS ones (the nameservers)
 	CAP_EBPF_MODE = 1 << 7,       // (the fast path's copy) EBPF interception:
 	                              // the connect() hook captures, to loopback
+	CAP_IPV4_ONLY = 1 << 8,       // IPv6 is left alone, as the rules have no
+	                              // IPv6 half (a pod whose first address is
+	                              // IPv4, without dual stack: istio-iptables'
+	                              // decision); an entry without it (an older
+	                              // build's) captures both families
 };
 
 // A meshed pod's capture settings (the pods map's value), from its config.
@@ -161,7 +166,8 @@ enum verdict { LEAVE, TO_OUTBOUND, TO_INBOUND, TO_DNS };
 
 // decide is the REDIRECT rules' verdict on an outbound TCP connection or
 // UDP datagram, in the order of the ISTIO_OUTPUT chain
-// (internal/intercept/build.go's run): excluded ports; the passthrough
+// (internal/intercept/build.go's run), for a destination of a family the
+// rules have (none for IPv6 with CAP_IPV4_ONLY): excluded ports; the passthrough
 // source; for each proxy owner, its TCP connections to the pod itself to
 // the inbound port and the rest left alone, other loopback TCP left alone
 // (with DNS capture: but port 53); the owner group filter; DNS; then, TCP
@@ -170,6 +176,8 @@ enum verdict { LEAVE, TO_OUTBOUND, TO_INBOUND, TO_DNS };
 static __always_inline int decide(const struct pod_capture *pod, __u64 ns, const struct addr *dst, __u16 port,
 				  const struct addr *src, __u32 uid, __u32 gid, int udp)
 {
+	if ((pod->flags & CAP_IPV4_ONLY) && !is_v4(dst))
+		return LEAVE; // no IPv6 rules
 	int dns = (pod->flags & CAP_DNS) != 0;
 	if (udp && !dns)
 		return LEAVE; // no UDP rule but DNS's

@@ -6,9 +6,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,9 +20,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	ambientpkg "github.com/meshwire/meshwire/internal/ambient"
 	"github.com/meshwire/meshwire/internal/nodelayout"
 	"github.com/meshwire/meshwire/internal/podstate"
 	"github.com/meshwire/meshwire/internal/proxylog"
+	"github.com/meshwire/meshwire/internal/ruleset"
 	"github.com/meshwire/meshwire/test/clustersuites/framework"
 )
 
@@ -44,10 +49,20 @@ type ambient struct {
 	app    framework.Node // the app's node (the enrolled pods')
 	client framework.Node // the client's and the sidecar pod's
 	appUID string
-	appIP  string
 	cliUID string
-	cliIP  string
-	svcIP  string
+	// fams are the addresses of each family the cluster has: IPv4's
+	// first, and IPv6's on a dual-stack cluster.
+	fams []family
+}
+
+// family is the app's, its client's and its Service's addresses of one
+// address family.
+type family struct{ app, cli, svc string }
+
+// inbound matches the stand-in's record of the client's connection to
+// the app over f.
+func (f family) inbound(uid string) func(proxylog.Record) bool {
+	return isConn("inbound", f.cli, net.JoinHostPort(f.app, "8080"), uid)
 }
 
 // TestAmbient: the agent with --ambient enrolls a running app when its
@@ -59,7 +74,13 @@ type ambient struct {
 // through the sidecar and the stand-in; a restarted stand-in gets the
 // snapshot again; removing the label unenrolls every pod; with ambient
 // mode off again, no node keeps the probe rule, the probe sets or a
-// record.
+// record. On a dual-stack cluster the agent installs the IPv6 rules too
+// (--ambient-ipv6, as istio-cni's chart does by default), the app's
+// Service is RequireDualStack, and every client request is made over
+// IPv6 as well (to the Service's IPv6 ClusterIP: the app sees the
+// client's IPv6 address, the stand-in the app's IPv6 address as the
+// original destination), as are the sidecar pod's and the app's calls to
+// each other.
 func TestAmbient(t *testing.T) {
 	c := framework.Load(t)
 	ctx := context.Background()
@@ -104,17 +125,27 @@ func TestAmbient(t *testing.T) {
 	}
 
 	t.Log("3. the app and the client, running since before ambient mode")
-	a.appUID, a.appIP = a.pod(ambNS, "app")
-	a.cliUID, a.cliIP = a.pod(ambClientNS, "client")
+	var v4 family
+	a.appUID, v4.app = a.pod(ambNS, "app")
+	a.cliUID, v4.cli = a.pod(ambClientNS, "client")
 	svc, err := c.Client.CoreV1().Services(ambNS).Get(ctx, "app", metav1.GetOptions{})
 	framework.Must(t, "Service app", err)
-	a.svcIP = svc.Spec.ClusterIP
-	t.Logf("app %s (uid %s) on %s, client %s (uid %s) on %s, Service %s", a.appIP, a.appUID, a.app.Name, a.cliIP, a.cliUID, a.client.Name, a.svcIP)
+	v4.svc = svc.Spec.ClusterIP
+	a.fams = []family{v4}
+	if c.Family() == "dual" {
+		v6 := family{a.podIPv6(ambNS, "app"), a.podIPv6(ambClientNS, "client"), framework.IPv6(svc.Spec.ClusterIPs)}
+		framework.Require(t, "3. the app, the client and the Service have IPv6 addresses (dual stack)",
+			nonEmpty("app", v6.app, "client", v6.cli, "Service app (RequireDualStack)", v6.svc))
+		a.fams = append(a.fams, v6)
+	}
+	t.Logf("app (uid %s) on %s, client (uid %s) on %s; app, client and Service addresses %+v", a.appUID, a.app.Name, a.cliUID, a.client.Name, a.fams)
 	time.Sleep(2 * time.Second)
 	framework.Check(t, "3. not labeled: no pod enrolled (metric 0)", framework.MetricIs(ctx, a.app, "meshwire_ambient_enrolled_pods", 0)())
 	framework.Check(t, "3. not labeled: the stand-in got no pod (no add)", a.ztNone("", isAdd("")))
-	framework.Check(t, "3. client -> Service: the app answered directly", a.clientGets(a.svcIP))
-	framework.Check(t, "3. that connection did not go through the stand-in", a.ztNone("", isConn("", "", "", "")))
+	for _, f := range a.fams {
+		framework.Check(t, "3. client -> Service "+f.svc+": the app answered directly", a.clientGets(f))
+	}
+	framework.Check(t, "3. no such connection went through the stand-in", a.ztNone("", isConn("", "", "", "")))
 
 	t.Log("4. label namespace " + ambNS + " " + ambLabel + "=ambient")
 	snat0 := a.probeSNAT()
@@ -124,15 +155,17 @@ func TestAmbient(t *testing.T) {
 	framework.Check(t, "4. ... found through its processes: it started before ambient mode, with no record",
 		a.agentSays(a.app, "pod "+ambNS+"/app started before ambient mode was on: recorded from its processes"))
 	framework.Eventually(t, "4. the stand-in got the app (add, uid "+a.appUID+")", 30*time.Second, func() error { return a.ztHas("", isAdd(a.appUID)) })
-	framework.Check(t, "4. the app's address "+a.appIP+" is in its node's probe set", a.probeSetHas(a.appIP))
-	framework.Check(t, "4. client -> Service: answered, the app saw the client's own address", a.clientGets(a.svcIP))
-	framework.Check(t, "4. that connection went through the stand-in's inbound listener (orig_dst "+a.appIP+":8080)",
-		a.ztHas("", isConn("inbound", a.cliIP, a.appIP+":8080", a.appUID)))
+	for _, f := range a.fams {
+		framework.Check(t, "4. the app's address "+f.app+" is in its node's probe set", a.probeSetHas(f.app))
+		framework.Check(t, "4. client -> Service "+f.svc+": answered, the app saw the client's own address "+f.cli, a.clientGets(f))
+		framework.Check(t, "4. that connection went through the stand-in's inbound listener (orig_dst "+net.JoinHostPort(f.app, "8080")+")",
+			a.ztHas("", f.inbound(a.appUID)))
+	}
 	framework.Check(t, "4. the client (other namespace, other node) is not captured: no stand-in has anything of it", a.ztNoneAnywhere(a.cliUID))
 	out, err := c.Exec(ctx, ambNS, "app", "app", "curl", "-sk", "-m", "10", "https://"+apiService+"/healthz")
 	framework.Check(t, "4. app -> kubernetes Service https://"+apiService+"/healthz", answers(strings.TrimSpace(out), err, "ok"))
 	framework.Check(t, "4. the app's outbound connection went through the stand-in's 15001 (orig_dst "+apiService+":443)",
-		a.ztHas("", isConn("outbound", a.appIP, apiService+":443", a.appUID)))
+		a.ztHas("", isConn("outbound", v4.app, apiService+":443", a.appUID)))
 	t.Log("4. the app's readiness probe (every 2 s, one failure makes it NotReady) for 12 s")
 	time.Sleep(12 * time.Second)
 	framework.Check(t, "4. the app stayed Ready", podReady(ctx, c, ambNS, "app")())
@@ -142,7 +175,14 @@ func TestAmbient(t *testing.T) {
 	framework.Checkf(t, "4. kubelet's probes left the node as 169.254.7.127 (ISTIO_POSTRT's SNAT)", snat0 >= 0 && snat > snat0,
 		"%d packets before, %d now", snat0, snat)
 	all := a.ztCount("", func(r proxylog.Record) bool { return r.Listener == "inbound" && r.Workload == a.appUID })
-	client := a.ztCount("", isConn("inbound", a.cliIP, a.appIP+":8080", a.appUID))
+	client := a.ztCount("", func(r proxylog.Record) bool {
+		for _, f := range a.fams {
+			if f.inbound(a.appUID)(r) {
+				return true
+			}
+		}
+		return false
+	})
 	framework.Checkf(t, "4. the probes were not captured (the stand-in's inbound saw the client's connections only)", client > 0 && all == client,
 		"the stand-in's inbound listener got %d connections to the app, %d of them the client's", all, client)
 
@@ -180,8 +220,10 @@ func TestAmbient(t *testing.T) {
 	framework.Check(t, "8. the replay has no pod that is not enrolled", a.ztNone(zt, func(r proxylog.Record) bool {
 		return r.Workload == optoutUID || r.Workload == a.cliUID
 	}))
-	framework.Check(t, "8. client -> Service after the restart: answered", a.clientGets(a.svcIP))
-	framework.Check(t, "8. ... through the new stand-in's inbound listener", a.ztHas(zt, isConn("inbound", a.cliIP, a.appIP+":8080", a.appUID)))
+	for _, f := range a.fams {
+		framework.Check(t, "8. client -> Service "+f.svc+" after the restart: answered", a.clientGets(f))
+		framework.Check(t, "8. ... through the new stand-in's inbound listener", a.ztHas(zt, f.inbound(a.appUID)))
+	}
 	framework.Check(t, "8. the app is still Ready", podReady(ctx, c, ambNS, "app")())
 
 	t.Log("7. remove the label from namespace " + ambNS)
@@ -192,11 +234,13 @@ func TestAmbient(t *testing.T) {
 	}
 	framework.Check(t, "7. the probe set is empty", a.probeSetEmpty())
 	n0 := a.ztCount(zt, isConn("", "", "", ""))
-	framework.Check(t, "7. client -> Service: answered", a.clientGets(a.svcIP))
+	for _, f := range a.fams {
+		framework.Check(t, "7. client -> Service "+f.svc+": answered", a.clientGets(f))
+	}
 	out, err = c.Exec(ctx, ambNS, "app", "app", "curl", "-sk", "-m", "10", "https://"+apiService+"/healthz")
 	framework.Check(t, "7. app -> kubernetes Service", answers(strings.TrimSpace(out), err, "ok"))
 	n := a.ztCount(zt, isConn("", "", "", ""))
-	framework.Checkf(t, "7. ... both directly: the stand-in saw no connection", n0 > 0 && n == n0, "%d stand-in connections before, %d after", n0, n)
+	framework.Checkf(t, "7. ... all directly: the stand-in saw no connection", n0 > 0 && n == n0, "%d stand-in connections before, %d after", n0, n)
 	framework.Check(t, "7. the app is still Ready", podReady(ctx, c, ambNS, "app")())
 
 	t.Log("enrolled pods deleted (their CNI DEL), then ambient mode turned off")
@@ -233,21 +277,67 @@ func (a *ambient) sidecarAndAmbient() {
 	ssvc, err := c.Client.CoreV1().Services(ambMeshNS).Get(ctx, "app-redirect", metav1.GetOptions{})
 	framework.Must(t, "Service app-redirect", err)
 
-	out, err := c.Exec(ctx, ambMeshNS, side.Name, "app", "curl", "-sS", "-m", "10", "http://app."+ambNS+"/clientip")
-	reply := strings.TrimSpace(out)
-	if err == nil && !strings.HasPrefix(reply, side.Status.PodIP+":") {
-		err = fmt.Errorf("the app saw %q, not the sidecar pod's %s", reply, side.Status.PodIP)
+	// Each family's addresses of the sidecar's end: the sidecar pod's,
+	// its Service's and its passthrough address (the app's are a.fams).
+	type end struct{ side, ssvc, passthrough string }
+	ends := []end{{side.Status.PodIP, ssvc.Spec.ClusterIP, passthrough4}}
+	// By the Services' names, over the family the resolver picks; in
+	// dual stack, each family by the Services' addresses too.
+	type call struct {
+		appHost, sideHost string // the URL hosts of the app's and the sidecar pod's Services
+		fams              []int  // the families (of ends and a.fams) the calls may take
 	}
-	framework.Check(t, "9. sidecar pod ("+a.client.Name+") -> ambient app ("+a.app.Name+"): answered, from the sidecar pod's address", err)
-	framework.Check(t, "9. ... through the sidecar's outbound listener (orig_dst "+a.svcIP+":80)", countAtLeast(a.c, ctx, ambMeshNS, side.Name, func(r proxylog.Record) bool {
-		return r.Event == "conn" && r.Listener == "outbound" && r.OrigDst == a.svcIP+":80"
-	}))
-	framework.Check(t, "9. ... and the app's stand-in's inbound listener", a.ztHas("", isConn("inbound", side.Status.PodIP, a.appIP+":8080", a.appUID)))
+	calls := []call{{"app." + ambNS, "app-redirect." + ambMeshNS, []int{0}}}
+	if len(a.fams) > 1 {
+		e := end{framework.PodIPv6(&side), framework.IPv6(ssvc.Spec.ClusterIPs), passthrough6}
+		framework.Require(t, "9. the sidecar pod and its Service have IPv6 addresses (dual stack)",
+			nonEmpty("the sidecar pod", e.side, "Service app-redirect (RequireDualStack)", e.ssvc))
+		ends = append(ends, e)
+		calls = []call{{"app." + ambNS, "app-redirect." + ambMeshNS, []int{0, 1}},
+			{a.fams[0].svc, ends[0].ssvc, []int{0}}, {"[" + a.fams[1].svc + "]", "[" + e.ssvc + "]", []int{1}}}
+	}
+	// pick is the family, among fams, whose address of what the app saw
+	// (of) the reply names.
+	pick := func(reply string, err error, whose string, fams []int, of func(int) string) (int, error) {
+		addrs := make([]string, len(fams))
+		for i, f := range fams {
+			addrs[i] = of(f)
+		}
+		i, err := answeredFrom(reply, err, whose, addrs...)
+		return fams[i], err
+	}
+	for _, l := range calls {
+		out, err := c.Exec(ctx, ambMeshNS, side.Name, "app", "curl", "-gsS", "-m", "10", "http://"+l.appHost+"/clientip")
+		i, err := pick(strings.TrimSpace(out), err, "the sidecar pod's", l.fams, func(i int) string { return ends[i].side })
+		framework.Check(t, "9. sidecar pod ("+a.client.Name+") -> ambient app ("+a.app.Name+") via "+l.appHost+": answered, from the sidecar pod's address "+ends[i].side, err)
+		svcDst := net.JoinHostPort(a.fams[i].svc, "80")
+		framework.Check(t, "9. ... through the sidecar's outbound listener (orig_dst "+svcDst+")", countAtLeast(a.c, ctx, ambMeshNS, side.Name, func(r proxylog.Record) bool {
+			return r.Event == "conn" && r.Listener == "outbound" && r.OrigDst == svcDst
+		}))
+		framework.Check(t, "9. ... and the app's stand-in's inbound listener", a.ztHas("", isConn("inbound", ends[i].side, net.JoinHostPort(a.fams[i].app, "8080"), a.appUID)))
 
-	out, err = c.Exec(ctx, ambNS, "app", "app", "curl", "-sS", "-m", "10", "http://app-redirect."+ambMeshNS+"/clientip")
-	framework.Check(t, "9. ambient app -> sidecar pod: answered through the sidecar's inbound listener (127.0.0.6)", viaSidecar(strings.TrimSpace(out), err))
-	framework.Check(t, "9. ... the app's connection went through its stand-in's outbound listener (orig_dst "+ssvc.Spec.ClusterIP+":80)",
-		a.ztHas("", isConn("outbound", a.appIP, ssvc.Spec.ClusterIP+":80", a.appUID)))
+		out, err = c.Exec(ctx, ambNS, "app", "app", "curl", "-gsS", "-m", "10", "http://"+l.sideHost+"/clientip")
+		i, err = pick(strings.TrimSpace(out), err, "the sidecar's", l.fams, func(i int) string { return ends[i].passthrough })
+		framework.Check(t, "9. ambient app -> sidecar pod via "+l.sideHost+": answered through the sidecar's inbound listener ("+ends[i].passthrough+")", err)
+		ssvcDst := net.JoinHostPort(ends[i].ssvc, "80")
+		framework.Check(t, "9. ... the app's connection went through its stand-in's outbound listener (orig_dst "+ssvcDst+")",
+			a.ztHas("", isConn("outbound", a.fams[i].app, ssvcDst, a.appUID)))
+	}
+}
+
+// nonEmpty is nil when every value of the name, value pairs is set, else
+// an error naming those that are not.
+func nonEmpty(pairs ...string) error {
+	var missing []string
+	for i := 0; i+1 < len(pairs); i += 2 {
+		if pairs[i+1] == "" {
+			missing = append(missing, pairs[i])
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("none for %s", strings.Join(missing, ", "))
+	}
+	return nil
 }
 
 // countAtLeast is nil when the pod's sidecar logged a record that matches.
@@ -270,17 +360,20 @@ func (a *ambient) pod(ns, name string) (uid, ip string) {
 	return string(p.UID), p.Status.PodIP
 }
 
-// clientGets: the client's request for the app's /clientip through addr
-// answered with the client's own address (the stand-in keeps it).
-func (a *ambient) clientGets(addr string) error {
-	reply, err := get(a.ctx, a.c, ambClientNS, "client", "client", "http://"+addr+"/clientip")
-	if err != nil {
-		return err
-	}
-	if !strings.HasPrefix(reply, a.cliIP+":") {
-		return fmt.Errorf("answered %q, want the client's address %s", reply, a.cliIP)
-	}
-	return nil
+// podIPv6 is the pod's IPv6 address, "" when it has none.
+func (a *ambient) podIPv6(ns, name string) string {
+	p, err := a.c.Client.CoreV1().Pods(ns).Get(a.ctx, name, metav1.GetOptions{})
+	framework.Must(a.t, "pod "+ns+"/"+name, err)
+	return framework.PodIPv6(p)
+}
+
+// clientGets: the client's request for the app's /clientip through the
+// app's Service's address of f answered with the client's own address of
+// f (the stand-in keeps it).
+func (a *ambient) clientGets(f family) error {
+	reply, err := get(a.ctx, a.c, ambClientNS, "client", "client", "http://"+net.JoinHostPort(f.svc, "80")+"/clientip")
+	_, err = answeredFrom(reply, err, "the client's", f.cli)
+	return err
 }
 
 func (a *ambient) label(ns, value string) {
@@ -302,26 +395,28 @@ func (a *ambient) unhealthy(ns, pod string) int {
 func (a *ambient) setAmbient(on bool) { setAmbient(a.t, a.ctx, a.c, on) }
 
 // setAmbient turns --ambient on or off in meshwire's DaemonSet (the rest of
-// its command as up installed it), rolled out on every node.
+// its command as up installed it), rolled out on every node; on a
+// dual-stack cluster with --ambient-ipv6, the IPv6 rules too, which
+// istio-cni's chart turns on by default (ambient.ipv6).
 func setAmbient(t *testing.T, ctx context.Context, c *framework.Cluster, on bool) {
 	dsc := c.Client.AppsV1().DaemonSets("kube-system")
 	ds, err := dsc.Get(ctx, "meshwire-node", metav1.GetOptions{})
 	framework.Must(t, "meshwire's DaemonSet", err)
 	cmd := ds.Spec.Template.Spec.Containers[0].Command
 	var next []string
-	has := false
 	for _, arg := range cmd {
-		if arg == "--ambient" {
-			has = true
-			continue
+		if arg != "--ambient" && arg != "--ambient-ipv6" {
+			next = append(next, arg)
 		}
-		next = append(next, arg)
-	}
-	if has == on {
-		return
 	}
 	if on {
 		next = append(next, "--ambient")
+		if c.Family() == "dual" {
+			next = append(next, "--ambient-ipv6")
+		}
+	}
+	if slices.Equal(next, cmd) {
+		return
 	}
 	ds.Spec.Template.Spec.Containers[0].Command = next
 	_, err = dsc.Update(ctx, ds, metav1.UpdateOptions{})
@@ -441,7 +536,7 @@ func isDel(uid string) func(proxylog.Record) bool {
 func isConn(listener, srcIP, origDst, uid string) func(proxylog.Record) bool {
 	return func(r proxylog.Record) bool {
 		return r.Event == "conn" && (listener == "" || r.Listener == listener) &&
-			(srcIP == "" || strings.HasPrefix(r.Src, srcIP+":")) && (origDst == "" || r.OrigDst == origDst) &&
+			(srcIP == "" || strings.HasPrefix(r.Src, net.JoinHostPort(srcIP, ""))) && (origDst == "" || r.OrigDst == origDst) &&
 			(uid == "" || r.Workload == uid)
 	}
 }
@@ -469,31 +564,40 @@ func (a *ambient) probeSNAT() int {
 	return -1
 }
 
-func (a *ambient) probeSet() (string, error) {
-	out, err := a.app.Command("ipset", "list", "istio-inpod-probes-v4").Output()
+// probeSet lists the app node's probe set of the family of the address
+// ip: istio-inpod-probes-v4, or -v6.
+func (a *ambient) probeSet(ip string) (string, error) {
+	f := ruleset.V4
+	if addr, err := netip.ParseAddr(ip); err == nil && addr.Is6() {
+		f = ruleset.V6
+	}
+	out, err := a.app.Command("ipset", "list", ambientpkg.ProbeSetName(f)).Output()
 	return string(out), err
 }
 
 func (a *ambient) probeSetHas(ip string) error {
-	out, err := a.probeSet()
+	out, err := a.probeSet(ip)
 	if err != nil {
 		return err
 	}
 	if !regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(ip) + `( |$)`).MatchString(out) {
-		return fmt.Errorf("%s is not in istio-inpod-probes-v4:\n%s", ip, out)
+		return fmt.Errorf("%s is not in the probe set:\n%s", ip, out)
 	}
 	return nil
 }
 
-// probeSetEmpty: the probe set is there, with no member.
+// probeSetEmpty: the probe set of each of the cluster's families is
+// there, with no member.
 func (a *ambient) probeSetEmpty() error {
-	out, err := a.probeSet()
-	if err != nil {
-		return err
-	}
-	_, members, _ := strings.Cut(out, "Members:")
-	if strings.TrimSpace(members) != "" {
-		return fmt.Errorf("members left: %s", strings.TrimSpace(members))
+	for _, f := range a.fams {
+		out, err := a.probeSet(f.app)
+		if err != nil {
+			return err
+		}
+		_, members, _ := strings.Cut(out, "Members:")
+		if strings.TrimSpace(members) != "" {
+			return fmt.Errorf("members left: %s", strings.TrimSpace(members))
+		}
 	}
 	return nil
 }
@@ -502,7 +606,7 @@ func (a *ambient) probeSetEmpty() error {
 // rule, the probe sets) is not there.
 func (a *ambient) ambientGone(n framework.Node) error {
 	var left []string
-	for _, cmd := range []string{"iptables", "iptables-legacy"} {
+	for _, cmd := range []string{"iptables", "iptables-legacy", "ip6tables", "ip6tables-legacy"} {
 		if out, err := n.Command(cmd, "-t", "nat", "-S").Output(); err == nil {
 			for _, l := range strings.Split(string(out), "\n") {
 				if strings.HasPrefix(l, "-N ISTIO_") {

@@ -5,6 +5,7 @@ package clustersuites
 import (
 	"context"
 	"fmt"
+	"net"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -158,6 +159,11 @@ func (m *mesh) upgradeChecks(up *upgrade) {
 		reply, err := get(ctx, c, meshNS, "client", "client", "http://"+p.Status.PodIP+":8080/clientip")
 		framework.Check(t, fmt.Sprintf("%s, created during the upgrade on %s at %s: client -> its app through its sidecar",
 			p.Name, p.Spec.NodeName, p.CreationTimestamp.Format("15:04:05")), viaSidecar(reply, err))
+		if c.Family() == "dual" {
+			addr := net.JoinHostPort(framework.PodIPv6(&p), "8080")
+			reply, err := get(ctx, c, meshNS, "client", "client", "http://"+addr+"/clientip")
+			framework.Check(t, fmt.Sprintf("%s: client -> its app at %s through its sidecar", p.Name, addr), viaSidecar6(reply, err))
+		}
 	}
 
 	framework.Require(t, "fortio's load ended", framework.Poll(loadDuration+2*time.Minute, func() error {
@@ -194,11 +200,7 @@ func (m *mesh) upgradeChecks(up *upgrade) {
 		framework.Checkf(t, fmt.Sprintf("fortio -> app-%s: its keep-alive connection held (one connection)", mode),
 			r.SocketCount == 1, "%d connections opened", r.SocketCount)
 	}
-	long, err := c.Client.CoreV1().Pods(meshNS).Get(ctx, "long", metav1.GetOptions{})
-	framework.Require(t, "pod long", err)
-	for _, s := range long.Status.ContainerStatuses {
-		framework.Checkf(t, fmt.Sprintf("after the load: the long-lived connection to %s was never reset", s.Name), s.RestartCount == 0, "%d restarts", s.RestartCount)
-	}
+	m.longHeld("after the load")
 }
 
 // podRunning is a condition: every container of pod ns/name runs.

@@ -27,7 +27,8 @@ const meshNS = "mwk-mesh"
 
 var meshModes = []string{"redirect", "tproxy", "ebpf"}
 
-// meshVars fills manifests/mesh.yaml for one mode's Deployment.
+// meshVars fills manifests/mesh.yaml for one mode's Deployment (the
+// cluster fills @ISTIO_DUAL_STACK@: framework.FamilyVars).
 func meshVars(mode, name, node string) map[string]string {
 	v := map[string]string{"NAMESPACE": meshNS, "NAME": name, "NODE": node, "MODE": mode, "ISTIO_MODE": "REDIRECT",
 		"MESHWIRE_MODE": strings.ToUpper(mode), "PROXY_MODE": "redirect", "PROXY_UID": "1337", "PROXY_CAPS": "[]"}
@@ -52,6 +53,16 @@ func meshVars(mode, name, node string) map[string]string {
 // On a cluster started on an earlier meshwire (make cluster FROM=COMMIT)
 // the rollout is the upgrade to this tree's, and the nodes' records of
 // the earlier stores become one record per pod (mesh_upgrade_test.go).
+// On a dual-stack cluster (make cluster IP_FAMILY=dual) the pods are
+// dual stack as Istio makes them (ISTIO_DUAL_STACK, mesh.yaml), the
+// Services RequireDualStack, and the same is checked over each family by
+// address: IPv6 to the Services' IPv6 ClusterIPs and the servers' IPv6
+// addresses (the app sees ::6, Istio's IPv6 passthrough address), sidecar
+// to sidecar with the ClusterIP of the family in the caller's outbound
+// log, and a long-lived connection per mode and family (mesh-long.yaml);
+// by name, the family the resolver picks. A pod per mode without
+// ISTIO_DUAL_STACK (nodual-MODE) shows Istio's decision the other way: its
+// IPv4 comes through its sidecar, its IPv6 reaches the app directly.
 // On a cluster installed with helm (make cluster INSTALL=helm) the rollout
 // is `helm upgrade --set image.tag=`, under fortio's load and with pods
 // created while it runs (mesh_helm_test.go).
@@ -69,13 +80,23 @@ func TestMesh(t *testing.T) {
 			framework.Check(t, "namespace "+meshNS+" deleted", c.DeleteNamespace(ctx, meshNS, 2*time.Minute))
 		}
 	}()
+	deployments := []string{"app-", "caller-"}
+	if c.Family() == "dual" {
+		deployments = append(deployments, "nodual-")
+	}
 	for _, m := range meshModes {
 		apply(t, ctx, c, "mesh.yaml", meshVars(m, "app-"+m, servers))
 		apply(t, ctx, c, "mesh.yaml", meshVars(m, "caller-"+m, callers))
 		apply(t, ctx, c, "mesh-service.yaml", map[string]string{"NAMESPACE": meshNS, "MODE": m})
+		if c.Family() == "dual" {
+			v := meshVars(m, "nodual-"+m, servers)
+			v["ISTIO_DUAL_STACK"] = "false"
+			apply(t, ctx, c, "mesh.yaml", v)
+		}
 	}
 	for _, m := range meshModes {
-		for _, name := range []string{"app-" + m, "caller-" + m} {
+		for _, prefix := range deployments {
+			name := prefix + m
 			_, err := c.WaitReady(ctx, meshNS, "app="+name, 1, 2*time.Minute)
 			framework.Require(t, name+" Ready", err)
 		}
@@ -106,19 +127,44 @@ func TestMesh(t *testing.T) {
 			return dnsAnswers(ctx, c, "app-"+m+"."+meshNS+".svc.cluster.local")
 		})
 	}
+	m := &mesh{t: t, ctx: ctx, c: c, callers: callers, long: []string{"long"}}
 	apply(t, ctx, c, "mesh-clients.yaml", map[string]string{"NODE": callers})
 	for _, p := range []string{"client", "long"} {
 		framework.Require(t, p+" Ready", framework.Poll(2*time.Minute, podReady(ctx, c, meshNS, p)))
 	}
-	m := &mesh{t: t, ctx: ctx, c: c, callers: callers}
+	if c.Family() == "dual" {
+		// long by address, once per family (long4, long6), once the
+		// client reaches each Service at its IPv6 ClusterIP
+		// (kube-proxy syncs each family on its own).
+		vars4 := map[string]string{"NAME": "long4", "NODE": callers}
+		vars6 := map[string]string{"NAME": "long6", "NODE": callers}
+		for _, mode := range meshModes {
+			svc, err := c.Client.CoreV1().Services(meshNS).Get(ctx, "app-"+mode, metav1.GetOptions{})
+			framework.Require(t, "Service app-"+mode, err)
+			v6 := clusterIPv6(t, svc)
+			addr := net.JoinHostPort(v6, "80")
+			framework.Eventually(t, "the client reaches Service app-"+mode+" at "+addr, time.Minute, func() error {
+				_, err := get(ctx, c, meshNS, "client", "client", "http://"+addr+"/clientip")
+				return err
+			})
+			vars4[strings.ToUpper(mode)], vars6[strings.ToUpper(mode)] = svc.Spec.ClusterIP, v6
+		}
+		for _, vars := range []map[string]string{vars4, vars6} {
+			apply(t, ctx, c, "mesh-long.yaml", vars)
+			framework.Require(t, vars["NAME"]+" Ready", framework.Poll(2*time.Minute, podReady(ctx, c, meshNS, vars["NAME"])))
+			m.long = append(m.long, vars["NAME"])
+		}
+	}
 	m.check("before the rollout")
 
 	// A new image tag rolled out under the running pods: every node's
 	// agent restarts; connections stay up, and the pods' fast-path
 	// policies come back from the plugin's records.
 	lines := map[string]int{}
-	for _, mode := range meshModes {
-		lines[mode] = m.longLines(mode)
+	for _, pod := range m.long {
+		for _, mode := range meshModes {
+			lines[pod+"/"+mode] = m.longLines(pod, mode)
+		}
 	}
 	var old map[string]stores
 	if c.From != "" {
@@ -131,10 +177,12 @@ func TestMesh(t *testing.T) {
 		m.rollout()
 	}
 	time.Sleep(3 * time.Second)
-	for _, mode := range meshModes {
-		n := m.longLines(mode)
-		framework.Checkf(t, fmt.Sprintf("after the rollout: the long-lived connection to %s held (%d lines echoed before, %d now)", mode, lines[mode], n),
-			n > lines[mode], "it echoed nothing since")
+	for _, pod := range m.long {
+		for _, mode := range meshModes {
+			n, before := m.longLines(pod, mode), lines[pod+"/"+mode]
+			framework.Checkf(t, fmt.Sprintf("after the rollout: %s's long-lived connection to %s held (%d lines echoed before, %d now)", pod, mode, before, n),
+				n > before, "it echoed nothing since")
+		}
 	}
 	if up == nil {
 		// A pod started after the rollout is meshed by the new agent's plugins.
@@ -163,7 +211,18 @@ type mesh struct {
 	t       *testing.T
 	ctx     context.Context
 	c       *framework.Cluster
-	callers string // the node of the callers and clients
+	callers string   // the node of the callers and clients
+	long    []string // the pods of long-lived connections: long, and long4 and long6 in dual stack
+}
+
+// clusterIPv6 is the Service's IPv6 ClusterIP, which a dual-stack
+// cluster must give it (RequireDualStack), or it ends the test.
+func clusterIPv6(t *testing.T, svc *corev1.Service) string {
+	v6 := framework.IPv6(svc.Spec.ClusterIPs)
+	if v6 == "" {
+		framework.Require(t, "Service "+svc.Name+" has an IPv6 ClusterIP (RequireDualStack)", fmt.Errorf("its ClusterIPs are %v", svc.Spec.ClusterIPs))
+	}
+	return v6
 }
 
 // check runs every check of one stage.
@@ -178,9 +237,40 @@ func (m *mesh) check(stage string) {
 		framework.Require(t, stage+": Service app-"+mode, err)
 		np := nodePort(svc, "http")
 		nodePortAddr := net.JoinHostPort(caller.IP, strconv.Itoa(int(np)))
-		for _, target := range []string{"app-" + mode, svc.Spec.ClusterIP, nodePortAddr} {
-			reply, err := get(ctx, c, meshNS, "client", "client", "http://"+target+"/clientip")
-			framework.Check(t, fmt.Sprintf("%s: client -> %s via %s: through the sidecar", stage, mode, target), viaSidecar(reply, err))
+		// Each family's way through the sidecars: the passthrough
+		// address the app sees and the ClusterIP the calling sidecar
+		// logs as the original destination. By name, either: the
+		// resolver picks the family (on a dual-stack cluster busybox's
+		// wget and agnhost's curl were seen to take IPv6).
+		v4 := route{passthrough4, svc.Spec.ClusterIP}
+		only4 := []route{v4}
+		targets := []target{{"app-" + mode, only4}, {svc.Spec.ClusterIP, only4}, {nodePortAddr, only4}}
+		calls := []target{{"app-" + mode, only4}}
+		if c.Family() == "dual" {
+			// Over IPv6 too: to the Service's IPv6 ClusterIP, and to
+			// each server's IPv6 address (no kube-proxy on the way);
+			// the host's NodePort stays IPv4: the one node's IPv6
+			// address is the machine's uplink, which tests never use.
+			// Sidecar to sidecar, each family by address as well as
+			// by name.
+			v6 := route{passthrough6, clusterIPv6(t, svc)}
+			byName := []route{v4, v6}
+			targets[0].routes = byName
+			targets = append(targets, target{net.JoinHostPort(v6.clusterIP, "80"), []route{v6}})
+			servers, err := c.Pods(ctx, meshNS, "app=app-"+mode)
+			framework.Require(t, stage+": app-"+mode, err)
+			for _, p := range servers {
+				ip := framework.PodIPv6(&p)
+				if framework.Checkf(t, stage+": "+p.Name+" has an IPv6 address", ip != "", "its addresses are %v", p.Status.PodIPs) {
+					targets = append(targets, target{net.JoinHostPort(ip, "8080"), []route{v6}})
+				}
+			}
+			calls = []target{{"app-" + mode, byName}, {v4.clusterIP, []route{v4}}, {"[" + v6.clusterIP + "]", []route{v6}}}
+		}
+		for _, tg := range targets {
+			reply, err := get(ctx, c, meshNS, "client", "client", "http://"+tg.addr+"/clientip")
+			_, err = passedThrough(reply, err, tg.routes...)
+			framework.Check(t, fmt.Sprintf("%s: client -> %s via %s: through the sidecar", stage, mode, tg.addr), err)
 		}
 		reply, err := hostGet("http://" + nodePortAddr + "/clientip")
 		framework.Check(t, fmt.Sprintf("%s: host -> %s via NodePort %s: through the sidecar", stage, mode, nodePortAddr), viaSidecar(reply, err))
@@ -189,18 +279,22 @@ func (m *mesh) check(stage string) {
 		// sidecar's inbound one.
 		pods, err := c.Pods(ctx, meshNS, "app=caller-"+next)
 		framework.Require(t, stage+": caller-"+next, err)
-		for _, p := range pods {
-			want := fmt.Sprintf(`outbound to %s:80`, svc.Spec.ClusterIP)
-			outs := m.count(p.Name, func(r proxylog.Record) bool {
-				return r.Event == "conn" && r.Listener == "outbound" && r.OrigDst == svc.Spec.ClusterIP+":80"
-			})
-			out, err := c.Exec(ctx, meshNS, p.Name, "app", "curl", "-sS", "-m", "10", "http://app-"+mode+"/clientip")
-			framework.Check(t, fmt.Sprintf("%s: %s's app on %s -> %s: through both sidecars", stage, p.Name, p.Spec.NodeName, mode), viaSidecar(strings.TrimSpace(out), err))
-			n := m.count(p.Name, func(r proxylog.Record) bool {
-				return r.Event == "conn" && r.Listener == "outbound" && r.OrigDst == svc.Spec.ClusterIP+":80"
-			})
-			framework.Checkf(t, fmt.Sprintf("%s: %s's sidecar logged the connection (%s)", stage, p.Name, want),
-				outs >= 0 && n >= outs+1, "%d such connections before, %d after", outs, n)
+		for _, call := range calls {
+			for _, p := range pods {
+				outs := map[route]int{}
+				for _, r := range call.routes {
+					outs[r] = m.count(p.Name, r.outbound)
+				}
+				out, err := c.Exec(ctx, meshNS, p.Name, "app", "curl", "-gsS", "-m", "10", "http://"+call.addr+"/clientip")
+				r, err := passedThrough(strings.TrimSpace(out), err, call.routes...)
+				framework.Check(t, fmt.Sprintf("%s: %s's app on %s -> %s via %s: through both sidecars", stage, p.Name, p.Spec.NodeName, mode, call.addr), err)
+				n := m.count(p.Name, r.outbound)
+				framework.Checkf(t, fmt.Sprintf("%s: %s's sidecar logged the connection (outbound to %s)", stage, p.Name, r.origDst()),
+					outs[r] >= 0 && n >= outs[r]+1, "%d such connections before, %d after", outs[r], n)
+			}
+		}
+		if c.Family() == "dual" {
+			m.noDualStack(stage, mode)
 		}
 	}
 	// Kubelet's probes of the status ports: never captured, on any
@@ -236,10 +330,40 @@ func (m *mesh) check(stage string) {
 				after[node.Name] > before[node.Name], "%g before, %g after", before[node.Name], after[node.Name])
 		}
 	}
-	long, err := c.Client.CoreV1().Pods(meshNS).Get(ctx, "long", metav1.GetOptions{})
-	framework.Require(t, stage+": pod long", err)
-	for _, s := range long.Status.ContainerStatuses {
-		framework.Checkf(t, fmt.Sprintf("%s: the long-lived connection to %s held", stage, s.Name), s.RestartCount == 0, "%d restarts", s.RestartCount)
+	m.longHeld(stage)
+}
+
+// noDualStack: mode's pods without ISTIO_DUAL_STACK, whose first address
+// is IPv4, have no IPv6 capture, as Istio decides (istio-iptables programs
+// IPv6 rules for them only with dual stack): the client reaches each one's
+// app through its sidecar over IPv4, and directly over IPv6 (the app sees
+// the client's own IPv6 address).
+func (m *mesh) noDualStack(stage, mode string) {
+	t, ctx, c := m.t, m.ctx, m.c
+	client, err := c.Client.CoreV1().Pods(meshNS).Get(ctx, "client", metav1.GetOptions{})
+	framework.Require(t, stage+": pod client", err)
+	client6 := framework.PodIPv6(client)
+	pods, err := c.Pods(ctx, meshNS, "app=nodual-"+mode)
+	framework.Require(t, stage+": nodual-"+mode, err)
+	for _, p := range pods {
+		reply, err := get(ctx, c, meshNS, "client", "client", "http://"+net.JoinHostPort(p.Status.PodIP, "8080")+"/clientip")
+		framework.Check(t, fmt.Sprintf("%s: client -> %s (%s, no ISTIO_DUAL_STACK) at %s: through the sidecar", stage, p.Name, mode, p.Status.PodIP), viaSidecar(reply, err))
+		addr := net.JoinHostPort(framework.PodIPv6(&p), "8080")
+		reply, err = get(ctx, c, meshNS, "client", "client", "http://"+addr+"/clientip")
+		_, err = answeredFrom(reply, err, "the client's", client6)
+		framework.Check(t, fmt.Sprintf("%s: client -> %s at %s: not captured, the app saw the client's own address", stage, p.Name, addr), err)
+	}
+}
+
+// longHeld: no container of the long-lived connections' pods restarted
+// (nc exits when its connection breaks).
+func (m *mesh) longHeld(stage string) {
+	for _, pod := range m.long {
+		p, err := m.c.Client.CoreV1().Pods(meshNS).Get(m.ctx, pod, metav1.GetOptions{})
+		framework.Require(m.t, stage+": pod "+pod, err)
+		for _, s := range p.Status.ContainerStatuses {
+			framework.Checkf(m.t, fmt.Sprintf("%s: %s's long-lived connection to %s held", stage, pod, s.Name), s.RestartCount == 0, "%d restarts", s.RestartCount)
+		}
 	}
 }
 
@@ -296,10 +420,10 @@ func (m *mesh) redirected() map[string]float64 {
 	return out
 }
 
-// longLines is how many lines the long-lived connection to mode echoed.
-func (m *mesh) longLines(mode string) int {
-	out, err := m.c.Logs(m.ctx, meshNS, "long", mode)
-	framework.Must(m.t, "the log of long's "+mode, err)
+// longLines is how many lines pod's long-lived connection to mode echoed.
+func (m *mesh) longLines(pod, mode string) int {
+	out, err := m.c.Logs(m.ctx, meshNS, pod, mode)
+	framework.Must(m.t, "the log of "+pod+"'s "+mode, err)
 	return strings.Count(out, "\n")
 }
 
@@ -381,17 +505,53 @@ func (m *mesh) rolloutDone(r *rolling, samePolicies bool) {
 	}
 }
 
+// The sidecar's passthrough addresses, from which it connects to the app:
+// Istio's InboundPassthroughBindIpv4 and InboundPassthroughBindIpv6.
+const passthrough4, passthrough6 = "127.0.0.6", "::6"
+
+// route is an address family's way through the sidecars to a Service's
+// app: the sidecar's passthrough address of the family, which the app
+// sees, and the Service's ClusterIP of the family, which the calling
+// sidecar logs as the original destination (port 80).
+type route struct{ passthrough, clusterIP string }
+
+func (r route) origDst() string { return net.JoinHostPort(r.clusterIP, "80") }
+
+// outbound matches the calling sidecar's record of a connection by r.
+func (r route) outbound(rec proxylog.Record) bool {
+	return rec.Event == "conn" && rec.Listener == "outbound" && rec.OrigDst == r.origDst()
+}
+
+// target is an address to call and the routes a call to it may take.
+type target struct {
+	addr   string
+	routes []route
+}
+
+// passedThrough is the route, among routes, whose passthrough address the
+// application's /clientip answered: the connection came through the
+// sidecar over that route's family. Else an error, and routes[0].
+func passedThrough(reply string, err error, routes ...route) (route, error) {
+	srcs := make([]string, len(routes))
+	for i, r := range routes {
+		srcs[i] = r.passthrough
+	}
+	i, err := answeredFrom(reply, err, "the sidecar's", srcs...)
+	return routes[i], err
+}
+
 // viaSidecar is a check's error: nil when the application's /clientip
 // answered the sidecar's passthrough address (127.0.0.6): the connection
 // came through the sidecar.
 func viaSidecar(reply string, err error) error {
-	if err != nil {
-		return err
-	}
-	if !strings.HasPrefix(reply, "127.0.0.6:") {
-		return fmt.Errorf("the application saw %q, not the sidecar's 127.0.0.6", reply)
-	}
-	return nil
+	_, err = passedThrough(reply, err, route{passthrough: passthrough4})
+	return err
+}
+
+// viaSidecar6 is viaSidecar over IPv6 (::6).
+func viaSidecar6(reply string, err error) error {
+	_, err = passedThrough(reply, err, route{passthrough: passthrough6})
+	return err
 }
 
 func nodePort(svc *corev1.Service, name string) int32 {

@@ -12,6 +12,7 @@ package clustersuites
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"strings"
 	"testing"
@@ -39,6 +40,21 @@ func answers(reply string, err error, want string) error {
 		return fmt.Errorf("answered %q, want %q", reply, want)
 	}
 	return nil
+}
+
+// answeredFrom is the index of the address among addrs that an app's
+// /clientip reply (the connection's source, ADDR:PORT or [ADDR]:PORT)
+// names; else an error that says whose addresses they are, and 0.
+func answeredFrom(reply string, err error, whose string, addrs ...string) (int, error) {
+	if err != nil {
+		return 0, err
+	}
+	for i, a := range addrs {
+		if strings.HasPrefix(reply, net.JoinHostPort(a, "")) {
+			return i, nil
+		}
+	}
+	return 0, fmt.Errorf("the application saw %q, not %s %s", reply, whose, strings.Join(addrs, " or "))
 }
 
 // apply renders manifests/NAME with vars and applies it, or ends t.

@@ -114,3 +114,32 @@ func TestInterceptEBPFHiddenBPFFS(t *testing.T) {
 		}
 	}
 }
+
+// TestInterceptIPv6DecisionEBPF: EBPF mode takes TestInterceptIPv6Decision's
+// decision too. In a pod whose first address is IPv4, without dual stack,
+// the rules have no IPv6 half, and EBPF mode leaves IPv6 alone both ways
+// (the app answers the remote directly, the proxy sees nothing), where it
+// used to capture it: inbound, the proxy then could not reach the app
+// from ::6, which only dual stack puts on lo, and the client was reset.
+// IPv4 is captured both ways; with dual stack, IPv6 too
+// (TestInterceptTraffic's EBPF mode).
+func TestInterceptIPv6DecisionEBPF(t *testing.T) {
+	h := harness.New(t)
+	h.CheckNoLeaks()
+	interceptEBPFAttach(t, h)
+	e := ie.New(t, h)
+	e.StartProxy(false)
+	if code, out := e.IptablesInitEnv([]string{"ISTIO_DUAL_STACK=false"}, "-m", "EBPF", "-i", "*", "-b", "*", "--reconcile"); code != 0 {
+		t.Fatalf("iptables-init -m EBPF without dual stack: exit %d\n%s", code, out)
+	}
+	for _, fam := range interceptFamilies {
+		pod, remote := ie.Pod(fam.v6), ie.Remote(fam.v6)
+		out, in, peer := "outbound", "inbound", interceptPassthrough(fam.v6)
+		if fam.v6 {
+			out, in, peer = "", "", remote.String()
+		}
+		interceptExpect(t, e, e.Pod, ie.AP(remote, ie.RemotePort), "remote", pod.String(), out)
+		interceptExpect(t, e, e.Remote, ie.AP(pod, ie.AppPort), "app", peer, in)
+	}
+	e.MustIptablesInit("--cleanup-only")
+}

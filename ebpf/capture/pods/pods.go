@@ -42,6 +42,10 @@ const (
 	// FlagEBPFMode, in the fast path's mirror (apply.MirrorOf): the pod is in
 	// EBPF interception mode, whose connect() hook captures.
 	FlagEBPFMode
+	// FlagIPv4Only: the pod's IPv6 is left alone, as its rules would have
+	// no IPv6 half (apply.WantIPv6 false). An entry without it captures
+	// both families, as every entry did before it.
+	FlagIPv4Only
 )
 
 // Capture is struct pod_capture, mw_cap_pods' value.

@@ -3,6 +3,9 @@ package apply
 import (
 	"net/netip"
 	"testing"
+
+	"github.com/meshwire/meshwire/ebpf/capture/pods"
+	"github.com/meshwire/meshwire/internal/intercept"
 )
 
 func TestWantIPv6(t *testing.T) {
@@ -32,6 +35,27 @@ func TestWantIPv6(t *testing.T) {
 	} {
 		if got := WantIPv6(tc.dual, tc.addrs); got != tc.want {
 			t.Errorf("WantIPv6(%v, %v) = %v", tc.dual, tc.addrs, got)
+		}
+	}
+}
+
+// TestSettingsOfIPv6: a pod's EBPF-mode entry, and the fast path's copy of
+// any pod's interception, say pods.FlagIPv4Only exactly when its IPv6 is
+// not intercepted (WantIPv6 false: its rules would have no IPv6 half).
+func TestSettingsOfIPv6(t *testing.T) {
+	for _, ipv6 := range []bool{false, true} {
+		s, err := SettingsOf(intercept.Default(), nil, ipv6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m, err := MirrorOf(intercept.Default(), nil, ipv6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for name, flags := range map[string]uint32{"SettingsOf": s.Capture.Flags, "MirrorOf": m.Capture.Flags} {
+			if only := flags&pods.FlagIPv4Only != 0; only == ipv6 {
+				t.Errorf("%s with IPv6 %v: FlagIPv4Only %v", name, ipv6, only)
+			}
 		}
 	}
 }

@@ -24,7 +24,7 @@ import (
 // nor when the node cannot capture the pod (EBPFUnavailable). A failure
 // after the registration undoes it.
 func InstallEBPF(ctx context.Context, req Request) error {
-	s, err := SettingsOf(req.Config, req.Local)
+	s, err := SettingsOf(req.Config, req.Local, req.IPv6)
 	if err != nil {
 		return err
 	}
@@ -91,7 +91,7 @@ func EBPFRegistered() bool {
 // req.Config: nil when the pod's registration and inbound filters are as
 // InstallEBPF leaves them.
 func CheckEBPF(req Request) error {
-	s, err := SettingsOf(req.Config, req.Local)
+	s, err := SettingsOf(req.Config, req.Local, req.IPv6)
 	if err != nil {
 		return err
 	}

@@ -30,10 +30,12 @@ func unsupportedSetting(format string, a ...any) error {
 	return fmt.Errorf("%s: %w (use REDIRECT or TPROXY for it)", fmt.Sprintf(format, a...), ErrUnsupportedSetting)
 }
 
-// SettingsOf turns a pod's interception config and its own addresses (the
-// destinations its connections reach over lo) into its map entries. The
-// settings the ebpf mode does not implement are errors naming them.
-func SettingsOf(c intercept.Config, local []netip.Addr) (pods.Settings, error) {
+// SettingsOf turns a pod's interception config, its own addresses (the
+// destinations its connections reach over lo) and whether its IPv6 is
+// intercepted (WantIPv6: else pods.FlagIPv4Only, as the rules would have
+// no IPv6 half) into its map entries. The settings the ebpf mode does not
+// implement are errors naming them.
+func SettingsOf(c intercept.Config, local []netip.Addr, ipv6 bool) (pods.Settings, error) {
 	var s pods.Settings
 	switch {
 	case len(c.KubeVirtInterfaces) > 0:
@@ -45,6 +47,9 @@ func SettingsOf(c intercept.Config, local []netip.Addr) (pods.Settings, error) {
 	}
 	p := &s.Capture
 	p.OutboundPort, p.InboundPort, p.TunnelPort = c.ProxyPort, c.InboundCapturePort, c.InboundTunnelPort
+	if !ipv6 {
+		p.Flags |= pods.FlagIPv4Only
+	}
 	for _, u := range c.ProxyUIDs {
 		p.OwnerID[p.Owners] = u
 		p.Owners++
@@ -142,8 +147,8 @@ func SettingsOf(c intercept.Config, local []netip.Addr) (pods.Settings, error) {
 // for the rules' verdict (fastpath.c tracks only what they capture), or,
 // in EBPF mode, pods.FlagEBPFMode. DNS capture is left out: the fast path
 // carries TCP between an application and its sidecar's outbound port.
-func MirrorOf(c intercept.Config, local []netip.Addr) (pods.Settings, error) {
-	s, err := SettingsOf(c, local)
+func MirrorOf(c intercept.Config, local []netip.Addr, ipv6 bool) (pods.Settings, error) {
+	s, err := SettingsOf(c, local, ipv6)
 	if err != nil {
 		return s, err
 	}

@@ -266,7 +266,7 @@ func fastpathOf(p podpolicy.Policy, req *apply.Request) *podstate.Fastpath {
 		return nil
 	}
 	if req != nil {
-		s, err := apply.MirrorOf(req.Config, req.Local)
+		s, err := apply.MirrorOf(req.Config, req.Local, req.IPv6)
 		if err == nil {
 			f.Mirror = &s
 		} else {

@@ -12,14 +12,32 @@ import (
 )
 
 // Manifest reads manifests/NAME of the cluster's directory with every
-// @KEY@ replaced by vars[KEY]; a placeholder vars does not fill is an
-// error, so that no manifest is applied half-rendered.
+// @KEY@ replaced by vars[KEY], or else by the cluster's FamilyVars; a
+// placeholder neither fills is an error, so that no manifest is applied
+// half-rendered.
 func (c *Cluster) Manifest(name string, vars map[string]string) ([]byte, error) {
 	b, err := os.ReadFile(filepath.Join(c.Repo, "test", "cluster", "manifests", name))
 	if err != nil {
 		return nil, err
 	}
-	return Render(b, vars)
+	all := c.FamilyVars()
+	for k, v := range vars {
+		all[k] = v
+	}
+	return Render(b, all)
+}
+
+// FamilyVars are the placeholders any manifest may use for the cluster's
+// address families: @IP_FAMILY_POLICY@, a Service's ipFamilyPolicy
+// (SingleStack, or RequireDualStack on a dual-stack cluster), and
+// @ISTIO_DUAL_STACK@ (false, or true on a dual-stack cluster), the
+// sidecars' ISTIO_DUAL_STACK, which is how Istio turns a pod's IPv6
+// capture on where its first address is IPv4.
+func (d Description) FamilyVars() map[string]string {
+	if d.Family() == "dual" {
+		return map[string]string{"IP_FAMILY_POLICY": "RequireDualStack", "ISTIO_DUAL_STACK": "true"}
+	}
+	return map[string]string{"IP_FAMILY_POLICY": "SingleStack", "ISTIO_DUAL_STACK": "false"}
 }
 
 var placeholder = regexp.MustCompile(`@[A-Z_]+@`)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -164,4 +165,24 @@ func (c *Cluster) WaitNamespaceGone(ctx context.Context, ns string, within time.
 		}
 		return fmt.Errorf("namespace %s still there", ns)
 	})
+}
+
+// IPv6 is the first IPv6 address of addrs (a Service's ClusterIPs), or ""
+// when it has none: on a single-stack cluster, or a SingleStack Service.
+func IPv6(addrs []string) string {
+	for _, a := range addrs {
+		if ip, err := netip.ParseAddr(a); err == nil && ip.Is6() && !ip.Is4In6() {
+			return a
+		}
+	}
+	return ""
+}
+
+// PodIPv6 is the pod's IPv6 address, or "" when it has none.
+func PodIPv6(p *corev1.Pod) string {
+	var addrs []string
+	for _, ip := range p.Status.PodIPs {
+		addrs = append(addrs, ip.IP)
+	}
+	return IPv6(addrs)
 }
