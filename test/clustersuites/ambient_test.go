@@ -304,6 +304,12 @@ func (a *ambient) setAmbient(on bool) { setAmbient(a.t, a.ctx, a.c, on) }
 // setAmbient turns --ambient on or off in meshwire's DaemonSet (the rest of
 // its command as up installed it), rolled out on every node.
 func setAmbient(t *testing.T, ctx context.Context, c *framework.Cluster, on bool) {
+	setAgentFlag(t, ctx, c, "--ambient", on)
+}
+
+// setAgentFlag adds or removes flag in meshwire's DaemonSet's command,
+// rolled out on every node, every node Ready after it.
+func setAgentFlag(t *testing.T, ctx context.Context, c *framework.Cluster, flag string, on bool) {
 	dsc := c.Client.AppsV1().DaemonSets("kube-system")
 	ds, err := dsc.Get(ctx, "meshwire-node", metav1.GetOptions{})
 	framework.Must(t, "meshwire's DaemonSet", err)
@@ -311,7 +317,7 @@ func setAmbient(t *testing.T, ctx context.Context, c *framework.Cluster, on bool
 	var next []string
 	has := false
 	for _, arg := range cmd {
-		if arg == "--ambient" {
+		if arg == flag {
 			has = true
 			continue
 		}
@@ -321,11 +327,11 @@ func setAmbient(t *testing.T, ctx context.Context, c *framework.Cluster, on bool
 		return
 	}
 	if on {
-		next = append(next, "--ambient")
+		next = append(next, flag)
 	}
 	ds.Spec.Template.Spec.Containers[0].Command = next
 	_, err = dsc.Update(ctx, ds, metav1.UpdateOptions{})
-	framework.Must(t, fmt.Sprintf("--ambient %v in meshwire's DaemonSet", on), err)
+	framework.Must(t, fmt.Sprintf("%s %v in meshwire's DaemonSet", flag, on), err)
 	framework.Must(t, "the agent's rollout", framework.Poll(3*time.Minute, func() error {
 		ds, err := dsc.Get(ctx, "meshwire-node", metav1.GetOptions{})
 		if err != nil {

@@ -34,6 +34,9 @@ type Description struct {
 	ProxyMode  string `json:"proxyMode"` // kube-proxy's: iptables or nftables
 	Firewall   string `json:"firewall"`  // the backend meshwire's plugins are forced to, or empty`
 	Install    string `json:"install"`   // how meshwire's DaemonSet was installed: kubectl (or empty) or helm
+	// Fortio says whether fortio's image is on the nodes (INSTALL=helm or
+	// FORTIO=1: build.sh fortio's localhost/fortio:meshwire-test).
+	Fortio bool `json:"fortio"`
 	// IPFamily is ipv4 or dual (empty: a cluster from before dual
 	// stack, IPv4 only); Family says which.
 	IPFamily    string `json:"ipFamily"`
