@@ -84,6 +84,12 @@ type latencyLoad struct {
 	// during the load (framework.PodsCPU), Machine the whole machine's.
 	PodsCPU    float64 `json:"podsCpuS"`
 	MachineCPU float64 `json:"machineCpuS"`
+	// WallS is the span of the CPU samples around the load (fortio's
+	// start and exit included); IdlePodsCPU the pods' CPU seconds per
+	// second with no load, measured on the same cluster with the same
+	// fast-path setting in the same round (latLeg.measureIdle).
+	WallS       float64 `json:"wallS"`
+	IdlePodsCPU float64 `json:"idlePodsCpuPerS"`
 	// Load1 is the machine's load average over the minute before the
 	// load began (/proc/loadavg): other users of the machine show here.
 	Load1 float64 `json:"load1"`
@@ -263,9 +269,12 @@ func latencyLeg(t *testing.T, c *framework.Cluster, s latencySettings) []latency
 			}
 		}
 		for _, g := range order {
+			what := fmt.Sprintf("round %d, %s", r+1, c.CNI)
 			if c.CNI == "meshwire" {
 				setFastpath(t, ctx, c, g[0].Fastpath)
+				what += map[bool]string{true: ", fast path attached", false: ", fast path detached"}[g[0].Fastpath]
 			}
+			l.measureIdle(what)
 			for _, cfg := range g {
 				out = append(out, l.config(cfg, r+1)...)
 			}
@@ -325,6 +334,21 @@ type latLeg struct {
 	s          latencySettings
 	placements map[string]string
 	serverNode string
+	idle       float64 // the pods' CPU seconds per second with no load, as now set up
+}
+
+// measureIdle samples the pods' CPU over the load's duration with no
+// load: what the pods (the agent, CoreDNS, the sidecars' and fortio's
+// idle work) spend whatever the requests.
+func (l *latLeg) measureIdle(what string) {
+	before, err := l.podsCPU()
+	framework.Must(l.t, "the pods' CPU", err)
+	t0 := time.Now()
+	time.Sleep(l.s.duration)
+	after, err := l.podsCPU()
+	framework.Must(l.t, "the pods' CPU", err)
+	l.idle = framework.PodsCPUDelta(before, after) / time.Since(t0).Seconds()
+	l.t.Logf("%s: with no load the pods spent %.1f ms of CPU per second", what, l.idle*1e3)
 }
 
 // config measures one configuration: per placement, a warm-up, then the
@@ -342,7 +366,7 @@ func (l *latLeg) config(cfg latencyConfig, round int) []latencyLoad {
 		}
 	}
 	paths := l.pathCounts(cfg)
-	fp := l.fastpathCounts()
+	fp, peers := l.fastpathCounts()
 	var out []latencyLoad
 	var requests int64
 	placements := []string{"same node", "other node"}
@@ -368,9 +392,10 @@ func (l *latLeg) config(cfg latencyConfig, round int) []latencyLoad {
 				before, err := l.podsCPU()
 				framework.Must(t, "the pods' CPU", err)
 				ld.Load1 = loadAvg()
-				m0 := framework.SampleCPU()["machine"]
+				m0, t0 := framework.SampleCPU()["machine"], time.Now()
 				r, err := l.fortio(cfg.NS, client, url, qps, payload, l.s.duration)
 				m1 := framework.SampleCPU()["machine"]
+				ld.WallS, ld.IdlePodsCPU = time.Since(t0).Seconds(), l.idle
 				after, err2 := l.podsCPU()
 				framework.Must(t, "the pods' CPU", err2)
 				what := fmt.Sprintf("%s, %s, %d B, %s", name, p, payload, rateName(qps))
@@ -398,7 +423,7 @@ func (l *latLeg) config(cfg latencyConfig, round int) []latencyLoad {
 			}
 		}
 	}
-	l.checkPath(cfg, name, paths, fp, requests)
+	l.checkPath(cfg, name, paths, fp, peers, requests)
 	return out
 }
 
@@ -509,25 +534,26 @@ func (l *latLeg) pathCounts(cfg latencyConfig) latPaths {
 	return p
 }
 
-// fastpathCounts is the messages the fast path carried so far, summed
-// over the nodes; -1 when it is not attached on one of them.
-func (l *latLeg) fastpathCounts() float64 {
+// fastpathCounts is the messages the fast path carried so far and the
+// sidecar-to-sidecar connections it paired, summed over the nodes; -1
+// when it is not attached on one of them.
+func (l *latLeg) fastpathCounts() (messages, peerPairs float64) {
 	if l.c.CNI != "meshwire" {
-		return -1
+		return -1, -1
 	}
-	var sum float64
 	for _, n := range l.c.Nodes {
 		m, err := framework.Metrics(l.ctx, n)
 		if err != nil || m["meshwire_fastpath_attached"] != 1 {
-			return -1
+			return -1, -1
 		}
-		sum += m["meshwire_fastpath_redirected_messages_total"]
+		messages += m["meshwire_fastpath_redirected_messages_total"]
+		peerPairs += m["meshwire_fastpath_peer_pairs_total"]
 	}
-	return sum
+	return messages, peerPairs
 }
 
 // checkPath: the requests went where the configuration sends them.
-func (l *latLeg) checkPath(cfg latencyConfig, name string, before latPaths, fpBefore float64, requests int64) {
+func (l *latLeg) checkPath(cfg latencyConfig, name string, before latPaths, fpBefore, peersBefore float64, requests int64) {
 	t := l.t
 	after := l.pathCounts(cfg)
 	switch {
@@ -545,7 +571,11 @@ func (l *latLeg) checkPath(cfg latencyConfig, name string, before latPaths, fpBe
 	if l.c.CNI != "meshwire" {
 		return
 	}
-	fpAfter := l.fastpathCounts()
+	fpAfter, peersAfter := l.fastpathCounts()
+	if fpBefore >= 0 && fpAfter >= 0 && requests > 0 {
+		t.Logf("%s: the fast path carried %.1f messages per request, paired %.0f sidecar-to-sidecar connections", name,
+			(fpAfter-fpBefore)/float64(requests), peersAfter-peersBefore)
+	}
 	switch {
 	case !cfg.Fastpath:
 		framework.Checkf(t, name+": the fast path detached on every node", fpBefore < 0 && fpAfter < 0, "attached")
@@ -595,8 +625,8 @@ func latencyTable(loads []latencyLoad) string {
 	}
 	slices.SortStableFunc(keys, func(a, b string) int { return slices.Compare(order(by[a][0]), order(by[b][0])) })
 	var b strings.Builder
-	b.WriteString("| placement | payload | rate | network | configuration | p50 µs | p90 µs | p99 µs | qps | pods' CPU ms / 1,000 req | machine CPU ms / 1,000 req | rounds |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	b.WriteString("| placement | payload | rate | network | configuration | p50 µs | p90 µs | p99 µs | qps | pods' CPU ms / 1,000 req | the same above idle | machine CPU ms / 1,000 req | rounds |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, k := range keys {
 		ls := by[k]
 		f := func(get func(latencyLoad) float64) float64 {
@@ -607,10 +637,12 @@ func latencyTable(loads []latencyLoad) string {
 			return median(xs)
 		}
 		l := ls[0]
-		fmt.Fprintf(&b, "| %s | %d B | %s | %s | %s | %.0f | %.0f | %.0f | %.0f | %.1f | %.1f | %d |\n", l.Placement, l.Payload, rateName(l.QPS), l.Network, l.Config,
+		fmt.Fprintf(&b, "| %s | %d B | %s | %s | %s | %.0f | %.0f | %.0f | %.0f | %.1f | %.1f | %.1f | %d |\n", l.Placement, l.Payload, rateName(l.QPS), l.Network, l.Config,
 			f(func(l latencyLoad) float64 { return l.P50US }), f(func(l latencyLoad) float64 { return l.P90US }), f(func(l latencyLoad) float64 { return l.P99US }),
 			f(func(l latencyLoad) float64 { return l.ActualQPS }),
-			f(func(l latencyLoad) float64 { return perK(l.PodsCPU, l.Requests) }), f(func(l latencyLoad) float64 { return perK(l.MachineCPU, l.Requests) }), len(ls))
+			f(func(l latencyLoad) float64 { return perK(l.PodsCPU, l.Requests) }),
+			f(func(l latencyLoad) float64 { return perK(l.PodsCPU-l.IdlePodsCPU*l.WallS, l.Requests) }),
+			f(func(l latencyLoad) float64 { return perK(l.MachineCPU, l.Requests) }), len(ls))
 	}
 	return b.String()
 }
