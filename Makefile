@@ -185,7 +185,8 @@ image: build
 # RUNTIME=containerd2, PROXY_MODE=nftables, FIREWALL=iptables|nftables,
 # INSTALL=helm (NODES >= 2: meshwire by helm install of conf/helm/meshwire,
 # helm upgrade in cluster-mesh, helm uninstall at cluster-down),
-# IP_FAMILY=dual: the cluster's other shapes (test/cluster/cluster.sh's
+# IP_FAMILY=dual, FORTIO=1 (fortio's image on every node, as
+# cluster-latency's clusters have it): the cluster's other shapes (test/cluster/cluster.sh's
 # header).
 NODES ?= 1
 CLUSTER_ENV = MESHWIRE_CLUSTER_NODES=$(NODES) $(if $(CNI),MESHWIRE_CLUSTER_CNI=$(CNI)) $(if $(RUNTIME),MESHWIRE_CLUSTER_RUNTIME=$(RUNTIME)) \
