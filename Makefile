@@ -30,7 +30,7 @@ TEST_TIMEOUT ?= 60m
 KERNEL_LOCK = /run/meshwire-tests.lock
 BENCH ?= .
 
-.PHONY: all build test unit deps demo bench bench-report bench-check bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-ambient cluster-podstart cluster-podstart-compare cluster-conformance cluster-network-suite cluster-faults cluster-status cluster-runtime-gc cluster-istio-rules cluster-dualstack cluster-istio-podstart cluster-apiserver-away
+.PHONY: all build test unit deps demo bench bench-report bench-check bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-ambient cluster-podstart cluster-podstart-compare cluster-conformance cluster-network-suite cluster-faults cluster-status cluster-runtime-gc cluster-istio-rules cluster-dualstack cluster-istio-podstart cluster-apiserver-away cluster-latency
 
 all: build
 
@@ -190,13 +190,14 @@ image: build
 # INSTALL=helm (NODES >= 2: meshwire by helm install of conf/helm/meshwire,
 # helm upgrade in cluster-mesh, helm uninstall at cluster-down),
 # IP_FAMILY=dual, FROM=COMMIT (the nodes start on meshwire at COMMIT, and
-# cluster-mesh's rollout upgrades them to this tree): the cluster's other
-# shapes (test/cluster/cluster.sh's header).
+# cluster-mesh's rollout upgrades them to this tree), FORTIO=1 (fortio's
+# image on every node, as cluster-latency's clusters have it): the
+# cluster's other shapes (test/cluster/cluster.sh's header).
 NODES ?= 1
 CLUSTER_ENV = MESHWIRE_CLUSTER_NODES=$(NODES) $(if $(CNI),MESHWIRE_CLUSTER_CNI=$(CNI)) $(if $(RUNTIME),MESHWIRE_CLUSTER_RUNTIME=$(RUNTIME)) \
 	$(if $(PROXY_MODE),MESHWIRE_CLUSTER_PROXY_MODE=$(PROXY_MODE)) $(if $(FIREWALL),MESHWIRE_CLUSTER_FIREWALL=$(FIREWALL)) \
 	$(if $(INSTALL),MESHWIRE_CLUSTER_INSTALL=$(INSTALL)) $(if $(IP_FAMILY),MESHWIRE_CLUSTER_IP_FAMILY=$(IP_FAMILY)) \
-	$(if $(FROM),MESHWIRE_CLUSTER_FROM=$(FROM))
+	$(if $(FROM),MESHWIRE_CLUSTER_FROM=$(FROM)) $(if $(FORTIO),MESHWIRE_CLUSTER_FORTIO=$(FORTIO))
 cluster:
 	$(CLUSTER_ENV) test/cluster/cluster.sh up
 
@@ -295,6 +296,19 @@ cluster-apiserver-away:
 # $$MESHWIRE_CLUSTER_E2E_REPORT/istio-podstart.
 cluster-istio-podstart:
 	$(CLUSTER_SUITE) '^TestIstioPodStartCompare$$'
+
+# Request latency as Kmesh measures it: fortio v1.67.1 client and echo
+# server pods through a ClusterIP Service, 64 B and 4 KiB, 1,000 qps and
+# the maximum, on a fresh cluster per network (LATENCY_LEGS, "meshwire
+# istio-cni"): no mesh, REDIRECT with the sidecar, with the fast path, EBPF
+# with the fast path, ambient with the ztunnel stand-in, and istio-cni's
+# REDIRECT; same node, and across nodes with NODES >= 2. LATENCY_ROUNDS
+# (2), LATENCY_DURATION (10s), LATENCY_CONNECTIONS (4). Fails when the
+# fast path takes less than 30 % off the sidecar's added p50 at 1,000 qps,
+# same node. The report in $$MESHWIRE_CLUSTER_E2E_REPORT/latency.
+cluster-latency: FORTIO = 1
+cluster-latency:
+	LATENCY_LEGS='$(LATENCY_LEGS)' $(CLUSTER_SUITE) '^TestLatency$$'
 
 # A node's power cut and return, and a node removed for good (NODES >= 2).
 cluster-faults:

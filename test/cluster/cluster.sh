@@ -52,6 +52,8 @@
 #     with `helm uninstall`; several nodes only (one node's DaemonSet is a
 #     kustomization of the manifest); fortio's image (build.sh fortio) on
 #     every node, for the mesh suite's load during `helm upgrade`
+#   MESHWIRE_CLUSTER_FORTIO=1: fortio's image (build.sh fortio) on every
+#     node whatever the install: the latency suite's client and server
 #   MESHWIRE_CLUSTER_IP_FAMILY=dual: IPv4 and IPv6 pods, Services and
 #     nodes (lib/ipfamily.sh); ipv4, the default, IPv4 only
 #   MESHWIRE_CLUSTER_FROM=COMMIT: the nodes start on meshwire as it was at
@@ -88,6 +90,8 @@ FIREWALL=${MESHWIRE_CLUSTER_FIREWALL:-}
 case $FIREWALL in "" | iptables | nftables) ;; *) echo "MESHWIRE_CLUSTER_FIREWALL: iptables or nftables, not '$FIREWALL'" >&2; exit 2 ;; esac
 INSTALL=${MESHWIRE_CLUSTER_INSTALL:-kubectl}
 case $INSTALL in kubectl | helm) ;; *) echo "MESHWIRE_CLUSTER_INSTALL: kubectl or helm, not '$INSTALL'" >&2; exit 2 ;; esac
+FORTIO=${MESHWIRE_CLUSTER_FORTIO:-}
+case $FORTIO in "" | 0 | 1) ;; *) echo "MESHWIRE_CLUSTER_FORTIO: 1 or nothing, not '$FORTIO'" >&2; exit 2 ;; esac
 IP_FAMILY=${MESHWIRE_CLUSTER_IP_FAMILY:-ipv4}
 FROM=${MESHWIRE_CLUSTER_FROM:-}
 case $IP_FAMILY in ipv4 | dual) ;; *) echo "MESHWIRE_CLUSTER_IP_FAMILY: ipv4 or dual, not '$IP_FAMILY'" >&2; exit 2 ;; esac
@@ -218,9 +222,11 @@ hc() {
 }
 
 # fortio_images SOCKET: fortio's image (build.sh fortio) into a node's
-# containerd, with INSTALL=helm: the mesh suite's load during the upgrade.
+# containerd, with INSTALL=helm (the mesh suite's load during the
+# upgrade) or FORTIO=1 (the latency suite's pods).
+with_fortio() { [ "$INSTALL" = helm ] || [ "$FORTIO" = 1 ]; }
 fortio_images() {
-	[ "$INSTALL" = helm ] || return 0
+	with_fortio || return 0
 	import_image_set "$1" "$CACHE/fortio-images"
 }
 
@@ -297,8 +303,8 @@ up() {
 		[ "$NODES" -gt 1 ] || die "MESHWIRE_CLUSTER_INSTALL=helm: several nodes only (NODES >= 2), where the chart is installed as shipped; one node's DaemonSet is a kustomization of the manifest"
 		[ "$CNI" = meshwire ] || die "MESHWIRE_CLUSTER_INSTALL=helm: meshwire's network only, not $CNI"
 		"$here/build.sh" helm >/dev/null
-		"$here/build.sh" fortio >/dev/null
 	fi
+	! with_fortio || "$here/build.sh" fortio >/dev/null
 	ipfamily_check
 	if [ -n "$FROM" ]; then
 		[ "$CNI" = meshwire ] && [ "$INSTALL" = kubectl ] || die "MESHWIRE_CLUSTER_FROM: meshwire's network installed with kubectl only"
@@ -309,8 +315,8 @@ up() {
 	make -C "$repo" build >/tmp/meshwire-cluster-make-build.log 2>&1 || die "make build failed: /tmp/meshwire-cluster-make-build.log"
 	mkdir -p "$PKI" "$KCFG" "$LOGS" "$RUN" "$STATE/config"
 	trap '[ $? = 0 ] || log "up failed: the logs are in $LOGS; $0 down cleans up"' EXIT
-	printf 'FROM=%q\nREPO=%q\nBIN=%q\nCNI=%q\nNODES=%q\nRUNTIME=%q\nCONTAINERD=%q\nCTR=%q\nPROXY_MODE=%q\nFIREWALL=%q\nINSTALL=%q\nIP_FAMILY=%q\n' \
-		"$FROM" "$repo" "$BIN" "$CNI" "$NODES" "$RUNTIME" "$CONTAINERD" "$CTR" "$PROXY_MODE" "$FIREWALL" "$INSTALL" "$IP_FAMILY" >"$STATE/settings"
+	printf 'FROM=%q\nREPO=%q\nBIN=%q\nCNI=%q\nNODES=%q\nRUNTIME=%q\nCONTAINERD=%q\nCTR=%q\nPROXY_MODE=%q\nFIREWALL=%q\nINSTALL=%q\nFORTIO=%q\nIP_FAMILY=%q\n' \
+		"$FROM" "$repo" "$BIN" "$CNI" "$NODES" "$RUNTIME" "$CONTAINERD" "$CTR" "$PROXY_MODE" "$FIREWALL" "$INSTALL" "$FORTIO" "$IP_FAMILY" >"$STATE/settings"
 	hold_test_lock
 	snapshot_host
 	"$SNAPSHOT" save "$STATE/host-before.json"
@@ -348,6 +354,7 @@ up_host_node() {
 	start_containerd "$NODE_NAME" "$STATE/config/containerd.toml" "$SOCK"
 	import_image_set "$SOCK" "$CACHE/images"
 	istio_images "$SOCK"
+	fortio_images "$SOCK"
 	[ ! -f "$STATE/images.tar" ] || "$CTR" -a "$SOCK" -n k8s.io images import --no-unpack "$STATE/images.tar" >/dev/null
 	start_kubelet "$NODE_NAME" "$NODE_IP" "$STATE/config/kubelet.yaml" "$STATE/kubelet"
 	start_kube_proxy "$NODE_NAME" "$STATE/config/kube-proxy.yaml"
@@ -406,8 +413,8 @@ up_nodes() {
 write_description() {
 	local name first=1
 	{
-		printf '{"state":"%s","bin":"%s","repo":"%s","kubeconfig":"%s","cni":"%s","runtime":"%s","proxyMode":"%s","firewall":"%s","install":"%s","from":"%s","ipFamily":"%s","podCIDR":"%s","serviceCIDR":"%s","podCIDR6":"%s","serviceCIDR6":"%s","apiIP":"%s","nodes":[' \
-			"$STATE" "$BIN" "$repo" "$ADMIN" "$CNI" "$RUNTIME" "$PROXY_MODE" "$FIREWALL" "$INSTALL" "$FROM" "$IP_FAMILY" "$POD_CIDR" "$SERVICE_CIDR" "$POD_CIDR6" "$SERVICE_CIDR6" "$API_IP"
+		printf '{"state":"%s","bin":"%s","repo":"%s","kubeconfig":"%s","cni":"%s","runtime":"%s","proxyMode":"%s","firewall":"%s","install":"%s","from":"%s","fortio":%s,"ipFamily":"%s","podCIDR":"%s","serviceCIDR":"%s","podCIDR6":"%s","serviceCIDR6":"%s","apiIP":"%s","nodes":[' \
+			"$STATE" "$BIN" "$repo" "$ADMIN" "$CNI" "$RUNTIME" "$PROXY_MODE" "$FIREWALL" "$INSTALL" "$FROM" "$(with_fortio && echo true || echo false)" "$IP_FAMILY" "$POD_CIDR" "$SERVICE_CIDR" "$POD_CIDR6" "$SERVICE_CIDR6" "$API_IP"
 		if [ "$NODES" = 1 ]; then
 			printf '{"name":"%s","ip":"%s","pluginLog":"%s","varLibCNI":"/var/lib/cni","criSocket":"%s","runtimeLog":"%s","enter":[]}' \
 				"$NODE_NAME" "$NODE_IP" "$STATE/meshwire/log/cni.log" "$SOCK" "$LOGS/containerd.log"

@@ -399,20 +399,43 @@ func (a *ambient) setAmbient(on bool) { setAmbient(a.t, a.ctx, a.c, on) }
 // dual-stack cluster with --ambient-ipv6, the IPv6 rules too, which
 // istio-cni's chart turns on by default (ambient.ipv6).
 func setAmbient(t *testing.T, ctx context.Context, c *framework.Cluster, on bool) {
+	var want []string
+	if on {
+		want = []string{"--ambient"}
+		if c.Family() == "dual" {
+			want = append(want, "--ambient-ipv6")
+		}
+	}
+	setAgentFlags(t, ctx, c, []string{"--ambient", "--ambient-ipv6"}, want)
+}
+
+// setAgentFlag adds or removes one flag of the agent's.
+func setAgentFlag(t *testing.T, ctx context.Context, c *framework.Cluster, flag string, on bool) {
+	var want []string
+	if on {
+		want = []string{flag}
+	}
+	setAgentFlags(t, ctx, c, []string{flag}, want)
+}
+
+// setAgentFlags removes the flags of drop that are not in want from
+// meshwire's DaemonSet's command and adds those of want it lacks, rolled
+// out on every node, every node Ready after it (nothing when the command
+// stays the same).
+func setAgentFlags(t *testing.T, ctx context.Context, c *framework.Cluster, drop, want []string) {
 	dsc := c.Client.AppsV1().DaemonSets("kube-system")
 	ds, err := dsc.Get(ctx, "meshwire-node", metav1.GetOptions{})
 	framework.Must(t, "meshwire's DaemonSet", err)
 	cmd := ds.Spec.Template.Spec.Containers[0].Command
 	var next []string
 	for _, arg := range cmd {
-		if arg != "--ambient" && arg != "--ambient-ipv6" {
+		if !slices.Contains(drop, arg) || slices.Contains(want, arg) {
 			next = append(next, arg)
 		}
 	}
-	if on {
-		next = append(next, "--ambient")
-		if c.Family() == "dual" {
-			next = append(next, "--ambient-ipv6")
+	for _, w := range want {
+		if !slices.Contains(next, w) {
+			next = append(next, w)
 		}
 	}
 	if slices.Equal(next, cmd) {
@@ -420,7 +443,7 @@ func setAmbient(t *testing.T, ctx context.Context, c *framework.Cluster, on bool
 	}
 	ds.Spec.Template.Spec.Containers[0].Command = next
 	_, err = dsc.Update(ctx, ds, metav1.UpdateOptions{})
-	framework.Must(t, fmt.Sprintf("--ambient %v in meshwire's DaemonSet", on), err)
+	framework.Must(t, fmt.Sprintf("meshwire's DaemonSet with %q, without the rest of %q", want, drop), err)
 	framework.Must(t, "the agent's rollout", framework.Poll(3*time.Minute, func() error {
 		ds, err := dsc.Get(ctx, "meshwire-node", metav1.GetOptions{})
 		if err != nil {

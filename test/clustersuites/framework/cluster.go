@@ -38,6 +38,9 @@ type Description struct {
 	// cluster FROM=), the mesh suite's rollout being the upgrade to this
 	// tree's; empty: they started on this tree's.
 	From string `json:"from"`
+	// Fortio says whether fortio's image is on the nodes (INSTALL=helm or
+	// FORTIO=1: build.sh fortio's localhost/fortio:meshwire-test).
+	Fortio bool `json:"fortio"`
 	// IPFamily is ipv4 or dual (empty: a cluster from before dual
 	// stack, IPv4 only); Family says which.
 	IPFamily    string `json:"ipFamily"`

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -177,4 +178,95 @@ func CompareCPU(aName string, a PodStartResult, bName string, b PodStartResult) 
 		table += fmt.Sprintf("| %s | %.1f | %.1f |\n", k, median(a.CPU, k), median(b.CPU, k))
 	}
 	return table
+}
+
+// containerID is a runtime's container id: the name runc gives a
+// container's cgroup under its parent.
+var containerID = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// PodsCPU is the CPU time, in seconds, that each container of node n's
+// pods (their pause containers included) has spent so far: the cgroup v1
+// cpuacct.usage of every container cgroup (a directory named by a
+// 64-hex-digit container id) under the node's cpuacct cgroup, the
+// hierarchy's root for the host's node, the node's own cgroup for a node
+// in namespaces of its own. Work done in softirq is charged to whatever
+// task it interrupted (this kernel does no IRQ time accounting); work in
+// ksoftirqd is not a pod's. A container that exits between two samples
+// drops out of PodsCPUDelta.
+func PodsCPU(n Node) (map[string]float64, error) {
+	root := "/sys/fs/cgroup/cpuacct"
+	if n.Dir != "" {
+		b, err := os.ReadFile(filepath.Join(n.Dir, "cgroups"))
+		if err != nil {
+			return nil, err
+		}
+		root = ""
+		for _, l := range strings.Fields(string(b)) {
+			if strings.HasPrefix(l, "/sys/fs/cgroup/cpuacct/") || strings.HasPrefix(l, "/sys/fs/cgroup/cpu,cpuacct/") {
+				root = l
+			}
+		}
+		if root == "" {
+			return nil, fmt.Errorf("node %s: no cpuacct cgroup in %s/cgroups", n.Name, n.Dir)
+		}
+	}
+	usage, err := containersCPU(root)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", n.Name, err)
+	}
+	return usage, nil
+}
+
+// containersCPU reads cpuacct.usage of every container cgroup under
+// root, up to 3 levels of other cgroups down (kubelet's pod and QoS
+// cgroups, a runtime's namespace), by path, in seconds.
+func containersCPU(root string) (map[string]float64, error) {
+	usage := map[string]float64{}
+	var walk func(dir string, depth int) error
+	walk = func(dir string, depth int) error {
+		ents, err := os.ReadDir(dir)
+		if err != nil {
+			return err
+		}
+		for _, e := range ents {
+			if !e.IsDir() {
+				continue
+			}
+			p := filepath.Join(dir, e.Name())
+			if !containerID.MatchString(e.Name()) {
+				if depth < 3 {
+					_ = walk(p, depth+1) // a cgroup gone meanwhile
+				}
+				continue
+			}
+			b, err := os.ReadFile(filepath.Join(p, "cpuacct.usage"))
+			if err != nil {
+				continue // gone meanwhile
+			}
+			ns, err := strconv.ParseFloat(strings.TrimSpace(string(b)), 64)
+			if err == nil {
+				usage[p] = ns / 1e9
+			}
+		}
+		return nil
+	}
+	if err := walk(root, 0); err != nil {
+		return nil, err
+	}
+	if len(usage) == 0 {
+		return nil, fmt.Errorf("no container cgroup under %s", root)
+	}
+	return usage, nil
+}
+
+// PodsCPUDelta is the CPU seconds the containers of both samples spent
+// between them, summed.
+func PodsCPUDelta(before, after map[string]float64) float64 {
+	var s float64
+	for k, v := range after {
+		if b, ok := before[k]; ok {
+			s += v - b
+		}
+	}
+	return s
 }

@@ -16,7 +16,13 @@ type FortioResult struct {
 	// RetCodes counts the answers by HTTP status; -1 counts the requests
 	// that got none (a connection refused, reset or timed out).
 	RetCodes          map[int]int64
-	DurationHistogram struct{ Count int64 }
+	DurationHistogram struct {
+		Count int64
+		// Percentiles are the percentiles fortio was asked for (-p),
+		// in seconds, interpolated within its histogram's buckets
+		// (their width is set by -r).
+		Percentiles []struct{ Percentile, Value float64 }
+	}
 	// SocketCount is how many connections fortio opened: 1 per thread
 	// while its keep-alive connection holds.
 	SocketCount int
@@ -27,6 +33,17 @@ func (r *FortioResult) Requests() int64 { return r.DurationHistogram.Count }
 
 // Failed is how many requests got no 200: another status, or none.
 func (r *FortioResult) Failed() int64 { return r.Requests() - r.RetCodes[200] }
+
+// Percentile is the p-th percentile of the requests' durations in
+// seconds, as fortio reported it; false when it was not asked for (-p).
+func (r *FortioResult) Percentile(p float64) (float64, bool) {
+	for _, x := range r.DurationHistogram.Percentiles {
+		if x.Percentile == p {
+			return x.Value, true
+		}
+	}
+	return 0, false
+}
 
 // End is when the load ended.
 func (r *FortioResult) End() time.Time { return r.StartTime.Add(r.ActualDuration) }

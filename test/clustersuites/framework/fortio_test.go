@@ -16,7 +16,11 @@ Fortio 1.67.1 running at 10 queries per second, 2->2 procs, for 2s: http://127.0
   "ActualDuration": 2006689430,
   "DurationHistogram": {
     "Count": 20,
-    "Min": 0.000603
+    "Min": 0.000603,
+    "Percentiles": [
+      {"Percentile": 50, "Value": 0.00071},
+      {"Percentile": 99, "Value": 0.0021}
+    ]
   },
   "RetCodes": {
     "200": 18,
@@ -38,6 +42,12 @@ func TestParseFortio(t *testing.T) {
 	}
 	if want := time.Date(2026, 11, 29, 0, 58, 7, 861882671, time.UTC); !r.End().Equal(want) {
 		t.Errorf("end %s, want %s", r.End(), want)
+	}
+	if p, ok := r.Percentile(99); !ok || p != 0.0021 {
+		t.Errorf("p99 %v (%v), want 0.0021", p, ok)
+	}
+	if _, ok := r.Percentile(90); ok {
+		t.Error("p90, which fortio did not report, found")
 	}
 	if _, err := ParseFortio("no result here\n"); err == nil {
 		t.Error("a log without a result parsed")
