@@ -20,6 +20,8 @@
 #           one, its removal for good (multi-node only)
 #   control stop|start NAME   stop a control-plane process (kube-apiserver,
 #           ...), or start it again as it was started (an API outage)
+#   istio-cni sidecar|ambient   on an istio-cni cluster: its DaemonSet
+#           rendered again in that mode and applied (lib/istio.sh)
 #
 # MESHWIRE_CLUSTER_NODES (make cluster NODES=N), 1 by default: one node on
 # the host itself, its pods on the bridge mwk0, whose CNI config meshwire's
@@ -54,6 +56,11 @@
 #     every node, for the mesh suite's load during `helm upgrade`
 #   MESHWIRE_CLUSTER_IP_FAMILY=dual: IPv4 and IPv6 pods, Services and
 #     nodes (lib/ipfamily.sh); ipv4, the default, IPv4 only
+#   MESHWIRE_CLUSTER_POD_CGROUPS=1: one node only: kubelet makes its pod
+#     cgroups (cgroupsPerQOS, kubepods/QOS/podUID/ in each hierarchy), as
+#     kubelet does by default, instead of leaving every container in
+#     containerd's k8s.io/ID; istio-cni's ambient agent finds a running
+#     pod's network namespace by the pod's uid in its processes' cgroups
 #
 # No systemd: the processes are started with setsid and tracked by pid.
 # No registry: every image is imported into containerd (images.sh).
@@ -86,6 +93,8 @@ INSTALL=${MESHWIRE_CLUSTER_INSTALL:-kubectl}
 case $INSTALL in kubectl | helm) ;; *) echo "MESHWIRE_CLUSTER_INSTALL: kubectl or helm, not '$INSTALL'" >&2; exit 2 ;; esac
 IP_FAMILY=${MESHWIRE_CLUSTER_IP_FAMILY:-ipv4}
 case $IP_FAMILY in ipv4 | dual) ;; *) echo "MESHWIRE_CLUSTER_IP_FAMILY: ipv4 or dual, not '$IP_FAMILY'" >&2; exit 2 ;; esac
+POD_CGROUPS=${MESHWIRE_CLUSTER_POD_CGROUPS:-0}
+case $POD_CGROUPS in 0 | 1) ;; *) echo "MESHWIRE_CLUSTER_POD_CGROUPS: 0 or 1, not '$POD_CGROUPS'" >&2; exit 2 ;; esac
 # One cluster at a time on a host, and it is its own checkout's: up from
 # another checkout (a worktree) waits until that cluster is down (up to
 # MESHWIRE_CLUSTER_WAIT seconds, 7200), and down from another checkout
@@ -283,6 +292,7 @@ up() {
 		CONTAINERD=$CACHE/containerd2/containerd CTR=$CACHE/containerd2/ctr
 	fi
 	[ -z "$FIREWALL" ] || [ "$NODES" = 1 ] || die "MESHWIRE_CLUSTER_FIREWALL: one node only (flannel writes the nodes' conflist)"
+	[ "$POD_CGROUPS" = 0 ] || [ "$NODES" = 1 ] || die "MESHWIRE_CLUSTER_POD_CGROUPS: one node only (not tried in the nodes' cgroup namespaces)"
 	if [ "$INSTALL" = helm ]; then
 		[ "$NODES" -gt 1 ] || die "MESHWIRE_CLUSTER_INSTALL=helm: several nodes only (NODES >= 2), where the chart is installed as shipped; one node's DaemonSet is a kustomization of the manifest"
 		[ "$CNI" = meshwire ] || die "MESHWIRE_CLUSTER_INSTALL=helm: meshwire's network only, not $CNI"
@@ -290,13 +300,13 @@ up() {
 		"$here/build.sh" fortio >/dev/null
 	fi
 	ipfamily_check
-	log "binaries: $BIN; $NODES node(s) on $RUNTIME, kube-proxy in $PROXY_MODE mode, pods wired by $CNI${FIREWALL:+ forced to $FIREWALL}, installed with $INSTALL, $IP_FAMILY (pods $POD_CIDRS, Services $SERVICE_CIDRS)"
+	log "binaries: $BIN; $NODES node(s) on $RUNTIME, kube-proxy in $PROXY_MODE mode, pods wired by $CNI${FIREWALL:+ forced to $FIREWALL}, installed with $INSTALL, $IP_FAMILY (pods $POD_CIDRS, Services $SERVICE_CIDRS)$([ "$POD_CGROUPS" = 0 ] || echo ", kubelet's pod cgroups")"
 	log "make build (log: /tmp/meshwire-cluster-make-build.log)"
 	make -C "$repo" build >/tmp/meshwire-cluster-make-build.log 2>&1 || die "make build failed: /tmp/meshwire-cluster-make-build.log"
 	mkdir -p "$PKI" "$KCFG" "$LOGS" "$RUN" "$STATE/config"
 	trap '[ $? = 0 ] || log "up failed: the logs are in $LOGS; $0 down cleans up"' EXIT
-	printf 'REPO=%q\nBIN=%q\nCNI=%q\nNODES=%q\nRUNTIME=%q\nCONTAINERD=%q\nCTR=%q\nPROXY_MODE=%q\nFIREWALL=%q\nINSTALL=%q\nIP_FAMILY=%q\n' \
-		"$repo" "$BIN" "$CNI" "$NODES" "$RUNTIME" "$CONTAINERD" "$CTR" "$PROXY_MODE" "$FIREWALL" "$INSTALL" "$IP_FAMILY" >"$STATE/settings"
+	printf 'REPO=%q\nBIN=%q\nCNI=%q\nNODES=%q\nRUNTIME=%q\nCONTAINERD=%q\nCTR=%q\nPROXY_MODE=%q\nFIREWALL=%q\nINSTALL=%q\nIP_FAMILY=%q\nPOD_CGROUPS=%q\n' \
+		"$repo" "$BIN" "$CNI" "$NODES" "$RUNTIME" "$CONTAINERD" "$CTR" "$PROXY_MODE" "$FIREWALL" "$INSTALL" "$IP_FAMILY" "$POD_CGROUPS" >"$STATE/settings"
 	hold_test_lock
 	snapshot_host
 	"$SNAPSHOT" save "$STATE/host-before.json"
@@ -392,8 +402,8 @@ up_nodes() {
 write_description() {
 	local name first=1
 	{
-		printf '{"state":"%s","bin":"%s","repo":"%s","kubeconfig":"%s","cni":"%s","runtime":"%s","proxyMode":"%s","firewall":"%s","install":"%s","ipFamily":"%s","podCIDR":"%s","serviceCIDR":"%s","podCIDR6":"%s","serviceCIDR6":"%s","apiIP":"%s","nodes":[' \
-			"$STATE" "$BIN" "$repo" "$ADMIN" "$CNI" "$RUNTIME" "$PROXY_MODE" "$FIREWALL" "$INSTALL" "$IP_FAMILY" "$POD_CIDR" "$SERVICE_CIDR" "$POD_CIDR6" "$SERVICE_CIDR6" "$API_IP"
+		printf '{"state":"%s","bin":"%s","repo":"%s","kubeconfig":"%s","cni":"%s","runtime":"%s","proxyMode":"%s","firewall":"%s","install":"%s","ipFamily":"%s","podCgroups":%s,"podCIDR":"%s","serviceCIDR":"%s","podCIDR6":"%s","serviceCIDR6":"%s","apiIP":"%s","nodes":[' \
+			"$STATE" "$BIN" "$repo" "$ADMIN" "$CNI" "$RUNTIME" "$PROXY_MODE" "$FIREWALL" "$INSTALL" "$IP_FAMILY" "$([ "$POD_CGROUPS" = 1 ] && echo true || echo false)" "$POD_CIDR" "$SERVICE_CIDR" "$POD_CIDR6" "$SERVICE_CIDR6" "$API_IP"
 		if [ "$NODES" = 1 ]; then
 			printf '{"name":"%s","ip":"%s","pluginLog":"%s","varLibCNI":"/var/lib/cni","criSocket":"%s","runtimeLog":"%s","enter":[]}' \
 				"$NODE_NAME" "$NODE_IP" "$STATE/meshwire/log/cni.log" "$SOCK" "$LOGS/containerd.log"
@@ -648,7 +658,8 @@ main() {
 	status) status ;;
 	node) shift; node_command "$@" ;;
 	control) shift; control_command "$@" ;;
-	*) echo "usage: $0 up|down|env|status|node kill|boot|remove NAME|control stop|start NAME" >&2; exit 2 ;;
+	istio-cni) shift; istio_mode "$@" ;;
+	*) echo "usage: $0 up|down|env|status|node kill|boot|remove NAME|control stop|start NAME|istio-cni sidecar|ambient" >&2; exit 2 ;;
 	esac
 }
 

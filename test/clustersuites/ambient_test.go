@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -283,13 +284,17 @@ func (a *ambient) clientGets(addr string) error {
 	return nil
 }
 
-func (a *ambient) label(ns, value string) {
+func (a *ambient) label(ns, value string) { labelAmbient(a.t, a.ctx, a.c, ns, value) }
+
+// labelAmbient sets namespace ns's label istio.io/dataplane-mode to value
+// ("": removes it).
+func labelAmbient(t *testing.T, ctx context.Context, c *framework.Cluster, ns, value string) {
 	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, ambLabel, value)
 	if value == "" {
 		patch = fmt.Sprintf(`{"metadata":{"labels":{%q:null}}}`, ambLabel)
 	}
-	_, err := a.c.Client.CoreV1().Namespaces().Patch(a.ctx, ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
-	framework.Must(a.t, "label namespace "+ns, err)
+	_, err := c.Client.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	framework.Must(t, "label namespace "+ns, err)
 }
 
 // unhealthy is how many Unhealthy events (failed probes) the pod has.
@@ -301,31 +306,29 @@ func (a *ambient) unhealthy(ns, pod string) int {
 
 func (a *ambient) setAmbient(on bool) { setAmbient(a.t, a.ctx, a.c, on) }
 
-// setAmbient turns --ambient on or off in meshwire's DaemonSet (the rest of
+// setAmbient turns --ambient on, with ambient mode's flags (--ambient-*)
+// when given, or off (with its flags) in meshwire's DaemonSet (the rest of
 // its command as up installed it), rolled out on every node.
-func setAmbient(t *testing.T, ctx context.Context, c *framework.Cluster, on bool) {
+func setAmbient(t *testing.T, ctx context.Context, c *framework.Cluster, on bool, flags ...string) {
 	dsc := c.Client.AppsV1().DaemonSets("kube-system")
 	ds, err := dsc.Get(ctx, "meshwire-node", metav1.GetOptions{})
 	framework.Must(t, "meshwire's DaemonSet", err)
 	cmd := ds.Spec.Template.Spec.Containers[0].Command
 	var next []string
-	has := false
 	for _, arg := range cmd {
-		if arg == "--ambient" {
-			has = true
-			continue
+		if arg != "--ambient" && !strings.HasPrefix(arg, "--ambient-") {
+			next = append(next, arg)
 		}
-		next = append(next, arg)
-	}
-	if has == on {
-		return
 	}
 	if on {
-		next = append(next, "--ambient")
+		next = append(append(next, "--ambient"), flags...)
+	}
+	if slices.Equal(next, cmd) {
+		return
 	}
 	ds.Spec.Template.Spec.Containers[0].Command = next
 	_, err = dsc.Update(ctx, ds, metav1.UpdateOptions{})
-	framework.Must(t, fmt.Sprintf("--ambient %v in meshwire's DaemonSet", on), err)
+	framework.Must(t, fmt.Sprintf("--ambient %v %s in meshwire's DaemonSet", on, strings.Join(flags, " ")), err)
 	framework.Must(t, "the agent's rollout", framework.Poll(3*time.Minute, func() error {
 		ds, err := dsc.Get(ctx, "meshwire-node", metav1.GetOptions{})
 		if err != nil {
