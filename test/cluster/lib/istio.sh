@@ -132,15 +132,22 @@ istio_mode() {
 }
 
 # istio_drain: down's last step of the drain on this network: istio-cni's
-# DaemonSet deleted after every other pod (as meshwire's is), and what its
-# installer wrote on each node taken back: istio-cni out of the conflist,
-# its binary and kubeconfig gone.
+# DaemonSet deleted after every other pod (as meshwire's is), then its
+# namespace, and what its installer wrote on each node taken back:
+# istio-cni out of the conflist, its binary and kubeconfig gone.
 istio_drain() {
 	# The agents' output while they stop (their clean-up), shown when
 	# they leave something behind.
 	local follow agents=$LOGS/istio-cni-node-stop.log
 	kc -n "$ISTIO_NS" logs -f --prefix --tail=5 -l "app.kubernetes.io/name=$ISTIO_APP" >"$agents" 2>&1 &
 	follow=$!
+	# The DaemonSet first, as helm uninstall removes it: its agents, their
+	# pods then deleted, find it gone and take back what they installed.
+	# (An ambient agent that still finds its DaemonSet takes its stop for
+	# an upgrade and leaves its plugin and rules to the next agent, which
+	# a namespace's deletion can make it do: the pods may go first.)
+	kc -n "$ISTIO_NS" delete ds istio-cni-node --ignore-not-found >/dev/null 2>&1 || true
+	wait_for "istio-cni's agents gone" 120 istio_agents_gone || { kill "$follow" 2>/dev/null; return 1; }
 	kc delete ns "$ISTIO_NS" --ignore-not-found >/dev/null 2>&1 || true
 	wait_for "namespace $ISTIO_NS gone" 120 istio_ns_gone || { kill "$follow" 2>/dev/null; return 1; }
 	kill "$follow" 2>/dev/null || true
@@ -159,3 +166,4 @@ istio_drain() {
 }
 
 istio_ns_gone() { ! kc get ns "$ISTIO_NS" >/dev/null 2>&1; }
+istio_agents_gone() { [ -z "$(kc -n "$ISTIO_NS" get pods -l "app.kubernetes.io/name=$ISTIO_APP" -o name 2>/dev/null)" ]; }
