@@ -374,16 +374,8 @@ func (a *ambient) agentSays(n framework.Node, text string) error {
 
 // ztPod is the stand-in on the app's node (not one being deleted).
 func (a *ambient) ztPod() string {
-	pods, err := a.c.Client.CoreV1().Pods(ztNS).List(a.ctx, metav1.ListOptions{LabelSelector: "app=ztunnel", FieldSelector: "spec.nodeName=" + a.app.Name})
-	if err != nil {
-		return ""
-	}
-	for _, p := range pods.Items {
-		if p.DeletionTimestamp == nil {
-			return p.Name
-		}
-	}
-	return ""
+	p, _ := podOn(a.ctx, a.c, ztNS, "app=ztunnel", a.app.Name)
+	return p
 }
 
 // ztCount counts the stand-in's records that match (the app node's, or
