@@ -472,21 +472,6 @@ func isEvent(event string) func(proxylog.Record) bool {
 	return func(r proxylog.Record) bool { return r.Event == event }
 }
 
-// podOn is the name of the pod of ns matching selector on node, not being
-// deleted.
-func podOn(ctx context.Context, c *framework.Cluster, ns, selector, node string) (string, error) {
-	pods, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector, FieldSelector: "spec.nodeName=" + node})
-	if err != nil {
-		return "", err
-	}
-	for _, p := range pods.Items {
-		if p.DeletionTimestamp == nil {
-			return p.Name, nil
-		}
-	}
-	return "", fmt.Errorf("no pod %s in %s on %s", selector, ns, node)
-}
-
 // missingUIDs is the pods (by name) whose uid times lacks, sorted.
 func missingUIDs(pods []corev1.Pod, times map[string]time.Time) []string {
 	var out []string
