@@ -15,6 +15,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/containernetworking/cni/pkg/skel"
 	"github.com/containernetworking/cni/pkg/types"
@@ -267,13 +268,45 @@ func validAttachments(stdin []byte) ([]types.GCAttachment, error) {
 	return nil, cnierr.Field("cni.dev/valid-attachments", "missing: GC needs the list of attachments to keep")
 }
 
-// GC releases the allocations of attachments not in the valid list.
+// GCAllocatedBefore is the key of a GC config (meshwire's own, beside
+// CNI's "cni.dev/valid-attachments") that limits the GC to what was
+// allocated before a time (RFC 3339): an allocation made after it is kept
+// whatever the valid list says, as one of an ADD still under way, which no
+// runtime's list holds yet (`meshwire gc --cri-socket`). An allocation of
+// unknown time (made by an earlier version, or imported from the
+// reference's files) counts as made before. Without the key, the valid
+// list alone decides.
+const GCAllocatedBefore = "meshwire.dev/gc-allocated-before"
+
+// gcCutoff reads GCAllocatedBefore; zero when absent.
+func gcCutoff(stdin []byte) (time.Time, error) {
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal(stdin, &keys); err != nil {
+		return time.Time{}, cnierr.Decoding("config is not a JSON object: %v", err)
+	}
+	raw, ok := keys[GCAllocatedBefore]
+	if !ok || string(raw) == "null" {
+		return time.Time{}, nil
+	}
+	var at time.Time
+	if err := json.Unmarshal(raw, &at); err != nil {
+		return time.Time{}, cnierr.Field(GCAllocatedBefore, "expected an RFC 3339 time: %v", err)
+	}
+	return at, nil
+}
+
+// GC releases the allocations of attachments not in the valid list (made
+// before the GCAllocatedBefore cutoff, when the config has one).
 func GC(args *skel.CmdArgs) error {
 	conf, err := config.Load(args.StdinData, args.Args)
 	if err != nil {
 		return err
 	}
 	valid, err := validAttachments(args.StdinData)
+	if err != nil {
+		return err
+	}
+	cutoff, err := gcCutoff(args.StdinData)
 	if err != nil {
 		return err
 	}
@@ -286,7 +319,7 @@ func GC(args *skel.CmdArgs) error {
 	}
 	defer s.Close()
 	return s.Update(func(tx *store.Tx) error {
-		stale, err := collect(tx, valid)
+		stale, err := collect(tx, valid, cutoff)
 		if err != nil {
 			return err
 		}
@@ -304,8 +337,9 @@ func GC(args *skel.CmdArgs) error {
 
 // collect returns the allocations GC releases: those whose owner is not a
 // valid attachment (an owner recorded with its container id alone is kept
-// while any attachment of that container is valid).
-func collect(tx *store.Tx, valid []types.GCAttachment) ([]store.Allocation, error) {
+// while any attachment of that container is valid) and, with a cutoff,
+// that were not made after it.
+func collect(tx *store.Tx, valid []types.GCAttachment, cutoff time.Time) ([]store.Allocation, error) {
 	keep := map[store.Owner]bool{}
 	for _, v := range valid {
 		keep[store.Owner{ID: strings.TrimSpace(v.ContainerID), IfName: v.IfName}] = true
@@ -313,7 +347,7 @@ func collect(tx *store.Tx, valid []types.GCAttachment) ([]store.Allocation, erro
 	}
 	var stale []store.Allocation
 	err := tx.ForEach(func(a store.Allocation) error {
-		if !keep[a.Owner] {
+		if !keep[a.Owner] && (cutoff.IsZero() || !a.Since.After(cutoff)) {
 			stale = append(stale, a)
 		}
 		return nil

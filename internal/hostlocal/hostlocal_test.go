@@ -205,7 +205,7 @@ func TestCollectAndReadiness(t *testing.T) {
 		// an id-only reference-style owner is kept while its container is valid
 		_ = tx.Reserve(store.Allocation{IP: net.ParseIP("198.18.0.6").To4(), Owner: store.Owner{ID: "keep"}})
 		_ = tx.Reserve(store.Allocation{IP: net.ParseIP("198.18.0.5").To4(), Owner: store.Owner{ID: "gone"}})
-		stale, err := collect(tx, []types.GCAttachment{{ContainerID: "keep", IfName: "eth0"}, {ContainerID: "drop1", IfName: "eth1"}})
+		stale, err := collect(tx, []types.GCAttachment{{ContainerID: "keep", IfName: "eth0"}, {ContainerID: "drop1", IfName: "eth1"}}, time.Time{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -269,6 +269,71 @@ func TestValidAttachments(t *testing.T) {
 		}
 		if err != nil || len(got) != c.want {
 			t.Errorf("%s: got %v %v, want %d attachments", c.stdin, got, err, c.want)
+		}
+	}
+}
+
+// With meshwire's cutoff (GCAllocatedBefore), GC releases only what was
+// allocated before it: an allocation made after, not in the valid list,
+// is an ADD still under way; one of unknown time counts as before.
+func TestCollectCutoff(t *testing.T) {
+	c := loadConf(t, t.TempDir(), `{"subnet":"198.18.0.0/28"}`)
+	s, err := store.Open(c.DataDir, c.Network, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	cutoff := time.Now().Add(-time.Minute)
+	_ = s.Update(func(tx *store.Tx) error {
+		for i, a := range []store.Allocation{
+			{Owner: store.Owner{ID: "old", IfName: "eth0"}, Since: cutoff.Add(-time.Second)},
+			{Owner: store.Owner{ID: "young", IfName: "eth0"}, Since: cutoff.Add(time.Second)},
+			{Owner: store.Owner{ID: "listed", IfName: "eth0"}, Since: cutoff.Add(-time.Hour)},
+		} {
+			a.IP = net.IPv4(198, 18, 0, byte(2+i)).To4()
+			if err := tx.Reserve(a); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return nil
+	})
+	_ = s.View(func(tx *store.Tx) error {
+		valid := []types.GCAttachment{{ContainerID: "listed", IfName: "eth0"}}
+		for _, tc := range []struct {
+			cutoff time.Time
+			want   string
+		}{{cutoff, "old"}, {time.Time{}, "old,young"}} {
+			stale, err := collect(tx, valid, tc.cutoff)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got []string
+			for _, a := range stale {
+				got = append(got, a.Owner.ID)
+			}
+			if strings.Join(got, ",") != tc.want {
+				t.Errorf("cutoff %v: GC would release %v, want %s", tc.cutoff, got, tc.want)
+			}
+		}
+		return nil
+	})
+	for _, tc := range []struct {
+		conf string
+		want time.Time
+		bad  bool
+	}{
+		{`{}`, time.Time{}, false},
+		{`{"meshwire.dev/gc-allocated-before":null}`, time.Time{}, false},
+		{`{"meshwire.dev/gc-allocated-before":"2026-11-29T10:00:00.5Z"}`, time.Date(2026, 11, 29, 10, 0, 0, 5e8, time.UTC), false},
+		{`{"meshwire.dev/gc-allocated-before":"2m"}`, time.Time{}, true},
+	} {
+		got, err := gcCutoff([]byte(tc.conf))
+		if tc.bad {
+			assertErr(t, err, 7, GCAllocatedBefore)
+			continue
+		}
+		if err != nil || !got.Equal(tc.want) {
+			t.Errorf("%s: %v, %v; want %v", tc.conf, got, err, tc.want)
 		}
 	}
 }

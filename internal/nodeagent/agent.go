@@ -47,6 +47,9 @@ type Options struct {
 	StateDir string
 	// Ambient, when set, turns on Istio's ambient mode.
 	Ambient *AmbientOptions
+	// RuntimeGC, when set, runs the CNI GC of the node's network against
+	// the runtime's pod sandboxes (over CRI) every RuntimeGC.Every.
+	RuntimeGC *RuntimeGC
 }
 
 // Agent is a running node agent.
@@ -73,6 +76,9 @@ type Agent struct {
 	amb            atomic.Pointer[ambientAgent] // nil without Options.Ambient
 	reconciling    atomic.Bool                  // a round of amb's is running
 	reconcileAgain atomic.Bool                  // and another is wanted after it
+
+	collecting atomic.Bool // a round of the runtime GC is running
+	lastGC     time.Time   // when the last one started
 
 	lastSweep                    time.Time // of the registrations (FastpathOwner.Collect)
 	sweepErr                     error
@@ -101,6 +107,14 @@ func New(o Options) (*Agent, error) {
 	if o.Install.Once {
 		return nil, errors.New("the node agent keeps the config applied; it has no --once")
 	}
+	if g := o.RuntimeGC; g != nil {
+		if g.Every <= 0 {
+			g.Every = 5 * time.Minute
+		}
+		if g.Options.MinAge < 0 {
+			return nil, errors.New("the runtime GC's min-age is negative")
+		}
+	}
 	in, err := installer.New(o.Install)
 	if err != nil {
 		return nil, err
@@ -111,6 +125,9 @@ func New(o Options) (*Agent, error) {
 	l := nodelayout.At(o.StateDir)
 	store := podstate.New(l)
 	a := &Agent{o: o, in: in, layout: l, store: store, rep: &Repairer{BinDir: o.Install.BinDir, Store: store}}
+	// The first runtime GC a round after the start: the installer's
+	// config in place, the runtime's sandboxes back after a reboot.
+	a.lastGC = time.Now()
 	if o.Fastpath != nil {
 		a.fp = &FastpathOwner{Config: *o.Fastpath, Adopt: true, Store: store}
 		if a.fp.Config.PinDir == "" {
@@ -235,6 +252,7 @@ func (a *Agent) tick() {
 	}
 	a.startRepair()
 	a.startReconcile()
+	a.startRuntimeGC()
 }
 
 // startReconcile starts a round of ambient mode's pods in the background

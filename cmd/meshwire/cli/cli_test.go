@@ -2,6 +2,7 @@ package cli
 
 import (
 	"bytes"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -156,6 +157,11 @@ func TestUsageErrorMessages(t *testing.T) {
 		{[]string{"ls", "x"}, `ls: takes no arguments, got ["x"]`, "meshwire ls"},
 		{[]string{"ls", "-o", "yaml"}, `want table or json, got "yaml"`, "meshwire ls"},
 		{[]string{"gc", "--conf"}, "gc: flag needs an argument: --conf", "meshwire gc"},
+		{[]string{"gc", "--min-age", "5m"}, "gc: --min-age is for a GC against a runtime's pod sandboxes: it needs --cri-socket", "meshwire gc"},
+		{[]string{"gc", "--cri-socket", "/nonexistent/cri.sock", "--min-age", "soon"}, `gc: invalid argument "soon" for "--min-age"`, "meshwire gc"},
+		{[]string{"gc", "--cri-socket", "/nonexistent/cri.sock", "--min-age", "-1s"}, "gc: --min-age: must not be negative, got -1s", "meshwire gc"},
+		{[]string{"gc", "--cri-socket", "/nonexistent/cri.sock"}, "gc: --cri-socket: stat /nonexistent/cri.sock: no such file or directory", "meshwire gc"},
+		{[]string{"gc", "--cri-socket", "/dev/null"}, "gc: --cri-socket: /dev/null is not a socket", "meshwire gc"},
 		{[]string{"demo", "--hold", "soon"}, "demo: invalid argument", "meshwire demo"},
 		{[]string{"fastpath"}, "fastpath: want attach, detach or status", "meshwire fastpath attach|detach|status"},
 		{[]string{"fastpath", "--help-me"}, "unknown flag: --help-me", "meshwire fastpath attach|detach|status"},
@@ -177,6 +183,21 @@ func TestUsageErrorMessages(t *testing.T) {
 	} {
 		wantUsageError(t, c.args, c.msg, c.path)
 	}
+}
+
+// TestGCCRISocketUsage: gc --cri-socket names the flag whose value it
+// cannot use (the node's network config), before anything runs.
+func TestGCCRISocketUsage(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "cri.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	empty := t.TempDir()
+	wantUsageError(t, []string{"gc", "--cri-socket", sock, "--cni-conf-dir", empty}, "gc: --cni-conf-dir: no network config (.conflist, .conf, .json) in "+empty, "meshwire gc")
+	wantUsageError(t, []string{"gc", "--cri-socket", "unix://" + sock, "--conf", filepath.Join(empty, "none.conflist")}, "gc: --conf: error reading", "meshwire gc")
+	wantUsageError(t, []string{"gc", "--cri-socket", sock, "--conf", sock + "x", "--ifname", ""}, "gc: --ifname: must not be empty", "meshwire gc")
 }
 
 // TestGlobalFlagsAnywhere: --cni-path and --state-dir are taken before

@@ -11,6 +11,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/meshwire/meshwire/ebpf/fastpath"
+	"github.com/meshwire/meshwire/internal/crigc"
 	"github.com/meshwire/meshwire/internal/firewall"
 	"github.com/meshwire/meshwire/internal/installer"
 	"github.com/meshwire/meshwire/internal/nodeagent"
@@ -35,8 +36,13 @@ func (e *env) nodeCmd() *cobra.Command {
 	fs.StringVar(&o.StateDir, "node-state-dir", nodelayout.StateDir, "where the pods' records and ambient mode's socket are, as the plugins keep them")
 	startLog := logFlags(fs)
 	withAmbient, checkAmbient := ambientFlags(fs)
+	var gc nodeagent.RuntimeGC
+	fs.StringVar(&gc.Options.CRISocket, "gc-cri-socket", "", "run the CNI GC of the node's network (the first config of --cni-conf-dir) every --gc-interval against the pod sandboxes the runtime at this CRI socket lists, as meshwire gc --cri-socket does (for a runtime that does not call GC: containerd 2.4); off when empty")
+	fs.DurationVar(&gc.Options.MinAge, "gc-min-age", crigc.DefaultMinAge, "with --gc-cri-socket: keep every attachment made less than this before the listing (gc's --min-age)")
+	fs.DurationVar(&gc.Every, "gc-interval", 5*time.Minute, "with --gc-cri-socket: how often")
+	fs.StringVar(&gc.Options.CacheDir, "cni-cache-dir", crigc.DefaultCacheDir, "with --gc-cri-socket: the runtime's libcni cache directory (results/ in it)")
 	keepWhile := fs.String("keep-while-daemonset", "", "with --cleanup-on-exit: on SIGTERM, keep the config change while this DaemonSet (NAMESPACE/NAME, the agent's own, read with the pod's service account) exists and is not being deleted: an update, whose next agent takes it over")
-	c.RunE = func(*cobra.Command, []string) error {
+	c.RunE = func(c *cobra.Command, _ []string) error {
 		if err := startLog(e, "node"); err != nil {
 			return err
 		}
@@ -55,6 +61,21 @@ func (e *env) nodeCmd() *cobra.Command {
 		}
 		if *withAmbient {
 			o.Ambient = amb
+		}
+		if gc.Options.CRISocket != "" {
+			if gc.Options.MinAge < 0 {
+				return usagef("node: --gc-min-age: must not be negative, got %s", gc.Options.MinAge)
+			}
+			if gc.Every <= 0 {
+				return usagef("node: --gc-interval: must be positive, got %s", gc.Every)
+			}
+			o.RuntimeGC = &gc
+		} else {
+			for _, f := range []string{"gc-min-age", "gc-interval", "cni-cache-dir"} {
+				if c.Flags().Changed(f) {
+					return usagef("node: --%s is for the runtime GC: it needs --gc-cri-socket", f)
+				}
+			}
 		}
 		if *keepWhile != "" {
 			ns, name, ok := strings.Cut(*keepWhile, "/")

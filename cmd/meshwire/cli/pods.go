@@ -2,15 +2,20 @@ package cli
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 
+	"github.com/containernetworking/cni/libcni"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/meshwire/meshwire/internal/cniruntime"
+	"github.com/meshwire/meshwire/internal/crigc"
 	"github.com/meshwire/meshwire/internal/demo"
+	"github.com/meshwire/meshwire/internal/nodelayout"
 )
 
 // The pod commands: add, check, del, ls, gc and demo.
@@ -151,8 +156,25 @@ func (e *env) lsCmd() *cobra.Command {
 
 func (e *env) gcCmd() *cobra.Command {
 	var conf string
-	c := leafCmd("gc", "CNI GC of every known network, keeping the attachments meshwire manages", "")
-	c.RunE = func(*cobra.Command, []string) error {
+	var o crigc.Options
+	c := leafCmd("gc", "CNI GC of the networks meshwire wired, or (--cri-socket) of the node's against the runtime's pod sandboxes",
+		"Without --cri-socket: CNI GC of the default conflist's network, --conf's and those of the\n"+
+			"namespaces meshwire wired, keeping the attachments meshwire manages.\n\n"+
+			"With --cri-socket, what a runtime that calls GC does (containerd 2.4 does not): CNI GC of\n"+
+			"the node's network (--conf, or the first conflist of --cni-conf-dir, as containerd picks)\n"+
+			"against the pod sandboxes the runtime lists over CRI, keeping too every attachment made\n"+
+			"less than --min-age before the listing (the runtime's cache in --cni-cache-dir, host-local's\n"+
+			"allocations, the pods' records in --node-state-dir): a sandbox whose ADD is under way is in\n"+
+			"no list yet. Stale cached attachments get their DEL; then every plugin's GC runs.")
+	c.RunE = func(c *cobra.Command, _ []string) error {
+		if o.CRISocket != "" {
+			return e.criGC(c, conf, o)
+		}
+		for _, f := range []string{"min-age", "cni-conf-dir", "cni-cache-dir", "ifname", "node-state-dir"} {
+			if c.Flags().Changed(f) {
+				return usagef("gc: --%s is for a GC against a runtime's pod sandboxes: it needs --cri-socket", f)
+			}
+		}
 		extra := [][]byte{e.defaultConflist}
 		if conf != "" {
 			b, err := e.conflist(conf)
@@ -174,8 +196,64 @@ func (e *env) gcCmd() *cobra.Command {
 		fmt.Fprintf(e.out, "gc done for networks: %s\n", strings.Join(nets, ", "))
 		return nil
 	}
-	c.Flags().StringVar(&conf, "conf", "", "also GC this conflist's network (the default conflist's network and those of the wired namespaces always are)")
+	fs := c.Flags()
+	fs.StringVar(&conf, "conf", "", "also GC this conflist's network (the default conflist's network and those of the wired namespaces always are); with --cri-socket, the node's network to GC, in place of the first conflist of --cni-conf-dir")
+	fs.StringVar(&o.CRISocket, "cri-socket", "", "GC the node's network against the pod sandboxes the runtime at this CRI socket lists (containerd's /run/containerd/containerd.sock)")
+	fs.DurationVar(&o.MinAge, "min-age", crigc.DefaultMinAge, "with --cri-socket: keep every attachment made less than this before the listing, whether the runtime lists it or not (its ADD may be under way); above the runtime's CNI timeout")
+	fs.StringVar(&o.IfName, "ifname", crigc.DefaultIfName, "with --cri-socket: the interface the runtime gives each sandbox's network")
+	criGCDirFlags(fs, &o)
 	return c
+}
+
+// criGCDirFlags are the node's directories a GC against the runtime's
+// sandboxes reads (gc --cri-socket, node --gc-cri-socket).
+func criGCDirFlags(fs *pflag.FlagSet, o *crigc.Options) {
+	if fs.Lookup("cni-conf-dir") == nil {
+		fs.StringVar(&o.ConfDir, "cni-conf-dir", crigc.DefaultConfDir, "with --cri-socket: the runtime's CNI config directory, whose first conflist is the node's network")
+	}
+	fs.StringVar(&o.CacheDir, "cni-cache-dir", crigc.DefaultCacheDir, "with --cri-socket: the runtime's libcni cache directory (results/ in it)")
+	if fs.Lookup("node-state-dir") == nil {
+		fs.StringVar(&o.NodeState.Root, "node-state-dir", nodelayout.StateDir, "where the pods' records and ambient mode's socket are, as the plugins keep them")
+	}
+}
+
+// criGC is gc --cri-socket: every input checked before anything changes.
+func (e *env) criGC(c *cobra.Command, conf string, o crigc.Options) error {
+	if o.MinAge < 0 {
+		return usagef("gc: --min-age: must not be negative, got %s", o.MinAge)
+	}
+	if o.IfName == "" {
+		return usagef("gc: --ifname: must not be empty")
+	}
+	if _, err := crigc.SocketPath(o.CRISocket); err != nil {
+		return usagef("gc: --cri-socket: %v", err)
+	}
+	if conf != "" {
+		o.ConfDir = ""
+	}
+	l, path, err := crigc.Network(o.ConfDir, conf)
+	if err != nil {
+		if conf != "" {
+			return usagef("gc: --conf: %v", err)
+		}
+		return usagef("gc: --cni-conf-dir: %v", err)
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("gc --cri-socket: must run as root (it runs CNI plugins)")
+	}
+	o.Networks = []*libcni.NetworkConfigList{l}
+	o.CNIPath = e.pluginPath()
+	ctx, cancel := signalContext()
+	defer cancel()
+	r, err := crigc.Run(ctx, o)
+	if r != nil {
+		fmt.Fprintf(e.out, "network config %s\n", path)
+		r.Write(e.out, o.MinAge)
+	}
+	if err != nil {
+		return fmt.Errorf("gc: %w", err)
+	}
+	return nil
 }
 
 // demoCmd runs the demo (internal/demo) with the default conflist or

@@ -46,6 +46,12 @@ var flagNotes = map[string]flagNote{
 	"cni-version":    {arg: "VERSION", same: "the conflist's `cniVersion`"},
 	"listen":         {arg: "ADDR"},
 	"interval":       {arg: "DURATION"},
+	"cri-socket":     {arg: "PATH", same: "kubelet's `--container-runtime-endpoint`"},
+	"gc-cri-socket":  {arg: "PATH", same: "kubelet's `--container-runtime-endpoint`"},
+	"min-age":        {arg: "DURATION"},
+	"gc-min-age":     {arg: "DURATION"},
+	"gc-interval":    {arg: "DURATION"},
+	"cni-cache-dir":  {arg: "DIR"},
 }
 
 // flagInfo is a flag as the usage and the docs show it.

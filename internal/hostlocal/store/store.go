@@ -19,6 +19,15 @@
 //   - bucket "meta": last reserved address per range set (round-robin), and
 //     the modification time of the directory when reference files were last
 //     read.
+//   - bucket "since": key = 16-byte address, value = when it was allocated
+//     (8 bytes, Unix nanoseconds, big-endian) followed by its owner (id NUL
+//     ifname NUL). A GC against a runtime's sandbox list keeps what was
+//     allocated after a cutoff: an ADD still under way is in no list
+//     (`meshwire gc --cri-socket`). The bucket is created by the first
+//     write of a version that has it; an allocation without an entry (made
+//     by an earlier version, or imported from reference files), or whose
+//     entry names another owner (an earlier version released the address
+//     and gave it again), has no known time.
 //
 // Why a B+tree file rather than files, a log or a hand-made index:
 // opening costs O(1) (mmap, read the two meta pages; no replay, unlike a log),
@@ -103,6 +112,7 @@ var (
 	bucketIPs    = []byte("ips")
 	bucketOwners = []byte("owners")
 	bucketMeta   = []byte("meta")
+	bucketSince  = []byte("since")
 	keyDirMtime  = []byte("dirMtime")
 )
 
@@ -121,6 +131,10 @@ type Allocation struct {
 	// Legacy marks an address read from a reference file; releasing it
 	// removes the file.
 	Legacy bool
+	// Since is when the address was allocated; zero when unknown. Only
+	// ForEach (and ReadAll) fill it in; Reserve records the time of the
+	// call when it is zero.
+	Since time.Time
 }
 
 // Store is an open, locked network store. Close releases the lock.
@@ -185,7 +199,7 @@ func create(path string) error {
 		return err
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketIPs, bucketOwners, bucketMeta} {
+		for _, b := range [][]byte{bucketIPs, bucketOwners, bucketMeta, bucketSince} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -231,6 +245,9 @@ func ReadAll(path string, timeout time.Duration) ([]Allocation, error) {
 // committed atomically, or nothing when fn fails.
 func (s *Store) Update(fn func(*Tx) error) error {
 	err := s.db.Update(func(btx *bolt.Tx) error {
+		if _, err := btx.CreateBucketIfNotExists(bucketSince); err != nil { // a store of an earlier version
+			return err
+		}
 		tx := newTx(btx)
 		if err := fn(tx); err != nil {
 			return err
@@ -262,6 +279,7 @@ type Tx struct {
 	ips    *bolt.Bucket
 	owners *bolt.Bucket
 	meta   *bolt.Bucket
+	since  *bolt.Bucket // nil in a read of a store no write of this version has touched
 	cur    *bolt.Cursor // round-robin walk over "ips"
 	curKey []byte
 	// files are reference files to remove before the commit.
@@ -269,7 +287,7 @@ type Tx struct {
 }
 
 func newTx(btx *bolt.Tx) *Tx {
-	return &Tx{tx: btx, ips: btx.Bucket(bucketIPs), owners: btx.Bucket(bucketOwners), meta: btx.Bucket(bucketMeta)}
+	return &Tx{tx: btx, ips: btx.Bucket(bucketIPs), owners: btx.Bucket(bucketOwners), meta: btx.Bucket(bucketMeta), since: btx.Bucket(bucketSince)}
 }
 
 func key(a net.IP) []byte { return a.To16() }
@@ -372,7 +390,35 @@ func (t *Tx) Reserve(a Allocation) error {
 	if err := t.ips.Put(k, encode(a)); err != nil {
 		return err
 	}
+	if err := t.putSince(a); err != nil {
+		return err
+	}
 	return t.owners.Put(ownerKey(a.Owner, a.IP), nil)
+}
+
+// putSince records when a was allocated (now, unless a.Since says).
+func (t *Tx) putSince(a Allocation) error {
+	if t.since == nil {
+		return nil
+	}
+	at := a.Since
+	if at.IsZero() {
+		at = time.Now()
+	}
+	v := binary.BigEndian.AppendUint64(make([]byte, 0, 8+len(a.Owner.ID)+len(a.Owner.IfName)+2), uint64(at.UnixNano()))
+	return t.since.Put(key(a.IP), append(v, ownerPrefix(a.Owner)...))
+}
+
+// sinceOf is when a was allocated, zero when unknown.
+func (t *Tx) sinceOf(a Allocation) time.Time {
+	if t.since == nil {
+		return time.Time{}
+	}
+	v := t.since.Get(key(a.IP))
+	if len(v) < 8 || !bytes.Equal(v[8:], ownerPrefix(a.Owner)) {
+		return time.Time{}
+	}
+	return time.Unix(0, int64(binary.BigEndian.Uint64(v[:8])))
 }
 
 // reserveMany records many allocations of free addresses at once. Keys go
@@ -438,6 +484,11 @@ func (t *Tx) Release(a Allocation) error {
 	if err := t.owners.Delete(ownerKey(a.Owner, a.IP)); err != nil {
 		return err
 	}
+	if t.since != nil {
+		if err := t.since.Delete(key(a.IP)); err != nil {
+			return err
+		}
+	}
 	if a.Legacy {
 		t.files = append(t.files, a.IP.String())
 	}
@@ -458,14 +509,16 @@ func (t *Tx) ReleaseOwner(o Owner) ([]Allocation, error) {
 	return held, nil
 }
 
-// ForEach calls fn for every allocation, in address order. fn must not
-// change the store; collect and release afterwards.
+// ForEach calls fn for every allocation, in address order, with the time
+// it was made when known (Since). fn must not change the store; collect
+// and release afterwards.
 func (t *Tx) ForEach(fn func(Allocation) error) error {
 	return t.ips.ForEach(func(k, v []byte) error {
 		a, err := decode(k, v)
 		if err != nil {
 			return err
 		}
+		a.Since = t.sinceOf(a)
 		return fn(a)
 	})
 }

@@ -464,3 +464,65 @@ func count(t *Tx) int {
 	}
 	return n
 }
+
+// An allocation's time is kept beside it: ForEach and ReadAll give it; a
+// store of an earlier version (no "since" bucket) and an address an
+// earlier version gave again (the entry names another owner) give none.
+func TestStoreSince(t *testing.T) {
+	dir := t.TempDir()
+	s := openTest(t, dir)
+	past := time.Now().Add(-time.Hour).Truncate(time.Nanosecond)
+	before := time.Now()
+	err := s.Update(func(tx *Tx) error {
+		if err := tx.Reserve(Allocation{IP: ip("198.18.0.2"), Owner: Owner{ID: "old", IfName: "eth0"}, Since: past}); err != nil {
+			return err
+		}
+		return tx.Reserve(Allocation{IP: ip("198.18.0.3"), Owner: Owner{ID: "new", IfName: "eth0"}})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	since := func() map[string]time.Time {
+		got := map[string]time.Time{}
+		_ = s.View(func(tx *Tx) error {
+			return tx.ForEach(func(a Allocation) error { got[a.Owner.ID] = a.Since; return nil })
+		})
+		return got
+	}
+	got := since()
+	if !got["old"].Equal(past) || got["new"].Before(before) || got["new"].After(time.Now()) {
+		t.Fatalf("since %v, want old at %v and new after %v", got, past, before)
+	}
+	// An earlier version releases .3 (leaving the time) and gives it to
+	// another owner: its time is unknown, not the first owner's.
+	err = s.Update(func(tx *Tx) error {
+		a := ip("198.18.0.3")
+		_ = tx.ips.Delete(key(a))
+		_ = tx.owners.Delete(ownerKey(Owner{ID: "new", IfName: "eth0"}, a))
+		other := Allocation{IP: a, Owner: Owner{ID: "other", IfName: "eth0"}}
+		_ = tx.ips.Put(key(a), encode(other))
+		return tx.owners.Put(ownerKey(other.Owner, a), nil)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := since(); !got["other"].IsZero() {
+		t.Fatalf("an address given again by an earlier version has time %v, want none", got["other"])
+	}
+	// Release forgets the time.
+	err = s.Update(func(tx *Tx) error {
+		_, err := tx.ReleaseOwner(Owner{ID: "old", IfName: "eth0"})
+		if err == nil && tx.since.Get(key(ip("198.18.0.2"))) != nil {
+			err = errors.New("the time of a released address is kept")
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	all, err := ReadAll(filepath.Join(Dir(dir, testNet), DBName), time.Second)
+	if err != nil || len(all) != 1 || all[0].Owner.ID != "other" || !all[0].Since.IsZero() {
+		t.Fatalf("ReadAll: %+v, %v", all, err)
+	}
+}
