@@ -721,10 +721,15 @@ func synced(recs []Record) bool {
 // Await returns the first record so far or within timeout that match
 // accepts; false when none came.
 func (p *Proxy) Await(match func(Record) bool, timeout time.Duration) (Record, bool) {
+	return p.AwaitSince(0, match, timeout)
+}
+
+// AwaitSince is Await over the records after mark (from Mark).
+func (p *Proxy) AwaitSince(mark int, match func(Record) bool, timeout time.Duration) (Record, bool) {
 	deadline := time.Now().Add(timeout)
 	for {
 		p.mu.Lock()
-		for _, r := range p.recs {
+		for _, r := range p.recs[mark:] {
 			if match(r) {
 				p.mu.Unlock()
 				return r, true
