@@ -30,7 +30,7 @@ TEST_TIMEOUT ?= 60m
 KERNEL_LOCK = /run/meshwire-tests.lock
 BENCH ?= .
 
-.PHONY: all build test unit deps demo bench bench-report bench-check bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-ambient cluster-podstart cluster-podstart-compare cluster-conformance cluster-network-suite cluster-faults cluster-status cluster-runtime-gc cluster-istio-rules cluster-dualstack cluster-istio-podstart cluster-apiserver-away cluster-latency
+.PHONY: all build test unit deps demo bench bench-report bench-check bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-ambient cluster-ambient-compare cluster-podstart cluster-podstart-compare cluster-conformance cluster-network-suite cluster-faults cluster-status cluster-runtime-gc cluster-istio-rules cluster-dualstack cluster-istio-podstart cluster-apiserver-away cluster-latency
 
 all: build
 
@@ -191,13 +191,15 @@ image: build
 # helm upgrade in cluster-mesh, helm uninstall at cluster-down),
 # IP_FAMILY=dual, FROM=COMMIT (the nodes start on meshwire at COMMIT, and
 # cluster-mesh's rollout upgrades them to this tree), FORTIO=1 (fortio's
-# image on every node, as cluster-latency's clusters have it): the
+# image on every node, as cluster-latency's clusters have it),
+# POD_CGROUPS=1 (kubelet's pod cgroups, one node): the
 # cluster's other shapes (test/cluster/cluster.sh's header).
 NODES ?= 1
 CLUSTER_ENV = MESHWIRE_CLUSTER_NODES=$(NODES) $(if $(CNI),MESHWIRE_CLUSTER_CNI=$(CNI)) $(if $(RUNTIME),MESHWIRE_CLUSTER_RUNTIME=$(RUNTIME)) \
 	$(if $(PROXY_MODE),MESHWIRE_CLUSTER_PROXY_MODE=$(PROXY_MODE)) $(if $(FIREWALL),MESHWIRE_CLUSTER_FIREWALL=$(FIREWALL)) \
 	$(if $(INSTALL),MESHWIRE_CLUSTER_INSTALL=$(INSTALL)) $(if $(IP_FAMILY),MESHWIRE_CLUSTER_IP_FAMILY=$(IP_FAMILY)) \
-	$(if $(FROM),MESHWIRE_CLUSTER_FROM=$(FROM)) $(if $(FORTIO),MESHWIRE_CLUSTER_FORTIO=$(FORTIO))
+	$(if $(FROM),MESHWIRE_CLUSTER_FROM=$(FROM)) $(if $(FORTIO),MESHWIRE_CLUSTER_FORTIO=$(FORTIO)) \
+	$(if $(POD_CGROUPS),MESHWIRE_CLUSTER_POD_CGROUPS=$(POD_CGROUPS))
 cluster:
 	$(CLUSTER_ENV) test/cluster/cluster.sh up
 
@@ -233,6 +235,16 @@ cluster-mesh:
 # a dual-stack cluster.
 cluster-ambient:
 	$(CLUSTER_SUITE) '^TestAmbient$$'
+
+# Ambient mode, agent against agent (one node): istio-cni's node agent in
+# ambient mode (its chart's ambient profile) and meshwire's with --ambient,
+# each on a fresh cluster (AMBCMP_LEGS, "istio-cni meshwire"), each serving
+# the same ztunnel stand-in: 20 running pods enrolled by their namespace's
+# label, their rules compared, the agent restarted under traffic, 20 pods
+# created enrolled before their first connection. The report in
+# $$MESHWIRE_CLUSTER_E2E_REPORT/ambient-compare.
+cluster-ambient-compare:
+	AMBCMP_LEGS='$(AMBCMP_LEGS)' $(CLUSTER_SUITE) '^TestAmbientCompare$$'
 
 # 30 pods at once, create to Ready (PODSTART_PODS, PODSTART_ROUNDS).
 cluster-podstart:

@@ -5,7 +5,7 @@ package proxylog
 
 // Record is what the proxy prints for each connection or DNS query.
 type Record struct {
-	Event    string `json:"event"`              // "ready", "conn", "dns", "error", "sync"; with -zds also "add" and "del" (a workload's listeners opened, closed) and "held" (a workload added again, kept as it was)
+	Event    string `json:"event"`              // "ready", "conn", "dns", "error", "sync"; with -zds also "add" and "del" (a workload's listeners opened, closed), "held" (a workload added again, kept as it was) and "snapshot" (the agent's snapshot ended: it is connected and has sent every pod it enrolls)
 	Listener string `json:"listener,omitempty"` // "outbound", "inbound", "dns-tcp", "dns-udp"; with -zds also "hbone"
 	Src      string `json:"src,omitempty"`
 	OrigDst  string `json:"orig_dst,omitempty"`

@@ -20,6 +20,8 @@
 #           one, its removal for good (multi-node only)
 #   control stop|start NAME   stop a control-plane process (kube-apiserver,
 #           ...), or start it again as it was started (an API outage)
+#   istio-cni sidecar|ambient   on an istio-cni cluster: its DaemonSet
+#           rendered again in that mode and applied (lib/istio.sh)
 #
 # MESHWIRE_CLUSTER_NODES (make cluster NODES=N), 1 by default: one node on
 # the host itself, its pods on the bridge mwk0, whose CNI config meshwire's
@@ -60,6 +62,11 @@
 #     COMMIT (its image, built from this repository's history, and its
 #     manifest on several nodes), and the image that the mesh suite rolls
 #     out is this tree's: an upgrade in place, old records and all
+#   MESHWIRE_CLUSTER_POD_CGROUPS=1: one node only: kubelet makes its pod
+#     cgroups (cgroupsPerQOS, kubepods/QOS/podUID/ in each hierarchy), as
+#     kubelet does by default, instead of leaving every container in
+#     containerd's k8s.io/ID; istio-cni's ambient agent finds a running
+#     pod's network namespace by the pod's uid in its processes' cgroups
 #
 # No systemd: the processes are started with setsid and tracked by pid.
 # No registry: every image is imported into containerd (images.sh).
@@ -95,6 +102,8 @@ case $FORTIO in "" | 0 | 1) ;; *) echo "MESHWIRE_CLUSTER_FORTIO: 1 or nothing, n
 IP_FAMILY=${MESHWIRE_CLUSTER_IP_FAMILY:-ipv4}
 FROM=${MESHWIRE_CLUSTER_FROM:-}
 case $IP_FAMILY in ipv4 | dual) ;; *) echo "MESHWIRE_CLUSTER_IP_FAMILY: ipv4 or dual, not '$IP_FAMILY'" >&2; exit 2 ;; esac
+POD_CGROUPS=${MESHWIRE_CLUSTER_POD_CGROUPS:-0}
+case $POD_CGROUPS in 0 | 1) ;; *) echo "MESHWIRE_CLUSTER_POD_CGROUPS: 0 or 1, not '$POD_CGROUPS'" >&2; exit 2 ;; esac
 cluster_slot "${1:-}"
 # A running cluster's own settings win (down, env, node).
 if [ -f "$STATE/settings" ]; then
@@ -299,6 +308,7 @@ up() {
 		CONTAINERD=$CACHE/containerd2/containerd CTR=$CACHE/containerd2/ctr
 	fi
 	[ -z "$FIREWALL" ] || [ "$NODES" = 1 ] || die "MESHWIRE_CLUSTER_FIREWALL: one node only (flannel writes the nodes' conflist)"
+	[ "$POD_CGROUPS" = 0 ] || [ "$NODES" = 1 ] || die "MESHWIRE_CLUSTER_POD_CGROUPS: one node only (not tried in the nodes' cgroup namespaces)"
 	if [ "$INSTALL" = helm ]; then
 		[ "$NODES" -gt 1 ] || die "MESHWIRE_CLUSTER_INSTALL=helm: several nodes only (NODES >= 2), where the chart is installed as shipped; one node's DaemonSet is a kustomization of the manifest"
 		[ "$CNI" = meshwire ] || die "MESHWIRE_CLUSTER_INSTALL=helm: meshwire's network only, not $CNI"
@@ -310,13 +320,13 @@ up() {
 		[ "$CNI" = meshwire ] && [ "$INSTALL" = kubectl ] || die "MESHWIRE_CLUSTER_FROM: meshwire's network installed with kubectl only"
 		FROM=$(git -C "$repo" rev-parse --verify -q "$FROM^{commit}") || die "MESHWIRE_CLUSTER_FROM: no commit $MESHWIRE_CLUSTER_FROM in $repo"
 	fi
-	log "binaries: $BIN; $NODES node(s) on $RUNTIME, kube-proxy in $PROXY_MODE mode, pods wired by $CNI${FIREWALL:+ forced to $FIREWALL}, installed with $INSTALL, $IP_FAMILY (pods $POD_CIDRS, Services $SERVICE_CIDRS)"
+	log "binaries: $BIN; $NODES node(s) on $RUNTIME, kube-proxy in $PROXY_MODE mode, pods wired by $CNI${FIREWALL:+ forced to $FIREWALL}, installed with $INSTALL, $IP_FAMILY (pods $POD_CIDRS, Services $SERVICE_CIDRS)$([ "$POD_CGROUPS" = 0 ] || echo ", kubelet's pod cgroups")"
 	log "make build (log: /tmp/meshwire-cluster-make-build.log)"
 	make -C "$repo" build >/tmp/meshwire-cluster-make-build.log 2>&1 || die "make build failed: /tmp/meshwire-cluster-make-build.log"
 	mkdir -p "$PKI" "$KCFG" "$LOGS" "$RUN" "$STATE/config"
 	trap '[ $? = 0 ] || log "up failed: the logs are in $LOGS; $0 down cleans up"' EXIT
-	printf 'FROM=%q\nREPO=%q\nBIN=%q\nCNI=%q\nNODES=%q\nRUNTIME=%q\nCONTAINERD=%q\nCTR=%q\nPROXY_MODE=%q\nFIREWALL=%q\nINSTALL=%q\nFORTIO=%q\nIP_FAMILY=%q\n' \
-		"$FROM" "$repo" "$BIN" "$CNI" "$NODES" "$RUNTIME" "$CONTAINERD" "$CTR" "$PROXY_MODE" "$FIREWALL" "$INSTALL" "$FORTIO" "$IP_FAMILY" >"$STATE/settings"
+	printf 'FROM=%q\nREPO=%q\nBIN=%q\nCNI=%q\nNODES=%q\nRUNTIME=%q\nCONTAINERD=%q\nCTR=%q\nPROXY_MODE=%q\nFIREWALL=%q\nINSTALL=%q\nFORTIO=%q\nIP_FAMILY=%q\nPOD_CGROUPS=%q\n' \
+		"$FROM" "$repo" "$BIN" "$CNI" "$NODES" "$RUNTIME" "$CONTAINERD" "$CTR" "$PROXY_MODE" "$FIREWALL" "$INSTALL" "$FORTIO" "$IP_FAMILY" "$POD_CGROUPS" >"$STATE/settings"
 	hold_test_lock
 	snapshot_host
 	"$SNAPSHOT" save "$STATE/host-before.json"
@@ -413,8 +423,8 @@ up_nodes() {
 write_description() {
 	local name first=1
 	{
-		printf '{"state":"%s","bin":"%s","repo":"%s","kubeconfig":"%s","cni":"%s","runtime":"%s","proxyMode":"%s","firewall":"%s","install":"%s","from":"%s","fortio":%s,"ipFamily":"%s","podCIDR":"%s","serviceCIDR":"%s","podCIDR6":"%s","serviceCIDR6":"%s","apiIP":"%s","nodes":[' \
-			"$STATE" "$BIN" "$repo" "$ADMIN" "$CNI" "$RUNTIME" "$PROXY_MODE" "$FIREWALL" "$INSTALL" "$FROM" "$(with_fortio && echo true || echo false)" "$IP_FAMILY" "$POD_CIDR" "$SERVICE_CIDR" "$POD_CIDR6" "$SERVICE_CIDR6" "$API_IP"
+		printf '{"state":"%s","bin":"%s","repo":"%s","kubeconfig":"%s","cni":"%s","runtime":"%s","proxyMode":"%s","firewall":"%s","install":"%s","from":"%s","fortio":%s,"ipFamily":"%s","podCgroups":%s,"podCIDR":"%s","serviceCIDR":"%s","podCIDR6":"%s","serviceCIDR6":"%s","apiIP":"%s","nodes":[' \
+			"$STATE" "$BIN" "$repo" "$ADMIN" "$CNI" "$RUNTIME" "$PROXY_MODE" "$FIREWALL" "$INSTALL" "$FROM" "$(with_fortio && echo true || echo false)" "$IP_FAMILY" "$([ "$POD_CGROUPS" = 1 ] && echo true || echo false)" "$POD_CIDR" "$SERVICE_CIDR" "$POD_CIDR6" "$SERVICE_CIDR6" "$API_IP"
 		if [ "$NODES" = 1 ]; then
 			printf '{"name":"%s","ip":"%s","pluginLog":"%s","varLibCNI":"/var/lib/cni","criSocket":"%s","runtimeLog":"%s","enter":[]}' \
 				"$NODE_NAME" "$NODE_IP" "$STATE/meshwire/log/cni.log" "$SOCK" "$LOGS/containerd.log"
@@ -669,7 +679,8 @@ main() {
 	status) status ;;
 	node) shift; node_command "$@" ;;
 	control) shift; control_command "$@" ;;
-	*) echo "usage: $0 up|down|env|status|node kill|boot|remove NAME|control stop|start NAME" >&2; exit 2 ;;
+	istio-cni) shift; istio_mode "$@" ;;
+	*) echo "usage: $0 up|down|env|status|node kill|boot|remove NAME|control stop|start NAME|istio-cni sidecar|ambient" >&2; exit 2 ;;
 	esac
 }
 

@@ -27,8 +27,11 @@
 #       the pinned istio.io/istio module (build.sh's ISTIO_VERSION, found
 #       with `go mod download -json`) with manifests/istio-cni/values.yaml
 #       (chained, images above) and the node's CNI_BIN_DIR and
-#       CNI_CONF_DIR; ambient adds the chart's ambient profile. To stdout,
-#       after a Namespace istio-system
+#       CNI_CONF_DIR; ambient adds the chart's ambient profile. With
+#       $ISTIO_HOST_PROC, the DaemonSet's volume cni-host-procfs (the
+#       host's /proc, fixed in the chart) is that directory instead
+#       (lib/istio.sh: istio_host_proc). To stdout, after a Namespace
+#       istio-system
 #   peers.sh check FILE
 #       the rendered manifest FILE (- for stdin) has a kind and a name in
 #       every document, one DaemonSet, and names only localhost/istio/
@@ -129,10 +132,19 @@ render() {
 	[ -n "$helm" ] || helm=$("$here/build.sh" istio)/helm/helm
 	local chart
 	chart=$(istio_module)/manifests/charts/istio-cni
-	printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: istio-system\n'
-	"$helm" template istio-cni "$chart" --namespace istio-system \
+	local out
+	out=$("$helm" template istio-cni "$chart" --namespace istio-system \
 		--values "$here/manifests/istio-cni/values.yaml" \
-		--set-string cniBinDir="$bin" --set-string cniConfDir="$conf" "${extra[@]}"
+		--set-string cniBinDir="$bin" --set-string cniConfDir="$conf" "${extra[@]}")
+	if [ -n "${ISTIO_HOST_PROC:-}" ]; then
+		out=$(awk -v proc="$ISTIO_HOST_PROC" '
+			/^ *- name: cni-host-procfs$/ { vol = 1 }
+			vol && /^ *path: \/proc$/ { sub(/\/proc$/, proc); vol = 0; n++ }
+			{ print }
+			END { exit n != 1 }' <<<"$out") || { echo "peers.sh render: no volume cni-host-procfs with path /proc in the chart's DaemonSet" >&2; exit 1; }
+	fi
+	printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: istio-system\n'
+	printf '%s\n' "$out"
 }
 
 # ------------------------------------------------------------------ check

@@ -376,13 +376,17 @@ func (a *ambient) clientGets(f family) error {
 	return err
 }
 
-func (a *ambient) label(ns, value string) {
+func (a *ambient) label(ns, value string) { labelAmbient(a.t, a.ctx, a.c, ns, value) }
+
+// labelAmbient sets namespace ns's label istio.io/dataplane-mode to value
+// ("": removes it).
+func labelAmbient(t *testing.T, ctx context.Context, c *framework.Cluster, ns, value string) {
 	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%q}}}`, ambLabel, value)
 	if value == "" {
 		patch = fmt.Sprintf(`{"metadata":{"labels":{%q:null}}}`, ambLabel)
 	}
-	_, err := a.c.Client.CoreV1().Namespaces().Patch(a.ctx, ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
-	framework.Must(a.t, "label namespace "+ns, err)
+	_, err := c.Client.CoreV1().Namespaces().Patch(ctx, ns, types.MergePatchType, []byte(patch), metav1.PatchOptions{})
+	framework.Must(t, "label namespace "+ns, err)
 }
 
 // unhealthy is how many Unhealthy events (failed probes) the pod has.
@@ -394,19 +398,20 @@ func (a *ambient) unhealthy(ns, pod string) int {
 
 func (a *ambient) setAmbient(on bool) { setAmbient(a.t, a.ctx, a.c, on) }
 
-// setAmbient turns --ambient on or off in meshwire's DaemonSet (the rest of
-// its command as up installed it), rolled out on every node; on a
-// dual-stack cluster with --ambient-ipv6, the IPv6 rules too, which
-// istio-cni's chart turns on by default (ambient.ipv6).
-func setAmbient(t *testing.T, ctx context.Context, c *framework.Cluster, on bool) {
+// setAmbient turns --ambient on, with ambient mode's flags (--ambient-*)
+// when given and --ambient-ipv6 on a dual-stack cluster (istio-cni's
+// chart turns the IPv6 rules on by default, ambient.ipv6), or off with
+// all its flags, in meshwire's DaemonSet (the rest of its command as up
+// installed it), rolled out on every node.
+func setAmbient(t *testing.T, ctx context.Context, c *framework.Cluster, on bool, flags ...string) {
 	var want []string
 	if on {
-		want = []string{"--ambient"}
-		if c.Family() == "dual" {
+		want = append([]string{"--ambient"}, flags...)
+		if c.Family() == "dual" && !slices.Contains(want, "--ambient-ipv6") {
 			want = append(want, "--ambient-ipv6")
 		}
 	}
-	setAgentFlags(t, ctx, c, []string{"--ambient", "--ambient-ipv6"}, want)
+	setAgentFlags(t, ctx, c, func(arg string) bool { return arg == "--ambient" || strings.HasPrefix(arg, "--ambient-") }, want)
 }
 
 // setAgentFlag adds or removes one flag of the agent's.
@@ -415,21 +420,21 @@ func setAgentFlag(t *testing.T, ctx context.Context, c *framework.Cluster, flag 
 	if on {
 		want = []string{flag}
 	}
-	setAgentFlags(t, ctx, c, []string{flag}, want)
+	setAgentFlags(t, ctx, c, func(arg string) bool { return arg == flag }, want)
 }
 
-// setAgentFlags removes the flags of drop that are not in want from
-// meshwire's DaemonSet's command and adds those of want it lacks, rolled
-// out on every node, every node Ready after it (nothing when the command
-// stays the same).
-func setAgentFlags(t *testing.T, ctx context.Context, c *framework.Cluster, drop, want []string) {
+// setAgentFlags removes the arguments drop matches that are not in want
+// from meshwire's DaemonSet's command and adds those of want it lacks,
+// rolled out on every node, every node Ready after it (nothing when the
+// command stays the same).
+func setAgentFlags(t *testing.T, ctx context.Context, c *framework.Cluster, drop func(string) bool, want []string) {
 	dsc := c.Client.AppsV1().DaemonSets("kube-system")
 	ds, err := dsc.Get(ctx, "meshwire-node", metav1.GetOptions{})
 	framework.Must(t, "meshwire's DaemonSet", err)
 	cmd := ds.Spec.Template.Spec.Containers[0].Command
 	var next []string
 	for _, arg := range cmd {
-		if !slices.Contains(drop, arg) || slices.Contains(want, arg) {
+		if !drop(arg) || slices.Contains(want, arg) {
 			next = append(next, arg)
 		}
 	}
@@ -443,7 +448,7 @@ func setAgentFlags(t *testing.T, ctx context.Context, c *framework.Cluster, drop
 	}
 	ds.Spec.Template.Spec.Containers[0].Command = next
 	_, err = dsc.Update(ctx, ds, metav1.UpdateOptions{})
-	framework.Must(t, fmt.Sprintf("meshwire's DaemonSet with %q, without the rest of %q", want, drop), err)
+	framework.Must(t, fmt.Sprintf("meshwire's DaemonSet's command %q", next), err)
 	framework.Must(t, "the agent's rollout", framework.Poll(3*time.Minute, func() error {
 		ds, err := dsc.Get(ctx, "meshwire-node", metav1.GetOptions{})
 		if err != nil {
@@ -489,16 +494,8 @@ func (a *ambient) agentSays(n framework.Node, text string) error {
 
 // ztPod is the stand-in on the app's node (not one being deleted).
 func (a *ambient) ztPod() string {
-	pods, err := a.c.Client.CoreV1().Pods(ztNS).List(a.ctx, metav1.ListOptions{LabelSelector: "app=ztunnel", FieldSelector: "spec.nodeName=" + a.app.Name})
-	if err != nil {
-		return ""
-	}
-	for _, p := range pods.Items {
-		if p.DeletionTimestamp == nil {
-			return p.Name
-		}
-	}
-	return ""
+	p, _ := podOn(a.ctx, a.c, ztNS, "app=ztunnel", a.app.Name)
+	return p
 }
 
 // ztCount counts the stand-in's records that match (the app node's, or

@@ -157,3 +157,18 @@ func nodeReady(ctx context.Context, c *framework.Cluster, name string) func() er
 		return fmt.Errorf("node %s not Ready", name)
 	}
 }
+
+// podOn is the name of the pod of ns matching selector on node, not being
+// deleted.
+func podOn(ctx context.Context, c *framework.Cluster, ns, selector, node string) (string, error) {
+	pods, err := c.Client.CoreV1().Pods(ns).List(ctx, metav1.ListOptions{LabelSelector: selector, FieldSelector: "spec.nodeName=" + node})
+	if err != nil {
+		return "", err
+	}
+	for _, p := range pods.Items {
+		if p.DeletionTimestamp == nil {
+			return p.Name, nil
+		}
+	}
+	return "", fmt.Errorf("no pod %s in %s on %s", selector, ns, node)
+}

@@ -95,6 +95,7 @@ func TestZtunnelStandIn(t *testing.T) {
 		return r
 	}
 	await("the workload added", func(r interceptenv.Record) bool { return r.Event == "add" && r.Workload == uid })
+	await("the snapshot's end", func(r interceptenv.Record) bool { return r.Event == "snapshot" })
 
 	// check makes one request from ns to dst, which must be answered by
 	// who seeing the connection come from peer, and be logged by the
@@ -133,8 +134,20 @@ func TestZtunnelStandIn(t *testing.T) {
 	// The agent restarts: the stand-in reconnects, gets the snapshot and
 	// keeps the pod (no second add), and capture goes on.
 	srv.Close()
+	mark = zt.Mark()
 	srv = agent()
 	deadline := time.Now().Add(10 * time.Second)
+	for snapshots := 0; snapshots == 0; {
+		for _, r := range zt.Since(mark) {
+			if r.Event == "snapshot" {
+				snapshots++
+			}
+		}
+		if snapshots == 0 && time.Now().After(deadline) {
+			t.Fatal("the stand-in logged no snapshot's end from the restarted agent")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	for srv.Stats().Handoffs != 1 {
 		if time.Now().After(deadline) {
 			t.Fatalf("the stand-in did not reconnect: %+v", srv.Stats())

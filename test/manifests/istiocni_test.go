@@ -141,7 +141,7 @@ func istioCNIProblems(t *testing.T, source, mode string, docs [][]byte) []string
 			hostPaths[v.Name] = v.HostPath.Path
 		}
 	}
-	for vol, want := range map[string]string{"cni-bin-dir": nodeCNIBinDir, "cni-net-dir": nodeCNIConf} {
+	for vol, want := range map[string]string{"cni-bin-dir": nodeCNIBinDir, "cni-net-dir": nodeCNIConf, "cni-netns-dir": "/run/netns"} {
 		if hostPaths[vol] != want {
 			p = append(p, fmt.Sprintf("volume %s: host path %q, not the node's %s", vol, hostPaths[vol], want))
 		}

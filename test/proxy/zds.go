@@ -24,7 +24,7 @@ package main
 // Each on IPv4 and, when the pod's namespace has IPv6, IPv6. A workload
 // added twice (a snapshot replayed after a reconnect) is kept as it is;
 // DelWorkload, or a snapshot without it, closes its listeners and
-// connections. When the agent goes away, the stand-in keeps its
+// connections; the snapshot's end is logged ("snapshot"). When the agent goes away, the stand-in keeps its
 // workloads and reconnects with backoff.
 
 import (
@@ -113,12 +113,15 @@ func (z *ztunnel) Del(uid string) error {
 	return nil
 }
 
+// SnapshotSent drops what the snapshot lacked, then logs "snapshot":
+// the agent that connected has told the stand-in all it enrolls.
 func (z *ztunnel) SnapshotSent() error {
 	for uid := range z.pods {
 		if !z.seen[uid] {
 			_ = z.Del(uid)
 		}
 	}
+	emit(Record{Event: "snapshot"})
 	return nil
 }
 

@@ -84,9 +84,11 @@ check_probe_sets() {
 	fi
 }
 
+# cgroup_parents: the pods' cgroup parents in each hierarchy; kubelet's
+# kubepods too with POD_CGROUPS=1.
 cgroup_parents() {
 	local p
-	for p in $CGROUP_PARENTS; do ls -d /sys/fs/cgroup/*/"$p" 2>/dev/null || :; done
+	for p in $CGROUP_PARENTS $([ "${POD_CGROUPS:-0}" = 0 ] || echo kubepods); do ls -d /sys/fs/cgroup/*/"$p" 2>/dev/null || :; done
 }
 
 # The shims of this cluster's containerd (they outlive it by design).
@@ -220,9 +222,9 @@ release_host() {
 		done <"$before.sysctl"
 	fi
 	# The pods' cgroup parent runc made in each hierarchy (containerd's
-	# namespace), when empty.
+	# namespace; kubelet's kubepods tree with POD_CGROUPS=1), when empty.
 	for p in $(cgroup_parents); do
-		grep -qx "$p" "$before.cgroups" 2>/dev/null || rmdir "$p" 2>/dev/null || true
+		grep -qx "$p" "$before.cgroups" 2>/dev/null || find "$p" -depth -type d -exec rmdir {} + 2>/dev/null || true
 	done
 	# The CNI state of the cluster's network (its own name: always its).
 	rm -rf "/var/lib/cni/networks/$NETWORK"

@@ -88,7 +88,8 @@ node_pki() {
 # ------------------------------------------------------------- node configs
 
 # kubelet_config FILE SOCKET ADDRESS NAME: kubelet's config: cgroupfs without
-# per-QoS cgroups on this hybrid cgroup layout, no swap check, no image
+# per-QoS cgroups on this hybrid cgroup layout (with them when
+# POD_CGROUPS=1: kubepods/QOS/podUID/), no swap check, no image
 # garbage collection (there is no registry to pull a collected image from
 # again), eviction only on memory and a nearly full disk.
 kubelet_config() {
@@ -99,7 +100,7 @@ kind: KubeletConfiguration
 containerRuntimeEndpoint: unix://$2
 imageServiceEndpoint: unix://$2
 cgroupDriver: cgroupfs
-cgroupsPerQOS: false
+cgroupsPerQOS: $([ "${POD_CGROUPS:-0}" = 1 ] && echo true || echo false)
 enforceNodeAllocatable: []
 failSwapOn: false
 failCgroupV1: false

@@ -43,7 +43,10 @@ type Description struct {
 	Fortio bool `json:"fortio"`
 	// IPFamily is ipv4 or dual (empty: a cluster from before dual
 	// stack, IPv4 only); Family says which.
-	IPFamily    string `json:"ipFamily"`
+	IPFamily string `json:"ipFamily"`
+	// PodCgroups: kubelet makes its pod cgroups (cluster.sh's
+	// MESHWIRE_CLUSTER_POD_CGROUPS=1).
+	PodCgroups  bool   `json:"podCgroups"`
 	PodCIDR     string `json:"podCIDR"`
 	ServiceCIDR string `json:"serviceCIDR"`
 	// PodCIDR6 and ServiceCIDR6 are the IPv6 ranges of a dual-stack
@@ -163,6 +166,17 @@ func (c *Cluster) Control(verb, name string) error {
 	out, err := exec.Command(c.Script(), "control", verb, name).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("cluster.sh control %s %s: %v: %s", verb, name, err, out)
+	}
+	return nil
+}
+
+// IstioCNI renders istio-cni's DaemonSet again in mode (sidecar or
+// ambient) and applies it, on an istio-cni cluster (cluster.sh
+// istio-cni MODE); it returns once the DaemonSet is rolled out.
+func (c *Cluster) IstioCNI(mode string) error {
+	out, err := exec.Command(c.Script(), "istio-cni", mode).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("cluster.sh istio-cni %s: %v: %s", mode, err, out)
 	}
 	return nil
 }

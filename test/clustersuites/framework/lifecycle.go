@@ -15,6 +15,9 @@ type Lifecycle struct {
 	Nodes int
 	// Logs is the directory of each up's and down's output.
 	Logs string
+	// Env is more of cluster.sh's settings for each up
+	// (MESHWIRE_CLUSTER_...=...).
+	Env []string
 }
 
 // Up starts a cluster whose network is cni (meshwire or reference);
@@ -37,7 +40,7 @@ func (l Lifecycle) run(log, cni, verb string) error {
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.Env = append(os.Environ(), "MESHWIRE_CLUSTER_NODES="+strconv.Itoa(l.Nodes))
 	if cni != "" {
-		cmd.Env = append(cmd.Env, "MESHWIRE_CLUSTER_CNI="+cni)
+		cmd.Env = append(append(cmd.Env, "MESHWIRE_CLUSTER_CNI="+cni), l.Env...)
 	}
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("cluster.sh %s: %v (log: %s)", verb, err, f.Name())

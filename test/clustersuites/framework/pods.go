@@ -186,3 +186,38 @@ func PodIPv6(p *corev1.Pod) string {
 	}
 	return IPv6(addrs)
 }
+
+// TimedLine is a line of a container's log with the time the runtime
+// read it from the container.
+type TimedLine struct {
+	At   time.Time
+	Text string
+}
+
+// TimedLogs is a container's log (all of it), each line with its time,
+// as kubectl logs --timestamps prints them.
+func (c *Cluster) TimedLogs(ctx context.Context, ns, pod, container string) ([]TimedLine, error) {
+	b, err := c.Client.CoreV1().Pods(ns).GetLogs(pod, &corev1.PodLogOptions{Container: container, Timestamps: true}).DoRaw(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return ParseTimedLog(string(b))
+}
+
+// ParseTimedLog reads the lines of a log printed with --timestamps
+// ("RFC3339Nano text"); a line without a time is an error.
+func ParseTimedLog(s string) ([]TimedLine, error) {
+	var out []TimedLine
+	for i, l := range strings.Split(strings.TrimSuffix(s, "\n"), "\n") {
+		if l == "" {
+			continue
+		}
+		ts, text, _ := strings.Cut(l, " ")
+		at, err := time.Parse(time.RFC3339Nano, ts)
+		if err != nil {
+			return nil, fmt.Errorf("log line %d has no time: %q", i+1, l)
+		}
+		out = append(out, TimedLine{At: at, Text: text})
+	}
+	return out, nil
+}
