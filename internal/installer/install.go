@@ -22,6 +22,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -62,6 +63,7 @@ type Installer struct {
 	lastErr  string           // the error last logged, to log a repeat once
 	warned   string           // the shadowing file last warned about
 	applied  bool             // Apply succeeded once: say no more when nothing changes
+	tookBack atomic.Bool      // Run's end took the config change back
 
 	mu    sync.Mutex
 	state State
@@ -179,8 +181,17 @@ func (in *Installer) Run(ctx context.Context) error {
 		slog.Info("stopping; the plugins and the config stay in place for the installer that replaces this one")
 		return nil
 	}
-	return in.Cleanup()
+	if err := in.Cleanup(); err != nil {
+		return err
+	}
+	in.tookBack.Store(true)
+	return nil
 }
+
+// TookBack reports whether Run, ending, took the config change back (with
+// CleanupOnExit, no KeepOnExit answering true, and a Cleanup that
+// succeeded): the node's runtime no longer calls meshwire's plugin.
+func (in *Installer) TookBack() bool { return in.tookBack.Load() }
 
 // report logs err, once while it stays the same.
 func (in *Installer) report(err error) {

@@ -455,9 +455,13 @@ func TestKeepOnExit(t *testing.T) {
 		o.Once, o.CleanupOnExit, o.Resync = false, true, time.Hour
 		asked := false
 		o.KeepOnExit = func() bool { asked = true; return keep }
+		in, err := New(o)
+		if err != nil {
+			t.Fatal(err)
+		}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error, 1)
-		go func() { done <- run(ctx, o) }()
+		go func() { done <- in.Run(ctx) }()
 		waitFor(t, "the chaining", func() bool { b, _ := os.ReadFile(filepath.Join(n.conf, "10-calico.conflist")); return HasMarker(b) })
 		cancel()
 		if err := <-done; err != nil {
@@ -465,6 +469,9 @@ func TestKeepOnExit(t *testing.T) {
 		}
 		if chained := HasMarker(n.read("10-calico.conflist")); !asked || chained != keep {
 			t.Errorf("keep %v: asked %v, still chained %v", keep, asked, chained)
+		}
+		if in.TookBack() == keep {
+			t.Errorf("keep %v: TookBack says %v", keep, in.TookBack())
 		}
 	}
 }

@@ -172,7 +172,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	var kick chan struct{}
 	if a.o.Ambient == nil {
-		removeAmbientSocket(a.layout)
+		removeAmbientSocket(a.layout, "ambient mode off")
 	}
 	if a.o.Ambient != nil {
 		amb, err := startAmbient(repairCtx, *a.o.Ambient)
@@ -220,6 +220,12 @@ loop:
 		if err := <-instDone; err != nil {
 			runErr = fmt.Errorf("installer: %w", err)
 		}
+	}
+	if a.in.TookBack() {
+		// Uninstalled: the plugin is out of the conflists, and no next
+		// agent will answer on the socket (a rollout keeps it, so that
+		// the plugin goes on recording pods for the next agent).
+		removeAmbientSocket(a.layout, "the config change taken back")
 	}
 	if a.fp != nil {
 		runErr = errors.Join(runErr, a.fp.Release())

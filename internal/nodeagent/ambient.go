@@ -179,11 +179,12 @@ func (x *Ambient) Enrolled() int { return x.a.node.Stats().Enrolled }
 // Backend is the firewall the rules are programmed with.
 func (x *Ambient) Backend() firewall.Backend { return x.a.o.Backend }
 
-// removeAmbientSocket removes the plugin's socket, for an agent whose
-// ambient mode is off: the plugin then stops recording pods for it.
-func removeAmbientSocket(l nodelayout.Layout) {
+// removeAmbientSocket removes the plugin's socket (why: for the log), for
+// an agent whose ambient mode is off or that is uninstalled: the plugin
+// then stops recording pods for an agent.
+func removeAmbientSocket(l nodelayout.Layout, why string) {
 	if err := os.Remove(l.AgentSocket()); err == nil {
-		slog.Info("ambient mode off: removed the plugin's socket", "path", l.AgentSocket())
+		slog.Info(why+": removed the plugin's socket", "path", l.AgentSocket())
 	}
 }
 

@@ -64,6 +64,9 @@ type AmbientCompareResult struct {
 	NewNotFirst       []string  `json:"newNotFirst,omitempty"`
 	RunningRulesLines int       `json:"runningRulesLines"`
 	NewRulesLines     int       `json:"newRulesLines"`
+	// RulesVariants: the iptables variants that held the running pods'
+	// rules (the agent's detection of the host's).
+	RulesVariants []string `json:"rulesVariants"`
 }
 
 // TestAmbientCompare (one node, kubelet's pod cgroups): istio-cni's node
@@ -84,7 +87,9 @@ type AmbientCompareResult struct {
 //     the stand-in must log.
 //
 // Then the rules: the running pods' and the new pods' under meshwire =
-// under istio-cni. Both agents' figures are printed side by side.
+// under istio-cni, whichever iptables variant each agent wrote them with
+// (FoldVariants; the variants are reported). Both agents' figures are
+// printed side by side.
 func TestAmbientCompare(t *testing.T) {
 	repo, err := filepath.Abs("../..")
 	framework.Must(t, "the repository", err)
@@ -118,7 +123,9 @@ func TestAmbientCompare(t *testing.T) {
 	for _, kind := range []string{"running", "new"} {
 		read := func(cni string) (string, error) {
 			b, err := os.ReadFile(reportDir(ambCmpSuite, cni, kind+".rules"))
-			return framework.NormalizeRules(string(b)), err
+			folded, variants := framework.FoldVariants(framework.NormalizeRules(string(b)))
+			t.Logf("%s: the %s pods' rules are in %q", cni, kind, variants)
+			return folded, err
 		}
 		a, err := read("istio-cni")
 		if err == nil {
@@ -188,6 +195,9 @@ func ambientCompareLeg(t *testing.T, c *framework.Cluster, dir string) AmbientCo
 	t.Logf("%s: label to AddWorkload: p50 %.0f ms, last %.0f ms", c.CNI, framework.Percentile(res.EnrollMS, 50), framework.Percentile(res.EnrollMS, 100))
 
 	res.RunningRulesLines = storeRules(t, ctx, c, pods, filepath.Join(dir, "running.rules"))
+	if b, err := os.ReadFile(filepath.Join(dir, "running.rules")); err == nil {
+		_, res.RulesVariants = framework.FoldVariants(string(b))
+	}
 	ambientRestart(t, ctx, c, zt, pods, &res)
 	ambientRecreate(t, ctx, c, zt, pods, dir, &res)
 	return res
@@ -371,6 +381,7 @@ func ambientCompareTable(results []AmbientCompareResult) string {
 	row("in-pod rules, lines (running / new)", func(r AmbientCompareResult) string {
 		return fmt.Sprintf("%d / %d", r.RunningRulesLines, r.NewRulesLines)
 	})
+	row("in-pod rules, iptables variant", func(r AmbientCompareResult) string { return strings.Join(r.RulesVariants, " ") })
 	return w.String()
 }
 

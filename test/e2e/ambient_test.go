@@ -52,11 +52,11 @@ type ambientNode struct {
 	exited chan struct{}
 }
 
-func startAmbientNode(t *testing.T, h *harness.H, ns *harness.NS, dir, backend string) *ambientNode {
+func startAmbientNode(t *testing.T, h *harness.H, ns *harness.NS, dir, backend string, flags ...string) *ambientNode {
 	t.Helper()
 	a := startAgent(t, filepath.Join(h.BinDir, "meshwire"), ns, newAgentNode(t),
-		"--ambient", "--node-state-dir", dir, "--ztunnel-socket", filepath.Join(dir, "ztunnel.sock"),
-		"--ambient-backend", backend, "--ambient-dns-capture=false")
+		append([]string{"--ambient", "--node-state-dir", dir, "--ztunnel-socket", filepath.Join(dir, "ztunnel.sock"),
+			"--ambient-backend", backend, "--ambient-dns-capture=false"}, flags...)...)
 	waitUntil(t, 20*time.Second, "the agent's ambient socket", func() bool {
 		_, err := os.Stat(filepath.Join(dir, "ambient", "agent.sock"))
 		return err == nil
@@ -236,10 +236,17 @@ func testAmbient(t *testing.T, h *harness.H, backend string) {
 
 	t.Run("agent restart", func(t *testing.T) {
 		agent.stop()
+		// A stop without --cleanup-on-exit is a rollout's: the plugin's
+		// socket stays, for the next agent.
+		if _, err := os.Stat(filepath.Join(dir, "ambient", "agent.sock")); err != nil {
+			t.Fatalf("the agent's stop for a rollout removed the plugin's socket: %v", err)
+		}
 		// The pod stays in the mesh while the agent is away.
 		request(e.Pod, remote, "remote", ie.PodV4.String(), "outbound")
 		mark := zt.Mark()
-		agent = startAmbientNode(outer, h, e.Remote, dir, backend) // to run past this subtest
+		// This one runs past this subtest, and its stop at the end is an
+		// uninstall's.
+		agent = startAmbientNode(outer, h, e.Remote, dir, backend, "--cleanup-on-exit")
 		seen(zt, mark, "the restarted agent's snapshot", func(r ie.Record) bool { return r.Event == "held" && r.Workload == "uid-web" })
 		if got := agent.metric("meshwire_ambient_enrolled_pods"); got != "1" {
 			t.Fatalf("the restarted agent holds %q pods, want 1", got)
@@ -276,6 +283,11 @@ func testAmbient(t *testing.T, h *harness.H, backend string) {
 		t.Fatalf("the agent's stop with no pod enrolled did not remove the host rule:\n%s", agent.stderr.String())
 	}
 	ambientHostClean(t, e.Remote, backend)
+	// Uninstalled (the config change taken back): no agent will answer
+	// on the plugin's socket again.
+	if _, err := os.Stat(filepath.Join(dir, "ambient", "agent.sock")); !os.IsNotExist(err) {
+		t.Fatalf("the uninstalled agent left the plugin's socket (%v):\n%s", err, agent.stderr.String())
+	}
 	if entries, _ := os.ReadDir(filepath.Join(dir, "pods")); len(entries) != 0 {
 		t.Fatalf("pod records (with their enrollments) left: %v", entries)
 	}

@@ -144,6 +144,31 @@ func NormalizeRules(s string) string {
 	return strings.Join(out, "\n") + "\n"
 }
 
+// FoldVariants takes from normalized rules (NormalizeRules) which iptables
+// variant holds them: the sections of iptables-legacy-save and
+// iptables-nft-save (ip6tables' too) are renamed iptables-save
+// (ip6tables-save), and variants lists, in order, the sections that held
+// rules ("iptables-nft-save", ...). Two agents that wrote the same rules
+// with different variants (each detects the host's, as Istio's
+// DetectIptablesVersion does) then compare equal, and the variant is
+// reported on its own.
+func FoldVariants(rules string) (folded string, variants []string) {
+	lines := strings.Split(rules, "\n")
+	for i, l := range lines {
+		tool, ok := strings.CutPrefix(l, "### ")
+		if !ok {
+			continue
+		}
+		for _, v := range []string{"-legacy-save", "-nft-save"} {
+			if base, ok := strings.CutSuffix(tool, v); ok && strings.HasSuffix(base, "tables") {
+				variants = append(variants, tool)
+				lines[i] = "### " + base + "-save"
+			}
+		}
+	}
+	return strings.Join(lines, "\n"), variants
+}
+
 // the other has not.
 func DiffRules(aName, a, bName, b string) error {
 	if a == b {

@@ -139,3 +139,29 @@ func TestNormalizeRulesIstioProbeAndTags(t *testing.T) {
 		t.Error("a rule in the legacy table went unseen")
 	}
 }
+
+// TestFoldVariants: the same rules in iptables-legacy and in iptables-nft
+// fold to one reading, each reporting its variant; a rule that differs
+// still differs after folding.
+func TestFoldVariants(t *testing.T) {
+	legacy := NormalizeRules("### iptables-legacy-save\n*nat\n:ISTIO_OUTPUT - [0:0]\n-A OUTPUT -j ISTIO_OUTPUT\nCOMMIT\n### iptables-nft-save\n### ip rule\n0:\tfrom all lookup local\n")
+	nft := NormalizeRules("### iptables-legacy-save\n### iptables-nft-save\n*nat\n:ISTIO_OUTPUT - [0:0]\n-A OUTPUT -j ISTIO_OUTPUT\nCOMMIT\n### ip rule\n0:\tfrom all lookup local\n")
+	if legacy == nft {
+		t.Fatal("the two readings are equal before folding")
+	}
+	fl, vl := FoldVariants(legacy)
+	fn, vn := FoldVariants(nft)
+	if err := DiffRules("legacy", fl, "nft", fn); err != nil {
+		t.Fatalf("folded: %v", err)
+	}
+	if strings.Join(vl, ",") != "iptables-legacy-save" || strings.Join(vn, ",") != "iptables-nft-save" {
+		t.Fatalf("variants %q and %q", vl, vn)
+	}
+	other, _ := FoldVariants(strings.Replace(nft, "-A OUTPUT -j ISTIO_OUTPUT", "-A OUTPUT -p tcp -j ISTIO_OUTPUT", 1))
+	if DiffRules("legacy", fl, "other", other) == nil {
+		t.Fatal("a rule that differs compares equal after folding")
+	}
+	if f, _ := FoldVariants("### ip6tables-legacy-save\n*nat\nCOMMIT\n"); !strings.HasPrefix(f, "### ip6tables-save\n") {
+		t.Fatalf("ip6tables folded to %q", f)
+	}
+}
