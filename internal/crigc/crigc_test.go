@@ -14,56 +14,12 @@ import (
 	"time"
 
 	"github.com/containernetworking/cni/libcni"
-	"google.golang.org/grpc"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/meshwire/meshwire/internal/crigc/crigctest"
 	"github.com/meshwire/meshwire/internal/hostlocal/store"
 	"github.com/meshwire/meshwire/internal/nodelayout"
 	"github.com/meshwire/meshwire/internal/podstate"
 )
-
-// fakeCRI answers ListPodSandbox with ids, and remembers when it was
-// asked.
-type fakeCRI struct {
-	runtimeapi.UnimplementedRuntimeServiceServer
-	mu       sync.Mutex
-	ids      []string
-	askedAt  []time.Time
-	listFail error
-}
-
-func (f *fakeCRI) ListPodSandbox(_ context.Context, _ *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.askedAt = append(f.askedAt, time.Now())
-	if f.listFail != nil {
-		return nil, f.listFail
-	}
-	r := &runtimeapi.ListPodSandboxResponse{}
-	for i, id := range f.ids {
-		st := runtimeapi.PodSandboxState_SANDBOX_READY
-		if i%2 == 1 {
-			st = runtimeapi.PodSandboxState_SANDBOX_NOTREADY // still the runtime's: kept
-		}
-		r.Items = append(r.Items, &runtimeapi.PodSandbox{Id: id, State: st, Metadata: &runtimeapi.PodSandboxMetadata{Name: "pod-" + id}})
-	}
-	return r, nil
-}
-
-// serveCRI starts f on a unix socket in a temp dir (grpc, as containerd).
-func serveCRI(t *testing.T, f *fakeCRI) string {
-	t.Helper()
-	sock := filepath.Join(t.TempDir(), "cri.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := grpc.NewServer()
-	runtimeapi.RegisterRuntimeServiceServer(s, f)
-	go func() { _ = s.Serve(l) }()
-	t.Cleanup(s.Stop)
-	return sock
-}
 
 var (
 	pluginOnce sync.Once
@@ -239,14 +195,14 @@ func TestRunAgeRule(t *testing.T) {
 	if got := n.holders(); got != "inflight,listed,lost,orphan,young" {
 		t.Fatalf("before: %s", got)
 	}
-	cri := &fakeCRI{ids: []string{"listed", "other-sandbox"}}
-	sock := serveCRI(t, cri)
+	cri := &crigctest.Runtime{IDs: []string{"listed", "other-sandbox"}}
+	sock := crigctest.Serve(t, cri)
 	r, err := Run(context.Background(), n.options(sock, 2*time.Minute))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(cri.askedAt) != 1 || r.ListedAt.After(cri.askedAt[0]) {
-		t.Errorf("listing time %v, the runtime was asked at %v: the time must be taken before the listing", r.ListedAt, cri.askedAt)
+	if asked := cri.AskedAt(); len(asked) != 1 || r.ListedAt.After(asked[0]) {
+		t.Errorf("listing time %v, the runtime was asked at %v: the time must be taken before the listing", r.ListedAt, asked)
 	}
 	if got := n.holders(); got != "inflight,listed,young" {
 		t.Errorf("after the GC host-local holds addresses for %s, want inflight,listed,young", got)
@@ -309,7 +265,7 @@ func TestRunDisableGC(t *testing.T) {
 	n.add("lost")
 	n.age("lost", time.Now().Add(-time.Hour))
 	n.list.DisableGC = true
-	r, err := Run(context.Background(), n.options(serveCRI(t, &fakeCRI{}), time.Minute))
+	r, err := Run(context.Background(), n.options(crigctest.Serve(t, &crigctest.Runtime{}), time.Minute))
 	if err != nil || !r.Networks[0].Disabled {
 		t.Fatalf("%+v, %v", r, err)
 	}
@@ -334,8 +290,8 @@ func TestRunErrorsChangeNothing(t *testing.T) {
 	}
 	l.(*net.UnixListener).SetUnlinkOnClose(false)
 	l.Close()
-	failing := serveCRI(t, &fakeCRI{listFail: fmt.Errorf("runtime not ready")})
-	good := serveCRI(t, &fakeCRI{})
+	failing := crigctest.Serve(t, &crigctest.Runtime{ListFail: fmt.Errorf("runtime not ready")})
+	good := crigctest.Serve(t, &crigctest.Runtime{})
 	badPath := n.options(good, time.Minute)
 	badPath.CNIPath = []string{t.TempDir()}
 	for name, tc := range map[string]struct {

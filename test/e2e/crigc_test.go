@@ -3,40 +3,19 @@
 package e2e
 
 import (
-	"context"
-	"net"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netlink"
-	"google.golang.org/grpc"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/meshwire/meshwire/internal/crigc/crigctest"
 	"github.com/meshwire/meshwire/internal/hostlocal/store"
 	"github.com/meshwire/meshwire/test/harness"
 )
-
-// listingCRI is a CRI runtime that lists sandboxes ids and nothing else.
-type listingCRI struct {
-	runtimeapi.UnimplementedRuntimeServiceServer
-	mu  sync.Mutex
-	ids []string
-}
-
-func (f *listingCRI) ListPodSandbox(context.Context, *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	r := &runtimeapi.ListPodSandboxResponse{}
-	for _, id := range f.ids {
-		r.Items = append(r.Items, &runtimeapi.PodSandbox{Id: id, State: runtimeapi.PodSandboxState_SANDBOX_READY})
-	}
-	return r, nil
-}
 
 // TestMeshwireGCCRISocket: `meshwire gc --cri-socket` with the real
 // plugins (bridge with masquerade, host-local, portmap, bandwidth at
@@ -84,16 +63,8 @@ func TestMeshwireGCCRISocket(t *testing.T) {
 	time.Sleep(minAge + time.Second)
 	young := add()
 
-	cri := &listingCRI{ids: []string{listed.a.RT.ContainerID}}
-	sock := filepath.Join(t.TempDir(), "cri.sock")
-	l, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	runtimeapi.RegisterRuntimeServiceServer(srv, cri)
-	go func() { _ = srv.Serve(l) }()
-	t.Cleanup(srv.Stop)
+	cri := &crigctest.Runtime{IDs: []string{listed.a.RT.ContainerID}}
+	sock := crigctest.Serve(t, cri)
 
 	held := func() map[string]string {
 		as, err := store.ReadAll(filepath.Join(store.Dir(dataDir, "mwt-cmd"), store.DBName), 10*time.Second)
