@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -381,7 +382,16 @@ func ambientCompareTable(results []AmbientCompareResult) string {
 	row("in-pod rules, lines (running / new)", func(r AmbientCompareResult) string {
 		return fmt.Sprintf("%d / %d", r.RunningRulesLines, r.NewRulesLines)
 	})
-	row("in-pod rules, iptables variant", func(r AmbientCompareResult) string { return strings.Join(r.RulesVariants, " ") })
+	row("in-pod rules, iptables variant", func(r AmbientCompareResult) string {
+		var vs []string // legacy or nft, once each, from iptables-legacy-save etc.
+		for _, v := range r.RulesVariants {
+			_, v, _ = strings.Cut(strings.TrimSuffix(v, "-save"), "-")
+			if !slices.Contains(vs, v) {
+				vs = append(vs, v)
+			}
+		}
+		return strings.Join(vs, " ")
+	})
 	return w.String()
 }
 
