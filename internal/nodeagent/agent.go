@@ -373,6 +373,7 @@ func (a *Agent) metrics(w http.ResponseWriter, _ *http.Request) {
 
 	rs := a.rep.Stats()
 	e.single("meshwire_intercept_pods", "gauge", "Meshed pods whose interception the agent checks every interval (the intercept plugin's recorded calls).", float64(rs.Pods))
+	e.single("meshwire_intercept_check_rounds_total", "counter", "Rounds of checks that went through every meshed pod.", float64(rs.Rounds))
 	e.single("meshwire_intercept_repairs_total", "counter", "Pods whose interception the agent found missing or changed and installed again.", float64(rs.Repairs))
 	e.single("meshwire_intercept_repair_failures_total", "counter", "Repairs that failed (see the agent's log).", float64(rs.Failures))
 	e.single("meshwire_intercept_check_errors_total", "counter", "Checks of a meshed pod that failed otherwise than on drift (see the agent's log).", float64(rs.Errors))

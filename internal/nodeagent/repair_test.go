@@ -96,7 +96,7 @@ func TestRepairerRepeatsADDOnDriftOnly(t *testing.T) {
 			t.Fatalf("call %d: the plugin is not told where the records are: %q", i, env)
 		}
 	}
-	if st := r.Stats(); st != (RepairStats{Pods: 6, Repairs: 1, Errors: 1}) {
+	if st := r.Stats(); st != (RepairStats{Pods: 6, Rounds: 1, Repairs: 1, Errors: 1}) {
 		t.Fatalf("stats %+v", st)
 	}
 	// A failure is logged once while it lasts.
