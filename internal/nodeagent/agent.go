@@ -279,8 +279,19 @@ func (a *Agent) startReconcile() {
 // startRepair starts a round of the meshed pods' checks in the background
 // unless one is running (a round runs one CHECK per pod, more than a tick
 // should wait for).
+//
+// None starts before the installer has put this build's plugins into the
+// CNI binary directory. Until then the directory holds what was there
+// before the agent started: on a node upgraded in place, the earlier
+// build's intercept plugin, which knows neither the pods' records the
+// agent moved at its start (it would repeat an ADD of a call it no
+// longer finds as nothing, and the agent would count a repair) nor what
+// this build's plugin checks. The rounds are this build's to run.
 func (a *Agent) startRepair() {
-	if a.repairCtx == nil || !a.repairing.CompareAndSwap(false, true) {
+	if a.repairCtx == nil || !a.in.State().BinariesInstalled {
+		return
+	}
+	if !a.repairing.CompareAndSwap(false, true) {
 		return
 	}
 	a.repairs.Add(1)

@@ -109,4 +109,41 @@ func TestRepairerRepeatsADDOnDriftOnly(t *testing.T) {
 	}
 }
 
+// TestNoRepairBeforeInstall: the agent checks no pod before its installer
+// has put this build's plugins into the CNI binary directory, which until
+// then holds what was there (the earlier build's plugins, on a node
+// upgraded in place); once they are installed, the next tick checks the
+// pods.
+func TestNoRepairBeforeInstall(t *testing.T) {
+	a, _ := testAgent(t, true, "127.0.0.1:0")
+	nsPath := filepath.Join(t.TempDir(), "netns")
+	if err := writeFile(nsPath); err != nil {
+		t.Fatal(err)
+	}
+	ino, dev, err := netns.Identify(nsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := podstate.Record{ContainerID: "meshed", Netns: nsPath, IfName: "eth0", Call: &podstate.Call{Config: []byte(`{}`)}, NetnsIno: ino, NetnsDev: dev}
+	if err := a.store.Put(rec); err != nil {
+		t.Fatal(err)
+	}
+	fp := &fakePlugin{}
+	a.rep.exec = fp
+	a.repairCtx = context.Background()
+	a.tick()
+	a.repairs.Wait()
+	if len(fp.calls) > 0 {
+		t.Fatalf("the agent ran %q before its plugins were installed", fp.calls)
+	}
+	if err := a.in.InstallBinaries(); err != nil {
+		t.Fatal(err)
+	}
+	a.tick()
+	a.repairs.Wait()
+	if want := []string{"meshed CHECK"}; !slices.Equal(fp.calls, want) {
+		t.Fatalf("calls once installed %q, want %q", fp.calls, want)
+	}
+}
+
 func writeFile(p string) error { return os.WriteFile(p, nil, 0o600) }
