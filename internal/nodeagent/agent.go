@@ -285,8 +285,19 @@ func (a *Agent) startReconcile() {
 // startRepair starts a round of the meshed pods' checks in the background
 // unless one is running (a round runs one CHECK per pod, more than a tick
 // should wait for).
+//
+// None starts before the installer has put this build's plugins into the
+// CNI binary directory. Until then the directory holds what was there
+// before the agent started: on a node upgraded in place, the earlier
+// build's intercept plugin, which knows neither the pods' records the
+// agent moved at its start (it would repeat an ADD of a call it no
+// longer finds as nothing, and the agent would count a repair) nor what
+// this build's plugin checks. The rounds are this build's to run.
 func (a *Agent) startRepair() {
-	if a.repairCtx == nil || !a.repairing.CompareAndSwap(false, true) {
+	if a.repairCtx == nil || !a.in.State().BinariesInstalled {
+		return
+	}
+	if !a.repairing.CompareAndSwap(false, true) {
 		return
 	}
 	a.repairs.Add(1)
@@ -379,6 +390,7 @@ func (a *Agent) metrics(w http.ResponseWriter, _ *http.Request) {
 
 	rs := a.rep.Stats()
 	e.single("meshwire_intercept_pods", "gauge", "Meshed pods whose interception the agent checks every interval (the intercept plugin's recorded calls).", float64(rs.Pods))
+	e.single("meshwire_intercept_check_rounds_total", "counter", "Rounds of checks that went through every meshed pod.", float64(rs.Rounds))
 	e.single("meshwire_intercept_repairs_total", "counter", "Pods whose interception the agent found missing or changed and installed again.", float64(rs.Repairs))
 	e.single("meshwire_intercept_repair_failures_total", "counter", "Repairs that failed (see the agent's log).", float64(rs.Failures))
 	e.single("meshwire_intercept_check_errors_total", "counter", "Checks of a meshed pod that failed otherwise than on drift (see the agent's log).", float64(rs.Errors))

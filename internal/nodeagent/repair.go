@@ -48,6 +48,7 @@ type Repairer struct {
 
 	mu                sync.Mutex
 	pods              int    // calls kept, at the last round
+	rounds            uint64 // rounds that went through every pod
 	repairs, failures uint64 // ADDs repeated that succeeded, failed
 	checkFailures     uint64 // CHECKs that failed otherwise than on drift
 	lastFailure       map[string]string
@@ -56,6 +57,7 @@ type Repairer struct {
 // RepairStats is what the metrics show of the repairs.
 type RepairStats struct {
 	Pods                      int
+	Rounds                    uint64
 	Repairs, Failures, Errors uint64
 }
 
@@ -63,7 +65,7 @@ type RepairStats struct {
 func (r *Repairer) Stats() RepairStats {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return RepairStats{Pods: r.pods, Repairs: r.repairs, Failures: r.failures, Errors: r.checkFailures}
+	return RepairStats{Pods: r.pods, Rounds: r.rounds, Repairs: r.repairs, Failures: r.failures, Errors: r.checkFailures}
 }
 
 // Round checks every meshed pod once and repairs the drifted ones. A pod
@@ -104,6 +106,7 @@ func (r *Repairer) Round(ctx context.Context) error {
 			delete(r.lastFailure, name)
 		}
 	}
+	r.rounds++
 	r.mu.Unlock()
 	return nil
 }

@@ -96,7 +96,7 @@ func TestRepairerRepeatsADDOnDriftOnly(t *testing.T) {
 			t.Fatalf("call %d: the plugin is not told where the records are: %q", i, env)
 		}
 	}
-	if st := r.Stats(); st != (RepairStats{Pods: 6, Repairs: 1, Errors: 1}) {
+	if st := r.Stats(); st != (RepairStats{Pods: 6, Rounds: 1, Repairs: 1, Errors: 1}) {
 		t.Fatalf("stats %+v", st)
 	}
 	// A failure is logged once while it lasts.
@@ -106,6 +106,43 @@ func TestRepairerRepeatsADDOnDriftOnly(t *testing.T) {
 	}
 	if got := strings.TrimPrefix(log.String(), before); strings.Count(got, "\n") != 1 || !strings.Contains(got, "repaired") { // the second repair only
 		t.Fatalf("the second round logged %q, want the repair only", got)
+	}
+}
+
+// TestNoRepairBeforeInstall: the agent checks no pod before its installer
+// has put this build's plugins into the CNI binary directory, which until
+// then holds what was there (the earlier build's plugins, on a node
+// upgraded in place); once they are installed, the next tick checks the
+// pods.
+func TestNoRepairBeforeInstall(t *testing.T) {
+	a, _ := testAgent(t, true, "127.0.0.1:0")
+	nsPath := filepath.Join(t.TempDir(), "netns")
+	if err := writeFile(nsPath); err != nil {
+		t.Fatal(err)
+	}
+	ino, dev, err := netns.Identify(nsPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := podstate.Record{ContainerID: "meshed", Netns: nsPath, IfName: "eth0", Call: &podstate.Call{Config: []byte(`{}`)}, NetnsIno: ino, NetnsDev: dev}
+	if err := a.store.Put(rec); err != nil {
+		t.Fatal(err)
+	}
+	fp := &fakePlugin{}
+	a.rep.exec = fp
+	a.repairCtx = context.Background()
+	a.tick()
+	a.repairs.Wait()
+	if len(fp.calls) > 0 {
+		t.Fatalf("the agent ran %q before its plugins were installed", fp.calls)
+	}
+	if err := a.in.InstallBinaries(); err != nil {
+		t.Fatal(err)
+	}
+	a.tick()
+	a.repairs.Wait()
+	if want := []string{"meshed CHECK"}; !slices.Equal(fp.calls, want) {
+		t.Fatalf("calls once installed %q, want %q", fp.calls, want)
 	}
 }
 

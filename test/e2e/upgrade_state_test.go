@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -221,33 +222,47 @@ func TestUpgradeNodeState(t *testing.T) {
 		ambientOutbound("after the upgrade")
 	})
 	t.Run("drift repaired from the moved call", func(t *testing.T) {
-		// The sidecar pod's repairs so far, from the agent's log: on a
-		// busy machine the new agent has been seen repairing the earlier
-		// build's sidecar and EBPF pods at its start (rules missing,
-		// EBPF settings differ), not understood yet; the drift made here
-		// must be repaired on top of those.
-		// sideRepairedSince: a repair of the sidecar pod logged at or
-		// after since (the log's time= is the agent's clock, this host's).
-		sideRepairedSince := func(since time.Time) bool {
+		// repairs: the agent's log lines of repairs of pod p's
+		// interception.
+		repairs := func(p string) []string {
+			var found []string
 			for _, l := range strings.Split(agent.stderr.String(), "\n") {
-				if !strings.Contains(l, "repaired the pod's interception") || !strings.Contains(l, pods["side"].RT.ContainerID) {
-					continue
-				}
-				ts, _, _ := strings.Cut(strings.TrimPrefix(l, "time="), " ")
-				if at, err := time.Parse(time.RFC3339Nano, ts); err == nil && !at.Before(since) {
-					return true
+				if strings.Contains(l, "repaired the pod's interception") && strings.Contains(l, pods[p].RT.ContainerID) {
+					found = append(found, l)
 				}
 			}
-			return false
+			return found
 		}
-		if sideRepairedSince(time.Time{}) {
-			t.Logf("the new agent repaired the sidecar pod before the drift:\n%s", agent.stderr.String())
+		rounds := func() int {
+			n, _ := strconv.Atoi(agent.metric("meshwire_intercept_check_rounds_total"))
+			return n
 		}
-		broken := time.Now().Truncate(time.Millisecond)
+		// A whole round of the agent's checks started now, with this
+		// build's plugin in place (the agent is ready): the pods are as
+		// the old build left them, healthy, and nothing of theirs may
+		// have been repaired.
+		r0 := rounds()
+		waitUntil(t, 15*time.Second, "a round of the agent's checks", func() bool { return rounds() >= r0+2 })
+		for _, p := range []string{"side", "ebpf"} {
+			if r := repairs(p); len(r) > 0 {
+				t.Errorf("the new agent repaired the healthy %s pod before any drift:\n%s", p, strings.Join(r, "\n"))
+			}
+		}
+		for _, m := range []string{"meshwire_intercept_repairs_total", "meshwire_intercept_repair_failures_total", "meshwire_intercept_check_errors_total"} {
+			if got := agent.metric(m); got != "0" {
+				t.Errorf("%s before any drift: %s", m, got)
+			}
+		}
+		if t.Failed() {
+			t.FailNow()
+		}
 		if out, err := side.Pod.Exec(filepath.Join(h.BinDir, "iptables-init"), "--cleanup-only"); err != nil {
 			t.Fatalf("iptables-init --cleanup-only in the sidecar pod: %v: %s", err, out)
 		}
-		waitUntil(t, 15*time.Second, "the agent's repair", func() bool { return sideRepairedSince(broken) })
+		waitUntil(t, 15*time.Second, "the agent's repair", func() bool { return len(repairs("side")) > 0 })
+		if got := agent.metric("meshwire_intercept_repairs_total"); got != "1" || len(repairs("ebpf")) > 0 {
+			t.Fatalf("repairs after the drift of the sidecar pod alone: %s, the EBPF pod's %q", got, repairs("ebpf"))
+		}
 		interceptExpect(t, side, side.Pod, remote, "remote", ie.PodV4.String(), "outbound")
 	})
 

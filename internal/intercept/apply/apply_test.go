@@ -59,3 +59,42 @@ func TestSettingsOfIPv6(t *testing.T) {
 		}
 	}
 }
+
+// TestRegisteredAs: CHECK takes a pod's entry for the config's when it is
+// what this build registers, or what a build before pods.FlagIPv4Only
+// registered (the flag absent where this build sets it); any other
+// difference, the flag where the config wants IPv6 too included, is
+// drift.
+func TestRegisteredAs(t *testing.T) {
+	want := func(ipv6 bool) pods.Capture {
+		t.Helper()
+		s, err := SettingsOf(intercept.Default(), nil, ipv6)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.Capture
+	}
+	v4, dual := want(false), want(true)
+	earlier := v4
+	earlier.Flags &^= pods.FlagIPv4Only
+	otherPort := v4
+	otherPort.OutboundPort++
+	earlierOtherPort := earlier
+	earlierOtherPort.OutboundPort++
+	for _, tc := range []struct {
+		name      string
+		got, want pods.Capture
+		same      bool
+	}{
+		{"this build's, IPv4 only", v4, v4, true},
+		{"this build's, dual stack", dual, dual, true},
+		{"an earlier build's, IPv4 only", earlier, v4, true},
+		{"the flag where IPv6 is intercepted", v4, dual, false},
+		{"another port", otherPort, v4, false},
+		{"an earlier build's with another port", earlierOtherPort, v4, false},
+	} {
+		if got := registeredAs(tc.got, tc.want); got != tc.same {
+			t.Errorf("%s: registeredAs = %v, want %v", tc.name, got, tc.same)
+		}
+	}
+}

@@ -102,7 +102,7 @@ func CheckEBPF(req Request) error {
 		return err
 	case !ok:
 		return errors.New("the pod is not registered for ebpf interception")
-	case got != s.Capture:
+	case !registeredAs(got, s.Capture):
 		return errors.New("the pod's ebpf interception settings differ from the config's")
 	}
 	if steps, err := MissingSteps(intercept.Routing(req.Config, req.IPv6)); err != nil || len(steps) > 0 {
@@ -119,6 +119,25 @@ func CheckEBPF(req Request) error {
 		err = fmt.Errorf("the inbound capture program is missing on %v", missing)
 	}
 	return err
+}
+
+// registeredAs reports whether the pod's entry got is what InstallEBPF
+// registers for the settings want, by this build or by an earlier one.
+// A build before pods.FlagIPv4Only registered a pod whose IPv6 is not
+// intercepted without the flag: its entry captures both families, as
+// that build did for the pod's whole life. The pod is as its ADD left
+// it, not drifted: a repair would rewrite the interception of every such
+// live pod at the first check of an upgraded node's agent. A later ADD
+// of the pod (or a repair of a real drift) writes the flag.
+func registeredAs(got, want pods.Capture) bool {
+	if got == want {
+		return true
+	}
+	if want.Flags&pods.FlagIPv4Only != 0 && got.Flags&pods.FlagIPv4Only == 0 {
+		want.Flags &^= pods.FlagIPv4Only
+		return got == want
+	}
+	return false
 }
 
 // DescribeEBPF is the dry-run text of InstallEBPF.
