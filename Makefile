@@ -315,7 +315,9 @@ cluster-istio-podstart:
 # istio-cni"): no mesh, REDIRECT with the sidecar, with the fast path, EBPF
 # with the fast path, ambient with the ztunnel stand-in, and istio-cni's
 # REDIRECT; same node, and across nodes with NODES >= 2. LATENCY_ROUNDS
-# (2), LATENCY_DURATION (10s), LATENCY_CONNECTIONS (4). Fails when the
+# (2), LATENCY_DURATION (10s), LATENCY_CONNECTIONS (4), LATENCY_IDLE_POLL
+# (1: every load with the machine's idle CPUs held polling; both: each
+# load both ways, not judged). Fails when the
 # fast path takes less than 30 % off the sidecar's added p50 at 1,000 qps,
 # same node. The report in $$MESHWIRE_CLUSTER_E2E_REPORT/latency.
 cluster-latency: FORTIO = 1

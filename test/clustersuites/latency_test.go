@@ -105,11 +105,27 @@ type latencySettings struct {
 	rounds      int
 	payloads    []int
 	rates       []int
+	// idlePoll: each load with the machine's idle CPUs as they are
+	// (false) and/or held polling (true, holdIdlePoll), LATENCY_IDLE_POLL.
+	idlePoll []bool
 }
+
+// idlePollSuffix marks a configuration measured with the machine's idle
+// CPUs held polling (holdIdlePoll).
+const idlePollSuffix = ", idle CPUs polling"
 
 func latencySettingsFromEnv(t *testing.T) latencySettings {
 	s := latencySettings{duration: 10 * time.Second, connections: envInt("LATENCY_CONNECTIONS", 4), rounds: envInt("LATENCY_ROUNDS", 2),
-		payloads: []int{64, 4096}, rates: []int{1000, 0}}
+		payloads: []int{64, 4096}, rates: []int{1000, 0}, idlePoll: []bool{false}}
+	switch v := os.Getenv("LATENCY_IDLE_POLL"); v {
+	case "", "0":
+	case "1":
+		s.idlePoll = []bool{true}
+	case "both":
+		s.idlePoll = []bool{false, true}
+	default:
+		t.Fatalf("LATENCY_IDLE_POLL: 0, 1 or both, not %q", v)
+	}
 	if v := os.Getenv("LATENCY_DURATION"); v != "" {
 		d, err := time.ParseDuration(v)
 		framework.Must(t, "LATENCY_DURATION", err)
@@ -386,45 +402,82 @@ func (l *latLeg) config(cfg latencyConfig, round int) []latencyLoad {
 			}
 			return err
 		}))
+		idlePoll := slices.Clone(l.s.idlePoll)
+		if round%2 == 0 {
+			slices.Reverse(idlePoll)
+		}
 		for _, payload := range l.s.payloads {
 			for _, qps := range l.s.rates {
-				ld := latencyLoad{Network: c.CNI, Config: cfg.Name, Placement: p, Payload: payload, QPS: qps, Round: round}
-				before, err := l.podsCPU()
-				framework.Must(t, "the pods' CPU", err)
-				ld.Load1 = loadAvg()
-				m0, t0 := framework.SampleCPU()["machine"], time.Now()
-				r, err := l.fortio(cfg.NS, client, url, qps, payload, l.s.duration)
-				m1 := framework.SampleCPU()["machine"]
-				ld.WallS, ld.IdlePodsCPU = time.Since(t0).Seconds(), l.idle
-				after, err2 := l.podsCPU()
-				framework.Must(t, "the pods' CPU", err2)
-				what := fmt.Sprintf("%s, %s, %d B, %s", name, p, payload, rateName(qps))
-				if !framework.Check(t, what+": fortio's result", err) {
-					continue
+				for _, poll := range idlePoll {
+					ld := latencyLoad{Network: c.CNI, Config: cfg.Name, Placement: p, Payload: payload, QPS: qps, Round: round}
+					release := func() error { return nil }
+					if poll {
+						ld.Config += idlePollSuffix
+						var err error
+						release, err = holdIdlePoll()
+						framework.Require(t, "the idle CPUs held polling (/dev/cpu_dma_latency)", err)
+					}
+					before, err := l.podsCPU()
+					framework.Must(t, "the pods' CPU", err)
+					ld.Load1 = loadAvg()
+					m0, t0 := framework.SampleCPU()["machine"], time.Now()
+					r, err := l.fortio(cfg.NS, client, url, qps, payload, l.s.duration)
+					m1 := framework.SampleCPU()["machine"]
+					ld.WallS, ld.IdlePodsCPU = time.Since(t0).Seconds(), l.idle
+					after, err2 := l.podsCPU()
+					framework.Must(t, "the pods' CPU", err2)
+					framework.Must(t, "the idle CPUs' setting restored", release())
+					what := fmt.Sprintf("%s, %s, %d B, %s", name, p, payload, rateName(qps))
+					if poll {
+						what += idlePollSuffix
+					}
+					if !framework.Check(t, what+": fortio's result", err) {
+						continue
+					}
+					ld.PodsCPU, ld.MachineCPU = framework.PodsCPUDelta(before, after), m1-m0
+					ld.ActualQPS, ld.Requests, ld.Failed = r.ActualQPS, r.Requests(), r.Failed()
+					for _, x := range []struct {
+						p float64
+						v *float64
+					}{{50, &ld.P50US}, {90, &ld.P90US}, {99, &ld.P99US}} {
+						v, ok := r.Percentile(x.p)
+						framework.Checkf(t, fmt.Sprintf("%s: fortio reported p%.0f", what, x.p), ok, "not in its result")
+						*x.v = v * 1e6
+					}
+					t.Logf("%s: p50 %.0f µs, p90 %.0f µs, p99 %.0f µs, %.0f qps, %d requests, pods %.1f ms CPU per 1,000 (machine %.1f)",
+						what, ld.P50US, ld.P90US, ld.P99US, ld.ActualQPS, ld.Requests, perK(ld.PodsCPU, ld.Requests), perK(ld.MachineCPU, ld.Requests))
+					framework.Checkf(t, what+": every request answered 200", ld.Failed == 0 && ld.Requests > 0, "%d of %d failed: codes %v", ld.Failed, ld.Requests, r.RetCodes)
+					if qps > 0 {
+						framework.Checkf(t, fmt.Sprintf("%s: at least 95 %% of %d qps reached", what, qps), ld.ActualQPS >= 0.95*float64(qps), "%.0f qps", ld.ActualQPS)
+					}
+					requests += ld.Requests
+					out = append(out, ld)
 				}
-				ld.PodsCPU, ld.MachineCPU = framework.PodsCPUDelta(before, after), m1-m0
-				ld.ActualQPS, ld.Requests, ld.Failed = r.ActualQPS, r.Requests(), r.Failed()
-				for _, x := range []struct {
-					p float64
-					v *float64
-				}{{50, &ld.P50US}, {90, &ld.P90US}, {99, &ld.P99US}} {
-					v, ok := r.Percentile(x.p)
-					framework.Checkf(t, fmt.Sprintf("%s: fortio reported p%.0f", what, x.p), ok, "not in its result")
-					*x.v = v * 1e6
-				}
-				t.Logf("%s: p50 %.0f µs, p90 %.0f µs, p99 %.0f µs, %.0f qps, %d requests, pods %.1f ms CPU per 1,000 (machine %.1f)",
-					what, ld.P50US, ld.P90US, ld.P99US, ld.ActualQPS, ld.Requests, perK(ld.PodsCPU, ld.Requests), perK(ld.MachineCPU, ld.Requests))
-				framework.Checkf(t, what+": every request answered 200", ld.Failed == 0 && ld.Requests > 0, "%d of %d failed: codes %v", ld.Failed, ld.Requests, r.RetCodes)
-				if qps > 0 {
-					framework.Checkf(t, fmt.Sprintf("%s: at least 95 %% of %d qps reached", what, qps), ld.ActualQPS >= 0.95*float64(qps), "%.0f qps", ld.ActualQPS)
-				}
-				requests += ld.Requests
-				out = append(out, ld)
 			}
 		}
 	}
 	l.checkPath(cfg, name, paths, fp, peers, requests)
 	return out
+}
+
+// holdIdlePoll keeps the machine's idle CPUs polling instead of halting
+// until release: a PM QoS request of 0 µs wake-up latency through
+// /dev/cpu_dma_latency, held while its file stays open (as tuned's
+// latency-performance profile does). On these VMs (cpuidle's haltpoll) an
+// idle vCPU otherwise halts after a short poll, and waking it goes
+// through the hypervisor: the loads with and without show what the
+// wake-ups of idle CPUs cost a request. The setting ends with the
+// process, whatever way it ends.
+func holdIdlePoll() (release func() error, err error) {
+	f, err := os.OpenFile("/dev/cpu_dma_latency", os.O_WRONLY, 0)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := f.Write([]byte{0, 0, 0, 0}); err != nil { // an int32 of µs
+		f.Close()
+		return nil, err
+	}
+	return f.Close, nil
 }
 
 // loadAvg is the machine's 1-minute load average, -1 when unread.
@@ -620,8 +673,9 @@ func latencyTable(loads []latencyLoad) string {
 		if l.Placement != "same node" {
 			pl = 1
 		}
-		i := slices.IndexFunc(latencyOrder, func(c [2]string) bool { return c[0] == l.Network && c[1] == l.Config })
-		return []int{pl, l.Payload, -l.QPS, i}
+		cfg, poll := strings.CutSuffix(l.Config, idlePollSuffix)
+		i := slices.IndexFunc(latencyOrder, func(c [2]string) bool { return c[0] == l.Network && c[1] == cfg })
+		return []int{pl, l.Payload, -l.QPS, map[bool]int{false: 0, true: 1}[poll], i}
 	}
 	slices.SortStableFunc(keys, func(a, b string) int { return slices.Compare(order(by[a][0]), order(by[b][0])) })
 	var b strings.Builder
@@ -651,7 +705,21 @@ func latencyTable(loads []latencyLoad) string {
 // on meshwire's cluster, the sidecar's added p50 with the fast path
 // against without (medians over the rounds, and each round's own).
 func latencyCuts(loads []latencyLoad) (string, error) {
+	text, err := latencyCutsOf(loads, "")
+	for _, l := range loads {
+		if strings.HasSuffix(l.Config, idlePollSuffix) {
+			polled, _ := latencyCutsOf(loads, idlePollSuffix) // not judged: a setting of the machine's
+			text += "\nThe same with the idle CPUs held polling (not judged):\n\n" + polled
+			break
+		}
+	}
+	return text, err
+}
+
+// latencyCutsOf is latencyCuts over the configurations named with suffix.
+func latencyCutsOf(loads []latencyLoad, suffix string) (string, error) {
 	p50 := func(cfg string, payload, round int) float64 {
+		cfg += suffix
 		var xs []float64
 		for _, l := range loads {
 			if l.Network == "meshwire" && l.Config == cfg && l.Placement == "same node" && l.Payload == payload && l.QPS == 1000 && (round == 0 || l.Round == round) {
