@@ -41,6 +41,21 @@ func (f *fakePlugin) ExecPlugin(_ context.Context, path string, _ []byte, env []
 	return nil, f.answers[id+" "+cmd]
 }
 
+// standInNetns is a file that stands for a pod's network namespace, with
+// its identity as the pod's record keeps it.
+func standInNetns(t *testing.T) (path string, ino, dev uint64) {
+	t.Helper()
+	path = filepath.Join(t.TempDir(), "netns")
+	if err := writeFile(path); err != nil {
+		t.Fatal(err)
+	}
+	ino, dev, err := netns.Identify(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path, ino, dev
+}
+
 // TestRepairerRepeatsADDOnDriftOnly: CHECK's "check failed" (the pod's
 // rules gone) is repaired by the same ADD, marked as a repair; a pod that
 // is well and one whose CHECK fails otherwise (a config refused) get no
@@ -48,14 +63,7 @@ func (f *fakePlugin) ExecPlugin(_ context.Context, path string, _ []byte, env []
 // than at ADD, or to the agent's own, is not even checked.
 func TestRepairerRepeatsADDOnDriftOnly(t *testing.T) {
 	store := podstate.New(nodelayout.At(t.TempDir()))
-	nsPath := filepath.Join(t.TempDir(), "netns")
-	if err := writeFile(nsPath); err != nil {
-		t.Fatal(err)
-	}
-	ino, dev, err := netns.Identify(nsPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nsPath, ino, dev := standInNetns(t)
 	self, selfDev, err := netns.Identify("/proc/self/ns/net")
 	if err != nil {
 		t.Fatal(err)
@@ -116,14 +124,7 @@ func TestRepairerRepeatsADDOnDriftOnly(t *testing.T) {
 // pods.
 func TestNoRepairBeforeInstall(t *testing.T) {
 	a, _ := testAgent(t, true, "127.0.0.1:0")
-	nsPath := filepath.Join(t.TempDir(), "netns")
-	if err := writeFile(nsPath); err != nil {
-		t.Fatal(err)
-	}
-	ino, dev, err := netns.Identify(nsPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	nsPath, ino, dev := standInNetns(t)
 	rec := podstate.Record{ContainerID: "meshed", Netns: nsPath, IfName: "eth0", Call: &podstate.Call{Config: []byte(`{}`)}, NetnsIno: ino, NetnsDev: dev}
 	if err := a.store.Put(rec); err != nil {
 		t.Fatal(err)
