@@ -60,12 +60,12 @@ func TestSettingsOfIPv6(t *testing.T) {
 	}
 }
 
-// TestRegisteredAs: CHECK takes a pod's entry for the config's when it is
-// what this build registers, or what a build before pods.FlagIPv4Only
-// registered (the flag absent where this build sets it); any other
-// difference, the flag where the config wants IPv6 too included, is
-// drift.
-func TestRegisteredAs(t *testing.T) {
+// TestRegistrationDiffers: CHECK names an entry registered by a build
+// before pods.FlagIPv4Only (the flag absent where this build sets it, all
+// else the same), so that the agent's repair on an upgraded node says
+// why; any other difference, the flag where the config wants IPv6 too
+// included, is told as settings that differ.
+func TestRegistrationDiffers(t *testing.T) {
 	want := func(ipv6 bool) pods.Capture {
 		t.Helper()
 		s, err := SettingsOf(intercept.Default(), nil, ipv6)
@@ -81,20 +81,19 @@ func TestRegisteredAs(t *testing.T) {
 	otherPort.OutboundPort++
 	earlierOtherPort := earlier
 	earlierOtherPort.OutboundPort++
+	const differ = "the pod's ebpf interception settings differ from the config's"
 	for _, tc := range []struct {
 		name      string
 		got, want pods.Capture
-		same      bool
+		err       string
 	}{
-		{"this build's, IPv4 only", v4, v4, true},
-		{"this build's, dual stack", dual, dual, true},
-		{"an earlier build's, IPv4 only", earlier, v4, true},
-		{"the flag where IPv6 is intercepted", v4, dual, false},
-		{"another port", otherPort, v4, false},
-		{"an earlier build's with another port", earlierOtherPort, v4, false},
+		{"an earlier build's, IPv4 only", earlier, v4, earlierBuildEBPF},
+		{"the flag where IPv6 is intercepted", v4, dual, differ},
+		{"another port", otherPort, v4, differ},
+		{"an earlier build's with another port", earlierOtherPort, v4, differ},
 	} {
-		if got := registeredAs(tc.got, tc.want); got != tc.same {
-			t.Errorf("%s: registeredAs = %v, want %v", tc.name, got, tc.same)
+		if err := registrationDiffers(tc.got, tc.want); err == nil || err.Error() != tc.err {
+			t.Errorf("%s: %v, want %q", tc.name, err, tc.err)
 		}
 	}
 }

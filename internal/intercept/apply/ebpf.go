@@ -102,8 +102,8 @@ func CheckEBPF(req Request) error {
 		return err
 	case !ok:
 		return errors.New("the pod is not registered for ebpf interception")
-	case !registeredAs(got, s.Capture):
-		return errors.New("the pod's ebpf interception settings differ from the config's")
+	case got != s.Capture:
+		return registrationDiffers(got, s.Capture)
 	}
 	if steps, err := MissingSteps(intercept.Routing(req.Config, req.IPv6)); err != nil || len(steps) > 0 {
 		if err == nil {
@@ -121,23 +121,23 @@ func CheckEBPF(req Request) error {
 	return err
 }
 
-// registeredAs reports whether the pod's entry got is what InstallEBPF
-// registers for the settings want, by this build or by an earlier one.
-// A build before pods.FlagIPv4Only registered a pod whose IPv6 is not
-// intercepted without the flag: its entry captures both families, as
-// that build did for the pod's whole life. The pod is as its ADD left
-// it, not drifted: a repair would rewrite the interception of every such
-// live pod at the first check of an upgraded node's agent. A later ADD
-// of the pod (or a repair of a real drift) writes the flag.
-func registeredAs(got, want pods.Capture) bool {
-	if got == want {
-		return true
+// earlierBuildEBPF is CHECK's error for a pod registered by a build before
+// pods.FlagIPv4Only (registrationDiffers).
+const earlierBuildEBPF = "the pod's ebpf interception is an earlier build's: it captures the pod's IPv6, which the config leaves alone"
+
+// registrationDiffers says how the pod's entry got differs from want,
+// the entry InstallEBPF registers. A build before pods.FlagIPv4Only
+// registered a pod whose IPv6 is not intercepted without the flag, and so
+// captured (and reset) its inbound IPv6: CHECK names that case, and the
+// agent's repair on an upgraded node rewrites the entry (a map update,
+// which leaves the pod's connections alone), as the fix meant.
+func registrationDiffers(got, want pods.Capture) error {
+	earlier := want
+	earlier.Flags &^= pods.FlagIPv4Only
+	if want.Flags&pods.FlagIPv4Only != 0 && got == earlier {
+		return errors.New(earlierBuildEBPF)
 	}
-	if want.Flags&pods.FlagIPv4Only != 0 && got.Flags&pods.FlagIPv4Only == 0 {
-		want.Flags &^= pods.FlagIPv4Only
-		return got == want
-	}
-	return false
+	return errors.New("the pod's ebpf interception settings differ from the config's")
 }
 
 // DescribeEBPF is the dry-run text of InstallEBPF.
