@@ -30,7 +30,7 @@ TEST_TIMEOUT ?= 60m
 KERNEL_LOCK = /run/meshwire-tests.lock
 BENCH ?= .
 
-.PHONY: all build test unit deps demo bench bench-report bench-check bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-ambient cluster-ambient-compare cluster-podstart cluster-podstart-compare cluster-conformance cluster-network-suite cluster-faults cluster-status cluster-runtime-gc cluster-istio-rules cluster-dualstack cluster-istio-podstart cluster-apiserver-away cluster-latency
+.PHONY: all build test unit deps demo bench bench-report bench-check bench-fastpath generate install clean fuzz vet image chaos critest cluster cluster-down cluster-smoke cluster-e2e cluster-mesh cluster-ambient cluster-ambient-compare cluster-podstart cluster-podstart-compare cluster-conformance cluster-network-suite cluster-faults cluster-status cluster-runtime-gc cluster-istio-rules cluster-dualstack cluster-istio-podstart cluster-apiserver-away cluster-latency cluster-fastpath-placement
 
 all: build
 
@@ -323,6 +323,11 @@ cluster-istio-podstart:
 cluster-latency: FORTIO = 1
 cluster-latency:
 	LATENCY_LEGS='$(LATENCY_LEGS)' $(CLUSTER_SUITE) '^TestLatency$$'
+
+# The fast path's counters per node for a client on the server's node and
+# one on another (on the running cluster, NODES >= 2, started FORTIO=1).
+cluster-fastpath-placement:
+	$(CLUSTER_SUITE) '^TestFastpathPlacement$$'
 
 # A node's power cut and return, and a node removed for good (NODES >= 2).
 cluster-faults:
