@@ -136,6 +136,12 @@ func (r *Repairer) one(ctx context.Context, name string, c podstate.Record) {
 		r.note(name, "could not repair the interception of pod "+c.ContainerID+" ("+drift+"): "+err.Error())
 		return
 	}
+	if !r.Store.Exists(name) {
+		// The pod's DEL took its record between CHECK and the ADD: the
+		// plugin's repair found it done and did nothing.
+		slog.Info("the pod's DEL came before its repair; nothing repaired", "pod", c.Key(), "containerID", c.ContainerID, "drift", drift)
+		return
+	}
 	r.mu.Lock()
 	r.repairs++
 	r.mu.Unlock()

@@ -21,6 +21,7 @@ type fakePlugin struct {
 	answers map[string]error // "id CMD" -> answer
 	calls   []string
 	envs    [][]string
+	during  map[string]func() // "id CMD" -> what else happens during the call
 }
 
 func (f *fakePlugin) ExecPlugin(_ context.Context, path string, _ []byte, env []string) ([]byte, error) {
@@ -38,6 +39,9 @@ func (f *fakePlugin) ExecPlugin(_ context.Context, path string, _ []byte, env []
 	}
 	f.calls = append(f.calls, id+" "+cmd)
 	f.envs = append(f.envs, env)
+	if do := f.during[id+" "+cmd]; do != nil {
+		do()
+	}
 	return nil, f.answers[id+" "+cmd]
 }
 
@@ -114,6 +118,37 @@ func TestRepairerRepeatsADDOnDriftOnly(t *testing.T) {
 	}
 	if got := strings.TrimPrefix(log.String(), before); strings.Count(got, "\n") != 1 || !strings.Contains(got, "repaired") { // the second repair only
 		t.Fatalf("the second round logged %q, want the repair only", got)
+	}
+}
+
+// TestRepairerDELFirst: a pod whose DEL comes between the agent's CHECK
+// and its repair ADD (the plugin's repair then finds the record gone and
+// does nothing) is not counted or logged as repaired.
+func TestRepairerDELFirst(t *testing.T) {
+	store := podstate.New(nodelayout.At(t.TempDir()))
+	nsPath, ino, dev := standInNetns(t)
+	rec := podstate.Record{ContainerID: "leaving", Netns: nsPath, IfName: "eth0", Call: &podstate.Call{Config: []byte(`{}`)}, NetnsIno: ino, NetnsDev: dev}
+	if err := store.Put(rec); err != nil {
+		t.Fatal(err)
+	}
+	fp := &fakePlugin{
+		answers: map[string]error{"leaving CHECK": cnierr.CheckFailed("interception rules are missing in %s", nsPath)},
+		during: map[string]func(){"leaving ADD": func() {
+			if err := store.Remove(podstate.Name("leaving", "eth0")); err != nil {
+				t.Error(err)
+			}
+		}},
+	}
+	log := logtest.Capture(t)
+	r := &Repairer{BinDir: "/opt/cni/bin", Store: store, exec: fp}
+	if err := r.Round(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.Stats(); st.Repairs != 0 || st.Failures != 0 {
+		t.Errorf("stats %+v: the DEL's pod counted", st)
+	}
+	if got := log.String(); strings.Contains(got, "repaired the pod's interception") || !strings.Contains(got, "nothing repaired") {
+		t.Errorf("the log: %q", got)
 	}
 }
 
