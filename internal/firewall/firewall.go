@@ -181,7 +181,7 @@ func run(ctx context.Context, name, stdin string, args ...string) (string, error
 			return "", missingTool(name)
 		}
 		msg := strings.TrimSpace(errb.String())
-		if lockBusy(name, err) {
+		if lockBusy(name, err, msg) {
 			return "", cnierr.TryAgain("%s: the xtables lock is busy: %s", name, msg)
 		}
 		if msg == "" {
@@ -198,11 +198,18 @@ func run(ctx context.Context, name, stdin string, args ...string) (string, error
 // -w for a held lock exits with it).
 const resourceProblem = 4
 
-// lockBusy tells whether err is an iptables tool's exit for a busy
-// xtables lock, by its exit status (nft has no such lock).
-func lockBusy(name string, err error) bool {
+// lockBusy tells whether err, with the tool's stderr, is an iptables
+// tool's exit for a busy xtables lock: its exit status and its message
+// ("Another app is currently holding the xtables lock. Stopped waiting
+// after 1s.", iptables-legacy-restore 1.8.9). The status alone is not
+// enough: iptables-nft-restore exits with it too when its commit fails,
+// for one when a chain it appends to went in a concurrent transaction
+// ("RULE_APPEND failed (No such file or directory)"), which is no lock
+// and must not be answered with "try again" (nft has no such lock).
+func lockBusy(name string, err error, stderr string) bool {
 	var ee *exec.ExitError
-	return strings.Contains(name, "tables") && errors.As(err, &ee) && ee.ExitCode() == resourceProblem
+	return strings.Contains(name, "tables") && errors.As(err, &ee) && ee.ExitCode() == resourceProblem &&
+		strings.Contains(stderr, "xtables lock")
 }
 
 // missingTool is the error of a firewall tool that is not installed: code

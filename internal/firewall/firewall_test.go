@@ -1,6 +1,7 @@
 package firewall
 
 import (
+	"os/exec"
 	"testing"
 
 	"github.com/meshwire/meshwire/internal/ruleset"
@@ -63,5 +64,27 @@ func TestHasNativeTables(t *testing.T) {
 	}
 	if hasNativeTables("") {
 		t.Error("empty ruleset seen as native")
+	}
+}
+
+// TestLockBusy: exit status 4 of an iptables tool is a busy xtables lock
+// (CNI code 11, try again) only with the lock's message; iptables-nft's
+// failed commit exits 4 too, and is no lock.
+func TestLockBusy(t *testing.T) {
+	exit4 := exec.Command("sh", "-c", "exit 4").Run()
+	exit1 := exec.Command("sh", "-c", "exit 1").Run()
+	for _, tc := range []struct {
+		name, tool, stderr string
+		err                error
+		busy               bool
+	}{
+		{"the lock held", "iptables-legacy-restore", "Can't lock /run/xtables.lock: Resource temporarily unavailable\nAnother app is currently holding the xtables lock. Stopped waiting after 1s.", exit4, true},
+		{"a chain gone under a commit", "iptables-nft-restore", "iptables-restore v1.8.9 (nf_tables): \nline 4: RULE_APPEND failed (No such file or directory): rule in chain MWHP-acd604bb7494882c", exit4, false},
+		{"another failure with the lock's words", "iptables-legacy-restore", "Another app is currently holding the xtables lock.", exit1, false},
+		{"nft", "nft", "xtables lock", exit4, false},
+	} {
+		if got := lockBusy(tc.tool, tc.err, tc.stderr); got != tc.busy {
+			t.Errorf("%s: lockBusy = %v, want %v", tc.name, got, tc.busy)
+		}
 	}
 }
