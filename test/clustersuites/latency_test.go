@@ -414,46 +414,9 @@ func (l *latLeg) config(cfg latencyConfig, round int) []latencyLoad {
 		for _, payload := range l.s.payloads {
 			for _, qps := range l.s.rates {
 				for _, poll := range idlePoll {
-					ld := latencyLoad{Network: c.CNI, Config: cfg.Name, Placement: p, Payload: payload, QPS: qps, Round: round}
-					release := func() error { return nil }
-					if poll {
-						ld.Config += idlePollSuffix
-						var err error
-						release, err = holdIdlePoll()
-						framework.Require(t, "the idle CPUs held polling (/dev/cpu_dma_latency)", err)
-					}
-					before, err := l.podsCPU()
-					framework.Must(t, "the pods' CPU", err)
-					ld.Load1 = loadAvg()
-					m0, t0 := framework.SampleCPU()["machine"], time.Now()
-					r, err := l.fortio(cfg.NS, client, url, qps, payload, l.s.duration)
-					m1 := framework.SampleCPU()["machine"]
-					ld.WallS, ld.IdlePodsCPU = time.Since(t0).Seconds(), l.idle
-					after, err2 := l.podsCPU()
-					framework.Must(t, "the pods' CPU", err2)
-					framework.Must(t, "the idle CPUs' setting restored", release())
-					what := fmt.Sprintf("%s, %s, %d B, %s", name, p, payload, rateName(qps))
-					if poll {
-						what += idlePollSuffix
-					}
-					if !framework.Check(t, what+": fortio's result", err) {
+					ld, ok := l.load(cfg, round, p, url, payload, qps, poll)
+					if !ok {
 						continue
-					}
-					ld.PodsCPU, ld.MachineCPU = framework.PodsCPUDelta(before, after), m1-m0
-					ld.ActualQPS, ld.Requests, ld.Failed = r.ActualQPS, r.Requests(), r.Failed()
-					for _, x := range []struct {
-						p float64
-						v *float64
-					}{{50, &ld.P50US}, {90, &ld.P90US}, {99, &ld.P99US}} {
-						v, ok := r.Percentile(x.p)
-						framework.Checkf(t, fmt.Sprintf("%s: fortio reported p%.0f", what, x.p), ok, "not in its result")
-						*x.v = v * 1e6
-					}
-					t.Logf("%s: p50 %.0f µs, p90 %.0f µs, p99 %.0f µs, %.0f qps, %d requests, pods %.1f ms CPU per 1,000 (machine %.1f)",
-						what, ld.P50US, ld.P90US, ld.P99US, ld.ActualQPS, ld.Requests, perK(ld.PodsCPU, ld.Requests), perK(ld.MachineCPU, ld.Requests))
-					framework.Checkf(t, what+": every request answered 200", ld.Failed == 0 && ld.Requests > 0, "%d of %d failed: codes %v", ld.Failed, ld.Requests, r.RetCodes)
-					if qps > 0 {
-						framework.Checkf(t, fmt.Sprintf("%s: at least 95 %% of %d qps reached", what, qps), ld.ActualQPS >= 0.95*float64(qps), "%.0f qps", ld.ActualQPS)
 					}
 					requests += ld.Requests
 					placed += ld.Requests
@@ -465,6 +428,55 @@ func (l *latLeg) config(cfg latencyConfig, round int) []latencyLoad {
 	}
 	l.checkPath(cfg, name, paths, fp, requests)
 	return out
+}
+
+// load runs one `fortio load` of cfg's client at placement p (payload
+// bytes at qps, the idle CPUs held polling with poll) and checks it:
+// every request answered, the rate reached. false: fortio gave no result.
+func (l *latLeg) load(cfg latencyConfig, round int, p, url string, payload, qps int, poll bool) (latencyLoad, bool) {
+	t := l.t
+	ld := latencyLoad{Network: l.c.CNI, Config: cfg.Name, Placement: p, Payload: payload, QPS: qps, Round: round}
+	release := func() error { return nil }
+	if poll {
+		ld.Config += idlePollSuffix
+		var err error
+		release, err = holdIdlePoll()
+		framework.Require(t, "the idle CPUs held polling (/dev/cpu_dma_latency)", err)
+	}
+	before, err := l.podsCPU()
+	framework.Must(t, "the pods' CPU", err)
+	ld.Load1 = loadAvg()
+	m0, t0 := framework.SampleCPU()["machine"], time.Now()
+	r, err := l.fortio(cfg.NS, clientName(p), url, qps, payload, l.s.duration)
+	m1 := framework.SampleCPU()["machine"]
+	ld.WallS, ld.IdlePodsCPU = time.Since(t0).Seconds(), l.idle
+	after, err2 := l.podsCPU()
+	framework.Must(t, "the pods' CPU", err2)
+	framework.Must(t, "the idle CPUs' setting restored", release())
+	what := fmt.Sprintf("round %d, %s, %s, %d B, %s", round, cfg.Name, p, payload, rateName(qps))
+	if poll {
+		what += idlePollSuffix
+	}
+	if !framework.Check(t, what+": fortio's result", err) {
+		return ld, false
+	}
+	ld.PodsCPU, ld.MachineCPU = framework.PodsCPUDelta(before, after), m1-m0
+	ld.ActualQPS, ld.Requests, ld.Failed = r.ActualQPS, r.Requests(), r.Failed()
+	for _, x := range []struct {
+		p float64
+		v *float64
+	}{{50, &ld.P50US}, {90, &ld.P90US}, {99, &ld.P99US}} {
+		v, ok := r.Percentile(x.p)
+		framework.Checkf(t, fmt.Sprintf("%s: fortio reported p%.0f", what, x.p), ok, "not in its result")
+		*x.v = v * 1e6
+	}
+	t.Logf("%s: p50 %.0f µs, p90 %.0f µs, p99 %.0f µs, %.0f qps, %d requests, pods %.1f ms CPU per 1,000 (machine %.1f)",
+		what, ld.P50US, ld.P90US, ld.P99US, ld.ActualQPS, ld.Requests, perK(ld.PodsCPU, ld.Requests), perK(ld.MachineCPU, ld.Requests))
+	framework.Checkf(t, what+": every request answered 200", ld.Failed == 0 && ld.Requests > 0, "%d of %d failed: codes %v", ld.Failed, ld.Requests, r.RetCodes)
+	if qps > 0 {
+		framework.Checkf(t, fmt.Sprintf("%s: at least 95 %% of %d qps reached", what, qps), ld.ActualQPS >= 0.95*float64(qps), "%.0f qps", ld.ActualQPS)
+	}
+	return ld, true
 }
 
 // holdIdlePoll keeps the machine's idle CPUs polling instead of halting
